@@ -1,0 +1,1 @@
+"""mnemo serving application (FastAPI + ONNX Runtime; never imports torch)."""

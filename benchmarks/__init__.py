@@ -1,0 +1,1 @@
+"""Latency benchmarks writing BENCHMARKS.md."""

@@ -1,0 +1,1 @@
+"""ONNX export, parity checks and the artifact manifest (needs the `train` extra)."""

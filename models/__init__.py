@@ -1,0 +1,1 @@
+"""PyTorch model definitions, data loaders and training commands (needs the `train` extra)."""
