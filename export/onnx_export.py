@@ -1,0 +1,54 @@
+"""Export a module whose time loop is a `torch._higher_order_ops.scan` to one ONNX graph, and check parity."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+OPSET = 18
+
+
+def export_scan_graph(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_shapes: dict,
+    path: Path,
+) -> None:
+    """Dynamo export under `no_grad` (without it the batch dimension silently becomes fixed)."""
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    module.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module,
+            example,
+            dynamo=True,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+            opset_version=OPSET,
+            external_data=False,
+        )
+    program.save(str(path))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for graph_input in session.get_inputs():
+        if graph_input.shape and not isinstance(graph_input.shape[0], str):
+            raise RuntimeError(f"export fixed the batch dimension of {graph_input.name}: {graph_input.shape}")
+
+
+def max_abs_diff(
+    session: ort.InferenceSession, inputs: dict[str, np.ndarray], expected: tuple[torch.Tensor, ...]
+) -> float:
+    """Largest absolute difference over all outputs between onnxruntime and the given PyTorch outputs."""
+    actual = session.run(None, inputs)
+    return max(float(np.abs(e.detach().numpy() - a).max()) for e, a in zip(expected, actual, strict=True))

@@ -1,0 +1,156 @@
+"""DKVMN: Dynamic Key-Value Memory Network for knowledge tracing (Zhang et al., WWW 2017).
+
+Follows ../shared/spec/MODELS.md §4-5 and the authors' released code; `paper_head=True` switches the
+predictor to the paper's variant (k_t fed directly instead of the code's tanh(W_h k_t)).
+
+Shapes: B batch, T steps, Q questions, N memory slots (concepts), d_k key size, d_v value size.
+Everything that does not depend on the memory (embeddings, correlation weights, erase and add terms)
+is computed for all steps before the time loop; only the read needs the previous memory. The loop
+exists twice: a plain Python loop for training and `torch._higher_order_ops.scan` for the ONNX export
+(one Scan node with dynamic batch and length). `tests/` asserts that both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch._higher_order_ops import scan
+
+QUESTION_HIDDEN = 50  # the code's hard-coded tanh(W_h k_t) width, absent from the paper
+
+
+@dataclass(frozen=True)
+class DKVMNConfig:
+    """Sizes of one DKVMN (MODELS.md §4.5)."""
+
+    n_questions: int
+    memory_size: int  # N, the number of latent concepts
+    key_dim: int  # d_k
+    value_dim: int  # d_v
+    final_fc_dim: int = 50
+    init_std: float = 0.1
+    paper_head: bool = False
+    dropout: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class DKVMN(nn.Module):
+    """Key memory M^k [N,d_k] (static), value memory M^v [B,N,d_v] updated by erase-then-add."""
+
+    def __init__(self, config: DKVMNConfig) -> None:
+        super().__init__()
+        self.config = config
+        q, n, dk, dv = config.n_questions, config.memory_size, config.key_dim, config.value_dim
+        self.q_embed = nn.Embedding(q + 1, dk)  # A: question id -> key
+        self.qa_embed = nn.Embedding(2 * q + 1, dv)  # B: interaction id q + r*Q -> value
+        self.key_memory = nn.Parameter(torch.empty(n, dk))  # M^k
+        self.init_value_memory = nn.Parameter(torch.empty(n, dv))  # M^v_0
+        self.erase = nn.Linear(dv, dv)
+        self.add = nn.Linear(dv, dv)
+        predictor_extra = dk if config.paper_head else QUESTION_HIDDEN
+        self.question_hidden = None if config.paper_head else nn.Linear(dk, QUESTION_HIDDEN)
+        self.read_fc = nn.Linear(dv + predictor_extra, config.final_fc_dim)
+        self.dropout = nn.Dropout(config.dropout)
+        self.output = nn.Linear(config.final_fc_dim, 1)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """All weights N(0, init_std), biases 0, as in the released code."""
+        for name, parameter in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(parameter)
+            else:
+                nn.init.normal_(parameter, std=self.config.init_std)
+
+    # -- memory-independent terms, all steps at once ---------------------------------------------
+    def correlation_weights(self, q: torch.Tensor) -> torch.Tensor:
+        """w = softmax(A[q] M^k^T): [B,T] -> [B,T,N]; depends only on the question."""
+        return torch.softmax(self.q_embed(q) @ self.key_memory.t(), dim=-1)
+
+    def _question_features(self, q: torch.Tensor) -> torch.Tensor:
+        """The question part of the predictor input: tanh(W_h k) [B,T,50] (code) or k [B,T,d_k] (paper)."""
+        keys = self.q_embed(q)
+        return keys if self.question_hidden is None else torch.tanh(self.question_hidden(keys))
+
+    def _step_terms(self, q: torch.Tensor, r: torch.Tensor, lengths: torch.Tensor):
+        """w [B,T,N], write weights [B,T,N] (0 on padded steps), erase e and add a [B,T,d_v]."""
+        steps = torch.arange(q.shape[1], device=q.device)
+        valid = (steps.unsqueeze(0) < lengths.unsqueeze(1)).to(torch.float32)  # [B,T]
+        interaction = (q + r * self.config.n_questions) * (q > 0).to(q.dtype)  # x = q + r*Q, 0 = padding
+        values = self.qa_embed(interaction)  # [B,T,d_v]
+        w = self.correlation_weights(q)  # [B,T,N]
+        write_w = w * valid.unsqueeze(-1)  # padded steps write nothing: memory unchanged exactly
+        return w, write_w, torch.sigmoid(self.erase(values)), torch.tanh(self.add(values))
+
+    # -- the recurrence --------------------------------------------------------------------------
+    @staticmethod
+    def _step(memory, w, write_w, erase, add):
+        """Read with w from M_{t-1} [B,N,d_v], then erase-and-add with the write weights."""
+        read = torch.bmm(w.unsqueeze(1), memory).squeeze(1)  # [B,d_v]
+        ww = write_w.unsqueeze(-1)  # [B,N,1]
+        memory = memory * (1 - ww * erase.unsqueeze(1)) + ww * add.unsqueeze(1)  # [B,N,d_v]
+        return memory, read
+
+    def _recur_loop(self, memory, w, write_w, erase, add, keep_memories: bool):
+        """Python loop (training): reads [B,T,d_v], memories [B,T,N,d_v] or None, final memory."""
+        reads, memories = [], []
+        for w_t, ww_t, e_t, a_t in zip(w.unbind(1), write_w.unbind(1), erase.unbind(1), add.unbind(1), strict=True):
+            memory, read = self._step(memory, w_t, ww_t, e_t, a_t)
+            reads.append(read)
+            if keep_memories:
+                memories.append(memory)
+        stacked = torch.stack(memories, 1) if keep_memories else None
+        return torch.stack(reads, 1), stacked, memory
+
+    def _recur_scan(self, memory, w, write_w, erase, add):
+        """Scan (export): same results as `_recur_loop(..., keep_memories=True)`."""
+
+        def body(carry, xs):
+            new_memory, read = self._step(carry, *xs)
+            return new_memory.clone(), (read.clone(), new_memory.clone())
+
+        xs = tuple(t.transpose(0, 1) for t in (w, write_w, erase, add))  # time-major
+        final, (reads, memories) = scan(body, memory, xs)
+        return reads.transpose(0, 1), memories.transpose(0, 1), final
+
+    # -- heads -----------------------------------------------------------------------------------
+    def _predict_logits(self, reads: torch.Tensor, question_features: torch.Tensor) -> torch.Tensor:
+        """f = tanh(W_1 [read ; question part] + b_1); logit = w_2^T f + b_2 (any leading shape)."""
+        hidden = torch.tanh(self.read_fc(torch.cat([reads, question_features], dim=-1)))
+        return self.output(self.dropout(hidden)).squeeze(-1)
+
+    def mastery(self, memories: torch.Tensor) -> torch.Tensor:
+        """Concept mastery (MODELS.md §4.7): read each slot alone, question part zeroed. [...,N,d_v] -> [...,N]."""
+        extra = self.read_fc.in_features - self.config.value_dim
+        zeros = memories.new_zeros((*memories.shape[:-1], extra))
+        return torch.sigmoid(self._predict_logits(memories, zeros))
+
+    def initial_memory(self, batch: int) -> torch.Tensor:
+        """M^v_0 broadcast to [B,N,d_v]."""
+        return self.init_value_memory.unsqueeze(0).expand(batch, -1, -1)
+
+    def training_logits(self, q: torch.Tensor, r: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Logits [B,T] of answering each q_t correctly given steps < t (Python loop, memory reset)."""
+        w, write_w, erase, add = self._step_terms(q, r, lengths)
+        reads, _, _ = self._recur_loop(self.initial_memory(q.shape[0]), w, write_w, erase, add, False)
+        return self._predict_logits(reads, self._question_features(q))
+
+    def forward(self, q, r, lengths, mv_in, use_scan: bool = True):
+        """Serving graph: p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v].
+
+        `mv_in` is the value memory to start from (M^v_0 for a new student, or a previous `mv_out` to
+        carry a long history across chunks). Padded steps leave the memory unchanged, so mastery rows
+        past a student's length repeat the last state and mv_out is the state after the last valid step.
+        """
+        w, write_w, erase, add = self._step_terms(q, r, lengths)
+        if use_scan:
+            reads, memories, final = self._recur_scan(mv_in, w, write_w, erase, add)
+        else:
+            reads, memories, final = self._recur_loop(mv_in, w, write_w, erase, add, True)
+        p = torch.sigmoid(self._predict_logits(reads, self._question_features(q)))
+        mastery = self.mastery(torch.cat([mv_in.unsqueeze(1), memories], dim=1))
+        return p, w, mastery, final

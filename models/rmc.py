@@ -1,0 +1,247 @@
+"""LSTM_RMC sentence-pair model: a Relational Memory Core encoder (Ahmed & Mercer 2020) with two heads.
+
+Follows ../shared/spec/MODELS.md §1-3 and §5. One memory slot (S = 1); H heads of size d_h = d_k;
+memory width M = H * d_h. Two memory pointers:
+
+* FLMP: each step attends over [memory; projected token t] with the joint `LayerNorm([2, F])`.
+* VLMP: each step attends over [memory; projected tokens t-w+1..t] (window w) with per-row
+  LayerNorm `gain * (z - mean) / (unbiased std + 1e-3) + bias`. Only the memory row is kept after the
+  step, and with per-row norms its token rows' keys/values do not depend on the memory, so they are
+  computed once for all steps before the loop (exact; MODELS.md TRAINING_NOTES).
+
+Every step: gates i, f = sigmoid(W_i P_t + U tanh(M_{t-1}) + biases), M_t = i * tanh(M~) + f * M_{t-1}.
+Padded steps (t >= length) leave the memory unchanged and return zero attention. The encoder runs each
+sentence forward and reversed within its own length; the four passes of a pair run as one batch.
+
+Deviations from the spec, recorded in the model cards: width M = 256 (8 x 32) instead of 512, and one
+encoder shared by the relatedness and the entailment heads, trained jointly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch._higher_order_ops import scan
+
+MASK_VALUE = -1e9
+
+
+@dataclass(frozen=True)
+class RMCConfig:
+    """Sizes of the LSTM_RMC pair model."""
+
+    pointer: str = "vlmp"  # "vlmp" | "flmp"
+    window: int = 5  # VLMP window w
+    embed_dim: int = 50
+    num_heads: int = 8
+    head_size: int = 32
+    mlp_layers: int = 2
+    fc_dim: int = 512
+    dropout_relatedness: float = 0.4
+    dropout_entailment: float = 0.25
+
+    @property
+    def mem_size(self) -> int:
+        return self.num_heads * self.head_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RowLayerNorm(nn.Module):
+    """The VLMP code's per-row norm: gain * (z - mean) / (unbiased std + 1e-3) + bias, over features."""
+
+    def __init__(self, features: int, eps: float = 1e-3) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(features))
+        self.bias = nn.Parameter(torch.zeros(features))
+        self.eps = eps
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        mean = z.mean(-1, keepdim=True)
+        std = (z - mean).pow(2).sum(-1, keepdim=True).div(z.shape[-1] - 1).sqrt()
+        return self.gain * (z - mean) / (std + self.eps) + self.bias
+
+
+class RelationalMemory(nn.Module):
+    """The RMC core with one slot; `encode` runs it over a batch of padded sentences."""
+
+    def __init__(self, config: RMCConfig) -> None:
+        super().__init__()
+        if config.pointer not in ("vlmp", "flmp"):
+            raise ValueError(f"pointer must be 'vlmp' or 'flmp', not {config.pointer!r}")
+        self.config = config
+        m, h, d = config.mem_size, config.num_heads, config.head_size
+        self.qkv_width = 3 * d  # per head: query, key (d_k = d_h) and value
+        self.input_projector = nn.Linear(config.embed_dim, m)
+        self.qkv_projector = nn.Linear(m, h * self.qkv_width)
+        if config.pointer == "flmp":
+            self.qkv_layernorm = nn.LayerNorm([2, h * self.qkv_width])
+            self.attended_memory_layernorm = nn.LayerNorm([2, m])
+            self.attended_memory_layernorm2 = nn.LayerNorm([2, m])
+        else:
+            self.qkv_layernorm = RowLayerNorm(h * self.qkv_width)
+            self.attended_memory_layernorm = RowLayerNorm(m)
+            self.attended_memory_layernorm2 = RowLayerNorm(m)
+        self.attention_mlp = nn.ModuleList(nn.Linear(m, m) for _ in range(config.mlp_layers))
+        self.input_gate_projector = nn.Linear(m, 2 * m)
+        self.memory_gate_projector = nn.Linear(m, 2 * m)
+        self.input_bias = nn.Parameter(torch.tensor(0.0))
+        self.forget_bias = nn.Parameter(torch.tensor(1.0))
+        initial = torch.zeros(1, m)
+        initial[0, 0] = 1.0  # eye(S) padded to width M: the constant one-hot e_1
+        self.register_buffer("initial_memory", initial)
+
+    @property
+    def attention_width(self) -> int:
+        """Keys the memory attends to per step: itself plus the window (VLMP) or the token (FLMP)."""
+        return 1 + (self.config.window if self.config.pointer == "vlmp" else 1)
+
+    # -- pieces of one step ----------------------------------------------------------------------
+    def _split_heads(self, qkv: torch.Tensor):
+        """[..., H*3d] -> q, k, v each [..., H, d]."""
+        d = self.config.head_size
+        qkv = qkv.reshape(*qkv.shape[:-1], self.config.num_heads, self.qkv_width)
+        return qkv[..., :d], qkv[..., d : 2 * d], qkv[..., 2 * d :]
+
+    def _mlp(self, z: torch.Tensor) -> torch.Tensor:
+        for layer in self.attention_mlp:
+            z = torch.relu(layer(z))
+        return z
+
+    def _gate(self, memory, candidate, input_gate):
+        """M_t = sigmoid(i) * tanh(M~) + sigmoid(f) * M_{t-1}; gates from P_t and tanh(M_{t-1})."""
+        gates = input_gate + self.memory_gate_projector(torch.tanh(memory))
+        i, f = gates.chunk(2, dim=-1)
+        return torch.sigmoid(i + self.input_bias) * torch.tanh(candidate) + torch.sigmoid(f + self.forget_bias) * memory
+
+    def _vlmp_step(self, memory, xs):
+        """memory [B,M]; xs: window keys [B,w,H,d], values [B,w,H,d], key bias [B,w], gate [B,2M], valid [B]."""
+        keys_window, values_window, key_bias, input_gate, valid = xs
+        q, k, v = self._split_heads(self.qkv_layernorm(self.qkv_projector(memory)))  # [B,H,d]
+        keys = torch.cat([k.unsqueeze(1), keys_window], dim=1)  # [B,1+w,H,d]
+        values = torch.cat([v.unsqueeze(1), values_window], dim=1)
+        bias = torch.cat([key_bias.new_zeros(key_bias.shape[0], 1), key_bias], dim=1)  # [B,1+w]
+        logits = torch.einsum("bhd,bnhd->bhn", q * self.config.head_size**-0.5, keys) + bias.unsqueeze(1)
+        attention = torch.softmax(logits, dim=-1)  # [B,H,1+w]: the memory row of A
+        attended = torch.einsum("bhn,bnhd->bhd", attention, values).reshape(memory.shape)  # heads concatenated
+        z = self.attended_memory_layernorm(memory + attended)
+        z = self.attended_memory_layernorm2(z + self._mlp(z))
+        return self._finish_step(memory, z, input_gate, valid, attention)
+
+    def _flmp_step(self, memory, xs):
+        """memory [B,M]; xs: projected token [B,M], gate [B,2M], valid [B]."""
+        token, input_gate, valid = xs
+        rows = torch.stack([memory, token], dim=1)  # [B,2,M]
+        q, k, v = (t.transpose(1, 2) for t in self._split_heads(self.qkv_layernorm(self.qkv_projector(rows))))
+        attention = torch.softmax((q * self.config.head_size**-0.5) @ k.transpose(-1, -2), dim=-1)  # [B,H,2,2]
+        attended = (attention @ v).transpose(1, 2).reshape(rows.shape)  # [B,2,M]
+        z = self.attended_memory_layernorm(rows + attended)
+        z = self.attended_memory_layernorm2(z + self._mlp(z))
+        return self._finish_step(memory, z[:, 0], input_gate, valid, attention[:, :, 0])
+
+    def _finish_step(self, memory, candidate, input_gate, valid, attention):
+        """Gate, then freeze memory and zero attention on padded steps."""
+        keep = valid.unsqueeze(-1)  # [B,1]
+        updated = self._gate(memory, candidate, input_gate)
+        new_memory = keep * updated + (1 - keep) * memory
+        return new_memory, attention * keep.unsqueeze(-1)
+
+    # -- whole sentences -------------------------------------------------------------------------
+    def _step_inputs(self, x: torch.Tensor, lengths: torch.Tensor):
+        """Memory-independent per-step inputs for all steps, each with time on axis 1."""
+        steps = torch.arange(x.shape[1], device=x.device)
+        valid = (steps.unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)  # [B,T]
+        projected = self.input_projector(x)  # P: [B,T,M]
+        input_gate = self.input_gate_projector(projected)  # [B,T,2M]
+        if self.config.pointer == "flmp":
+            return projected, input_gate, valid
+        w = self.config.window
+        _, k, v = self._split_heads(self.qkv_layernorm(self.qkv_projector(projected)))  # [B,T,H,d]
+        pad = k.new_zeros(k.shape[0], w - 1, *k.shape[2:])
+        k, v = torch.cat([pad, k], dim=1), torch.cat([pad, v], dim=1)
+        t = x.shape[1]
+        keys_window = torch.stack([k[:, j : j + t] for j in range(w)], dim=2)  # [B,T,w,H,d]; row j = token t-w+1+j
+        values_window = torch.stack([v[:, j : j + t] for j in range(w)], dim=2)
+        source = steps.unsqueeze(1) - (w - 1) + torch.arange(w, device=x.device).unsqueeze(0)  # [T,w]
+        window_valid = (source.unsqueeze(0) >= 0) & (source.unsqueeze(0) < lengths.view(-1, 1, 1))  # [B,T,w]
+        key_bias = (~window_valid).to(x.dtype) * MASK_VALUE
+        return keys_window, values_window, key_bias, input_gate, valid
+
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor, use_scan: bool = False):
+        """x [B,T,D], lengths [B] -> final memory [B,M] and memory-row attention [B,T,H,K]."""
+        step = self._vlmp_step if self.config.pointer == "vlmp" else self._flmp_step
+        memory = self.initial_memory.expand(x.shape[0], -1).contiguous()
+        inputs = self._step_inputs(x, lengths)
+        if use_scan:
+
+            def body(carry, xs):
+                new_memory, attention = step(carry, xs)
+                return new_memory.clone(), attention.clone()
+
+            memory, attention = scan(body, memory, tuple(t.transpose(0, 1) for t in inputs))
+            return memory, attention.transpose(0, 1)
+        attentions = []
+        for xs in zip(*(t.unbind(1) for t in inputs), strict=True):
+            memory, attention = step(memory, xs)
+            attentions.append(attention)
+        return memory, torch.stack(attentions, dim=1)
+
+
+def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each sequence of x [B,T,...] within its own length; padding stays at the end."""
+    steps = torch.arange(x.shape[1], device=x.device).unsqueeze(0)  # [1,T]
+    index = torch.where(steps < lengths.unsqueeze(1), lengths.unsqueeze(1) - 1 - steps, steps)  # [B,T]
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x)
+    return torch.gather(x, 1, index)
+
+
+def _pair_head(in_features: int, fc_dim: int, classes: int, dropout: float) -> nn.Sequential:
+    """Dropout -> Linear -> Tanh -> Dropout -> Linear -> Tanh -> Dropout -> Linear (MODELS.md §3.3)."""
+    return nn.Sequential(
+        nn.Dropout(dropout),
+        nn.Linear(in_features, fc_dim),
+        nn.Tanh(),
+        nn.Dropout(dropout),
+        nn.Linear(fc_dim, fc_dim),
+        nn.Tanh(),
+        nn.Dropout(dropout),
+        nn.Linear(fc_dim, classes),
+    )
+
+
+class SentencePairModel(nn.Module):
+    """Siamese RMC encoder + relatedness (5-way, SICK-R) and entailment (3-way, SICK-E) heads.
+
+    Inputs: word vectors emb_a, emb_b [B,T,D] (both padded to the same T) and lengths len_a, len_b [B].
+    Outputs: relatedness log-probabilities [B,5], relatedness score [B] = sum_i i * p_i, entailment
+    logits [B,3], and the memory-row attention [B,T,H,K] of the four passes (a fwd, a bwd, b fwd, b bwd).
+    """
+
+    def __init__(self, config: RMCConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = RelationalMemory(config)
+        features = 8 * config.mem_size  # [u, v, |u-v|, u*v], u = [forward; backward]
+        self.relatedness_head = _pair_head(features, config.fc_dim, 5, config.dropout_relatedness)
+        self.entailment_head = _pair_head(features, config.fc_dim, 3, config.dropout_entailment)
+        self.register_buffer("score_levels", torch.arange(1, 6, dtype=torch.float32))
+
+    def forward(self, emb_a, len_a, emb_b, len_b, use_scan: bool = False):
+        x = torch.cat([emb_a, reverse_within_length(emb_a, len_a), emb_b, reverse_within_length(emb_b, len_b)])
+        lengths = torch.cat([len_a, len_a, len_b, len_b])
+        memory, attention = self.encoder.encode(x, lengths, use_scan=use_scan)  # [4B,M], [4B,T,H,K]
+        a_fwd, a_bwd, b_fwd, b_bwd = memory.reshape(4, -1, memory.shape[-1]).unbind(0)
+        u, v = torch.cat([a_fwd, a_bwd], dim=-1), torch.cat([b_fwd, b_bwd], dim=-1)
+        features = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)
+        relatedness_log_probs = torch.log_softmax(self.relatedness_head(features), dim=-1)
+        score = (relatedness_log_probs.exp() * self.score_levels).sum(-1)
+        entailment_logits = self.entailment_head(features)
+        return (
+            relatedness_log_probs,
+            score,
+            entailment_logits,
+            *attention.reshape(4, -1, *attention.shape[1:]).unbind(0),
+        )

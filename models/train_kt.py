@@ -1,0 +1,241 @@
+"""Train DKVMN on one knowledge-tracing data set (MODELS.md §4, TRAINING_NOTES.md).
+
+    python -m models.train_kt --dataset assist2009 --data-dir ../shared/data/kt
+
+Trains on fold 1, keeps the epoch with the best validation AUC (checkpoint every epoch, `--resume`
+continues), and evaluates the published test split once at the end. Writes into `--out`:
+`last.pt` (resumable), `best.pt` (best weights and config) and `result.json` (history, metrics,
+data hashes, command, seed, wall time), which `export.kt` turns into the ONNX file and model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+from tqdm import tqdm
+
+from models.dkvmn import DKVMN, DKVMNConfig
+from models.kt_data import Sequences, file_sha256, read_students, split_files, to_sequences
+from models.training import (
+    command_line,
+    data_dir_default,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+    set_threads,
+    write_json,
+)
+
+# Sizes from the authors' main.py (MODELS.md §4.5); epochs/patience are ours (early stopping on valid).
+RECIPES = {
+    "assist2009": dict(
+        n_questions=110,
+        seqlen=200,
+        batch=32,
+        key_dim=50,
+        value_dim=200,
+        memory_size=20,
+        epochs=40,
+        patience=8,
+    ),
+    "assist2015": dict(
+        n_questions=100,
+        seqlen=200,
+        batch=50,
+        key_dim=50,
+        value_dim=100,
+        memory_size=20,
+        epochs=40,
+        patience=8,
+    ),
+    "statics": dict(
+        n_questions=1223,
+        seqlen=200,
+        batch=10,
+        key_dim=50,
+        value_dim=100,
+        memory_size=50,
+        epochs=40,
+        patience=8,
+    ),
+    "synthetic": dict(
+        n_questions=50, seqlen=50, batch=32, key_dim=10, value_dim=10, memory_size=5, epochs=100, patience=20
+    ),
+}
+
+
+def recipe_for(dataset: str) -> dict:
+    """The recipe of a data set name (`synthetic-vK` shares the synthetic recipe)."""
+    return RECIPES["synthetic" if dataset.startswith("synthetic") else dataset]
+
+
+def masked_bce_sum(logits: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy summed over valid steps (the authors' objective before the 1/B rescale)."""
+    valid = torch.arange(logits.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+    losses = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets.float(), reduction="none")
+    return (losses * valid).sum()
+
+
+@torch.no_grad()
+def evaluate(model: DKVMN, data: Sequences, batch: int) -> dict[str, float]:
+    """AUC, accuracy (threshold 0.5) and mean BCE over all valid steps, memory reset per sequence."""
+    model.eval()
+    probabilities, targets = [], []
+    for start in range(0, len(data), batch):
+        q, r, lengths = (torch.from_numpy(a[start : start + batch]) for a in (data.q, data.r, data.lengths))
+        p = torch.sigmoid(model.training_logits(q, r, lengths))
+        valid = torch.arange(q.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+        probabilities.append(p[valid].numpy())
+        targets.append(r[valid].numpy())
+    p, y = np.concatenate(probabilities).astype(np.float64), np.concatenate(targets)
+    eps = 1e-7
+    bce = -np.mean(y * np.log(p + eps) + (1 - y) * np.log(1 - p + eps))
+    return {"auc": float(roc_auc_score(y, p)), "accuracy": float(np.mean((p >= 0.5) == y)), "bce": float(bce)}
+
+
+def train_epoch(model, optimizer, data: Sequences, batch: int, generator, clip: float, progress: bool) -> float:
+    """One shuffled pass (last incomplete batch dropped, as in the code); returns the mean loss per step."""
+    model.train()
+    order = torch.randperm(len(data), generator=generator).numpy()
+    n_batches = len(data) // batch
+    total, steps = 0.0, 0
+    for index in tqdm(range(n_batches), desc="train", leave=False, disable=not progress):
+        rows = order[index * batch : (index + 1) * batch]
+        q, r, lengths = (torch.from_numpy(a[rows]) for a in (data.q, data.r, data.lengths))
+        loss_sum = masked_bce_sum(model.training_logits(q, r, lengths), r, lengths)
+        optimizer.zero_grad()
+        (loss_sum / len(rows)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        total += loss_sum.item()
+        steps += int(lengths.sum())
+    return total / max(steps, 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="assist2009 | assist2015 | statics | synthetic-vK")
+    parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "kt")
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/kt/<dataset>)")
+    parser.add_argument("--epochs", type=int, default=None, help="maximum epochs (default per data set)")
+    parser.add_argument("--patience", type=int, default=None, help="epochs without a better valid AUC before stopping")
+    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (halved when valid AUC plateaus)")
+    parser.add_argument("--clip", type=float, default=50.0, help="global gradient-norm clip")
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout before the output layer")
+    parser.add_argument("--paper-head", action="store_true", help="paper predictor (k_t) instead of the code's")
+    parser.add_argument("--seed", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (for log files)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    recipe = recipe_for(args.dataset)
+    out = args.out or Path("runs/kt") / args.dataset
+    set_threads(args.threads)
+    generator = seed_everything(args.seed)
+    files = split_files(args.data_dir, args.dataset)
+    for path in files.values():
+        if not path.exists():
+            raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
+    splits = {
+        name: to_sequences(read_students(path, recipe["n_questions"]), recipe["seqlen"]) for name, path in files.items()
+    }
+    config = DKVMNConfig(
+        n_questions=recipe["n_questions"],
+        memory_size=recipe["memory_size"],
+        key_dim=recipe["key_dim"],
+        value_dim=recipe["value_dim"],
+        paper_head=args.paper_head,
+        dropout=args.dropout,
+    )
+    model = DKVMN(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.5, patience=2)
+    max_epochs = args.epochs or recipe["epochs"]
+    patience = args.patience or recipe["patience"]
+    state = {"epoch": 0, "history": [], "best_auc": -math.inf, "best_epoch": 0, "wall_seconds": 0.0}
+    if args.resume and (out / "last.pt").exists():
+        checkpoint = load_checkpoint(out / "last.pt")
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        generator.set_state(checkpoint["generator"])
+        state = checkpoint["state"]
+        print(f"resumed {args.dataset} at epoch {state['epoch']}")
+    print(
+        f"{args.dataset}: {len(splits['train'])} train / {len(splits['valid'])} valid / "
+        f"{len(splits['test'])} test sequences"
+    )
+    while state["epoch"] < max_epochs and state["epoch"] - state["best_epoch"] < patience:
+        started = time.perf_counter()
+        loss = train_epoch(
+            model, optimizer, splits["train"], recipe["batch"], generator, args.clip, not args.no_progress
+        )
+        valid = evaluate(model, splits["valid"], 256)
+        scheduler.step(valid["auc"])
+        state["epoch"] += 1
+        state["wall_seconds"] += time.perf_counter() - started
+        state["history"].append(
+            {
+                "epoch": state["epoch"],
+                "train_loss": loss,
+                **{f"valid_{k}": v for k, v in valid.items()},
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
+        if valid["auc"] > state["best_auc"]:
+            state["best_auc"], state["best_epoch"] = valid["auc"], state["epoch"]
+            save_checkpoint(
+                out / "best.pt", {"model": model.state_dict(), "config": config.to_dict(), "recipe": recipe}
+            )
+        print(
+            f"epoch {state['epoch']:3d}  loss {loss:.4f}  valid auc {valid['auc']:.4f} acc {valid['accuracy']:.4f}"
+            f"  best {state['best_auc']:.4f}@{state['best_epoch']}  ({time.perf_counter() - started:.1f}s)",
+            flush=True,
+        )
+        save_checkpoint(
+            out / "last.pt",
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "generator": generator.get_state(),
+                "state": state,
+            },
+        )
+    best = load_checkpoint(out / "best.pt")
+    model.load_state_dict(best["model"])
+    result = {
+        "dataset": args.dataset,
+        "command": command_line("models.train_kt"),
+        "seed": args.seed,
+        "config": config.to_dict(),
+        "recipe": recipe,
+        "optimizer": f"Adam lr {args.lr}, ReduceLROnPlateau(valid AUC, factor 0.5, patience 2), clip {args.clip}",
+        "data_files": {name: {"file": str(path), "sha256": file_sha256(path)} for name, path in files.items()},
+        "epochs_run": state["epoch"],
+        "best_epoch": state["best_epoch"],
+        "wall_seconds": round(state["wall_seconds"], 1),
+        "valid": evaluate(model, splits["valid"], 256),
+        "test": evaluate(model, splits["test"], 256),
+        "history": state["history"],
+    }
+    write_json(out / "result.json", result)
+    print(
+        f"{args.dataset}: best epoch {result['best_epoch']}  valid auc {result['valid']['auc']:.4f}  "
+        f"test auc {result['test']['auc']:.4f} acc {result['test']['accuracy']:.4f}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()

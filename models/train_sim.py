@@ -1,0 +1,236 @@
+"""Train the LSTM_RMC pair model on SICK: relatedness and entailment heads on one encoder.
+
+    python -m models.train_sim --pointer vlmp --data-dir ../shared/data/sick
+
+Frozen GloVe 6B 50d vectors (looked up with the serving code's tokenizer and vectors), Adam with a
+one-epoch linear warmup and x0.99 decay per epoch, gradient-norm clip 5, length-sorted batches.
+Validates on SICK trial every epoch and keeps the epoch with the best trial Pearson r + accuracy;
+stops early; evaluates the test split once at the end. Writes `last.pt`, `best.pt` and `result.json`
+into `--out` (default runs/sim/<pointer>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import pearsonr, spearmanr
+from tqdm import tqdm
+
+from app.inference.tokenizer import tokenize
+from app.inference.word_vectors import WordVectors, special_vectors
+from models.kt_data import file_sha256
+from models.rmc import RMCConfig, SentencePairModel
+from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
+from models.training import (
+    command_line,
+    data_dir_default,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+    set_threads,
+    write_json,
+)
+
+
+class EncodedSplit:
+    """A SICK split as word-vector arrays plus targets."""
+
+    def __init__(self, pairs: list[SickPair], vectors: WordVectors) -> None:
+        self.a = [vectors.embed(tokenize(p.sentence_a))[0] for p in pairs]
+        self.b = [vectors.embed(tokenize(p.sentence_b))[0] for p in pairs]
+        self.scores = np.array([p.relatedness for p in pairs], dtype=np.float32)
+        self.targets = np.stack([relatedness_target(p.relatedness) for p in pairs])
+        self.labels = np.array([p.entailment for p in pairs], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, rows) -> tuple[torch.Tensor, ...]:
+        """Padded tensors (a and b padded to one common length) for the given rows."""
+        length = max(max(len(self.a[i]), len(self.b[i])) for i in rows)
+        emb_a = np.zeros((len(rows), length, self.a[0].shape[1]), dtype=np.float32)
+        emb_b = np.zeros_like(emb_a)
+        for slot, i in enumerate(rows):
+            emb_a[slot, : len(self.a[i])] = self.a[i]
+            emb_b[slot, : len(self.b[i])] = self.b[i]
+        len_a = torch.tensor([len(self.a[i]) for i in rows])
+        len_b = torch.tensor([len(self.b[i]) for i in rows])
+        return torch.from_numpy(emb_a), len_a, torch.from_numpy(emb_b), len_b
+
+    def length_sorted_batches(self, size: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """Batches of similar length (random tie-breaking), in random order; every pair kept."""
+        lengths = np.array([max(len(a), len(b)) for a, b in zip(self.a, self.b, strict=True)])
+        order = np.lexsort((rng.random(len(lengths)), lengths))
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
+        rng.shuffle(batches)
+        return batches
+
+
+def joint_loss(outputs, targets: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """KL(target || predicted) per pair averaged over the batch (relatedness) + mean cross-entropy (entailment)."""
+    log_probs, _, entailment_logits = outputs[:3]
+    return F.kl_div(log_probs, targets, reduction="batchmean") + F.cross_entropy(entailment_logits, labels)
+
+
+@torch.no_grad()
+def evaluate(model: SentencePairModel, split: EncodedSplit, batch: int = 128) -> dict[str, float]:
+    """Pearson r, Spearman rho and MSE of the relatedness score; entailment accuracy."""
+    model.eval()
+    scores, predicted = [], []
+    for start in range(0, len(split), batch):
+        outputs = model(*split.batch(range(start, min(start + batch, len(split)))))
+        scores.append(outputs[1].numpy())
+        predicted.append(outputs[2].argmax(-1).numpy())
+    score, label = np.concatenate(scores).astype(np.float64), np.concatenate(predicted)
+    return {
+        "pearson": float(pearsonr(score, split.scores)[0]),
+        "spearman": float(spearmanr(score, split.scores)[0]),
+        "mse": float(np.mean((score - split.scores) ** 2)),
+        "accuracy": float(np.mean(label == split.labels)),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pointer", choices=("vlmp", "flmp"), default="vlmp")
+    parser.add_argument("--window", type=int, default=5, help="VLMP window w")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-size", type=int, default=32, help="memory width M = heads * head size")
+    parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "sick")
+    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/sim/<pointer>)")
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--patience", type=int, default=8, help="epochs without a better trial score before stopping")
+    parser.add_argument("--max-minutes", type=float, default=math.inf, help="stop starting epochs after this")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--decay", type=float, default=0.99, help="learning-rate factor per epoch")
+    parser.add_argument("--clip", type=float, default=5.0)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    out = args.out or Path("runs/sim") / args.pointer
+    set_threads(args.threads)
+    seed_everything(args.seed)
+    rng = np.random.default_rng(args.seed)
+    files = {name: args.data_dir / filename for name, filename in SPLIT_FILES.items()}
+    for path in files.values():
+        if not path.exists():
+            raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
+    specials = special_vectors(args.seed)
+    vectors = WordVectors.from_glove(specials)
+    splits = {name: EncodedSplit(read_split(path), vectors) for name, path in files.items()}
+    config = RMCConfig(pointer=args.pointer, window=args.window, num_heads=args.heads, head_size=args.head_size)
+    model = SentencePairModel(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    steps_per_epoch = math.ceil(len(splits["train"]) / args.batch)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / steps_per_epoch) * args.decay ** (step // steps_per_epoch),
+    )
+    state = {"epoch": 0, "history": [], "best_score": -math.inf, "best_epoch": 0, "wall_seconds": 0.0}
+    if args.resume and (out / "last.pt").exists():
+        checkpoint = load_checkpoint(out / "last.pt")
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        schedule.load_state_dict(checkpoint["schedule"])
+        rng.bit_generator.state = checkpoint["rng"]
+        state = checkpoint["state"]
+        print(f"resumed at epoch {state['epoch']}")
+    print(
+        f"{args.pointer}: {sum(p.numel() for p in model.parameters())} parameters, "
+        f"{len(splits['train'])} train / {len(splits['trial'])} trial / {len(splits['test'])} test pairs"
+    )
+    while (
+        state["epoch"] < args.epochs
+        and state["epoch"] - state["best_epoch"] < args.patience
+        and state["wall_seconds"] < args.max_minutes * 60
+    ):
+        started = time.perf_counter()
+        model.train()
+        total = 0.0
+        batches = splits["train"].length_sorted_batches(args.batch, rng)
+        for rows in tqdm(batches, desc=f"epoch {state['epoch'] + 1}", leave=False, disable=args.no_progress):
+            loss = joint_loss(
+                model(*splits["train"].batch(rows)),
+                torch.from_numpy(splits["train"].targets[rows]),
+                torch.from_numpy(splits["train"].labels[rows]),
+            )
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optimizer.step()
+            schedule.step()
+            total += loss.item() * len(rows)
+        trial = evaluate(model, splits["trial"])
+        state["epoch"] += 1
+        state["wall_seconds"] += time.perf_counter() - started
+        score = trial["pearson"] + trial["accuracy"]
+        state["history"].append(
+            {
+                "epoch": state["epoch"],
+                "train_loss": total / len(splits["train"]),
+                **{f"trial_{k}": v for k, v in trial.items()},
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
+        if score > state["best_score"]:
+            state["best_score"], state["best_epoch"] = score, state["epoch"]
+            save_checkpoint(
+                out / "best.pt",
+                {"model": model.state_dict(), "config": config.to_dict(), "specials": specials},
+            )
+        print(
+            f"epoch {state['epoch']:3d}  loss {total / len(splits['train']):.4f}  trial r {trial['pearson']:.4f} "
+            f"mse {trial['mse']:.4f} acc {trial['accuracy']:.4f}  best@{state['best_epoch']}  "
+            f"({time.perf_counter() - started:.0f}s)",
+            flush=True,
+        )
+        save_checkpoint(
+            out / "last.pt",
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "schedule": schedule.state_dict(),
+                "rng": rng.bit_generator.state,
+                "state": state,
+            },
+        )
+    model.load_state_dict(load_checkpoint(out / "best.pt")["model"])
+    result = {
+        "pointer": args.pointer,
+        "command": command_line("models.train_sim"),
+        "seed": args.seed,
+        "config": config.to_dict(),
+        "optimizer": (
+            f"Adam lr {args.lr}, 1-epoch linear warmup, x{args.decay}/epoch, clip {args.clip}, batch {args.batch}"
+        ),
+        "data_files": {name: {"file": str(path), "sha256": file_sha256(path)} for name, path in files.items()},
+        "epochs_run": state["epoch"],
+        "best_epoch": state["best_epoch"],
+        "wall_seconds": round(state["wall_seconds"], 1),
+        "trial": evaluate(model, splits["trial"]),
+        "test": evaluate(model, splits["test"]),
+        "history": state["history"],
+    }
+    write_json(out / "result.json", result)
+    print(
+        f"best epoch {result['best_epoch']}: test r {result['test']['pearson']:.4f} mse {result['test']['mse']:.4f} "
+        f"acc {result['test']['accuracy']:.4f}"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
