@@ -25,7 +25,5 @@ def to_markdown(rows: list[Row]) -> str:
     ]
     for row in rows:
         p99 = f"{row.p99_ms:.2f}" if row.p99_ms is not None else "–"
-        lines.append(
-            f"| {row.model} | {row.what} | {row.setting} | {row.median_ms:.2f} | {p99} | {row.note} |"
-        )
+        lines.append(f"| {row.model} | {row.what} | {row.setting} | {row.median_ms:.2f} | {p99} | {row.note} |")
     return "\n".join(lines) + "\n"

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from app.integrity import sha256_of
+
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
-
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_manifest(artifacts_dir: Path) -> dict[str, Any]:

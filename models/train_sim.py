@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window", type=int, default=5, help="VLMP window w")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-size", type=int, default=32, help="memory width M = heads * head size")
+    parser.add_argument("--fc-dim", type=int, default=512, help="width of the pair classifier layers")
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "sick")
     parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/sim/<pointer>)")
     parser.add_argument("--epochs", type=int, default=40)
@@ -131,7 +132,9 @@ def main(argv: list[str] | None = None) -> dict:
     specials = special_vectors(args.seed)
     vectors = WordVectors.from_glove(specials)
     splits = {name: EncodedSplit(read_split(path), vectors) for name, path in files.items()}
-    config = RMCConfig(pointer=args.pointer, window=args.window, num_heads=args.heads, head_size=args.head_size)
+    config = RMCConfig(
+        pointer=args.pointer, window=args.window, num_heads=args.heads, head_size=args.head_size, fc_dim=args.fc_dim
+    )
     model = SentencePairModel(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     steps_per_epoch = math.ceil(len(splits["train"]) / args.batch)

@@ -7,6 +7,7 @@ model as an asset, in the order of `tokenizer.SPECIAL_TOKENS`.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -29,24 +30,31 @@ def special_vectors(seed: int = 1234) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-0.5, 0.5, (len(SPECIAL_TOKENS), EMBEDDING_DIM)).astype(np.float32)
 
 
+@lru_cache(maxsize=1)
+def load_glove() -> tuple[np.ndarray, dict[str, int]]:
+    """The packaged GloVe matrix (memory-mapped) and its word -> row index, loaded once per process."""
+    import pyarrow.parquet as pq
+
+    matrix_path, index_path = glove_paths()
+    words = pq.read_table(index_path).column(0).to_pylist()
+    return np.load(matrix_path, mmap_mode="r"), {word: row for row, word in enumerate(words)}
+
+
 class WordVectors:
     """Token -> vector lookup over the whole GloVe vocabulary plus the special tokens."""
 
-    def __init__(self, matrix: np.ndarray, words: list[str], specials: np.ndarray) -> None:
+    def __init__(self, matrix: np.ndarray, index: dict[str, int], specials: np.ndarray) -> None:
         if specials.shape != (len(SPECIAL_TOKENS), matrix.shape[1]):
             raise ValueError(f"special vectors must have shape {(len(SPECIAL_TOKENS), matrix.shape[1])}")
         self.matrix = matrix
-        self.index = {word: row for row, word in enumerate(words)}
+        self.index = index
         self.specials = {token: specials[row] for row, token in enumerate(SPECIAL_TOKENS)}
 
     @classmethod
     def from_glove(cls, specials: np.ndarray) -> WordVectors:
-        """Load the packaged GloVe vectors (the matrix memory-mapped)."""
-        import pyarrow.parquet as pq
-
-        matrix_path, index_path = glove_paths()
-        words = pq.read_table(index_path).column(0).to_pylist()
-        return cls(np.load(matrix_path, mmap_mode="r"), words, specials)
+        """The packaged GloVe vectors (shared by all models of the process) with these special vectors."""
+        matrix, index = load_glove()
+        return cls(matrix, index, specials)
 
     def __contains__(self, token: str) -> bool:
         return token in self.specials or token in self.index

@@ -1,0 +1,23 @@
+"""`python -m app`: serve with uvicorn on MNEMO_HOST:MNEMO_PORT; a bad provider fails before serving."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from app.providers import ProviderUnavailable, resolve_provider
+from app.settings import Settings
+
+
+def main() -> None:
+    settings = Settings()
+    try:
+        resolve_provider(settings.provider)
+    except ProviderUnavailable as error:
+        sys.exit(f"mnemo: cannot start: {error}")
+    uvicorn.run("app.main:app", host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+if __name__ == "__main__":
+    main()

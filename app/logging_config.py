@@ -1,0 +1,37 @@
+"""Logging for the service: plain text or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, with any `extra` fields given to the logger."""
+
+    EXTRA_FIELDS = ("request_id", "method", "path", "status", "duration_ms", "client")
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        payload.update({key: getattr(record, key) for key in self.EXTRA_FIELDS if hasattr(record, key)})
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload)
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Configure the `mnemo` loggers once (later calls replace the handler)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    logger = logging.getLogger("mnemo")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level.upper())
+    logger.propagate = False

@@ -1,0 +1,50 @@
+"""POST /knowledge-trace bodies."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+MAX_INTERACTIONS = 10_000
+
+_EXAMPLE = {
+    "model": "dkvmn-assist2009",
+    "interactions": [{"question": 12, "correct": True}, {"question": 12, "correct": False}],
+    "next_questions": [3, 7],
+    "return_attention": True,
+}
+
+
+class Interaction(BaseModel):
+    """One answered question; `question` is the model's 1-based id (1..n_questions in GET /models)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: StrictInt = Field(ge=1, description="1-based question id, at most the model's n_questions")
+    correct: StrictBool
+
+
+class KnowledgeTraceRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_EXAMPLE]})
+
+    model: str | None = Field(default=None, description="a knowledge-trace model from GET /models; null = default")
+    interactions: list[Interaction] = Field(min_length=1, max_length=MAX_INTERACTIONS, description="oldest first")
+    next_questions: list[StrictInt] | None = Field(
+        default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
+    )
+    return_attention: StrictBool = True
+
+
+class NextPrediction(BaseModel):
+    question: int
+    p_correct: float
+    concept: int = Field(description="the latent concept this question weighs most (argmax of its attention)")
+    name: str | None = Field(default=None, description="the question's name where the data set has one")
+
+
+class KnowledgeTraceResponse(BaseModel):
+    model: str
+    n_concepts: int
+    predictions: list[float] = Field(description="P(interaction t correct | interactions 0..t-1)")
+    next: list[NextPrediction]
+    mastery: list[list[float]] = Field(description="(len(interactions) + 1) x n_concepts; row 0 is the prior")
+    attention: list[list[float]] | None = Field(description="len(interactions) x n_concepts correlation weights")

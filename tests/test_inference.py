@@ -1,0 +1,63 @@
+"""Serving-side numpy code: tokenizer, attention maps, word vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.inference.similarity import combined_map, direction_map
+from app.inference.tokenizer import tokenize
+from app.inference.word_vectors import WordVectors, special_vectors
+
+
+def test_tokenizer_strips_punctuation_lowercases_and_marks_numbers():
+    assert tokenize("A man, 2 DOGS... and 3.5 cats!") == [
+        "<s>",
+        "a",
+        "man",
+        "<number>",
+        "dogs",
+        "and",
+        "<number>",
+        "cats",
+        "</s>",
+    ]
+    assert tokenize("   ") == ["<s>", "</s>"]
+
+
+def _weights(length: int, heads: int, width: int, slot: int) -> np.ndarray:
+    """Per-step attention with all weight on one slot of the window."""
+    weights = np.zeros((length, heads, width), dtype=np.float32)
+    weights[:, :, slot] = 1.0
+    return weights
+
+
+def test_vlmp_map_places_window_slots_on_the_right_tokens():
+    window, length = 3, 5
+    newest = direction_map(_weights(length, 2, 1 + window, slot=window), "vlmp", window)
+    np.testing.assert_array_equal(newest, np.eye(length))
+    previous = direction_map(_weights(length, 2, 1 + window, slot=window - 1), "vlmp", window)
+    np.testing.assert_array_equal(previous, np.eye(length, k=-1))  # step t attends token t-1
+
+
+def test_backward_pass_is_reindexed_to_the_original_token_order():
+    window, length = 3, 5
+    forward = np.zeros((length, 2, 1 + window), dtype=np.float32)
+    backward = _weights(length, 2, 1 + window, slot=window - 1)  # reversed step t attends reversed token t-1
+    combined = combined_map(forward, backward, "vlmp", window)
+    np.testing.assert_array_equal(combined, np.eye(length, k=1) / 2)  # original token t+1
+
+
+def test_flmp_map_is_diagonal_and_self_weight_is_excluded():
+    weights = np.full((4, 8, 2), 0.5, dtype=np.float32)
+    np.testing.assert_allclose(combined_map(weights, weights, "flmp", 5), np.eye(4) * 0.5)
+
+
+def test_every_glove_word_gets_its_vector_and_unknown_words_are_reported():
+    specials = special_vectors(7)
+    vectors = WordVectors.from_glove(specials)
+    matrix, unknown = vectors.embed(["<s>", "guitar", "qzxqzxqzx", "</s>"])
+    assert unknown == ["qzxqzxqzx"]
+    np.testing.assert_array_equal(matrix[0], specials[0])
+    np.testing.assert_array_equal(matrix[1], vectors.matrix[vectors.index["guitar"]])
+    np.testing.assert_array_equal(matrix[2], specials[3])
+    assert len(vectors.index) == 400_000
