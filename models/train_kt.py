@@ -34,45 +34,18 @@ from models.training import (
 
 # Sizes from the authors' main.py (MODELS.md §4.5); epochs/patience are ours (early stopping on valid).
 RECIPES = {
-    "assist2009": dict(
-        n_questions=110,
-        seqlen=200,
-        batch=32,
-        key_dim=50,
-        value_dim=200,
-        memory_size=20,
-        epochs=40,
-        patience=8,
-    ),
-    "assist2015": dict(
-        n_questions=100,
-        seqlen=200,
-        batch=50,
-        key_dim=50,
-        value_dim=100,
-        memory_size=20,
-        epochs=40,
-        patience=8,
-    ),
-    "statics": dict(
-        n_questions=1223,
-        seqlen=200,
-        batch=10,
-        key_dim=50,
-        value_dim=100,
-        memory_size=50,
-        epochs=40,
-        patience=8,
-    ),
-    "synthetic": dict(
-        n_questions=50, seqlen=50, batch=32, key_dim=10, value_dim=10, memory_size=5, epochs=100, patience=20
-    ),
+    "assist2009": dict(n_questions=110, seqlen=200, batch=32, key_dim=50, value_dim=200, memory_size=20, sgd_lr=0.05),
+    "assist2015": dict(n_questions=100, seqlen=200, batch=50, key_dim=50, value_dim=100, memory_size=20, sgd_lr=0.1),
+    "statics": dict(n_questions=1223, seqlen=200, batch=10, key_dim=50, value_dim=100, memory_size=50, sgd_lr=0.01),
+    "synthetic": dict(n_questions=50, seqlen=50, batch=32, key_dim=10, value_dim=10, memory_size=5, sgd_lr=0.05),
 }
+STOPPING = {"synthetic": dict(epochs=100, patience=20)}  # others: 40 epochs, patience 8
 
 
 def recipe_for(dataset: str) -> dict:
     """The recipe of a data set name (`synthetic-vK` shares the synthetic recipe)."""
-    return RECIPES["synthetic" if dataset.startswith("synthetic") else dataset]
+    family = "synthetic" if dataset.startswith("synthetic") else dataset
+    return {**RECIPES[family], **STOPPING.get(family, dict(epochs=40, patience=8))}
 
 
 def masked_bce_sum(logits: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -118,6 +91,21 @@ def train_epoch(model, optimizer, data: Sequences, batch: int, generator, clip: 
     return total / max(steps, 1)
 
 
+def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN):
+    """Adam with a plateau schedule (ours), or the authors' SGD with momentum and step decay."""
+    if args.optimizer == "sgd":  # the authors clip the summed-loss gradient at 50, i.e. 50/B here
+        args.clip = args.clip or 50.0 / recipe["batch"]
+        lr = args.lr or recipe["sgd_lr"]
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.667)
+        return optimizer, scheduler, f"SGD lr {lr} momentum 0.9, x0.667 every 20 epochs, clip {args.clip}"
+    args.clip = args.clip or 50.0
+    lr = args.lr or 3e-3
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.5, patience=2)
+    return optimizer, scheduler, f"Adam lr {lr}, ReduceLROnPlateau(valid AUC, factor 0.5, patience 2), clip {args.clip}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, help="assist2009 | assist2015 | statics | synthetic-vK")
@@ -125,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/kt/<dataset>)")
     parser.add_argument("--epochs", type=int, default=None, help="maximum epochs (default per data set)")
     parser.add_argument("--patience", type=int, default=None, help="epochs without a better valid AUC before stopping")
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (halved when valid AUC plateaus)")
-    parser.add_argument("--clip", type=float, default=50.0, help="global gradient-norm clip")
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam (ours) or sgd (authors')")
+    parser.add_argument("--lr", type=float, default=None, help="default: Adam 3e-3, SGD the authors' rate per data set")
+    parser.add_argument(
+        "--clip", type=float, default=None, help="gradient-norm clip on the sum/B loss (default: Adam 50, SGD 50/B)"
+    )
+
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout before the output layer")
     parser.add_argument("--paper-head", action="store_true", help="paper predictor (k_t) instead of the code's")
     parser.add_argument("--seed", type=int, default=1024)
@@ -158,8 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         dropout=args.dropout,
     )
     model = DKVMN(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.5, patience=2)
+    optimizer, scheduler, optimizer_text = build_optimizer(args, recipe, model)
     max_epochs = args.epochs or recipe["epochs"]
     patience = args.patience or recipe["patience"]
     state = {"epoch": 0, "history": [], "best_auc": -math.inf, "best_epoch": 0, "wall_seconds": 0.0}
@@ -181,7 +172,10 @@ def main(argv: list[str] | None = None) -> dict:
             model, optimizer, splits["train"], recipe["batch"], generator, args.clip, not args.no_progress
         )
         valid = evaluate(model, splits["valid"], 256)
-        scheduler.step(valid["auc"])
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            scheduler.step(valid["auc"])
+        else:
+            scheduler.step()
         state["epoch"] += 1
         state["wall_seconds"] += time.perf_counter() - started
         state["history"].append(
@@ -220,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seed": args.seed,
         "config": config.to_dict(),
         "recipe": recipe,
-        "optimizer": f"Adam lr {args.lr}, ReduceLROnPlateau(valid AUC, factor 0.5, patience 2), clip {args.clip}",
+        "optimizer": optimizer_text,
         "data_files": {name: {"file": str(path), "sha256": file_sha256(path)} for name, path in files.items()},
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],

@@ -1,0 +1,102 @@
+"""POST /knowledge-trace over HTTP on the tiny DKVMN: outputs, offline agreement, every validation rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from export.kt import load_model
+from models.kt_data import read_students
+from tests.conftest import KT_MODEL
+
+N_QUESTIONS = 50
+
+
+def _body(questions, correct=None, **extra):
+    correct = correct or [q % 2 == 0 for q in questions]
+    return {"interactions": [{"question": q, "correct": c} for q, c in zip(questions, correct, strict=True)], **extra}
+
+
+def test_real_test_set_student_matches_offline_pytorch_inference(client, tiny_artifacts):
+    runs = tiny_artifacts.parent / "runs" / "synthetic-v0"
+    student = read_students(tiny_artifacts.parent / "kt" / "synthetic" / "naive_c5_q50_s4000_v0_test.csv")[0]
+    response = client.post("/knowledge-trace", json=_body(student.questions, [bool(r) for r in student.responses]))
+    assert response.status_code == 200
+    model = load_model(runs)
+    q = torch.tensor([student.questions])
+    r = torch.tensor([student.responses])
+    with torch.no_grad():
+        p, w, mastery, _ = model(q, r, torch.tensor([q.shape[1]]), model.initial_memory(1).contiguous(), use_scan=False)
+    body = response.json()
+    np.testing.assert_allclose(body["predictions"], p[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(body["mastery"], mastery[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(body["attention"], w[0].numpy(), atol=1e-5)
+
+
+def test_response_shapes_ranges_and_next_questions(client):
+    body = client.post("/knowledge-trace", json=_body([3, 3, 7, 9], next_questions=[3, 50])).json()
+    assert body["model"] == KT_MODEL and body["n_concepts"] == 5
+    assert len(body["predictions"]) == 4
+    assert np.array(body["mastery"]).shape == (5, 5)
+    assert np.all((np.array(body["mastery"]) >= 0) & (np.array(body["mastery"]) <= 1))
+    np.testing.assert_allclose(np.array(body["attention"]).sum(1), 1, atol=1e-5)
+    assert [item["question"] for item in body["next"]] == [3, 50]
+    assert all(0 <= item["p_correct"] <= 1 and 0 <= item["concept"] < 5 for item in body["next"])
+    everything = client.post("/knowledge-trace", json=_body([1], return_attention=False)).json()
+    assert [item["question"] for item in everything["next"]] == list(range(1, N_QUESTIONS + 1))
+    assert everything["attention"] is None
+
+
+def test_history_longer_than_seqlen_is_processed_in_chunks(client):
+    questions = [(i * 7) % N_QUESTIONS + 1 for i in range(130)]  # seqlen is 50
+    body = client.post("/knowledge-trace", json=_body(questions)).json()
+    assert len(body["predictions"]) == 130 and len(body["mastery"]) == 131 and len(body["attention"]) == 130
+
+
+def test_next_prediction_reflects_the_history(client):
+    right = client.post("/knowledge-trace", json=_body([5] * 30, [True] * 30, next_questions=[5])).json()
+    wrong = client.post("/knowledge-trace", json=_body([5] * 30, [False] * 30, next_questions=[5])).json()
+    assert right["next"][0]["p_correct"] != wrong["next"][0]["p_correct"]
+
+
+@pytest.mark.parametrize(
+    ("body", "location"),
+    [
+        ({"interactions": []}, ["body", "interactions"]),
+        (_body([0]), ["body", "interactions", 0, "question"]),
+        (_body([1, N_QUESTIONS + 1]), ["body", "interactions", 1, "question"]),
+        (_body([1], next_questions=[0]), ["body", "next_questions", 0]),
+        (_body([1], next_questions=[N_QUESTIONS + 1]), ["body", "next_questions", 0]),
+        ({"interactions": [{"question": "3", "correct": True}]}, ["body", "interactions", 0, "question"]),
+        ({"interactions": [{"question": 3.5, "correct": True}]}, ["body", "interactions", 0, "question"]),
+        ({"interactions": [{"question": 3, "correct": "yes"}]}, ["body", "interactions", 0, "correct"]),
+        ({"interactions": [{"question": 3}]}, ["body", "interactions", 0, "correct"]),
+        ({"interactions": "3,4"}, ["body", "interactions"]),
+        ({"interactions": [{"question": 1, "correct": True}] * 10_001}, ["body", "interactions"]),
+        ({"interactions": [{"question": 1, "correct": True}], "return_attention": "no"}, ["body", "return_attention"]),
+    ],
+)
+def test_invalid_requests_are_422_naming_the_field(client, body, location):
+    response = client.post("/knowledge-trace", json=body)
+    assert response.status_code == 422, response.text
+    assert any(error["loc"][: len(location)] == location for error in response.json()["detail"])
+
+
+def test_out_of_range_question_names_the_item_and_the_range(client):
+    detail = client.post("/knowledge-trace", json=_body([1, 2, 99])).json()["detail"][0]
+    assert detail["loc"] == ["body", "interactions", 2, "question"]
+    assert "1..50" in detail["msg"]
+
+
+def test_unknown_or_wrong_task_model_is_404_listing_the_names(client):
+    for name in ("nope", "rmc-vlmp-sick"):
+        response = client.post("/knowledge-trace", json=_body([1], model=name))
+        assert response.status_code == 404
+        assert KT_MODEL in response.json()["detail"]
+
+
+def test_ten_thousand_interactions_are_served(client):
+    questions = [(i % N_QUESTIONS) + 1 for i in range(10_000)]
+    response = client.post("/knowledge-trace", json=_body(questions, return_attention=False, next_questions=[1]))
+    assert response.status_code == 200 and len(response.json()["predictions"]) == 10_000

@@ -1,0 +1,107 @@
+"""POST /similarity and /similarity/batch over HTTP on the tiny LSTM_RMC models: outputs and validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import FLMP_MODEL, KT_MODEL, SIM_MODEL
+
+PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument, qzxqzx!"}
+
+
+def test_one_pair_returns_scores_tokens_and_attention(client):
+    response = client.post("/similarity", json=PAIR)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["model"] == SIM_MODEL
+    assert 1 <= body["relatedness"] <= 5
+    assert body["similarity"] == pytest.approx((body["relatedness"] - 1) / 4)
+    probabilities = body["entailment"]["probabilities"]
+    assert set(probabilities) == {"ENTAILMENT", "NEUTRAL", "CONTRADICTION"}
+    assert sum(probabilities.values()) == pytest.approx(1, abs=1e-6)
+    assert body["entailment"]["label"] == max(probabilities, key=probabilities.get)
+    assert body["tokens_a"] == ["<s>", "a", "man", "is", "playing", "a", "guitar", "</s>"]
+    assert body["unknown_tokens"] == ["qzxqzx"]
+    for key, tokens in (("sentence_a", body["tokens_a"]), ("sentence_b", body["tokens_b"])):
+        matrix = np.array(body["attention"][key])
+        assert matrix.shape == (len(tokens), len(tokens))
+        assert matrix.min() >= 0 and np.all(matrix.sum(1) <= 1 + 1e-6)
+
+
+def test_attention_can_be_left_out(client):
+    assert client.post("/similarity", json={**PAIR, "return_attention": False}).json()["attention"] is None
+
+
+def test_batch_results_are_in_order_and_equal_single_calls(client):
+    pairs = [PAIR, {"sentence_a": "A dog runs.", "sentence_b": "A cat is sleeping on a very long and soft sofa."}]
+    batch = client.post("/similarity/batch", json={"pairs": pairs, "return_attention": True}).json()
+    assert batch["model"] == SIM_MODEL and len(batch["results"]) == 2
+    for pair, result in zip(pairs, batch["results"], strict=True):
+        single = client.post("/similarity", json=pair).json()
+        assert result["relatedness"] == pytest.approx(single["relatedness"], abs=1e-5)
+        assert result["tokens_a"] == single["tokens_a"]
+        np.testing.assert_allclose(result["attention"]["sentence_a"], single["attention"]["sentence_a"], atol=1e-5)
+
+
+def test_flmp_model_is_selectable_and_its_map_is_diagonal(client):
+    body = client.post("/similarity", json={**PAIR, "model": FLMP_MODEL}).json()
+    matrix = np.array(body["attention"]["sentence_a"])
+    assert body["model"] == FLMP_MODEL
+    assert np.count_nonzero(matrix - np.diag(np.diag(matrix))) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "location"),
+    [
+        ({"sentence_a": "", "sentence_b": "b"}, ["body", "sentence_a"]),
+        ({"sentence_a": "a", "sentence_b": "   \t"}, ["body", "sentence_b"]),
+        ({"sentence_a": "a" * 1001, "sentence_b": "b"}, ["body", "sentence_a"]),
+        ({"sentence_a": "word " * 63, "sentence_b": "b"}, ["body", "sentence_a"]),  # 65 tokens with markers
+        ({"sentence_a": 5, "sentence_b": "b"}, ["body", "sentence_a"]),
+        ({"sentence_a": ["a"], "sentence_b": "b"}, ["body", "sentence_a"]),
+        ({"sentence_b": "b"}, ["body", "sentence_a"]),
+        ({"sentence_a": "a", "sentence_b": "b", "return_attention": "yes"}, ["body", "return_attention"]),
+    ],
+)
+def test_invalid_pairs_are_422_naming_the_field(client, body, location):
+    response = client.post("/similarity", json=body)
+    assert response.status_code == 422, response.text
+    assert any(error["loc"] == location for error in response.json()["detail"])
+
+
+def test_token_limit_message_names_the_sentence_and_the_limit(client):
+    detail = client.post("/similarity", json={"sentence_a": "a", "sentence_b": "x " * 70}).json()["detail"][0]
+    assert detail["loc"] == ["body", "sentence_b"] and "at most 64" in detail["msg"]
+    assert client.post("/similarity", json={"sentence_a": "word " * 62, "sentence_b": "b"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("pairs", "location"),
+    [
+        ([], ["body", "pairs"]),
+        ([{"sentence_a": "a", "sentence_b": "b"}] * 257, ["body", "pairs"]),
+        (
+            [{"sentence_a": "a", "sentence_b": "b"}, {"sentence_a": " ", "sentence_b": "b"}],
+            ["body", "pairs", 1, "sentence_a"],
+        ),
+        ([{"sentence_a": "a", "sentence_b": "x " * 70}], ["body", "pairs", 0, "sentence_b"]),
+    ],
+)
+def test_invalid_batches_are_422_naming_the_item(client, pairs, location):
+    response = client.post("/similarity/batch", json={"pairs": pairs})
+    assert response.status_code == 422, response.text
+    assert any(error["loc"] == location for error in response.json()["detail"])
+
+
+def test_256_pairs_are_served(client):
+    response = client.post("/similarity/batch", json={"pairs": [PAIR] * 256})
+    assert response.status_code == 200 and len(response.json()["results"]) == 256
+
+
+def test_unknown_or_wrong_task_model_is_404_listing_the_names(client):
+    for name in ("nope", KT_MODEL):
+        response = client.post("/similarity", json={**PAIR, "model": name})
+        assert response.status_code == 404
+        assert SIM_MODEL in response.json()["detail"] and FLMP_MODEL in response.json()["detail"]
+    assert client.post("/similarity/batch", json={"pairs": [PAIR], "model": "nope"}).status_code == 404
