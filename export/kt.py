@@ -29,8 +29,9 @@ MAX_INTERACTIONS = 10_000
 
 
 def load_model(run_dir: Path) -> DKVMN:
-    """The best-validation weights of a training run."""
-    checkpoint = load_checkpoint(run_dir / "best.pt")
+    """The weights a training run ships: best on validation, or their refit on the whole training split."""
+    weights = json.loads((run_dir / "result.json").read_text()).get("weights", "best.pt")
+    checkpoint = load_checkpoint(run_dir / weights)
     model = DKVMN(DKVMNConfig(**checkpoint["config"]))
     model.load_state_dict(checkpoint["model"])
     return model.eval()

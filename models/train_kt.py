@@ -91,6 +91,28 @@ def train_epoch(model, optimizer, data: Sequences, batch: int, generator, clip: 
     return total / max(steps, 1)
 
 
+def refit_on_full_train(args, recipe: dict, config: DKVMNConfig, state: dict, data: Sequences, out: Path):
+    """Retrain from scratch on the whole training split (fold 1's train + valid) for the epochs selected on
+    the validation fold, replaying the selection run's learning rate epoch by epoch."""
+    generator = seed_everything(args.seed)
+    model = DKVMN(config)
+    optimizer, _, _ = build_optimizer(args, recipe, model)
+    rates = [optimizer.param_groups[0]["lr"]] + [row["lr"] for row in state["history"][: state["best_epoch"] - 1]]
+    started = time.perf_counter()
+    for epoch, rate in enumerate(rates, start=1):
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        loss = train_epoch(model, optimizer, data, recipe["batch"], generator, args.clip, not args.no_progress)
+        print(f"refit epoch {epoch}/{len(rates)}  lr {rate:g}  loss {loss:.4f}", flush=True)
+    save_checkpoint(out / "final.pt", {"model": model.state_dict(), "config": config.to_dict(), "recipe": recipe})
+    model.eval()
+    return model, {
+        "epochs": len(rates),
+        "train_sequences": len(data),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN):
     """Adam with a plateau schedule (ours), or the authors' SGD with momentum and step decay."""
     if args.optimizer == "sgd":  # the authors clip the summed-loss gradient at 50, i.e. 50/B here
@@ -124,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    parser.add_argument(
+        "--refit-full",
+        action="store_true",
+        help="after selection on fold 1, retrain on the whole training split for the selected epochs",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for log files)")
     return parser
 
@@ -135,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(args.threads)
     generator = seed_everything(args.seed)
     files = split_files(args.data_dir, args.dataset)
+    if args.refit_full:
+        files["full"] = Path(str(files["train"]).replace("_train1.csv", "_train.csv"))
     for path in files.values():
         if not path.exists():
             raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
@@ -206,8 +235,11 @@ def main(argv: list[str] | None = None) -> dict:
                 "state": state,
             },
         )
-    best = load_checkpoint(out / "best.pt")
-    model.load_state_dict(best["model"])
+    model.load_state_dict(load_checkpoint(out / "best.pt")["model"])
+    valid = evaluate(model, splits["valid"], 256)
+    refit = None
+    if args.refit_full:
+        model, refit = refit_on_full_train(args, recipe, config, state, splits["full"], out)
     result = {
         "dataset": args.dataset,
         "command": command_line("models.train_kt"),
@@ -219,7 +251,9 @@ def main(argv: list[str] | None = None) -> dict:
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],
         "wall_seconds": round(state["wall_seconds"], 1),
-        "valid": evaluate(model, splits["valid"], 256),
+        "weights": "final.pt" if refit else "best.pt",
+        "refit": refit,
+        "valid": valid,
         "test": evaluate(model, splits["test"], 256),
         "history": state["history"],
     }

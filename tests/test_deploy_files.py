@@ -1,0 +1,81 @@
+"""Dockerfile, docker-compose.yml, Makefile and CI script: the facts a deployment relies on."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stages() -> dict[str, list[str]]:
+    """Dockerfile instructions (continuations joined) grouped by stage name."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    stages: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"FROM\s+(\S+)(?:\s+AS\s+(\S+))?", line, re.IGNORECASE)
+        if match:
+            current = match.group(2) or match.group(1)
+            stages[current] = []
+        stages[current].append(line)
+    return stages
+
+
+def test_dockerfile_is_multistage_on_a_build_arg_base_with_a_lean_non_root_runtime():
+    stages = _stages()
+    assert any(line.startswith("ARG PYTHON_IMAGE=python:3.11-slim") for line in stages[""])
+    assert {"builder", "runtime", "runtime-gpu"} <= set(stages)
+    assert stages["runtime"][0] == "FROM ${PYTHON_IMAGE} AS runtime"
+    assert list(stages)[-1] == "runtime"  # the default build target is the CPU runtime
+    for name in ("runtime", "runtime-gpu"):
+        body = "\n".join(stages[name])
+        assert "torch" not in body.replace("no torch", "")
+        assert not re.search(r"build-essential|gcc|g\+\+", body)
+        assert re.search(r"^USER 10001$", body, re.MULTILINE)
+        assert "HEALTHCHECK" in body and "/ready" in body
+        cmd = next(line for line in stages[name] if line.startswith("CMD"))
+        assert json.loads(cmd.removeprefix("CMD").strip()) == ["python3", "-m", "app"]  # exec form
+        for setting in ("MNEMO_ARTIFACTS_DIR", "MNEMO_HOST", "MNEMO_PORT", "MNEMO_PROVIDER", "MNEMO_LOG_FORMAT"):
+            assert setting + "=" in body
+    gpu = "\n".join(stages["runtime-gpu"])
+    assert stages["runtime-gpu"][0].startswith("FROM ${CUDA_IMAGE}")
+    assert "onnxruntime-gpu" in gpu and "LD_LIBRARY_PATH" in gpu and "MNEMO_PROVIDER=cuda" in gpu
+
+
+def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    service = compose["services"]["mnemo"]
+    assert service["build"]["target"] == "runtime"
+    assert any(port.endswith(":8000") for port in service["ports"])
+    assert service["restart"] == "unless-stopped"
+    assert "/ready" in " ".join(service["healthcheck"]["test"])
+    assert service["environment"]["MNEMO_PROVIDER"] == "cpu"
+    assert "./artifacts:/srv/mnemo/artifacts:ro" in service["volumes"]
+    gpu = compose["services"]["mnemo-gpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["target"] == "runtime-gpu"
+    device = gpu["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+
+
+def test_ci_runs_exactly_make_test_and_fails_on_any_error():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in script
+    assert [line for line in script.splitlines() if line and not line.startswith(("#", "set ", "cd "))] == ["make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test:.*\n(\t.*\n)*\t\$\(BIN\)/python -m pytest", makefile, re.MULTILINE)
+    assert re.search(r"^serve:.*\n\t\$\(BIN\)/python -m app", makefile, re.MULTILINE)
+
+
+def test_readme_documents_every_setting():
+    from app.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"MNEMO_{name.upper()}" in readme, name
