@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-size", type=int, default=32, help="memory width M = heads * head size")
     parser.add_argument("--fc-dim", type=int, default=512, help="width of the pair classifier layers")
+    parser.add_argument("--dropout-relatedness", type=float, default=0.4, help="dropout in the relatedness head")
+    parser.add_argument("--dropout-entailment", type=float, default=0.25, help="dropout in the entailment head")
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "sick")
     parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/sim/<pointer>)")
     parser.add_argument("--epochs", type=int, default=40)
@@ -133,7 +135,13 @@ def main(argv: list[str] | None = None) -> dict:
     vectors = WordVectors.from_glove(specials)
     splits = {name: EncodedSplit(read_split(path), vectors) for name, path in files.items()}
     config = RMCConfig(
-        pointer=args.pointer, window=args.window, num_heads=args.heads, head_size=args.head_size, fc_dim=args.fc_dim
+        pointer=args.pointer,
+        window=args.window,
+        num_heads=args.heads,
+        head_size=args.head_size,
+        fc_dim=args.fc_dim,
+        dropout_relatedness=args.dropout_relatedness,
+        dropout_entailment=args.dropout_entailment,
     )
     model = SentencePairModel(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
