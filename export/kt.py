@@ -129,7 +129,9 @@ def synthetic_summary(runs_root: Path) -> dict | None:
     }
 
 
-def write_card(path: Path, name: str, result: dict, parity_result: dict, extras: dict, onnx_file: Path) -> None:
+def write_card(
+    path: Path, name: str, result: dict, parity_result: dict, extras: dict, onnx_file: Path, notes: str = ""
+) -> None:
     """The model card in markdown."""
     dataset = result["dataset"]
     family = "synthetic" if dataset.startswith("synthetic") else dataset
@@ -175,8 +177,14 @@ def write_card(path: Path, name: str, result: dict, parity_result: dict, extras:
         f"- Seed {result['seed']}; {result['epochs_run']} epochs run, best validation AUC at epoch "
         f"{result['best_epoch']}; wall time {result['wall_seconds'] / 60:.1f} min (1 CPU thread).",
         f"- Optimiser: {result['optimizer']}; loss: binary cross-entropy summed over valid steps / batch "
-        "(the authors' objective). Deviation from the original recipe (SGD with momentum, 100 epochs): "
-        "Adam with a plateau schedule and early stopping on the validation fold, chosen on validation only.",
+        "(the authors' objective)."
+        + (
+            ""
+            if result["optimizer"].startswith("SGD")
+            else " Deviation from the original recipe (SGD with momentum, 100 epochs): Adam with a plateau "
+            "schedule and early stopping on the validation fold."
+        ),
+        *_refit_lines(result),
         f"- Sizes: Q={config['n_questions']}, N={config['memory_size']} concepts, d_k={config['key_dim']}, "
         f"d_v={config['value_dim']}, final fc {config['final_fc_dim']}, seqlen {recipe['seqlen']}, "
         f"batch {recipe['batch']} (MODELS.md §4.5).",
@@ -207,7 +215,23 @@ def write_card(path: Path, name: str, result: dict, parity_result: dict, extras:
         f"![correlation weights]({name}.concepts.png)",
         "",
     ]
+    if notes:
+        lines += ["## Notes", "", notes, ""]
     path.write_text("\n".join(lines))
+
+
+def _refit_lines(result: dict) -> list[str]:
+    """How the shipped weights were refit on the whole training split, if they were."""
+    refit = result.get("refit")
+    if not refit:
+        return []
+    return [
+        f"- Refit: after selecting epoch {result['best_epoch']} on fold 1, the model was retrained from scratch "
+        f"(same seed) on the whole training split (`*_train.csv` = fold 1's train + valid, "
+        f"{refit['train_sequences']} sequences) for {refit['epochs']} epochs, replaying the selection run's "
+        f"learning rate per epoch ({refit['wall_seconds'] / 60:.1f} min). The shipped weights and the test "
+        "metrics are the refit's; the validation metrics are the fold-1 model's (the refit has no held-out data).",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -217,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--default", action="store_true", help="the default knowledge-trace model")
     parser.add_argument("--version", default="1.0.0")
+    parser.add_argument("--notes", default="", help="free text for the card's Notes section")
     args = parser.parse_args(argv)
     result = json.loads((args.run / "result.json").read_text())
     dataset = result["dataset"]
@@ -258,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         xlabel="concept",
         ylabel="question",
     )
-    write_card(args.artifacts / f"{args.name}.md", args.name, result, parity_result, extras, onnx_file)
+    write_card(args.artifacts / f"{args.name}.md", args.name, result, parity_result, extras, onnx_file, args.notes)
     metrics = {
         "test_auc": round(result["test"]["auc"], 4),
         "test_accuracy": round(result["test"]["accuracy"], 4),
