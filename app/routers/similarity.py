@@ -82,12 +82,16 @@ async def similarity(body: SimilarityRequest, request: Request) -> SimilarityRes
 async def similarity_batch(body: SimilarityBatchRequest, request: Request) -> SimilarityBatchResponse:
     """Up to 256 pairs in one call; results in request order."""
     model = request.app.state.registry.get(body.model, TASK)
-    pairs = [
+    pairs = await run_in_threadpool(_encode_batch, model, body)
+    results = await run_in_threadpool(_score, model, pairs, body.return_attention)
+    return SimilarityBatchResponse(model=model.name, results=[_response(model.name, r) for r in results])
+
+
+def _encode_batch(model, body: SimilarityBatchRequest) -> list[tuple[EncodedSentence, EncodedSentence]]:
+    return [
         (
             _encode_checked(model, pair.sentence_a, ("body", "pairs", index, "sentence_a")),
             _encode_checked(model, pair.sentence_b, ("body", "pairs", index, "sentence_b")),
         )
         for index, pair in enumerate(body.pairs)
     ]
-    results = await run_in_threadpool(_score, model, pairs, body.return_attention)
-    return SimilarityBatchResponse(model=model.name, results=[_response(model.name, r) for r in results])
