@@ -16,7 +16,10 @@ def main() -> None:
         resolve_provider(settings.provider)
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
-    uvicorn.run("app.main:app", host=settings.host, port=settings.port, log_level=settings.log_level)
+    # access_log=False: the app logs one access line per request itself (app/middleware.py)
+    uvicorn.run(
+        "app.main:app", host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False
+    )
 
 
 if __name__ == "__main__":
