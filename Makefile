@@ -6,7 +6,7 @@ DATA_DIR ?= $(or $(MNEMO_DATA_DIR),../shared/data)
 DATASET ?= assist2009
 POINTER ?= vlmp
 
-.PHONY: serve test lint bench train-kt train-sim export-kt export-sim docker-check clean
+.PHONY: venv serve test lint bench train-kt train-sim export-kt export-sim docker-check clean
 
 $(VENV)/serve.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(VENV)/dev.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[train,dev]'
 	touch $@ $(VENV)/serve.stamp
+
+# The stamps make `make test`/`make serve` install only when pyproject.toml changed since the last install.
+venv: $(VENV)/dev.stamp  ## .venv with the dev and train extras (what `make test` uses)
 
 serve: $(VENV)/serve.stamp  ## serve artifacts/ on MNEMO_HOST:MNEMO_PORT (default 127.0.0.1:8000)
 	$(BIN)/python -m app

@@ -26,7 +26,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Configure the `mnemo` loggers once (later calls replace the handler)."""
+    """Configure the `mnemo` loggers once (later calls replace the handler).
+
+    uvicorn's own access log is switched off: the app writes exactly one access line per request
+    (`mnemo.access`, app/middleware.py), however it is started (`python -m app` or `uvicorn app.main:app`).
+    """
     handler = logging.StreamHandler()
     handler.setFormatter(
         JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -35,3 +39,4 @@ def configure_logging(level: str, fmt: str) -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
+    logging.getLogger("uvicorn.access").disabled = True

@@ -18,6 +18,8 @@ from app.routers import knowledge_trace, operations, similarity
 from app.settings import Settings
 
 logger = logging.getLogger("mnemo")
+# Each task router module exposes `router` (an APIRouter), `TASK` and `prepare(model, settings) -> None`,
+# which the registry runs at startup for every model of that task (see app/registry.py).
 TASK_ROUTERS = (similarity, knowledge_trace)
 DESCRIPTION = """Memory-augmented neural models behind one API:
 
@@ -30,7 +32,11 @@ Models run in ONNX Runtime; `GET /models` lists them with the execution provider
 
 
 def create_app(settings: Settings | None = None, preparers: dict[str, Preparer] | None = None) -> FastAPI:
-    """Build the app; models are loaded, verified and warmed in the lifespan, before it serves."""
+    """Build the app; models are loaded, verified, warmed and prepared in the lifespan, before it serves.
+
+    `preparers` replaces the task routers' own (`{TASK: prepare}`); tests of the frame pass `{}` or
+    their own to serve toy models under a task name.
+    """
     settings = settings or Settings()
     configure_logging(settings.log_level, settings.log_format)
     metrics = Metrics()

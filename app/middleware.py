@@ -9,6 +9,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.errors import body_too_large_detail
 from app.metrics import Metrics
 
 access_logger = logging.getLogger("mnemo.access")
@@ -33,9 +34,7 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = {
-            "detail": f"Request body is larger than the limit of {self.max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
-        }
+        too_large = {"detail": body_too_large_detail(self.max_bytes)}
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await _send_json(send, 413, too_large)

@@ -1,4 +1,15 @@
-"""The verified model registry: manifest -> sha256 check -> ONNX Runtime session -> warm-up -> ready."""
+"""The verified model registry: manifest -> sha256 check -> ONNX Runtime session -> warm-up -> ready.
+
+Routers reach it as `request.app.state.registry` and call `registry.get(name_or_None, task)`, which returns
+a `ServedModel` (the named one, else the task's default, else its only/first model) or raises
+`UnknownModel` (404 listing the names of that task) / `ModelNotReady` (503). `ServedModel.run(feeds)`
+is blocking: call it through `starlette.concurrency.run_in_threadpool`.
+
+Task preparers: `ModelRegistry(settings, preparers={task: prepare}, metrics)` calls
+`prepare(model, settings) -> None` once for each loaded model of that task, after its session is
+verified and warmed and before `/ready` turns 200. It may store what requests need in `model.state`; an
+exception it raises is a model load error (exit, or not ready with MNEMO_ON_MODEL_ERROR=skip).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +27,7 @@ import onnxruntime as ort
 from app.errors import ModelNotReady, UnknownModel
 from app.integrity import sha256_of
 from app.metrics import Metrics
-from app.providers import check_session_provider, resolve_provider, session_providers
+from app.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
 from app.settings import Settings
 
 logger = logging.getLogger("mnemo.registry")
@@ -105,18 +116,37 @@ def _parse_manifest(path: Path) -> list[dict[str, Any]]:
     names = [entry["name"] for entry in entries]
     if len(set(names)) != len(names):
         raise ModelLoadError(f"{path}: model names must be unique")
+    for task in TASKS:
+        defaults = [entry["name"] for entry in entries if entry["task"] == task and entry.get("default")]
+        if len(defaults) > 1:
+            raise ModelLoadError(f"{path}: at most one default {task} model, not {', '.join(defaults)}")
     return entries
 
 
+# ONNX tensor element types -> numpy dtypes, for the generic warm-up feeds.
+WARM_UP_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
 def _warm_up_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
-    """One input of each graph input: dynamic dims 1, integers 1, floats 0."""
+    """One input of each graph input: dynamic dims 1, integers (and booleans) 1, floats 0."""
     feeds = {}
     for graph_input in session.get_inputs():
-        shape = [dim if isinstance(dim, int) else 1 for dim in graph_input.shape]
-        if "int" in graph_input.type:
-            feeds[graph_input.name] = np.ones(shape, dtype=np.int64)
-        else:
-            feeds[graph_input.name] = np.zeros(shape, dtype=np.float32)
+        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in graph_input.shape]
+        dtype = WARM_UP_DTYPES.get(graph_input.type)
+        if dtype is None:
+            raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
+        fill = 0 if np.issubdtype(dtype, np.floating) else 1
+        feeds[graph_input.name] = np.full(shape, fill, dtype=dtype)
     return feeds
 
 
@@ -151,6 +181,8 @@ class ModelRegistry:
             self.models[model.name] = model
             try:
                 self._load_model(model, entry.get("assets", {}), artifacts)
+            except ProviderUnavailable:
+                raise  # never a per-model problem: the whole service would run on the wrong provider
             except Exception as error:
                 model.session, model.error = None, str(error)
                 if self.settings.on_model_error == "exit":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from export import kt as export_kt
 from export import similarity as export_similarity
 from models import train_kt, train_sim
 from tests.synthetic_data import write_sick, write_synthetic_kt
+from tests.toy_model import toy_entry, write_toy_artifacts
 
 KT_MODEL = "dkvmn-synthetic"
 SIM_MODEL = "rmc-vlmp-sick"
@@ -84,3 +86,43 @@ def client(tiny_artifacts: Path) -> Iterator[TestClient]:
 
 def manifest_models(artifacts: Path) -> list[dict]:
     return json.loads((artifacts / "manifest.json").read_text())["models"]
+
+
+# -- the frame's own fixtures: toy ONNX models built with onnx.helper (tests/toy_model.py) -------------
+TOY_NAMES = ("toy-a", "toy-b", "toy-kt")
+
+
+@pytest.fixture
+def toy_artifacts(tmp_path: Path) -> Path:
+    """toy-a (default) and toy-b of the toy task, toy-kt of the other task; private to the test."""
+    entries = [toy_entry("toy-a", default=True), toy_entry("toy-b"), toy_entry("toy-kt", task="knowledge-trace")]
+    return write_toy_artifacts(tmp_path / "toy-artifacts", entries)
+
+
+def toy_settings(artifacts: Path, **overrides) -> Settings:
+    """CPU, one thread, the given artifacts; any setting can be overridden."""
+    return Settings(**{"artifacts_dir": artifacts, "provider": "cpu", "intra_op_threads": 1, **overrides})
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, logger: str) -> list[str]:
+        return [r.getMessage() for r in self.records if r.name == logger]
+
+
+@pytest.fixture
+def mnemo_logs() -> Iterator[_Records]:
+    """Log records of the service's loggers (they do not propagate to the root, so caplog misses them)."""
+    handler = _Records()
+    names = ("mnemo.access", "mnemo.providers", "mnemo.registry", "mnemo.errors")
+    for name in names:
+        logging.getLogger(name).addHandler(handler)
+    yield handler
+    for name in names:
+        logging.getLogger(name).removeHandler(handler)

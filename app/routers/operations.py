@@ -28,9 +28,12 @@ async def ready(request: Request) -> JSONResponse:
 
 
 @router.get("/models")
-async def models(request: Request) -> dict[str, list[dict]]:
+async def models(request: Request) -> JSONResponse:
     """Every configured model with its task, provider really in use, limits, metrics and metadata."""
-    return {"models": [model.public_info() for model in request.app.state.registry.models.values()]}
+    registry = getattr(request.app.state, "registry", None)
+    if registry is None:
+        return JSONResponse({"detail": "Models are still loading."}, status_code=503)
+    return JSONResponse({"models": [model.public_info() for model in registry.models.values()]})
 
 
 @router.get("/metrics")

@@ -79,3 +79,17 @@ def test_readme_documents_every_setting():
     readme = (ROOT / "README.md").read_text()
     for name in Settings.model_fields:
         assert f"MNEMO_{name.upper()}" in readme, name
+
+
+def test_makefile_targets_install_only_when_pyproject_changes():
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("venv", "serve", "test", "lint", "bench", "train-kt", "train-sim", "docker-check"):
+        assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
+    assert re.search(
+        r"^\$\(VENV\)/serve\.stamp: pyproject\.toml\n(\t.*\n)*\t\$\(BIN\)/pip install -q -e \.\n", makefile, re.M
+    )
+    assert re.search(
+        r"^\$\(VENV\)/dev\.stamp: pyproject\.toml\n(\t.*\n)*\t.*pip install -q -e '\.\[train,dev\]'", makefile, re.M
+    )
+    assert re.search(r"^test: \$\(VENV\)/dev\.stamp", makefile, re.MULTILINE)
+    assert re.search(r"^serve: \$\(VENV\)/serve\.stamp", makefile, re.MULTILINE)

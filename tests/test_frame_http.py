@@ -1,0 +1,194 @@
+"""The frame over HTTP (TestClient, real app, real onnxruntime on toy models): statuses, shapes, ids, logs, metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from onnx import TensorProto
+
+from app.integrity import sha256_of
+from app.logging_config import JsonFormatter
+from tests.conftest import toy_settings
+from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
+
+GOOD = {"x": [[1, 2, 3]], "k": [1]}
+
+
+@pytest.fixture
+def toy_client(toy_artifacts) -> Iterator[TestClient]:
+    with TestClient(toy_app(toy_settings(toy_artifacts, max_body_bytes=4096))) as client:
+        yield client
+
+
+def test_operations_endpoints(toy_client, toy_artifacts):
+    assert toy_client.get("/health").json() == {"status": "ok"}
+    assert toy_client.get("/ready").json() == {"status": "ready", "models": 3}
+    listed = {m["name"]: m for m in toy_client.get("/models").json()["models"]}
+    assert set(listed) == {"toy-a", "toy-b", "toy-kt"}
+    toy_a = listed["toy-a"]
+    assert toy_a["task"] == "similarity" and listed["toy-kt"]["task"] == "knowledge-trace"
+    assert toy_a["version"] == "0.0.1" and toy_a["sha256"] == sha256_of(toy_artifacts / "toy-a.onnx")
+    assert toy_a["provider"] == "CPUExecutionProvider" and toy_a["ready"] is True
+    assert toy_a["default"] is True and listed["toy-b"]["default"] is False
+    assert toy_a["limits"] == {"max_batch": 4} and toy_a["metrics"] == {"test_score": 1.0}
+    assert toy_a["metadata"] == {"width": 3}
+    assert toy_client.get("/docs").status_code == 200
+    assert {"/health", "/ready", "/models", "/metrics", "/toy"} <= set(toy_client.get("/openapi.json").json()["paths"])
+
+
+def test_inference_through_the_registry(toy_client):
+    response = toy_client.post("/toy", json={"model": "toy-b", "x": [[1, 2, 3], [0, 0.5, -1]], "k": [1, 7]})
+    assert response.status_code == 200
+    assert response.json() == {"model": "toy-b", "y": [[2, 4, 6], [0, 1, -2]], "z": [2, 8]}
+
+
+def test_unknown_model_is_404_listing_the_names_of_the_task(toy_client):
+    response = toy_client.post("/toy", json={**GOOD, "model": "toy-z"})
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Unknown similarity model 'toy-z'; available: toy-a, toy-b."}
+
+
+# -- 422: one shape for schema errors, model rules and inputs onnxruntime rejects ----------------------
+def _assert_validation_shape(response, loc: list) -> str:
+    assert response.status_code == 422, response.text
+    (error,) = [e for e in response.json()["detail"] if e["loc"] == loc]
+    assert isinstance(error["msg"], str) and error["msg"] and isinstance(error["type"], str)
+    return error["msg"]
+
+
+def test_schema_error_is_fastapis_422(toy_client):
+    _assert_validation_shape(toy_client.post("/toy", json={"x": [[1, 2, 3]]}), ["body", "k"])
+    _assert_validation_shape(toy_client.post("/toy", json={**GOOD, "k": ["a"]}), ["body", "k", 0])
+
+
+def test_invalid_input_is_422_in_the_same_shape(toy_client):
+    response = toy_client.post("/toy", json={"x": [[1, 2, 3]] * 2, "k": [1, -4]})
+    assert response.json() == {
+        "detail": [{"loc": ["body", "k", 1], "msg": "k must be >= 0, got -4", "type": "value_error"}]
+    }
+    too_many = toy_client.post("/toy", json={"x": [[1, 2, 3]] * 5, "k": [1] * 5})
+    assert _assert_validation_shape(too_many, ["body", "k"]) == "at most 4 items"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"x": [[1, 2]], "k": [1]},  # the graph fixes the width at 3
+        {"x": [[1, 2, 3, 4], [5, 6, 7, 8]], "k": [1, 2]},
+    ],
+)
+def test_input_the_graph_rejects_is_422_not_500(toy_client, body, mnemo_logs):
+    response = toy_client.post("/toy", json=body)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body"] and error["msg"].startswith("The model rejected the input:")
+    assert "dimension" in error["msg"].lower()
+    assert any("model rejected the input" in line for line in mnemo_logs.messages("mnemo.errors"))  # a warning
+    assert toy_client.get("/health").status_code == 200
+
+
+def test_a_feed_of_the_wrong_dtype_is_422_not_500(tmp_path):
+    """The toy router feeds int64; a graph that takes int32 rejects it inside onnxruntime."""
+    artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-int32")], int_type=TensorProto.INT32)
+    with TestClient(toy_app(toy_settings(artifacts))) as client:
+        response = client.post("/toy", json=GOOD)
+    assert response.status_code == 422 and "type" in response.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b'"text"', b"null", b"", b"\xff\xfe"])
+def test_malformed_bodies_are_422(toy_client, body):
+    response = toy_client.post("/toy", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and isinstance(response.json()["detail"], list)
+
+
+def test_a_bug_is_logged_and_answered_500_as_last_resort(toy_artifacts, mnemo_logs):
+    with TestClient(toy_app(toy_settings(toy_artifacts)), raise_server_exceptions=False) as client:
+        response = client.get("/toy/bug")
+    assert response.status_code == 500 and response.json() == {"detail": "Internal error; it has been logged."}
+    errors = [r for r in mnemo_logs.records if r.name == "mnemo.errors"]
+    assert errors and errors[0].exc_info and "deliberate bug" in str(errors[0].exc_info[1])
+
+
+# -- 413 --------------------------------------------------------------------------------------------
+def test_body_over_the_limit_is_413_declared_or_streamed(toy_client):
+    big = {"x": [[1.0, 2.0, 3.0]] * 1000, "k": [1] * 1000}
+    response = toy_client.post("/toy", json=big)
+    assert response.status_code == 413
+    assert response.json() == {"detail": "Request body is larger than the limit of 4096 bytes (MNEMO_MAX_BODY_BYTES)."}
+
+    def chunks():  # no Content-Length: counted while it arrives
+        yield b'{"x": [[1, 2, 3]], "k": [1], "pad": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    streamed = toy_client.post("/toy", content=chunks(), headers={"content-type": "application/json"})
+    assert streamed.status_code == 413 and "x-request-id" in streamed.headers
+    assert toy_client.post("/toy", json=GOOD).status_code == 200  # still serving
+
+
+def test_body_just_under_the_limit_is_read(toy_client):
+    body = json.dumps({**GOOD, "pad": "x" * (4096 - 60)}).encode()
+    assert len(body) <= 4096
+    assert toy_client.post("/toy", content=body, headers={"content-type": "application/json"}).status_code == 200
+
+
+# -- request ids, access log, metrics ----------------------------------------------------------------
+def test_every_response_has_a_request_id_and_a_sane_incoming_one_is_kept(toy_client):
+    assert len(toy_client.get("/health").headers["x-request-id"]) == 32
+    assert toy_client.get("/health", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == "abc-123"
+    assert toy_client.get("/health", headers={"X-Request-ID": "x" * 500}).headers["x-request-id"] != "x" * 500
+    assert toy_client.get("/nope").headers["x-request-id"]
+    assert toy_client.post("/toy", json={"x": []}).headers["x-request-id"]
+
+
+def test_one_access_line_per_request_with_its_id(toy_client, mnemo_logs):
+    toy_client.post("/toy", json=GOOD, headers={"X-Request-ID": "req-1"})
+    toy_client.post("/toy", json={**GOOD, "model": "toy-z"}, headers={"X-Request-ID": "req-2"})
+    toy_client.get("/health", headers={"X-Request-ID": "req-3"})
+    access = [r for r in mnemo_logs.records if r.name == "mnemo.access"]
+    assert [(r.request_id, r.method, r.path, r.status) for r in access] == [
+        ("req-1", "POST", "/toy", 200),
+        ("req-2", "POST", "/toy", 404),
+        ("req-3", "GET", "/health", 200),
+    ]
+    line = json.loads(JsonFormatter().format(access[0]))
+    assert line["logger"] == "mnemo.access" and line["request_id"] == "req-1" and line["duration_ms"] >= 0
+
+
+def test_metrics_by_route_template_and_status_and_inference_by_model(toy_client):
+    toy_client.post("/toy", json=GOOD)
+    toy_client.post("/toy", json={**GOOD, "model": "toy-b"})
+    toy_client.post("/toy", json={**GOOD, "model": "toy-z"})
+    toy_client.get("/does-not-exist")
+    response = toy_client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert 'mnemo_http_requests_total{method="POST",route="/toy",status="200"} 2.0' in text
+    assert 'mnemo_http_requests_total{method="POST",route="/toy",status="404"} 1.0' in text
+    assert 'mnemo_http_requests_total{method="GET",route="unmatched",status="404"} 1.0' in text
+    assert 'mnemo_http_request_duration_seconds_count{method="POST",route="/toy"} 3.0' in text
+    assert 'mnemo_inference_duration_seconds_count{model="toy-a"} 1.0' in text
+    assert 'mnemo_inference_duration_seconds_count{model="toy-b"} 1.0' in text
+
+
+def test_each_app_has_its_own_metrics(toy_artifacts):
+    with (
+        TestClient(toy_app(toy_settings(toy_artifacts))) as first,
+        TestClient(toy_app(toy_settings(toy_artifacts))) as second,
+    ):
+        first.post("/toy", json=GOOD)
+        assert 'route="/toy",status="200"} 1.0' in first.get("/metrics").text
+        assert 'route="/toy"' not in second.get("/metrics").text
+
+
+def test_json_log_format_writes_one_object_per_line(toy_artifacts, capfd):
+    with TestClient(toy_app(toy_settings(toy_artifacts, log_format="json"))) as client:
+        client.get("/health", headers={"X-Request-ID": "json-1"})
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    assert any(line.get("request_id") == "json-1" and line["status"] == 200 for line in lines)
+    assert logging.getLogger("uvicorn.access").disabled  # uvicorn's own access line would be a second one

@@ -1,0 +1,107 @@
+"""Provider selection, every branch with the real onnxruntime of this CPU machine, and the thread default."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+from fastapi.testclient import TestClient
+
+from app.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
+from app.settings import Settings, usable_cpus
+from tests.conftest import toy_settings
+from tests.toy_model import build_toy_onnx, toy_app, write_empty_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = "CPUExecutionProvider"
+
+
+def test_this_machine_offers_no_gpu_provider():
+    """The premise of the tests below: onnxruntime here is the CPU build."""
+    assert CPU in ort.get_available_providers()
+    assert "CUDAExecutionProvider" not in ort.get_available_providers()
+
+
+def test_cpu_sessions_report_the_provider_really_in_use(toy_artifacts):
+    with TestClient(toy_app(toy_settings(toy_artifacts, provider="cpu"))) as client:
+        assert {m["provider"] for m in client.get("/models").json()["models"]} == {CPU}
+
+
+def test_auto_chooses_cpu_here_and_logs_the_choice(toy_artifacts, mnemo_logs):
+    with TestClient(toy_app(toy_settings(toy_artifacts, provider="auto"))) as client:
+        assert client.get("/ready").status_code == 200
+        assert {m["provider"] for m in client.get("/models").json()["models"]} == {CPU}
+    assert any(f"auto chose {CPU}" in line for line in mnemo_logs.messages("mnemo.providers"))
+
+
+def test_auto_prefers_cuda_when_onnxruntime_offers_it():
+    assert resolve_provider("auto", ["CUDAExecutionProvider", CPU]) == "CUDAExecutionProvider"
+    assert session_providers("CUDAExecutionProvider") == ["CUDAExecutionProvider", CPU]
+
+
+@pytest.mark.parametrize(
+    ("provider", "named"), [("cuda", "CUDAExecutionProvider"), ("tensorrt", "TensorrtExecutionProvider")]
+)
+@pytest.mark.parametrize("on_model_error", ["exit", "skip"])
+def test_unavailable_provider_fails_startup_naming_it_and_the_available_ones(
+    toy_artifacts, provider, named, on_model_error
+):
+    app = toy_app(toy_settings(toy_artifacts, provider=provider, on_model_error=on_model_error))
+    with pytest.raises(ProviderUnavailable) as raised, TestClient(app):
+        pass
+    message = str(raised.value)
+    assert f"MNEMO_PROVIDER={provider}" in message and named in message and CPU in message
+
+
+def test_a_session_on_another_provider_than_asked_is_refused(tmp_path):
+    """onnxruntime's silent fallback, for real: ask a CPU-only session to be CUDA's."""
+    session = ort.InferenceSession(str(build_toy_onnx(tmp_path / "toy.onnx")), providers=[CPU])
+    assert check_session_provider(session, CPU, "toy") == CPU
+    with pytest.raises(ProviderUnavailable, match=f"toy: asked for CUDAExecutionProvider but .* on {CPU}"):
+        check_session_provider(session, "CUDAExecutionProvider", "toy")
+
+
+def _run(command: list[str], artifacts: Path, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), **env}
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_python_m_app_with_cuda_exits_with_one_clear_line(tmp_path):
+    result = _run([sys.executable, "-m", "app"], write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda")
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "CUDAExecutionProvider" in result.stderr and CPU in result.stderr
+
+
+def test_python_m_app_with_a_bad_setting_exits_naming_it(tmp_path):
+    result = _run([sys.executable, "-m", "app"], write_empty_manifest(tmp_path), MNEMO_PROVIDER="gpu")
+    assert result.returncode == 1 and "MNEMO_PROVIDER" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_uvicorn_cli_with_cuda_exits_non_zero_naming_cuda(tmp_path):
+    command = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", "0"]
+    result = _run(command, write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda")
+    assert result.returncode != 0
+    assert "startup failed: MNEMO_PROVIDER=cuda asks for CUDAExecutionProvider" in result.stderr
+
+
+# -- thread count: the CPUs this process may use ---------------------------------------------------
+def test_threads_default_to_the_affinity_mask_capped_by_the_cgroup_quota(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    quota = tmp_path / "cpu.max"
+    quota.write_text("100000 100000\n")
+    assert usable_cpus(quota) == 1
+    quota.write_text("50000 100000\n")
+    assert usable_cpus(quota) == 1  # never below one
+    quota.write_text(f"{(affinity + 4) * 100000} 100000\n")
+    assert usable_cpus(quota) == affinity  # a quota above the mask does not add CPUs
+    quota.write_text("max 100000\n")
+    assert usable_cpus(quota) == affinity
+    assert usable_cpus(tmp_path / "absent") == affinity
+    quota.write_text("garbage\n")
+    assert usable_cpus(quota) == affinity
+    assert Settings().intra_op_threads == usable_cpus() or "MNEMO_INTRA_OP_THREADS" in os.environ

@@ -1,0 +1,175 @@
+"""The verified registry on toy ONNX models: hashes, assets, warm-up, preparers, defaults, not-ready handling."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from onnx import TensorProto
+
+from app.errors import ModelNotReady, UnknownModel
+from app.integrity import sha256_of
+from app.metrics import Metrics
+from app.registry import ModelLoadError, ModelRegistry
+from tests.conftest import toy_settings
+from tests.toy_model import TOY_TASK, toy_app, toy_entry, write_empty_manifest, write_toy_artifacts
+
+
+def _registry(artifacts, preparers=None, **overrides) -> ModelRegistry:
+    registry = ModelRegistry(toy_settings(artifacts, **overrides), preparers or {}, Metrics())
+    registry.load()
+    return registry
+
+
+def test_models_are_verified_loaded_with_their_assets_and_ready(toy_artifacts):
+    registry = _registry(toy_artifacts)
+    assert registry.ready and set(registry.models) == {"toy-a", "toy-b", "toy-kt"}
+    model = registry.models["toy-a"]
+    assert model.sha256 == sha256_of(toy_artifacts / "toy-a.onnx")
+    assert model.provider == "CPUExecutionProvider" and model.session is not None
+    np.testing.assert_array_equal(model.assets["scale"], np.arange(4, dtype=np.float32))
+    assert (model.limits, model.metrics, model.metadata, model.card) == (
+        {"max_batch": 4},
+        {"test_score": 1.0},
+        {"width": 3},
+        "toy-a.md",
+    )
+
+
+def test_run_returns_outputs_by_name_and_times_inference_by_model(toy_artifacts):
+    registry = _registry(toy_artifacts)
+    model = registry.get("toy-b", TOY_TASK)
+    outputs = model.run({"x": np.ones((2, 3), np.float32), "k": np.array([4, 5], np.int64)})
+    np.testing.assert_array_equal(outputs["y"], np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(outputs["z"], [5, 6])
+    text = registry.metrics.render().decode()
+    assert 'mnemo_inference_duration_seconds_count{model="toy-b"} 1.0' in text
+    assert 'mnemo_inference_duration_seconds_count{model="toy-a"} 0.0' in text  # warm-up is not a request
+
+
+def test_get_returns_the_named_model_else_the_task_default(toy_artifacts):
+    registry = _registry(toy_artifacts)
+    assert registry.get(None, TOY_TASK).name == "toy-a"  # default: true
+    assert registry.get("toy-b", TOY_TASK).name == "toy-b"
+    assert registry.get(None, "knowledge-trace").name == "toy-kt"  # the only one of its task
+    with pytest.raises(UnknownModel, match="'nope'; available: toy-a, toy-b"):
+        registry.get("nope", TOY_TASK)
+    with pytest.raises(UnknownModel, match="available: toy-a, toy-b"):
+        registry.get("toy-kt", TOY_TASK)  # a model of the other task is not one of this task
+
+
+def test_warm_up_fills_any_integer_type(tmp_path):
+    """int32 inputs are warmed with int32 ones (the graph would reject int64)."""
+    artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-int32")], int_type=TensorProto.INT32)
+    registry = _registry(artifacts)
+    assert registry.models["toy-int32"].ready
+
+
+def test_preparers_run_once_per_model_of_their_task_before_ready(toy_artifacts):
+    calls = []
+
+    def prepare(model, settings):
+        assert model.session is not None and "scale" in model.assets  # verified, loaded and warmed first
+        assert settings.provider == "cpu"
+        model.state["scale_sum"] = float(model.assets["scale"].sum())
+        calls.append(model.name)
+
+    registry = _registry(toy_artifacts, preparers={TOY_TASK: prepare})
+    assert sorted(calls) == ["toy-a", "toy-b"]
+    assert registry.models["toy-a"].state == {"scale_sum": 6.0} and registry.models["toy-kt"].state == {}
+
+
+def test_a_failing_preparer_stops_startup_or_leaves_the_model_not_ready(toy_artifacts):
+    def prepare(model, settings):
+        if model.name == "toy-b":
+            raise ValueError("toy-b lacks its vocabulary")
+
+    with pytest.raises(ModelLoadError, match="toy-b: toy-b lacks its vocabulary"):
+        _registry(toy_artifacts, preparers={TOY_TASK: prepare})
+    registry = _registry(toy_artifacts, preparers={TOY_TASK: prepare}, on_model_error="skip")
+    assert not registry.ready and registry.models["toy-a"].ready and not registry.models["toy-b"].ready
+    with pytest.raises(ModelNotReady, match="toy-b is not ready: toy-b lacks its vocabulary"):
+        registry.get("toy-b", TOY_TASK)
+
+
+# -- a tampered or missing artifact is never served -------------------------------------------------
+def _tamper(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("target", ["toy-b.onnx", "toy-b.scale.npy"])
+def test_tampered_file_stops_startup_by_default(toy_artifacts, target):
+    _tamper(toy_artifacts / target)
+    app = toy_app(toy_settings(toy_artifacts))
+    with (
+        pytest.raises(ModelLoadError, match=r"toy-b: .*toy-b.* has sha256 \w+, but the manifest says"),
+        TestClient(app),
+    ):
+        pass
+
+
+@pytest.mark.parametrize("target", ["toy-b.onnx", "toy-b.scale.npy"])
+def test_tampered_file_in_skip_mode_is_listed_not_ready_and_never_served(toy_artifacts, target):
+    _tamper(toy_artifacts / target)
+    with TestClient(toy_app(toy_settings(toy_artifacts, on_model_error="skip"))) as client:
+        assert client.get("/health").status_code == 200
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and ready.json() == {"detail": "Models not ready: toy-b."}
+        listed = {m["name"]: m for m in client.get("/models").json()["models"]}
+        assert listed["toy-b"]["ready"] is False and "sha256" in listed["toy-b"]["error"]
+        assert listed["toy-b"]["provider"] is None and listed["toy-a"]["ready"] is True
+        refused = client.post("/toy", json={"model": "toy-b", "x": [[1, 2, 3]], "k": [1]})
+        assert refused.status_code == 503 and "toy-b is not ready" in refused.json()["detail"]
+        assert client.post("/toy", json={"x": [[1, 2, 3]], "k": [1]}).json()["model"] == "toy-a"
+
+
+def test_missing_model_file_is_a_clear_error(toy_artifacts):
+    (toy_artifacts / "toy-kt.onnx").unlink()
+    with pytest.raises(ModelLoadError, match=r"toy-kt: model file .*toy-kt\.onnx is missing"):
+        _registry(toy_artifacts)
+
+
+def test_a_file_that_is_not_onnx_is_a_load_error_not_a_crash(tmp_path):
+    artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a")])
+    (artifacts / "toy-a.onnx").write_bytes(b"not an onnx graph")
+    entry = json.loads((artifacts / "manifest.json").read_text())
+    entry["models"][0]["sha256"] = sha256_of(artifacts / "toy-a.onnx")  # hash matches; content is broken
+    (artifacts / "manifest.json").write_text(json.dumps(entry))
+    registry = _registry(artifacts, on_model_error="skip")
+    assert not registry.ready and registry.models["toy-a"].error
+
+
+# -- the manifest itself ----------------------------------------------------------------------------
+def test_empty_manifest_is_valid_and_ready(tmp_path):
+    with TestClient(toy_app(toy_settings(write_empty_manifest(tmp_path)))) as client:
+        assert client.get("/ready").json() == {"status": "ready", "models": 0}
+        assert client.get("/models").json() == {"models": []}
+        response = client.post("/toy", json={"x": [[1, 2, 3]], "k": [1]})
+        assert response.status_code == 404 and "No similarity model" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("manifest", "message"),
+    [
+        (None, "no manifest at .* \\(set MNEMO_ARTIFACTS_DIR\\)"),
+        ("{not json", "is not a valid manifest"),
+        ({"models": [{"name": "x"}]}, "entry x lacks task, version, file, sha256"),
+        ({"models": [{**toy_entry("x", task="chat"), "sha256": "0"}]}, "unknown task 'chat'"),
+    ],
+)
+def test_a_broken_manifest_is_a_clear_startup_error(tmp_path, manifest, message):
+    if manifest is not None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=message):
+        _registry(tmp_path, on_model_error="skip")
+
+
+def test_two_defaults_for_one_task_are_refused(tmp_path):
+    artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a", default=True), toy_entry("toy-b", default=True)])
+    with pytest.raises(ModelLoadError, match="at most one default similarity model, not toy-a, toy-b"):
+        _registry(artifacts)

@@ -1,0 +1,81 @@
+"""Real uvicorn processes on free ports: ready, served, one access line per request, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.toy_model import write_empty_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str]]]:
+    """Start `python -m uvicorn <target>` on a free port; yield its URL once /ready is 200, then SIGTERM it.
+
+    The list yielded fills with the process output lines after it stops.
+    """
+    port = _free_port()
+    env = {
+        **os.environ,
+        "MNEMO_ARTIFACTS_DIR": str(artifacts),
+        "MNEMO_PROVIDER": "cpu",
+        "MNEMO_INTRA_OP_THREADS": "1",
+        "MNEMO_LOG_FORMAT": "json",
+    }
+    command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url, output = f"http://127.0.0.1:{port}", []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"uvicorn never became ready: {process.communicate(timeout=10)[0]}")
+            time.sleep(0.2)
+        yield url, output
+    finally:
+        process.terminate()
+        output += process.communicate(timeout=30)[0].splitlines()
+        assert process.returncode in (0, -15)
+
+
+def test_module_level_app_under_the_uvicorn_cli_with_an_empty_manifest(tmp_path):
+    with _uvicorn(["app.main:app"], write_empty_manifest(tmp_path)) as (url, output):
+        assert httpx.get(f"{url}/ready").json() == {"status": "ready", "models": 0}
+        assert httpx.get(f"{url}/models").json() == {"models": []}
+    assert any("Application shutdown complete" in line for line in output)
+
+
+def test_toy_models_served_by_real_uvicorn_with_one_access_line_per_request(toy_artifacts):
+    with _uvicorn(["tests.toy_model:create_toy_app", "--factory"], toy_artifacts) as (url, output):
+        response = httpx.post(f"{url}/toy", json={"x": [[1, 2, 3]], "k": [5]}, headers={"X-Request-ID": "srv-1"})
+        assert response.status_code == 200 and response.json()["z"] == [6]
+        assert response.headers["x-request-id"] == "srv-1"
+        assert httpx.get(f"{url}/models").json()["models"][0]["provider"] == "CPUExecutionProvider"
+        assert 'mnemo_inference_duration_seconds_count{model="toy-a"} 1.0' in httpx.get(f"{url}/metrics").text
+    assert any("Application shutdown complete" in line for line in output)  # SIGTERM handled gracefully
+    access = [json.loads(line) for line in output if '"mnemo.access"' in line]
+    assert [line["path"] for line in access if line["request_id"] == "srv-1"] == ["/toy"]
+    assert not [line for line in output if '"POST /toy HTTP/1.1"' in line]  # uvicorn's own access line is off
