@@ -187,7 +187,7 @@ def write_card(
         *_refit_lines(result),
         f"- Sizes: Q={config['n_questions']}, N={config['memory_size']} concepts, d_k={config['key_dim']}, "
         f"d_v={config['value_dim']}, final fc {config['final_fc_dim']}, seqlen {recipe['seqlen']}, "
-        f"batch {recipe['batch']} (MODELS.md §4.5).",
+        f"batch {recipe['batch']} (MODELS.md §4.5 unless the notes below say otherwise).",
         "",
         "| split | file | sha256 |",
         "|---|---|---|",

@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout before the output layer")
+    parser.add_argument("--memory-size", type=int, default=None, help="concepts N (default per data set)")
+    parser.add_argument("--value-dim", type=int, default=None, help="value size d_v (default per data set)")
     parser.add_argument("--paper-head", action="store_true", help="paper predictor (k_t) instead of the code's")
     parser.add_argument("--seed", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
@@ -172,9 +174,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     config = DKVMNConfig(
         n_questions=recipe["n_questions"],
-        memory_size=recipe["memory_size"],
+        memory_size=args.memory_size or recipe["memory_size"],
         key_dim=recipe["key_dim"],
-        value_dim=recipe["value_dim"],
+        value_dim=args.value_dim or recipe["value_dim"],
         paper_head=args.paper_head,
         dropout=args.dropout,
     )
