@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmarks.common import manifest_entry, p99, running_service, session, threads, timings_ms
+from benchmarks.common import (
+    manifest_entry,
+    onnx_vs_eager_rows,
+    p99,
+    running_service,
+    session,
+    threads,
+    timings_ms,
+)
 from benchmarks.table import Row
 
 MODEL = "dkvmn-assist2009"
@@ -31,22 +39,15 @@ def _graph_rows() -> list[Row]:
         lengths = np.full(batch, STEPS, dtype=np.int64)
         mv = np.repeat(np.load(f"artifacts/{entry['assets']['init_memory']['file']}")[None], batch, 0)
         feeds = {"q": q, "r": r, "len": lengths, "mv_in": mv}
-        ort_ms = timings_ms(lambda feeds=feeds: onnx.run(None, feeds), 30)
         args = [torch.from_numpy(a) for a in (q, r, lengths, mv)]
 
         def eager_call(args=args):
             with torch.no_grad():
                 eager(*args, use_scan=False)
 
-        eager_ms = timings_ms(eager_call, 30)
-        ratio = np.median(eager_ms) / np.median(ort_ms)
-        setting = f"batch {batch} x {STEPS} steps"
-        rows.append(
-            Row(
-                MODEL, "ONNX Runtime", setting, float(np.median(ort_ms)), p99(ort_ms), f"{ratio:.1f}x faster than eager"
-            )
+        rows += onnx_vs_eager_rows(
+            MODEL, f"batch {batch} x {STEPS} steps", lambda feeds=feeds: onnx.run(None, feeds), eager_call
         )
-        rows.append(Row(MODEL, "PyTorch eager (loop)", setting, float(np.median(eager_ms)), p99(eager_ms)))
     return rows
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from benchmarks.common import manifest_entry, p99, running_service, session, threads, timings_ms
+from benchmarks.common import (
+    manifest_entry,
+    onnx_vs_eager_rows,
+    p99,
+    running_service,
+    session,
+    threads,
+    timings_ms,
+)
 from benchmarks.table import Row
 
 MODEL = "rmc-vlmp-sick"
@@ -33,22 +41,15 @@ def _graph_rows() -> list[Row]:
         emb_a, emb_b = rng.normal(size=(2, batch, TOKENS, 50)).astype(np.float32)
         lengths = np.full(batch, TOKENS, dtype=np.int64)
         feeds = {"emb_a": emb_a, "len_a": lengths, "emb_b": emb_b, "len_b": lengths}
-        ort_ms = timings_ms(lambda feeds=feeds: onnx.run(None, feeds), 30)
         args = [torch.from_numpy(a) for a in (emb_a, lengths, emb_b, lengths)]
 
         def eager_call(args=args):
             with torch.no_grad():
                 eager(*args)
 
-        eager_ms = timings_ms(eager_call, 30)
-        ratio = np.median(eager_ms) / np.median(ort_ms)
-        setting = f"{batch} pair(s) x {TOKENS} tokens"
-        rows.append(
-            Row(
-                MODEL, "ONNX Runtime", setting, float(np.median(ort_ms)), p99(ort_ms), f"{ratio:.1f}x faster than eager"
-            )
+        rows += onnx_vs_eager_rows(
+            MODEL, f"{batch} pair(s) x {TOKENS} tokens", lambda feeds=feeds: onnx.run(None, feeds), eager_call
         )
-        rows.append(Row(MODEL, "PyTorch eager (loop)", setting, float(np.median(eager_ms)), p99(eager_ms)))
     return rows
 
 

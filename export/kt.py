@@ -5,7 +5,6 @@ python -m export.kt --run runs/kt/assist2009 --name dkvmn-assist2009 --default
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import onnxruntime as ort
 import torch
 from sklearn.metrics import adjusted_rand_score
 
+from export.cards import data_files_table, exporter_parser, notes_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
@@ -189,12 +189,7 @@ def write_card(
         f"d_v={config['value_dim']}, final fc {config['final_fc_dim']}, seqlen {recipe['seqlen']}, "
         f"batch {recipe['batch']} (MODELS.md §4.5 unless the notes below say otherwise).",
         "",
-        "| split | file | sha256 |",
-        "|---|---|---|",
-        *[
-            f"| {split} | `{Path(info['file']).name}` | `{info['sha256']}` |"
-            for split, info in result["data_files"].items()
-        ],
+        *data_files_table(result),
         "",
         "![training curve](" + f"{name}.curve.png)",
         "",
@@ -215,9 +210,7 @@ def write_card(
         f"![correlation weights]({name}.concepts.png)",
         "",
     ]
-    if notes:
-        lines += ["## Notes", "", notes, ""]
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines + notes_section(notes)))
 
 
 def _refit_lines(result: dict) -> list[str]:
@@ -235,13 +228,7 @@ def _refit_lines(result: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="training run directory (best.pt, result.json)")
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
-    parser.add_argument("--default", action="store_true", help="the default knowledge-trace model")
-    parser.add_argument("--version", default="1.0.0")
-    parser.add_argument("--notes", default="", help="free text for the card's Notes section")
+    parser = exporter_parser(__doc__, "knowledge-trace")
     args = parser.parse_args(argv)
     result = json.loads((args.run / "result.json").read_text())
     dataset = result["dataset"]

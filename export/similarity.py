@@ -5,7 +5,6 @@ python -m export.similarity --run runs/sim/vlmp --name rmc-vlmp-sick --default
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from app.inference.similarity import ENTAILMENT_LABELS, encode, score_pairs
 from app.inference.word_vectors import WordVectors
+from export.cards import data_files_table, exporter_parser, notes_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
@@ -169,12 +169,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         f"ReLU, gate style 'unit', fc {config['fc_dim']}, dropout {config['dropout_relatedness']} (R head) / "
         f"{config['dropout_entailment']} (E head); {size_mb:.1f} MB ONNX.",
         "",
-        "| split | file | sha256 |",
-        "|---|---|---|",
-        *[
-            f"| {split} | `{Path(info['file']).name}` | `{info['sha256']}` |"
-            for split, info in result["data_files"].items()
-        ],
+        *data_files_table(result),
         "",
         f"![training curve]({name}.curve.png)",
         "",
@@ -215,9 +210,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         f"- Token limit {MAX_TOKENS} per sentence including the markers (SICK's longest is 34).",
         "",
     ]
-    if notes:
-        lines += ["## Notes", "", notes, ""]
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines + notes_section(notes)))
 
 
 def _size_deviations(config: dict) -> list[str]:
@@ -239,13 +232,7 @@ def _size_deviations(config: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="training run directory (best.pt, result.json)")
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
-    parser.add_argument("--default", action="store_true", help="the default similarity model")
-    parser.add_argument("--version", default="1.0.0")
-    parser.add_argument("--notes", default="", help="free text for the card's Notes section")
+    parser = exporter_parser(__doc__, "similarity")
     parser.add_argument("--example-pair", type=int, default=0, help="index of the SICK test pair in the card's figure")
     args = parser.parse_args(argv)
     result = json.loads((args.run / "result.json").read_text())
