@@ -59,6 +59,7 @@ class ServedModel:
     provider: str | None = None
     error: str | None = None
     session: ort.InferenceSession | None = None
+    output_names: list[str] = field(default_factory=list)
     observe_inference: Callable[[float], None] = lambda seconds: None
 
     @property
@@ -70,9 +71,9 @@ class ServedModel:
         if self.session is None:
             raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
         started = time.perf_counter()
-        outputs = self.session.run(None, feeds)
+        outputs = self.session.run(self.output_names, feeds)
         self.observe_inference(time.perf_counter() - started)
-        return {meta.name: value for meta, value in zip(self.session.get_outputs(), outputs, strict=True)}
+        return dict(zip(self.output_names, outputs, strict=True))
 
     def public_info(self) -> dict[str, Any]:
         """What GET /models reports."""
@@ -203,6 +204,7 @@ class ModelRegistry:
         model.provider = check_session_provider(session, self.provider, model.name)
         session.run(None, _warm_up_feeds(session))
         model.session = session
+        model.output_names = [output.name for output in session.get_outputs()]
         preparer = self.preparers.get(model.task)
         if preparer is not None:
             preparer(model, self.settings)

@@ -8,7 +8,6 @@ published protocol (MODELS.md §4.3).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,8 +118,3 @@ def split_files(data_dir: Path, dataset: str, fold: int = 1) -> dict[str, Path]:
         "valid": Path(f"{base}_valid{fold}.csv"),
         "test": Path(f"{base}_test.csv"),
     }
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a data file (for the model card)."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()

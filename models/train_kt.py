@@ -21,10 +21,11 @@ from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
 from models.dkvmn import DKVMN, DKVMNConfig
-from models.kt_data import Sequences, file_sha256, read_students, split_files, to_sequences
+from models.kt_data import Sequences, read_students, split_files, to_sequences
 from models.training import (
     command_line,
     data_dir_default,
+    data_file_records,
     load_checkpoint,
     save_checkpoint,
     seed_everything,
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         "config": config.to_dict(),
         "recipe": recipe,
         "optimizer": optimizer_text,
-        "data_files": {name: {"file": str(path), "sha256": file_sha256(path)} for name, path in files.items()},
+        "data_files": data_file_records(files),
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],
         "wall_seconds": round(state["wall_seconds"], 1),

@@ -24,12 +24,12 @@ from tqdm import tqdm
 
 from app.inference.tokenizer import tokenize
 from app.inference.word_vectors import WordVectors, special_vectors
-from models.kt_data import file_sha256
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
 from models.training import (
     command_line,
     data_dir_default,
+    data_file_records,
     load_checkpoint,
     save_checkpoint,
     seed_everything,
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
         "optimizer": (
             f"Adam lr {args.lr}, 1-epoch linear warmup, x{args.decay}/epoch, clip {args.clip}, batch {args.batch}"
         ),
-        "data_files": {name: {"file": str(path), "sha256": file_sha256(path)} for name, path in files.items()},
+        "data_files": data_file_records(files),
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],
         "wall_seconds": round(state["wall_seconds"], 1),

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.integrity import sha256_of
+
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
@@ -45,6 +47,11 @@ def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by `save_checkpoint`."""
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def data_file_records(files: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Each data file a run read, with its sha256, for the result and the model card."""
+    return {name: {"file": str(path), "sha256": sha256_of(path)} for name, path in files.items()}
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
