@@ -61,11 +61,11 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(settings: Settings) -> None:
-    """Serve the app on MNEMO_HOST:MNEMO_PORT until a signal, draining first."""
+def serve(settings: Settings, app: FastAPI | None = None) -> None:
+    """Serve the app (default: `create_app(settings)`) on MNEMO_HOST:MNEMO_PORT until a signal, draining first."""
     from app.main import create_app
 
-    app = create_app(settings)
+    app = app or create_app(settings)
     config = uvicorn.Config(
         app,
         host=settings.host,

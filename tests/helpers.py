@@ -34,7 +34,7 @@ class Server:
 def running_server(
     artifacts: Path, command: list[str] | None = None, ready_timeout_s: float = 90, **env: str
 ) -> Iterator[Server]:
-    """Start `python -m app` (or `command`, given `--port` by this helper) on a free loopback port.
+    """Start `python -m app` (or `command`; `{port}` in it is replaced) on a free loopback port.
 
     Yields once /ready is 200; on exit sends SIGTERM (if still running) and collects the output.
     """
@@ -49,7 +49,7 @@ def running_server(
         "MNEMO_LOG_FORMAT": "json",
         **env,
     }
-    argv = [sys.executable, "-m", "app"] if command is None else [*command, "--port", str(port)]
+    argv = [sys.executable, "-m", "app"] if command is None else [part.format(port=port) for part in command]
     process = subprocess.Popen(
         argv, env=environment, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -30,7 +30,7 @@ def collate(parts: Sequence[Feeds], sequence_inputs: Sequence[str]) -> Feeds:
     """One feed dict for a batch of items: sequence inputs padded to the batch's longest, others stacked."""
     if len(parts) == 1:
         return dict(parts[0])
-    length = max(part[name].shape[1] for part in parts for name in sequence_inputs)
+    length = max((part[name].shape[1] for part in parts for name in sequence_inputs), default=0)
     return {
         name: pad_rows([part[name] for part in parts], length)
         if name in sequence_inputs

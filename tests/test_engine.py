@@ -1,0 +1,345 @@
+"""The engine: micro-batching, admission, cancellation and the thread budget, on real ONNX Runtime sessions.
+
+The batcher is driven directly (toy graphs whose run time a test chooses, and the committed models),
+then over HTTP against real server processes (429, 504, client disconnects, /health under load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from app.frame.errors import Overloaded
+from app.frame.metrics import Metrics
+from app.frame.registry import ModelRegistry
+from app.frame.settings import Settings
+from app.runtime.batcher import BatchConfig, ModelBatcher, RunSlots
+from app.runtime.engine import Engine
+from app.tasks import TASKS
+from app.tasks.knowledge_trace import service as kt_service
+from app.tasks.similarity import service as sim_service
+from tests.conftest import COMMITTED, SIM_MODEL
+from tests.helpers import running_server
+from tests.toy_model import build_slow_onnx, toy_entry, write_toy_artifacts
+
+
+class RecordedRuns:
+    """A real slow toy session whose runs are recorded: rows per run and how many overlapped."""
+
+    def __init__(self, path) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(str(build_slow_onnx(path)), options, providers=["CPUExecutionProvider"])
+        self.batches: list[int] = []
+        self.active = self.most_active = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, feeds):
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+        try:
+            y, z = self.session.run(["y", "z"], feeds)
+        finally:
+            with self._lock:
+                self.active -= 1
+                self.batches.append(len(feeds["k"]))
+        return {"y": y, "z": z}
+
+
+def _feeds(value: float, spin: int = 1) -> dict[str, np.ndarray]:
+    return {"x": np.full((1, 3), value, dtype=np.float32), "k": np.array([spin], dtype=np.int64)}
+
+
+def _batcher(run, slots, max_batch=8, max_wait_s=0.05, max_queue=64) -> ModelBatcher:
+    return ModelBatcher("toy", run, (), {}, slots, BatchConfig(max_batch, max_wait_s, max_queue), Metrics())
+
+
+def _drive(scenario, runs: int = 1, **config):
+    """Run `scenario(batcher)` in a fresh event loop with a started batcher, then stop it."""
+
+    async def main():
+        slots = RunSlots(runs)
+        batcher = _batcher(config.pop("run"), slots, **config)
+        batcher.start()
+        try:
+            return await scenario(batcher)
+        finally:
+            await batcher.stop()
+            slots.close()
+
+    return asyncio.run(main())
+
+
+SLOW = 6000  # spin iterations: a run of a second or more on this machine
+
+
+def test_an_idle_model_runs_a_request_at_once(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        return await batcher.run(_feeds(1.5), 1, 1)
+
+    outputs = _drive(scenario, run=runs, max_wait_s=10)  # a long max_wait must not delay an idle model
+    np.testing.assert_array_equal(outputs["y"], [[3.0, 3.0, 3.0]])
+    assert runs.batches == [1]
+
+
+def test_requests_arriving_during_a_run_share_the_next_one(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        first = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        await asyncio.sleep(0.1)
+        rest = await asyncio.gather(*(batcher.run(_feeds(value), 1, 1) for value in range(1, 6)))
+        await first
+        return rest
+
+    rest = _drive(scenario, run=runs)
+    assert runs.batches == [1, 5]
+    for value, outputs in zip(range(1, 6), rest, strict=True):
+        np.testing.assert_array_equal(outputs["y"], [[2.0 * value] * 3])  # each got its own rows back
+
+
+def test_the_next_batch_flushes_on_size_while_another_run_is_in_flight(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        await asyncio.sleep(0.1)
+        await asyncio.gather(*(batcher.run(_feeds(value), 1, 1) for value in range(4)))
+        return slow.done()
+
+    slow_done = _drive(scenario, runs=2, run=runs, max_batch=4, max_wait_s=30)
+    assert runs.batches[0] == 4  # the full batch ran on the second slot at once: no max_wait, no slow run
+    assert not slow_done
+
+
+def test_the_next_batch_flushes_on_time_while_another_run_is_in_flight(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        await asyncio.sleep(0.1)
+        started = time.perf_counter()
+        await batcher.run(_feeds(1), 1, 1)
+        return time.perf_counter() - started, slow.done()
+
+    waited, slow_done = _drive(scenario, runs=2, run=runs, max_batch=4, max_wait_s=0.3)
+    assert waited >= 0.25 and not slow_done  # held for max_wait to fill, then run beside the slow one
+
+
+def test_a_cancelled_request_is_dropped_before_it_runs(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        await asyncio.sleep(0.1)
+        queued = asyncio.create_task(batcher.run(_feeds(9), 1, 1))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        await slow
+        return await batcher.run(_feeds(2), 1, 1)
+
+    _drive(scenario, run=runs)
+    assert runs.batches == [1, 1]  # the slow run and the last request: the cancelled one never ran
+
+
+def test_one_bad_request_fails_alone_when_its_batch_fails(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        await asyncio.sleep(0.1)
+        bad = {"x": np.ones((1, 4), dtype=np.float32), "k": np.array([1])}  # the graph's width is 3
+        outcomes = await asyncio.gather(batcher.run(_feeds(2), 1, 1), batcher.run(bad, 1, 1), return_exceptions=True)
+        await slow
+        return outcomes
+
+    good, bad = _drive(scenario, run=runs)
+    np.testing.assert_array_equal(good["y"], [[4.0] * 3])
+    assert isinstance(bad, Exception)
+
+
+def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_request(tmp_path):
+    async def scenario(batcher):
+        with batcher.admit(3):
+            with pytest.raises(Overloaded, match="3 of 4 rows"), batcher.admit(2):
+                pass
+            with batcher.admit(1):
+                pass
+        with batcher.admit(10):  # larger than the whole queue, but nothing else is admitted
+            pass
+
+    _drive(scenario, run=RecordedRuns(tmp_path / "slow.onnx"), max_queue=4)
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+def test_runs_in_flight_never_exceed_the_run_slots(tmp_path, slots):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        await asyncio.gather(*(batcher.run(_feeds(value, 300), 1, 1) for value in range(12)))
+
+    _drive(scenario, runs=slots, run=runs, max_batch=2, max_wait_s=0)
+    assert runs.most_active == slots and sum(runs.batches) == 12
+
+
+def test_an_item_larger_than_max_batch_runs_in_parts(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+    feeds = {"x": np.arange(30, dtype=np.float32).reshape(10, 3), "k": np.ones(10, dtype=np.int64)}
+
+    outputs = _drive(lambda batcher: batcher.run(feeds, 10, 1), run=runs, max_batch=4)
+    np.testing.assert_array_equal(outputs["y"], feeds["x"] * 2)
+    assert sorted(runs.batches) == [2, 4, 4]
+
+
+# -- batch composition never changes a result (the committed models) ---------------------------------
+@pytest.fixture(scope="module")
+def committed_registry() -> ModelRegistry:
+    registry = ModelRegistry(Settings(artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1), TASKS, Metrics())
+    registry.load()
+    return registry
+
+
+def _with_engine(registry: ModelRegistry, scenario):
+    async def main():
+        engine = Engine(registry, registry.settings, registry.metrics)
+        try:
+            return await scenario()
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def test_similarity_results_do_not_depend_on_the_batch(committed_registry):
+    model = committed_registry.models[SIM_MODEL]
+    texts = [
+        ("A man is playing a guitar.", "A person plays an instrument."),
+        ("Dogs run.", "A cat sleeps on the very long and soft sofa in the living room of the house."),
+        ("Nobody is cutting an onion.", "A woman is slicing an onion."),
+        ("A kid is on a slide.", "A child slides down."),
+    ]
+    pairs = sim_service.encode_pairs(model, texts, [("body",)] * len(texts))
+
+    async def scenario():
+        alone = [(await sim_service.run_pairs(model, [pair]))[0] for pair in pairs]
+        together = await sim_service.run_pairs(model, pairs)
+        return alone, together
+
+    alone, together = _with_engine(committed_registry, scenario)
+    for single, batched in zip(alone, together, strict=True):
+        for name in single:
+            np.testing.assert_allclose(single[name], batched[name], atol=1e-5, rtol=0)
+    assert max(committed_registry.metrics.batch_size.labels(SIM_MODEL).collect()[0].samples[-1].value, 0) > 0
+
+
+def test_knowledge_trace_results_do_not_depend_on_the_batch(committed_registry):
+    model = committed_registry.models["dkvmn-assist2009"]
+    rng = np.random.default_rng(0)
+    histories = [(rng.integers(1, 111, n), rng.integers(0, 2, n)) for n in (3, 57, 200, 431)]
+
+    async def scenario():
+        alone = [await kt_service.trace(model, q, r) for q, r in histories]
+        together = await asyncio.gather(*(kt_service.trace(model, q, r) for q, r in histories))
+        return alone, together
+
+    alone, together = _with_engine(committed_registry, scenario)
+    for single, batched in zip(alone, together, strict=True):
+        for field in ("predictions", "attention", "mastery", "memory"):
+            np.testing.assert_allclose(getattr(single, field), getattr(batched, field), atol=1e-5, rtol=0)
+
+
+# -- over HTTP, against real server processes --------------------------------------------------------
+def _toy_server(tmp_path, **env):
+    artifacts = write_toy_artifacts(tmp_path / "slow", [toy_entry("toy-a", default=True)], slow=True)
+    settings = {"MNEMO_CONCURRENT_RUNS": "1", **env}
+    return running_server(artifacts, [sys.executable, "-m", "tests.toy_server"], **settings)
+
+
+def _metric(url: str, line_start: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _toy(spin: int) -> dict:
+    return {"x": [[1, 2, 3]], "k": [spin]}
+
+
+def test_a_full_queue_answers_429_with_retry_after_at_once(tmp_path):
+    async def scenario(url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            slow = asyncio.create_task(client.post("/toy", json=_toy(SLOW)))
+            await asyncio.sleep(0.3)
+            started = time.perf_counter()
+            answers = await asyncio.gather(*(client.post("/toy", json=_toy(1)) for _ in range(6)))
+            return (await slow).status_code, answers, time.perf_counter() - started
+
+    with _toy_server(tmp_path, MNEMO_MAX_QUEUE="3") as server:
+        slow_status, answers, _ = asyncio.run(scenario(server.url))
+        refused = [answer for answer in answers if answer.status_code == 429]
+        assert slow_status == 200 and len(refused) == 4 and {a.status_code for a in answers} == {200, 429}
+        assert all(answer.headers["retry-after"] == "1" for answer in refused)
+        assert "MNEMO_MAX_QUEUE" in refused[0].json()["detail"]
+        assert _metric(server.url, 'mnemo_requests_rejected_total{model="toy-a",reason="queue_full"}') == 4
+
+
+def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs(tmp_path):
+    async def scenario(url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            slow = asyncio.create_task(client.post("/toy", json=_toy(SLOW)))
+            await asyncio.sleep(0.1)
+            queued = await client.post("/toy", json=_toy(1))
+            return await slow, queued
+
+    with _toy_server(tmp_path, MNEMO_REQUEST_TIMEOUT_S="0.5") as server:
+        slow, queued = asyncio.run(scenario(server.url))
+        assert slow.status_code == 504 and queued.status_code == 504
+        assert "MNEMO_REQUEST_TIMEOUT_S" in queued.json()["detail"]
+        time.sleep(0.5)
+        assert _metric(server.url, 'mnemo_requests_timed_out_total{model="toy-a"}') == 2
+        assert _metric(server.url, 'mnemo_batch_size_rows_count{model="toy-a"}') == 1  # only the slow run ran
+
+
+def test_a_client_that_disconnects_cancels_its_queued_work(tmp_path):
+    async def scenario(url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            slow = asyncio.create_task(client.post("/toy", json=_toy(SLOW)))
+            await asyncio.sleep(0.1)
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/toy", json=_toy(1), timeout=0.3)  # gives up and closes its connection
+            return await slow
+
+    with _toy_server(tmp_path) as server:
+        assert asyncio.run(scenario(server.url)).status_code == 200
+        time.sleep(0.3)
+        assert _metric(server.url, 'mnemo_requests_cancelled_total{model="toy-a"}') == 1
+        assert _metric(server.url, 'mnemo_batch_size_rows_count{model="toy-a"}') == 1  # the left one never ran
+
+
+def test_health_answers_while_inference_is_saturated(tmp_path):
+    async def scenario(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            load = [asyncio.create_task(client.post("/toy", json=_toy(SLOW // 10))) for _ in range(16)]
+            await asyncio.sleep(0.3)
+            latencies = []
+            for _ in range(10):
+                started = time.perf_counter()
+                assert (await client.get("/health")).status_code == 200
+                latencies.append(time.perf_counter() - started)
+            statuses = {(await task).status_code for task in load}
+            return max(latencies), statuses
+
+    with _toy_server(tmp_path, MNEMO_MAX_BATCH="1", MNEMO_REQUEST_TIMEOUT_S="120") as server:
+        slowest, statuses = asyncio.run(scenario(server.url))
+        assert statuses == {200} and slowest < 1.0  # generous: a blocked loop would wait for whole runs
