@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[1] / "artifacts"
+DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[1] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
@@ -43,4 +44,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024, description="larger request bodies get 413")
     on_model_error: Literal["exit", "skip"] = Field(
         "exit", description="a missing or tampered model: exit at startup, or skip it and report it not ready"
+    )
+    state_url: str = Field(
+        DEFAULT_STATE_URL,
+        description="per-student state store: sqlite:///path/to/file.db (default: state/students.db in the "
+        "project) or redis://host:port/db",
     )
