@@ -295,8 +295,10 @@ def assert_acknowledged_state(state: StudentState, last_acknowledged: int) -> No
     np.testing.assert_array_equal(state.memory, expected)
 
 
-def test_sqlite_keeps_every_acknowledged_write_after_sigkill(tmp_path: Path) -> None:
-    store_url = f"sqlite://{tmp_path / 'students.db'}"
+@pytest.mark.parametrize("synchronous", ["full", "normal"])
+def test_sqlite_keeps_every_acknowledged_write_after_sigkill(tmp_path: Path, synchronous: str) -> None:
+    """FULL (the default) also survives a power cut; NORMAL survives the death of the process, as shown here."""
+    store_url = f"sqlite://{tmp_path / 'students.db'}?synchronous={synchronous}"
     child = start_stream(store_url)
     seen = wait_for_acknowledged(child, ACKED_BEFORE_KILL)
     last = kill_and_collect(child, seen)
@@ -378,6 +380,21 @@ def test_sqlite_path_that_cannot_be_created_is_unavailable(tmp_path: Path) -> No
     (tmp_path / "a-file").write_text("")
     with pytest.raises(StoreUnavailable):
         open_store(f"sqlite://{tmp_path / 'a-file' / 'students.db'}")
+
+
+def test_sqlite_url_sets_the_synchronous_mode(tmp_path: Path) -> None:
+    for url, expected in [("", "FULL"), ("?synchronous=normal", "NORMAL"), ("?synchronous=FULL", "FULL")]:
+        store = open_store(f"sqlite://{tmp_path / 'students.db'}{url}")
+        create(store, f"s{expected}{len(url)}")
+        assert store.synchronous == expected
+        level = {"FULL": 2, "NORMAL": 1}[expected]
+        assert store._connection().execute("PRAGMA synchronous").fetchone()[0] == level
+        assert store._connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        store.close()
+    with pytest.raises(ValueError, match=r"only the option synchronous=full\|normal"):
+        open_store(f"sqlite://{tmp_path / 'students.db'}?journal=off")
+    with pytest.raises(ValueError, match="synchronous must be one of FULL, NORMAL"):
+        open_store(f"sqlite://{tmp_path / 'students.db'}?synchronous=off")
 
 
 def test_state_url_must_name_a_known_store() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from app.students.sqlite_store import SqliteStateStore
 from app.students.store import StateStore
@@ -13,14 +13,12 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def open_store(url: str) -> StateStore:
-    """`sqlite:///abs/path.db` (a relative path after `sqlite://` is taken from the working directory) or
-    `redis://host:port/db` (also `rediss://` and `unix://`). The URL is never echoed: it may hold a password.
+    """`sqlite:///abs/path.db[?synchronous=full|normal]` (a relative path after `sqlite://` is taken from the
+    working directory) or `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options
+    such as `socket_timeout`). The URL is never echoed: it may hold a password.
     """
     if url.startswith(SQLITE_PREFIX):
-        path = url.removeprefix(SQLITE_PREFIX)
-        if not path:
-            raise ValueError("MNEMO_STATE_URL sqlite:// needs a file path, e.g. sqlite:///var/lib/mnemo/students.db")
-        return SqliteStateStore(Path(path).resolve())
+        return _open_sqlite(url.removeprefix(SQLITE_PREFIX))
     scheme = urlsplit(url).scheme
     if scheme in REDIS_SCHEMES:
         try:  # redis-py is the optional extra mnemo[redis]: an SQLite-only install does not need it
@@ -33,3 +31,15 @@ def open_store(url: str) -> StateStore:
     raise ValueError(
         f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"
     )
+
+
+def _open_sqlite(path_and_query: str) -> SqliteStateStore:
+    path, _, query = path_and_query.partition("?")
+    if not path:
+        raise ValueError("MNEMO_STATE_URL sqlite:// needs a file path, e.g. sqlite:///var/lib/mnemo/students.db")
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"synchronous"})
+    if unknown:
+        raise ValueError(f"MNEMO_STATE_URL sqlite:// takes only the option synchronous=full|normal, not {unknown}")
+    synchronous = options.get("synchronous", ["full"])[-1].upper()
+    return SqliteStateStore(Path(path).resolve(), synchronous=synchronous)

@@ -1,9 +1,10 @@
-"""The embedded store: one SQLite file, WAL mode, synchronous=FULL, one connection per thread.
+"""The embedded store: one SQLite file, WAL mode, synchronous=FULL by default, one connection per thread.
 
 Durability: in WAL mode a commit appends to the -wal file. With synchronous=NORMAL that append sits in
 the OS page cache, which already survives the death of the process (SIGKILL) but not of the machine;
-with synchronous=FULL every commit is also fsync'ed before `write` returns, so an acknowledged answer
-survives a power cut or kernel crash too, the same promise as Redis with `appendfsync always`.
+with synchronous=FULL (the default) every commit is also fsync'ed before `write` returns, so an
+acknowledged answer survives a power cut or kernel crash too, the same promise as Redis with
+`appendfsync always`. NORMAL (`?synchronous=normal` in the URL) trades that for about 8x the write rate.
 
 Concurrency: SQLite has one writer at a time. A write runs `BEGIN IMMEDIATE` (takes the write lock before
 reading the revision), so the check and the update are one atomic step across threads and processes;
@@ -49,6 +50,7 @@ CREATE TABLE IF NOT EXISTS student_state (
 CREATE TABLE IF NOT EXISTS store_counter (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT OR IGNORE INTO store_counter (name, value) VALUES ('revision', 0);
 """
+SYNCHRONOUS_MODES = ("FULL", "NORMAL")
 STATE_COLUMNS = (
     "model, student_id, memory, n_concepts, d_v, interactions, model_sha256, created_at, updated_at, revision"
 )
@@ -57,8 +59,11 @@ STATE_COLUMNS = (
 class SqliteStateStore:
     """`StateStore` over one SQLite file (created with its parent directory if missing)."""
 
-    def __init__(self, path: Path, *, busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
+        if synchronous not in SYNCHRONOUS_MODES:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, got {synchronous!r}")
         self.path = path
+        self.synchronous = synchronous
         self._busy_timeout_s = busy_timeout_s
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -156,7 +161,7 @@ class SqliteStateStore:
             connection = sqlite3.connect(
                 self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
             )
-            connection.execute("PRAGMA synchronous=FULL")
+            connection.execute(f"PRAGMA synchronous={self.synchronous}")
             self._local.connection = connection
             with self._connections_lock:
                 self._connections.append(connection)
