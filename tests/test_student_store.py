@@ -26,7 +26,7 @@ from app.students.store import (
     StoreUnavailable,
     StudentState,
 )
-from app.students.update import update_state
+from app.students.update import NextState, TooManyConflicts, update_state
 from tests.redis_server import RedisServer, require_redis_server
 from tests.student_writer import MODEL, MODEL_SHA256, SHAPE, append_one
 
@@ -107,7 +107,7 @@ def test_memory_round_trips_bit_exact(store: StateStore) -> None:
         MODEL, "élève-42", memory=memory, interactions=7, model_sha256=MODEL_SHA256, expected_revision=None
     )
     read = store.read(MODEL, "élève-42")
-    assert read.memory.dtype == np.float32 and read.memory.shape == SHAPE
+    assert read.memory.dtype == np.float32 and read.memory.shape == SHAPE and not read.memory.flags.writeable
     assert read.memory.tobytes() == memory.tobytes()
     assert (read.model, read.student_id, read.interactions, read.model_sha256) == (MODEL, "élève-42", 7, MODEL_SHA256)
     assert read.revision == written.revision and read.created_at == written.created_at
@@ -173,6 +173,23 @@ def test_state_of_another_model_version_is_never_mixed(store: StateStore) -> Non
     with pytest.raises(StateVersionMismatch):
         update_state(store, MODEL, "s1", "cd" * 32, lambda current: pytest.fail("must not compute"))
     assert store.read(MODEL, "s1").memory.tobytes() == stored.memory.tobytes()
+
+
+def test_update_gives_up_after_losing_every_race(store: StateStore) -> None:
+    """A writer that always loses (another write lands while it computes) stops with a clear 409."""
+    create(store, "contested")
+    attempts = []
+
+    def compute_while_another_writer_wins(current: StudentState | None) -> NextState[None]:
+        attempts.append(current.revision)
+        append_one(store, "contested", 1)
+        return NextState(current.memory.copy(), current.interactions + 1, None)
+
+    with pytest.raises(TooManyConflicts, match="changed 3 times") as conflict:
+        update_state(store, MODEL, "contested", MODEL_SHA256, compute_while_another_writer_wins, max_attempts=3)
+    assert conflict.value.status_code == 409
+    assert len(attempts) == 3 and attempts == sorted(set(attempts))  # each attempt saw a newer state
+    assert store.read(MODEL, "contested").interactions == 3 + 3  # the three winning appends, not the loser's
 
 
 def test_memory_must_be_two_dimensional_float32(store: StateStore) -> None:

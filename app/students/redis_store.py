@@ -48,6 +48,7 @@ REPLY_TIMEOUT_S = 2.0
 # shape, interactions, sha256, student id. Returns {1, revision, created, updated}, {0, current revision}
 # on a lost compare-and-swap, or {-1, stored sha256} for another model version.
 WRITE_SCRIPT = """
+redis.replicate_commands()  -- Redis 5 and 6: allow TIME before writes (the default from Redis 7 on)
 local model = ARGV[1]
 local current = redis.call('HGET', KEYS[1], 'revision:' .. model)
 if current == false then current = '' end

@@ -20,7 +20,7 @@ MAX_PAGE_SIZE = 1000
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # no field-wise ==: comparing numpy arrays has no single truth value
 class StudentState:
     """One student's recurrent state under one model. `memory` is read-only float32 [n_concepts, d_v]."""
 
