@@ -13,7 +13,7 @@ import numpy as np
 from app.students.store import RevisionConflict, StateStore, StateVersionMismatch, StudentState
 
 Result = TypeVar("Result")
-MAX_ATTEMPTS = 32
+MAX_ATTEMPTS = 100  # 8 processes x 50 appends on one student needed at most 22 (Redis, loaded machine)
 MAX_BACKOFF_S = 0.05
 
 
