@@ -6,7 +6,7 @@ DATA_DIR ?= $(or $(MNEMO_DATA_DIR),../shared/data)
 DATASET ?= assist2009
 POINTER ?= vlmp
 
-.PHONY: venv serve test lint bench train-kt train-sim export-kt export-sim docker-check clean
+.PHONY: venv serve test test-services lint bench train-kt train-sim export-kt export-sim docker-check clean
 
 $(VENV)/serve.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,7 +24,13 @@ venv: $(VENV)/dev.stamp  ## .venv with the dev and train extras (what `make test
 serve: $(VENV)/serve.stamp  ## serve artifacts/ on MNEMO_HOST:MNEMO_PORT (default 127.0.0.1:8000)
 	$(BIN)/python -m app
 
-test: $(VENV)/dev.stamp  ## ruff + the whole pytest suite
+# Debian programs the tests run for real (tests/test_student_store.py starts its own redis-server).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+test-services:  ## install redis-server with apt-get when it is missing
+	command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+test: $(VENV)/dev.stamp test-services  ## ruff + the whole pytest suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

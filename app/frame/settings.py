@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
+DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
@@ -52,6 +53,12 @@ class Settings(BaseSettings):
     max_queue: int = Field(512, ge=1, description="rows a model may hold admitted; beyond it 429")
     request_timeout_s: float = Field(10.0, gt=0, le=3600, description="deadline of a request; past it 504")
     drain_s: float = Field(15.0, ge=0, le=3600, description="on SIGTERM, time to finish admitted requests")
+
+    state_url: str = Field(
+        DEFAULT_STATE_URL,
+        description="per-student state store: sqlite:///path/to/file.db (default: state/students.db in the "
+        "project) or redis://host:port/db",
+    )
 
     @model_validator(mode="after")
     def _thread_budget(self) -> Settings:

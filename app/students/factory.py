@@ -1,0 +1,45 @@
+"""`open_store(url)`: the one place that turns MNEMO_STATE_URL into a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+from app.students.sqlite_store import SqliteStateStore
+from app.students.store import StateStore
+
+SQLITE_PREFIX = "sqlite://"
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def open_store(url: str) -> StateStore:
+    """`sqlite:///abs/path.db[?synchronous=full|normal]` (a relative path after `sqlite://` is taken from the
+    working directory) or `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options
+    such as `socket_timeout`). The URL is never echoed: it may hold a password.
+    """
+    if url.startswith(SQLITE_PREFIX):
+        return _open_sqlite(url.removeprefix(SQLITE_PREFIX))
+    scheme = urlsplit(url).scheme
+    if scheme in REDIS_SCHEMES:
+        try:  # redis-py is the optional extra mnemo[redis]: an SQLite-only install does not need it
+            from app.students.redis_store import RedisStateStore
+        except ModuleNotFoundError as error:
+            raise ValueError(
+                "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
+            ) from error
+        return RedisStateStore(url)
+    raise ValueError(
+        f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"
+    )
+
+
+def _open_sqlite(path_and_query: str) -> SqliteStateStore:
+    path, _, query = path_and_query.partition("?")
+    if not path:
+        raise ValueError("MNEMO_STATE_URL sqlite:// needs a file path, e.g. sqlite:///var/lib/mnemo/students.db")
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = sorted(set(options) - {"synchronous"})
+    if unknown:
+        raise ValueError(f"MNEMO_STATE_URL sqlite:// takes only the option synchronous=full|normal, not {unknown}")
+    synchronous = options.get("synchronous", ["full"])[-1].upper()
+    return SqliteStateStore(Path(path).resolve(), synchronous=synchronous)

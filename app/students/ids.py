@@ -1,0 +1,46 @@
+"""Student ids: opaque strings chosen by the client, validated before they reach a store or a URL.
+
+Rules (docs/STUDENTS.md):
+- 1 to 128 characters (Unicode code points, so at most 512 bytes of UTF-8).
+- Every character printable (`str.isprintable`: letters, marks, numbers, punctuation, symbols of any
+  script) and none of them whitespace: no spaces, tabs, newlines, control or format characters, no
+  unpaired surrogates.
+- No `/`, and not `.` or `..`: the id is one path segment of `/students/{student_id}`, and clients and
+  proxies rewrite those.
+- Compared exactly as given: no trimming, case folding or Unicode normalisation (`é` composed and
+  decomposed are two ids).
+
+Messages name the rule and the limit but never echo the id (no student text in logs).
+"""
+
+from __future__ import annotations
+
+MAX_STUDENT_ID_LENGTH = 128
+RESERVED_STUDENT_IDS = frozenset({".", ".."})
+
+
+class InvalidStudentId(ValueError):
+    """A student id that breaks the rules above; the message says which (pydantic turns it into a 422)."""
+
+
+def validate_student_id(student_id: str) -> str:
+    """Return `student_id` unchanged if it is valid, else raise `InvalidStudentId` naming the rule."""
+    if not isinstance(student_id, str):
+        raise InvalidStudentId(f"student_id must be a string, not {type(student_id).__name__}")
+    if not 1 <= len(student_id) <= MAX_STUDENT_ID_LENGTH:
+        raise InvalidStudentId(
+            f"student_id must be 1 to {MAX_STUDENT_ID_LENGTH} characters long; it has {len(student_id)}"
+        )
+    for position, character in enumerate(student_id):
+        if character.isspace() or not character.isprintable():
+            raise InvalidStudentId(
+                f"student_id must contain only printable characters other than whitespace; "
+                f"character {position} is U+{ord(character):04X}"
+            )
+        if character == "/":
+            raise InvalidStudentId(
+                f"student_id must not contain '/' (it is one URL path segment); character {position}"
+            )
+    if student_id in RESERVED_STUDENT_IDS:
+        raise InvalidStudentId("student_id must not be '.' or '..' (URL path segments)")
+    return student_id

@@ -1,0 +1,186 @@
+"""The store for several replicas: one Redis database (redis-py), compare-and-swap in Lua scripts.
+
+Keys (all under `mnemo:`):
+- `mnemo:student:<id>`: a hash holding every model's state of that student, fields `<attribute>:<model>`
+  (memory, shape, interactions, sha256, created, updated, revision). One key per student, so an erasure is
+  one DEL.
+- `mnemo:students`: a sorted set of the ids (all scores 0), paged in byte order with ZRANGEBYLEX.
+- `mnemo:revision`: the store-wide write counter that gives each write its revision.
+
+A script runs atomically on the server, so the revision check, the counter and the update are one step
+(no WATCH round trips). Times come from the server's clock, shared by every replica.
+
+Durability is the server's: run it with `appendonly yes` and `appendfsync always` so that a write is on
+disk before Redis replies (docs/STUDENTS.md). Timeouts are bounded (connect 1 s, reply 2 s unless the
+URL sets `socket_connect_timeout`/`socket_timeout`) and a failed command is not retried by the client: a
+write whose reply was lost might have been applied, so it is reported as unavailable, never applied twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from app.students.store import (
+    RevisionConflict,
+    StateVersionMismatch,
+    StoreUnavailable,
+    StudentPage,
+    StudentState,
+    check_page_size,
+    decode_memory,
+    encode_memory,
+)
+
+STUDENT_KEY_PREFIX = b"mnemo:student:"
+STUDENTS_KEY = b"mnemo:students"
+REVISION_KEY = b"mnemo:revision"
+ATTRIBUTES = ("memory", "shape", "interactions", "sha256", "created", "updated", "revision")
+CONNECT_TIMEOUT_S = 1.0
+REPLY_TIMEOUT_S = 2.0
+
+# KEYS: student hash, id set, revision counter. ARGV: model, expected revision ('' = absent), memory blob,
+# shape, interactions, sha256, student id. Returns {1, revision, created, updated}, {0, current revision}
+# on a lost compare-and-swap, or {-1, stored sha256} for another model version.
+WRITE_SCRIPT = """
+redis.replicate_commands()  -- Redis 5 and 6: allow TIME before writes (the default from Redis 7 on)
+local model = ARGV[1]
+local current = redis.call('HGET', KEYS[1], 'revision:' .. model)
+if current == false then current = '' end
+if current ~= ARGV[2] then return {0, current} end
+local stored_sha256 = redis.call('HGET', KEYS[1], 'sha256:' .. model)
+if stored_sha256 and stored_sha256 ~= ARGV[6] then return {-1, stored_sha256} end
+local clock = redis.call('TIME')
+local now = clock[1] .. '.' .. string.format('%06d', tonumber(clock[2]))
+local created = redis.call('HGET', KEYS[1], 'created:' .. model) or now
+local revision = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[1], 'memory:' .. model, ARGV[3], 'shape:' .. model, ARGV[4],
+           'interactions:' .. model, ARGV[5], 'sha256:' .. model, ARGV[6], 'created:' .. model, created,
+           'updated:' .. model, now, 'revision:' .. model, revision)
+redis.call('ZADD', KEYS[2], 0, ARGV[7])
+return {1, revision, created, now}
+"""
+
+# KEYS: student hash, id set. ARGV: student id. Returns the hash as it was (flat field/value list).
+DELETE_SCRIPT = """
+local fields = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return fields
+"""
+
+
+class RedisStateStore:
+    """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=REPLY_TIMEOUT_S,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=False,
+        )
+        self._write_script = self._client.register_script(WRITE_SCRIPT)
+        self._delete_script = self._client.register_script(DELETE_SCRIPT)
+        where = self._client.connection_pool.connection_kwargs
+        self._where = f"{where.get('host', where.get('path'))}:{where.get('port', '')}/{where.get('db', 0)}"
+
+    def read(self, model: str, student_id: str) -> StudentState | None:
+        fields = [f"{attribute}:{model}".encode() for attribute in ATTRIBUTES]
+        with self._errors_as_unavailable():
+            values = self._client.hmget(_student_key(student_id), fields)
+        if values[-1] is None:
+            return None
+        return _state_of(model, student_id, dict(zip(ATTRIBUTES, values, strict=True)))
+
+    def write(
+        self,
+        model: str,
+        student_id: str,
+        *,
+        memory: np.ndarray,
+        interactions: int,
+        model_sha256: str,
+        expected_revision: int | None,
+    ) -> StudentState:
+        blob, n_concepts, d_v = encode_memory(memory)
+        expected = "" if expected_revision is None else str(expected_revision)
+        with self._errors_as_unavailable():
+            outcome = self._write_script(
+                keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
+                args=[model, expected, blob, f"{n_concepts},{d_v}", interactions, model_sha256, student_id],
+            )
+        if outcome[0] == 0:
+            current = outcome[1].decode() or None
+            raise RevisionConflict(f"state revision is {current}, expected {expected_revision}")
+        if outcome[0] == -1:
+            raise StateVersionMismatch(model, outcome[1].decode(), model_sha256)
+        _, revision, created, updated = outcome
+        return StudentState(
+            model,
+            student_id,
+            decode_memory(blob, n_concepts, d_v),
+            interactions,
+            model_sha256,
+            float(created),
+            float(updated),
+            int(revision),
+        )
+
+    def delete(self, student_id: str) -> list[StudentState]:
+        with self._errors_as_unavailable():
+            flat = self._delete_script(keys=[_student_key(student_id), STUDENTS_KEY], args=[student_id])
+        by_model: dict[str, dict[str, bytes]] = {}
+        for field, value in zip(flat[::2], flat[1::2], strict=True):
+            attribute, _, model = field.decode().partition(":")
+            by_model.setdefault(model, {})[attribute] = value
+        return [_state_of(model, student_id, by_model[model]) for model in sorted(by_model)]
+
+    def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
+        check_page_size(limit)
+        low = b"-" if after is None else b"(" + after.encode()
+        with self._errors_as_unavailable():
+            members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=limit + 1)
+        ids = [member.decode() for member in members[:limit]]
+        return StudentPage(ids, ids[-1] if len(members) > limit else None)
+
+    def check_health(self) -> None:
+        with self._errors_as_unavailable():
+            self._client.ping()
+
+    def close(self) -> None:
+        self._client.close()
+
+    @contextmanager
+    def _errors_as_unavailable(self) -> Iterator[None]:
+        """Any redis-py error (refused, timed out, an error reply) becomes `StoreUnavailable`."""
+        try:
+            yield
+        except redis.RedisError as error:
+            raise StoreUnavailable(
+                f"Redis state store {self._where} failed: {type(error).__name__}: {error}"
+            ) from error
+
+
+def _student_key(student_id: str) -> bytes:
+    return STUDENT_KEY_PREFIX + student_id.encode()
+
+
+def _state_of(model: str, student_id: str, values: dict[str, bytes]) -> StudentState:
+    n_concepts, d_v = (int(size) for size in values["shape"].split(b","))
+    return StudentState(
+        model,
+        student_id,
+        decode_memory(values["memory"], n_concepts, d_v),
+        int(values["interactions"]),
+        values["sha256"].decode(),
+        float(values["created"]),
+        float(values["updated"]),
+        int(values["revision"]),
+    )

@@ -1,0 +1,462 @@
+"""The student-state stores against the real databases: SQLite in a tmp dir and a redis-server started here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from app.students.factory import open_store
+from app.students.ids import InvalidStudentId, validate_student_id
+from app.students.sqlite_store import SqliteStateStore
+from app.students.store import (
+    RevisionConflict,
+    StateStore,
+    StateVersionMismatch,
+    StoreUnavailable,
+    StudentState,
+)
+from app.students.update import NextState, TooManyConflicts, update_state
+from tests.redis_server import RedisServer, require_redis_server
+from tests.student_writer import MODEL, MODEL_SHA256, SHAPE, append_one
+
+ROOT = Path(__file__).resolve().parents[1]
+WRITERS = 8
+APPENDS_PER_WRITER = 50
+ACKED_BEFORE_KILL = 100
+CHILD_TIMEOUT_S = 120
+UNAVAILABLE_WITHIN_S = 10.0  # the store's own timeouts are 1 s (connect) and 2 s (reply)
+
+
+# -- fixtures -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def own_redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A private server a test may kill, freeze and restart."""
+    server = RedisServer(require_redis_server(), tmp_path / "redis")
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path / 'state' / 'students.db'}"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    redis.Redis.from_url(server.url()).flushdb()
+    return server.url()
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[StateStore]:
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
+
+
+def random_memory(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+def create(store: StateStore, student_id: str, model: str = MODEL, interactions: int = 3) -> StudentState:
+    return store.write(
+        model,
+        student_id,
+        memory=random_memory(),
+        interactions=interactions,
+        model_sha256=MODEL_SHA256,
+        expected_revision=None,
+    )
+
+
+def leftovers(store_url: str, student_id: str) -> list:
+    """Everything the database itself still holds about a student: rows, keys or set members."""
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as connection:
+            return connection.execute("SELECT * FROM student_state WHERE student_id = ?", (student_id,)).fetchall()
+    client = redis.Redis.from_url(store_url)
+    keys = [key for key in client.scan_iter() if student_id.encode() in key]
+    members = [member for member in client.zrange("mnemo:students", 0, -1) if member == student_id.encode()]
+    return keys + members
+
+
+# -- round trip and compare-and-swap --------------------------------------------------------------------
+def test_memory_round_trips_bit_exact(store: StateStore) -> None:
+    memory = random_memory(1)
+    memory[0, :6] = [np.nan, -0.0, np.inf, -np.inf, np.float32(1e-45), np.finfo(np.float32).max]
+    memory[1, 0] = np.frombuffer(np.uint32(0x7FC0_1234).tobytes(), dtype=np.float32)[0]  # NaN with a payload
+    written = store.write(
+        MODEL, "élève-42", memory=memory, interactions=7, model_sha256=MODEL_SHA256, expected_revision=None
+    )
+    read = store.read(MODEL, "élève-42")
+    assert read.memory.dtype == np.float32 and read.memory.shape == SHAPE and not read.memory.flags.writeable
+    assert read.memory.tobytes() == memory.tobytes()
+    assert (read.model, read.student_id, read.interactions, read.model_sha256) == (MODEL, "élève-42", 7, MODEL_SHA256)
+    assert read.revision == written.revision and read.created_at == written.created_at
+    assert abs(read.updated_at - time.time()) < 60
+    assert store.read(MODEL, "nobody") is None and store.read("other-model", "élève-42") is None
+
+
+def test_compare_and_swap_rejects_stale_and_duplicate_writes(store: StateStore) -> None:
+    first = create(store, "s1")
+    with pytest.raises(RevisionConflict):
+        create(store, "s1")  # create-if-absent, but it exists
+    second = store.write(
+        MODEL,
+        "s1",
+        memory=random_memory(2),
+        interactions=4,
+        model_sha256=MODEL_SHA256,
+        expected_revision=first.revision,
+    )
+    assert second.revision > first.revision and second.created_at == first.created_at
+    assert second.updated_at >= first.updated_at
+    with pytest.raises(RevisionConflict):  # a writer that read `first` lost the race
+        store.write(
+            MODEL,
+            "s1",
+            memory=random_memory(3),
+            interactions=4,
+            model_sha256=MODEL_SHA256,
+            expected_revision=first.revision,
+        )
+    assert store.read(MODEL, "s1").memory.tobytes() == random_memory(2).tobytes()
+
+
+def test_revisions_are_never_reused_after_an_erasure(store: StateStore) -> None:
+    """A writer that read the state before a DELETE cannot write the erased history back (no ABA)."""
+    before = create(store, "s1")
+    store.delete("s1")
+    again = create(store, "s1")
+    assert again.revision > before.revision
+    with pytest.raises(RevisionConflict):
+        store.write(
+            MODEL,
+            "s1",
+            memory=random_memory(),
+            interactions=4,
+            model_sha256=MODEL_SHA256,
+            expected_revision=before.revision,
+        )
+
+
+def test_state_of_another_model_version_is_never_mixed(store: StateStore) -> None:
+    stored = create(store, "s1")
+    with pytest.raises(StateVersionMismatch) as mismatch:
+        store.write(
+            MODEL,
+            "s1",
+            memory=random_memory(),
+            interactions=4,
+            model_sha256="cd" * 32,
+            expected_revision=stored.revision,
+        )
+    assert mismatch.value.status_code == 409 and "DELETE /students/" in mismatch.value.detail
+    with pytest.raises(StateVersionMismatch):
+        update_state(store, MODEL, "s1", "cd" * 32, lambda current: pytest.fail("must not compute"))
+    assert store.read(MODEL, "s1").memory.tobytes() == stored.memory.tobytes()
+
+
+def test_update_gives_up_after_losing_every_race(store: StateStore) -> None:
+    """A writer that always loses (another write lands while it computes) stops with a clear 409."""
+    create(store, "contested")
+    attempts = []
+
+    def compute_while_another_writer_wins(current: StudentState | None) -> NextState[None]:
+        attempts.append(current.revision)
+        append_one(store, "contested", 1)
+        return NextState(current.memory.copy(), current.interactions + 1, None)
+
+    with pytest.raises(TooManyConflicts, match="changed 3 times") as conflict:
+        update_state(store, MODEL, "contested", MODEL_SHA256, compute_while_another_writer_wins, max_attempts=3)
+    assert conflict.value.status_code == 409
+    assert len(attempts) == 3 and attempts == sorted(set(attempts))  # each attempt saw a newer state
+    assert store.read(MODEL, "contested").interactions == 3 + 3  # the three winning appends, not the loser's
+
+
+def test_memory_must_be_two_dimensional_float32(store: StateStore) -> None:
+    with pytest.raises(ValueError, match="2-D float32"):
+        store.write(
+            MODEL, "s1", memory=np.zeros(SHAPE), interactions=1, model_sha256=MODEL_SHA256, expected_revision=None
+        )
+    assert store.read(MODEL, "s1") is None
+
+
+def test_concurrent_writer_threads_lose_nothing(store: StateStore) -> None:
+    def writer(index: int) -> list[int]:
+        return [append_one(store, "busy", index).interactions for _ in range(APPENDS_PER_WRITER)]
+
+    with ThreadPoolExecutor(WRITERS) as pool:
+        acknowledged = [count for counts in pool.map(writer, range(WRITERS)) for count in counts]
+    assert_no_lost_update(store.read(MODEL, "busy"), acknowledged)
+
+
+def test_concurrent_writer_processes_lose_nothing(store: StateStore, store_url: str) -> None:
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.student_writer", store_url, "busy", str(index), str(APPENDS_PER_WRITER)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(WRITERS)
+    ]
+    acknowledged = []
+    for child in children:
+        out, _ = child.communicate(timeout=CHILD_TIMEOUT_S)
+        assert child.returncode == 0
+        acknowledged += [int(line) for line in out.split()]
+    assert_no_lost_update(store.read(MODEL, "busy"), acknowledged)
+
+
+def assert_no_lost_update(state: StudentState, acknowledged: list[int]) -> None:
+    """Each acknowledged append got its own count, and the state holds every one of them."""
+    total = WRITERS * APPENDS_PER_WRITER
+    assert sorted(acknowledged) == list(range(1, total + 1))
+    assert state.interactions == total
+    expected = np.zeros(SHAPE, dtype=np.float32)
+    expected[:WRITERS] = APPENDS_PER_WRITER
+    np.testing.assert_array_equal(state.memory, expected)
+
+
+# -- erasure and paging ---------------------------------------------------------------------------------
+def test_delete_removes_everything_about_a_student(store: StateStore, store_url: str) -> None:
+    create(store, "gone", model="model-a", interactions=5)
+    create(store, "gone", model="model-b", interactions=9)
+    create(store, "kept")
+    removed = store.delete("gone")
+    assert [(state.model, state.student_id, state.interactions) for state in removed] == [
+        ("model-a", "gone", 5),
+        ("model-b", "gone", 9),
+    ]
+    assert removed[0].memory.tobytes() == random_memory().tobytes()
+    assert store.read("model-a", "gone") is None and store.read("model-b", "gone") is None
+    assert leftovers(store_url, "gone") == []
+    assert store.list_students().student_ids == ["kept"]
+    assert store.read(MODEL, "kept").interactions == 3
+    assert store.delete("gone") == []
+
+
+def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
+    ids = [f"student-{index:02d}" for index in range(20)] + ["Zoë", "学生7", "a:b@c.d", "~tilde", "+plus"]
+    for student_id in ids:
+        create(store, student_id, model="model-a")
+    for student_id in ids[:5]:
+        create(store, student_id, model="model-b")  # two states, still one id
+    pages, after = [], None
+    while True:
+        page = store.list_students(after=after, limit=7)
+        pages.append(page.student_ids)
+        if page.next_after is None:
+            break
+        after = page.next_after
+    assert [len(page) for page in pages] == [7, 7, 7, 4]
+    assert [student_id for page in pages for student_id in page] == sorted(ids)
+    assert store.list_students(limit=25).next_after is None
+    assert store.list_students(after=sorted(ids)[-1]).student_ids == []
+    for bad in (0, 1001):
+        with pytest.raises(ValueError, match="limit must be 1 to 1000"):
+            store.list_students(limit=bad)
+
+
+# -- durability: SIGKILL in the middle of a stream of appends -------------------------------------------
+def start_stream(store_url: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.student_writer", store_url, "streamer", "0", "1000000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_acknowledged(child: subprocess.Popen, count: int) -> int:
+    """Read `count` acknowledged counts from the writer; return the last one."""
+    last = 0
+    for _ in range(count):
+        line = child.stdout.readline()
+        assert line.strip(), "the writer stopped before it was killed"
+        last = int(line)
+    return last
+
+
+def kill_and_collect(child: subprocess.Popen, last_seen: int) -> int:
+    """SIGKILL the writer and return the last count it printed (every printed count was acknowledged)."""
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+    return max([last_seen, *(int(line) for line in child.stdout.read().split())])
+
+
+def assert_acknowledged_state(state: StudentState, last_acknowledged: int) -> None:
+    # The write in flight at the kill may have committed without being printed: at most one more.
+    assert last_acknowledged <= state.interactions <= last_acknowledged + 1
+    expected = np.zeros(SHAPE, dtype=np.float32)
+    expected[0] = state.interactions
+    np.testing.assert_array_equal(state.memory, expected)
+
+
+@pytest.mark.parametrize("synchronous", ["full", "normal"])
+def test_sqlite_keeps_every_acknowledged_write_after_sigkill(tmp_path: Path, synchronous: str) -> None:
+    """FULL (the default) also survives a power cut; NORMAL survives the death of the process, as shown here."""
+    store_url = f"sqlite://{tmp_path / 'students.db'}?synchronous={synchronous}"
+    child = start_stream(store_url)
+    seen = wait_for_acknowledged(child, ACKED_BEFORE_KILL)
+    last = kill_and_collect(child, seen)
+    assert last >= ACKED_BEFORE_KILL
+    reopened = open_store(store_url)
+    assert_acknowledged_state(reopened.read(MODEL, "streamer"), last)
+    reopened.close()
+
+
+def test_redis_with_aof_always_keeps_every_acknowledged_write_after_sigkill(own_redis_server: RedisServer) -> None:
+    child = start_stream(own_redis_server.url())
+    seen = wait_for_acknowledged(child, ACKED_BEFORE_KILL)
+    own_redis_server.kill()  # the database dies mid-stream, then the writer
+    last = kill_and_collect(child, seen)
+    assert last >= ACKED_BEFORE_KILL
+    own_redis_server.start()
+    reopened = open_store(own_redis_server.url())
+    assert_acknowledged_state(reopened.read(MODEL, "streamer"), last)
+    reopened.close()
+
+
+# -- unavailable databases --------------------------------------------------------------------------------
+def assert_unavailable_quickly(store: StateStore) -> None:
+    operations = [
+        lambda: store.read(MODEL, "s1"),
+        lambda: create(store, "s2"),
+        lambda: store.delete("s1"),
+        lambda: store.list_students(),
+        store.check_health,
+    ]
+    for operation in operations:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as unavailable:
+            operation()
+        assert time.monotonic() - started < UNAVAILABLE_WITHIN_S
+        assert unavailable.value.status_code == 503
+
+
+def test_redis_stopped_is_unavailable_quickly_then_recovers(own_redis_server: RedisServer) -> None:
+    store = open_store(own_redis_server.url())
+    create(store, "s1")
+    own_redis_server.kill()
+    assert_unavailable_quickly(store)
+    own_redis_server.start()
+    store.check_health()
+    assert store.read(MODEL, "s1").interactions == 3
+    store.close()
+
+
+def test_redis_frozen_times_out_instead_of_hanging(own_redis_server: RedisServer) -> None:
+    store = open_store(own_redis_server.url() + "?socket_timeout=0.5")  # the URL may shorten the 2 s default
+    store.check_health()
+    own_redis_server.process.send_signal(signal.SIGSTOP)  # accepts connections, never answers
+    try:
+        assert_unavailable_quickly(store)
+    finally:
+        own_redis_server.process.send_signal(signal.SIGCONT)
+    store.check_health()
+    store.close()
+
+
+def test_sqlite_locked_by_another_writer_is_unavailable(tmp_path: Path) -> None:
+    store = SqliteStateStore(tmp_path / "students.db", busy_timeout_s=0.2)
+    create(store, "s1")
+    holder = sqlite3.connect(tmp_path / "students.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            create(store, "s2")
+        assert store.read(MODEL, "s1").interactions == 3  # WAL: readers are not blocked by the writer
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    create(store, "s2")
+    store.close()
+
+
+def test_sqlite_path_that_cannot_be_created_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StoreUnavailable):
+        open_store(f"sqlite://{tmp_path / 'a-file' / 'students.db'}")
+
+
+def test_sqlite_url_sets_the_synchronous_mode(tmp_path: Path) -> None:
+    for url, expected in [("", "FULL"), ("?synchronous=normal", "NORMAL"), ("?synchronous=FULL", "FULL")]:
+        store = open_store(f"sqlite://{tmp_path / 'students.db'}{url}")
+        create(store, f"s{expected}{len(url)}")
+        assert store.synchronous == expected
+        level = {"FULL": 2, "NORMAL": 1}[expected]
+        assert store._connection().execute("PRAGMA synchronous").fetchone()[0] == level
+        assert store._connection().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        store.close()
+    with pytest.raises(ValueError, match=r"only the option synchronous=full\|normal"):
+        open_store(f"sqlite://{tmp_path / 'students.db'}?journal=off")
+    with pytest.raises(ValueError, match="synchronous must be one of FULL, NORMAL"):
+        open_store(f"sqlite://{tmp_path / 'students.db'}?synchronous=off")
+
+
+def test_state_url_must_name_a_known_store() -> None:
+    with pytest.raises(ValueError, match="MNEMO_STATE_URL must start with sqlite:// or redis://"):
+        open_store("postgres://user:secret@host/db")
+    with pytest.raises(ValueError, match="needs a file path"):
+        open_store("sqlite://")
+
+
+def test_default_state_url_is_a_file_under_the_project_state_directory() -> None:
+    from app.frame.settings import Settings
+
+    settings = Settings()
+    if "MNEMO_STATE_URL" not in os.environ:
+        assert settings.state_url == f"sqlite://{ROOT / 'state' / 'students.db'}"
+
+
+# -- student ids ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "student_id", ["s", "student-42", "élève_7", "学生", "a:b@c.d+e~f", "Ünïcödé…", "x" * 128, "%2F", "..."]
+)
+def test_valid_student_ids_are_kept_as_given(student_id: str) -> None:
+    assert validate_student_id(student_id) == student_id
+
+
+@pytest.mark.parametrize(
+    ("student_id", "message"),
+    [
+        ("", "1 to 128 characters long; it has 0"),
+        ("x" * 129, "1 to 128 characters long; it has 129"),
+        ("secret name", "character 6 is U+0020"),
+        ("tab\there", "character 3 is U+0009"),
+        ("line\n", "character 4 is U+000A"),
+        ("nbsp\u00a0", "character 4 is U+00A0"),
+        ("zero\u200bwidth", "character 4 is U+200B"),
+        ("del\x7f", "character 3 is U+007F"),
+        ("lone\ud800", "character 4 is U+D800"),
+        ("a/b", "must not contain '/'"),
+        ("..", "must not be '.' or '..'"),
+        (".", "must not be '.' or '..'"),
+    ],
+)
+def test_invalid_student_ids_name_the_rule_without_echoing_the_id(student_id: str, message: str) -> None:
+    with pytest.raises(InvalidStudentId) as invalid:
+        validate_student_id(student_id)
+    assert message in str(invalid.value) and str(invalid.value).startswith("student_id must")
+    if len(student_id) > 2:
+        assert student_id not in str(invalid.value)
