@@ -6,7 +6,7 @@ DATA_DIR ?= $(or $(MNEMO_DATA_DIR),../shared/data)
 DATASET ?= assist2009
 POINTER ?= vlmp
 
-.PHONY: venv serve test test-services lint bench train-kt train-sim export-kt export-sim docker-check clean
+.PHONY: venv serve test test-services lint bench loadtest train-kt train-sim export-kt export-sim docker-check clean
 
 $(VENV)/serve.stamp: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: $(VENV)/dev.stamp
 
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run
+
+loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 6 minutes) -> BENCHMARKS.md
+	command -v wrk >/dev/null || { $(SUDO) apt-get update -qq \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }
+	$(BIN)/python -m benchmarks.load
 
 train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0
 	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt

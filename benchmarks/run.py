@@ -9,7 +9,7 @@ import platform
 from pathlib import Path
 
 from benchmarks import knowledge_trace, similarity
-from benchmarks.table import Row, to_markdown
+from benchmarks.table import Row, to_markdown, write_section
 
 
 def _header() -> str:
@@ -17,7 +17,6 @@ def _header() -> str:
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cpus = len(os.sched_getaffinity(0))
     return (
-        "# Benchmarks\n\n"
         f"Measured {when} on {platform.machine()} with {cpus} usable CPU(s), ONNX Runtime CPU provider, "
         "all rows in one run of `make bench` (the machine is shared: compare rows of one run, "
         "not runs).\n\n"
@@ -30,7 +29,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
     args = parser.parse_args()
     rows: list[Row] = [*knowledge_trace.rows(), *similarity.rows()]
-    args.output.write_text(_header() + to_markdown(rows))
+    write_section(args.output, "latency", "## Latency (`make bench`)\n\n" + _header() + to_markdown(rows))
     print(to_markdown(rows))
     print(f"wrote {args.output}")
 

@@ -140,11 +140,16 @@ def _warm_up_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
 
 
 def session_options(settings: Settings) -> ort.SessionOptions:
-    """Threads from the budget; no spinning (the CPUs are shared with request handling)."""
+    """Threads from the budget, no spinning (the CPUs are shared with request handling), no CPU arena.
+
+    The arena grows to the largest run and keeps it: measured on rmc-vlmp-sick, one 32 x 64-token batch
+    with attention held +287 MB for good with the arena and peaked at +45 MB without it.
+    """
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.enable_cpu_mem_arena = False
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 

@@ -1,0 +1,463 @@
+"""`make loadtest`: the service under concurrent load on loopback, next to bare ONNX Runtime on the same inputs.
+
+One run, in this order: start `python -m app` on the committed models (cold start to /ready, RSS);
+bare ONNX Runtime at batch 1 and 32 on the inputs of each scenario (server idle, same session
+options); wrk against /similarity, /similarity/batch and /knowledge-trace at concurrency 1, 8, 32 and
+256; the overload mix (3,000-interaction histories; 256 pairs of 64 tokens with attention) at 256 and
+1,024 connections with /health probed alongside; SIGTERM with 32 requests in flight. The results
+replace the load section of BENCHMARKS.md. Every loop is bounded in time; traffic goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+
+from app.frame.registry import session_options
+from app.frame.settings import Settings
+from app.runtime.collate import collate
+from app.tasks.similarity.service import EncodedPair, EncodedSentence, pair_feeds
+from app.tasks.similarity.tokenizer import tokenize
+from app.tasks.similarity.vectors import WordVectors
+from benchmarks.common import ARTIFACTS, manifest_entry
+from benchmarks.table import write_section
+
+LUA = Path(__file__).resolve().parent / "wrk" / "post.lua"
+CONCURRENCY = (1, 8, 32, 256)
+OVERLOAD_CONNECTIONS = (256, 1024)
+PAIR = ("A man is playing a guitar on the stage tonight.", "A person plays an instrument for the crowd.")
+WORDS = tuple(
+    [
+        "a",
+        "man",
+        "is",
+        "playing",
+        "a",
+        "guitar",
+        "while",
+        "the",
+        "woman",
+        "and",
+        "child",
+        "watch",
+        "him",
+        "from",
+        "the",
+        "old",
+        "wooden",
+        "bench",
+    ]
+)
+KT_MODEL = "dkvmn-assist2009"
+SIM_MODEL = "rmc-vlmp-sick"
+
+
+@dataclass
+class Scenario:
+    """One endpoint and body; the ORT work one request needs, alone and for 32 requests in one run."""
+
+    name: str
+    path: str
+    body: dict
+    items: int  # pairs or histories per request
+    bare_single: Callable[[], object]
+    bare_batch32: Callable[[], object]
+
+
+@dataclass
+class WrkResult:
+    statuses: dict[int, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    requests: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok_per_s(self) -> float:
+        return sum(v for k, v in self.statuses.items() if 200 <= k < 300) / max(self.seconds, 1e-9)
+
+
+# -- inputs and bare ONNX Runtime ---------------------------------------------------------------------
+def _session(file: str) -> ort.InferenceSession:
+    return ort.InferenceSession(str(ARTIFACTS / file), session_options(Settings()), providers=["CPUExecutionProvider"])
+
+
+def _vectors() -> WordVectors:
+    entry = manifest_entry(SIM_MODEL)
+    specials = np.load(ARTIFACTS / entry["assets"]["special_vectors"]["file"])
+    return WordVectors.from_glove(specials, np.load(ARTIFACTS / entry["assets"]["vocabulary"]["file"], mmap_mode="r"))
+
+
+def _pair(vectors: WordVectors, a: str, b: str) -> EncodedPair:
+    encoded = []
+    for text in (a, b):
+        tokens = tokenize(text)
+        matrix, unknown = vectors.embed(tokens)
+        encoded.append(EncodedSentence(tokens, matrix, unknown))
+    return EncodedPair(*encoded)
+
+
+def _similarity_run(session: ort.InferenceSession, pairs: list[EncodedPair]) -> Callable[[], object]:
+    feeds = collate([pair_feeds(pair) for pair in pairs], ("emb_a", "emb_b"))
+    return lambda: session.run(None, feeds)
+
+
+def _kt_run(session: ort.InferenceSession, histories: int, steps: int, next_questions: int) -> Callable[[], object]:
+    rng = np.random.default_rng(0)
+    memory = np.load(ARTIFACTS / manifest_entry(KT_MODEL)["assets"]["init_memory"]["file"]).astype(np.float32)
+    trace = {
+        "q": rng.integers(1, 111, (histories, steps)),
+        "r": rng.integers(0, 2, (histories, steps)),
+        "len": np.full(histories, steps, dtype=np.int64),
+        "mv_in": np.repeat(memory[np.newaxis], histories, axis=0),
+    }
+    rows = histories * next_questions
+    following = {
+        "q": rng.integers(1, 111, (rows, 1)),
+        "r": np.zeros((rows, 1), dtype=np.int64),
+        "len": np.ones(rows, dtype=np.int64),
+        "mv_in": np.repeat(memory[np.newaxis], rows, axis=0),
+    }
+    return lambda: (session.run(None, trace), session.run(None, following))
+
+
+def _kt_body(steps: int, next_questions: list[int] | None, attention: bool) -> dict:
+    rng = np.random.default_rng(1)
+    interactions = [
+        {"question": int(q), "correct": bool(c)}
+        for q, c in zip(rng.integers(1, 111, steps), rng.random(steps) < 0.6, strict=True)
+    ]
+    return {
+        "model": KT_MODEL,
+        "interactions": interactions,
+        "next_questions": next_questions,
+        "return_attention": attention,
+    }
+
+
+def scenarios() -> list[Scenario]:
+    vectors = _vectors()
+    similarity = _session(f"{SIM_MODEL}.onnx")
+    knowledge = _session(f"{KT_MODEL}.onnx")
+    pair = _pair(vectors, *PAIR)
+    pairs32 = [_pair(vectors, f"{PAIR[0]} {' '.join(WORDS[: i % 6])}", PAIR[1]) for i in range(32)]
+    sentence = {"sentence_a": PAIR[0], "sentence_b": PAIR[1]}
+    batch_pairs = [{"sentence_a": f"{PAIR[0]} {' '.join(WORDS[: i % 6])}", "sentence_b": PAIR[1]} for i in range(32)]
+    return [
+        Scenario(
+            "/similarity (1 pair, attention off)",
+            "/similarity",
+            {**sentence, "model": SIM_MODEL, "return_attention": False},
+            1,
+            _similarity_run(similarity, [pair]),
+            _similarity_run(similarity, [pair] * 32),
+        ),
+        Scenario(
+            "/similarity/batch (32 pairs, attention off)",
+            "/similarity/batch",
+            {"pairs": batch_pairs, "model": SIM_MODEL, "return_attention": False},
+            32,
+            _similarity_run(similarity, pairs32),
+            _similarity_run(similarity, pairs32),
+        ),
+        Scenario(
+            "/knowledge-trace (200 interactions, 2 next, attention off)",
+            "/knowledge-trace",
+            _kt_body(200, [3, 7], attention=False),
+            1,
+            _kt_run(knowledge, 1, 200, 2),
+            _kt_run(knowledge, 32, 200, 2),
+        ),
+    ]
+
+
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    for _ in range(3):
+        call()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return float(np.median(samples) * 1000)
+
+
+# -- the server, wrk, and what runs beside it ---------------------------------------------------------
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+
+class Sampler(threading.Thread):
+    """Samples a value every `interval` seconds until stopped (RSS, or /health latency)."""
+
+    def __init__(self, probe: Callable[[], float], interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.probe, self.interval, self.samples = probe, interval, []
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(self.probe())
+            self._stop.wait(self.interval)
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self.join()
+        return self.samples
+
+
+def health_probe(url: str) -> Callable[[], float]:
+    client = httpx.Client(timeout=5)
+
+    def probe() -> float:
+        started = time.perf_counter()
+        try:
+            client.get(f"{url}/health")
+        except httpx.TransportError:
+            return 5.0
+        return time.perf_counter() - started
+
+    return probe
+
+
+def start_server(port: int, log: Path) -> tuple[subprocess.Popen, float]:
+    """`python -m app` on the committed models; returns the process and the seconds to /ready 200."""
+    env = {**os.environ, "MNEMO_PORT": str(port), "MNEMO_HOST": "127.0.0.1", "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS)}
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    with httpx.Client(timeout=2) as client:
+        while time.perf_counter() - started < 120:
+            try:
+                if client.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
+                    return process, time.perf_counter() - started
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited; see {log}")
+            time.sleep(0.005)
+    raise RuntimeError("the server did not become ready in 120 s")
+
+
+def wrk(url: str, body: dict, connections: int, seconds: int, timeout_s: float) -> WrkResult:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(body, handle)
+    threads = min(2, connections)
+    command = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{seconds}s",
+        "--timeout",
+        f"{timeout_s}s",
+        "-s",
+        str(LUA),
+        url,
+    ]
+    output = subprocess.run(
+        command, env={**os.environ, "BODY_FILE": handle.name}, capture_output=True, text=True, timeout=seconds + 120
+    ).stdout
+    os.unlink(handle.name)
+    result = WrkResult()
+    for line in output.splitlines():
+        parts = line.split()
+        if line.startswith("MNEMO status"):
+            result.statuses[int(parts[2])] = int(parts[3])
+        elif line.startswith("MNEMO errors"):
+            result.errors = {parts[i]: int(parts[i + 1]) for i in range(2, len(parts), 2)}
+        elif line.startswith("MNEMO latency_us"):
+            result.p50_ms, result.p99_ms, result.max_ms = (int(parts[i]) / 1000 for i in (3, 5, 7))
+        elif line.startswith("MNEMO total"):
+            result.requests, result.seconds = int(parts[3]), int(parts[5]) / 1e6
+    if not result.seconds:
+        raise RuntimeError(f"wrk printed no summary: {output[-2000:]}")
+    return result
+
+
+def metric(url: str, prefix: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def statuses_text(result: WrkResult) -> str:
+    parts = [f"{status}: {count}" for status, count in sorted(result.statuses.items())]
+    errors = sum(result.errors.values())
+    return ", ".join(parts) + (f"; socket errors {errors} ({result.errors})" if errors else "")
+
+
+# -- the phases ---------------------------------------------------------------------------------------
+def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[str]]:
+    rows = [
+        "| endpoint | concurrency | requests/s | items/s | p50 ms | p99 ms | vs bare ORT | answers | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    bare_rows = [
+        "| endpoint's ORT work | bare batch 1: median ms | bare batch 32: items/s |",
+        "|---|---|---|",
+    ]
+    targets = []
+    for scenario in scenarios():
+        single_ms = median_ms(scenario.bare_single, 100)
+        batch_items_s = 32 * scenario.items / (median_ms(scenario.bare_batch32, 20) / 1000)
+        if scenario.items == 32:  # the request is itself a batch of 32: its bare work is one batch-32 run
+            batch_items_s = 32 / (single_ms / 1000)
+        bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {batch_items_s:.0f} |")
+        for concurrency in CONCURRENCY:
+            rss = Sampler(lambda: rss_mb(pid))
+            rss.start()
+            result = wrk(f"{url}{scenario.path}", scenario.body, concurrency, seconds, 30)
+            peak = max(rss.stop())
+            items_s = result.ok_per_s * scenario.items
+            if concurrency == 1:
+                versus = f"p50 {result.p50_ms / single_ms:.2f}x bare batch 1"
+                targets.append(f"- {scenario.name}, concurrency 1: p50 {result.p50_ms:.2f} ms = {versus}")
+            else:
+                versus = f"{items_s / batch_items_s:.2f}x bare batch 32"
+                if concurrency == 32:
+                    targets.append(f"- {scenario.name}, concurrency 32: {items_s:.0f} items/s = {versus}")
+            rows.append(
+                f"| {scenario.name} | {concurrency} | {result.ok_per_s:.0f} | {items_s:.0f} | {result.p50_ms:.2f} | "
+                f"{result.p99_ms:.2f} | {versus} | {statuses_text(result)} | {peak:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    return [*bare_rows, "", *rows], targets
+
+
+def overload_table(url: str, pid: int, seconds: int, timeout_s: float) -> list[str]:
+    words = " ".join((WORDS * 5)[:62])  # 64 tokens with <s> and </s>
+    pairs = [{"sentence_a": words, "sentence_b": f"{words}"} for _ in range(256)]
+    mixes = [
+        ("/knowledge-trace, 3,000 interactions, all next, attention", "/knowledge-trace", _kt_body(3000, None, True)),
+        (
+            "/similarity/batch, 256 pairs x 64 tokens, attention",
+            "/similarity/batch",
+            {"pairs": pairs, "return_attention": True},
+        ),
+    ]
+    rows = [
+        "| mix | connections | answers | p99 ms | max ms | /health p99 ms | peak RSS MB | RSS 10 s after MB "
+        "| runs after the end |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, path, body in mixes:
+        for connections in OVERLOAD_CONNECTIONS:
+            rss = Sampler(lambda: rss_mb(pid))
+            health = Sampler(health_probe(url), interval=0.05)
+            rss.start()
+            health.start()
+            result = wrk(f"{url}{path}", body, connections, seconds, timeout_s + 5)
+            runs_at_end = metric(url, "mnemo_batch_size_rows_count")
+            health_p99 = float(np.percentile(health.stop(), 99) * 1000)
+            time.sleep(10)
+            after = rss_mb(pid)
+            runs_after = metric(url, "mnemo_batch_size_rows_count") - runs_at_end
+            peak = max(rss.stop())
+            rows.append(
+                f"| {name} | {connections} | {statuses_text(result)} | {result.p99_ms:.0f} | {result.max_ms:.0f} | "
+                f"{health_p99:.1f} | {peak:.0f} | {after:.0f} | {runs_after:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+def drain(url: str, process: subprocess.Popen, in_flight: int = 32) -> str:
+    body = _kt_body(3000, [1], attention=False)
+
+    async def scenario() -> tuple[list, float]:
+        limits = httpx.Limits(max_connections=in_flight + 4)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            tasks = [asyncio.create_task(client.post(f"{url}/knowledge-trace", json=body)) for _ in range(in_flight)]
+            deadline = time.monotonic() + 30
+            while metric(url, "mnemo_http_requests_in_flight") < in_flight + 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            process.send_signal(signal.SIGTERM)
+            signalled = time.perf_counter()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.to_thread(process.wait, 120)
+            return outcomes, time.perf_counter() - signalled
+
+    outcomes, seconds = asyncio.run(scenario())
+    answered = [o.status_code for o in outcomes if isinstance(o, httpx.Response)]
+    failed = [type(o).__name__ for o in outcomes if not isinstance(o, httpx.Response)]
+    counts = {status: answered.count(status) for status in sorted(set(answered))}
+    return (
+        f"SIGTERM with {in_flight} `/knowledge-trace` requests (3,000 interactions) in flight: answers {counts}, "
+        f"connection errors {len(failed)}, exit code {process.returncode}, {seconds:.1f} s from SIGTERM to exit."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=8, help="wrk duration per throughput cell")
+    parser.add_argument("--overload-seconds", type=int, default=15)
+    parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))  # 1,024 connections, both sides
+    settings = Settings()
+    port = 18000 + os.getpid() % 1000
+    url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.gettempdir()) / "mnemo-loadtest-server.log"
+    process, cold_start = start_server(port, log)
+    try:
+        idle_rss = rss_mb(process.pid)
+        print(f"cold start {cold_start:.2f} s, RSS {idle_rss:.0f} MB", flush=True)
+        throughput, targets = throughput_table(url, process.pid, args.seconds)
+        overload = overload_table(url, process.pid, args.overload_seconds, settings.request_timeout_s)
+        drained = drain(url, process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = "\n".join(
+        [
+            "## Load (`make loadtest`)",
+            "",
+            f"Measured {when} in one run of `python -m benchmarks.load` on {os.cpu_count()} CPUs, one `python -m app`"
+            f" process with the default settings (MNEMO_INTRA_OP_THREADS={settings.intra_op_threads}, "
+            f"MNEMO_CONCURRENT_RUNS={settings.concurrent_runs}, MNEMO_MAX_BATCH={settings.max_batch}, "
+            f"MNEMO_MAX_WAIT_MS={settings.max_wait_ms:g}, MNEMO_MAX_QUEUE={settings.max_queue}, "
+            f"MNEMO_REQUEST_TIMEOUT_S={settings.request_timeout_s:g}) and its access log on; wrk on the same "
+            f"cores, {args.seconds} s per cell. Bare ONNX Runtime: the same inputs and session options, the "
+            "server idle. Items are pairs (similarity) or histories (knowledge tracing).",
+            "",
+            f"- Cold start, process start to `/ready` 200: {cold_start:.2f} s; RSS then {idle_rss:.0f} MB.",
+            *targets,
+            "",
+            *throughput,
+            "",
+            f"Overload: {args.overload_seconds} s of wrk per row (its timeout {settings.request_timeout_s + 5:g} s, "
+            'past the deadline), `/health` probed every 50 ms meanwhile; then 10 s idle. "runs after the end": ONNX '
+            "runs started after wrk's clients had gone.",
+            "",
+            *overload,
+            "",
+            drained,
+            "",
+        ]
+    )
+    write_section(args.output, "load", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
