@@ -91,6 +91,14 @@ class InvalidInput(Exception):
         return [{"loc": list(self.location), "msg": self.message, "type": "value_error"}]
 
 
+class InvalidBody(Exception):
+    """A body that failed validation, with its bounded 422 payload already built (off the event loop)."""
+
+    def __init__(self, payload: dict) -> None:
+        super().__init__("invalid body")
+        self.payload = payload
+
+
 def validation_detail(errors: Sequence[dict], prefix: tuple[str, ...] = ()) -> dict:
     """A bounded, always-encodable 422 body: the first errors (location, message, type) and the count."""
     listed = [
@@ -139,6 +147,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def body_validation(request: Request, error: ValidationError) -> JsonResponse:
         return pydantic_422(error)
+
+    @app.exception_handler(InvalidBody)
+    async def invalid_body(request: Request, error: InvalidBody) -> JsonResponse:
+        return JsonResponse(error.payload, 422)
 
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:

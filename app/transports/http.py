@@ -16,9 +16,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from app.frame.errors import DeadlineExceeded, ServiceError
+from app.frame.errors import MAX_LISTED_ERRORS, DeadlineExceeded, InvalidBody, ServiceError, validation_detail
 from app.frame.middleware import STARTED_KEY
 from app.frame.registry import ModelRegistry
 from app.runtime.offload import offload
@@ -47,14 +47,23 @@ def json_content_type(request: Request) -> bool:
     return media_type == "application/json" or media_type.endswith("+json")
 
 
+def validate(schema: type[Body], body: bytes) -> Body:
+    """Parse and validate; a failure carries its bounded 422 payload, built here rather than on the loop."""
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as error:
+        listed = error.errors(include_url=False, include_input=False, include_context=False)[:MAX_LISTED_ERRORS]
+        raise InvalidBody({**validation_detail(listed, ("body",)), "error_count": error.error_count()}) from None
+
+
 async def read_body(request: Request, schema: type[Body]) -> Body:
-    """The request body validated against `schema` (ValidationError -> 422 by the error handlers)."""
+    """The request body validated against `schema`; large bodies are parsed on a worker thread."""
     if not json_content_type(request):
         raise UnsupportedMediaType("Content-Type must be application/json.")
     body = await request.body()
     if len(body) <= INLINE_BODY_BYTES:
-        return schema.model_validate_json(body)
-    return await offload(schema.model_validate_json, body)
+        return validate(schema, body)
+    return await offload(validate, schema, body)
 
 
 async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:
