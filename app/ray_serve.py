@@ -5,10 +5,11 @@ python -m app.ray_serve --replicas 1 --max-replicas 4     # autoscaling between 
 python -m app.ray_serve --address auto --replicas 4       # on a running Ray cluster
 
 Every replica builds `app.main.create_app(settings)` with the settings the launcher read from `MNEMO_*`,
-except MNEMO_INTRA_OP_THREADS: each replica reserves `--cpus-per-replica` CPUs in Ray (default 1) and runs
-that many ONNX Runtime threads, so replicas do not oversubscribe the cores. Ray Serve's HTTP proxy listens on
-MNEMO_HOST:MNEMO_PORT and spreads requests over the replicas. Each response names the replica that answered
-in `X-Mnemo-Replica` (Ray's replica id) and `X-Mnemo-Pid` (its process id). Ray is imported only here.
+except the thread budget: each replica reserves `--cpus-per-replica` CPUs in Ray (default 1) and runs that
+many ONNX Runtime threads, one run at a time, so replicas do not oversubscribe the cores. Ray Serve's HTTP
+proxy listens on MNEMO_HOST:MNEMO_PORT and spreads requests over the replicas. Each response names the
+replica that answered in `X-Mnemo-Replica` (Ray's replica id) and `X-Mnemo-Pid` (its process id). Ray is
+imported only here.
 """
 
 from __future__ import annotations
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     """Check the settings, start Ray and Serve, deploy, then serve until SIGINT or SIGTERM."""
     args = parse_args(argv)
     try:
-        settings = Settings(intra_op_threads=args.cpus_per_replica)
+        # each replica's thread budget: its reserved CPUs as ONNX Runtime threads, one run at a time (the engine's
+        # MNEMO_CONCURRENT_RUNS; settings this version does not know are ignored)
+        settings = Settings(intra_op_threads=args.cpus_per_replica, concurrent_runs=1)
     except ValidationError as error:
         problems = "; ".join(f"MNEMO_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors())
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")

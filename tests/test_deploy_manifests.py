@@ -102,7 +102,8 @@ def test_config_map_holds_every_setting_of_the_service(base):
     from app.settings import Settings
 
     settings = config_map(base)["data"]
-    expected = {f"MNEMO_{name.upper()}" for name in Settings.model_fields} - {"MNEMO_INTRA_OP_THREADS"}
+    derived_from_cpus = {"MNEMO_INTRA_OP_THREADS", "MNEMO_CONCURRENT_RUNS"}
+    expected = {f"MNEMO_{name.upper()}" for name in Settings.model_fields} - derived_from_cpus
     assert expected | set(ENGINE_SETTINGS) <= set(settings)
     assert settings["MNEMO_HOST"] == "0.0.0.0" and settings["MNEMO_STATE_URL"].startswith("sqlite:////var/lib/mnemo/")
     known = {key.removeprefix("MNEMO_").lower(): value for key, value in settings.items()}
@@ -163,7 +164,7 @@ def test_redis_deployment_is_hardened_too(redis_overlay):
     assert_hardened(pod, container, uid=999)
 
 
-def test_kserve_inference_service_is_a_v2_custom_predictor_whose_pod_spec_validates():
+def test_kserve_inference_service_is_a_v2_custom_predictor_whose_pod_spec_validates(base):
     """The InferenceService CRD schema ships in no registry package here: its structure is checked, and the
     predictor's inlined PodSpec is validated against the Kubernetes Pod schema."""
     (service,) = [doc for doc in yaml.safe_load_all(KSERVE.read_text()) if doc]
@@ -179,6 +180,8 @@ def test_kserve_inference_service_is_a_v2_custom_predictor_whose_pod_spec_valida
     env = {item["name"]: item["value"] for item in container["env"]}
     assert env["PROTOCOL"] == "v2"
     assert int(env["MNEMO_PORT"]) == container["ports"][0]["containerPort"]
+    mnemo_env = {key: value for key, value in env.items() if key.startswith("MNEMO_") and key != "MNEMO_PORT"}
+    assert mnemo_env == {k: v for k, v in config_map(base)["data"].items() if k != "MNEMO_PORT"}  # same settings
     assert_hardened(predictor, container, uid=10001)
     assert predictor["terminationGracePeriodSeconds"] > int(env["MNEMO_DRAIN_S"])
 
