@@ -1,0 +1,198 @@
+"""deploy/: the kustomizations render (kubectl's built-in kustomize) and every object validates offline against
+the Kubernetes JSON schemas shipped in `kubernetes-validate` (strict: unknown fields are errors)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "k8s"
+KSERVE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
+KUBERNETES_VERSION = "1.32.0"  # the oldest minor the manifests promise to fit; also checked on the newest shipped
+# Fields of KServe's ComponentExtensionSpec that sit beside the inlined PodSpec in a predictor.
+KSERVE_COMPONENT_FIELDS = {
+    "minReplicas",
+    "maxReplicas",
+    "scaleTarget",
+    "scaleMetric",
+    "containerConcurrency",
+    "timeout",
+    "canaryTrafficPercent",
+    "logger",
+    "batcher",
+    "labels",
+    "annotations",
+    "deploymentStrategy",
+    "autoScaling",
+}
+ENGINE_SETTINGS = (
+    "MNEMO_MAX_BATCH",
+    "MNEMO_MAX_WAIT_MS",
+    "MNEMO_MAX_QUEUE",
+    "MNEMO_REQUEST_TIMEOUT_S",
+    "MNEMO_DRAIN_S",
+    "MNEMO_STATE_URL",
+)
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize DIR`: the real kustomize (v5, built into kubectl), no cluster needed."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (with its built-in kustomize) is needed to render deploy/k8s"
+    rendered = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert rendered.returncode == 0, rendered.stderr
+    return [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+
+
+def by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(obj["kind"], obj["metadata"]["name"]): obj for obj in objects}
+
+
+def assert_valid(obj: dict[str, Any]) -> None:
+    for version in (KUBERNETES_VERSION, kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.fixture(scope="module")
+def base() -> dict[tuple[str, str], dict[str, Any]]:
+    return by_kind(render(K8S / "base"))
+
+
+@pytest.fixture(scope="module")
+def redis_overlay() -> dict[tuple[str, str], dict[str, Any]]:
+    return by_kind(render(K8S / "overlays" / "redis"))
+
+
+def config_map(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    (name,) = [name for kind, name in objects if kind == "ConfigMap"]
+    return objects["ConfigMap", name]
+
+
+def test_base_renders_the_five_objects_and_each_validates(base):
+    kinds = sorted(kind for kind, _ in base)
+    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"]
+    for obj in base.values():
+        assert_valid(obj)
+
+
+def test_redis_overlay_adds_redis_and_points_the_state_at_it(base, redis_overlay):
+    for obj in redis_overlay.values():
+        assert_valid(obj)
+    assert set(base) - {("ConfigMap", name) for _, name in base} <= set(redis_overlay)
+    assert ("Deployment", "mnemo-redis") in redis_overlay and ("Service", "mnemo-redis") in redis_overlay
+    settings = config_map(redis_overlay)["data"]
+    assert settings["MNEMO_STATE_URL"] == "redis://mnemo-redis:6379/0"
+    assert redis_overlay["Service", "mnemo-redis"]["spec"]["ports"][0]["port"] == 6379
+    assert {k: v for k, v in settings.items() if k != "MNEMO_STATE_URL"} == {
+        k: v for k, v in config_map(base)["data"].items() if k != "MNEMO_STATE_URL"
+    }
+    # the server's pods read the overlay's ConfigMap (kustomize renamed it with a new content hash)
+    pod = redis_overlay["Deployment", "mnemo"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["envFrom"][0]["configMapRef"]["name"] == config_map(redis_overlay)["metadata"]["name"]
+
+
+def test_config_map_holds_every_setting_of_the_service(base):
+    from app.frame.settings import Settings
+
+    settings = config_map(base)["data"]
+    derived_from_cpus = {"MNEMO_INTRA_OP_THREADS", "MNEMO_CONCURRENT_RUNS"}
+    expected = {f"MNEMO_{name.upper()}" for name in Settings.model_fields} - derived_from_cpus
+    assert expected | set(ENGINE_SETTINGS) <= set(settings)
+    assert settings["MNEMO_HOST"] == "0.0.0.0" and settings["MNEMO_STATE_URL"].startswith("sqlite:////var/lib/mnemo/")
+    known = {key.removeprefix("MNEMO_").lower(): value for key, value in settings.items()}
+    Settings(**{name: value for name, value in known.items() if name in Settings.model_fields})  # they parse
+
+
+def _pod_and_container(deployment: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = deployment["spec"]["template"]["spec"]
+    return pod, pod["containers"][0]
+
+
+def assert_hardened(pod: dict[str, Any], container: dict[str, Any], uid: int) -> None:
+    """Non-root, read-only root filesystem with every mount an emptyDir, no capabilities, seccomp on."""
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == uid
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        assert "emptyDir" in volumes[mount["name"]], mount
+
+
+def test_server_deployment_is_hardened_probed_and_drains_before_it_is_killed(base):
+    pod, container = _pod_and_container(base["Deployment", "mnemo"])
+    assert_hardened(pod, container, uid=10001)
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    state_path = config_map(base)["data"]["MNEMO_STATE_URL"].removeprefix("sqlite:///")
+    assert "/tmp" in mounts and str(Path(state_path).parent) in mounts
+    assert container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"]) & set(container["resources"]["limits"])
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain = int(config_map(base)["data"]["MNEMO_DRAIN_S"])
+    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain
+
+
+def test_service_hpa_and_pdb_select_the_server_pods(base):
+    deployment = base["Deployment", "mnemo"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert base["Service", "mnemo"]["spec"]["selector"].items() <= labels.items()
+    assert base["PodDisruptionBudget", "mnemo"]["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    target = base["HorizontalPodAutoscaler", "mnemo"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", "mnemo")
+    hpa = base["HorizontalPodAutoscaler", "mnemo"]["spec"]
+    assert hpa["minReplicas"] > base["PodDisruptionBudget", "mnemo"]["spec"]["minAvailable"]
+    port = base["Service", "mnemo"]["spec"]["ports"][0]["targetPort"]
+    assert port in {p["name"] for p in _pod_and_container(deployment)[1]["ports"]}
+
+
+def test_redis_deployment_is_hardened_too(redis_overlay):
+    pod, container = _pod_and_container(redis_overlay["Deployment", "mnemo-redis"])
+    assert_hardened(pod, container, uid=999)
+
+
+def test_kserve_inference_service_is_a_v2_custom_predictor_whose_pod_spec_validates(base):
+    """The InferenceService CRD schema ships in no registry package here: its structure is checked, and the
+    predictor's inlined PodSpec is validated against the Kubernetes Pod schema."""
+    (service,) = [doc for doc in yaml.safe_load_all(KSERVE.read_text()) if doc]
+    assert service["apiVersion"] == "serving.kserve.io/v1beta1" and service["kind"] == "InferenceService"
+    assert set(service["spec"]) == {"predictor"}
+    predictor = dict(service["spec"]["predictor"])
+    extension = {key: predictor.pop(key) for key in list(predictor) if key in KSERVE_COMPONENT_FIELDS}
+    assert 1 <= extension["minReplicas"] <= extension["maxReplicas"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mnemo-predictor"}, "spec": predictor}
+    assert_valid(pod)
+    container = predictor["containers"][0]
+    assert container["name"] == "kserve-container"  # the container KServe reads PROTOCOL from
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["PROTOCOL"] == "v2"
+    assert int(env["MNEMO_PORT"]) == container["ports"][0]["containerPort"]
+    mnemo_env = {key: value for key, value in env.items() if key.startswith("MNEMO_") and key != "MNEMO_PORT"}
+    assert mnemo_env == {k: v for k, v in config_map(base)["data"].items() if k != "MNEMO_PORT"}  # same settings
+    assert_hardened(predictor, container, uid=10001)
+    assert predictor["terminationGracePeriodSeconds"] > int(env["MNEMO_DRAIN_S"])
+
+
+def test_an_invalid_manifest_is_rejected(base):
+    """The validation above can fail: a misspelt field and a wrong type are both errors."""
+    deployment = yaml.safe_load(yaml.safe_dump(base["Deployment", "mnemo"]))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        assert_valid(deployment)
+    hpa = yaml.safe_load(yaml.safe_dump(base["HorizontalPodAutoscaler", "mnemo"]))
+    hpa["spec"]["minReplicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        assert_valid(hpa)
