@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app.errors import install_error_handlers
+from app.explorer.router import router as explorer_router
 from app.logging_config import configure_logging
 from app.metrics import Metrics
 from app.middleware import BodySizeLimit, RequestContext
@@ -61,6 +62,7 @@ def create_app(settings: Settings | None = None, preparers: dict[str, Preparer] 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContext, metrics=metrics)
     app.include_router(operations.router)
+    app.include_router(explorer_router)
     for router in TASK_ROUTERS:
         app.include_router(router.router)
     return app
