@@ -9,9 +9,13 @@ const $ = (id) => document.getElementById(id);
 export function setUpSimilarity(models) {
   const picker = $("similarity-model");
   picker.replaceChildren(...models.map((model) => html("option", { value: model.name, selected: model.default }, model.name)));
-  $("similarity-form").addEventListener("submit", (event) => {
+  const form = $("similarity-form");
+  form.addEventListener("submit", (event) => {
     event.preventDefault();
     compare();
+  });
+  form.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
   });
 }
 
