@@ -179,6 +179,10 @@ def test_similarity_tab_shows_the_api_values_and_maps_of_len_tokens_squared(watc
         f"reading “{token}” (2), attended to “{token}” (2): {weight:.4f}"
     )
     watched.screenshot("similarity-1280")
+    page.get_by_text("Sentence A: attention while reading: the numbers").click()  # the weights as a table
+    table_rows = page.locator("#attention-a details table tbody tr")
+    expect(table_rows).to_have_count(len(api["tokens_a"]))
+    assert table_rows.nth(1).locator("td").nth(1).inner_text() == f"{weight:.3f}"
     page.set_viewport_size({"width": 375, "height": 800})
     assert page.evaluate("document.documentElement.scrollWidth") <= 375  # nothing wider than a phone
     watched.screenshot("similarity-375")
@@ -227,6 +231,8 @@ def test_knowledge_tab_builds_a_five_step_history_by_question_name(watched: Watc
     page.get_by_role("button", name=f"Show all {len(api['next'])}").click()
     expect(next_rows).to_have_count(len(api["next"]))
     page.get_by_role("button", name="Show the first 15").click()
+    page.get_by_text("Predicted probability of a right answer, before each step: the numbers").click()
+    expect(page.locator("#prediction-chart table tbody tr")).to_have_count(5)
 
     watched.screenshot("knowledge-1280")
     page.set_viewport_size({"width": 375, "height": 800})

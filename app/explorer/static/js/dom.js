@@ -58,3 +58,12 @@ export function drawToWidth(container, draw) {
   resizes.observe(container);
   draw(width > 0 ? width : 560);
 }
+
+/** A closed <details> titled `summary` whose content makeContent() builds the first time it is opened. */
+export function lazyDetails(summary, makeContent) {
+  const details = html("details", { class: "numbers" }, html("summary", {}, summary));
+  details.addEventListener("toggle", () => {
+    if (details.open && details.children.length === 1) details.append(makeContent());
+  });
+  return details;
+}

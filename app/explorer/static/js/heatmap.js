@@ -1,7 +1,7 @@
 // A heatmap as SVG: one <rect class="cell"> per value, coloured with viridis, the value in each cell's
 // tooltip, a readout line driven by the mouse or the arrow keys, a colour legend and the numbers as a table.
 import { colour, textColour, legendStops } from "./colormap.js";
-import { html, svg, fixed, shorten, drawToWidth } from "./dom.js";
+import { html, svg, fixed, shorten, drawToWidth, lazyDetails } from "./dom.js";
 
 let figureCount = 0;
 
@@ -134,16 +134,15 @@ function legend(low, high, gradientId, label) {
 }
 
 function numbersTable({ title, matrix, rowLabels, colLabels, rowAxis, colAxis }) {
-  const head = html("tr", {}, [html("th", { scope: "col" }, `${rowAxis} \\ ${colAxis}`),
-    ...colLabels.map((label) => html("th", { scope: "col" }, label))]);
-  const body = matrix.map((values, row) => html("tr", {}, [
-    html("th", { scope: "row" }, rowLabels[row]),
-    ...values.map((value) => html("td", {}, fixed(value, 3))),
-  ]));
-  return html("details", { class: "numbers" }, [
-    html("summary", {}, `${title}: the numbers`),
-    html("div", { class: "scroll" }, html("table", {}, [html("thead", {}, head), html("tbody", {}, body)])),
-  ]);
+  return lazyDetails(`${title}: the numbers`, () => {
+    const head = html("tr", {}, [html("th", { scope: "col" }, `${rowAxis} \\ ${colAxis}`),
+      ...colLabels.map((label) => html("th", { scope: "col" }, label))]);
+    const body = matrix.map((values, row) => html("tr", {}, [
+      html("th", { scope: "row" }, rowLabels[row]),
+      ...values.map((value) => html("td", {}, fixed(value, 3))),
+    ]));
+    return html("div", { class: "scroll" }, html("table", {}, [html("thead", {}, head), html("tbody", {}, body)]));
+  });
 }
 
 /** A label's text, cut to `length` characters; a cut one keeps the whole label as its tooltip. */

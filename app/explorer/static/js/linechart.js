@@ -1,6 +1,6 @@
 // A line chart of one probability per step as SVG: a <circle class="point"> per step (filled when the answer
 // was right, hollow when wrong), a tooltip per point, a readout driven by the mouse or the arrow keys, and a table.
-import { html, svg, fixed, drawToWidth } from "./dom.js";
+import { html, svg, fixed, drawToWidth, lazyDetails } from "./dom.js";
 
 /** Draw `values` (0..1, one per step) into `figure`; describe(step) says what a point means in one sentence. */
 export function renderLineChart(figure, options) {
@@ -61,7 +61,6 @@ function draw(figure, { title, values, correct, describe, tableHeads, tableRow }
     select((active ?? 0) + moves[event.key]);
   });
 
-  const rows = values.map((_, step) => html("tr", {}, tableRow(step).map((cell, i) => html(i ? "td" : "th", i ? {} : { scope: "row" }, cell))));
   figure.replaceChildren(
     html("figcaption", {}, title),
     html("div", { class: "scroll" }, chart),
@@ -70,12 +69,10 @@ function draw(figure, { title, values, correct, describe, tableHeads, tableRow }
       html("span", { class: "swatch right", "aria-hidden": "true" }), "answered right",
       html("span", { class: "swatch wrong", "aria-hidden": "true" }), "answered wrong",
     ]),
-    html("details", { class: "numbers" }, [
-      html("summary", {}, `${title}: the numbers`),
-      html("div", { class: "scroll" }, html("table", {}, [
-        html("thead", {}, html("tr", {}, tableHeads.map((head) => html("th", { scope: "col" }, head)))),
-        html("tbody", {}, rows),
-      ])),
-    ]),
+    lazyDetails(`${title}: the numbers`, () => html("div", { class: "scroll" }, html("table", {}, [
+      html("thead", {}, html("tr", {}, tableHeads.map((head) => html("th", { scope: "col" }, head)))),
+      html("tbody", {}, values.map((_, step) => html("tr", {}, tableRow(step).map((cell, column) =>
+        html(column ? "td" : "th", column ? {} : { scope: "row" }, cell))))),
+    ]))),
   );
 }
