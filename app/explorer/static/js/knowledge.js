@@ -116,7 +116,7 @@ function drawHistory() {
   $("history-count").textContent = `${state.history.length} answer${state.history.length === 1 ? "" : "s"}`;
   $("trace").disabled = state.history.length === 0;
   $("history").replaceChildren(...state.history.map((step, index) => {
-    const toggle = html("button", { type: "button", class: step.correct ? "answer right" : "answer wrong", "aria-pressed": step.correct,
+    const toggle = html("button", { type: "button", class: step.correct ? "answer right" : "answer wrong", "aria-pressed": String(step.correct),
       "aria-label": `Step ${index + 1} answered ${step.correct ? "right" : "wrong"}; press to change` },
       step.correct ? "✓ right" : "✗ wrong");
     toggle.addEventListener("click", () => {
