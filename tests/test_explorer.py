@@ -8,6 +8,7 @@ go to tmp/artifacts/explorer/ (or MNEMO_TEST_ARTIFACTS_DIR).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -125,12 +126,11 @@ class Watched:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=True)
 
-    def assert_clean(self, expected_failures: int = 0) -> None:
-        """No console error except Chromium's line for each HTTP error the test provoked on purpose; no foreign URL."""
-        failed_loads = [text for text in self.console_errors if text.startswith("Failed to load resource")]
-        others = [text for text in self.console_errors if text not in failed_loads]
-        assert others == []
-        assert len(failed_loads) == expected_failures, failed_loads
+    def assert_clean(self, expected_statuses: tuple[int, ...] = ()) -> None:
+        """No console error but Chromium's line for each HTTP error status the test provoked; no foreign URL."""
+        failed = [re.search(r"status of (\d+)", text) for text in self.console_errors]
+        assert [text for text, status in zip(self.console_errors, failed, strict=True) if not status] == []
+        assert [int(status[1]) for status in failed] == list(expected_statuses), self.console_errors
         assert all(url.startswith(self.origin + "/") for url in self.requests), self.requests
 
 
@@ -266,7 +266,7 @@ def test_errors_are_shown_in_the_page(watched: Watched, server: str):
     page.get_by_role("button", name="Trace").click()
     expect(page.locator("#kt-error")).to_contain_text("422")
     expect(page.locator("#kt-error")).to_contain_text("interactions.1.question")
-    watched.assert_clean(expected_failures=2)
+    watched.assert_clean(expected_statuses=(422, 422))
 
 
 def test_the_page_and_its_files_come_from_the_server_with_a_strict_content_security_policy(server: str):

@@ -26,8 +26,13 @@ for (const tab of tabs) {
     selectTab(tabs[(target + tabs.length) % tabs.length], true);
   });
 }
-const linked = document.getElementById(`tab-${location.hash.slice(1)}`);
-if (linked) selectTab(linked, false);
+/** The tab named by the URL's fragment (#similarity, #knowledge), if any. */
+function selectLinkedTab() {
+  const linked = document.getElementById(`tab-${location.hash.slice(1)}`);
+  if (linked) selectTab(linked, false);
+}
+selectLinkedTab();
+window.addEventListener("hashchange", selectLinkedTab);
 
 async function start() {
   const status = document.getElementById("status");
