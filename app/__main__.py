@@ -1,14 +1,14 @@
-"""`python -m app`: serve with uvicorn on MNEMO_HOST:MNEMO_PORT; a bad provider fails before serving."""
+"""`python -m app`: serve with uvicorn on MNEMO_HOST:MNEMO_PORT; bad settings or provider fail before serving."""
 
 from __future__ import annotations
 
 import sys
 
-import uvicorn
 from pydantic import ValidationError
 
-from app.providers import ProviderUnavailable, resolve_provider
-from app.settings import Settings
+from app.frame.providers import ProviderUnavailable, resolve_provider
+from app.frame.settings import Settings
+from app.server import serve
 
 
 def main() -> None:
@@ -17,12 +17,13 @@ def main() -> None:
         settings = Settings()
         resolve_provider(settings.provider)
     except ValidationError as error:
-        problems = "; ".join(f"MNEMO_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(
+            f"MNEMO_{'.'.join(map(str, e['loc'])).upper() or 'SETTINGS'}: {e['msg']}" for e in error.errors()
+        )
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
-    # access_log=False: the app logs one access line per request itself (app/middleware.py)
-    uvicorn.run("app.main:app", host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    serve(settings)
 
 
 if __name__ == "__main__":

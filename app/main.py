@@ -1,27 +1,37 @@
-"""The FastAPI application: `create_app(settings)` and the module-level `app` for `uvicorn app.main:app`."""
+"""The FastAPI application: `create_app(settings, tasks)` and the module-level `app` for `uvicorn app.main:app`.
+
+Layers, bottom up: the frame (settings, providers, registry, errors, middleware, metrics, logging),
+the runtime (run slots and a batcher per model), the tasks (a service, schemas and an HTTP adapter
+each; app/tasks/__init__.py registers them) and the transports (operations endpoints).
+Graceful drain on SIGTERM needs `python -m app` (app/server.py).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
-from starlette.concurrency import run_in_threadpool
+from fastapi.openapi.utils import get_openapi
 
-from app.errors import install_error_handlers
 from app.explorer.router import router as explorer_router
-from app.logging_config import configure_logging
-from app.metrics import Metrics
-from app.middleware import BodySizeLimit, RequestContext
-from app.registry import ModelRegistry, Preparer
-from app.routers import knowledge_trace, operations, similarity
-from app.settings import Settings
+from app.frame.drain import Drain
+from app.frame.errors import install_error_handlers
+from app.frame.logging import configure_logging
+from app.frame.metrics import Metrics
+from app.frame.middleware import BodySizeLimit, DrainGate, RequestContext
+from app.frame.registry import ModelRegistry
+from app.frame.settings import Settings
+from app.frame.tasks import Task
+from app.runtime.engine import Engine
+from app.runtime.offload import offload
+from app.tasks import TASKS
+from app.transports import operations
+from app.transports.http import add_body_schemas
 
 logger = logging.getLogger("mnemo")
-# Each task router module exposes `router` (an APIRouter), `TASK` and `prepare(model, settings) -> None`,
-# which the registry runs at startup for every model of that task (see app/registry.py).
-TASK_ROUTERS = (similarity, knowledge_trace)
 DESCRIPTION = """Memory-augmented neural models behind one API:
 
 * **POST /similarity**, **/similarity/batch**: LSTM_RMC (Relational Memory Core) sentence-pair model
@@ -29,42 +39,64 @@ DESCRIPTION = """Memory-augmented neural models behind one API:
 * **POST /knowledge-trace**: DKVMN knowledge tracing: per-step and next-question correctness
   probabilities, per-concept mastery and the correlation-weight attention.
 
-Models run in ONNX Runtime; `GET /models` lists them with the execution provider in use."""
+Models run in ONNX Runtime; `GET /models` lists them with the execution provider in use. Concurrent
+requests for a model are batched; a full queue answers 429 with Retry-After, a request past its
+deadline 504."""
 
 
-def create_app(settings: Settings | None = None, preparers: dict[str, Preparer] | None = None) -> FastAPI:
+def package_version() -> str:
+    try:
+        return version("mnemo")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | None = None) -> FastAPI:
     """Build the app; models are loaded, verified, warmed and prepared in the lifespan, before it serves.
 
-    `preparers` replaces the task routers' own (`{TASK: prepare}`); tests of the frame pass `{}` or
-    their own to serve toy models under a task name.
+    `tasks` replaces the registered task families (`app.tasks.TASKS`); the frame tests pass a toy task.
     """
     settings = settings or Settings()
+    tasks = TASKS if tasks is None else tasks
     configure_logging(settings.log_level, settings.log_format)
     metrics = Metrics()
-    preparers = {router.TASK: router.prepare for router in TASK_ROUTERS} if preparers is None else preparers
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = ModelRegistry(settings, preparers, metrics)
+        registry = ModelRegistry(settings, tasks, metrics)
         try:
-            await run_in_threadpool(registry.load)
+            await offload(registry.load)
         except Exception as error:
             logger.error("startup failed: %s", error)
             raise
+        engine = Engine(registry, settings, metrics)
         app.state.registry = registry
         logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
-        yield
+        try:
+            yield
+        finally:
+            await engine.stop()
 
-    app = FastAPI(title="mnemo", version="1.0.0", description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="mnemo", version=package_version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.drain = Drain()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(DrainGate, drain=app.state.drain)
     app.add_middleware(RequestContext, metrics=metrics)
     app.include_router(operations.router)
     app.include_router(explorer_router)
-    for router in TASK_ROUTERS:
-        app.include_router(router.router)
+    for task in tasks.values():
+        app.include_router(task.router)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            app.openapi_schema = add_body_schemas(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

@@ -6,20 +6,22 @@ python -m export.similarity --run runs/sim/vlmp --name rmc-vlmp-sick --default
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
-from app.inference.similarity import ENTAILMENT_LABELS, encode, score_pairs
-from app.inference.word_vectors import WordVectors
+from app.tasks.similarity.attention import combined_map
+from app.tasks.similarity.tokenizer import tokenize
+from app.tasks.similarity.vectors import DEFAULT_VOCABULARY, VOCABULARY_FILE, WordVectors
 from export.cards import data_files_table, exporter_parser, notes_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
 from models.rmc import RMCConfig, SentencePairModel
-from models.sick_data import read_split
+from models.sick_data import ENTAILMENT_LABELS, read_split
 from models.training import load_checkpoint
 
 PARITY_TOLERANCE = 1e-4
@@ -82,13 +84,13 @@ def export_pair_model(model: SentencePairModel, path: Path) -> None:
 def check_parity(model: SentencePairModel, path: Path, vectors: WordVectors, pairs) -> float:
     """Max |ONNX - PyTorch (Python loop)| over all outputs on real SICK pairs, padded as a batch."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    encoded = [(encode(p.sentence_a, vectors), encode(p.sentence_b, vectors)) for p in pairs]
-    length = max(max(len(a.tokens), len(b.tokens)) for a, b in encoded)
+    encoded = [(vectors.embed(tokenize(p.sentence_a))[0], vectors.embed(tokenize(p.sentence_b))[0]) for p in pairs]
+    length = max(max(len(a), len(b)) for a, b in encoded)
     emb = np.zeros((2, len(encoded), length, model.config.embed_dim), dtype=np.float32)
     for row, (a, b) in enumerate(encoded):
-        emb[0, row, : len(a.tokens)], emb[1, row, : len(b.tokens)] = a.vectors, b.vectors
-    len_a = np.array([len(a.tokens) for a, _ in encoded], dtype=np.int64)
-    len_b = np.array([len(b.tokens) for _, b in encoded], dtype=np.int64)
+        emb[0, row, : len(a)], emb[1, row, : len(b)] = a, b
+    len_a = np.array([len(a) for a, _ in encoded], dtype=np.int64)
+    len_b = np.array([len(b) for _, b in encoded], dtype=np.int64)
     with torch.no_grad():
         expected = model(
             torch.from_numpy(emb[0]),
@@ -106,19 +108,18 @@ def attention_figure(path: Path, vectors: WordVectors, model_file: Path, config:
     """Heatmaps of both sentences' combined attention maps for one test pair, from the ONNX graph."""
     session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
 
-    def run(feeds):
-        return dict(zip(OUTPUTS, session.run(None, feeds), strict=True))
-
-    pair_input = (encode(pair.sentence_a, vectors), encode(pair.sentence_b, vectors))
-    result = score_pairs(run, [pair_input], config.pointer, config.window, True)[0]
-    for suffix, sentence, matrix in (
-        ("a", result.sentence_a, result.attention_a),
-        ("b", result.sentence_b, result.attention_b),
-    ):
+    for suffix, sentence in (("a", pair.sentence_a), ("b", pair.sentence_b)):
+        tokens = tokenize(sentence)
+        emb = vectors.embed(tokens)[0][np.newaxis]
+        length = np.array([len(tokens)], dtype=np.int64)
+        outputs = dict(
+            zip(OUTPUTS, session.run(None, {"emb_a": emb, "len_a": length, "emb_b": emb, "len_b": length}), strict=True)
+        )
+        matrix = combined_map(outputs["attn_a_fwd"][0], outputs["attn_a_bwd"][0], config.pointer, config.window)
         heatmap(
             matrix,
-            sentence.tokens,
-            sentence.tokens,
+            tokens,
+            tokens,
             f"{name}: attention, sentence {suffix} (row = step read, column = token attended)",
             path.with_name(f"{path.stem}.{suffix}.png"),
             xlabel="token attended",
@@ -260,6 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     specials_file = f"{args.name}.specials.npy"
     np.save(args.artifacts / specials_file, specials)
+    vocabulary = args.artifacts / VOCABULARY_FILE
+    if not vocabulary.exists():
+        shutil.copyfile(DEFAULT_VOCABULARY, vocabulary)
     size_mb = onnx_file.stat().st_size / 1e6
     write_card(args.artifacts / f"{args.name}.md", args.name, result, parity, example, size_mb, args.notes)
     test = result["test"]
@@ -293,7 +297,10 @@ def main(argv: list[str] | None = None) -> None:
                 "embeddings": "glove-6b-50d",
                 "entailment_labels": list(ENTAILMENT_LABELS),
             },
-            "assets": {"special_vectors": {"file": specials_file}},
+            "assets": {
+                "special_vectors": {"file": specials_file},
+                "vocabulary": {"file": VOCABULARY_FILE},
+            },
             "card": f"{args.name}.md",
         },
     )

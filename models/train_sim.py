@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 from tqdm import tqdm
 
-from app.inference.tokenizer import tokenize
-from app.inference.word_vectors import WordVectors, special_vectors
+from app.tasks.similarity.tokenizer import tokenize
+from app.tasks.similarity.vectors import WordVectors, special_vectors
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
 from models.training import (

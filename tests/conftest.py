@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny models trained, exported and listed in a manifest by the project's own commands."""
+"""Shared fixtures.
+
+Serving tests need only the serving and dev dependencies: they run the real app on the committed
+models (`client`) or on toy ONNX graphs (`toy_artifacts`). The pipeline fixture `tiny_artifacts`
+(train -> export -> manifest on generated data) needs the train extra (torch) and skips without it.
+"""
 
 from __future__ import annotations
 
@@ -11,56 +16,37 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
-from app.settings import Settings
-from export import kt as export_kt
-from export import similarity as export_similarity
-from models import train_kt, train_sim
 from tests.synthetic_data import write_sick, write_synthetic_kt
-from tests.toy_model import toy_entry, write_toy_artifacts
+from tests.toy_model import OTHER_TASK, toy_entry, write_toy_artifacts
 
 KT_MODEL = "dkvmn-synthetic"
 SIM_MODEL = "rmc-vlmp-sick"
 FLMP_MODEL = "rmc-flmp-sick"
+COMMITTED = DEFAULT_ARTIFACTS_DIR
 
 
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Train → export → manifest, in seconds, on generated data: the whole offline pipeline for real."""
+    pytest.importorskip("torch", reason="the training pipeline needs the train extra")
+    from export import kt as export_kt
+    from export import similarity as export_similarity
+    from models import train_kt, train_sim
+
     root = tmp_path_factory.mktemp("pipeline")
     kt_data = write_synthetic_kt(root / "kt")
     sick_data = write_sick(root / "sick")
     artifacts = root / "artifacts"
     runs = root / "runs"
-    train_kt.main(
-        [
-            "--dataset",
-            "synthetic-v0",
-            "--data-dir",
-            str(kt_data),
-            "--epochs",
-            "2",
-            "--out",
-            str(runs / "synthetic-v0"),
-            "--no-progress",
-        ]
-    )
+    kt_run = ["--dataset", "synthetic-v0", "--data-dir", str(kt_data), "--epochs", "2"]
+    train_kt.main([*kt_run, "--out", str(runs / "synthetic-v0"), "--no-progress"])
     export_kt.main(
         ["--run", str(runs / "synthetic-v0"), "--name", KT_MODEL, "--artifacts", str(artifacts), "--default"]
     )
-    tiny = [
-        "--heads",
-        "2",
-        "--head-size",
-        "8",
-        "--fc-dim",
-        "16",
-        "--epochs",
-        "1",
-        "--no-progress",
-        "--data-dir",
-        str(sick_data),
-    ]
+    tiny = ["--heads", "2", "--head-size", "8", "--fc-dim", "16", "--epochs", "1", "--no-progress"]
+    tiny += ["--data-dir", str(sick_data)]
     train_sim.main(["--pointer", "vlmp", "--out", str(runs / "vlmp"), *tiny])
     export_similarity.main(
         ["--run", str(runs / "vlmp"), "--name", SIM_MODEL, "--artifacts", str(artifacts), "--default"]
@@ -71,15 +57,15 @@ def tiny_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def artifacts_copy(tiny_artifacts: Path, tmp_path: Path) -> Path:
-    """A private copy a test may tamper with."""
-    return Path(shutil.copytree(tiny_artifacts, tmp_path / "artifacts"))
+def artifacts_copy(tmp_path: Path) -> Path:
+    """A private copy of the committed artifacts that a test may tamper with."""
+    return Path(shutil.copytree(COMMITTED, tmp_path / "artifacts"))
 
 
 @pytest.fixture(scope="session")
-def client(tiny_artifacts: Path) -> Iterator[TestClient]:
-    """The real app over HTTP (TestClient) on the tiny models, CPU provider."""
-    settings = Settings(artifacts_dir=tiny_artifacts, provider="cpu", intra_op_threads=1)
+def client() -> Iterator[TestClient]:
+    """The real app over HTTP (TestClient) on the committed models, CPU provider."""
+    settings = Settings(artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1)
     with TestClient(create_app(settings)) as test_client:
         yield test_client
 
@@ -95,7 +81,7 @@ TOY_NAMES = ("toy-a", "toy-b", "toy-kt")
 @pytest.fixture
 def toy_artifacts(tmp_path: Path) -> Path:
     """toy-a (default) and toy-b of the toy task, toy-kt of the other task; private to the test."""
-    entries = [toy_entry("toy-a", default=True), toy_entry("toy-b"), toy_entry("toy-kt", task="knowledge-trace")]
+    entries = [toy_entry("toy-a", default=True), toy_entry("toy-b"), toy_entry("toy-kt", task=OTHER_TASK)]
     return write_toy_artifacts(tmp_path / "toy-artifacts", entries)
 
 
@@ -120,7 +106,7 @@ class _Records(logging.Handler):
 def mnemo_logs() -> Iterator[_Records]:
     """Log records of the service's loggers (they do not propagate to the root, so caplog misses them)."""
     handler = _Records()
-    names = ("mnemo.access", "mnemo.providers", "mnemo.registry", "mnemo.errors")
+    names = ("mnemo.access", "mnemo.providers", "mnemo.registry", "mnemo.errors", "mnemo.server")
     for name in names:
         logging.getLogger(name).addHandler(handler)
     yield handler

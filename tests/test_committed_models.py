@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
-from app.settings import DEFAULT_ARTIFACTS_DIR, Settings
 
 KT_MODELS = {"dkvmn-assist2009", "dkvmn-assist2015", "dkvmn-statics", "dkvmn-synthetic"}
 SIMILARITY_MODELS = {"rmc-vlmp-sick", "rmc-flmp-sick"}

@@ -100,28 +100,3 @@ def test_loader_chunks_students_and_names_the_bad_line(tmp_path):
     out_of_range.write_text("1\n9\n1\n")
     with pytest.raises(KTDataError, match=r"range.csv:2: question ids must be in 1..5"):
         read_students(out_of_range, 5)
-
-
-def test_long_history_in_chunks_carrying_memory_equals_one_pass(model, tmp_path):
-    from app.inference.knowledge_trace import trace_history
-
-    path = tmp_path / "dkvmn.onnx"
-    export_dkvmn(model, path)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
-
-    def run(feeds):
-        return dict(zip(names, session.run(None, feeds), strict=True))
-
-    q, r, _ = _batch([23], 23, seed=5)
-    init = model.init_value_memory.detach().numpy()
-    whole = trace_history(run, init, 100, q[0].numpy(), r[0].numpy())
-    chunked = trace_history(run, init, 5, q[0].numpy(), r[0].numpy())
-    assert whole.mastery.shape == (24, CONFIG.memory_size)
-    for a, b in (
-        (whole.predictions, chunked.predictions),
-        (whole.mastery, chunked.mastery),
-        (whole.attention, chunked.attention),
-        (whole.memory, chunked.memory),
-    ):
-        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

@@ -1,15 +1,16 @@
-"""create_app: both task routers with their preparers; settings from MNEMO_*."""
+"""create_app: the registered task families; settings from MNEMO_*, including the engine's and the thread budget."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.main import TASK_ROUTERS, create_app
-from app.settings import DEFAULT_ARTIFACTS_DIR, Settings
+from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
+from app.main import create_app
+from app.tasks import TASKS
 
 
-def test_both_task_routers_are_included_with_their_preparers():
-    assert {router.TASK for router in TASK_ROUTERS} == {"similarity", "knowledge-trace"}
+def test_both_tasks_are_registered_with_their_routes():
+    assert set(TASKS) == {"similarity", "knowledge-trace"}
     paths = set(create_app(Settings(provider="cpu")).openapi()["paths"])
     assert {"/similarity", "/similarity/batch", "/knowledge-trace", "/health", "/ready", "/models", "/metrics"} <= paths
 
@@ -26,6 +27,11 @@ def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
         "LOG_FORMAT": "json",
         "MAX_BODY_BYTES": "2048",
         "ON_MODEL_ERROR": "skip",
+        "MAX_BATCH": "8",
+        "MAX_WAIT_MS": "5",
+        "MAX_QUEUE": "100",
+        "REQUEST_TIMEOUT_S": "2.5",
+        "DRAIN_S": "7",
     }.items():
         monkeypatch.setenv(f"MNEMO_{name}", value)
     settings = Settings()
@@ -37,6 +43,16 @@ def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
     )
     assert (settings.intra_op_threads, settings.log_level, settings.log_format) == (3, "debug", "json")
     assert (settings.max_body_bytes, settings.on_model_error) == (2048, "skip")
+    assert (settings.max_batch, settings.max_wait_ms, settings.max_queue) == (8, 5.0, 100)
+    assert (settings.request_timeout_s, settings.drain_s) == (2.5, 7.0)
     monkeypatch.setenv("MNEMO_PROVIDER", "gpu")
     with pytest.raises(ValueError, match="provider"):
         Settings()
+
+
+def test_the_thread_budget_fits_the_cpus():
+    cpus = usable_cpus()
+    assert Settings(provider="cpu", intra_op_threads=1).concurrent_runs == cpus
+    assert Settings(provider="cpu", intra_op_threads=cpus).concurrent_runs == 1
+    with pytest.raises(ValueError, match="exceeds"):
+        Settings(provider="cpu", intra_op_threads=cpus, concurrent_runs=2)

@@ -74,7 +74,7 @@ def test_ci_runs_exactly_make_test_and_fails_on_any_error():
 
 
 def test_readme_documents_every_setting():
-    from app.settings import Settings
+    from app.frame.settings import Settings
 
     readme = (ROOT / "README.md").read_text()
     for name in Settings.model_fields:

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto
 
-from app.integrity import sha256_of
-from app.logging_config import JsonFormatter
+from app.frame.integrity import sha256_of
+from app.frame.logging import JsonFormatter
 from tests.conftest import toy_settings
 from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
 
@@ -30,12 +30,12 @@ def test_operations_endpoints(toy_client, toy_artifacts):
     listed = {m["name"]: m for m in toy_client.get("/models").json()["models"]}
     assert set(listed) == {"toy-a", "toy-b", "toy-kt"}
     toy_a = listed["toy-a"]
-    assert toy_a["task"] == "similarity" and listed["toy-kt"]["task"] == "knowledge-trace"
+    assert toy_a["task"] == "toy" and listed["toy-kt"]["task"] == "toy-other"
     assert toy_a["version"] == "0.0.1" and toy_a["sha256"] == sha256_of(toy_artifacts / "toy-a.onnx")
     assert toy_a["provider"] == "CPUExecutionProvider" and toy_a["ready"] is True
     assert toy_a["default"] is True and listed["toy-b"]["default"] is False
-    assert toy_a["limits"] == {"max_batch": 4} and toy_a["metrics"] == {"test_score": 1.0}
-    assert toy_a["metadata"] == {"width": 3}
+    assert toy_a["limits"] == {"max_rows": 64} and toy_a["metrics"] == {"test_score": 1.0}
+    assert toy_a["metadata"] == {"width": 3} and toy_a["width"] == 3  # the task's own fields
     assert toy_client.get("/docs").status_code == 200
     assert {"/health", "/ready", "/models", "/metrics", "/toy"} <= set(toy_client.get("/openapi.json").json()["paths"])
 
@@ -49,7 +49,7 @@ def test_inference_through_the_registry(toy_client):
 def test_unknown_model_is_404_listing_the_names_of_the_task(toy_client):
     response = toy_client.post("/toy", json={**GOOD, "model": "toy-z"})
     assert response.status_code == 404
-    assert response.json() == {"detail": "Unknown similarity model 'toy-z'; available: toy-a, toy-b."}
+    assert response.json() == {"detail": "Unknown toy model 'toy-z'; available: toy-a, toy-b."}
 
 
 # -- 422: one shape for schema errors, model rules and inputs onnxruntime rejects ----------------------
@@ -70,8 +70,8 @@ def test_invalid_input_is_422_in_the_same_shape(toy_client):
     assert response.json() == {
         "detail": [{"loc": ["body", "k", 1], "msg": "k must be >= 0, got -4", "type": "value_error"}]
     }
-    too_many = toy_client.post("/toy", json={"x": [[1, 2, 3]] * 5, "k": [1] * 5})
-    assert _assert_validation_shape(too_many, ["body", "k"]) == "at most 4 items"
+    too_many = toy_client.post("/toy", json={"x": [[1, 2, 3]] * 65, "k": [1] * 65})
+    assert _assert_validation_shape(too_many, ["body", "k"]) == "at most 64 items"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The verified registry on toy ONNX models: hashes, assets, warm-up, preparers, defaults, not-ready handling."""
+"""The verified registry on toy ONNX models: hashes, assets, warm-up, task state, defaults, not-ready handling."""
 
 from __future__ import annotations
 
@@ -9,16 +9,24 @@ import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto
 
-from app.errors import ModelNotReady, UnknownModel
-from app.integrity import sha256_of
-from app.metrics import Metrics
-from app.registry import ModelLoadError, ModelRegistry
+from app.frame.errors import ModelNotReady, UnknownModel
+from app.frame.integrity import sha256_of
+from app.frame.metrics import Metrics
+from app.frame.registry import ModelLoadError, ModelRegistry
 from tests.conftest import toy_settings
-from tests.toy_model import TOY_TASK, toy_app, toy_entry, write_empty_manifest, write_toy_artifacts
+from tests.toy_model import (
+    OTHER_TASK,
+    TOY_TASK,
+    toy_app,
+    toy_entry,
+    toy_tasks,
+    write_empty_manifest,
+    write_toy_artifacts,
+)
 
 
-def _registry(artifacts, preparers=None, **overrides) -> ModelRegistry:
-    registry = ModelRegistry(toy_settings(artifacts, **overrides), preparers or {}, Metrics())
+def _registry(artifacts, prepare=None, **overrides) -> ModelRegistry:
+    registry = ModelRegistry(toy_settings(artifacts, **overrides), toy_tasks(prepare), Metrics())
     registry.load()
     return registry
 
@@ -27,11 +35,11 @@ def test_models_are_verified_loaded_with_their_assets_and_ready(toy_artifacts):
     registry = _registry(toy_artifacts)
     assert registry.ready and set(registry.models) == {"toy-a", "toy-b", "toy-kt"}
     model = registry.models["toy-a"]
-    assert model.sha256 == sha256_of(toy_artifacts / "toy-a.onnx")
+    assert model.entry.sha256 == sha256_of(toy_artifacts / "toy-a.onnx")
     assert model.provider == "CPUExecutionProvider" and model.session is not None
     np.testing.assert_array_equal(model.assets["scale"], np.arange(4, dtype=np.float32))
-    assert (model.limits, model.metrics, model.metadata, model.card) == (
-        {"max_batch": 4},
+    assert (model.limits, model.entry.metrics, model.metadata, model.entry.card) == (
+        {"max_rows": 64},
         {"test_score": 1.0},
         {"width": 3},
         "toy-a.md",
@@ -53,7 +61,7 @@ def test_get_returns_the_named_model_else_the_task_default(toy_artifacts):
     registry = _registry(toy_artifacts)
     assert registry.get(None, TOY_TASK).name == "toy-a"  # default: true
     assert registry.get("toy-b", TOY_TASK).name == "toy-b"
-    assert registry.get(None, "knowledge-trace").name == "toy-kt"  # the only one of its task
+    assert registry.get(None, OTHER_TASK).name == "toy-kt"  # the only one of its task
     with pytest.raises(UnknownModel, match="'nope'; available: toy-a, toy-b"):
         registry.get("nope", TOY_TASK)
     with pytest.raises(UnknownModel, match="available: toy-a, toy-b"):
@@ -67,28 +75,28 @@ def test_warm_up_fills_any_integer_type(tmp_path):
     assert registry.models["toy-int32"].ready
 
 
-def test_preparers_run_once_per_model_of_their_task_before_ready(toy_artifacts):
+def test_prepare_runs_once_per_model_of_its_task_before_ready(toy_artifacts):
     calls = []
 
-    def prepare(model, settings):
+    def prepare(model):
         assert model.session is not None and "scale" in model.assets  # verified, loaded and warmed first
-        assert settings.provider == "cpu"
-        model.state["scale_sum"] = float(model.assets["scale"].sum())
         calls.append(model.name)
+        return {"scale_sum": float(model.assets["scale"].sum()), "name": model.name}
 
-    registry = _registry(toy_artifacts, preparers={TOY_TASK: prepare})
+    registry = _registry(toy_artifacts, prepare)
     assert sorted(calls) == ["toy-a", "toy-b"]
-    assert registry.models["toy-a"].state == {"scale_sum": 6.0} and registry.models["toy-kt"].state == {}
+    assert registry.models["toy-a"].state == {"scale_sum": 6.0, "name": "toy-a"}
+    assert registry.models["toy-kt"].state == {"scale_sum": 6.0}  # the other task's own prepare
 
 
-def test_a_failing_preparer_stops_startup_or_leaves_the_model_not_ready(toy_artifacts):
-    def prepare(model, settings):
+def test_a_failing_prepare_stops_startup_or_leaves_the_model_not_ready(toy_artifacts):
+    def prepare(model):
         if model.name == "toy-b":
             raise ValueError("toy-b lacks its vocabulary")
 
     with pytest.raises(ModelLoadError, match="toy-b: toy-b lacks its vocabulary"):
-        _registry(toy_artifacts, preparers={TOY_TASK: prepare})
-    registry = _registry(toy_artifacts, preparers={TOY_TASK: prepare}, on_model_error="skip")
+        _registry(toy_artifacts, prepare)
+    registry = _registry(toy_artifacts, prepare, on_model_error="skip")
     assert not registry.ready and registry.models["toy-a"].ready and not registry.models["toy-b"].ready
     with pytest.raises(ModelNotReady, match="toy-b is not ready: toy-b lacks its vocabulary"):
         registry.get("toy-b", TOY_TASK)
@@ -129,7 +137,7 @@ def test_tampered_file_in_skip_mode_is_listed_not_ready_and_never_served(toy_art
 
 def test_missing_model_file_is_a_clear_error(toy_artifacts):
     (toy_artifacts / "toy-kt.onnx").unlink()
-    with pytest.raises(ModelLoadError, match=r"toy-kt: model file .*toy-kt\.onnx is missing"):
+    with pytest.raises(ModelLoadError, match=r"toy-kt: model file toy-kt\.onnx is missing"):
         _registry(toy_artifacts)
 
 
@@ -149,16 +157,18 @@ def test_empty_manifest_is_valid_and_ready(tmp_path):
         assert client.get("/ready").json() == {"status": "ready", "models": 0}
         assert client.get("/models").json() == {"models": []}
         response = client.post("/toy", json={"x": [[1, 2, 3]], "k": [1]})
-        assert response.status_code == 404 and "No similarity model" in response.json()["detail"]
+        assert response.status_code == 404 and "No toy model" in response.json()["detail"]
 
 
 @pytest.mark.parametrize(
     ("manifest", "message"),
     [
-        (None, "no manifest at .* \\(set MNEMO_ARTIFACTS_DIR\\)"),
-        ("{not json", "is not a valid manifest"),
-        ({"models": [{"name": "x"}]}, "entry x lacks task, version, file, sha256"),
-        ({"models": [{**toy_entry("x", task="chat"), "sha256": "0"}]}, "unknown task 'chat'"),
+        (None, "no manifest.json in .* \\(set MNEMO_ARTIFACTS_DIR\\)"),
+        ("{not json", "manifest.json is not JSON"),
+        ("[]", "does not match the schema: the manifest: Input should be a valid dictionary"),
+        ({"models": [{"name": "x"}]}, "models.0.task: Field required"),
+        ({"models": [{**toy_entry("x", assets={}), "limits": {"max_rows": "x"}, "sha256": "0" * 64}]}, "max_rows"),
+        ({"models": [{**toy_entry("x", task="chat", assets={}), "sha256": "0" * 64}]}, "unknown task 'chat'"),
     ],
 )
 def test_a_broken_manifest_is_a_clear_startup_error(tmp_path, manifest, message):
@@ -171,5 +181,5 @@ def test_a_broken_manifest_is_a_clear_startup_error(tmp_path, manifest, message)
 
 def test_two_defaults_for_one_task_are_refused(tmp_path):
     artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a", default=True), toy_entry("toy-b", default=True)])
-    with pytest.raises(ModelLoadError, match="at most one default similarity model, not toy-a, toy-b"):
+    with pytest.raises(ModelLoadError, match="at most one default toy model, not toy-a, toy-b"):
         _registry(artifacts)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.inference.similarity import combined_map, direction_map
-from app.inference.tokenizer import tokenize
-from app.inference.word_vectors import WordVectors, special_vectors
+from app.tasks.similarity.attention import combined_map, direction_map
+from app.tasks.similarity.tokenizer import tokenize
+from app.tasks.similarity.vectors import WordVectors, build_vocabulary, special_vectors
 
 
 def test_tokenizer_strips_punctuation_lowercases_and_marks_numbers():
@@ -58,6 +58,14 @@ def test_every_glove_word_gets_its_vector_and_unknown_words_are_reported():
     matrix, unknown = vectors.embed(["<s>", "guitar", "qzxqzxqzx", "</s>"])
     assert unknown == ["qzxqzxqzx"]
     np.testing.assert_array_equal(matrix[0], specials[0])
-    np.testing.assert_array_equal(matrix[1], vectors.matrix[vectors.index["guitar"]])
+    np.testing.assert_array_equal(matrix[1], vectors.matrix[3822])  # "guitar" is row 3822 of GloVe 6B
     np.testing.assert_array_equal(matrix[2], specials[3])
-    assert len(vectors.index) == 400_000
+    assert len(vectors.keys) == 400_000 and sorted(vectors.rows_of(["the", ",", ".", "of"])) == [0, 1, 2, 3]
+
+
+def test_the_vocabulary_table_finds_every_word_it_was_built_from_and_nothing_else():
+    words = ["the", "café", "naïve", "x" * 60, "ω", "<unk>-like"]
+    table = build_vocabulary(words)
+    vectors = WordVectors(np.zeros((len(words), 50), np.float32), table, special_vectors())
+    assert vectors.rows_of(words).tolist() == list(range(len(words)))
+    assert vectors.rows_of(["The", "cafe", "", "xx"]).tolist() == [-1, -1, -1, -1]

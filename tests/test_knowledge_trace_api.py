@@ -1,27 +1,33 @@
-"""POST /knowledge-trace over HTTP on the tiny DKVMN: outputs, offline agreement, every validation rule."""
+"""POST /knowledge-trace over HTTP on the committed synthetic DKVMN (and, with torch, a freshly trained tiny one)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from fastapi.testclient import TestClient
 
-from export.kt import load_model
-from models.kt_data import read_students
-from tests.conftest import KT_MODEL
+from app.main import create_app
+from tests.conftest import KT_MODEL, toy_settings
 
 N_QUESTIONS = 50
 
 
 def _body(questions, correct=None, **extra):
     correct = correct or [q % 2 == 0 for q in questions]
-    return {"interactions": [{"question": q, "correct": c} for q, c in zip(questions, correct, strict=True)], **extra}
+    interactions = [{"question": q, "correct": c} for q, c in zip(questions, correct, strict=True)]
+    return {"model": KT_MODEL, "interactions": interactions, **extra}
 
 
-def test_real_test_set_student_matches_offline_pytorch_inference(client, tiny_artifacts):
+def test_real_test_set_student_matches_offline_pytorch_inference(tiny_artifacts):
+    torch = pytest.importorskip("torch")
+    from export.kt import load_model
+    from models.kt_data import read_students
+
     runs = tiny_artifacts.parent / "runs" / "synthetic-v0"
     student = read_students(tiny_artifacts.parent / "kt" / "synthetic" / "naive_c5_q50_s4000_v0_test.csv")[0]
-    response = client.post("/knowledge-trace", json=_body(student.questions, [bool(r) for r in student.responses]))
+    with TestClient(create_app(toy_settings(tiny_artifacts))) as client:
+        body = _body(student.questions, [bool(r) for r in student.responses])
+        response = client.post("/knowledge-trace", json=body)
     assert response.status_code == 200
     model = load_model(runs)
     q = torch.tensor([student.questions])
@@ -43,7 +49,7 @@ def test_response_shapes_ranges_and_next_questions(client):
     np.testing.assert_allclose(np.array(body["attention"]).sum(1), 1, atol=1e-5)
     assert [item["question"] for item in body["next"]] == [3, 50]
     assert all(0 <= item["p_correct"] <= 1 and 0 <= item["concept"] < 5 for item in body["next"])
-    everything = client.post("/knowledge-trace", json=_body([1], return_attention=False)).json()
+    everything = client.post("/knowledge-trace", json=_body([1], return_attention=False)).json()  # all next
     assert [item["question"] for item in everything["next"]] == list(range(1, N_QUESTIONS + 1))
     assert everything["attention"] is None
 
@@ -63,7 +69,7 @@ def test_next_prediction_reflects_the_history(client):
 @pytest.mark.parametrize(
     ("body", "location"),
     [
-        ({"interactions": []}, ["body", "interactions"]),
+        ({"model": KT_MODEL, "interactions": []}, ["body", "interactions"]),
         (_body([0]), ["body", "interactions", 0, "question"]),
         (_body([1, N_QUESTIONS + 1]), ["body", "interactions", 1, "question"]),
         (_body([1], next_questions=[0]), ["body", "next_questions", 0]),
@@ -91,7 +97,7 @@ def test_out_of_range_question_names_the_item_and_the_range(client):
 
 def test_unknown_or_wrong_task_model_is_404_listing_the_names(client):
     for name in ("nope", "rmc-vlmp-sick"):
-        response = client.post("/knowledge-trace", json=_body([1], model=name))
+        response = client.post("/knowledge-trace", json={**_body([1]), "model": name})
         assert response.status_code == 404
         assert KT_MODEL in response.json()["detail"]
 
@@ -100,3 +106,24 @@ def test_ten_thousand_interactions_are_served(client):
     questions = [(i % N_QUESTIONS) + 1 for i in range(10_000)]
     response = client.post("/knowledge-trace", json=_body(questions, return_attention=False, next_questions=[1]))
     assert response.status_code == 200 and len(response.json()["predictions"]) == 10_000
+
+
+def test_a_long_history_in_chunks_equals_feeding_it_one_interaction_at_a_time(client):
+    """The chunking (seqlen 200, each chunk resuming from mv_out) is exact: same as 1-step runs carrying memory."""
+    import onnxruntime as ort
+
+    from tests.conftest import COMMITTED
+
+    rng = np.random.default_rng(3)
+    questions = rng.integers(1, 111, 450).tolist()
+    correct = (rng.random(450) < 0.6).tolist()
+    body = {**_body(questions, correct, next_questions=[5]), "model": "dkvmn-assist2009"}
+    served = client.post("/knowledge-trace", json=body).json()
+    session = ort.InferenceSession(str(COMMITTED / "dkvmn-assist2009.onnx"), providers=["CPUExecutionProvider"])
+    memory = np.load(COMMITTED / "dkvmn-assist2009.mv0.npy")[np.newaxis].astype(np.float32)
+    one_by_one = []
+    for question, answer in zip(questions, correct, strict=True):
+        feeds = {"q": np.array([[question]]), "r": np.array([[int(answer)]]), "len": np.array([1]), "mv_in": memory}
+        p, _, _, memory = session.run(["p", "corr_w", "mastery", "mv_out"], feeds)
+        one_by_one.append(p[0, 0])
+    np.testing.assert_allclose(served["predictions"], one_by_one, atol=1e-5, rtol=0)

@@ -1,4 +1,4 @@
-"""POST /similarity and /similarity/batch over HTTP on the tiny LSTM_RMC models: outputs and validation."""
+"""POST /similarity and /similarity/batch over HTTP on the committed LSTM_RMC models: outputs and validation."""
 
 from __future__ import annotations
 

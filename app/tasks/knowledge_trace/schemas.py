@@ -48,3 +48,17 @@ class KnowledgeTraceResponse(BaseModel):
     next: list[NextPrediction]
     mastery: list[list[float]] = Field(description="(len(interactions) + 1) x n_concepts; row 0 is the prior")
     attention: list[list[float]] | None = Field(description="len(interactions) x n_concepts correlation weights")
+
+
+class CatalogQuestion(BaseModel):
+    question: int = Field(ge=1)
+    name: str | None = Field(description="the question's name where the data set has one")
+    concept: int = Field(description="the latent concept this question weighs most")
+
+
+class QuestionCatalog(BaseModel):
+    model: str
+    total: int = Field(description="number of questions of the model")
+    offset: int
+    limit: int
+    questions: list[CatalogQuestion]

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[1] / "artifacts"
+DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
@@ -37,10 +37,30 @@ class Settings(BaseSettings):
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
     )
-    intra_op_threads: int = Field(default_factory=usable_cpus, ge=1, description="ONNX Runtime threads per session")
+    intra_op_threads: int = Field(default_factory=usable_cpus, ge=1, description="ONNX Runtime threads per run")
+    concurrent_runs: int | None = Field(
+        None, ge=1, description="ONNX runs at once over all models; default CPUs // intra_op_threads"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
     max_body_bytes: int = Field(1_048_576, ge=1024, description="larger request bodies get 413")
     on_model_error: Literal["exit", "skip"] = Field(
         "exit", description="a missing or tampered model: exit at startup, or skip it and report it not ready"
     )
+    max_batch: int = Field(32, ge=1, le=4096, description="rows (pairs, histories) per ONNX run")
+    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch may wait to fill while busy")
+    max_queue: int = Field(512, ge=1, description="rows a model may hold admitted; beyond it 429")
+    request_timeout_s: float = Field(10.0, gt=0, le=3600, description="deadline of a request; past it 504")
+    drain_s: float = Field(15.0, ge=0, le=3600, description="on SIGTERM, time to finish admitted requests")
+
+    @model_validator(mode="after")
+    def _thread_budget(self) -> Settings:
+        """intra-op threads x concurrent runs must fit the CPUs (GPU runs are not CPU-bound)."""
+        if self.concurrent_runs is None:
+            self.concurrent_runs = max(1, usable_cpus() // self.intra_op_threads)
+        elif self.provider in ("auto", "cpu") and self.intra_op_threads * self.concurrent_runs > usable_cpus():
+            raise ValueError(
+                f"intra_op_threads ({self.intra_op_threads}) x concurrent_runs ({self.concurrent_runs}) exceeds "
+                f"the {usable_cpus()} CPUs this process may use"
+            )
+        return self

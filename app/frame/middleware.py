@@ -1,25 +1,29 @@
-"""Request plumbing: body-size limit (413), request id, one access-log line and metrics per request."""
+"""Request plumbing: request id, access line and metrics; the drain gate; the body-size limit (413)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import body_too_large_detail
-from app.metrics import Metrics
+from app.frame.drain import Drain
+from app.frame.errors import body_too_large_detail
+from app.frame.metrics import Metrics
+from app.frame.responses import dumps
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
+OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics"})
+STARTED_KEY = "mnemo.started"  # scope key: perf_counter() when the request reached the app
 
 
-async def _send_json(send: Send, status: int, payload: dict) -> None:
-    body = json.dumps(payload).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
+    body = dumps(payload)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(key.lower().encode(), value.encode()) for key, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -37,7 +41,7 @@ class BodySizeLimit:
         too_large = {"detail": body_too_large_detail(self.max_bytes)}
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await _send_json(send, 413, too_large)
+            await send_json(send, 413, too_large, {"Connection": "close"})
             return
         chunks, size, more = [], 0, True
         while more:
@@ -48,7 +52,7 @@ class BodySizeLimit:
             size += len(chunks[-1])
             more = message.get("more_body", False)
             if size > self.max_bytes:
-                await _send_json(send, 413, too_large)
+                await send_json(send, 413, too_large, {"Connection": "close"})
                 return
         body, delivered = b"".join(chunks), False
 
@@ -60,6 +64,28 @@ class BodySizeLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+class DrainGate:
+    """While draining, answer new work with 503 (Retry-After, Connection: close); count work in flight."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPERATIONS_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            detail = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
+            await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
+            return
+        self.drain.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.leave()
 
 
 class RequestContext:
@@ -75,7 +101,7 @@ class RequestContext:
             return
         incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"").decode("latin-1")
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else uuid.uuid4().hex
-        started = time.perf_counter()
+        started = scope[STARTED_KEY] = time.perf_counter()
         status = 500
 
         async def send_with_id(message: Message) -> None:
@@ -85,9 +111,11 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode())]
             await send(message)
 
+        self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            self.metrics.in_flight.dec()
             seconds = time.perf_counter() - started
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"

@@ -1,0 +1,1 @@
+"""The frame: settings, providers, the task-agnostic registry, errors, middleware, metrics, logging."""

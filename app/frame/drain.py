@@ -1,0 +1,46 @@
+"""Graceful drain: on SIGTERM readiness turns 503, new work is refused with 503, admitted work finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+
+class Drain:
+    """Shutdown state and the count of requests in flight (operations endpoints excluded)."""
+
+    def __init__(self) -> None:
+        self.draining = False
+        self.started_at: float | None = None
+        self.in_flight = 0
+        self._changed: asyncio.Event | None = None
+
+    def begin(self) -> None:
+        if not self.draining:
+            self.draining, self.started_at = True, time.monotonic()
+            self._notify()
+
+    def enter(self) -> None:
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        self._notify()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight, at most `timeout_s`; True when idle."""
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._changed = self._changed or asyncio.Event()
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()

@@ -1,0 +1,152 @@
+"""Every error the service returns, and the one place that maps them to HTTP statuses.
+
+- `ServiceError` subclasses carry a status and one clear sentence: `{"detail": "<sentence>"}`, plus
+  headers where the status calls for them (429 and 503 say `Retry-After`).
+- `InvalidInput` is a rule broken by a request body (schema or model-specific); it answers 422 in
+  FastAPI's validation shape, at most `MAX_LISTED_ERRORS` entries and their total count, and never
+  echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
+- onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
+- Anything else is a bug: logged with its traceback and answered 500 as a last resort.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
+from pydantic import ValidationError
+
+from app.frame.responses import JsonResponse
+
+logger = logging.getLogger("mnemo.errors")
+LOCATION_ROOTS = ("body", "query", "path", "header")
+MAX_LISTED_ERRORS = 20
+
+
+class ServiceError(Exception):
+    """An error with a status and one clear sentence for the client."""
+
+    status_code = 500
+    headers: dict[str, str] | None = None
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class UnknownModel(ServiceError):
+    """No model of that name (and task); the detail lists the names that exist."""
+
+    status_code = 404
+
+
+class ModelNotReady(ServiceError):
+    """The model is configured but not loaded (missing/tampered file with MNEMO_ON_MODEL_ERROR=skip)."""
+
+    status_code = 503
+
+
+class Overloaded(ServiceError):
+    """The model's queue is full: rejected at once, before any work (429, Retry-After)."""
+
+    status_code = 429
+
+    def __init__(self, detail: str, retry_after_s: int = 1) -> None:
+        super().__init__(detail)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class DeadlineExceeded(ServiceError):
+    """The request did not finish within MNEMO_REQUEST_TIMEOUT_S; its unstarted work was dropped."""
+
+    status_code = 504
+
+
+def body_too_large_detail(max_bytes: int) -> str:
+    """The 413 sentence for a body over MNEMO_MAX_BODY_BYTES (used by the ASGI middleware)."""
+    return f"Request body is larger than the limit of {max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
+
+
+class InvalidInput(Exception):
+    """A request that breaks a rule: 422 in FastAPI's shape.
+
+    `field` is a body field name (`"sentence_a"`) or a full location (`("body", "interactions", 3, "question")`);
+    a location that does not start with body/query/path/header is taken as relative to the body.
+    """
+
+    def __init__(self, field: str | Sequence[str | int], message: str) -> None:
+        super().__init__(message)
+        location = (field,) if isinstance(field, str) else tuple(field)
+        if not location or location[0] not in LOCATION_ROOTS:
+            location = ("body", *location)
+        self.location: tuple[str | int, ...] = location
+        self.message = message
+
+    def detail(self) -> list[dict]:
+        """The `detail` list of FastAPI's 422 body."""
+        return [{"loc": list(self.location), "msg": self.message, "type": "value_error"}]
+
+
+def validation_detail(errors: Sequence[dict], prefix: tuple[str, ...] = ()) -> dict:
+    """A bounded, always-encodable 422 body: the first errors (location, message, type) and the count."""
+    listed = [
+        {
+            "loc": [*prefix, *(part if isinstance(part, int) else _printable(str(part)) for part in error["loc"])],
+            "msg": _printable(str(error["msg"])),
+            "type": str(error["type"]),
+        }
+        for error in errors[:MAX_LISTED_ERRORS]
+    ]
+    return {"detail": listed, "error_count": len(errors)}
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    """Text safe to encode as UTF-8 JSON: no lone surrogates, bounded length."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
+
+
+def pydantic_422(error: ValidationError) -> JsonResponse:
+    """A pydantic ValidationError of a request body as the service's 422."""
+    return JsonResponse(validation_detail(error.errors(include_url=False, include_input=False), ("body",)), 422)
+
+
+def ort_message(error: Exception) -> str:
+    """onnxruntime's message without its status prefix and boilerplate, on one line."""
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip())
+    text = text.replace("Please fix either the inputs/outputs or the model.", "")
+    return " ".join(text.split())
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the mapping from exceptions to responses."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, error: ServiceError) -> JsonResponse:
+        return JsonResponse({"detail": error.detail}, error.status_code, headers=error.headers)
+
+    @app.exception_handler(InvalidInput)
+    async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
+        return JsonResponse({"detail": error.detail()}, 422)
+
+    @app.exception_handler(RequestValidationError)
+    async def request_validation(request: Request, error: RequestValidationError) -> JsonResponse:
+        return JsonResponse(validation_detail(list(error.errors())), 422)
+
+    @app.exception_handler(ValidationError)
+    async def body_validation(request: Request, error: ValidationError) -> JsonResponse:
+        return pydantic_422(error)
+
+    @app.exception_handler(OrtInvalidArgument)
+    async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
+        logger.warning("model rejected the input on %s %s: %s", request.method, request.url.path, error)
+        message = f"The model rejected the input: {ort_message(error)}"
+        return JsonResponse({"detail": InvalidInput(("body",), message).detail()}, 422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JsonResponse:
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JsonResponse({"detail": "Internal error; it has been logged."}, 500)

@@ -1,0 +1,100 @@
+"""The manifest (`artifacts/manifest.json`): its schema, and paths confined to the artifacts directory.
+
+Every problem is reported as one line naming the entry and the field. File names are relative to
+the artifacts directory; absolute paths, `..` and symlinks that lead outside it are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class ManifestError(RuntimeError):
+    """The manifest cannot be used; the message names the entry and the field."""
+
+
+class AssetEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(min_length=1)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+
+
+class BatchingOverride(BaseModel):
+    """Per-model overrides of MNEMO_MAX_BATCH, MNEMO_MAX_WAIT_MS and MNEMO_MAX_QUEUE."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch: int | None = Field(None, ge=1, le=4096)
+    max_wait_ms: float | None = Field(None, ge=0, le=1000)
+    max_queue: int | None = Field(None, ge=1)
+
+
+class ModelEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    task: str
+    version: str = Field(min_length=1, max_length=64)
+    file: str = Field(min_length=1)
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    default: bool = False
+    limits: dict[str, int | float] = Field(default_factory=dict)
+    metrics: dict[str, float | int | None] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    assets: dict[str, AssetEntry] = Field(default_factory=dict)
+    batching: BatchingOverride = Field(default_factory=BatchingOverride)
+    card: str | None = None
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = Field(1, ge=1, le=1)
+    models: list[ModelEntry]
+
+
+def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
+    """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
+    path = artifacts / "manifest.json"
+    if not path.is_file():
+        raise ManifestError(f"no manifest.json in {artifacts} (set MNEMO_ARTIFACTS_DIR)")
+    try:
+        manifest = Manifest.model_validate(json.loads(path.read_text()))
+    except json.JSONDecodeError as error:
+        raise ManifestError(f"manifest.json is not JSON: {error}") from None
+    except ValidationError as error:
+        errors = error.errors(include_url=False)[:10]
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the manifest'}: {e['msg']}" for e in errors)
+        raise ManifestError(f"manifest.json does not match the schema: {problems}") from None
+    names = [entry.name for entry in manifest.models]
+    if len(set(names)) != len(names):
+        raise ManifestError("manifest.json: model names must be unique")
+    for entry in manifest.models:
+        if entry.task not in tasks:
+            raise ManifestError(
+                f"manifest.json: model {entry.name} has unknown task {entry.task!r}; known: {', '.join(sorted(tasks))}"
+            )
+    for task in tasks:
+        defaults = [entry.name for entry in manifest.models if entry.task == task and entry.default]
+        if len(defaults) > 1:
+            raise ManifestError(f"manifest.json: at most one default {task} model, not {', '.join(defaults)}")
+    return manifest.models
+
+
+def confined(artifacts: Path, name: str) -> Path:
+    """`artifacts / name`, refusing absolute paths and anything (`..`, symlinks) that resolves outside it."""
+    root = artifacts.resolve()
+    if Path(name).is_absolute():
+        raise ManifestError(f"file {name!r} must be relative to the artifacts directory")
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ManifestError(f"file {name!r} leads outside the artifacts directory")
+    return path

@@ -1,0 +1,73 @@
+"""Prometheus metrics of one app instance (its own registry, so several apps can coexist in tests).
+
+Names follow Prometheus conventions: `_total` counters, `_seconds` durations, base units.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    """HTTP requests and latency, inference time, and the engine: queues, batches, rejections, readiness."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter(
+            "mnemo_http_requests", "HTTP requests", ["route", "method", "status"], registry=registry
+        )
+        self.latency = Histogram(
+            "mnemo_http_request_duration_seconds",
+            "HTTP request latency, queueing included",
+            ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge("mnemo_http_requests_in_flight", "HTTP requests being handled", registry=registry)
+        self.inference = Histogram(
+            "mnemo_inference_duration_seconds",
+            "ONNX Runtime time per run",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_depth = Gauge("mnemo_queue_depth", "rows waiting for a run", ["model"], registry=registry)
+        self.admitted_rows = Gauge(
+            "mnemo_admitted_rows",
+            "rows admitted and not yet answered (bounded by MNEMO_MAX_QUEUE)",
+            ["model"],
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "mnemo_batch_size_rows", "rows per ONNX run", ["model"], buckets=BATCH_BUCKETS, registry=registry
+        )
+        self.queue_wait = Histogram(
+            "mnemo_queue_wait_seconds",
+            "time a row waited from submission to the start of its run",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "mnemo_requests_rejected", "requests refused before any work", ["model", "reason"], registry=registry
+        )
+        self.timed_out = Counter(
+            "mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S", ["model"], registry=registry
+        )
+        self.cancelled = Counter(
+            "mnemo_requests_cancelled", "requests whose client left before the answer", ["model"], registry=registry
+        )
+        self.model_ready = Gauge(
+            "mnemo_model_ready", "1 when the model is loaded and warmed", ["model"], registry=registry
+        )
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, method, str(status)).inc()
+        self.latency.labels(route, method).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,251 @@
+"""The verified model registry: manifest -> sha256 check -> ONNX Runtime session -> warm-up -> task state.
+
+Task-agnostic: the tasks are passed in (`{name: Task}`), and each model's task `prepare`s its typed
+state. Models load in parallel threads. `registry.get(name_or_None, task)` returns a `ServedModel`
+(the named one, else the task's default, else its first) or raises `UnknownModel` (404 listing the
+names of that task) / `ModelNotReady` (503). `ServedModel.run(feeds)` is a blocking run; requests
+go through `model.batcher` instead, which the runtime attaches (app/runtime/engine.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime as ort
+
+from app.frame.errors import ModelNotReady, UnknownModel
+from app.frame.integrity import sha256_of
+from app.frame.manifest import ModelEntry, confined, read_manifest
+from app.frame.metrics import Metrics
+from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
+from app.frame.settings import Settings, usable_cpus
+from app.frame.tasks import Task
+
+if TYPE_CHECKING:
+    from app.runtime.batcher import ModelBatcher
+
+logger = logging.getLogger("mnemo.registry")
+
+
+class ModelLoadError(RuntimeError):
+    """A model listed in the manifest cannot be served (missing, tampered, or broken)."""
+
+
+@dataclass
+class ServedModel:
+    """One manifest entry and, once loaded, its session, assets, task state and batcher."""
+
+    entry: ModelEntry
+    file: Path | None = None
+    assets: dict[str, np.ndarray] = field(default_factory=dict)
+    state: Any = None
+    provider: str | None = None
+    error: str | None = None
+    session: ort.InferenceSession | None = None
+    output_names: list[str] = field(default_factory=list)
+    batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
+    observe_inference: Any = lambda seconds: None
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def task(self) -> str:
+        return self.entry.task
+
+    @property
+    def limits(self) -> dict[str, int | float]:
+        return self.entry.limits
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.entry.metadata
+
+    @property
+    def ready(self) -> bool:
+        return self.session is not None and self.error is None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the session (blocking; the batcher calls it on an executor thread) and record its time."""
+        if self.session is None:
+            raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
+        started = time.perf_counter()
+        outputs = self.session.run(self.output_names, feeds)
+        self.observe_inference(time.perf_counter() - started)
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def public_info(self, task: Task | None) -> dict[str, Any]:
+        """What GET /models reports (file names only, never server paths)."""
+        entry = self.entry
+        info: dict[str, Any] = {
+            "name": entry.name,
+            "task": entry.task,
+            "version": entry.version,
+            "sha256": entry.sha256,
+            "provider": self.provider,
+            "default": entry.default,
+            "ready": self.ready,
+            "limits": entry.limits,
+            "metrics": entry.metrics,
+            "metadata": entry.metadata,
+            "card": entry.card,
+        }
+        if self.batcher is not None:
+            config = self.batcher.config
+            info["batching"] = {
+                "max_batch": config.max_batch,
+                "max_wait_ms": config.max_wait_s * 1000,
+                "max_queue": config.max_queue,
+            }
+        if task is not None and self.ready:
+            info.update(task.describe(self))
+        if self.error:
+            info["error"] = self.error
+        return info
+
+
+# ONNX tensor element types -> numpy dtypes, for the generic warm-up feeds.
+WARM_UP_DTYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+def _warm_up_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """One input of each graph input: dynamic dims 1, integers (and booleans) 1, floats 0."""
+    feeds = {}
+    for graph_input in session.get_inputs():
+        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in graph_input.shape]
+        dtype = WARM_UP_DTYPES.get(graph_input.type)
+        if dtype is None:
+            raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
+        fill = 0 if np.issubdtype(dtype, np.floating) else 1
+        feeds[graph_input.name] = np.full(shape, fill, dtype=dtype)
+    return feeds
+
+
+def session_options(settings: Settings) -> ort.SessionOptions:
+    """Threads from the budget; no spinning (the CPUs are shared with request handling)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+class ModelRegistry:
+    """Loads every model of the manifest at startup and hands them to the transports."""
+
+    def __init__(self, settings: Settings, tasks: Mapping[str, Task], metrics: Metrics) -> None:
+        self.settings = settings
+        self.tasks = dict(tasks)
+        self.metrics = metrics
+        self.models: dict[str, ServedModel] = {}
+        self.provider: str | None = None
+        self._asset_cache: dict[tuple[Path, str], np.ndarray] = {}
+
+    def load(self) -> None:
+        """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
+        self.provider = resolve_provider(self.settings.provider)
+        artifacts = Path(self.settings.artifacts_dir)
+        try:
+            entries = read_manifest(artifacts, set(self.tasks))
+        except Exception as error:
+            raise ModelLoadError(str(error)) from None
+        self.models = {entry.name: ServedModel(entry) for entry in entries}
+        workers = max(1, min(len(self.models), usable_cpus()))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-load") as pool:
+            outcomes = list(pool.map(lambda model: self._load_guarded(model, artifacts), self.models.values()))
+        for model, error in zip(self.models.values(), outcomes, strict=True):
+            self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
+            if error is None:
+                continue
+            if isinstance(error, ProviderUnavailable):
+                raise error  # never a per-model problem: the whole service would run on the wrong provider
+            if self.settings.on_model_error == "exit":
+                raise ModelLoadError(f"model {model.name}: {error}") from error
+            logger.error("model %s is not served: %s", model.name, error)
+
+    def _load_guarded(self, model: ServedModel, artifacts: Path) -> Exception | None:
+        try:
+            self._load_model(model, artifacts)
+        except Exception as error:
+            model.session, model.error = None, str(error)
+            return error
+        return None
+
+    def _load_model(self, model: ServedModel, artifacts: Path) -> None:
+        started = time.perf_counter()
+        entry = model.entry
+        model.file = confined(artifacts, entry.file)
+        _verify(model.file, entry.file, entry.sha256, "model file")
+        for key, asset in entry.assets.items():
+            model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
+        session = ort.InferenceSession(
+            str(model.file), session_options(self.settings), providers=session_providers(self.provider)
+        )
+        model.provider = check_session_provider(session, self.provider, model.name)
+        session.run(None, _warm_up_feeds(session))
+        model.output_names = [output.name for output in session.get_outputs()]
+        model.observe_inference = self.metrics.inference.labels(model.name).observe
+        model.session = session
+        model.state = self.tasks[model.task].prepare(model)
+        logger.info(
+            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
+        )
+
+    def _asset(self, artifacts: Path, name: str, sha256: str, key: str) -> np.ndarray:
+        """An .npy asset, verified and memory-mapped once even when several models share it."""
+        path = confined(artifacts, name)
+        cached = self._asset_cache.get((path, sha256))
+        if cached is None:
+            _verify(path, name, sha256, f"asset {key}")
+            cached = self._asset_cache[(path, sha256)] = np.load(path, mmap_mode="r", allow_pickle=False)
+        return cached
+
+    @property
+    def ready(self) -> bool:
+        return all(model.ready for model in self.models.values())
+
+    def get(self, name: str | None, task: str) -> ServedModel:
+        """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
+        candidates = [model for model in self.models.values() if model.task == task]
+        if name is None:
+            defaults = [model for model in candidates if model.entry.default] or candidates[:1]
+            if not defaults:
+                raise UnknownModel(f"No {task} model is configured on this server.")
+            model = defaults[0]
+        elif name in self.models and self.models[name].task == task:
+            model = self.models[name]
+        else:
+            known = ", ".join(sorted(m.name for m in candidates)) or "none"
+            raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
+        if not model.ready:
+            raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
+        return model
+
+
+def _verify(path: Path, name: str, expected: str, what: str) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"{what} {name} is missing")
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ModelLoadError(
+            f"{what} {name} has sha256 {actual}, but the manifest says {expected}; refusing to serve it"
+        )

@@ -1,0 +1,27 @@
+"""JSON responses encoded with orjson, which writes numpy arrays directly (no `.tolist()` on the hot path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def dumps(payload: Any) -> bytes:
+    """JSON bytes of a payload that may hold numpy arrays and scalars."""
+    return orjson.dumps(payload, option=ORJSON_OPTIONS)
+
+
+class JsonResponse(Response):
+    """`JsonResponse(payload, status, headers)`; the payload may hold numpy arrays."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> None:
+        super().__init__(content, status_code, headers)
+
+    def render(self, content: Any) -> bytes:
+        return content if isinstance(content, bytes) else dumps(content)

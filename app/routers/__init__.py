@@ -1,1 +1,0 @@
-"""One router per area: operations, similarity, knowledge tracing."""

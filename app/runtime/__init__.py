@@ -1,0 +1,1 @@
+"""The runtime: the shared run slots (thread budget) and a micro-batcher per model."""

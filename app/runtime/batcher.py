@@ -1,0 +1,248 @@
+"""Adaptive micro-batching for one model, under a thread budget shared by all models.
+
+- **Admission.** `admit(rows)` reserves room for a request before any work is done; past
+  `max_queue` admitted rows it raises `Overloaded` (429) at once. A request larger than the whole
+  queue is still admitted when the model has nothing else admitted, so no valid request is refused forever.
+- **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs.
+  When a run slot is free and this model has no run in flight, everything queued (up to `max_batch`
+  rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
+  `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
+  `max_wait`. Batches take the oldest item first, then the queued items closest to it in length, and
+  skip any that would make more than half of the batch padding.
+- **Bounded cost.** An item of more than `max_batch` rows runs in parts; callers split long sequences
+  into chunks (knowledge tracing: `seqlen`), so no request holds the model while others starve.
+- **Cancellation.** A caller that is cancelled (deadline, client gone) cancels its futures; queued
+  items whose future is done are dropped before they run.
+- **Thread budget.** `RunSlots` holds `concurrent_runs` executor threads and a semaphore; each ONNX
+  run uses `intra_op_threads`, and the settings check that the product fits the CPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from app.frame.errors import Overloaded
+from app.frame.metrics import Metrics
+from app.runtime.collate import Feeds, collate, concatenate, split
+
+MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
+RunGraph = Callable[[Feeds], Feeds]
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Per-model batching limits (settings, overridden by the manifest's `batching`)."""
+
+    max_batch: int
+    max_wait_s: float
+    max_queue: int
+
+
+class RunSlots:
+    """At most `runs` ONNX runs at once over all models, each on its own executor thread."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+        self.semaphore = asyncio.Semaphore(runs)
+        self.executor = ThreadPoolExecutor(max_workers=runs, thread_name_prefix="onnx-run")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(eq=False)
+class _Item:
+    feeds: Feeds
+    rows: int
+    length: int
+    enqueued: float
+    future: asyncio.Future[Feeds] = field(repr=False)
+
+
+class ModelBatcher:
+    """The queue and batching loop of one model."""
+
+    def __init__(
+        self,
+        name: str,
+        run_graph: RunGraph,
+        sequence_inputs: Sequence[str],
+        sequence_outputs: Mapping[str, int],
+        slots: RunSlots,
+        config: BatchConfig,
+        metrics: Metrics,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self._run_graph = run_graph
+        self._sequence_inputs = tuple(sequence_inputs)
+        self._sequence_outputs = dict(sequence_outputs)
+        self._slots = slots
+        self._metrics = metrics
+        self._queue: list[_Item] = []
+        self._admitted_rows = 0
+        self._in_flight = 0
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._runs: set[asyncio.Task] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop batching; queued items are cancelled, runs in progress finish."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for item in self._queue:
+            item.future.cancel()
+        self._queue.clear()
+        if self._runs:
+            await asyncio.wait(self._runs)
+
+    # -- admission ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def admit(self, rows: int) -> Iterator[None]:
+        """Hold room for `rows` rows while the request is handled, or raise Overloaded (429) at once."""
+        if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
+            self._metrics.rejected.labels(self.name, "queue_full").inc()
+            raise Overloaded(
+                f"Model {self.name} is at capacity ({self._admitted_rows} of {self.config.max_queue} rows "
+                "admitted, MNEMO_MAX_QUEUE); retry after the Retry-After delay."
+            )
+        self._admitted_rows += rows
+        self._metrics.admitted_rows.labels(self.name).set(self._admitted_rows)
+        try:
+            yield
+        finally:
+            self._admitted_rows -= rows
+            self._metrics.admitted_rows.labels(self.name).set(self._admitted_rows)
+
+    # -- submission --------------------------------------------------------------------------------
+    async def run(self, feeds: Feeds, rows: int, length: int) -> Feeds:
+        """Outputs for `rows` rows of one sequence length, run in batches with other requests' rows."""
+        size = self.config.max_batch
+        if rows <= size:
+            return await self._submit(feeds, rows, length)
+        parts = []
+        for start in range(0, rows, size):
+            stop = min(start + size, rows)
+            parts.append(self._submit({name: value[start:stop] for name, value in feeds.items()}, stop - start, length))
+        return concatenate(await asyncio.gather(*parts))
+
+    async def _submit(self, feeds: Feeds, rows: int, length: int) -> Feeds:
+        future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(feeds, rows, length, time.perf_counter(), future))
+        self._metrics.queue_depth.labels(self.name).inc(rows)
+        self._wakeup.set()
+        return await future
+
+    # -- the loop ----------------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        while True:
+            self._drop_cancelled()
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if self._in_flight:
+                await self._fill()
+            await self._slots.semaphore.acquire()
+            batch = self._take()
+            if not batch:
+                self._slots.semaphore.release()
+                continue
+            self._in_flight += 1
+            task = asyncio.create_task(self._run_batch(batch))
+            self._runs.add(task)
+            task.add_done_callback(self._runs.discard)
+
+    async def _fill(self) -> None:
+        """While a run is in flight: wait for a full batch, or until the oldest row waited max_wait."""
+        while self._in_flight and self._queue and self._queued_rows() < self.config.max_batch:
+            remaining = self._queue[0].enqueued + self.config.max_wait_s - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            self._drop_cancelled()
+
+    def _queued_rows(self) -> int:
+        return sum(item.rows for item in self._queue)
+
+    def _drop_cancelled(self) -> None:
+        live = [item for item in self._queue if not item.future.done()]
+        dropped = sum(item.rows for item in self._queue) - sum(item.rows for item in live)
+        if dropped:
+            self._metrics.queue_depth.labels(self.name).dec(dropped)
+        self._queue = live
+
+    def _take(self) -> list[_Item]:
+        """The oldest item, then the queued items nearest to it in length, within the row and padding limits."""
+        self._drop_cancelled()
+        if not self._queue:
+            return []
+        head, *others = self._queue
+        batch, rows, longest, useful = [head], head.rows, head.length, head.rows * head.length
+        for item in sorted(others, key=lambda item: (abs(item.length - head.length), item.enqueued)):
+            if rows + item.rows > self.config.max_batch:
+                continue
+            new_longest = max(longest, item.length)
+            new_useful = useful + item.rows * item.length
+            if (rows + item.rows) * new_longest > MAX_PADDING_RATIO * new_useful:
+                continue
+            batch.append(item)
+            rows, longest, useful = rows + item.rows, new_longest, new_useful
+        chosen = {id(item) for item in batch}
+        self._queue = [item for item in self._queue if id(item) not in chosen]
+        self._metrics.queue_depth.labels(self.name).dec(rows)
+        return batch
+
+    async def _run_batch(self, batch: list[_Item]) -> None:
+        started = time.perf_counter()
+        for item in batch:
+            self._metrics.queue_wait.labels(self.name).observe(started - item.enqueued)
+        self._metrics.batch_size.labels(self.name).observe(sum(item.rows for item in batch))
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                results = await loop.run_in_executor(self._slots.executor, self._execute, batch)
+                outcomes: list[Feeds | BaseException] = list(results)
+            except Exception as error:
+                outcomes = [error] if len(batch) == 1 else await self._isolate(batch)
+            for item, outcome in zip(batch, outcomes, strict=True):
+                if item.future.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    item.future.set_exception(outcome)
+                else:
+                    item.future.set_result(outcome)
+        finally:
+            self._slots.semaphore.release()
+            self._in_flight -= 1
+            self._wakeup.set()
+
+    async def _isolate(self, batch: list[_Item]) -> list[Feeds | BaseException]:
+        """A failed batch is rerun item by item, so one bad input fails only its own request."""
+        loop = asyncio.get_running_loop()
+        outcomes: list[Feeds | BaseException] = []
+        for item in batch:
+            try:
+                outcomes += await loop.run_in_executor(self._slots.executor, self._execute, [item])
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+
+    def _execute(self, batch: list[_Item]) -> list[Feeds]:
+        """Collate, run and split (on an executor thread)."""
+        feeds = collate([item.feeds for item in batch], self._sequence_inputs)
+        outputs = self._run_graph(feeds)
+        return split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)

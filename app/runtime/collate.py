@@ -1,0 +1,63 @@
+"""The one place a batch is padded and split.
+
+Every graph input and output is batched on axis 0. A task names its *sequence* inputs (padded with
+zeros along axis 1 to one common length) and its sequence outputs (trimmed back, per item, to the
+item's own length plus a fixed extra: DKVMN's mastery has one row more than steps). Trimming makes an
+item's result independent, in shape and (through the graphs' masking) in value, of what else ran with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+Feeds = dict[str, np.ndarray]
+
+
+def pad_rows(arrays: Sequence[np.ndarray], length: int) -> np.ndarray:
+    """Stack along axis 0, zero-padding axis 1 of each array to `length`."""
+    first = arrays[0]
+    out = np.zeros((sum(len(a) for a in arrays), length, *first.shape[2:]), dtype=first.dtype)
+    offset = 0
+    for array in arrays:
+        out[offset : offset + len(array), : array.shape[1]] = array
+        offset += len(array)
+    return out
+
+
+def collate(parts: Sequence[Feeds], sequence_inputs: Sequence[str]) -> Feeds:
+    """One feed dict for a batch of items: sequence inputs padded to the batch's longest, others stacked."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    length = max(part[name].shape[1] for part in parts for name in sequence_inputs)
+    return {
+        name: pad_rows([part[name] for part in parts], length)
+        if name in sequence_inputs
+        else np.concatenate([part[name] for part in parts])
+        for name in parts[0]
+    }
+
+
+def split(outputs: Feeds, items: Sequence[tuple[int, int]], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
+    """Per item `(rows, length)`: its rows of every output, sequence outputs trimmed to `length + extra`."""
+    results, offset = [], 0
+    for rows, length in items:
+        rows_slice = slice(offset, offset + rows)
+        results.append(
+            {
+                name: value[rows_slice, : length + sequence_outputs[name]]
+                if name in sequence_outputs
+                else value[rows_slice]
+                for name, value in outputs.items()
+            }
+        )
+        offset += rows
+    return results
+
+
+def concatenate(parts: Sequence[Feeds]) -> Feeds:
+    """The outputs of one item that was run in several parts, joined back along axis 0."""
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}

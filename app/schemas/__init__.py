@@ -1,1 +1,0 @@
-"""Request and response models of the HTTP API (field names as in ../shared/spec/API.md)."""

@@ -1,0 +1,77 @@
+"""uvicorn with a graceful drain: what `python -m app` runs.
+
+On the first SIGTERM (or SIGINT) the app starts draining: `/ready` answers 503 at once, new requests
+get a quick 503 (`Retry-After`, `Connection: close`) while the listening socket stays open, so no
+connection waiting to be accepted is reset. Requests already admitted finish; when none is left, or
+after MNEMO_DRAIN_S, uvicorn shuts down as usual (closes the listener and idle connections, runs the
+lifespan shutdown) and the process exits with status 0. A second signal stops waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.frame.settings import Settings
+
+logger = logging.getLogger("mnemo.server")
+SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first shutdown signal drains the app before the usual graceful shutdown."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float) -> None:
+        super().__init__(config)
+        self.drain = app.state.drain
+        self.drain_s = drain_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain.draining or self._loop is None:
+            self.should_exit = True  # a second signal (or no loop yet): stop now
+            self.force_exit = self.force_exit or (sig == signal.SIGINT and self.drain.draining)
+            return
+        self.drain.begin()
+        self._loop.call_soon_threadsafe(self._start_drain, signal.Signals(sig).name)
+
+    def _start_drain(self, signal_name: str) -> None:
+        logger.info(
+            "%s: draining (%d request(s) in flight, up to %gs)", signal_name, self.drain.in_flight, self.drain_s
+        )
+        self._drain_task = asyncio.ensure_future(self._finish_drain())
+
+    async def _finish_drain(self) -> None:
+        idle = await self.drain.wait_idle(self.drain_s)
+        if idle:
+            logger.info("drained: no request in flight")
+        else:
+            logger.warning("drain timeout: %d request(s) still in flight after %gs", self.drain.in_flight, self.drain_s)
+        self.should_exit = True
+
+
+def serve(settings: Settings) -> None:
+    """Serve the app on MNEMO_HOST:MNEMO_PORT until a signal, draining first."""
+    from app.main import create_app
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,  # the app writes one access line per request itself (app/frame/middleware.py)
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
+    DrainingServer(config, app, settings.drain_s).run()

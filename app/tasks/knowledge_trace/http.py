@@ -1,0 +1,84 @@
+"""POST /knowledge-trace and GET /models/{name}/questions: the thin HTTP adapter over the KT service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Path, Query, Request
+
+from app.frame.registry import ServedModel
+from app.frame.responses import JsonResponse, dumps
+from app.runtime.offload import offload
+from app.tasks.knowledge_trace import service
+from app.tasks.knowledge_trace.schemas import KnowledgeTraceRequest, KnowledgeTraceResponse, QuestionCatalog
+from app.transports.http import complete, json_body, read_body, registry
+
+TASK_NAME = "knowledge-trace"
+MAX_CATALOG_PAGE = 1000
+router = APIRouter(tags=["knowledge tracing"])
+
+
+def _arrays(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Questions, answers and the questions to predict next, checked against the model."""
+    service.check_length(model, len(body.interactions))
+    questions = np.fromiter((item.question for item in body.interactions), dtype=np.int64, count=len(body.interactions))
+    correct = np.fromiter((item.correct for item in body.interactions), dtype=np.int64, count=len(body.interactions))
+    service.check_questions(model, questions, ("body", "interactions"))
+    if body.next_questions is None:
+        wanted = np.arange(1, model.state.n_questions + 1, dtype=np.int64)
+    else:
+        wanted = np.array(body.next_questions, dtype=np.int64)
+        service.check_questions(model, wanted, ("body", "next_questions"))
+    return questions, correct, wanted
+
+
+async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> bytes:
+    questions, correct, wanted = arrays
+    trace = await service.trace(model, questions, correct)
+    next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+
+    def render() -> bytes:
+        return dumps(
+            {
+                "model": model.name,
+                "n_concepts": model.state.n_concepts,
+                "predictions": trace.predictions,
+                "next": service.next_items(model, wanted, next_p),
+                "mastery": trace.mastery,
+                "attention": trace.attention if body.return_attention else None,
+            }
+        )
+
+    return await offload(render)
+
+
+@router.post(
+    "/knowledge-trace",
+    response_model=KnowledgeTraceResponse,
+    openapi_extra=json_body(KnowledgeTraceRequest),
+    operation_id="knowledge_trace",
+)
+async def knowledge_trace(request: Request) -> JsonResponse:
+    """Predict each interaction from the ones before it, then the next questions; report concept mastery.
+
+    Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
+    `seqlen`, oldest first, each chunk starting from the memory state the previous one ended with.
+    """
+    body = await read_body(request, KnowledgeTraceRequest)
+    model = registry(request).get(body.model, TASK_NAME)
+    arrays = await offload(_arrays, model, body)
+    with model.batcher.admit(service.rows_needed(model, len(body.interactions), len(arrays[2]) > 0)):
+        return JsonResponse(await complete(request, _answer(model, body, arrays), model.name))
+
+
+@router.get("/models/{name}/questions", response_model=QuestionCatalog, operation_id="list_questions")
+async def questions(
+    request: Request,
+    name: Annotated[str, Path(max_length=64, description="a knowledge-trace model from GET /models")],
+    offset: Annotated[int, Query(ge=0, description="questions to skip")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_CATALOG_PAGE, description="questions per page")] = 100,
+) -> JsonResponse:
+    """A page of the model's question catalog: id, name where the data set has one, main concept."""
+    model = registry(request).get(name, TASK_NAME)
+    return JsonResponse(service.catalog(model, offset, limit))

@@ -1,0 +1,180 @@
+"""The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode.
+
+Graph inputs: q, r [B,T] int64 (0 = padding), len [B] int64, mv_in [B,N,d_v] float32.
+Outputs: p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v].
+
+The value memory is the DKVMN's only recurrent state, so a history can be cut anywhere and resumed
+from `mv_out` with the same results. A history is run in consecutive chunks of at most `seqlen`
+interactions, each one batch row starting from the memory the previous chunk ended with; the chunks
+of one request run one after another, so a long history never holds the model while others wait.
+(The published evaluation instead restarts every chunk from the initial memory; for histories of at
+most `seqlen` interactions both are the same.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.frame.errors import InvalidInput
+from app.frame.registry import ServedModel
+
+
+@dataclass(frozen=True)
+class KnowledgeTraceState:
+    """What requests need from one DKVMN model, checked at startup."""
+
+    n_questions: int
+    n_concepts: int
+    seqlen: int
+    max_interactions: int
+    init_memory: np.ndarray  # [N, d_v] float32
+    concepts: np.ndarray  # [n_questions]: each question's main concept
+    names: tuple[str | None, ...] | None  # question names where the data set has them
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Per-step predictions [T], correlation weights [T,N], mastery [T+1,N], final memory [N,d_v]."""
+
+    predictions: np.ndarray
+    attention: np.ndarray
+    mastery: np.ndarray
+    memory: np.ndarray
+
+
+def prepare(model: ServedModel) -> KnowledgeTraceState:
+    """Sizes from the manifest, checked against the assets."""
+    metadata, limits = model.metadata, model.limits
+    n_questions, n_concepts, seqlen = (_positive_int(metadata, key) for key in ("n_questions", "n_concepts", "seqlen"))
+    concepts = np.asarray(model.assets["question_concepts"]).astype(np.int64)
+    if concepts.shape != (n_questions,):
+        raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
+    init_memory = np.asarray(model.assets["init_memory"], dtype=np.float32)
+    if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
+        raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
+    raw_names = model.assets.get("question_names")
+    names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
+    if names is not None and len(names) != n_questions:
+        raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
+    return KnowledgeTraceState(
+        n_questions=n_questions,
+        n_concepts=n_concepts,
+        seqlen=seqlen,
+        max_interactions=_positive_int(limits, "max_interactions"),
+        init_memory=init_memory,
+        concepts=concepts,
+        names=names,
+    )
+
+
+def _positive_int(values: dict, key: str) -> int:
+    value = values.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, not {value!r}")
+    return value
+
+
+def describe(model: ServedModel) -> dict[str, Any]:
+    state: KnowledgeTraceState = model.state
+    return {"n_questions": state.n_questions, "n_concepts": state.n_concepts, "seqlen": state.seqlen}
+
+
+def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str, ...]) -> None:
+    """Ids outside 1..n_questions are a 422 naming the first such item and the range."""
+    state: KnowledgeTraceState = model.state
+    bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
+    if len(bad):
+        index = int(bad[0])
+        raise InvalidInput(
+            (*field, index) if field[-1] == "next_questions" else (*field, index, "question"),
+            f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of model {model.name}",
+        )
+
+
+def check_length(model: ServedModel, count: int) -> None:
+    state: KnowledgeTraceState = model.state
+    if count > state.max_interactions:
+        raise InvalidInput(
+            ("body", "interactions"),
+            f"{count} interactions; model {model.name} accepts at most {state.max_interactions}",
+        )
+
+
+def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
+    """Batch rows a request puts through the graph: one per chunk, one for the next-question step."""
+    return math.ceil(interactions / model.state.seqlen) + int(predicts_next)
+
+
+async def trace(
+    model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None = None
+) -> Trace:
+    """Run one history (oldest first) from `memory` (default: the model's initial memory), chunk by chunk."""
+    state: KnowledgeTraceState = model.state
+    memory = (state.init_memory if memory is None else memory)[np.newaxis].astype(np.float32)
+    predictions, attention, mastery = [], [], []
+    for start in range(0, len(questions), state.seqlen):
+        q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+        r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+        length = q.shape[1]
+        feeds = {"q": q, "r": r, "len": np.array([length], dtype=np.int64), "mv_in": memory}
+        outputs = await model.batcher.run(feeds, 1, length)
+        predictions.append(outputs["p"][0])
+        attention.append(outputs["corr_w"][0])
+        mastery.append(outputs["mastery"][0] if start == 0 else outputs["mastery"][0, 1:])  # row 0 repeats
+        memory = outputs["mv_out"]
+    return Trace(np.concatenate(predictions), np.concatenate(attention), np.concatenate(mastery), memory[0])
+
+
+async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
+    """P(correct) of each question after the history: one step per question from the final memory.
+
+    The prediction at a step reads the memory before that step's write, so the answer fed with it
+    (0) does not matter.
+    """
+    count = len(questions)
+    feeds = {
+        "q": questions.astype(np.int64).reshape(count, 1),
+        "r": np.zeros((count, 1), dtype=np.int64),
+        "len": np.ones(count, dtype=np.int64),
+        "mv_in": np.repeat(memory[np.newaxis], count, axis=0).astype(np.float32),
+    }
+    outputs = await model.batcher.run(feeds, count, 1)
+    return outputs["p"][:, 0]
+
+
+def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
+    """The `next` list: question, p_correct, its main concept and its name where the data set has one."""
+    state: KnowledgeTraceState = model.state
+    return [
+        {
+            "question": int(question),
+            "p_correct": float(p),
+            "concept": int(state.concepts[question - 1]),
+            "name": state.names[question - 1] if state.names else None,
+        }
+        for question, p in zip(questions.tolist(), probabilities.tolist(), strict=True)
+    ]
+
+
+def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
+    """A page of the model's questions: id, name (where the data set has one) and main concept."""
+    state: KnowledgeTraceState = model.state
+    ids = range(offset + 1, min(offset + limit, state.n_questions) + 1)
+    return {
+        "model": model.name,
+        "total": state.n_questions,
+        "offset": offset,
+        "limit": limit,
+        "questions": [
+            {
+                "question": question,
+                "name": state.names[question - 1] if state.names else None,
+                "concept": int(state.concepts[question - 1]),
+            }
+            for question in ids
+        ],
+    }

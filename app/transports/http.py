@@ -1,0 +1,108 @@
+"""What every task route does around its service: read the body off the loop, admit, deadline, disconnect.
+
+- `read_body(request, Schema)`: the JSON body validated by pydantic (small bodies inline, large ones on
+  a worker thread); a non-JSON content type is 415; errors are the service's bounded 422.
+- `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S,
+  counted from arrival) passes (504), or the client disconnects (499, nothing is sent); in the last
+  two cases the work is cancelled, which drops its rows that have not started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from app.frame.errors import DeadlineExceeded, ServiceError
+from app.frame.middleware import STARTED_KEY
+from app.frame.registry import ModelRegistry
+from app.runtime.offload import offload
+
+INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
+Body = TypeVar("Body", bound=BaseModel)
+T = TypeVar("T")
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+
+
+class ClientGone(ServiceError):
+    """The client disconnected; nobody reads this answer (logged as 499)."""
+
+    status_code = 499
+
+
+def registry(request: Request) -> ModelRegistry:
+    return request.app.state.registry
+
+
+def json_content_type(request: Request) -> bool:
+    media_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+async def read_body(request: Request, schema: type[Body]) -> Body:
+    """The request body validated against `schema` (ValidationError -> 422 by the error handlers)."""
+    if not json_content_type(request):
+        raise UnsupportedMediaType("Content-Type must be application/json.")
+    body = await request.body()
+    if len(body) <= INLINE_BODY_BYTES:
+        return schema.model_validate_json(body)
+    return await offload(schema.model_validate_json, body)
+
+
+async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:
+    """The work's result, unless the deadline passes first (504) or the client leaves (499)."""
+    metrics = request.app.state.metrics
+    timeout = request.app.state.settings.request_timeout_s
+    remaining = request.scope.get(STARTED_KEY, time.perf_counter()) + timeout - time.perf_counter()
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task in done:
+        return task.result()
+    if gone in done:
+        metrics.cancelled.labels(model_name).inc()
+        raise ClientGone("The client disconnected before the answer.")
+    metrics.timed_out.labels(model_name).inc()
+    raise DeadlineExceeded(f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later.")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read, so receive() only reports that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+_BODY_SCHEMAS: dict[str, type[BaseModel]] = {}
+
+
+def json_body(schema: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` documenting a JSON request body that the route reads itself with `read_body`."""
+    _BODY_SCHEMAS[schema.__name__] = schema
+    reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}}
+
+
+def add_body_schemas(openapi: dict[str, Any]) -> dict[str, Any]:
+    """Put the schemas of the bodies declared with `json_body` into the OpenAPI components."""
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in _BODY_SCHEMAS.items():
+        document = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+        for nested_name, nested in document.pop("$defs", {}).items():
+            components.setdefault(nested_name, nested)
+        components[name] = document
+    return openapi

@@ -1,0 +1,49 @@
+"""GET (and HEAD) /health and /ready, GET /models and /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app.frame.responses import JsonResponse
+
+router = APIRouter(tags=["operations"])
+
+
+@router.head("/health", include_in_schema=False)
+@router.get("/health", operation_id="health")
+async def health() -> JsonResponse:
+    """200 while the process is up (also while draining: it is alive, just not ready)."""
+    return JsonResponse({"status": "ok"})
+
+
+@router.head("/ready", include_in_schema=False)
+@router.get("/ready", operation_id="ready")
+async def ready(request: Request) -> JsonResponse:
+    """200 when every configured model is loaded, verified and warmed; 503 while loading or draining."""
+    if request.app.state.drain.draining:
+        return JsonResponse({"detail": "The server is shutting down."}, 503)
+    registry = getattr(request.app.state, "registry", None)
+    if registry is None:
+        return JsonResponse({"detail": "Models are still loading."}, 503)
+    not_ready = [name for name, model in registry.models.items() if not model.ready]
+    if not_ready:
+        return JsonResponse({"detail": f"Models not ready: {', '.join(not_ready)}."}, 503)
+    return JsonResponse({"status": "ready", "models": len(registry.models)})
+
+
+@router.get("/models", operation_id="list_models")
+async def models(request: Request) -> JsonResponse:
+    """Every configured model with its task, provider really in use, limits, batching, metrics and metadata."""
+    registry = getattr(request.app.state, "registry", None)
+    if registry is None:
+        return JsonResponse({"detail": "Models are still loading."}, 503)
+    return JsonResponse(
+        {"models": [model.public_info(registry.tasks.get(model.task)) for model in registry.models.values()]}
+    )
+
+
+@router.get("/metrics", operation_id="metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

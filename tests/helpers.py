@@ -1,0 +1,79 @@
+"""Helpers shared by the tests: a free port, and a real `python -m app` (or uvicorn) process on it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    output: list[str] = field(default_factory=list)  # the process output, filled once it stopped
+
+
+@contextmanager
+def running_server(
+    artifacts: Path, command: list[str] | None = None, ready_timeout_s: float = 90, **env: str
+) -> Iterator[Server]:
+    """Start `python -m app` (or `command`, given `--port` by this helper) on a free loopback port.
+
+    Yields once /ready is 200; on exit sends SIGTERM (if still running) and collects the output.
+    """
+    port = free_port()
+    environment = {
+        **os.environ,
+        "MNEMO_ARTIFACTS_DIR": str(artifacts),
+        "MNEMO_HOST": "127.0.0.1",
+        "MNEMO_PORT": str(port),
+        "MNEMO_PROVIDER": "cpu",
+        "MNEMO_INTRA_OP_THREADS": "1",
+        "MNEMO_LOG_FORMAT": "json",
+        **env,
+    }
+    argv = [sys.executable, "-m", "app"] if command is None else [*command, "--port", str(port)]
+    process = subprocess.Popen(
+        argv, env=environment, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    server = Server(f"http://127.0.0.1:{port}", process)
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()[-2000:]}")
+            try:
+                if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server never became ready")
+            time.sleep(0.1)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        try:
+            out, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+        server.output[:] = out.splitlines()

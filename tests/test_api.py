@@ -1,0 +1,64 @@
+"""The real task API on the committed models: listing, malformed bodies, empty manifests, the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
+
+
+def test_models_lists_every_model_with_task_limits_batching_and_metrics(client):
+    listed = {m["name"]: m for m in client.get("/models").json()["models"]}
+    assert set(listed) == {m["name"] for m in manifest_models(COMMITTED)}
+    assert listed[KT_MODEL]["task"] == "knowledge-trace"
+    assert listed[KT_MODEL]["n_questions"] == 50 and listed[KT_MODEL]["n_concepts"] == 5
+    assert listed[SIM_MODEL]["task"] == "similarity" and listed[SIM_MODEL]["max_tokens"] == 64
+    assert "test_pearson" in listed[SIM_MODEL]["metrics"] and "test_auc" in listed[KT_MODEL]["metrics"]
+    assert listed[SIM_MODEL]["batching"] == {"max_batch": 32, "max_wait_ms": 2.0, "max_queue": 512}
+    assert "/" not in json.dumps([m["card"] for m in listed.values()])  # file names, never server paths
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"[]", b'"text"', b"null", b"", b"{}"])
+def test_malformed_bodies_are_422_never_500(client, body):
+    for path in ("/similarity", "/similarity/batch", "/knowledge-trace"):
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 422, (path, body, response.text)
+        assert isinstance(response.json()["detail"], list)
+
+
+def test_a_huge_invalid_body_gets_a_bounded_422(client):
+    body = {"interactions": [{"question": "x", "correct": "y"}] * 10_000}
+    response = client.post("/knowledge-trace", json=body)
+    assert response.status_code == 422
+    assert len(response.json()["detail"]) == 20 and response.json()["error_count"] == 20_000
+    assert len(response.content) < 10_000
+
+
+def test_a_non_json_content_type_is_415(client):
+    response = client.post("/similarity", content=b"sentence_a=x", headers={"content-type": "text/plain"})
+    assert response.status_code == 415 and "application/json" in response.json()["detail"]
+
+
+def test_empty_manifest_is_ready_and_task_endpoints_say_no_model(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "models": []}))
+    with TestClient(create_app(toy_settings(tmp_path))) as client:
+        assert client.get("/ready").status_code == 200
+        assert client.get("/models").json() == {"models": []}
+        response = client.post("/similarity", json={"sentence_a": "a", "sentence_b": "b"})
+        assert response.status_code == 404 and "No similarity model" in response.json()["detail"]
+
+
+def test_openapi_documents_every_endpoint_with_examples_and_bodies(client):
+    schema = client.get("/openapi.json").json()
+    paths = {"/similarity", "/similarity/batch", "/knowledge-trace", "/health", "/ready", "/models", "/metrics"}
+    assert paths | {"/models/{name}/questions"} <= set(schema["paths"])
+    for name in ("SimilarityRequest", "SimilarityBatchRequest", "KnowledgeTraceRequest"):
+        assert schema["components"]["schemas"][name]["examples"]
+    body = schema["paths"]["/knowledge-trace"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/KnowledgeTraceRequest"}
+    assert "Interaction" in schema["components"]["schemas"]
+    assert client.get("/docs").status_code == 200
