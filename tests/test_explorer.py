@@ -231,13 +231,13 @@ def test_knowledge_tab_builds_a_five_step_history_by_question_name(watched: Watc
     page.get_by_role("button", name=f"Show all {len(api['next'])}").click()
     expect(next_rows).to_have_count(len(api["next"]))
     page.get_by_role("button", name="Show the first 15").click()
-    page.get_by_text("Predicted probability of a right answer, before each step: the numbers").click()
-    expect(page.locator("#prediction-chart table tbody tr")).to_have_count(5)
 
     watched.screenshot("knowledge-1280")
     page.set_viewport_size({"width": 375, "height": 800})
     assert page.evaluate("document.documentElement.scrollWidth") <= 375
     watched.screenshot("knowledge-375")
+    page.get_by_text("Predicted probability of a right answer, before each step: the numbers").click()
+    expect(page.locator("#prediction-chart table tbody tr")).to_have_count(5)
     watched.assert_clean()
 
 

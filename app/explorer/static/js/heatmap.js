@@ -80,7 +80,7 @@ function draw(figure, options, budget) {
     const y = top + rows * cellHeight + 8;
     chart.append(svg("text", {
       class: markedColumns.has(column) ? "label marked" : "label", x, y, "text-anchor": "end",
-      transform: `rotate(-50 ${x} ${y})`,
+      transform: `rotate(${cellWidth < 18 ? -90 : -50} ${x} ${y})`,
     }, labelText(label, labelLength)));
   });
   const focus = svg("rect", { class: "focus", width: cellWidth, height: cellHeight, visibility: "hidden" });

@@ -72,7 +72,7 @@ function draw(figure, { title, values, correct, describe, tableHeads, tableRow }
     lazyDetails(`${title}: the numbers`, () => html("div", { class: "scroll" }, html("table", {}, [
       html("thead", {}, html("tr", {}, tableHeads.map((head) => html("th", { scope: "col" }, head)))),
       html("tbody", {}, values.map((_, step) => html("tr", {}, tableRow(step).map((cell, column) =>
-        html(column ? "td" : "th", column ? {} : { scope: "row" }, cell))))),
+        html(column ? "td" : "th", column ? { class: Number.isNaN(Number(cell)) ? "text" : null } : { scope: "row" }, cell))))),
     ]))),
   );
 }
