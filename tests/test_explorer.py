@@ -255,8 +255,7 @@ def test_errors_are_shown_in_the_page(watched: Watched, server: str):
     expect(error).to_contain_text(message)
     watched.screenshot("similarity-error")
 
-    page.goto(f"{server}/#knowledge")
-    expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    watched.open("#knowledge")  # the fragment picks the tab
     page.get_by_text("Paste a history").click()
     page.get_by_label("One answer per line").fill("12 1\nseven wrong")
     page.get_by_role("button", name="Replace the history").click()
