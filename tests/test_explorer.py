@@ -1,8 +1,8 @@
 """The explorer page (GET /) in a real Chromium, against the real server serving the committed models.
 
 Debian's `chromium` drives the page through Playwright (its own browser download is not possible here).
-Without chromium the browser tests skip, except in CI (CI=true), where that is a failure. Screenshots
-go to tmp/artifacts/explorer/ (or MNEMO_TEST_ARTIFACTS_DIR).
+Without chromium (or MNEMO_CHROMIUM, the path of another build) the browser tests skip, except in CI
+(CI=true), where that is a failure. Screenshots go to tmp/artifacts/explorer/ (or MNEMO_TEST_ARTIFACTS_DIR).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from app.explorer.router import STATIC_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("MNEMO_TEST_ARTIFACTS_DIR", ROOT / "tmp" / "artifacts")) / "explorer"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = os.environ.get("MNEMO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -91,7 +91,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def browser() -> Iterator[Browser]:
     """Debian's chromium, headless; a skip without it, except in CI where it must be there."""
     if not Path(CHROMIUM).exists():
-        message = f"no chromium at {CHROMIUM}: `apt-get install chromium` (the Makefile's system-deps does it)"
+        message = f"no chromium at {CHROMIUM}: install Debian's `chromium` package (or set MNEMO_CHROMIUM)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
