@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.explorer.router import router as explorer_router
 from app.frame.drain import Drain
 from app.frame.errors import install_error_handlers
 from app.frame.logging import configure_logging
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.add_middleware(DrainGate, drain=app.state.drain)
     app.add_middleware(RequestContext, metrics=metrics)
     app.include_router(operations.router)
+    app.include_router(explorer_router)
     for task in tasks.values():
         app.include_router(task.router)
 

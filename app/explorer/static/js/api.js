@@ -1,0 +1,47 @@
+// Calls to this server's API. The API key lives only in the page's input field (never stored).
+const keyInput = () => document.getElementById("api-key");
+
+/** An HTTP error with the server's message already put into one readable sentence per problem. */
+export class ApiError extends Error {}
+
+/** FastAPI's {"detail": "..."} or {"detail": [{"loc": [...], "msg": ...}]} as readable text. */
+export function describeError(status, body) {
+  const detail = body && body.detail;
+  if (Array.isArray(detail)) {
+    return detail
+      .map((problem) => {
+        const field = (problem.loc || []).filter((part) => part !== "body").join(".");
+        return field ? `${field}: ${problem.msg}` : problem.msg;
+      })
+      .join("\n");
+  }
+  if (typeof detail === "string") return detail;
+  return `The server answered ${status} without a message.`;
+}
+
+/** GET (body undefined) or POST JSON to `path`; resolves to the decoded JSON or rejects with ApiError. */
+export async function request(path, body) {
+  const headers = { accept: "application/json" };
+  const key = keyInput().value.trim();
+  if (key) headers.authorization = `Bearer ${key}`;
+  const init = { method: body === undefined ? "GET" : "POST", headers };
+  if (body !== undefined) {
+    headers["content-type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (error) {
+    throw new ApiError(`Could not reach the server (${error.message}).`);
+  }
+  const text = await response.text();
+  let decoded = null;
+  try {
+    decoded = text ? JSON.parse(text) : null;
+  } catch {
+    decoded = null;
+  }
+  if (!response.ok) throw new ApiError(`${response.status}: ${describeError(response.status, decoded)}`);
+  return decoded;
+}

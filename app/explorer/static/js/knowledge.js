@@ -1,0 +1,200 @@
+// The knowledge-tracing tab: build a history of answered questions, then see the predicted probability per
+// step, the mastery of each concept over time, the attention per step and the next questions ranked.
+import { request } from "./api.js";
+import { html, showError, fixed, shorten } from "./dom.js";
+import { renderHeatmap } from "./heatmap.js";
+import { renderLineChart } from "./linechart.js";
+import { parseHistory } from "./history.js";
+
+const $ = (id) => document.getElementById(id);
+const CATALOG_PAGE = 1000;
+const NEXT_SHOWN = 15;
+
+const state = { models: new Map(), catalogs: new Map(), history: [], showAllNext: false, next: [] };
+
+/** Fill the model picker, load the chosen model's question catalog and wire the controls. */
+export function setUpKnowledge(models) {
+  for (const model of models) state.models.set(model.name, model);
+  const picker = $("kt-model");
+  picker.replaceChildren(...models.map((model) => html("option", { value: model.name, selected: model.default }, model.name)));
+  picker.addEventListener("change", () => {
+    state.history = [];
+    drawHistory();
+    $("kt-result").hidden = true;
+    chooseModel();
+  });
+  $("add-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    addFromInput(event.submitter?.value !== "wrong");
+  });
+  $("paste-load").addEventListener("click", loadPasted);
+  $("clear-history").addEventListener("click", () => {
+    state.history = [];
+    drawHistory();
+  });
+  $("trace").addEventListener("click", trace);
+  $("next-more").addEventListener("click", () => {
+    state.showAllNext = !state.showAllNext;
+    drawNext();
+  });
+  drawHistory();
+  return chooseModel();
+}
+
+const currentModel = () => state.models.get($("kt-model").value);
+
+/** The chosen model's questions as a Map id -> {name, concept}, fetched page by page once per model. */
+async function catalog(name) {
+  if (!state.catalogs.has(name)) {
+    const questions = new Map();
+    let total = Infinity;
+    for (let offset = 0; offset < total; offset += CATALOG_PAGE) {
+      const page = await request(`/models/${encodeURIComponent(name)}/questions?offset=${offset}&limit=${CATALOG_PAGE}`);
+      total = page.total;
+      for (const item of page.questions) questions.set(item.question, item);
+      if (!page.questions.length) break;
+    }
+    state.catalogs.set(name, questions);
+  }
+  return state.catalogs.get(name);
+}
+
+async function chooseModel() {
+  const model = currentModel();
+  if (!model) return;
+  showError($("kt-error"), "");
+  $("kt-model-info").textContent = `${model.n_questions} questions, ${model.n_concepts} latent concepts`;
+  try {
+    const questions = await catalog(model.name);
+    $("question-list").replaceChildren(...[...questions.values()].map((item) => html("option", { value: questionText(item) })));
+  } catch (error) {
+    showError($("kt-error"), `Could not load the question catalog: ${error.message}`);
+  }
+}
+
+/** "12 · Mode", or "12 · question 12" where the data set has no names. */
+function questionText(item) {
+  return `${item.question} · ${item.name ?? `question ${item.question}`}`;
+}
+
+function describeQuestion(question) {
+  const item = state.catalogs.get(currentModel().name)?.get(question);
+  return item ? questionText(item) : `${question}`;
+}
+
+function addFromInput(correct) {
+  const input = $("question-input");
+  const text = input.value.trim();
+  const questions = state.catalogs.get(currentModel().name) ?? new Map();
+  const byId = /^\d+/.exec(text);
+  const question = byId
+    ? Number(byId[0])
+    : [...questions.values()].find((item) => (item.name ?? "").toLowerCase() === text.toLowerCase())?.question;
+  const limit = currentModel().n_questions;
+  if (!question || question > limit) {
+    showError($("kt-error"), `Pick a question from the list: an id from 1 to ${limit} or a name.`);
+    return;
+  }
+  showError($("kt-error"), "");
+  state.history.push({ question, correct });
+  drawHistory();
+  input.value = "";
+  input.focus();
+}
+
+function loadPasted() {
+  try {
+    state.history = parseHistory($("paste-text").value);
+    showError($("kt-error"), "");
+    drawHistory();
+  } catch (error) {
+    showError($("kt-error"), error.message);
+  }
+}
+
+function drawHistory() {
+  $("history-count").textContent = `${state.history.length} answer${state.history.length === 1 ? "" : "s"}`;
+  $("trace").disabled = state.history.length === 0;
+  $("history").replaceChildren(...state.history.map((step, index) => {
+    const toggle = html("button", { type: "button", class: step.correct ? "answer right" : "answer wrong", "aria-pressed": String(step.correct),
+      "aria-label": `Step ${index + 1} answered ${step.correct ? "right" : "wrong"}; press to change` },
+      step.correct ? "✓ right" : "✗ wrong");
+    toggle.addEventListener("click", () => {
+      step.correct = !step.correct;
+      drawHistory();
+      $("history").children[index].querySelector("button.answer").focus();
+    });
+    const remove = html("button", { type: "button", class: "remove", "aria-label": `Remove step ${index + 1}` }, "✕");
+    remove.addEventListener("click", () => {
+      state.history.splice(index, 1);
+      drawHistory();
+    });
+    return html("li", {}, [html("span", { class: "question" }, describeQuestion(step.question)), toggle, remove]);
+  }));
+}
+
+async function trace() {
+  const button = $("trace");
+  showError($("kt-error"), "");
+  button.disabled = true;
+  try {
+    const history = state.history.map((step) => ({ ...step }));
+    const result = await request("/knowledge-trace", {
+      model: currentModel().name, interactions: history, next_questions: null, return_attention: true,
+    });
+    show(result, history);
+  } catch (error) {
+    $("kt-result").hidden = true;
+    showError($("kt-error"), error.message);
+  } finally {
+    button.disabled = state.history.length === 0;
+  }
+}
+
+function show(result, history) {
+  $("kt-result").hidden = false;
+  const stepName = (step) => `${step + 1} · ${describeQuestion(history[step].question)}`;
+  const verdict = (step) => (history[step].correct ? "right" : "wrong");
+  renderLineChart($("prediction-chart"), {
+    title: "Predicted probability of a right answer, before each step",
+    values: result.predictions,
+    correct: history.map((step) => step.correct),
+    describe: (step) => `step ${stepName(step)}: predicted ${fixed(result.predictions[step], 3)}, answered ${verdict(step)}`,
+    tableHeads: ["step", "question", "answered", "P(right) predicted"],
+    tableRow: (step) => [step + 1, describeQuestion(history[step].question), verdict(step), fixed(result.predictions[step], 3)],
+  });
+  const concepts = Array.from({ length: result.n_concepts }, (_, concept) => `c${concept}`);
+  const rowLabels = ["prior", ...history.map((step, i) => `${i + 1} ${step.correct ? "✓" : "✗"} ${describeQuestion(step.question)}`)];
+  renderHeatmap($("mastery-map"), {
+    title: "Mastery per concept, after each step", matrix: result.mastery, rowLabels, colLabels: concepts,
+    rowAxis: "after step", colAxis: "concept", domain: [0, 1], labelLength: 22, legendLabel: "P(right) from that concept alone",
+    describe: (row, concept, value) =>
+      `${row === 0 ? "prior" : `after step ${stepName(row - 1)} (${verdict(row - 1)})`}, concept ${concept}: mastery ${fixed(value, 3)}`,
+  });
+  renderHeatmap($("kt-attention-map"), {
+    title: "Attention per step: which concepts each question drew on", matrix: result.attention,
+    rowLabels: rowLabels.slice(1), colLabels: concepts, rowAxis: "step", colAxis: "concept", domain: [0, 1],
+    labelLength: 22, legendLabel: "correlation weight",
+    describe: (row, concept, value) => `step ${stepName(row)}, concept ${concept}: weight ${fixed(value, 3)}`,
+  });
+  state.next = [...result.next].sort((a, b) => b.p_correct - a.p_correct);
+  state.showAllNext = false;
+  drawNext();
+}
+
+function drawNext() {
+  const shown = state.showAllNext ? state.next : state.next.slice(0, NEXT_SHOWN);
+  $("next-table").tBodies[0].replaceChildren(...shown.map((item, rank) => {
+    const bar = html("span", { class: "bar" });
+    bar.style.width = `${item.p_correct * 100}%`;
+    return html("tr", {}, [
+      html("td", {}, rank + 1),
+      html("td", { title: questionText(item) }, shorten(questionText(item), 60)),
+      html("td", {}, item.concept),
+      html("td", { class: "p" }, [html("span", { class: "track", "aria-hidden": "true" }, bar), fixed(item.p_correct, 3)]),
+    ]);
+  }));
+  const more = $("next-more");
+  more.hidden = state.next.length <= NEXT_SHOWN;
+  more.textContent = state.showAllNext ? `Show the first ${NEXT_SHOWN}` : `Show all ${state.next.length}`;
+}

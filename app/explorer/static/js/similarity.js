@@ -1,0 +1,85 @@
+// The similarity tab: two sentences in, relatedness, entailment bars and the two attention maps out.
+import { request } from "./api.js";
+import { html, showError, fixed } from "./dom.js";
+import { renderHeatmap } from "./heatmap.js";
+
+const $ = (id) => document.getElementById(id);
+
+/** Fill the model picker and wire the form. */
+export function setUpSimilarity(models) {
+  const picker = $("similarity-model");
+  picker.replaceChildren(...models.map((model) => html("option", { value: model.name, selected: model.default }, model.name)));
+  const form = $("similarity-form");
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    compare();
+  });
+  form.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) form.requestSubmit();
+  });
+}
+
+async function compare() {
+  const form = $("similarity-form");
+  const button = form.querySelector("button[type=submit]");
+  showError($("similarity-error"), "");
+  button.disabled = true;
+  form.setAttribute("aria-busy", "true");
+  try {
+    const result = await request("/similarity", {
+      sentence_a: $("sentence-a").value,
+      sentence_b: $("sentence-b").value,
+      model: $("similarity-model").value || null,
+      return_attention: true,
+    });
+    show(result);
+  } catch (error) {
+    $("similarity-result").hidden = true;
+    showError($("similarity-error"), error.message);
+  } finally {
+    button.disabled = false;
+    form.removeAttribute("aria-busy");
+  }
+}
+
+function show(result) {
+  const relatedness = $("relatedness");
+  relatedness.textContent = fixed(result.relatedness, 3);
+  relatedness.dataset.value = result.relatedness;
+  const share = (result.relatedness - 1) / 4;
+  $("relatedness-marker").style.left = `${Math.min(100, Math.max(0, share * 100))}%`;
+  $("relatedness-scale").setAttribute("aria-label", `relatedness ${fixed(result.relatedness, 3)} on a scale from 1 to 5`);
+
+  $("entailment-label").textContent = result.entailment.label.toLowerCase();
+  $("entailment-bars").replaceChildren(...Object.entries(result.entailment.probabilities).map(([label, p]) => {
+    const bar = html("span", { class: "bar" });
+    bar.style.width = `${p * 100}%`;
+    return html("li", { class: label === result.entailment.label ? "chosen" : "" }, [
+      html("span", { class: "bar-label" }, label.toLowerCase()),
+      html("span", { class: "track", role: "img", "aria-label": `${label.toLowerCase()} ${fixed(p * 100, 1)}%` }, bar),
+      html("span", { class: "bar-value" }, `${fixed(p * 100, 1)}%`),
+    ]);
+  }));
+
+  $("similarity-result").hidden = false;
+  const unknown = new Set(result.unknown_tokens);
+  const note = $("unknown-tokens");
+  note.hidden = unknown.size === 0;
+  note.textContent = unknown.size
+    ? `Words without a word vector, read as <unk> (marked ? in the maps): ${[...unknown].join(", ")}`
+    : "";
+  for (const [key, tokens, title] of [["a", result.tokens_a, "Sentence A"], ["b", result.tokens_b, "Sentence B"]]) {
+    drawAttention($(`attention-${key}`), `${title}: attention while reading`, tokens, result.attention[`sentence_${key}`], unknown);
+  }
+}
+
+function drawAttention(figure, title, tokens, matrix, unknown) {
+  const labels = tokens.map((token) => (unknown.has(token) ? `${token} ?` : token));
+  const marked = new Set(tokens.flatMap((token, i) => (unknown.has(token) ? [i] : [])));
+  renderHeatmap(figure, {
+    title, matrix, rowLabels: labels, colLabels: labels, rowAxis: "reading", colAxis: "attended",
+    markedRows: marked, markedColumns: marked, square: true, legendLabel: "attention weight",
+    describe: (row, column, value) =>
+      `reading “${tokens[row]}” (${row + 1}), attended to “${tokens[column]}” (${column + 1}): ${fixed(value, 4)}`,
+  });
+}
