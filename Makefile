@@ -26,9 +26,12 @@ serve: $(VENV)/serve.stamp  ## serve artifacts/ on MNEMO_HOST:MNEMO_PORT (defaul
 
 # Debian programs the tests run for real (tests/test_student_store.py starts its own redis-server).
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
-test-services:  ## install redis-server with apt-get when it is missing
-	command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq \
-		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+# Debian packages the tests need, as `binary:package`; each is installed with apt-get only when missing.
+TEST_PACKAGES := redis-server:redis-server chromium:chromium fc-list:fonts-dejavu-core
+test-services:  ## install the Debian packages the tests use (redis-server, chromium, fonts) when missing
+	@missing="$$(for pair in $(TEST_PACKAGES); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done)"; \
+	if [ -n "$$missing" ]; then echo "installing $$missing"; $(SUDO) apt-get update -qq \
+		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
 
 test: $(VENV)/dev.stamp test-services  ## ruff + the whole pytest suite
 	$(BIN)/ruff check .

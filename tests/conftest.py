@@ -7,6 +7,7 @@ models (`client`) or on toy ONNX graphs (`toy_artifacts`). The pipeline fixture 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import shutil
@@ -20,6 +21,9 @@ from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
 from tests.synthetic_data import write_sick, write_synthetic_kt
 from tests.toy_model import OTHER_TASK, toy_entry, write_toy_artifacts
+
+# The training tests import torch at module level: without the train extra they are not collected.
+collect_ignore = [] if importlib.util.find_spec("torch") else ["test_dkvmn.py", "test_rmc.py"]
 
 KT_MODEL = "dkvmn-synthetic"
 SIM_MODEL = "rmc-vlmp-sick"

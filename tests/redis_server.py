@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import redis
+
+from tests.helpers import free_port
 
 START_TIMEOUT_S = 10.0
 MISSING_REASON = "redis-server is not installed (Debian package redis-server; `make test` installs it)"
@@ -26,11 +27,6 @@ def require_redis_server() -> str:
         pytest.skip(MISSING_REASON)
     return binary
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class RedisServer:

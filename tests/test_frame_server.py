@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import free_port
 from tests.toy_model import write_empty_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager
@@ -32,7 +27,7 @@ def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str
 
     The list yielded fills with the process output lines after it stops.
     """
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "MNEMO_ARTIFACTS_DIR": str(artifacts),
