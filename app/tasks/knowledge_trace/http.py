@@ -67,8 +67,9 @@ async def knowledge_trace(request: Request) -> JsonResponse:
     """
     body = await read_body(request, KnowledgeTraceRequest)
     model = registry(request).get(body.model, TASK_NAME)
-    arrays = await offload(_arrays, model, body)
-    with model.batcher.admit(service.rows_needed(model, len(body.interactions), len(arrays[2]) > 0)):
+    predicts_next = body.next_questions is None or len(body.next_questions) > 0
+    with model.batcher.admit(service.rows_needed(model, len(body.interactions), predicts_next)):
+        arrays = await offload(_arrays, model, body)
         return JsonResponse(await complete(request, _answer(model, body, arrays), model.name))
 
 
