@@ -213,15 +213,15 @@ class Sampler(threading.Thread):
     def __init__(self, probe: Callable[[], float], interval: float = 0.05) -> None:
         super().__init__(daemon=True)
         self.probe, self.interval, self.samples = probe, interval, []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.samples.append(self.probe())
-            self._stop.wait(self.interval)
+            self._halt.wait(self.interval)
 
     def stop(self) -> list[float]:
-        self._stop.set()
+        self._halt.set()
         self.join()
         return self.samples
 
@@ -268,7 +268,7 @@ def wrk(url: str, body: dict, connections: int, seconds: int, timeout_s: float) 
         f"-c{connections}",
         f"-d{seconds}s",
         "--timeout",
-        f"{timeout_s}s",
+        f"{round(timeout_s)}s",
         "-s",
         str(LUA),
         url,
