@@ -233,6 +233,9 @@ def test_bad_tensors_are_400(triton) -> None:
     too_long = kt_inputs(q, r, [3], False)
     status, message = status_of(lambda: triton.infer(KT_MODEL, too_long))
     assert status == "400" and "len[0] is 3" in message
+    padded_wide = np.ones((2, 5001), dtype=np.int64)  # 10002 steps with padding; the model's limit is 10000
+    status, message = status_of(lambda: triton.infer(KT_MODEL, kt_inputs(padded_wide, padded_wide, [1, 1], True)))
+    assert status == "400" and "2 x 5001 = 10002 steps" in message and "at most 10000" in message
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])

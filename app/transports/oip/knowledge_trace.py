@@ -6,8 +6,8 @@ the optional value memory `mv_in` [B,N,d_v] FP32 (default: the model's initial m
 Outputs: `p` [B,T], `corr_w` [B,T,N], `mastery` [B,T+1,N] and `mv_out` [B,N,d_v], all FP32; steps
 past a row's length are 0. Each row runs through the task service's `trace`: chunks of `seqlen`
 steps, each starting from the memory the previous chunk ended with, in the model's batches, so
-T may exceed `seqlen`, as on POST /knowledge-trace. The request's total of interactions (the sum of
-`len`) is bounded by the model's `max_interactions`, like one POST /knowledge-trace body.
+T may exceed `seqlen`, as on POST /knowledge-trace. B x T (padding included: it bounds the size of
+the outputs too) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace.
 """
 
 from __future__ import annotations
@@ -68,11 +68,10 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
     if len(short):
         row = int(short[0])
         raise ProtocolError(f"input len[{row}] is {int(lengths[row])}; it must be within 1..{steps} (q's T)")
-    total = int(lengths.sum())
-    if total > state.max_interactions:
+    if batch * steps > state.max_interactions:
         raise ProtocolError(
-            f"{total} interactions in the request (sum of len); model {model.name} accepts at most "
-            f"{state.max_interactions}"
+            f"input q has {batch} x {steps} = {batch * steps} steps (padding included); model {model.name} "
+            f"accepts at most {state.max_interactions} per request"
         )
     live = np.arange(steps)[np.newaxis] < lengths[:, np.newaxis]
     _check_range(questions, live, 1, state.n_questions, f"q (the question ids of model {model.name})")

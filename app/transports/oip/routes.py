@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 from fastapi import APIRouter, Request
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
@@ -23,19 +23,38 @@ from starlette.responses import Response
 from app.frame.errors import ServiceError, ort_message
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
+from app.runtime.collate import Feeds
 from app.runtime.offload import offload
-from app.transports.http import complete
+from app.transports.http import complete, json_body
 from app.transports.oip import knowledge_trace, similarity
 from app.transports.oip.tensors import (
     InferenceRequest,
     ProtocolError,
+    TensorSpec,
     decode_inputs,
     encode_response,
     requested_outputs,
 )
 
 logger = logging.getLogger("mnemo.oip")
-ADAPTERS: dict[str, ModuleType] = {"knowledge-trace": knowledge_trace, "similarity": similarity}
+
+
+class Adapter(Protocol):
+    """What a task's protocol module provides (app/transports/oip/knowledge_trace.py, similarity.py)."""
+
+    PLATFORM: str
+
+    def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
+
+    def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
+
+    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
+        """The checked request (blocking, on a worker thread); its `rows` are admitted by the batcher."""
+
+    async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
+
+
+ADAPTERS: dict[str, Adapter] = {"knowledge-trace": knowledge_trace, "similarity": similarity}
 HEADER_LENGTH = "inference-header-content-length"
 INLINE_BODY_BYTES = 8192
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
@@ -44,7 +63,7 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 def _protocol_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
     """Answer every failure of `handler` in the protocol's error shape."""
 
-    @functools.wraps(handler)  # FastAPI reads the handler's parameters through __wrapped__
+    @functools.wraps(handler)
     async def guarded(*args: Any, **kwargs: Any) -> Response:
         try:
             return await handler(*args, **kwargs)
@@ -61,7 +80,7 @@ def _protocol_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..
     return guarded
 
 
-def _model(request: Request, name: str, version: str | None = None) -> tuple[ServedModel, ModuleType]:
+def _model(request: Request, name: str, version: str | None = None) -> tuple[ServedModel, Adapter]:
     """The named model and its adapter; 404 when unknown (or another version), 503 when not loaded."""
     registry = getattr(request.app.state, "registry", None)
     if registry is None:
@@ -100,10 +119,40 @@ async def ready(request: Request) -> JsonResponse:
 
 
 @router.get("/models/{name}", operation_id="oip_model_metadata")
-@router.get("/models/{name}/versions/{version}", include_in_schema=False)
-@_protocol_errors
-async def model_metadata(request: Request, name: str, version: str | None = None) -> JsonResponse:
+async def model_metadata(request: Request, name: str) -> Response:
     """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
+    return await _metadata(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}", include_in_schema=False)
+async def model_version_metadata(request: Request, name: str, version: str) -> Response:
+    return await _metadata(request, name, version)
+
+
+@router.get("/models/{name}/ready", operation_id="oip_model_ready")
+async def model_ready(request: Request, name: str) -> Response:
+    """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
+    return await _model_ready(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
+async def model_version_ready(request: Request, name: str, version: str) -> Response:
+    return await _model_ready(request, name, version)
+
+
+@router.post("/models/{name}/infer", operation_id="oip_infer", openapi_extra=json_body(InferenceRequest))
+async def infer(request: Request, name: str) -> Response:
+    """Run the model on the request's tensors (JSON data, or the binary tensor data extension)."""
+    return await _infer(request, name, None)
+
+
+@router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
+async def infer_version(request: Request, name: str, version: str) -> Response:
+    return await _infer(request, name, version)
+
+
+@_protocol_errors
+async def _metadata(request: Request, name: str, version: str | None) -> JsonResponse:
     model, adapter = _model(request, name, version)
     return JsonResponse(
         {
@@ -116,20 +165,14 @@ async def model_metadata(request: Request, name: str, version: str | None = None
     )
 
 
-@router.get("/models/{name}/ready", operation_id="oip_model_ready")
-@router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
 @_protocol_errors
-async def model_ready(request: Request, name: str, version: str | None = None) -> JsonResponse:
-    """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
+async def _model_ready(request: Request, name: str, version: str | None) -> JsonResponse:
     model, _ = _model(request, name, version)
     return JsonResponse({"name": model.name, "ready": True})
 
 
-@router.post("/models/{name}/infer", operation_id="oip_infer")
-@router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
 @_protocol_errors
-async def infer(request: Request, name: str, version: str | None = None) -> Response:
-    """Run the model on the request's tensors (JSON data, or the binary tensor data extension)."""
+async def _infer(request: Request, name: str, version: str | None) -> Response:
     model, adapter = _model(request, name, version)
     body, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
     try:

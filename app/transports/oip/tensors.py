@@ -174,8 +174,9 @@ def _flatten(data: Any) -> Iterator[Any]:
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
     count = math.prod(tensor.shape)
     if tensor.datatype == "BYTES":
+        elements = _split_bytes(tensor.name, raw, count)
         array = np.empty(count, dtype=object)
-        array[:] = _split_bytes(tensor.name, raw, count)
+        array[:] = elements
         return array.reshape(tensor.shape)
     dtype = np.dtype(NUMPY_TYPES[tensor.datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
