@@ -304,3 +304,11 @@ def test_a_model_that_did_not_load_is_503(artifacts_copy: Path) -> None:
         response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
         assert response.status_code == 503 and "sha256" in response.json()["error"]
         assert client.get(f"/v2/models/{SIM_MODEL}/ready").status_code == 200
+
+
+def test_draining_is_live_not_ready_and_refuses_inference() -> None:
+    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+        client.app.state.drain.begin()
+        assert client.get("/v2/health/live").status_code == 200
+        assert client.get("/v2/health/ready").status_code == 503
+        assert client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP).status_code == 503
