@@ -167,7 +167,7 @@ def test_knowledge_trace_resumes_from_the_memory_it_returned(triton) -> None:
     whole = triton.infer(KT_MODEL, kt_inputs(questions, answers, [30], binary=False))
     first = triton.infer(KT_MODEL, kt_inputs(questions[:, :12], answers[:, :12], [12], binary=True))
     second_inputs = kt_inputs(questions[:, 12:], answers[:, 12:], [18], True, memory=first.as_numpy("mv_out"))
-    second = triton.infer(KT_MODEL, second_inputs)
+    second = triton.infer(KT_MODEL, second_inputs, model_version="1.0.0")
     np.testing.assert_allclose(second.as_numpy("p")[0], whole.as_numpy("p")[0, 12:], atol=TOLERANCE)
     np.testing.assert_allclose(second.as_numpy("mv_out"), whole.as_numpy("mv_out"), atol=TOLERANCE)
     initial = np.load(COMMITTED / f"{KT_MODEL}.mv0.npy")[np.newaxis]
@@ -199,11 +199,13 @@ def test_similarity_equals_the_task_api(server, triton, binary: bool) -> None:
             assert [t for t in row_tokens if t] == expected[name]
 
 
-def test_only_the_requested_outputs_come_back(triton) -> None:
+def test_only_the_requested_outputs_come_back_with_the_request_id(triton) -> None:
     inputs = [tensor("sentence_a", np.array(["a b c"], dtype=object), "BYTES", False)]
     inputs.append(tensor("sentence_b", np.array(["a b d"], dtype=object), "BYTES", False))
-    result = triton.infer(SIM_MODEL, inputs, outputs=outputs(["relatedness"], False))
-    assert [output["name"] for output in result.get_response()["outputs"]] == ["relatedness"]
+    result = triton.infer(SIM_MODEL, inputs, outputs=outputs(["relatedness"], False), request_id="req-7")
+    response = result.get_response()
+    assert [output["name"] for output in response["outputs"]] == ["relatedness"]
+    assert (response["id"], response["model_name"], response["model_version"]) == ("req-7", SIM_MODEL, "1.0.0")
 
 
 # -- errors in the protocol's shape ------------------------------------------------------------------------
