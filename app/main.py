@@ -28,7 +28,7 @@ from app.frame.tasks import Task
 from app.runtime.engine import Engine
 from app.runtime.offload import offload
 from app.tasks import TASKS
-from app.transports import operations
+from app.transports import oip, operations
 from app.transports.http import add_body_schemas
 
 logger = logging.getLogger("mnemo")
@@ -89,6 +89,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.include_router(explorer_router)
     for task in tasks.values():
         app.include_router(task.router)
+    app.include_router(oip.router)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

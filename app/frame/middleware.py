@@ -15,7 +15,7 @@ from app.frame.responses import dumps
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
-OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics"})
+OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 STARTED_KEY = "mnemo.started"  # scope key: perf_counter() when the request reached the app
 
 

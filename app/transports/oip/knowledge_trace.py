@@ -1,0 +1,121 @@
+"""Knowledge-tracing models over the Open Inference Protocol: the DKVMN graph's own tensors.
+
+Inputs (as the ONNX graph declares them): `q` [B,T] and `r` [B,T] INT64 (question ids 1..n_questions
+and answers 0/1; steps at or past a row's length are padding and ignored), `len` [B] INT64 (1..T) and
+the optional value memory `mv_in` [B,N,d_v] FP32 (default: the model's initial memory).
+Outputs: `p` [B,T], `corr_w` [B,T,N], `mastery` [B,T+1,N] and `mv_out` [B,N,d_v], all FP32; steps
+past a row's length are 0. Each row runs through the task service's `trace`: chunks of `seqlen`
+steps, each starting from the memory the previous chunk ended with, in the model's batches, so
+T may exceed `seqlen`, as on POST /knowledge-trace. B x T (padding included: it bounds the size of
+the outputs too) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from app.frame.registry import ServedModel
+from app.runtime.collate import Feeds
+from app.tasks.knowledge_trace import service
+from app.tasks.knowledge_trace.service import KnowledgeTraceState
+from app.transports.oip.tensors import ProtocolError, TensorSpec, onnx_spec
+
+PLATFORM = "onnxruntime_onnx"
+OPTIONAL_INPUTS = frozenset({"mv_in"})
+
+
+@dataclass(frozen=True)
+class Histories:
+    """A checked request: each row's questions, answers and starting memory (None: the initial one)."""
+
+    questions: np.ndarray  # [B,T]
+    answers: np.ndarray  # [B,T]
+    lengths: np.ndarray  # [B]
+    memory: np.ndarray | None  # [B,N,d_v]
+    rows: int  # batch rows the request puts through the graph
+
+
+def inputs(model: ServedModel) -> list[TensorSpec]:
+    """The graph's inputs; `mv_in` may be left out."""
+    return [
+        replace(onnx_spec(node.name, node.type, node.shape), optional=node.name in OPTIONAL_INPUTS)
+        for node in model.session.get_inputs()
+    ]
+
+
+def outputs(model: ServedModel) -> list[TensorSpec]:
+    return [onnx_spec(node.name, node.type, node.shape) for node in model.session.get_outputs()]
+
+
+def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histories:
+    """Check shapes against each other and values against the model (400 naming the input and element)."""
+    state: KnowledgeTraceState = model.state
+    questions, answers, lengths, memory = (tensors[name] for name in ("q", "r", "len", "mv_in"))
+    batch, steps = questions.shape
+    if batch == 0 or steps == 0:
+        raise ProtocolError(f"input q has shape {list(questions.shape)}; it needs at least one row and one step")
+    if answers.shape != questions.shape:
+        raise ProtocolError(f"input r has shape {list(answers.shape)}; it must match q's {list(questions.shape)}")
+    if lengths.shape != (batch,):
+        raise ProtocolError(f"input len has shape {list(lengths.shape)}; it must be [{batch}], one per row of q")
+    if memory is not None and memory.shape[0] != batch:
+        raise ProtocolError(f"input mv_in has {memory.shape[0]} rows; q has {batch}")
+    short = np.flatnonzero((lengths < 1) | (lengths > steps))
+    if len(short):
+        row = int(short[0])
+        raise ProtocolError(f"input len[{row}] is {int(lengths[row])}; it must be within 1..{steps} (q's T)")
+    if batch * steps > state.max_interactions:
+        raise ProtocolError(
+            f"input q has {batch} x {steps} = {batch * steps} steps (padding included); model {model.name} "
+            f"accepts at most {state.max_interactions} per request"
+        )
+    live = np.arange(steps)[np.newaxis] < lengths[:, np.newaxis]
+    _check_range(questions, live, 1, state.n_questions, f"q (the question ids of model {model.name})")
+    _check_range(answers, live, 0, 1, "r (answers)")
+    if memory is not None and not np.isfinite(memory).all():
+        raise ProtocolError("input mv_in holds NaN or infinite values")
+    rows = sum(math.ceil(int(length) / state.seqlen) for length in lengths)
+    return Histories(questions, answers, lengths, memory, rows)
+
+
+def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what: str) -> None:
+    bad = np.argwhere(live & ((values < low) | (values > high)))
+    if len(bad):
+        row, step = (int(index) for index in bad[0])
+        raise ProtocolError(
+            f"input {what}: element [{row}, {step}] is {int(values[row, step])}; it must be within {low}..{high}"
+        )
+
+
+async def infer(model: ServedModel, histories: Histories) -> Feeds:
+    """Every row's trace (rows run concurrently, so they share the model's batches), zero-padded to T."""
+    traces = await asyncio.gather(
+        *(
+            service.trace(
+                model,
+                histories.questions[row, :length],
+                histories.answers[row, :length],
+                None if histories.memory is None else histories.memory[row],
+            )
+            for row, length in enumerate(histories.lengths.tolist())
+        )
+    )
+    batch, steps = histories.questions.shape
+    concepts, value_dim = traces[0].memory.shape
+    result = {
+        "p": np.zeros((batch, steps), dtype=np.float32),
+        "corr_w": np.zeros((batch, steps, concepts), dtype=np.float32),
+        "mastery": np.zeros((batch, steps + 1, concepts), dtype=np.float32),
+        "mv_out": np.zeros((batch, concepts, value_dim), dtype=np.float32),
+    }
+    for row, trace in enumerate(traces):
+        length = len(trace.predictions)
+        result["p"][row, :length] = trace.predictions
+        result["corr_w"][row, :length] = trace.attention
+        result["mastery"][row, : length + 1] = trace.mastery
+        result["mv_out"][row] = trace.memory
+    return result

@@ -1,0 +1,210 @@
+"""The Open Inference Protocol (KServe v2) REST endpoints over the task services.
+
+Health and metadata: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{name}[/versions/{v}]
+and .../ready. Inference: POST /v2/models/{name}[/versions/{v}]/infer, admitted by the model's
+batcher (429), bounded by the request deadline (504) and batched with the task API's requests.
+Every error is the protocol's `{"error": "<sentence>"}`: 400 bad tensors, 404 unknown model or
+version, 429/503/504 from the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import numpy as np
+from fastapi import APIRouter, Request
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from app.frame.errors import ServiceError, ort_message
+from app.frame.registry import ServedModel
+from app.frame.responses import JsonResponse
+from app.runtime.collate import Feeds
+from app.runtime.offload import offload
+from app.transports.http import complete, json_body
+from app.transports.oip import knowledge_trace, similarity
+from app.transports.oip.tensors import (
+    InferenceRequest,
+    ProtocolError,
+    TensorSpec,
+    decode_inputs,
+    encode_response,
+    requested_outputs,
+)
+
+logger = logging.getLogger("mnemo.oip")
+
+
+class Adapter(Protocol):
+    """What a task's protocol module provides (app/transports/oip/knowledge_trace.py, similarity.py)."""
+
+    PLATFORM: str
+
+    def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
+
+    def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
+
+    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
+        """The checked request (blocking, on a worker thread); its `rows` are admitted by the batcher."""
+
+    async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
+
+
+ADAPTERS: dict[str, Adapter] = {"knowledge-trace": knowledge_trace, "similarity": similarity}
+HEADER_LENGTH = "inference-header-content-length"
+INLINE_BODY_BYTES = 8192
+router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+
+
+def _protocol_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+    """Answer every failure of `handler` in the protocol's error shape."""
+
+    @functools.wraps(handler)
+    async def guarded(*args: Any, **kwargs: Any) -> Response:
+        try:
+            return await handler(*args, **kwargs)
+        except ProtocolError as error:
+            return JsonResponse({"error": error.message}, error.status)
+        except ServiceError as error:
+            return JsonResponse({"error": error.detail}, error.status_code, headers=error.headers)
+        except OrtInvalidArgument as error:
+            return JsonResponse({"error": f"The model rejected the input: {ort_message(error)}"}, 400)
+        except Exception:
+            logger.exception("unexpected error in the protocol endpoint %s", handler.__name__)
+            return JsonResponse({"error": "Internal error; it has been logged."}, 500)
+
+    return guarded
+
+
+def _model(request: Request, name: str, version: str | None = None) -> tuple[ServedModel, Adapter]:
+    """The named model and its adapter; 404 when unknown (or another version), 503 when not loaded."""
+    registry = getattr(request.app.state, "registry", None)
+    if registry is None:
+        raise ProtocolError("Models are still loading.", 503)
+    model = registry.models.get(name)
+    if model is None or model.task not in ADAPTERS:
+        known = ", ".join(sorted(n for n, m in registry.models.items() if m.task in ADAPTERS)) or "none"
+        raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
+    if version is not None and version != model.entry.version:
+        raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
+    if not model.ready:
+        raise ProtocolError(f"Model {name} is not ready: {model.error}", 503)
+    return model, ADAPTERS[model.task]
+
+
+@router.get("", operation_id="oip_server_metadata")
+async def server_metadata(request: Request) -> JsonResponse:
+    """Server name, version and protocol extensions."""
+    return JsonResponse(
+        {"name": request.app.title, "version": request.app.version, "extensions": ["binary_tensor_data"]}
+    )
+
+
+@router.get("/health/live", operation_id="oip_live")
+async def live() -> JsonResponse:
+    """200 while the process is up."""
+    return JsonResponse({"live": True})
+
+
+@router.get("/health/ready", operation_id="oip_ready")
+async def ready(request: Request) -> JsonResponse:
+    """200 when every model is loaded and the server is not draining; else 503."""
+    registry = getattr(request.app.state, "registry", None)
+    is_ready = not request.app.state.drain.draining and registry is not None and registry.ready
+    return JsonResponse({"ready": is_ready}, 200 if is_ready else 503)
+
+
+@router.get("/models/{name}", operation_id="oip_model_metadata")
+async def model_metadata(request: Request, name: str) -> Response:
+    """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
+    return await _metadata(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}", include_in_schema=False)
+async def model_version_metadata(request: Request, name: str, version: str) -> Response:
+    return await _metadata(request, name, version)
+
+
+@router.get("/models/{name}/ready", operation_id="oip_model_ready")
+async def model_ready(request: Request, name: str) -> Response:
+    """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
+    return await _model_ready(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
+async def model_version_ready(request: Request, name: str, version: str) -> Response:
+    return await _model_ready(request, name, version)
+
+
+@router.post("/models/{name}/infer", operation_id="oip_infer", openapi_extra=json_body(InferenceRequest))
+async def infer(request: Request, name: str) -> Response:
+    """Run the model on the request's tensors (JSON data, or the binary tensor data extension)."""
+    return await _infer(request, name, None)
+
+
+@router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
+async def infer_version(request: Request, name: str, version: str) -> Response:
+    return await _infer(request, name, version)
+
+
+@_protocol_errors
+async def _metadata(request: Request, name: str, version: str | None) -> JsonResponse:
+    model, adapter = _model(request, name, version)
+    return JsonResponse(
+        {
+            "name": model.name,
+            "versions": [model.entry.version],
+            "platform": adapter.PLATFORM,
+            "inputs": [spec.metadata() for spec in adapter.inputs(model)],
+            "outputs": [spec.metadata() for spec in adapter.outputs(model)],
+        }
+    )
+
+
+@_protocol_errors
+async def _model_ready(request: Request, name: str, version: str | None) -> JsonResponse:
+    model, _ = _model(request, name, version)
+    return JsonResponse({"name": model.name, "ready": True})
+
+
+@_protocol_errors
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    model, adapter = _model(request, name, version)
+    body, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+    try:
+        parsed = (
+            InferenceRequest.model_validate_json(body)
+            if len(body) <= INLINE_BODY_BYTES
+            else (await offload(InferenceRequest.model_validate_json, body))
+        )
+    except ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        raise ProtocolError(f"invalid inference request: {where}: {first['msg']}") from None
+    wanted = requested_outputs(parsed, adapter.outputs(model))
+    tensors = await offload(decode_inputs, parsed, binary, adapter.inputs(model))
+    prepared = await offload(adapter.prepare, model, tensors)
+    with model.batcher.admit(prepared.rows):
+        outputs = await complete(request, adapter.infer(model, prepared), model.name)
+    header = {"model_name": model.name, "model_version": model.entry.version}
+    if parsed.id is not None:
+        header["id"] = parsed.id
+    content, header_length = await offload(encode_response, header, outputs, adapter.outputs(model), wanted)
+    if header_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)}
+    )
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """The JSON header and the binary tensor data that follows it (empty without the extension)."""
+    if header_length is None:
+        return body, b""
+    if not header_length.isdigit() or int(header_length) > len(body):
+        raise ProtocolError(f"Inference-Header-Content-Length {header_length[:20]!r} does not fit the body")
+    return body[: int(header_length)], body[int(header_length) :]

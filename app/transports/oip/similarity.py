@@ -1,0 +1,92 @@
+"""Similarity models over the Open Inference Protocol: sentences in, scores and tokens out.
+
+The ONNX graph reads GloVe embeddings, so the protocol tensors are the task's, not the graph's:
+inputs `sentence_a` and `sentence_b`, BYTES [B] (UTF-8 text, one element per pair); outputs
+`relatedness` FP32 [B] (1..5), `entailment_probabilities` FP32 [B,3] (in the order of the model's
+`entailment_labels`, GET /models) and `tokens_a` / `tokens_b` BYTES [B,L] (the tokens the model read,
+`<s>` ... `</s>`, padded with empty strings to the longest sentence of the request). The pairs go
+through the similarity service (limits, tokenizer, batcher) exactly as on POST /similarity/batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.frame.errors import InvalidInput
+from app.frame.registry import ServedModel
+from app.runtime.collate import Feeds
+from app.tasks.similarity import service
+from app.tasks.similarity.service import EncodedPair, SimilarityState
+from app.transports.oip.tensors import ProtocolError, TensorSpec
+
+PLATFORM = "mnemo_similarity"
+INPUTS = [TensorSpec("sentence_a", "BYTES", (-1,)), TensorSpec("sentence_b", "BYTES", (-1,))]
+OUTPUTS = [
+    TensorSpec("relatedness", "FP32", (-1,)),
+    TensorSpec("entailment_probabilities", "FP32", (-1, 3)),
+    TensorSpec("tokens_a", "BYTES", (-1, -1)),
+    TensorSpec("tokens_b", "BYTES", (-1, -1)),
+]
+
+
+@dataclass(frozen=True)
+class Pairs:
+    encoded: list[EncodedPair]
+
+    @property
+    def rows(self) -> int:
+        return len(self.encoded)
+
+
+def inputs(model: ServedModel) -> list[TensorSpec]:
+    return INPUTS
+
+
+def outputs(model: ServedModel) -> list[TensorSpec]:
+    return OUTPUTS
+
+
+def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
+    """Tokenize and embed every pair; the service's limits answer 400 naming the input and element."""
+    first, second = tensors["sentence_a"], tensors["sentence_b"]
+    if len(first) != len(second):
+        raise ProtocolError(f"sentence_a has {len(first)} elements and sentence_b {len(second)}; they must pair up")
+    if len(first) == 0:
+        raise ProtocolError("sentence_a and sentence_b hold no pair")
+    texts = list(zip(first.tolist(), second.tolist(), strict=True))
+    try:
+        encoded = service.encode_pairs(model, texts, [(index,) for index in range(len(texts))])
+    except InvalidInput as error:
+        where = error.location[1:]  # ("body", index, "sentence_a") or ("body", "pairs")
+        name = f"input {where[1]}[{where[0]}]" if len(where) == 2 else "inputs sentence_a/sentence_b"
+        raise ProtocolError(f"{name}: {error.message}") from None
+    return Pairs(encoded)
+
+
+async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
+    """Run the pairs in the model's batches and gather the protocol's output tensors."""
+    state: SimilarityState = model.state
+    graph_outputs = await service.run_pairs(model, pairs.encoded)
+    results = [
+        service.decode(model, pair, output, return_attention=False)
+        for pair, output in zip(pairs.encoded, graph_outputs, strict=True)
+    ]
+    return {
+        "relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32),
+        "entailment_probabilities": np.array(
+            [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results],
+            dtype=np.float32,
+        ),
+        "tokens_a": _padded([result["tokens_a"] for result in results]),
+        "tokens_b": _padded([result["tokens_b"] for result in results]),
+    }
+
+
+def _padded(token_lists: list[list[str]]) -> np.ndarray:
+    """[B, longest] of tokens, padded with empty strings (never a token)."""
+    array = np.full((len(token_lists), max(len(tokens) for tokens in token_lists)), "", dtype=object)
+    for row, tokens in enumerate(token_lists):
+        array[row, : len(tokens)] = tokens
+    return array

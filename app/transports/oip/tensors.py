@@ -1,0 +1,251 @@
+"""Open Inference Protocol tensors: the request body, datatypes, and decoding/encoding of tensor data.
+
+A request's inputs arrive as JSON `data` (flat or nested, row-major) or, with the binary tensor data
+extension, as raw little-endian bytes after the JSON header (`Inference-Header-Content-Length`;
+each such input says `parameters.binary_data_size`; BYTES elements are a 4-byte length and the bytes).
+Every input is checked against the model's declared `TensorSpec` (name, datatype, rank, fixed dims,
+element count) before anything runs; a broken rule is a `ProtocolError` (400) naming the input.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from app.frame.responses import dumps
+
+MAX_RANK = 8
+NUMPY_TYPES: dict[str, type] = {
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+ONNX_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+JSON_KINDS = {"BOOL": "b", "INT8": "iu", "INT16": "iu", "INT32": "iu", "INT64": "iu", "UINT8": "iu"}  # else "iuf"
+
+
+class ProtocolError(Exception):
+    """A request the protocol adapter refuses: `{"error": message}` with `status` (400 unless said)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class RequestInput(BaseModel):
+    name: str = Field(max_length=128)
+    shape: list[int] = Field(max_length=MAX_RANK)
+    datatype: str = Field(max_length=16)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    data: list[Any] | None = None
+
+
+class RequestOutput(BaseModel):
+    name: str = Field(max_length=128)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class InferenceRequest(BaseModel):
+    """The JSON body (or header) of POST /v2/models/{name}/infer."""
+
+    id: str | None = Field(default=None, max_length=256)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    inputs: list[RequestInput] = Field(min_length=1, max_length=64)
+    outputs: list[RequestOutput] | None = Field(default=None, max_length=64)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A declared input or output: name, datatype and shape (-1 = any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    optional: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def onnx_spec(name: str, onnx_type: str, shape: Sequence[int | str | None]) -> TensorSpec:
+    """The protocol's view of an ONNX graph input or output: symbolic dims become -1."""
+    datatype = ONNX_TYPES.get(onnx_type)
+    if datatype is None:
+        raise ValueError(f"graph tensor {name} has type {onnx_type}, which the protocol adapter does not map")
+    return TensorSpec(name, datatype, tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in shape))
+
+
+def decode_inputs(
+    request: InferenceRequest, binary: bytes, specs: Sequence[TensorSpec]
+) -> dict[str, np.ndarray | None]:
+    """Every declared input as a numpy array of its datatype and shape (None for an absent optional one)."""
+    declared = {spec.name: spec for spec in specs}
+    arrays: dict[str, np.ndarray | None] = dict.fromkeys(declared)
+    offset = 0
+    for tensor in request.inputs:
+        spec = declared.get(tensor.name)
+        if spec is None:
+            raise ProtocolError(f"unknown input {tensor.name!r}; the model takes {', '.join(declared)}")
+        if arrays[tensor.name] is not None:
+            raise ProtocolError(f"input {tensor.name} is given twice")
+        _check_header(tensor, spec)
+        size = tensor.parameters.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+                raise ProtocolError(f"input {tensor.name}: binary_data_size {size!r} does not fit the binary data")
+            arrays[tensor.name] = _from_binary(tensor, binary[offset : offset + size])
+            offset += size
+        elif tensor.data is not None:
+            arrays[tensor.name] = _from_json(tensor)
+        else:
+            raise ProtocolError(f"input {tensor.name} has neither data nor binary_data_size")
+    if offset != len(binary):
+        raise ProtocolError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    missing = [name for name, array in arrays.items() if array is None and not declared[name].optional]
+    if missing:
+        raise ProtocolError(f"missing input(s) {', '.join(missing)}; the model takes {', '.join(declared)}")
+    return arrays
+
+
+def _check_header(tensor: RequestInput, spec: TensorSpec) -> None:
+    if tensor.datatype != spec.datatype:
+        raise ProtocolError(f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}")
+    shape = tensor.shape
+    wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
+    if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
+        raise ProtocolError(f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)")
+
+
+def _from_json(tensor: RequestInput) -> np.ndarray:
+    count = math.prod(tensor.shape)
+    if tensor.datatype == "BYTES":
+        elements = list(_flatten(tensor.data))
+        if not all(isinstance(element, str) for element in elements):
+            raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
+        array = np.empty(len(elements), dtype=object)
+        array[:] = elements
+    else:
+        try:
+            array = np.asarray(tensor.data)
+        except (ValueError, OverflowError):
+            raise ProtocolError(f"input {tensor.name}: data must be a flat or evenly nested list of numbers") from None
+        allowed = JSON_KINDS.get(tensor.datatype, "iuf")
+        if array.size and array.dtype.kind not in allowed:
+            raise ProtocolError(f"input {tensor.name}: data must hold {tensor.datatype} values")
+        array = array.astype(NUMPY_TYPES[tensor.datatype])
+    if array.size != count:
+        raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {array.size}")
+    return array.reshape(tensor.shape)
+
+
+def _flatten(data: Any) -> Iterator[Any]:
+    for element in data:
+        if isinstance(element, list):
+            yield from _flatten(element)
+        else:
+            yield element
+
+
+def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
+    count = math.prod(tensor.shape)
+    if tensor.datatype == "BYTES":
+        elements = _split_bytes(tensor.name, raw, count)
+        array = np.empty(count, dtype=object)
+        array[:] = elements
+        return array.reshape(tensor.shape)
+    dtype = np.dtype(NUMPY_TYPES[tensor.datatype]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {tensor.name}: shape {tensor.shape} needs {count * dtype.itemsize} bytes, got {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[tensor.datatype]).reshape(tensor.shape)
+
+
+def _split_bytes(name: str, raw: bytes, count: int) -> list[str]:
+    """BYTES elements of the binary extension (4-byte little-endian length, then the bytes), as text."""
+    elements, offset = [], 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise ProtocolError(f"input {name}: truncated BYTES element length")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        chunk = raw[offset + 4 : offset + 4 + size]
+        if len(chunk) != size:
+            raise ProtocolError(f"input {name}: truncated BYTES element")
+        try:
+            elements.append(chunk.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ProtocolError(f"input {name}: BYTES element {len(elements)} is not UTF-8 text") from None
+        offset += 4 + size
+    if len(elements) != count:
+        raise ProtocolError(f"input {name}: the shape needs {count} elements, the binary data has {len(elements)}")
+    return elements
+
+
+def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) -> dict[str, bool]:
+    """The outputs to return (all when none are named), each with whether it goes as binary data."""
+    declared = [spec.name for spec in specs]
+    everything_binary = request.parameters.get("binary_data_output") is True
+    if request.outputs is None:
+        return dict.fromkeys(declared, everything_binary)
+    wanted: dict[str, bool] = {}
+    for output in request.outputs:
+        if output.name not in declared:
+            raise ProtocolError(f"unknown output {output.name!r}; the model returns {', '.join(declared)}")
+        wanted[output.name] = output.parameters.get("binary_data", everything_binary) is True
+    return wanted
+
+
+def encode_response(
+    header: Mapping[str, Any],
+    outputs: Mapping[str, np.ndarray],
+    specs: Sequence[TensorSpec],
+    wanted: Mapping[str, bool],
+) -> tuple[bytes, int | None]:
+    """The response body and, when some outputs are binary, the length of its JSON header."""
+    datatypes = {spec.name: spec.datatype for spec in specs}
+    tensors, blobs = [], []
+    for name, as_binary in wanted.items():
+        array, datatype = outputs[name], datatypes[name]
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if as_binary:
+            blobs.append(_to_binary(array, datatype))
+            tensor["parameters"] = {"binary_data_size": len(blobs[-1])}
+        else:
+            tensor["data"] = array.ravel().tolist() if datatype == "BYTES" else array.ravel()
+        tensors.append(tensor)
+    body = dumps({**header, "outputs": tensors})
+    if not blobs:
+        return body, None
+    return body + b"".join(blobs), len(body)
+
+
+def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        encoded = [str(element).encode("utf-8") for element in array.ravel()]
+        return b"".join(struct.pack("<I", len(element)) + element for element in encoded)
+    return np.ascontiguousarray(array, dtype=np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")).tobytes()

@@ -1,0 +1,316 @@
+"""The Open Inference Protocol (KServe v2 REST), spoken by the official `tritonclient` to a real server.
+
+The numbers must equal the task API's (POST /similarity, /knowledge-trace) on the same server, and the
+model metadata must equal the ONNX graphs as the `onnx` package reads them. Error statuses that need
+engine states (queue full, deadline passed, model not loaded) run in-process on the real app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
+from tests.helpers import Server, running_server
+
+httpclient = pytest.importorskip("tritonclient.http", reason="the protocol test needs the dev extra (tritonclient)")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+TOLERANCE = 1e-5
+KT_MODELS = [entry["name"] for entry in manifest_models(COMMITTED) if entry["task"] == "knowledge-trace"]
+ONNX_DATATYPES = {onnx.TensorProto.INT64: "INT64", onnx.TensorProto.FLOAT: "FP32"}
+PAIRS = [
+    ("A man is playing a guitar.", "A person plays the guitar."),
+    ("A dog runs across 2 fields", "The cat is sleeping on the sofa"),
+    ("Kids are playing in the park", "Children play outside"),
+]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server(COMMITTED) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def triton(server: Server) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    yield client
+    client.close()
+
+
+def tensor(name: str, array: np.ndarray, datatype: str, binary: bool) -> httpclient.InferInput:
+    tensor_input = httpclient.InferInput(name, list(array.shape), datatype)
+    tensor_input.set_data_from_numpy(array, binary_data=binary)
+    return tensor_input
+
+
+def outputs(names: list[str], binary: bool) -> list[httpclient.InferRequestedOutput]:
+    return [httpclient.InferRequestedOutput(name, binary_data=binary) for name in names]
+
+
+def kt_inputs(questions: np.ndarray, answers: np.ndarray, lengths: list[int], binary: bool, memory=None) -> list:
+    inputs = [
+        tensor("q", questions.astype(np.int64), "INT64", binary),
+        tensor("r", answers.astype(np.int64), "INT64", binary),
+        tensor("len", np.array(lengths, dtype=np.int64), "INT64", binary),
+    ]
+    if memory is not None:
+        inputs.append(tensor("mv_in", memory.astype(np.float32), "FP32", binary))
+    return inputs
+
+
+def task_trace(server: Server, questions: np.ndarray, answers: np.ndarray) -> dict:
+    interactions = [{"question": int(q), "correct": bool(r)} for q, r in zip(questions, answers, strict=True)]
+    body = {"model": KT_MODEL, "interactions": interactions, "next_questions": [1]}
+    response = httpx.post(f"{server.url}/knowledge-trace", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def graph_tensors(nodes) -> list[dict]:
+    """Name, protocol datatype and shape (-1 for a symbolic dim) of ONNX graph inputs or outputs."""
+    return [
+        {
+            "name": node.name,
+            "datatype": ONNX_DATATYPES[node.type.tensor_type.elem_type],
+            "shape": [dim.dim_value if dim.HasField("dim_value") else -1 for dim in node.type.tensor_type.shape.dim],
+        }
+        for node in nodes
+    ]
+
+
+def status_of(call) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value.status(), caught.value.message()
+
+
+# -- health and metadata ---------------------------------------------------------------------------------
+def test_health_and_readiness(triton) -> None:
+    assert triton.is_server_live()
+    assert triton.is_server_ready()
+    for entry in manifest_models(COMMITTED):
+        assert triton.is_model_ready(entry["name"])
+        assert triton.is_model_ready(entry["name"], entry["version"])
+    assert not triton.is_model_ready("no-such-model")
+    assert not triton.is_model_ready(KT_MODEL, "9.9.9")
+    metadata = triton.get_server_metadata()
+    assert metadata["name"] == "mnemo"
+    assert "binary_tensor_data" in metadata["extensions"]
+
+
+@pytest.mark.parametrize("name", KT_MODELS)
+def test_knowledge_trace_metadata_is_the_onnx_graph(triton, name: str) -> None:
+    graph = onnx.load(COMMITTED / f"{name}.onnx").graph
+    metadata = triton.get_model_metadata(name)
+    assert metadata["name"] == name
+    assert metadata["platform"] == "onnxruntime_onnx"
+    assert metadata["inputs"] == graph_tensors(graph.input)
+    assert metadata["outputs"] == graph_tensors(graph.output)
+    assert [tensor["name"] for tensor in metadata["inputs"]] == ["q", "r", "len", "mv_in"]
+
+
+def test_similarity_metadata(triton) -> None:
+    metadata = triton.get_model_metadata(SIM_MODEL, "1.0.0")
+    assert metadata["inputs"] == [
+        {"name": "sentence_a", "datatype": "BYTES", "shape": [-1]},
+        {"name": "sentence_b", "datatype": "BYTES", "shape": [-1]},
+    ]
+    assert metadata["outputs"] == [
+        {"name": "relatedness", "datatype": "FP32", "shape": [-1]},
+        {"name": "entailment_probabilities", "datatype": "FP32", "shape": [-1, 3]},
+        {"name": "tokens_a", "datatype": "BYTES", "shape": [-1, -1]},
+        {"name": "tokens_b", "datatype": "BYTES", "shape": [-1, -1]},
+    ]
+
+
+# -- the same numbers as the task API --------------------------------------------------------------------
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_knowledge_trace_equals_the_task_api(server, triton, binary: bool) -> None:
+    """Rows of different lengths, one past the model's seqlen (chunked), padded to one T."""
+    rng = np.random.default_rng(7)
+    n_questions, seqlen = 50, 50  # dkvmn-synthetic
+    lengths = [3, 2 * seqlen + 17, 40]
+    steps = max(lengths)
+    questions = np.zeros((len(lengths), steps), dtype=np.int64)
+    answers = np.zeros((len(lengths), steps), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        questions[row, :length] = rng.integers(1, n_questions + 1, length)
+        answers[row, :length] = rng.integers(0, 2, length)
+    names = ["p", "corr_w", "mastery", "mv_out"]
+    result = triton.infer(KT_MODEL, kt_inputs(questions, answers, lengths, binary), outputs=outputs(names, binary))
+    p, corr_w, mastery, memory = (result.as_numpy(name) for name in names)
+    assert all(("parameters" in result.get_output(name)) == binary for name in names)
+    assert p.shape == (3, steps) and corr_w.shape[:2] == (3, steps) and mastery.shape[:2] == (3, steps + 1)
+    assert memory.shape[0] == 3
+    for row, length in enumerate(lengths):
+        expected = task_trace(server, questions[row, :length], answers[row, :length])
+        np.testing.assert_allclose(p[row, :length], expected["predictions"], atol=TOLERANCE)
+        np.testing.assert_allclose(corr_w[row, :length], expected["attention"], atol=TOLERANCE)
+        np.testing.assert_allclose(mastery[row, : length + 1], expected["mastery"], atol=TOLERANCE)
+        assert not p[row, length:].any() and not corr_w[row, length:].any() and not mastery[row, length + 1 :].any()
+
+
+def test_knowledge_trace_resumes_from_the_memory_it_returned(triton) -> None:
+    """mv_out of the first half fed as mv_in of the second half gives the whole history's numbers."""
+    rng = np.random.default_rng(11)
+    questions = rng.integers(1, 51, (1, 30))
+    answers = rng.integers(0, 2, (1, 30))
+    whole = triton.infer(KT_MODEL, kt_inputs(questions, answers, [30], binary=False))
+    first = triton.infer(KT_MODEL, kt_inputs(questions[:, :12], answers[:, :12], [12], binary=True))
+    second_inputs = kt_inputs(questions[:, 12:], answers[:, 12:], [18], True, memory=first.as_numpy("mv_out"))
+    second = triton.infer(KT_MODEL, second_inputs, model_version="1.0.0")
+    np.testing.assert_allclose(second.as_numpy("p")[0], whole.as_numpy("p")[0, 12:], atol=TOLERANCE)
+    np.testing.assert_allclose(second.as_numpy("mv_out"), whole.as_numpy("mv_out"), atol=TOLERANCE)
+    initial = np.load(COMMITTED / f"{KT_MODEL}.mv0.npy")[np.newaxis]
+    explicit = triton.infer(KT_MODEL, kt_inputs(questions, answers, [30], True, memory=initial))
+    np.testing.assert_allclose(explicit.as_numpy("p"), whole.as_numpy("p"), atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_similarity_equals_the_task_api(server, triton, binary: bool) -> None:
+    first = np.array([a for a, _ in PAIRS], dtype=object)
+    second = np.array([b for _, b in PAIRS], dtype=object)
+    inputs = [tensor("sentence_a", first, "BYTES", binary), tensor("sentence_b", second, "BYTES", binary)]
+    names = ["relatedness", "entailment_probabilities", "tokens_a", "tokens_b"]
+    result = triton.infer(SIM_MODEL, inputs, outputs=outputs(names, binary))
+    relatedness, probabilities = result.as_numpy("relatedness"), result.as_numpy("entailment_probabilities")
+    tokens = {name: result.as_numpy(name) for name in ("tokens_a", "tokens_b")}
+    assert all(("parameters" in result.get_output(name)) == binary for name in names)
+    labels = next(m for m in httpx.get(f"{server.url}/models").json()["models"] if m["name"] == SIM_MODEL)[
+        "entailment_labels"
+    ]
+    for row, (sentence_a, sentence_b) in enumerate(PAIRS):
+        body = {"model": SIM_MODEL, "sentence_a": sentence_a, "sentence_b": sentence_b, "return_attention": False}
+        expected = httpx.post(f"{server.url}/similarity", json=body, timeout=30).json()
+        assert abs(relatedness[row] - expected["relatedness"]) <= TOLERANCE
+        wanted = [expected["entailment"]["probabilities"][label] for label in labels]
+        np.testing.assert_allclose(probabilities[row], wanted, atol=TOLERANCE)
+        for name in ("tokens_a", "tokens_b"):
+            row_tokens = [t.decode() if isinstance(t, bytes) else t for t in tokens[name][row]]
+            assert [t for t in row_tokens if t] == expected[name]
+
+
+def test_only_the_requested_outputs_come_back_with_the_request_id(triton) -> None:
+    inputs = [tensor("sentence_a", np.array(["a b c"], dtype=object), "BYTES", False)]
+    inputs.append(tensor("sentence_b", np.array(["a b d"], dtype=object), "BYTES", False))
+    result = triton.infer(SIM_MODEL, inputs, outputs=outputs(["relatedness"], False), request_id="req-7")
+    response = result.get_response()
+    assert [output["name"] for output in response["outputs"]] == ["relatedness"]
+    assert (response["id"], response["model_name"], response["model_version"]) == ("req-7", SIM_MODEL, "1.0.0")
+
+
+# -- errors in the protocol's shape ------------------------------------------------------------------------
+def test_unknown_model_and_version_are_404(triton) -> None:
+    one = kt_inputs(np.array([[1]]), np.array([[1]]), [1], binary=False)
+    status, message = status_of(lambda: triton.infer("no-such-model", one))
+    assert status == "404" and "no-such-model" in message and KT_MODEL in message
+    assert status_of(lambda: triton.get_model_metadata("no-such-model"))[0] == "404"
+    status, message = status_of(lambda: triton.infer(KT_MODEL, one, model_version="2.0.0"))
+    assert status == "404" and "1.0.0" in message
+
+
+def test_bad_tensors_are_400(triton) -> None:
+    q, r = np.array([[1, 2]]), np.array([[1, 0]])
+    wrong_type = [tensor("q", q.astype(np.int32), "INT32", False), *kt_inputs(q, r, [2], False)[1:]]
+    status, message = status_of(lambda: triton.infer(KT_MODEL, wrong_type))
+    assert status == "400" and "INT32" in message and "INT64" in message
+    wrong_rank = [tensor("q", q[0], "INT64", False), *kt_inputs(q, r, [2], False)[1:]]
+    status, message = status_of(lambda: triton.infer(KT_MODEL, wrong_rank))
+    assert status == "400" and "input q has shape [2]" in message
+    wrong_memory = kt_inputs(q, r, [2], False, memory=np.zeros((1, 3, 10)))
+    status, message = status_of(lambda: triton.infer(KT_MODEL, wrong_memory))
+    assert status == "400" and "mv_in" in message and "[-1, 5, 10]" in message
+    missing = kt_inputs(q, r, [2], False)[:2]
+    status, message = status_of(lambda: triton.infer(KT_MODEL, missing))
+    assert status == "400" and "missing input(s) len" in message
+    too_long = kt_inputs(q, r, [3], False)
+    status, message = status_of(lambda: triton.infer(KT_MODEL, too_long))
+    assert status == "400" and "len[0] is 3" in message
+    padded_wide = np.ones((2, 5001), dtype=np.int64)  # 10002 steps with padding; the model's limit is 10000
+    status, message = status_of(lambda: triton.infer(KT_MODEL, kt_inputs(padded_wide, padded_wide, [1, 1], True)))
+    assert status == "400" and "2 x 5001 = 10002 steps" in message and "at most 10000" in message
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_question_id_out_of_range_is_400(triton, binary: bool) -> None:
+    inputs = kt_inputs(np.array([[1, 2], [3, 51]]), np.array([[1, 0], [0, 1]]), [2, 2], binary)
+    status, message = status_of(lambda: triton.infer(KT_MODEL, inputs))
+    assert status == "400"
+    assert "element [1, 1] is 51" in message and "1..50" in message
+    padded = kt_inputs(np.array([[1, 999]]), np.array([[1, 0]]), [1], binary)  # past len: padding, ignored
+    assert triton.infer(KT_MODEL, padded).as_numpy("p").shape == (1, 2)
+
+
+def test_sentence_over_the_model_limit_is_400(triton) -> None:
+    long_sentence = " ".join(["word"] * 80)
+    inputs = [tensor("sentence_a", np.array(["a dog", long_sentence], dtype=object), "BYTES", False)]
+    inputs.append(tensor("sentence_b", np.array(["a cat", "a cat"], dtype=object), "BYTES", False))
+    status, message = status_of(lambda: triton.infer(SIM_MODEL, inputs))
+    assert status == "400" and "sentence_a[1]" in message and "at most 64" in message
+
+
+def test_malformed_bodies_are_400_in_the_protocol_shape(server: Server) -> None:
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    cases = {
+        "not json": b"{",
+        "no inputs": b'{"inputs": []}',
+        "strings for INT64": b'{"inputs": [{"name": "q", "shape": [1, 1], "datatype": "INT64", "data": ["x"]}]}',
+        "too few elements": b'{"inputs": [{"name": "q", "shape": [1, 2], "datatype": "INT64", "data": [1]}]}',
+        "unknown input": b'{"inputs": [{"name": "z", "shape": [1], "datatype": "INT64", "data": [1]}]}',
+    }
+    for case, body in cases.items():
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+        assert response.status_code == 400, case
+        assert set(response.json()) == {"error"}, case
+
+
+# -- engine states, in-process on the real app ------------------------------------------------------------
+ONE_STEP = {
+    "inputs": [
+        {"name": "q", "shape": [1, 1], "datatype": "INT64", "data": [1]},
+        {"name": "r", "shape": [1, 1], "datatype": "INT64", "data": [1]},
+        {"name": "len", "shape": [1], "datatype": "INT64", "data": [1]},
+    ]
+}
+
+
+def test_a_full_queue_is_429(client: TestClient) -> None:
+    batcher = client.app.state.registry.models[KT_MODEL].batcher
+    with batcher.admit(batcher.config.max_queue):
+        response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
+    assert response.status_code == 429 and response.headers["retry-after"]
+    assert "at capacity" in response.json()["error"]
+    assert client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP).status_code == 200
+
+
+def test_a_passed_deadline_is_504() -> None:
+    with TestClient(create_app(toy_settings(COMMITTED, request_timeout_s=1e-9))) as client:
+        response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
+    assert response.status_code == 504 and "MNEMO_REQUEST_TIMEOUT_S" in response.json()["error"]
+
+
+def test_a_model_that_did_not_load_is_503(artifacts_copy: Path) -> None:
+    (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
+    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+        assert client.get(f"/v2/models/{KT_MODEL}/ready").status_code == 503
+        assert client.get("/v2/health/ready").status_code == 503
+        response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
+        assert response.status_code == 503 and "sha256" in response.json()["error"]
+        assert client.get(f"/v2/models/{SIM_MODEL}/ready").status_code == 200
+
+
+def test_draining_is_live_not_ready_and_refuses_inference() -> None:
+    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+        client.app.state.drain.begin()
+        assert client.get("/v2/health/live").status_code == 200
+        assert client.get("/v2/health/ready").status_code == 503
+        assert client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP).status_code == 503
