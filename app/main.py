@@ -26,7 +26,7 @@ from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
 from app.frame.tasks import Task
 from app.runtime.engine import Engine
-from app.runtime.offload import offload
+from app.runtime.offload import offload, saturated
 from app.tasks import TASKS
 from app.transports import oip, operations
 from app.transports.http import add_body_schemas
@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.drain = Drain()
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(DrainGate, drain=app.state.drain)
+    app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
     app.add_middleware(RequestContext, metrics=metrics)
     app.include_router(operations.router)
     app.include_router(explorer_router)

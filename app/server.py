@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import socket
+import sys
 from types import FrameType
 
 import uvicorn
@@ -22,6 +23,7 @@ from app.frame.settings import Settings
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
+GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 
 
 class DrainingServer(uvicorn.Server):
@@ -65,6 +67,7 @@ def serve(settings: Settings, app: FastAPI | None = None) -> None:
     """Serve the app (default: `create_app(settings)`) on MNEMO_HOST:MNEMO_PORT until a signal, draining first."""
     from app.main import create_app
 
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     app = app or create_app(settings)
     config = uvicorn.Config(
         app,

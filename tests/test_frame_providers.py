@@ -104,4 +104,4 @@ def test_threads_default_to_the_affinity_mask_capped_by_the_cgroup_quota(tmp_pat
     assert usable_cpus(tmp_path / "absent") == affinity
     quota.write_text("garbage\n")
     assert usable_cpus(quota) == affinity
-    assert Settings().intra_op_threads == usable_cpus() or "MNEMO_INTRA_OP_THREADS" in os.environ
+    assert Settings().concurrent_runs == usable_cpus() or "MNEMO_CONCURRENT_RUNS" in os.environ

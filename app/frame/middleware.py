@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -67,11 +68,15 @@ class BodySizeLimit:
 
 
 class DrainGate:
-    """While draining, answer new work with 503 (Retry-After, Connection: close); count work in flight."""
+    """Refuse new work before reading its body: 503 while draining, 429 while the parse queue is saturated.
 
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+    Both answers carry Retry-After and Connection: close. Work in flight is counted for the drain.
+    """
+
+    def __init__(self, app: ASGIApp, drain: Drain, saturated: Callable[[], bool]) -> None:
         self.app = app
         self.drain = drain
+        self.saturated = saturated
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPERATIONS_PATHS:
@@ -80,6 +85,10 @@ class DrainGate:
         if self.drain.draining:
             detail = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
             await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
+            return
+        if scope["method"] == "POST" and self.saturated():
+            detail = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
+            await send_json(send, 429, detail, {"Retry-After": "1", "Connection": "close"})
             return
         self.drain.enter()
         try:

@@ -38,10 +38,11 @@ class Settings(BaseSettings):
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
     )
-    intra_op_threads: int = Field(default_factory=usable_cpus, ge=1, description="ONNX Runtime threads per run")
+    intra_op_threads: int = Field(1, ge=1, description="ONNX Runtime threads per run")
     concurrent_runs: int | None = Field(
         None, ge=1, description="ONNX runs at once over all models; default CPUs // intra_op_threads"
     )
+    cpu_arena: bool = Field(False, description="ONNX Runtime's CPU memory arena: faster large runs, memory kept")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
     max_body_bytes: int = Field(1_048_576, ge=1024, description="larger request bodies get 413")

@@ -18,10 +18,17 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.frame.errors import MAX_LISTED_ERRORS, DeadlineExceeded, InvalidBody, ServiceError, validation_detail
+from app.frame.errors import (
+    MAX_LISTED_ERRORS,
+    DeadlineExceeded,
+    InvalidBody,
+    Overloaded,
+    ServiceError,
+    validation_detail,
+)
 from app.frame.middleware import STARTED_KEY
 from app.frame.registry import ModelRegistry
-from app.runtime.offload import offload
+from app.runtime.offload import offload_or_shed
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 Body = TypeVar("Body", bound=BaseModel)
@@ -57,13 +64,17 @@ def validate(schema: type[Body], body: bytes) -> Body:
 
 
 async def read_body(request: Request, schema: type[Body]) -> Body:
-    """The request body validated against `schema`; large bodies are parsed on a worker thread."""
+    """The request body validated against `schema`; large bodies are parsed on a worker thread (or shed: 429)."""
     if not json_content_type(request):
         raise UnsupportedMediaType("Content-Type must be application/json.")
     body = await request.body()
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
-    return await offload(validate, schema, body)
+    try:
+        return await offload_or_shed(len(body), validate, schema, body)
+    except Overloaded:
+        request.app.state.metrics.rejected.labels("", "cpu_busy").inc()
+        raise
 
 
 async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:
