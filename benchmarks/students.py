@@ -1,15 +1,16 @@
 """Per-student appends: one answer costs the same at history 10 and 10,000 (HTTP, SQLite store, assist2009).
 
-Each student is created with one POST of its whole starting history, then gets `APPENDS` single-answer
-appends, timed one by one (read state, one model step from the stored memory, compare-and-swap write with
-SQLite's default synchronous=FULL, i.e. an fsync per append). For contrast: the stateless call a client
-would otherwise make for one more answer at history 10,000, asking only for the last mastery row.
+Each student is created with one POST of its whole starting history; then both get `APPENDS` single-answer
+appends, alternating, each timed (read the state, one model step from the stored memory, compare-and-swap
+write with SQLite's default synchronous=FULL, an fsync per append). For contrast: the stateless call a client
+would otherwise make at history 10,000, asking only for the last mastery row.
 `python -m benchmarks.students` prints these rows alone.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ from benchmarks.table import Row, to_markdown
 MODEL = "dkvmn-assist2009"
 HISTORIES = (10, 10_000)
 APPENDS = 200
+WARMUP = 3
 STATELESS_REPEATS = 10
 
 
@@ -31,33 +33,36 @@ def _interactions(count: int, seed: int) -> list[dict]:
 
 
 def _append_rows(client: httpx.Client) -> list[Row]:
-    rows = []
+    """Single-answer appends to the two students, alternating, so both see the same machine load."""
     for history in HISTORIES:
-        path = f"/students/bench-{history}/interactions"
-        client.post(path, json={"model": MODEL, "interactions": _interactions(history, 1)}).raise_for_status()
-        answers = iter(_interactions(APPENDS + 3, 2))  # 3 warm-up appends
-
-        def one_answer(path: str = path, answers=answers) -> None:
-            client.post(path, json={"model": MODEL, "interactions": [next(answers)]}).raise_for_status()
-
-        samples = timings_ms(one_answer, APPENDS, warmup=3)
-        rows.append(
-            Row(
-                MODEL,
-                "POST /students/{id}/interactions",
-                f"1 answer at history {history:,}, {APPENDS} sequential",
-                float(np.median(samples)),
-                p99(samples),
-                "SQLite, synchronous=FULL",
-            )
+        body = {"model": MODEL, "interactions": _interactions(history, 1)}
+        client.post(f"/students/bench-{history}/interactions", json=body).raise_for_status()
+    answers = _interactions(WARMUP + APPENDS, 2)
+    samples: dict[int, list[float]] = {history: [] for history in HISTORIES}
+    for index, answer in enumerate(answers):
+        for history in HISTORIES:
+            started = time.perf_counter()
+            body = {"model": MODEL, "interactions": [answer]}
+            client.post(f"/students/bench-{history}/interactions", json=body).raise_for_status()
+            if index >= WARMUP:
+                samples[history].append((time.perf_counter() - started) * 1000)
+    return [
+        Row(
+            MODEL,
+            "POST /students/{id}/interactions",
+            f"1 answer at history {history:,}, {APPENDS} sequential",
+            float(np.median(samples[history])),
+            p99(np.array(samples[history])),
+            "SQLite, synchronous=FULL; alternating with the other history",
         )
-    return rows
+        for history in HISTORIES
+    ]
 
 
 def _stateless_row(client: httpx.Client) -> Row:
     body = {
         "model": MODEL,
-        "interactions": _interactions(HISTORIES[-1] + 1, 3),
+        "interactions": _interactions(HISTORIES[-1], 3),
         "next_questions": [],
         "return_attention": False,
         "return_predictions": False,
@@ -67,7 +72,7 @@ def _stateless_row(client: httpx.Client) -> Row:
     return Row(
         MODEL,
         "POST /knowledge-trace",
-        f"history {HISTORIES[-1] + 1:,} resent, {STATELESS_REPEATS} sequential",
+        f"history {HISTORIES[-1]:,} resent, {STATELESS_REPEATS} sequential",
         float(np.median(samples)),
         p99(samples),
         "the stateless way to add one answer; last mastery row only",
