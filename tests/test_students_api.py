@@ -189,12 +189,15 @@ def all_ids(client: httpx.Client) -> list[str]:
 
 
 def raw_records(store_url: str, student_id: str) -> int:
-    """Records mentioning the student, read from the database itself."""
+    """Records mentioning the student, read from the database itself; for SQLite also any byte of the id left
+    in the database file or its WAL (free pages, old page versions)."""
     if store_url.startswith("sqlite://"):
-        with sqlite3.connect(store_url.removeprefix("sqlite://")) as connection:
-            return connection.execute(
-                "SELECT count(*) FROM student_state WHERE student_id = ?", (student_id,)
-            ).fetchone()[0]
+        path = Path(store_url.removeprefix("sqlite://"))
+        with sqlite3.connect(path) as connection:
+            rows = connection.execute("SELECT count(*) FROM student_state WHERE student_id = ?", (student_id,))
+            count = rows.fetchone()[0]
+        files = [path, path.with_name(path.name + "-wal")]
+        return count + sum(file.read_bytes().count(student_id.encode()) for file in files if file.exists())
     client = redis.Redis.from_url(store_url)
     keys = [key for key in client.scan_iter() if student_id.encode() in key]
     return len(keys) + int(client.zscore("mnemo:students", student_id) is not None)
