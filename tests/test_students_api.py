@@ -17,7 +17,10 @@ import httpx
 import numpy as np
 import pytest
 import redis
+from fastapi.testclient import TestClient
 
+from app.frame.settings import Settings
+from app.main import create_app
 from app.students.factory import open_store
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
@@ -383,3 +386,17 @@ def assert_students_unavailable_but_stateless_serve(client: httpx.Client) -> Non
     pair = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
     assert client.post("/similarity", json=pair).status_code == 200
     assert client.get("/ready").status_code == 200
+
+
+def test_an_sqlite_path_that_cannot_be_created_leaves_the_stateless_endpoints_serving(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    settings = Settings(
+        artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1, state_url=f"sqlite://{blocker / 'students.db'}"
+    )
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/students/learner/interactions", json={"interactions": history(1, seed=0)})
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert "cannot create the state directory" in response.json()["detail"]
+        assert client.post("/knowledge-trace", json={"interactions": history(3, seed=0)}).status_code == 200
+        assert client.get("/ready").status_code == 200
