@@ -23,6 +23,7 @@ from app.students.ids import MAX_STUDENT_ID_LENGTH, InvalidStudentId, validate_s
 from app.students.store import MAX_PAGE_SIZE, StateStore, StateVersionMismatch, StudentState
 from app.students.update import NextState, update_state
 from app.tasks.knowledge_trace import service
+from app.tasks.knowledge_trace.http import TASK_NAME
 from app.tasks.knowledge_trace.student_schemas import (
     AppendRequest,
     AppendResponse,
@@ -32,7 +33,6 @@ from app.tasks.knowledge_trace.student_schemas import (
 )
 from app.transports.http import complete, json_body, read_body, registry
 
-TASK_NAME = "knowledge-trace"
 router = APIRouter(tags=["students"])
 StudentIdPath = Annotated[
     str, Path(description=f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces")
