@@ -27,6 +27,7 @@ from app.frame.settings import Settings
 from app.frame.tasks import Task
 from app.runtime.engine import Engine
 from app.runtime.offload import offload, saturated
+from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import oip, operations
 from app.transports.http import add_body_schemas
@@ -69,6 +70,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         except Exception as error:
             logger.error("startup failed: %s", error)
             raise
+        app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
+        await offload(app.state.students.open)
         engine = Engine(registry, settings, metrics)
         app.state.registry = registry
         logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
@@ -76,6 +79,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             yield
         finally:
             await engine.stop()
+            await offload(app.state.students.close)
 
     app = FastAPI(title="mnemo", version=package_version(), description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings

@@ -75,10 +75,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_service() -> Iterator[httpx.Client]:
-    """uvicorn serving the committed artifacts on a free port, until the block ends."""
+def running_service(**settings: str) -> Iterator[httpx.Client]:
+    """uvicorn serving the committed artifacts on a free port, until the block ends; `settings`: MNEMO_* env."""
     port = _free_port()
-    env = {**os.environ, "MNEMO_PORT": str(port), "MNEMO_LOG_LEVEL": "warning"}
+    env = {**os.environ, "MNEMO_PORT": str(port), "MNEMO_LOG_LEVEL": "warning", **settings}
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"],
         env=env,

@@ -8,7 +8,7 @@ import os
 import platform
 from pathlib import Path
 
-from benchmarks import knowledge_trace, similarity
+from benchmarks import knowledge_trace, similarity, students
 from benchmarks.table import Row, to_markdown, write_section
 
 
@@ -24,11 +24,11 @@ def _header() -> str:
 
 
 def main() -> None:
-    """Collect the rows of both tasks and write the table."""
+    """Collect the rows of both tasks (and the per-student appends) and write the table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
     args = parser.parse_args()
-    rows: list[Row] = [*knowledge_trace.rows(), *similarity.rows()]
+    rows: list[Row] = [*knowledge_trace.rows(), *students.rows(), *similarity.rows()]
     write_section(args.output, "latency", "## Latency (`make bench`)\n\n" + _header() + to_markdown(rows))
     print(to_markdown(rows))
     print(f"wrote {args.output}")

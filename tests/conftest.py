@@ -66,6 +66,14 @@ def artifacts_copy(tmp_path: Path) -> Path:
     return Path(shutil.copytree(COMMITTED, tmp_path / "artifacts"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_store_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Apps and servers started by the tests keep student state in a tmp dir, never in the checkout's state/."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MNEMO_STATE_URL", f"sqlite://{tmp_path_factory.mktemp('state') / 'students.db'}")
+        yield
+
+
 @pytest.fixture(scope="session")
 def client() -> Iterator[TestClient]:
     """The real app over HTTP (TestClient) on the committed models, CPU provider."""

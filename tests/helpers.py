@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ def free_port() -> int:
 class Server:
     url: str
     process: subprocess.Popen
-    output: list[str] = field(default_factory=list)  # the process output, filled once it stopped
+    output: list[str] = field(default_factory=list)  # the process output lines, read while it runs
 
 
 @contextmanager
@@ -36,7 +37,8 @@ def running_server(
 ) -> Iterator[Server]:
     """Start `python -m app` (or `command`; `{port}` in it is replaced) on a free loopback port.
 
-    Yields once /ready is 200; on exit sends SIGTERM (if still running) and collects the output.
+    Yields once /ready is 200; on exit sends SIGTERM (if still running) and waits for it. The output is
+    read all along (a full pipe would block the server's logging), into `server.output`.
     """
     port = free_port()
     environment = {
@@ -54,11 +56,14 @@ def running_server(
         argv, env=environment, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     server = Server(f"http://127.0.0.1:{port}", process)
+    reader = threading.Thread(target=_read_lines, args=(process, server.output), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()[-2000:]}")
+                reader.join(timeout=10)
+                raise RuntimeError(f"server exited with {process.returncode}: {chr(10).join(server.output)[-2000:]}")
             try:
                 if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
                     break
@@ -72,8 +77,14 @@ def running_server(
         if process.poll() is None:
             process.terminate()
         try:
-            out, _ = process.communicate(timeout=60)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
-            out, _ = process.communicate()
-        server.output[:] = out.splitlines()
+            process.wait()
+        reader.join(timeout=10)
+
+
+def _read_lines(process: subprocess.Popen, lines: list[str]) -> None:
+    """Collect the process output line by line until it closes."""
+    for line in process.stdout:
+        lines.append(line.rstrip("\n"))

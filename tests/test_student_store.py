@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -424,9 +423,7 @@ def test_state_url_must_name_a_known_store() -> None:
 def test_default_state_url_is_a_file_under_the_project_state_directory() -> None:
     from app.frame.settings import Settings
 
-    settings = Settings()
-    if "MNEMO_STATE_URL" not in os.environ:
-        assert settings.state_url == f"sqlite://{ROOT / 'state' / 'students.db'}"
+    assert Settings.model_fields["state_url"].default == f"sqlite://{ROOT / 'state' / 'students.db'}"
 
 
 # -- student ids ---------------------------------------------------------------------------------------

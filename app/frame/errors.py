@@ -6,6 +6,8 @@
   FastAPI's validation shape, at most `MAX_LISTED_ERRORS` entries and their total count, and never
   echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
+- The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
+  `Retry-After` when the database is unavailable, 409 for a model-version mismatch or lost races.
 - Anything else is a bug: logged with its traceback and answered 500 as a last resort.
 """
 
@@ -20,11 +22,14 @@ from fastapi.exceptions import RequestValidationError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
 
+from app.frame.paths import loggable_path
 from app.frame.responses import JsonResponse
+from app.students.store import StoreError, StoreUnavailable
 
 logger = logging.getLogger("mnemo.errors")
 LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
+STORE_RETRY_AFTER_S = 1
 
 
 class ServiceError(Exception):
@@ -136,6 +141,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, error: ServiceError) -> JsonResponse:
         return JsonResponse({"detail": error.detail}, error.status_code, headers=error.headers)
 
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, error: StoreError) -> JsonResponse:
+        if isinstance(error, StoreUnavailable):
+            detail = (
+                f"The student state store is unavailable ({error.detail}); only the /students endpoints are "
+                "affected, retry later."
+            )
+            return JsonResponse({"detail": detail}, 503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+        return JsonResponse({"detail": error.detail}, error.status_code)
+
     @app.exception_handler(InvalidInput)
     async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
         return JsonResponse({"detail": error.detail()}, 422)
@@ -154,11 +169,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
-        logger.warning("model rejected the input on %s %s: %s", request.method, request.url.path, error)
+        logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
         message = f"The model rejected the input: {ort_message(error)}"
         return JsonResponse({"detail": InvalidInput(("body",), message).detail()}, 422)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JsonResponse:
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        logger.exception("unexpected error on %s %s", request.method, loggable_path(request.scope))
         return JsonResponse({"detail": "Internal error; it has been logged."}, 500)

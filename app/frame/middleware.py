@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.frame.drain import Drain
 from app.frame.errors import body_too_large_detail
 from app.frame.metrics import Metrics
+from app.frame.paths import loggable_path
 from app.frame.responses import dumps
 
 access_logger = logging.getLogger("mnemo.access")
@@ -98,7 +99,7 @@ class DrainGate:
 
 
 class RequestContext:
-    """Give every response an X-Request-ID, log one access line and record metrics by route template."""
+    """Give every response an X-Request-ID, log one access line and record metrics, both by route template."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -129,17 +130,18 @@ class RequestContext:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             self.metrics.observe_request(template, scope["method"], status, seconds)
+            path = loggable_path(scope)  # the route template: no student ids or other client text in logs
             access_logger.info(
                 "%s %s %d %.1fms id=%s",
                 scope["method"],
-                scope["path"],
+                path,
                 status,
                 seconds * 1000,
                 request_id,
                 extra={
                     "request_id": request_id,
                     "method": scope["method"],
-                    "path": scope["path"],
+                    "path": path,
                     "status": status,
                     "duration_ms": round(seconds * 1000, 2),
                 },

@@ -124,10 +124,15 @@ class SqliteStateStore:
         )
 
     def delete(self, student_id: str) -> list[StudentState]:
+        """Delete the rows (zeroed on their pages: secure_delete), then copy the WAL into the database and
+        truncate it, so the erased bytes do not linger in the WAL either (unless a reader holds it open)."""
         with self._errors_as_unavailable(), self._transaction() as connection:
             rows = connection.execute(
                 f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
             ).fetchall()
+        if rows:
+            with self._errors_as_unavailable():
+                self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         return sorted((_state_of(row) for row in rows), key=lambda state: state.model)
 
     def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
@@ -162,6 +167,7 @@ class SqliteStateStore:
                 self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
             )
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
+            connection.execute("PRAGMA secure_delete=ON")  # erased students leave no bytes on free pages
             self._local.connection = connection
             with self._connections_lock:
                 self._connections.append(connection)

@@ -17,6 +17,7 @@ from app.transports.http import complete, json_body, read_body, registry
 TASK_NAME = "knowledge-trace"
 MAX_CATALOG_PAGE = 1000
 router = APIRouter(tags=["knowledge tracing"])
+MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
 
 
 def _arrays(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -43,9 +44,9 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> by
             {
                 "model": model.name,
                 "n_concepts": model.state.n_concepts,
-                "predictions": trace.predictions,
+                "predictions": trace.predictions if body.return_predictions else None,
                 "next": service.next_items(model, wanted, next_p),
-                "mastery": trace.mastery,
+                "mastery": MASTERY_ROWS[body.mastery](trace.mastery),
                 "attention": trace.attention if body.return_attention else None,
             }
         )

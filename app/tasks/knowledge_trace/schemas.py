@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 MAX_INTERACTIONS = 10_000
@@ -32,6 +34,10 @@ class KnowledgeTraceRequest(BaseModel):
         default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
     )
     return_attention: StrictBool = True
+    mastery: Literal["all", "last", "none"] = Field(
+        default="all", description="mastery rows to return: all (the prior and one per interaction), last, none"
+    )
+    return_predictions: StrictBool = Field(default=True, description="false: `predictions` is null")
 
 
 class NextPrediction(BaseModel):
@@ -44,9 +50,14 @@ class NextPrediction(BaseModel):
 class KnowledgeTraceResponse(BaseModel):
     model: str
     n_concepts: int
-    predictions: list[float] = Field(description="P(interaction t correct | interactions 0..t-1)")
+    predictions: list[float] | None = Field(
+        description="P(interaction t correct | interactions 0..t-1); null with return_predictions false"
+    )
     next: list[NextPrediction]
-    mastery: list[list[float]] = Field(description="(len(interactions) + 1) x n_concepts; row 0 is the prior")
+    mastery: list[list[float]] | None = Field(
+        description="mastery all: (len(interactions) + 1) x n_concepts, row 0 is the prior; last: the final row "
+        "only (1 x n_concepts); none: null"
+    )
     attention: list[list[float]] | None = Field(description="len(interactions) x n_concepts correlation weights")
 
 
@@ -56,9 +67,19 @@ class CatalogQuestion(BaseModel):
     concept: int = Field(description="the latent concept this question weighs most")
 
 
+class ConceptLabel(BaseModel):
+    concept: int
+    label: str = Field(description="the top skill names, joined with ', '")
+    top_skills: list[str] = Field(description="the skills with the largest correlation weight on it, strongest first")
+    main_of: int = Field(description="how many questions have this concept as their main concept (0: weakly used)")
+
+
 class QuestionCatalog(BaseModel):
     model: str
     total: int = Field(description="number of questions of the model")
     offset: int
     limit: int
     questions: list[CatalogQuestion]
+    concepts: list[ConceptLabel] | None = Field(
+        description="every concept's label where the data set names its questions by skill (assist2009), else null"
+    )

@@ -22,6 +22,11 @@ import numpy as np
 from app.frame.errors import InvalidInput
 from app.frame.registry import ServedModel
 
+# Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
+# can be labelled by its top skills. Statics names are problem steps, not readable labels.
+SKILL_NAMED_DATASETS = frozenset({"assist2009"})
+TOP_SKILLS = 3
+
 
 @dataclass(frozen=True)
 class KnowledgeTraceState:
@@ -34,6 +39,7 @@ class KnowledgeTraceState:
     init_memory: np.ndarray  # [N, d_v] float32
     concepts: np.ndarray  # [n_questions]: each question's main concept
     names: tuple[str | None, ...] | None  # question names where the data set has them
+    concept_skills: tuple[tuple[str, ...], ...] | None  # per concept: top skill names (skill-named data sets)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
     names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
     if names is not None and len(names) != n_questions:
         raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
+    skill_named = names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS
     return KnowledgeTraceState(
         n_questions=n_questions,
         n_concepts=n_concepts,
@@ -68,6 +75,32 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         init_memory=init_memory,
         concepts=concepts,
         names=names,
+        concept_skills=_concept_skills(model, init_memory, names) if skill_named else None,
+    )
+
+
+def _concept_skills(
+    model: ServedModel, init_memory: np.ndarray, names: tuple[str | None, ...]
+) -> tuple[tuple[str, ...], ...]:
+    """Per concept, the names of the TOP_SKILLS questions with the largest correlation weight on it.
+
+    A question's correlation weights depend on the key memory only, so one step per question from the
+    initial memory gives them all (`corr_w` [n_questions, 1, n_concepts]). Names lose the CSV quotes some
+    ASSISTments skill names carry (`"Angles - Obtuse, Acute, and Right"`).
+    """
+    count = len(names)
+    weights = model.run(
+        {
+            "q": np.arange(1, count + 1, dtype=np.int64).reshape(count, 1),
+            "r": np.zeros((count, 1), dtype=np.int64),
+            "len": np.ones(count, dtype=np.int64),
+            "mv_in": np.repeat(init_memory[np.newaxis], count, axis=0),
+        }
+    )["corr_w"][:, 0, :]
+    ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
+    return tuple(
+        tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
+        for concept in range(init_memory.shape[0])
     )
 
 
@@ -146,6 +179,18 @@ async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.nda
     return outputs["p"][:, 0]
 
 
+async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray:
+    """The n_concepts mastery of a value memory: row 0 (the prior) of a one-step run from it."""
+    feeds = {
+        "q": np.ones((1, 1), dtype=np.int64),
+        "r": np.zeros((1, 1), dtype=np.int64),
+        "len": np.ones(1, dtype=np.int64),
+        "mv_in": memory[np.newaxis].astype(np.float32),
+    }
+    outputs = await model.batcher.run(feeds, 1, 1)
+    return outputs["mastery"][0, 0]
+
+
 def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
     """The `next` list: question, p_correct, its main concept and its name where the data set has one."""
     state: KnowledgeTraceState = model.state
@@ -161,7 +206,8 @@ def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndar
 
 
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
-    """A page of the model's questions: id, name (where the data set has one) and main concept."""
+    """A page of the model's questions: id, name (where the data set has one) and main concept, and the
+    concepts' labels (top skill names) where the data set allows, else null."""
     state: KnowledgeTraceState = model.state
     ids = range(offset + 1, min(offset + limit, state.n_questions) + 1)
     return {
@@ -177,4 +223,14 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
             }
             for question in ids
         ],
+        "concepts": None if state.concept_skills is None else concept_labels(state),
     }
+
+
+def concept_labels(state: KnowledgeTraceState) -> list[dict[str, Any]]:
+    """Each concept with its top skill names, a label joining them, and how many questions it is the main one of."""
+    main_of = np.bincount(state.concepts, minlength=state.n_concepts)
+    return [
+        {"concept": concept, "label": ", ".join(skills), "top_skills": list(skills), "main_of": int(main_of[concept])}
+        for concept, skills in enumerate(state.concept_skills)
+    ]

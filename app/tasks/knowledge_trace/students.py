@@ -1,0 +1,177 @@
+"""The /students endpoints: knowledge tracing with each student's DKVMN state kept on the server.
+
+An append reads the student's state, runs the new interactions from its memory through the batcher,
+and stores the new memory with a compare-and-swap, retrying on a lost race (`update_state`). Its cost
+depends on the new interactions only, never on the history. The store calls block, so they run on
+worker threads (`offload`); the model runs on the event loop's batcher. Design: docs/STUDENTS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Path, Query, Request
+
+from app.frame.errors import InvalidInput, ServiceError
+from app.frame.registry import ServedModel
+from app.frame.responses import JsonResponse
+from app.runtime.offload import offload
+from app.students.ids import MAX_STUDENT_ID_LENGTH, InvalidStudentId, validate_student_id
+from app.students.store import MAX_PAGE_SIZE, StateStore, StateVersionMismatch, StudentState
+from app.students.update import NextState, update_state
+from app.tasks.knowledge_trace import service
+from app.tasks.knowledge_trace.http import TASK_NAME
+from app.tasks.knowledge_trace.student_schemas import (
+    AppendRequest,
+    AppendResponse,
+    DeleteResponse,
+    StudentList,
+    StudentResponse,
+)
+from app.transports.http import complete, json_body, read_body, registry
+
+router = APIRouter(tags=["students"])
+StudentIdPath = Annotated[
+    str, Path(description=f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces")
+]
+
+
+class StudentNotFound(ServiceError):
+    status_code = 404
+
+
+def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_id")) -> str:
+    """The id if it follows the rules, else a 422 naming the parameter and the rule (never the id)."""
+    try:
+        return validate_student_id(student_id)
+    except InvalidStudentId as error:
+        raise InvalidInput(location, str(error)) from None
+
+
+async def _store(request: Request) -> StateStore:
+    return await offload(request.app.state.students.get)
+
+
+def _iso(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Questions, answers and the questions to predict next, checked against the model."""
+    count = len(body.interactions)
+    service.check_length(model, count)
+    questions = np.fromiter((item.question for item in body.interactions), dtype=np.int64, count=count)
+    correct = np.fromiter((item.correct for item in body.interactions), dtype=np.int64, count=count)
+    service.check_questions(model, questions, ("body", "interactions"))
+    wanted = np.array(body.next_questions or [], dtype=np.int64)
+    service.check_questions(model, wanted, ("body", "next_questions"))
+    return questions, correct, wanted
+
+
+async def _append(
+    store: StateStore, model: ServedModel, student_id: str, arrays: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> dict[str, Any]:
+    questions, correct, wanted = arrays
+    loop = asyncio.get_running_loop()
+
+    def compute(current: StudentState | None) -> NextState[service.Trace]:
+        """Run the new interactions from the stored memory (on a worker thread; the model runs on the loop)."""
+        memory = None if current is None else current.memory
+        trace = asyncio.run_coroutine_threadsafe(service.trace(model, questions, correct, memory), loop).result()
+        seen = 0 if current is None else current.interactions
+        return NextState(trace.memory, seen + len(questions), trace)
+
+    state, trace = await offload(update_state, store, model.name, student_id, model.entry.sha256, compute)
+    next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+    return {
+        "model": model.name,
+        "interactions": state.interactions,
+        "predictions": trace.predictions.tolist(),
+        "mastery": trace.mastery[-1].tolist(),
+        "next": service.next_items(model, wanted, next_p),
+    }
+
+
+@router.post(
+    "/students/{student_id}/interactions",
+    response_model=AppendResponse,
+    openapi_extra=json_body(AppendRequest),
+    operation_id="append_interactions",
+)
+async def append_interactions(request: Request, student_id: StudentIdPath) -> JsonResponse:
+    """Append one or more interactions to a student's state (created on the first call).
+
+    Returns the probability predicted for each new interaction before it was seen, the mastery after the
+    last one, and predictions for `next_questions` if asked. The state belongs to one version of the
+    model: a state built by another version is a 409 (delete the student and replay the history).
+    """
+    _checked_id(student_id)
+    body = await read_body(request, AppendRequest)
+    model = registry(request).get(body.model, TASK_NAME)
+    arrays = await offload(_arrays, model, body)
+    store = await _store(request)
+    with model.batcher.admit(service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)):
+        return JsonResponse(await complete(request, _append(store, model, student_id, arrays), model.name))
+
+
+async def _describe(store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
+    state = await offload(store.read, model.name, student_id)
+    if state is None:
+        raise StudentNotFound(
+            f"This student has no state under model {model.name}; "
+            "POST /students/{student_id}/interactions creates it."
+        )
+    if state.model_sha256 != model.entry.sha256:
+        raise StateVersionMismatch(model.name, state.model_sha256, model.entry.sha256)
+    return {
+        "student_id": student_id,
+        "model": model.name,
+        "model_sha256": state.model_sha256,
+        "interactions": state.interactions,
+        "mastery": (await service.mastery_of(model, state.memory)).tolist(),
+        "created_at": _iso(state.created_at),
+        "updated_at": _iso(state.updated_at),
+    }
+
+
+@router.get("/students/{student_id}", response_model=StudentResponse, operation_id="get_student")
+async def get_student(
+    request: Request,
+    student_id: StudentIdPath,
+    model: Annotated[
+        str | None, Query(max_length=64, description="a knowledge-trace model; null = the default")
+    ] = None,
+) -> JsonResponse:
+    """A student's state under one model: interaction count, current mastery, times, model version."""
+    _checked_id(student_id)
+    served = registry(request).get(model, TASK_NAME)
+    store = await _store(request)
+    with served.batcher.admit(1):
+        return JsonResponse(await complete(request, _describe(store, served, student_id), served.name))
+
+
+@router.delete("/students/{student_id}", response_model=DeleteResponse, operation_id="delete_student")
+async def delete_student(request: Request, student_id: StudentIdPath) -> JsonResponse:
+    """Erase everything about a student, under every model, at once; answers which states were removed."""
+    _checked_id(student_id)
+    store = await _store(request)
+    removed = await offload(store.delete, student_id)
+    deleted = [{"model": state.model, "interactions": state.interactions} for state in removed]
+    return JsonResponse({"student_id": student_id, "deleted": deleted})
+
+
+@router.get("/students", response_model=StudentList, operation_id="list_students")
+async def list_students(
+    request: Request,
+    after: Annotated[str | None, Query(description="the `next_after` of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="ids per page")] = 100,
+) -> JsonResponse:
+    """A page of the ids of students with a state, in ascending code-point order (keyset paging)."""
+    if after is not None:
+        _checked_id(after, ("query", "after"))
+    store = await _store(request)
+    page = await offload(store.list_students, after=after, limit=limit)
+    return JsonResponse({"student_ids": page.student_ids, "next_after": page.next_after})

@@ -1,0 +1,402 @@
+"""The /students endpoints against a real server (`python -m app`) and the real stores: SQLite files in a tmp
+dir and a redis-server started here (AOF, fsync always). Model: the committed dkvmn-assist2009."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from app.frame.settings import Settings
+from app.main import create_app
+from app.students.factory import open_store
+from tests.conftest import COMMITTED
+from tests.helpers import Server, running_server
+from tests.redis_server import RedisServer, require_redis_server
+
+MODEL = "dkvmn-assist2009"
+OTHER_MODEL = "dkvmn-synthetic"
+N_QUESTIONS = 110
+TOLERANCE = 1e-5
+WRITERS = 6
+APPENDS_PER_WRITER = 15
+ACKED_BEFORE_KILL = 30
+
+
+# -- fixtures and helpers -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(require_redis_server(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path_factory.mktemp('state') / 'students.db'}"
+    return request.getfixturevalue("redis_server").url()
+
+
+@pytest.fixture(scope="module")
+def api(store_url: str) -> Iterator[httpx.Client]:
+    """A real server on the committed models over `store_url`, and a client of it."""
+    with running_server(COMMITTED, MNEMO_STATE_URL=store_url) as server, client_of(server) as client:
+        yield client
+
+
+def client_of(server: Server) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=60)
+
+
+def history(count: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    questions, answers = rng.integers(1, N_QUESTIONS + 1, count), rng.integers(0, 2, count)
+    return [{"question": int(q), "correct": bool(c)} for q, c in zip(questions, answers, strict=True)]
+
+
+def student(student_id: str) -> str:
+    return f"/students/{quote(student_id, safe='')}"
+
+
+def append(client: httpx.Client, student_id: str, interactions: list[dict], **fields) -> httpx.Response:
+    return client.post(
+        f"{student(student_id)}/interactions", json={"model": MODEL, "interactions": interactions, **fields}
+    )
+
+
+def stateless(client: httpx.Client, interactions: list[dict]) -> dict:
+    body = {"model": MODEL, "interactions": interactions, "next_questions": [], "return_attention": False}
+    response = client.post("/knowledge-trace", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def unique_id(prefix: str) -> str:
+    return f"{prefix}-{time.monotonic_ns()}"
+
+
+# -- behaviour on both stores ----------------------------------------------------------------------------
+def test_one_by_one_over_http_equals_one_stateless_call_over_the_whole_history(api: httpx.Client) -> None:
+    student_id, steps = unique_id("one-by-one"), history(450, seed=9)
+    predictions = []
+    for step in steps:
+        response = append(api, student_id, [step])
+        assert response.status_code == 200, response.text
+        predictions += response.json()["predictions"]
+    whole = stateless(api, steps)
+    np.testing.assert_allclose(predictions, whole["predictions"], atol=TOLERANCE, rtol=0)
+    state = api.get(student(student_id), params={"model": MODEL}).json()
+    assert state["interactions"] == 450
+    np.testing.assert_allclose(state["mastery"], whole["mastery"][-1], atol=TOLERANCE, rtol=0)
+    assert response.json()["mastery"] == pytest.approx(whole["mastery"][-1], abs=TOLERANCE)
+
+
+def test_appending_a_batch_equals_appending_one_by_one(api: httpx.Client) -> None:
+    steps = history(260, seed=3)  # longer than seqlen 200: the batch runs in two chunks from the stored memory
+    batched_id, single_id = unique_id("batched"), unique_id("single")
+    first = append(api, batched_id, steps[:5]).json()
+    second = append(api, batched_id, steps[5:], next_questions=[3, 7]).json()
+    singles = [append(api, single_id, [step]).json()["predictions"][0] for step in steps]
+    np.testing.assert_allclose(first["predictions"] + second["predictions"], singles, atol=TOLERANCE, rtol=0)
+    assert second["interactions"] == 260
+    assert [item["question"] for item in second["next"]] == [3, 7]
+    whole = api.post(
+        "/knowledge-trace", json={"model": MODEL, "interactions": steps, "next_questions": [3, 7], "mastery": "none"}
+    ).json()
+    np.testing.assert_allclose(
+        [item["p_correct"] for item in second["next"]], [item["p_correct"] for item in whole["next"]], atol=TOLERANCE
+    )
+
+
+def test_concurrent_writers_over_http_lose_nothing(api: httpx.Client) -> None:
+    """Each acknowledged append gets its own count; replaying them in that order gives the stored mastery."""
+    student_id = unique_id("busy")
+    answers = {writer: history(APPENDS_PER_WRITER, seed=100 + writer) for writer in range(WRITERS)}
+
+    def writer(index: int) -> list[tuple[int, dict]]:
+        acknowledged = []
+        for step in answers[index]:
+            response = append(api, student_id, [step])
+            assert response.status_code == 200, response.text
+            acknowledged.append((response.json()["interactions"], step))
+        return acknowledged
+
+    with ThreadPoolExecutor(WRITERS) as pool:
+        acknowledged = sorted(item for items in pool.map(writer, range(WRITERS)) for item in items)
+    total = WRITERS * APPENDS_PER_WRITER
+    assert [count for count, _ in acknowledged] == list(range(1, total + 1))
+    state = api.get(student(student_id), params={"model": MODEL}).json()
+    assert state["interactions"] == total
+    replayed = stateless(api, [step for _, step in acknowledged])
+    np.testing.assert_allclose(state["mastery"], replayed["mastery"][-1], atol=TOLERANCE, rtol=0)
+
+
+def test_a_state_of_another_model_version_is_409_saying_how_to_reset(api: httpx.Client, store_url: str) -> None:
+    student_id = unique_id("old-version")
+    store = open_store(store_url)
+    try:
+        memory = np.zeros((20, 200), dtype=np.float32)
+        store.write(MODEL, student_id, memory=memory, interactions=7, model_sha256="0" * 64, expected_revision=None)
+    finally:
+        store.close()
+    for response in (append(api, student_id, history(1, seed=1)), api.get(student(student_id))):
+        assert response.status_code == 409
+        assert "another version of the model" in response.json()["detail"]
+        assert "DELETE /students/{student_id}" in response.json()["detail"]
+    assert api.delete(student(student_id)).json()["deleted"] == [{"model": MODEL, "interactions": 7}]
+    assert append(api, student_id, history(1, seed=1)).json()["interactions"] == 1
+
+
+def test_erasure_removes_everything_under_every_model(api: httpx.Client, store_url: str) -> None:
+    student_id = unique_id("erase-me")
+    assert append(api, student_id, history(3, seed=2)).status_code == 200
+    synthetic = {"model": OTHER_MODEL, "interactions": [{"question": 1, "correct": True}]}
+    assert api.post(f"{student(student_id)}/interactions", json=synthetic).status_code == 200
+    assert student_id in all_ids(api)
+
+    erased = api.delete(student(student_id))
+    assert erased.status_code == 200
+    assert erased.json() == {
+        "student_id": student_id,
+        "deleted": [{"model": MODEL, "interactions": 3}, {"model": OTHER_MODEL, "interactions": 1}],
+    }
+    for model in (MODEL, OTHER_MODEL):
+        assert api.get(student(student_id), params={"model": model}).status_code == 404
+    assert student_id not in all_ids(api)
+    assert api.delete(student(student_id)).json()["deleted"] == []
+    assert raw_records(store_url, student_id) == 0
+
+
+def all_ids(client: httpx.Client) -> list[str]:
+    ids, after = [], None
+    while True:
+        page = client.get("/students", params={"limit": 50} | ({"after": after} if after else {})).json()
+        ids += page["student_ids"]
+        after = page["next_after"]
+        if after is None:
+            return ids
+
+
+def raw_records(store_url: str, student_id: str) -> int:
+    """Records mentioning the student, read from the database itself; for SQLite also any byte of the id left
+    in the database file or its WAL (free pages, old page versions)."""
+    if store_url.startswith("sqlite://"):
+        path = Path(store_url.removeprefix("sqlite://"))
+        with sqlite3.connect(path) as connection:
+            rows = connection.execute("SELECT count(*) FROM student_state WHERE student_id = ?", (student_id,))
+            count = rows.fetchone()[0]
+        files = [path, path.with_name(path.name + "-wal")]
+        return count + sum(file.read_bytes().count(student_id.encode()) for file in files if file.exists())
+    client = redis.Redis.from_url(store_url)
+    keys = [key for key in client.scan_iter() if student_id.encode() in key]
+    return len(keys) + int(client.zscore("mnemo:students", student_id) is not None)
+
+
+def test_get_reports_count_times_version_and_mastery(api: httpx.Client) -> None:
+    student_id = unique_id("reader")
+    appended = append(api, student_id, history(4, seed=4)).json()
+    state = api.get(student(student_id)).json()  # no ?model=: the default model, dkvmn-assist2009
+    models = {model["name"]: model for model in api.get("/models").json()["models"]}
+    assert state["model"] == MODEL and state["model_sha256"] == models[MODEL]["sha256"]
+    assert state["interactions"] == 4 and state["student_id"] == student_id
+    assert state["created_at"] <= state["updated_at"] and state["updated_at"].endswith("Z")
+    np.testing.assert_allclose(state["mastery"], appended["mastery"], atol=TOLERANCE)
+
+
+# -- input validation (SQLite server) ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sqlite_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    url = f"sqlite://{tmp_path_factory.mktemp('validation') / 'students.db'}"
+    with running_server(COMMITTED, MNEMO_STATE_URL=url) as server, client_of(server) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("student_id", "rule"),
+    [
+        ("x" * 129, "1 to 128 characters"),
+        ("two words", "printable"),
+        ("tab\there", "printable"),
+        ("\u200b", "printable"),
+    ],
+)
+def test_bad_student_ids_are_422_naming_the_path_parameter_and_the_rule(
+    sqlite_api: httpx.Client, student_id: str, rule: str
+) -> None:
+    for response in (
+        append(sqlite_api, student_id, history(1, seed=0)),
+        sqlite_api.get(student(student_id)),
+        sqlite_api.delete(student(student_id)),
+    ):
+        assert response.status_code == 422
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["path", "student_id"] and rule in error["msg"]
+        assert student_id not in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("body", "location"),
+    [
+        ({"interactions": []}, ["body", "interactions"]),
+        ({}, ["body", "interactions"]),
+        ({"interactions": [{"question": 0, "correct": True}]}, ["body", "interactions", 0, "question"]),
+        ({"interactions": [{"question": N_QUESTIONS + 1, "correct": True}]}, ["body", "interactions", 0, "question"]),
+        ({"interactions": [{"question": 3, "correct": "yes"}]}, ["body", "interactions", 0, "correct"]),
+        ({"interactions": [{"question": 3, "correct": True}], "next_questions": [0]}, ["body", "next_questions", 0]),
+        ({"interactions": [{"question": 3, "correct": True}], "history": []}, ["body", "history"]),
+    ],
+)
+def test_bad_bodies_are_422_naming_the_field(sqlite_api: httpx.Client, body: dict, location: list) -> None:
+    response = sqlite_api.post("/students/learner-1/interactions", json={"model": MODEL, **body})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == location
+    assert sqlite_api.get("/students/learner-1").status_code == 404  # nothing was stored
+
+
+def test_unknown_model_is_404_and_bad_paging_is_422(sqlite_api: httpx.Client) -> None:
+    response = sqlite_api.post(
+        "/students/learner-2/interactions", json={"model": "nope", "interactions": [{"question": 1, "correct": True}]}
+    )
+    assert response.status_code == 404 and MODEL in response.json()["detail"]
+    assert sqlite_api.get("/students/learner-2", params={"model": "rmc-vlmp-sick"}).status_code == 404
+    for params, location in (({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"after": "a b"}, "after")):
+        response = sqlite_api.get("/students", params=params)
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", location]
+
+
+def test_paging_lists_every_id_once_in_order(sqlite_api: httpx.Client) -> None:
+    created = sorted(f"page-{index:02d}" for index in range(7))
+    for student_id in created:
+        assert append(sqlite_api, student_id, history(1, seed=5)).status_code == 200
+    pages, after = [], None
+    while True:
+        page = sqlite_api.get("/students", params={"limit": 3} | ({"after": after} if after else {})).json()
+        pages.append(page["student_ids"])
+        after = page["next_after"]
+        if after is None:
+            break
+    listed = [student_id for page in pages for student_id in page]
+    assert [student_id for student_id in listed if student_id.startswith("page-")] == created
+    assert listed == sorted(listed) and all(len(page) <= 3 for page in pages)
+
+
+# -- logs, crashes, an unavailable store -------------------------------------------------------------------------
+def test_student_ids_never_appear_in_the_logs(tmp_path: Path) -> None:
+    secret = "secret-learner-4711"
+    url = f"sqlite://{tmp_path / 'students.db'}"
+    with running_server(COMMITTED, MNEMO_STATE_URL=url) as server, client_of(server) as client:
+        assert append(client, secret, history(2, seed=6)).status_code == 200
+        assert client.get(student(secret)).status_code == 200
+        assert append(client, secret, [{"question": 0, "correct": True}]).status_code == 422
+        assert client.get(f"{student(secret)}/unknown-path").status_code == 404
+        assert client.get(student(secret + " x")).status_code == 422
+        assert client.get("/students", params={"after": secret}).status_code == 200
+        assert client.delete(student(secret)).status_code == 200
+        assert client.get(student(secret)).status_code == 404
+    output = "\n".join(server.output)
+    assert "/students/{student_id}/interactions" in output and "/students/{student_id}" in output
+    assert secret not in output
+
+
+def stream_appends(client: httpx.Client, student_id: str, steps: list[dict], acknowledged: list[int]) -> None:
+    """Append one step at a time; record each acknowledged count; stop at the first transport error."""
+    for step in steps:
+        try:
+            response = append(client, student_id, [step])
+        except httpx.TransportError:
+            return
+        assert response.status_code == 200, response.text
+        acknowledged.append(response.json()["interactions"])
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_sigkill_of_the_server_keeps_every_acknowledged_interaction(tmp_path: Path, store: str) -> None:
+    redis_server = RedisServer(require_redis_server(), tmp_path / "redis") if store == "redis" else None
+    if redis_server is not None:
+        redis_server.start()
+    url = f"sqlite://{tmp_path / 'students.db'}" if redis_server is None else redis_server.url()
+    student_id, steps, acknowledged = "crash-test", history(2000, seed=7), []
+    try:
+        with running_server(COMMITTED, MNEMO_STATE_URL=url) as server, client_of(server) as client:
+            writer = threading.Thread(target=stream_appends, args=(client, student_id, steps, acknowledged))
+            writer.start()
+            deadline = time.monotonic() + 120
+            while len(acknowledged) < ACKED_BEFORE_KILL and writer.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(server.process.pid, signal.SIGKILL)
+            writer.join(timeout=60)
+        assert len(acknowledged) >= ACKED_BEFORE_KILL and server.process.returncode == -signal.SIGKILL
+        if redis_server is not None:  # Redis itself dies too, and comes back from its append-only file
+            redis_server.kill()
+            redis_server.start()
+        with running_server(COMMITTED, MNEMO_STATE_URL=url) as server, client_of(server) as client:
+            state = client.get(student(student_id)).json()
+            assert acknowledged[-1] <= state["interactions"] <= acknowledged[-1] + 1  # one was in flight at most
+            replayed = stateless(client, steps[: state["interactions"]])
+            np.testing.assert_allclose(state["mastery"], replayed["mastery"][-1], atol=TOLERANCE, rtol=0)
+    finally:
+        if redis_server is not None:
+            redis_server.kill()
+
+
+def test_redis_unavailable_is_a_clear_503_while_the_stateless_endpoints_serve(tmp_path: Path) -> None:
+    redis_server = RedisServer(require_redis_server(), tmp_path / "redis")
+    redis_server.start()
+    redis_server.kill()  # stopped before the service starts: startup must not fail
+    try:
+        with running_server(COMMITTED, MNEMO_STATE_URL=redis_server.url()) as server, client_of(server) as client:
+            assert_students_unavailable_but_stateless_serve(client)
+            redis_server.start()  # back: the same service serves students without a restart
+            assert append(client, "comeback", history(1, seed=8)).json()["interactions"] == 1
+            redis_server.kill()  # gone while serving
+            assert_students_unavailable_but_stateless_serve(client)
+            redis_server.start()  # the acknowledged interaction survived in the append-only file
+            assert append(client, "comeback", history(1, seed=8)).json()["interactions"] == 2
+        assert any("student state store unavailable at startup" in line for line in server.output)
+    finally:
+        redis_server.kill()
+
+
+def assert_students_unavailable_but_stateless_serve(client: httpx.Client) -> None:
+    for response in (
+        append(client, "comeback", history(1, seed=8)),
+        client.get(student("comeback")),
+        client.delete(student("comeback")),
+        client.get("/students"),
+    ):
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        assert "student state store is unavailable" in response.json()["detail"]
+        assert "Redis state store" in response.json()["detail"]
+    assert client.post("/knowledge-trace", json={"interactions": history(5, seed=8)}).status_code == 200
+    pair = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
+    assert client.post("/similarity", json=pair).status_code == 200
+    assert client.get("/ready").status_code == 200
+
+
+def test_an_sqlite_path_that_cannot_be_created_leaves_the_stateless_endpoints_serving(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    settings = Settings(
+        artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1, state_url=f"sqlite://{blocker / 'students.db'}"
+    )
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/students/learner/interactions", json={"interactions": history(1, seed=0)})
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        assert "cannot create the state directory" in response.json()["detail"]
+        assert client.post("/knowledge-trace", json={"interactions": history(3, seed=0)}).status_code == 200
+        assert client.get("/ready").status_code == 200
