@@ -28,7 +28,6 @@ def require_redis_server() -> str:
     return binary
 
 
-
 class RedisServer:
     """One redis-server process over `directory`; `start` again after `kill` reloads its append-only file."""
 

@@ -7,9 +7,12 @@ then over HTTP against real server processes (429, 504, client disconnects, /hea
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -58,8 +61,9 @@ def _feeds(value: float, spin: int = 1) -> dict[str, np.ndarray]:
     return {"x": np.full((1, 3), value, dtype=np.float32), "k": np.array([spin], dtype=np.int64)}
 
 
-def _batcher(run, slots, max_batch=8, max_wait_s=0.05, max_queue=64) -> ModelBatcher:
-    return ModelBatcher("toy", run, (), {}, slots, BatchConfig(max_batch, max_wait_s, max_queue), Metrics())
+def _batcher(run, slots, max_batch=8, max_wait_s=0.05, max_queue=64, deadline_s=10.0) -> ModelBatcher:
+    config = BatchConfig(max_batch, max_wait_s, max_queue, deadline_s)
+    return ModelBatcher("toy", run, (), {}, slots, config, Metrics())
 
 
 def _drive(scenario, runs: int = 1, **config):
@@ -78,7 +82,16 @@ def _drive(scenario, runs: int = 1, **config):
     return asyncio.run(main())
 
 
-SLOW = 6000  # spin iterations: a run of a second or more on this machine
+SLOW_RUN_S = 1.5  # how long a "slow" toy run should take, whatever the machine
+
+
+@functools.lru_cache(maxsize=1)
+def slow_spin() -> int:
+    """Spin iterations that make one toy run take about SLOW_RUN_S here (calibrated once)."""
+    runs = RecordedRuns(Path(tempfile.mkdtemp()) / "calibrate.onnx")
+    started = time.perf_counter()
+    runs(_feeds(0, 300))
+    return max(300, int(300 * SLOW_RUN_S / (time.perf_counter() - started)))
 
 
 def test_an_idle_model_runs_a_request_at_once(tmp_path):
@@ -96,7 +109,7 @@ def test_requests_arriving_during_a_run_share_the_next_one(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
     async def scenario(batcher):
-        first = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        first = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
         await asyncio.sleep(0.1)
         rest = await asyncio.gather(*(batcher.run(_feeds(value), 1, 1) for value in range(1, 6)))
         await first
@@ -112,7 +125,7 @@ def test_the_next_batch_flushes_on_size_while_another_run_is_in_flight(tmp_path)
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
     async def scenario(batcher):
-        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
         await asyncio.sleep(0.1)
         await asyncio.gather(*(batcher.run(_feeds(value), 1, 1) for value in range(4)))
         return slow.done()
@@ -126,7 +139,7 @@ def test_the_next_batch_flushes_on_time_while_another_run_is_in_flight(tmp_path)
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
     async def scenario(batcher):
-        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
         await asyncio.sleep(0.1)
         started = time.perf_counter()
         await batcher.run(_feeds(1), 1, 1)
@@ -140,7 +153,7 @@ def test_a_cancelled_request_is_dropped_before_it_runs(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
     async def scenario(batcher):
-        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
         await asyncio.sleep(0.1)
         queued = asyncio.create_task(batcher.run(_feeds(9), 1, 1))
         await asyncio.sleep(0.05)
@@ -156,7 +169,7 @@ def test_one_bad_request_fails_alone_when_its_batch_fails(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
     async def scenario(batcher):
-        slow = asyncio.create_task(batcher.run(_feeds(0, SLOW), 1, 1))
+        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
         await asyncio.sleep(0.1)
         bad = {"x": np.ones((1, 4), dtype=np.float32), "k": np.array([1])}  # the graph's width is 3
         outcomes = await asyncio.gather(batcher.run(_feeds(2), 1, 1), batcher.run(bad, 1, 1), return_exceptions=True)
@@ -171,7 +184,7 @@ def test_one_bad_request_fails_alone_when_its_batch_fails(tmp_path):
 def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_request(tmp_path):
     async def scenario(batcher):
         with batcher.admit(3):
-            with pytest.raises(Overloaded, match="3 of 4 rows"), batcher.admit(2):
+            with pytest.raises(Overloaded, match="3 of 4 rows admitted"), batcher.admit(2):
                 pass
             with batcher.admit(1):
                 pass
@@ -179,6 +192,21 @@ def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_reques
             pass
 
     _drive(scenario, run=RecordedRuns(tmp_path / "slow.onnx"), max_queue=4)
+
+
+def test_admission_refuses_work_that_could_not_finish_before_the_deadline(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        started = time.perf_counter()
+        await batcher.run(_feeds(0, slow_spin() // 4), 1, 1)  # the batcher learns what one cell costs
+        cost = time.perf_counter() - started
+        with batcher.admit(1, cells=1), pytest.raises(Overloaded, match="past the deadline"), batcher.admit(1, cells=1):
+            pass
+        return cost
+
+    cost = _drive(scenario, run=runs, deadline_s=0.01)
+    assert cost > 0.01  # one cell costs more than the whole deadline here, so a second request cannot fit
 
 
 @pytest.mark.parametrize("slots", [1, 2])
@@ -272,6 +300,13 @@ def _metric(url: str, line_start: str) -> float:
     return 0.0
 
 
+async def _until_admitted(url: str, rows: int) -> None:
+    """Wait (at most 30 s) until the toy model holds `rows` admitted rows: the slow request has arrived."""
+    deadline = time.monotonic() + 30
+    while _metric(url, 'mnemo_admitted_rows{model="toy-a"}') < rows and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def _toy(spin: int) -> dict:
     return {"x": [[1, 2, 3]], "k": [spin]}
 
@@ -279,8 +314,8 @@ def _toy(spin: int) -> dict:
 def test_a_full_queue_answers_429_with_retry_after_at_once(tmp_path):
     async def scenario(url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            slow = asyncio.create_task(client.post("/toy", json=_toy(SLOW)))
-            await asyncio.sleep(0.3)
+            slow = asyncio.create_task(client.post("/toy", json=_toy(slow_spin())))
+            await _until_admitted(url, 1)
             started = time.perf_counter()
             answers = await asyncio.gather(*(client.post("/toy", json=_toy(1)) for _ in range(6)))
             return (await slow).status_code, answers, time.perf_counter() - started
@@ -297,8 +332,8 @@ def test_a_full_queue_answers_429_with_retry_after_at_once(tmp_path):
 def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs(tmp_path):
     async def scenario(url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            slow = asyncio.create_task(client.post("/toy", json=_toy(SLOW)))
-            await asyncio.sleep(0.1)
+            slow = asyncio.create_task(client.post("/toy", json=_toy(slow_spin())))
+            await _until_admitted(url, 1)
             queued = await client.post("/toy", json=_toy(1))
             return await slow, queued
 
@@ -314,8 +349,8 @@ def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs
 def test_a_client_that_disconnects_cancels_its_queued_work(tmp_path):
     async def scenario(url):
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            slow = asyncio.create_task(client.post("/toy", json=_toy(SLOW)))
-            await asyncio.sleep(0.1)
+            slow = asyncio.create_task(client.post("/toy", json=_toy(slow_spin())))
+            await _until_admitted(url, 1)
             with pytest.raises(httpx.ReadTimeout):
                 await client.post("/toy", json=_toy(1), timeout=0.3)  # gives up and closes its connection
             return await slow
@@ -330,7 +365,7 @@ def test_a_client_that_disconnects_cancels_its_queued_work(tmp_path):
 def test_health_answers_while_inference_is_saturated(tmp_path):
     async def scenario(url):
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            load = [asyncio.create_task(client.post("/toy", json=_toy(SLOW // 10))) for _ in range(16)]
+            load = [asyncio.create_task(client.post("/toy", json=_toy(slow_spin() // 10))) for _ in range(16)]
             await asyncio.sleep(0.3)
             latencies = []
             for _ in range(10):

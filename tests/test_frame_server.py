@@ -20,7 +20,6 @@ from tests.toy_model import write_empty_manifest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 @contextmanager
 def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str]]]:
     """Start `python -m uvicorn <target>` on a free port; yield its URL once /ready is 200, then SIGTERM it.

@@ -1,8 +1,11 @@
 """Adaptive micro-batching for one model, under a thread budget shared by all models.
 
-- **Admission.** `admit(rows)` reserves room for a request before any work is done; past
-  `max_queue` admitted rows it raises `Overloaded` (429) at once. A request larger than the whole
-  queue is still admitted when the model has nothing else admitted, so no valid request is refused forever.
+- **Admission.** `admit(rows, cells)` reserves room for a request before any work is done. It raises
+  `Overloaded` (429) at once past `max_queue` admitted rows, or when the admitted work could not be done
+  before the request deadline: the batcher learns the seconds one padded cell (a row's step or token)
+  costs from its own runs, and refuses a request when the admitted cells would take more than
+  `DEADLINE_SHARE` of the deadline on the run slots. A request larger than the whole queue is still
+  admitted when the model has nothing else admitted, so no valid request is refused forever.
 - **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs.
   When a run slot is free and this model has no run in flight, everything queued (up to `max_batch`
   rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
@@ -31,6 +34,8 @@ from app.frame.metrics import Metrics
 from app.runtime.collate import Feeds, collate, concatenate, split
 
 MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
+DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
+COST_SMOOTHING = 0.2  # weight of the newest run in the moving averages of cost per cell and row length
 RunGraph = Callable[[Feeds], Feeds]
 
 
@@ -41,6 +46,7 @@ class BatchConfig:
     max_batch: int
     max_wait_s: float
     max_queue: int
+    deadline_s: float
 
 
 class RunSlots:
@@ -86,6 +92,9 @@ class ModelBatcher:
         self._metrics = metrics
         self._queue: list[_Item] = []
         self._admitted_rows = 0
+        self._admitted_cells = 0.0
+        self._cell_seconds = 0.0  # moving average of one padded cell's run time (0 until the first run)
+        self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._in_flight = 0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
@@ -109,21 +118,30 @@ class ModelBatcher:
 
     # -- admission ---------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def admit(self, rows: int) -> Iterator[None]:
-        """Hold room for `rows` rows while the request is handled, or raise Overloaded (429) at once."""
-        if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
-            self._metrics.rejected.labels(self.name, "queue_full").inc()
-            raise Overloaded(
-                f"Model {self.name} is at capacity ({self._admitted_rows} of {self.config.max_queue} rows "
-                "admitted, MNEMO_MAX_QUEUE); retry after the Retry-After delay."
-            )
+    def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
+        """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
+        cells = rows * self._typical_length if cells is None else cells
+        if self._admitted_rows:
+            if self._admitted_rows + rows > self.config.max_queue:
+                self._refuse(
+                    "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
+                )
+            backlog_s = (self._admitted_cells + cells) * self._cell_seconds / self._slots.runs
+            if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
+                self._refuse("deadline", f"the admitted work needs about {backlog_s:.1f} s, past the deadline")
         self._admitted_rows += rows
+        self._admitted_cells += cells
         self._metrics.admitted_rows.labels(self.name).set(self._admitted_rows)
         try:
             yield
         finally:
             self._admitted_rows -= rows
+            self._admitted_cells -= cells
             self._metrics.admitted_rows.labels(self.name).set(self._admitted_rows)
+
+    def _refuse(self, reason: str, why: str) -> None:
+        self._metrics.rejected.labels(self.name, reason).inc()
+        raise Overloaded(f"Model {self.name} is at capacity ({why}); retry after the Retry-After delay.")
 
     # -- submission --------------------------------------------------------------------------------
     async def run(self, feeds: Feeds, rows: int, length: int) -> Feeds:
@@ -139,6 +157,7 @@ class ModelBatcher:
 
     async def _submit(self, feeds: Feeds, rows: int, length: int) -> Feeds:
         future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
+        self._typical_length += COST_SMOOTHING * (length - self._typical_length)
         self._queue.append(_Item(feeds, rows, length, time.perf_counter(), future))
         self._metrics.queue_depth.labels(self.name).inc(rows)
         self._wakeup.set()
@@ -216,6 +235,7 @@ class ModelBatcher:
             try:
                 results = await loop.run_in_executor(self._slots.executor, self._execute, batch)
                 outcomes: list[Feeds | BaseException] = list(results)
+                self._learn_cost(batch, time.perf_counter() - started)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else await self._isolate(batch)
             for item, outcome in zip(batch, outcomes, strict=True):
@@ -229,6 +249,14 @@ class ModelBatcher:
             self._slots.semaphore.release()
             self._in_flight -= 1
             self._wakeup.set()
+
+    def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
+        """Update the moving average of one padded cell's run time from a finished batch."""
+        cells = sum(item.rows for item in batch) * max(item.length for item in batch)
+        sample = seconds / cells
+        self._cell_seconds = (
+            sample if not self._cell_seconds else self._cell_seconds + COST_SMOOTHING * (sample - self._cell_seconds)
+        )
 
     async def _isolate(self, batch: list[_Item]) -> list[Feeds | BaseException]:
         """A failed batch is rerun item by item, so one bad input fails only its own request."""

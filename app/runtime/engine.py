@@ -16,6 +16,7 @@ def batch_config(settings: Settings, model_entry) -> BatchConfig:
         max_batch=override.max_batch or settings.max_batch,
         max_wait_s=wait_ms / 1000,
         max_queue=override.max_queue or settings.max_queue,
+        deadline_s=settings.request_timeout_s,
     )
 
 

@@ -68,8 +68,9 @@ async def knowledge_trace(request: Request) -> JsonResponse:
     """
     body = await read_body(request, KnowledgeTraceRequest)
     model = registry(request).get(body.model, TASK_NAME)
-    predicts_next = body.next_questions is None or len(body.next_questions) > 0
-    with model.batcher.admit(service.rows_needed(model, len(body.interactions), predicts_next)):
+    next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
+    rows = service.rows_needed(model, len(body.interactions), next_count > 0)
+    with model.batcher.admit(rows, cells=len(body.interactions) + next_count):
         arrays = await offload(_arrays, model, body)
         return JsonResponse(await complete(request, _answer(model, body, arrays), model.name))
 

@@ -113,7 +113,8 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     model = registry(request).get(body.model, TASK_NAME)
     arrays = await offload(_arrays, model, body)
     store = await _store(request)
-    with model.batcher.admit(service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)):
+    rows = service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)
+    with model.batcher.admit(rows, cells=len(arrays[0]) + len(arrays[2])):
         return JsonResponse(await complete(request, _append(store, model, student_id, arrays), model.name))
 
 
