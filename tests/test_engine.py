@@ -23,7 +23,7 @@ from app.frame.errors import Overloaded
 from app.frame.metrics import Metrics
 from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
-from app.runtime.batcher import BatchConfig, ModelBatcher, RunSlots
+from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, ModelBatcher, RunSlots
 from app.runtime.engine import Engine
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import service as kt_service
@@ -196,17 +196,18 @@ def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_reques
 
 def test_admission_refuses_work_that_could_not_finish_before_the_deadline(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
+    cells = MIN_CELLS_TO_LEARN
 
     async def scenario(batcher):
         started = time.perf_counter()
-        await batcher.run(_feeds(0, slow_spin() // 4), 1, 1)  # the batcher learns what one cell costs
+        await batcher.run(_feeds(0, slow_spin() // 4), 1, cells)  # the batcher learns what one cell costs
         cost = time.perf_counter() - started
-        with batcher.admit(1, cells=1), pytest.raises(Overloaded, match="past the deadline"), batcher.admit(1, cells=1):
+        with batcher.admit(1, cells), pytest.raises(Overloaded, match="past the deadline"), batcher.admit(1, cells):
             pass
         return cost
 
     cost = _drive(scenario, run=runs, deadline_s=0.01)
-    assert cost > 0.01  # one cell costs more than the whole deadline here, so a second request cannot fit
+    assert cost > 0.01  # one such request takes longer than the whole deadline: a second one cannot fit
 
 
 @pytest.mark.parametrize("slots", [1, 2])

@@ -36,6 +36,7 @@ from app.runtime.collate import Feeds, collate, concatenate, split
 MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
 DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
 COST_SMOOTHING = 0.2  # weight of the newest run in the moving averages of cost per cell and row length
+MIN_CELLS_TO_LEARN = 256  # smaller runs cost mostly their fixed overhead and would inflate the cost per cell
 RunGraph = Callable[[Feeds], Feeds]
 
 
@@ -253,6 +254,8 @@ class ModelBatcher:
     def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
         """Update the moving average of one padded cell's run time from a finished batch."""
         cells = sum(item.rows for item in batch) * max(item.length for item in batch)
+        if cells < MIN_CELLS_TO_LEARN:
+            return
         sample = seconds / cells
         self._cell_seconds = (
             sample if not self._cell_seconds else self._cell_seconds + COST_SMOOTHING * (sample - self._cell_seconds)
