@@ -20,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.frame.settings import Settings
+from app.runtime.memory import limit_malloc_arenas
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
@@ -68,6 +69,7 @@ def serve(settings: Settings, app: FastAPI | None = None) -> None:
     from app.main import create_app
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    limit_malloc_arenas()
     app = app or create_app(settings)
     config = uvicorn.Config(
         app,

@@ -97,6 +97,7 @@ class ModelBatcher:
         self._cell_seconds = 0.0  # moving average of one padded cell's run time (0 until the first run)
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._in_flight = 0
+        self.runs_done = 0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._runs: set[asyncio.Task] = set()
@@ -116,6 +117,11 @@ class ModelBatcher:
         self._queue.clear()
         if self._runs:
             await asyncio.wait(self._runs)
+
+    @property
+    def busy(self) -> bool:
+        """True while any request holds rows of this model."""
+        return self._admitted_rows > 0
 
     # -- admission ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -249,6 +255,7 @@ class ModelBatcher:
         finally:
             self._slots.semaphore.release()
             self._in_flight -= 1
+            self.runs_done += 1
             self._wakeup.set()
 
     def _learn_cost(self, batch: list[_Item], seconds: float) -> None:

@@ -1,11 +1,17 @@
-"""The runtime over a loaded registry: the shared run slots and one batcher per ready model."""
+"""The runtime over a loaded registry: the shared run slots, one batcher per ready model, memory trimming."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 from app.frame.metrics import Metrics
 from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
 from app.runtime.batcher import BatchConfig, ModelBatcher, RunSlots
+from app.runtime.memory import release_free_memory
+
+TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
 
 
 def batch_config(settings: Settings, model_entry) -> BatchConfig:
@@ -21,7 +27,7 @@ def batch_config(settings: Settings, model_entry) -> BatchConfig:
 
 
 class Engine:
-    """Starts (inside the event loop) and stops the batchers of every ready model."""
+    """Starts (inside the event loop) and stops the batchers of every ready model; trims memory when idle."""
 
     def __init__(self, registry: ModelRegistry, settings: Settings, metrics: Metrics) -> None:
         self.registry = registry
@@ -40,8 +46,23 @@ class Engine:
                 metrics,
             )
             model.batcher.start()
+        self._trimmer = asyncio.create_task(self._trim_when_idle(), name="memory-trim")
+
+    async def _trim_when_idle(self) -> None:
+        """After runs, once no model has work admitted, hand freed pages back to the system."""
+        batchers = [model.batcher for model in self.registry.models.values() if model.batcher is not None]
+        trimmed_at = 0
+        while True:
+            await asyncio.sleep(TRIM_EVERY_S)
+            runs = sum(batcher.runs_done for batcher in batchers)
+            if runs != trimmed_at and not any(batcher.busy for batcher in batchers):
+                await asyncio.to_thread(release_free_memory)
+                trimmed_at = runs
 
     async def stop(self) -> None:
+        self._trimmer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._trimmer
         for model in self.registry.models.values():
             if model.batcher is not None:
                 await model.batcher.stop()
