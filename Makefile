@@ -34,14 +34,14 @@ $(BIN)/python:
 
 # The stamps make `make serve`/`make test` install only when a lock file changed since the last install.
 $(VENV)/serve.stamp: requirements/serve.txt $(BIN)/python
-	@echo "==> installing the service from requirements/serve.txt into $(VENV) (about a minute the first time)"
+	@echo "==> installing the service from requirements/serve.txt into $(VENV) (1 to 2 minutes the first time)"
 	$(PIP) install --require-hashes -r requirements/serve.txt
 	$(PIP) install --no-deps -e .
 	rm -f $(VENV)/dev.stamp
 	touch $@
 
 $(VENV)/dev.stamp: requirements/dev.txt $(BIN)/python
-	@echo "==> installing the service, test and training tools from requirements/dev.txt into $(VENV) (a few minutes the first time)"
+	@echo "==> installing the service, test and training tools from requirements/dev.txt into $(VENV) (about 5 minutes the first time)"
 	$(PIP) install --require-hashes -r requirements/dev.txt
 	@echo "==> installing $(TORCH_REQUIREMENT) (outside the hashed lock: README, Install)"
 	$(PIP) install $(TORCH_PIP_ARGS) '$(TORCH_REQUIREMENT)'
