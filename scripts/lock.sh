@@ -6,7 +6,7 @@
 # Every line has its sha256 hashes, except torch: it is left out of dev.txt (--unsafe-package) and installed
 # by its exact version from pyproject.toml (TORCH_REQUIREMENT in the Makefile), because the right torch
 # wheel depends on the machine (CPU or CUDA build), and PyPI's wheels are the multi-GB CUDA builds.
-# Usage: scripts/lock.sh PIP_COMPILE [--upgrade | --upgrade-package NAME ...]
+# Usage: scripts/lock.sh PIP_COMPILE [more pip-compile options, e.g. --upgrade]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip_compile=$1
