@@ -66,8 +66,8 @@ audit: $(VENV)/dev.stamp  ## pip-audit of every lock file (exceptions: requireme
 	scripts/audit.sh $(BIN)/pip-audit '$(TORCH_REQUIREMENT)'
 
 lock: $(BIN)/python  ## regenerate requirements/*.txt from pyproject.toml (UPGRADE=1: newest releases)
-	@test -x $(VENV)/lock-tools/bin/pip-compile || { $(BIN)/python -m venv $(VENV)/lock-tools \
-	  && $(VENV)/lock-tools/bin/pip install -q pip-tools==7.6.2; }
+	@test -x $(VENV)/lock-tools/bin/pip-compile || { echo "==> installing pip-tools into $(VENV)/lock-tools"; \
+	  $(BIN)/python -m venv $(VENV)/lock-tools && $(VENV)/lock-tools/bin/pip install -q pip-tools==7.6.2; }
 	scripts/lock.sh $(VENV)/lock-tools/bin/pip-compile $(if $(UPGRADE),--upgrade)
 
 system-deps:  ## install the Debian packages of SYSTEM_DEPS whose binary is missing
