@@ -1,20 +1,29 @@
 # mnemo: the FastAPI + ONNX Runtime service with the committed models baked in.
 #   docker build -t mnemo .                                   # CPU image (default target)
 #   docker build --target runtime-gpu -t mnemo:gpu .          # CUDA image (onnxruntime-gpu)
-# The runtime stages hold no torch and no compilers; training happens outside the image.
+# Both install the hashed lock files (requirements/serve.txt, requirements/gpu.txt): the CPU image holds
+# onnxruntime, the GPU image onnxruntime-gpu, never both. The runtime stages hold no torch and no compilers.
 ARG PYTHON_IMAGE=python:3.11-slim
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 
-# ---- builder: a venv with the serving dependencies (no torch) ---------------------------------------
+# ---- builder: the serving venv from the lock, the app, and the CPU image's whole file system in /rootfs -----
 FROM ${PYTHON_IMAGE} AS builder
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends binutils \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+COPY requirements/serve.txt requirements/
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --require-hashes -r requirements/serve.txt
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --upgrade pip \
- && /opt/venv/bin/pip install . \
+RUN /opt/venv/bin/pip install --no-deps . \
  && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels .
+COPY scripts/image-slim-venv.sh scripts/image-rootfs.sh ./scripts/
+RUN scripts/image-slim-venv.sh /opt/venv
+COPY artifacts /srv/mnemo/artifacts
+RUN scripts/image-rootfs.sh /rootfs 10001
 
 # ---- GPU runtime: onnxruntime-gpu on a CUDA + cuDNN runtime base -----------------------------------
 FROM ${CUDA_IMAGE} AS runtime-gpu
@@ -22,16 +31,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=nonintera
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/*
+COPY requirements/gpu.txt /tmp/requirements-gpu.txt
 COPY --from=builder /wheels /wheels
 RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install "$(ls /wheels/*.whl)[gpu]" \
- && /opt/venv/bin/pip uninstall -y onnxruntime \
- && /opt/venv/bin/pip install --force-reinstall --no-deps onnxruntime-gpu \
- && rm -rf /wheels
+ && /opt/venv/bin/pip install --require-hashes -r /tmp/requirements-gpu.txt \
+ && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
+ && rm -rf /wheels /tmp/requirements-gpu.txt
 RUN useradd --system --uid 10001 --no-create-home mnemo
 WORKDIR /srv/mnemo
 COPY artifacts ./artifacts
-# CUDA and cuDNN from the base image, found by onnxruntime's CUDA provider at run time.
+# CUDA and cuDNN from the base image, found by onnxruntime-gpu's CUDA provider at run time.
 ENV PATH=/opt/venv/bin:$PATH \
     LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu \
     PYTHONUNBUFFERED=1 \
@@ -48,13 +57,14 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('MNEMO_PORT', '8000'), timeout=4)"]
 CMD ["python3", "-m", "app"]
 
-# ---- CPU runtime (default): slim Python, the venv, the app and the committed artifacts --------------
-FROM ${PYTHON_IMAGE} AS runtime
-RUN useradd --system --uid 10001 --no-create-home mnemo
-COPY --from=builder /opt/venv /opt/venv
+# ---- CPU runtime (default): only the builder's /rootfs (Python, the venv, the app, the artifacts) --------
+# No shell and no package manager; see README, Docker (debug with the builder stage: --target builder).
+FROM scratch AS runtime
+COPY --from=builder /rootfs /
 WORKDIR /srv/mnemo
-COPY artifacts ./artifacts
-ENV PATH=/opt/venv/bin:$PATH \
+ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
+    LANG=C.UTF-8 \
+    HOME=/tmp \
     PYTHONUNBUFFERED=1 \
     MNEMO_ARTIFACTS_DIR=/srv/mnemo/artifacts \
     MNEMO_HOST=0.0.0.0 \

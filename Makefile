@@ -1,39 +1,60 @@
 # mnemo: `make serve` serves the committed models, `make test` runs the whole suite.
+# Every install comes from the hashed lock files in requirements/ (`make lock` regenerates them from pyproject.toml).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
 DATA_DIR ?= $(or $(MNEMO_DATA_DIR),../shared/data)
 DATASET ?= assist2009
 POINTER ?= vlmp
+# torch is the one package outside the hashed lock: its exact version from pyproject.toml's train extra, from
+# wherever pip finds it. On a CPU-only machine add PyTorch's CPU index (README, Install):
+#   make venv TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
+TORCH_REQUIREMENT = $(shell $(BIN)/python -c 'import tomllib; print(next(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["train"] if r.startswith("torch")))')
+TORCH_PIP_ARGS ?=
+# Debian packages the tests need, one BINARY=PACKAGE word each: `make system-deps` (a prerequisite of
+# `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
+SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core
 
-.PHONY: venv serve test test-services lint bench loadtest train-kt train-sim export-kt export-sim docker-check clean
+.PHONY: venv serve test lint audit lock system-deps bench loadtest train-kt train-sim export-kt export-sim docker-check clean FORCE
 
-$(VENV)/serve.stamp: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e .
+# .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
+INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
+ifneq ($(shell $(BIN)/python -c '$(INTERPRETER_ID)' 2>/dev/null),$(shell $(PYTHON) -c '$(INTERPRETER_ID)' 2>/dev/null))
+$(BIN)/python: FORCE
+endif
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "mnemo needs Python 3.11 or newer, and '$(PYTHON)' is $$($(PYTHON) --version 2>/dev/null || echo 'not found')."; \
+	  echo "Install Python 3.11+ and name it, e.g.: make $(or $(MAKECMDGOALS),test) PYTHON=python3.11"; exit 1; }
+	@if [ -d $(VENV) ]; then echo "==> $(VENV) was made by another Python: rebuilding it with $(PYTHON)"; fi
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+
+# The stamps make `make serve`/`make test` install only when a lock file changed since the last install.
+$(VENV)/serve.stamp: requirements/serve.txt $(BIN)/python
+	@echo "==> installing the service from requirements/serve.txt into $(VENV) (1 to 2 minutes the first time)"
+	$(PIP) install --require-hashes -r requirements/serve.txt
+	$(PIP) install --no-deps -e .
+	rm -f $(VENV)/dev.stamp
 	touch $@
 
-$(VENV)/dev.stamp: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[train,dev]'
+$(VENV)/dev.stamp: requirements/dev.txt $(BIN)/python
+	@echo "==> installing the service, test and training tools from requirements/dev.txt into $(VENV) (about 5 minutes the first time)"
+	$(PIP) install --require-hashes -r requirements/dev.txt
+	@echo "==> installing $(TORCH_REQUIREMENT) (outside the hashed lock: README, Install)"
+	$(PIP) install $(TORCH_PIP_ARGS) '$(TORCH_REQUIREMENT)'
+	$(PIP) install --no-deps -e .
+	$(PIP) check
 	touch $@ $(VENV)/serve.stamp
 
-# The stamps make `make test`/`make serve` install only when pyproject.toml changed since the last install.
-venv: $(VENV)/dev.stamp  ## .venv with the dev and train extras (what `make test` uses)
+venv: $(VENV)/dev.stamp  ## .venv with every extra but gpu (what `make test` uses)
 
 serve: $(VENV)/serve.stamp  ## serve artifacts/ on MNEMO_HOST:MNEMO_PORT (default 127.0.0.1:8000)
 	$(BIN)/python -m app
 
-# Debian programs the tests run for real (tests/test_student_store.py starts its own redis-server).
-SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
-# Debian packages the tests need, as `binary:package`; each is installed with apt-get only when missing.
-TEST_PACKAGES := redis-server:redis-server chromium:chromium fc-list:fonts-dejavu-core
-test-services:  ## install the Debian packages the tests use (redis-server, chromium, fonts) when missing
-	@missing="$$(for pair in $(TEST_PACKAGES); do command -v $${pair%%:*} >/dev/null || echo $${pair#*:}; done)"; \
-	if [ -n "$$missing" ]; then echo "installing $$missing"; $(SUDO) apt-get update -qq \
-		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
-
-test: $(VENV)/dev.stamp test-services  ## ruff + the whole pytest suite
+test: $(VENV)/dev.stamp system-deps  ## ruff + the whole pytest suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -41,12 +62,22 @@ lint: $(VENV)/dev.stamp
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+audit: $(VENV)/dev.stamp  ## pip-audit of every lock file (exceptions: requirements/audit-exceptions.txt)
+	scripts/audit.sh $(BIN)/pip-audit '$(TORCH_REQUIREMENT)'
+
+lock: $(BIN)/python  ## regenerate requirements/*.txt from pyproject.toml (UPGRADE=1: newest releases)
+	@test -x $(VENV)/lock-tools/bin/pip-compile || { echo "==> installing pip-tools into $(VENV)/lock-tools"; \
+	  $(BIN)/python -m venv $(VENV)/lock-tools && $(VENV)/lock-tools/bin/pip install -q pip-tools==7.6.2; }
+	scripts/lock.sh $(VENV)/lock-tools/bin/pip-compile $(if $(UPGRADE),--upgrade)
+
+system-deps:  ## install the Debian packages of SYSTEM_DEPS whose binary is missing
+	@scripts/system-deps.sh $(SYSTEM_DEPS)
+
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run
 
-loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 6 minutes) -> BENCHMARKS.md
-	command -v wrk >/dev/null || { $(SUDO) apt-get update -qq \
-		&& $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk; }
+loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 7 minutes) -> BENCHMARKS.md
+	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
 
 train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0
@@ -61,7 +92,7 @@ export-kt: $(VENV)/dev.stamp  ## make export-kt DATASET=assist2009 NAME=dkvmn-as
 export-sim: $(VENV)/dev.stamp  ## make export-sim POINTER=vlmp NAME=rmc-vlmp-sick [FLAGS=--default]
 	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER) --name $(NAME) $(FLAGS)
 
-docker-check:  ## opt-in: build and run the image with podman (see README, Docker)
+docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see README, Docker)
 	scripts/docker-check.sh
 
 clean:

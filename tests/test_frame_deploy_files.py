@@ -32,11 +32,15 @@ def test_dockerfile_is_multistage_on_a_build_arg_base_with_a_lean_non_root_runti
     stages = _stages()
     assert any(line.startswith("ARG PYTHON_IMAGE=python:3.11-slim") for line in stages[""])
     assert {"builder", "runtime", "runtime-gpu"} <= set(stages)
-    assert stages["runtime"][0] == "FROM ${PYTHON_IMAGE} AS runtime"
+    assert stages["builder"][0] == "FROM ${PYTHON_IMAGE} AS builder"
+    assert "pip install --require-hashes -r requirements/serve.txt" in "\n".join(stages["builder"])
+    # the CPU runtime is the builder's assembled file system only (Python, venv, app, artifacts)
+    assert stages["runtime"][:2] == ["FROM scratch AS runtime", "COPY --from=builder /rootfs /"]
     assert list(stages)[-1] == "runtime"  # the default build target is the CPU runtime
     for name in ("runtime", "runtime-gpu"):
         body = "\n".join(stages[name])
         assert "torch" not in body.replace("no torch", "")
+        assert "uninstall" not in body
         assert not re.search(r"build-essential|gcc|g\+\+", body)
         assert re.search(r"^USER 10001$", body, re.MULTILINE)
         assert "HEALTHCHECK" in body and "/ready" in body
@@ -46,7 +50,8 @@ def test_dockerfile_is_multistage_on_a_build_arg_base_with_a_lean_non_root_runti
             assert setting + "=" in body
     gpu = "\n".join(stages["runtime-gpu"])
     assert stages["runtime-gpu"][0].startswith("FROM ${CUDA_IMAGE}")
-    assert "onnxruntime-gpu" in gpu and "LD_LIBRARY_PATH" in gpu and "MNEMO_PROVIDER=cuda" in gpu
+    assert "COPY requirements/gpu.txt" in gpu and "--require-hashes" in gpu
+    assert "LD_LIBRARY_PATH" in gpu and "MNEMO_PROVIDER=cuda" in gpu
 
 
 def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
@@ -64,10 +69,11 @@ def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
 
 
-def test_ci_runs_exactly_make_test_and_fails_on_any_error():
+def test_ci_runs_the_audit_and_make_test_and_fails_on_any_error():
     script = (ROOT / ".ci" / "run").read_text()
     assert "set -euo pipefail" in script
-    assert [line for line in script.splitlines() if line and not line.startswith(("#", "set ", "cd "))] == ["make test"]
+    commands = [line for line in script.splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert commands == ["make audit", "make test"]
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^test:.*\n(\t.*\n)*\t\$\(BIN\)/python -m pytest", makefile, re.MULTILINE)
     assert re.search(r"^serve:.*\n\t\$\(BIN\)/python -m app", makefile, re.MULTILINE)
@@ -81,15 +87,15 @@ def test_readme_documents_every_setting():
         assert f"MNEMO_{name.upper()}" in readme, name
 
 
-def test_makefile_targets_install_only_when_pyproject_changes():
+def test_makefile_targets_install_from_the_lock_files_only_when_they_change():
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("venv", "serve", "test", "lint", "bench", "train-kt", "train-sim", "docker-check"):
+    targets = ("venv", "serve", "test", "lint", "audit", "lock", "system-deps", "bench", "train-kt", "docker-check")
+    for target in targets:
         assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
-    assert re.search(
-        r"^\$\(VENV\)/serve\.stamp: pyproject\.toml\n(\t.*\n)*\t\$\(BIN\)/pip install -q -e \.\n", makefile, re.M
-    )
-    assert re.search(
-        r"^\$\(VENV\)/dev\.stamp: pyproject\.toml\n(\t.*\n)*\t.*pip install -q -e '\.\[train,dev\]'", makefile, re.M
-    )
-    assert re.search(r"^test: \$\(VENV\)/dev\.stamp", makefile, re.MULTILINE)
+    for stamp, lock in (("serve", "serve.txt"), ("dev", "dev.txt")):
+        header = rf"^\$\(VENV\)/{stamp}\.stamp: requirements/{lock} \$\(BIN\)/python\n"
+        rule = re.search(header + r"((\t.*\n)*)", makefile, re.MULTILINE)
+        assert rule, stamp
+        assert f"$(PIP) install --require-hashes -r requirements/{lock}" in rule.group(1)
+    assert re.search(r"^test: \$\(VENV\)/dev\.stamp system-deps", makefile, re.MULTILINE)
     assert re.search(r"^serve: \$\(VENV\)/serve\.stamp", makefile, re.MULTILINE)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Docker build step: assemble in ROOT the whole file system of the CPU image, which is `FROM scratch` plus this
+# tree: the base image's Python (interpreter and standard library), /opt/venv, /srv/mnemo, every shared library
+# they load from outside the tree (as ldd resolves them), a loader cache, and passwd/group entries for the
+# service user. No shell and no package manager: a distroless-style image, smaller than the base image alone.
+# Usage (in the builder stage): scripts/image-rootfs.sh ROOT UID
+set -euo pipefail
+root=$1
+uid=$2
+python=$(command -v python3)
+stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+copy() {  # absolute paths -> the same paths under $root, with their modes, owners and symlinks
+  tar -C / -cf - "${@#/}" | tar -C "$root" -xpf - --keep-directory-symlink
+}
+mkdir -p "$root"/{etc,tmp,usr/bin,usr/lib,usr/lib64}
+chmod 1777 "$root/tmp"
+# Merged /usr: /bin, /lib and /lib64 stay the symlinks they are in the base image.
+for link in /bin /lib /lib64; do
+  if [ -L "$link" ]; then cp -a "$link" "$root$link"; fi
+done
+copy "$(dirname "$python")"/python3* "$stdlib" /opt/venv /srv/mnemo
+rm -rf "$root$stdlib"/{ensurepip,idlelib,lib2to3,pydoc_data,tkinter,turtledemo,test,distutils,venv}
+if [ -d /etc/python3.11 ]; then copy /etc/python3.11; fi  # Debian's sitecustomize
+find "$root" -type f \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0 \
+  | { xargs -0 ldd 2>/dev/null || true; } \
+  | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// && $2 ~ /^\(/ {print $1}' \
+  | grep -v "^$root/" \
+  | sort -u \
+  | while read -r library; do
+    # the name the loader asks for, in its directory's real place (merged /usr), and the file it points to
+    copy "$(readlink -f "$(dirname "$library")")/$(basename "$library")" "$(readlink -f "$library")"
+  done
+copy /etc/ld.so.conf /etc/ld.so.conf.d
+ldconfig -r "$root"
+printf 'root:x:0:0:root:/root:/sbin/nologin\nmnemo:x:%s:%s:mnemo:/tmp:/sbin/nologin\n' "$uid" "$uid" >"$root/etc/passwd"
+printf 'root:x:0:\nmnemo:x:%s:\n' "$uid" >"$root/etc/group"

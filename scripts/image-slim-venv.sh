@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Docker build step: remove from the serving venv what the service never loads, and strip debug symbols.
+# Usage (in the builder stage): scripts/image-slim-venv.sh /opt/venv
+set -euo pipefail
+venv=$1
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$venv/bin/python" -m pip uninstall -q -y pip setuptools wheel 2>/dev/null || true
+cd "$site"
+rm -rf _distutils_hack distutils-precedence.pth
+# Test suites, type stubs and ONNX Runtime's offline tooling (quantization, transformer optimizers).
+find numpy -type d -name tests -prune -exec rm -rf {} +
+find . -name '*.pyi' -delete
+rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
+# ONNX Runtime's C API library (35 MB) is for C/C++ callers: the Python binding is self-contained and never
+# loads it (ldd onnxruntime/capi/onnxruntime_pybind11_state*.so). `make docker-check` runs both models.
+rm -f onnxruntime/capi/libonnxruntime.so*
+# Strip debug symbols, except from libraries that auditwheel bundled (*.libs/) or rewrote with patchelf (they
+# carry an RPATH), as strip breaks their layout ("ELF load command address/offset not page-aligned").
+find . -type f \( -name '*.so' -o -name '*.so.*' \) -not -path '*.libs/*' -print0 | while IFS= read -r -d '' library; do
+  readelf -d "$library" | grep -q -E '\((RPATH|RUNPATH)\)' || strip --strip-unneeded "$library"
+done
