@@ -380,7 +380,7 @@ def overload_table(url: str, pid: int, seconds: int, timeout_s: float) -> list[s
 
 
 def drain(url: str, process: subprocess.Popen, in_flight: int = 32) -> str:
-    body = _kt_body(3000, [1], attention=False)
+    body = _kt_body(1000, [1], attention=False)
 
     async def scenario() -> tuple[list, float]:
         limits = httpx.Limits(max_connections=in_flight + 4)
@@ -400,7 +400,7 @@ def drain(url: str, process: subprocess.Popen, in_flight: int = 32) -> str:
     failed = [type(o).__name__ for o in outcomes if not isinstance(o, httpx.Response)]
     counts = {status: answered.count(status) for status in sorted(set(answered))}
     return (
-        f"SIGTERM with {in_flight} `/knowledge-trace` requests (3,000 interactions) in flight: answers {counts}, "
+        f"SIGTERM with {in_flight} `/knowledge-trace` requests (1,000 interactions) in flight: answers {counts}, "
         f"connection errors {len(failed)}, exit code {process.returncode}, {seconds:.1f} s from SIGTERM to exit."
     )
 

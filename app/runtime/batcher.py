@@ -11,7 +11,8 @@
   rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
   `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
   `max_wait`. Batches take the oldest item first, then the queued items closest to it in length, and
-  skip any that would make more than half of the batch padding.
+  skip any that would make more than half of the batch padding. When other run slots are free, the
+  queue is spread over them instead of filling one run.
 - **Bounded cost.** An item of more than `max_batch` rows runs in parts; callers split long sequences
   into chunks (knowledge tracing: `seqlen`), so no request holds the model while others starve.
 - **Cancellation.** A caller that is cancelled (deadline, client gone) cancels its futures; queued
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +59,11 @@ class RunSlots:
         self.runs = runs
         self.semaphore = asyncio.Semaphore(runs)
         self.executor = ThreadPoolExecutor(max_workers=runs, thread_name_prefix="onnx-run")
+
+    @property
+    def free(self) -> int:
+        """Run slots not taken right now."""
+        return self.semaphore._value
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
@@ -212,14 +219,19 @@ class ModelBatcher:
         self._queue = live
 
     def _take(self) -> list[_Item]:
-        """The oldest item, then the queued items nearest to it in length, within the row and padding limits."""
+        """The oldest item, then the queued items nearest to it in length, within the row and padding limits.
+
+        Called with a run slot taken: `self._slots.free` more could start at once.
+        """
         self._drop_cancelled()
         if not self._queue:
             return []
         head, *others = self._queue
+        # With other slots free, spread the queue over them rather than fill one run and leave them idle.
+        limit = min(self.config.max_batch, math.ceil(self._queued_rows() / (self._slots.free + 1)))
         batch, rows, longest, useful = [head], head.rows, head.length, head.rows * head.length
         for item in sorted(others, key=lambda item: (abs(item.length - head.length), item.enqueued)):
-            if rows + item.rows > self.config.max_batch:
+            if rows + item.rows > limit:
                 continue
             new_longest = max(longest, item.length)
             new_useful = useful + item.rows * item.length
