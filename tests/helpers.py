@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ def free_port() -> int:
 class Server:
     url: str
     process: subprocess.Popen
-    output: list[str] = field(default_factory=list)  # the process output, filled once it stopped
+    output: list[str] = field(default_factory=list)  # the process output, line by line, as it arrives
 
 
 @contextmanager
@@ -54,11 +55,14 @@ def running_server(
         argv, env=environment, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     server = Server(f"http://127.0.0.1:{port}", process)
+    reader = threading.Thread(target=_collect_lines, args=(process, server.output), daemon=True)
+    reader.start()  # drain the pipe while it runs: a full pipe would block the server's logging
     try:
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()[-2000:]}")
+                reader.join(timeout=5)
+                raise RuntimeError(f"server exited with {process.returncode}: {server.output[-20:]}")
             try:
                 if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
                     break
@@ -72,8 +76,13 @@ def running_server(
         if process.poll() is None:
             process.terminate()
         try:
-            out, _ = process.communicate(timeout=60)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
-            out, _ = process.communicate()
-        server.output[:] = out.splitlines()
+            process.wait()
+        reader.join(timeout=10)
+
+
+def _collect_lines(process: subprocess.Popen, lines: list[str]) -> None:
+    for line in process.stdout:
+        lines.append(line.rstrip("\n"))

@@ -6,7 +6,7 @@
   FastAPI's validation shape, at most `MAX_LISTED_ERRORS` entries and their total count, and never
   echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
-- Anything else is a bug: logged with its traceback and answered 500 as a last resort.
+- Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
 """
 
 from __future__ import annotations
@@ -145,8 +145,3 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.warning("model rejected the input on %s %s: %s", request.method, request.url.path, error)
         message = f"The model rejected the input: {ort_message(error)}"
         return JsonResponse({"detail": InvalidInput(("body",), message).detail()}, 422)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JsonResponse:
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JsonResponse({"detail": "Internal error; it has been logged."}, 500)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.frame.drain import Drain
@@ -16,6 +18,7 @@ from app.frame.responses import dumps
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics"})
+MAX_LOGGED_PATH = 256  # longer paths are cut in the access line, so a client cannot make huge log lines
 STARTED_KEY = "mnemo.started"  # scope key: perf_counter() when the request reached the app
 
 
@@ -28,11 +31,13 @@ async def send_json(send: Send, status: int, payload: dict, headers: dict[str, s
 
 
 class BodySizeLimit:
-    """Reject request bodies over `max_bytes` with 413, whether or not they announce a Content-Length."""
+    """Reject request bodies over `max_bytes` with 413, whether or not they announce a Content-Length,
+    and bodies that stall (no data for `stall_timeout_s`) with 408."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, stall_timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.stall_timeout_s = stall_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,7 +50,12 @@ class BodySizeLimit:
             return
         chunks, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.stall_timeout_s)
+            except TimeoutError:
+                stalled = {"detail": f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."}
+                await send_json(send, 408, stalled, {"Connection": "close"})
+                return
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
@@ -88,6 +98,18 @@ class DrainGate:
             self.drain.leave()
 
 
+def route_label(scope: Scope) -> str:
+    """The template of the route the request matched; for a request answered before routing (413, 401,
+    503), the template it would have matched; "unmatched" only for paths no route knows."""
+    route = scope.get("route")
+    if route is None:
+        for candidate in getattr(scope.get("app"), "routes", ()):
+            if candidate.matches(scope)[0] is not Match.NONE:
+                route = candidate
+                break
+    return getattr(route, "path", None) or "unmatched"
+
+
 class RequestContext:
     """Give every response an X-Request-ID, log one access line and record metrics by route template."""
 
@@ -117,20 +139,19 @@ class RequestContext:
         finally:
             self.metrics.in_flight.dec()
             seconds = time.perf_counter() - started
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe_request(template, scope["method"], status, seconds)
+            self.metrics.observe_request(route_label(scope), scope["method"], status, seconds)
+            path = scope["path"] if len(scope["path"]) <= MAX_LOGGED_PATH else scope["path"][:MAX_LOGGED_PATH] + "..."
             access_logger.info(
                 "%s %s %d %.1fms id=%s",
                 scope["method"],
-                scope["path"],
+                path,
                 status,
                 seconds * 1000,
                 request_id,
                 extra={
                     "request_id": request_id,
                     "method": scope["method"],
-                    "path": scope["path"],
+                    "path": path,
                     "status": status,
                     "duration_ms": round(seconds * 1000, 2),
                 },

@@ -22,6 +22,7 @@ from app.frame.errors import DeadlineExceeded, ServiceError
 from app.frame.middleware import STARTED_KEY
 from app.frame.registry import ModelRegistry
 from app.runtime.offload import offload
+from app.transports.json_input import parse_body
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 Body = TypeVar("Body", bound=BaseModel)
@@ -53,8 +54,8 @@ async def read_body(request: Request, schema: type[Body]) -> Body:
         raise UnsupportedMediaType("Content-Type must be application/json.")
     body = await request.body()
     if len(body) <= INLINE_BODY_BYTES:
-        return schema.model_validate_json(body)
-    return await offload(schema.model_validate_json, body)
+        return parse_body(schema, body)
+    return await offload(parse_body, schema, body)
 
 
 async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:

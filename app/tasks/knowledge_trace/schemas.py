@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 MAX_INTERACTIONS = 10_000
+MAX_QUESTION_ID = 2**31 - 1  # ids are int64 in the graph; each model's own range (n_questions) is checked after
+QuestionId = Annotated[StrictInt, Field(ge=1, le=MAX_QUESTION_ID)]
 
 _EXAMPLE = {
     "model": "dkvmn-assist2009",
@@ -19,7 +23,7 @@ class Interaction(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    question: StrictInt = Field(ge=1, description="1-based question id, at most the model's n_questions")
+    question: QuestionId = Field(description="1-based question id, at most the model's n_questions")
     correct: StrictBool
 
 
@@ -28,15 +32,15 @@ class KnowledgeTraceRequest(BaseModel):
 
     model: str | None = Field(default=None, description="a knowledge-trace model from GET /models; null = default")
     interactions: list[Interaction] = Field(min_length=1, max_length=MAX_INTERACTIONS, description="oldest first")
-    next_questions: list[StrictInt] | None = Field(
+    next_questions: list[QuestionId] | None = Field(
         default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
     )
     return_attention: StrictBool = True
 
 
 class NextPrediction(BaseModel):
-    question: int
-    p_correct: float
+    question: int = Field(ge=1)
+    p_correct: float = Field(ge=0, le=1)
     concept: int = Field(description="the latent concept this question weighs most (argmax of its attention)")
     name: str | None = Field(default=None, description="the question's name where the data set has one")
 
@@ -44,7 +48,9 @@ class NextPrediction(BaseModel):
 class KnowledgeTraceResponse(BaseModel):
     model: str
     n_concepts: int
-    predictions: list[float] = Field(description="P(interaction t correct | interactions 0..t-1)")
+    predictions: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        description="P(interaction t correct | interactions 0..t-1)"
+    )
     next: list[NextPrediction]
     mastery: list[list[float]] = Field(description="(len(interactions) + 1) x n_concepts; row 0 is the prior")
     attention: list[list[float]] | None = Field(description="len(interactions) x n_concepts correlation weights")

@@ -1,0 +1,130 @@
+"""HTTP/1.1 connections that cannot be held open or filled by a client: uvicorn's httptools protocol, guarded.
+
+uvicorn closes idle keep-alive connections (`timeout_keep_alive`) and answers 503 past
+`limit_concurrency`, but only once a request's headers are in; it has no limit on header size with
+httptools, no deadline for the headers, and no limit on how long a client may leave a response unread.
+This protocol adds, per connection:
+
+- a connection cap: a connection accepted beyond MNEMO_MAX_CONNECTIONS is answered 503 and closed at
+  once, so it never holds a file handle (the listener keeps accepting);
+- a header deadline: a request line and headers not complete MNEMO_HEADER_TIMEOUT_S after the
+  connection opened (or after the first byte of a later request) get 408 and the connection is closed;
+- a header size cap: more than MNEMO_MAX_HEADER_BYTES before the headers end gets 431 and a close;
+- a write deadline: a response the client stops reading (the socket buffer stays full) for
+  MNEMO_WRITE_TIMEOUT_S aborts the connection, which frees the buffered response.
+
+A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+logger = logging.getLogger("mnemo.connections")
+REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+    max_header_bytes: int
+    write_timeout_s: float
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class with these limits (pass it as `uvicorn.Config(http=...)`)."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    limits: ConnectionLimits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.limits.max_connections:
+            logger.warning("connection refused with 503: %d open (MNEMO_MAX_CONNECTIONS)", len(self.connections) - 1)
+            self._answer_and_close(503, b"Too many open connections; retry later.\n", retry_after=True)
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_headers and self._header_timer is None:
+            self._arm_header_timer()  # the first byte of a request on a kept-alive connection
+        super().data_received(data)
+        if self._awaiting_headers and not self.transport.is_closing():
+            self._header_bytes += len(data)
+            if self._header_bytes > self.limits.max_header_bytes:
+                logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
+                self._answer_and_close(431, b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n")
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._header_bytes = 0
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        self._awaiting_headers = True  # the next request's headers; uvicorn's keep-alive timer covers the wait
+        super().on_response_complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_timed_out)
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self._awaiting_headers and not self.transport.is_closing():
+            self._answer_and_close(408, b"Request headers not received in time (MNEMO_HEADER_TIMEOUT_S).\n")
+
+    def _write_timed_out(self) -> None:
+        self._write_timer = None
+        if not self.transport.is_closing():
+            logger.warning(
+                "client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)", self.limits.write_timeout_s
+            )
+            self.transport.abort()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._write_timer = None
+
+    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False) -> None:
+        self._awaiting_headers = False
+        self._cancel_timers()
+        head = [
+            b"HTTP/1.1 %d %s" % (status, REASONS[status]),
+            b"content-type: text/plain; charset=utf-8",
+            b"content-length: %d" % len(text),
+            b"connection: close",
+        ]
+        if retry_after:
+            head.append(b"retry-after: 1")
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + text)
+        self.transport.close()
