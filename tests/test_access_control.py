@@ -35,7 +35,7 @@ def bearer(key: str) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "headers",
-    [{}, bearer("wrong"), {"Authorization": f"Basic {KEYS[0]}"}, {"Authorization": "Bearer "}, bearer(KEYS[0] + "x")],
+    [{}, bearer("wrong"), {"Authorization": f"Basic {KEYS[0]}"}, {"Authorization": "Bearer"}, bearer(KEYS[0] + "x")],
 )
 def test_protected_paths_need_a_known_key(server, headers):
     for method, path in (("GET", "/models"), ("GET", "/metrics"), ("POST", "/similarity")):

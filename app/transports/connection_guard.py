@@ -9,7 +9,8 @@ This protocol adds, per connection:
   once, so it never holds a file handle (the listener keeps accepting);
 - a header deadline: a request line and headers not complete MNEMO_HEADER_TIMEOUT_S after the
   connection opened (or after the first byte of a later request) get 408 and the connection is closed;
-- a header size cap: more than MNEMO_MAX_HEADER_BYTES before the headers end gets 431 and a close;
+- a header size cap: a request line and headers over MNEMO_MAX_HEADER_BYTES get 431 and a close, whether
+  they arrive in one piece or trickle in;
 - a write deadline: a response the client stops reading (the socket buffer stays full) for
   MNEMO_WRITE_TIMEOUT_S aborts the connection, which frees the buffered response.
 
@@ -41,13 +42,18 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
 
 
+class HeadersTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a request whose headers are over the cap."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     limits: ConnectionLimits
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._awaiting_headers = True
-        self._header_bytes = 0
+        self._header_bytes = self._parsed_header_bytes = 0
+        self._headers_too_large = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
@@ -67,8 +73,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._awaiting_headers and not self.transport.is_closing():
             self._header_bytes += len(data)
             if self._header_bytes > self.limits.max_header_bytes:
-                logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
-                self._answer_and_close(431, b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n")
+                self._reject_large_headers()
+
+    def _reject_large_headers(self) -> None:
+        logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
+        self._answer_and_close(431, b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n")
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count_header_bytes(self, size: int) -> None:
+        """Headers that arrive in one piece are measured as they are parsed (streamed ones in data_received)."""
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self.limits.max_header_bytes:
+            self._headers_too_large = True
+            raise HeadersTooLarge  # httptools stops parsing; uvicorn answers through send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if self._headers_too_large:
+            self._reject_large_headers()
+        else:
+            super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        self._parsed_header_bytes = 0
+        super().on_message_begin()
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
