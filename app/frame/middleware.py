@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.frame.drain import Drain
@@ -98,16 +98,35 @@ class DrainGate:
             self.drain.leave()
 
 
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
+
+
 def route_label(scope: Scope) -> str:
     """The template of the route the request matched; for a request answered before routing (413, 401,
-    503), the template it would have matched; "unmatched" only for paths no route knows."""
+    503), the documented template its path fits; "unmatched" only for paths the service does not have."""
     route = scope.get("route")
-    if route is None:
-        for candidate in getattr(scope.get("app"), "routes", ()):
-            if candidate.matches(scope)[0] is not Match.NONE:
-                route = candidate
-                break
-    return getattr(route, "path", None) or "unmatched"
+    if route is not None:
+        return route.path
+    app = scope.get("app")
+    templates = getattr(app.state, "route_templates", None) if app is not None else None
+    if templates is None:
+        if app is None:
+            return "unmatched"
+        templates = app.state.route_templates = _route_templates([*app.openapi().get("paths", {}), *DOCS_ROUTES])
+    path = scope["path"]
+    return next((template for template, pattern in templates if pattern.fullmatch(path)), "unmatched")
+
+
+def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
+    def pattern(template: str) -> re.Pattern:
+        parts = re.split(r"(\{[^}]+\})", template)
+        regex = "".join(
+            (".+" if part.endswith(":path}") else "[^/]+") if part.startswith("{") else re.escape(part)
+            for part in parts
+        )
+        return re.compile(regex)
+
+    return [(template, pattern(template)) for template in templates]
 
 
 class RequestContext:
