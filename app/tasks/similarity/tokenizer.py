@@ -25,6 +25,7 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
         **dict.fromkeys("\u2018\u2019\u201a\u201b\u2032\u02bc", "'"),  # curly apostrophes and single quotes, prime
         **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb", '"'),  # curly double quotes, guillemets
         **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),  # hyphens, dashes, minus sign
+        "\u2044": "/",  # fraction slash (NFKC writes ½ as 1⁄2)
     }
 )
 
