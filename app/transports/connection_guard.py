@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -42,6 +43,29 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
 
 
+class RefusalLog:
+    """One warning per second at most for connections refused over the cap, with how many there were."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.last_logged = float("-inf")
+        self.unlogged = 0
+
+    def note(self, open_connections: int) -> None:
+        self.unlogged += 1
+        now = time.monotonic()
+        if now - self.last_logged >= self.interval_s:
+            logger.warning(
+                "%d connection(s) answered 503 and closed: %d open (MNEMO_MAX_CONNECTIONS)",
+                self.unlogged,
+                open_connections,
+            )
+            self.last_logged, self.unlogged = now, 0
+
+
+_refusals = RefusalLog()
+
+
 class HeadersTooLarge(Exception):
     """Raised from a parser callback to stop parsing a request whose headers are over the cap."""
 
@@ -57,7 +81,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
-            logger.warning("connection refused with 503: %d open (MNEMO_MAX_CONNECTIONS)", len(self.connections) - 1)
+            _refusals.note(len(self.connections) - 1)
             self._answer_and_close(503, b"Too many open connections; retry later.\n", retry_after=True)
             return
         self._arm_header_timer()
@@ -113,7 +137,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
-        self._awaiting_headers = True  # the next request's headers; uvicorn's keep-alive timer covers the wait
+        # Next come the headers of a new request (uvicorn's keep-alive timer covers the wait), unless a
+        # pipelined request whose headers are already in starts now.
+        self._awaiting_headers = not self.pipeline
         super().on_response_complete()
 
     def pause_writing(self) -> None:
