@@ -162,12 +162,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._answer_and_close(408, b"Request headers not received in time (MNEMO_HEADER_TIMEOUT_S).\n")
 
     def _write_timed_out(self) -> None:
+        # Also when the transport is already closing (uvicorn's keep-alive timer closes it after the answer):
+        # a close waits for the buffer to drain, which a client that does not read never lets happen.
         self._write_timer = None
-        if not self.transport.is_closing():
-            logger.warning(
-                "client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)", self.limits.write_timeout_s
-            )
-            self.transport.abort()
+        logger.warning("client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)", self.limits.write_timeout_s)
+        self.transport.abort()
 
     def _cancel_timers(self) -> None:
         for timer in (self._header_timer, self._write_timer):
