@@ -158,13 +158,14 @@ def test_a_generated_client_calls_every_operation(server, schema, tmp_path, monk
     assert isinstance(invalid, ValidationErrorBody) and invalid.detail[0].loc[:2] == ["body", "interactions"]
 
 
-def test_schemathesis_finds_nothing_with_all_checks(server):
+def test_schemathesis_finds_nothing_with_all_checks(server, tmp_path):
     """Bounded: a fixed seed and at most 25 examples per operation and phase (about half a minute)."""
     config = ["--config-file", TESTS / "schemathesis.toml"]
     bounds = ["--max-examples", "25", "--seed", "20261123", "--workers", "1", "--request-timeout", "10"]
     bounds += ["--max-time", "100"]
     result = subprocess.run(
         [BIN / "schemathesis", *config, "run", f"{server.url}/openapi.json", "--checks", "all", "--no-color", *bounds],
+        cwd=tmp_path,  # its cache directory stays out of the checkout
         capture_output=True,
         text=True,
         timeout=180,
