@@ -17,8 +17,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.explorer.router import router as explorer_router
+from app.frame.access import add_access_control, api_keys, is_open, open_paths
 from app.frame.drain import Drain
 from app.frame.errors import install_error_handlers
+from app.frame.failures import CatchUnexpected
 from app.frame.logging import configure_logging
 from app.frame.metrics import Metrics
 from app.frame.middleware import BodySizeLimit, DrainGate, RequestContext
@@ -29,7 +31,8 @@ from app.runtime.engine import Engine
 from app.runtime.offload import offload, saturated
 from app.students.holder import StoreHolder
 from app.tasks import TASKS
-from app.transports import oip, operations
+from app.transports import docs, oip, operations
+from app.transports.contract import document_contract
 from app.transports.http import add_body_schemas
 
 logger = logging.getLogger("mnemo")
@@ -74,6 +77,9 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         await offload(app.state.students.open)
         engine = Engine(registry, settings, metrics)
         app.state.registry = registry
+        metrics.record_build(
+            app.version, {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
+        )
         logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
         try:
             yield
@@ -81,24 +87,38 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             await engine.stop()
             await offload(app.state.students.close)
 
-    app = FastAPI(title="mnemo", version=package_version(), description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(
+        title="mnemo",
+        version=package_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        redirect_slashes=False,  # a slash redirect would echo the client's Host header in Location
+        docs_url=None,  # served with local assets (app/transports/docs.py)
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.drain = Drain()
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
+    add_access_control(app, settings)
     app.add_middleware(RequestContext, metrics=metrics)
     app.include_router(operations.router)
     app.include_router(explorer_router)
     for task in tasks.values():
         app.include_router(task.router)
     app.include_router(oip.router)
+    docs.install(app)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            app.openapi_schema = add_body_schemas(schema)
+            protected = None
+            if api_keys(settings):
+                protected = {path for path in schema.get("paths", {}) if not is_open(path, open_paths(settings))}
+            app.openapi_schema = document_contract(add_body_schemas(schema), protected)
         return app.openapi_schema
 
     app.openapi = openapi

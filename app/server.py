@@ -19,8 +19,10 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from app.frame.logging import uvicorn_log_config
 from app.frame.settings import Settings
 from app.runtime.memory import limit_malloc_arenas
+from app.transports.connection_guard import ConnectionLimits, guarded_protocol
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
@@ -71,11 +73,20 @@ def serve(settings: Settings, app: FastAPI | None = None) -> None:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     limit_malloc_arenas()
     app = app or create_app(settings)
+    limits = ConnectionLimits(
+        max_connections=settings.max_connections,
+        header_timeout_s=settings.header_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        write_timeout_s=settings.write_timeout_s,
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=settings.keep_alive_s,
         log_level=settings.log_level,
+        log_config=uvicorn_log_config(settings.log_level, settings.log_format),
         access_log=False,  # the app writes one access line per request itself (app/frame/middleware.py)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )

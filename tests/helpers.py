@@ -28,7 +28,7 @@ def free_port() -> int:
 class Server:
     url: str
     process: subprocess.Popen
-    output: list[str] = field(default_factory=list)  # the process output lines, read while it runs
+    output: list[str] = field(default_factory=list)  # the process output, line by line, as it arrives
 
 
 @contextmanager
@@ -56,14 +56,14 @@ def running_server(
         argv, env=environment, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     server = Server(f"http://127.0.0.1:{port}", process)
-    reader = threading.Thread(target=_read_lines, args=(process, server.output), daemon=True)
-    reader.start()
+    reader = threading.Thread(target=_collect_lines, args=(process, server.output), daemon=True)
+    reader.start()  # drain the pipe while it runs: a full pipe would block the server's logging
     try:
         deadline = time.monotonic() + ready_timeout_s
         while True:
             if process.poll() is not None:
-                reader.join(timeout=10)
-                raise RuntimeError(f"server exited with {process.returncode}: {chr(10).join(server.output)[-2000:]}")
+                reader.join(timeout=5)
+                raise RuntimeError(f"server exited with {process.returncode}: {server.output[-20:]}")
             try:
                 if httpx.get(f"{server.url}/ready", timeout=2).status_code == 200:
                     break
@@ -84,7 +84,6 @@ def running_server(
         reader.join(timeout=10)
 
 
-def _read_lines(process: subprocess.Popen, lines: list[str]) -> None:
-    """Collect the process output line by line until it closes."""
+def _collect_lines(process: subprocess.Popen, lines: list[str]) -> None:
     for line in process.stdout:
         lines.append(line.rstrip("\n"))

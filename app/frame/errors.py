@@ -8,7 +8,7 @@
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
 - The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
   `Retry-After` when the database is unavailable, 409 for a model-version mismatch or lost races.
-- Anything else is a bug: logged with its traceback and answered 500 as a last resort.
+- Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
 """
 
 from __future__ import annotations
@@ -172,8 +172,3 @@ def install_error_handlers(app: FastAPI) -> None:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
         message = f"The model rejected the input: {ort_message(error)}"
         return JsonResponse({"detail": InvalidInput(("body",), message).detail()}, 422)
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JsonResponse:
-        logger.exception("unexpected error on %s %s", request.method, loggable_path(request.scope))
-        return JsonResponse({"detail": "Internal error; it has been logged."}, 500)

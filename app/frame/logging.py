@@ -25,6 +25,27 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload)
 
 
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def uvicorn_log_config(level: str, fmt: str) -> dict:
+    """uvicorn's `log_config`: its own loggers (startup, shutdown, protocol warnings) in the service's format."""
+    formatter = {"()": JsonFormatter} if fmt == "json" else {"format": TEXT_FORMAT}
+    handler = {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}
+    quiet = {"handlers": [], "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"mnemo": formatter},
+        "handlers": {"mnemo": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["mnemo"], "level": level.upper(), "propagate": False},
+            "uvicorn.error": {"level": level.upper()},
+            "uvicorn.access": quiet,  # the app writes one access line per request itself
+        },
+    }
+
+
 def configure_logging(level: str, fmt: str) -> None:
     """Configure the `mnemo` loggers once (later calls replace the handler).
 
@@ -33,7 +54,7 @@ def configure_logging(level: str, fmt: str) -> None:
     """
     handler = logging.StreamHandler()
     handler.setFormatter(
-        JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
     )
     logger = logging.getLogger("mnemo")
     logger.handlers[:] = [handler]

@@ -93,7 +93,7 @@ def confined(artifacts: Path, name: str) -> Path:
     """`artifacts / name`, refusing absolute paths and anything (`..`, symlinks) that resolves outside it."""
     root = artifacts.resolve()
     if Path(name).is_absolute():
-        raise ManifestError(f"file {name!r} must be relative to the artifacts directory")
+        raise ManifestError(f"file {Path(name).name!r} must be relative to the artifacts directory (no absolute path)")
     path = (root / name).resolve()
     if not path.is_relative_to(root):
         raise ManifestError(f"file {name!r} leads outside the artifacts directory")

@@ -5,7 +5,15 @@ Names follow Prometheus conventions: `_total` counters, `_seconds` durations, ba
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -16,6 +24,13 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...
+        PlatformCollector(registry=registry)  # python_info
+        self.build_info = Gauge("mnemo_build_info", "1; the service version", ["version"], registry=registry)
+        self.model_info = Gauge(
+            "mnemo_model_info", "1 per served model: its version and ONNX sha256", ["model", "version", "sha256"],
+            registry=registry,
+        )
         self.requests = Counter(
             "mnemo_http_requests", "HTTP requests", ["route", "method", "status"], registry=registry
         )
@@ -63,6 +78,12 @@ class Metrics:
         self.model_ready = Gauge(
             "mnemo_model_ready", "1 when the model is loaded and warmed", ["model"], registry=registry
         )
+
+    def record_build(self, version: str, models: dict[str, tuple[str, str]]) -> None:
+        """The service version and, per model name, its (version, sha256)."""
+        self.build_info.labels(version).set(1)
+        for name, (model_version, sha256) in models.items():
+            self.model_info.labels(name, model_version, sha256).set(1)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.requests.labels(route, method, str(status)).inc()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -30,11 +32,13 @@ async def send_json(send: Send, status: int, payload: dict, headers: dict[str, s
 
 
 class BodySizeLimit:
-    """Reject request bodies over `max_bytes` with 413, whether or not they announce a Content-Length."""
+    """Reject request bodies over `max_bytes` with 413, whether or not they announce a Content-Length,
+    and bodies that stall (no data for `stall_timeout_s`) with 408."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, stall_timeout_s: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.stall_timeout_s = stall_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,7 +51,12 @@ class BodySizeLimit:
             return
         chunks, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.stall_timeout_s)
+            except TimeoutError:
+                stalled = {"detail": f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."}
+                await send_json(send, 408, stalled, {"Connection": "close"})
+                return
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))
@@ -98,6 +107,37 @@ class DrainGate:
             self.drain.leave()
 
 
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
+
+
+def route_label(scope: Scope) -> str:
+    """The template of the route the request matched; for a request answered before routing (413, 401,
+    503), the documented template its path fits; "unmatched" only for paths the service does not have."""
+    route = scope.get("route")
+    if route is not None:
+        return route.path
+    app = scope.get("app")
+    templates = getattr(app.state, "route_templates", None) if app is not None else None
+    if templates is None:
+        if app is None:
+            return "unmatched"
+        templates = app.state.route_templates = _route_templates([*app.openapi().get("paths", {}), *DOCS_ROUTES])
+    path = scope["path"]
+    return next((template for template, pattern in templates if pattern.fullmatch(path)), "unmatched")
+
+
+def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
+    def pattern(template: str) -> re.Pattern:
+        parts = re.split(r"(\{[^}]+\})", template)
+        regex = "".join(
+            (".+" if part.endswith(":path}") else "[^/]+") if part.startswith("{") else re.escape(part)
+            for part in parts
+        )
+        return re.compile(regex)
+
+    return [(template, pattern(template)) for template in templates]
+
+
 class RequestContext:
     """Give every response an X-Request-ID, log one access line and record metrics, both by route template."""
 
@@ -127,9 +167,7 @@ class RequestContext:
         finally:
             self.metrics.in_flight.dec()
             seconds = time.perf_counter() - started
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe_request(template, scope["method"], status, seconds)
+            self.metrics.observe_request(route_label(scope), scope["method"], status, seconds)
             path = loggable_path(scope)  # the route template: no student ids or other client text in logs
             access_logger.info(
                 "%s %s %d %.1fms id=%s",

@@ -4,15 +4,32 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
 DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def read_keys_file(path: Path) -> list[str]:
+    """The API keys of a keys file: one per line, blank lines and `#` comments ignored."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from None
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def default_max_connections() -> int:
+    """Open connections that leave file handles for models, logs and the listener: the soft limit minus 128."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(4096, soft - 128)) if soft != resource.RLIM_INFINITY else 4096
 
 
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
@@ -54,6 +71,28 @@ class Settings(BaseSettings):
     max_queue: int = Field(512, ge=1, description="rows a model may hold admitted; beyond it 429")
     request_timeout_s: float = Field(10.0, gt=0, le=3600, description="deadline of a request; past it 504")
     drain_s: float = Field(15.0, ge=0, le=3600, description="on SIGTERM, time to finish admitted requests")
+    # Connections (app/transports/connection_guard.py) and logs
+    header_timeout_s: float = Field(10.0, gt=0, le=600, description="time to receive a request's headers")
+    keep_alive_s: float = Field(5.0, gt=0, le=600, description="idle time allowed between requests on a connection")
+    body_timeout_s: float = Field(10.0, gt=0, le=600, description="longest pause while a request body arrives")
+    write_timeout_s: float = Field(30.0, gt=0, le=3600, description="longest time a client may stop reading")
+    max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216, description="request line and headers; beyond 431")
+    max_connections: int = Field(
+        default_factory=default_max_connections, ge=1, description="open connections; beyond them a 503 and close"
+    )
+    error_log_window_s: float = Field(60.0, ge=0, description="a distinct error's traceback is logged once per window")
+    # Access control (app/frame/access.py)
+    api_keys: SecretStr | None = Field(None, description="comma-separated API keys; set, Bearer auth is required")
+    api_keys_file: Path | None = Field(None, description="file with one API key per line (# comments)")
+    open_paths: str = Field("/health,/ready", description="comma-separated paths that need no API key")
+    cors_origins: str = Field("", description="comma-separated origins allowed by CORS (* for any); empty = off")
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _keys_file_has_keys(cls, path: Path | None) -> Path | None:
+        if path is not None and not read_keys_file(path):
+            raise ValueError(f"{path} holds no API key (one per line)")
+        return path
 
     state_url: str = Field(
         DEFAULT_STATE_URL,

@@ -29,6 +29,7 @@ from app.frame.errors import (
 from app.frame.middleware import STARTED_KEY
 from app.frame.registry import ModelRegistry
 from app.runtime.offload import offload_or_shed
+from app.transports.json_input import parse_body
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 Body = TypeVar("Body", bound=BaseModel)
@@ -57,7 +58,7 @@ def json_content_type(request: Request) -> bool:
 def validate(schema: type[Body], body: bytes) -> Body:
     """Parse and validate; a failure carries its bounded 422 payload, built here rather than on the loop."""
     try:
-        return schema.model_validate_json(body)
+        return parse_body(schema, body)
     except ValidationError as error:
         listed = error.errors(include_url=False, include_input=False, include_context=False)[:MAX_LISTED_ERRORS]
         raise InvalidBody({**validation_detail(listed, ("body",)), "error_count": error.error_count()}) from None

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.frame.responses import JsonResponse
+from app.transports.contract import Health, ModelList, Readiness
 
 router = APIRouter(tags=["operations"])
 
 
 @router.head("/health", include_in_schema=False)
-@router.get("/health", operation_id="health")
+@router.get("/health", operation_id="health", response_model=Health)
 async def health() -> JsonResponse:
     """200 while the process is up (also while draining: it is alive, just not ready)."""
     return JsonResponse({"status": "ok"})
 
 
 @router.head("/ready", include_in_schema=False)
-@router.get("/ready", operation_id="ready")
+@router.get("/ready", operation_id="ready", response_model=Readiness)
 async def ready(request: Request) -> JsonResponse:
     """200 when every configured model is loaded, verified and warmed; 503 while loading or draining."""
     if request.app.state.drain.draining:
@@ -32,7 +34,7 @@ async def ready(request: Request) -> JsonResponse:
     return JsonResponse({"status": "ready", "models": len(registry.models)})
 
 
-@router.get("/models", operation_id="list_models")
+@router.get("/models", operation_id="list_models", response_model=ModelList)
 async def models(request: Request) -> JsonResponse:
     """Every configured model with its task, provider really in use, limits, batching, metrics and metadata."""
     registry = getattr(request.app.state, "registry", None)
@@ -43,7 +45,12 @@ async def models(request: Request) -> JsonResponse:
     )
 
 
-@router.get("/metrics", operation_id="metrics")
+@router.get(
+    "/metrics",
+    operation_id="metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
+)
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

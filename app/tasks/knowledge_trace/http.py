@@ -11,7 +11,12 @@ from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse, dumps
 from app.runtime.offload import offload
 from app.tasks.knowledge_trace import service
-from app.tasks.knowledge_trace.schemas import KnowledgeTraceRequest, KnowledgeTraceResponse, QuestionCatalog
+from app.tasks.knowledge_trace.schemas import (
+    MAX_QUESTION_ID,
+    KnowledgeTraceRequest,
+    KnowledgeTraceResponse,
+    QuestionCatalog,
+)
 from app.transports.http import complete, json_body, read_body, registry
 
 TASK_NAME = "knowledge-trace"
@@ -79,7 +84,7 @@ async def knowledge_trace(request: Request) -> JsonResponse:
 async def questions(
     request: Request,
     name: Annotated[str, Path(max_length=64, description="a knowledge-trace model from GET /models")],
-    offset: Annotated[int, Query(ge=0, description="questions to skip")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_QUESTION_ID, description="questions to skip")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_CATALOG_PAGE, description="questions per page")] = 100,
 ) -> JsonResponse:
     """A page of the model's question catalog: id, name where the data set has one, main concept."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 MAX_INTERACTIONS = 10_000
+MAX_QUESTION_ID = 2**31 - 1  # ids are int64 in the graph; each model's own range (n_questions) is checked after
+QuestionId = Annotated[StrictInt, Field(ge=1, le=MAX_QUESTION_ID)]
 
 _EXAMPLE = {
     "model": "dkvmn-assist2009",
@@ -21,7 +23,7 @@ class Interaction(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    question: StrictInt = Field(ge=1, description="1-based question id, at most the model's n_questions")
+    question: QuestionId = Field(description="1-based question id, at most the model's n_questions")
     correct: StrictBool
 
 
@@ -30,7 +32,7 @@ class KnowledgeTraceRequest(BaseModel):
 
     model: str | None = Field(default=None, description="a knowledge-trace model from GET /models; null = default")
     interactions: list[Interaction] = Field(min_length=1, max_length=MAX_INTERACTIONS, description="oldest first")
-    next_questions: list[StrictInt] | None = Field(
+    next_questions: list[QuestionId] | None = Field(
         default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
     )
     return_attention: StrictBool = True
@@ -41,8 +43,8 @@ class KnowledgeTraceRequest(BaseModel):
 
 
 class NextPrediction(BaseModel):
-    question: int
-    p_correct: float
+    question: int = Field(ge=1)
+    p_correct: float = Field(ge=0, le=1)
     concept: int = Field(description="the latent concept this question weighs most (argmax of its attention)")
     name: str | None = Field(default=None, description="the question's name where the data set has one")
 
@@ -50,7 +52,7 @@ class NextPrediction(BaseModel):
 class KnowledgeTraceResponse(BaseModel):
     model: str
     n_concepts: int
-    predictions: list[float] | None = Field(
+    predictions: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
         description="P(interaction t correct | interactions 0..t-1); null with return_predictions false"
     )
     next: list[NextPrediction]

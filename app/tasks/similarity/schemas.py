@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
+import re
+from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StringConstraints, WithJsonSchema
 
 MAX_CHARACTERS = 1000
 MAX_BATCH_PAIRS = 256
 
 
-def _not_blank(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty or only whitespace")
+CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls except tab, newline, return
+ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
+# No control character, and at least one character that is neither whitespace nor ASCII punctuation
+# (the tokenizer deletes those, so a sentence without such a character has no word).
+SENTENCE_PATTERN = (
+    rf"^[^{CONTROL_CHARACTERS}]*[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}][^{CONTROL_CHARACTERS}]*$"
+)
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+_WORD_CHARACTER = re.compile(rf"[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}]")
+
+
+def _readable_sentence(text: str) -> str:
+    """The rules of SENTENCE_PATTERN, each with its own message."""
+    if _CONTROL.search(text):
+        raise ValueError("must not contain control characters (other than tab and newline)")
+    if not _WORD_CHARACTER.search(text):
+        raise ValueError("must contain a word: it is empty, whitespace or punctuation only")
     return text
 
 
 Sentence = Annotated[
-    str, StringConstraints(strict=True, min_length=1, max_length=MAX_CHARACTERS), AfterValidator(_not_blank)
+    str,
+    StringConstraints(strict=True, min_length=1, max_length=MAX_CHARACTERS),
+    AfterValidator(_readable_sentence),
+    WithJsonSchema(
+        {"type": "string", "minLength": 1, "maxLength": MAX_CHARACTERS, "pattern": SENTENCE_PATTERN},
+    ),
 ]
 
 _PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
@@ -50,9 +71,24 @@ class SimilarityBatchRequest(BaseModel):
     return_attention: StrictBool = False
 
 
+class EntailmentLabel(StrEnum):
+    ENTAILMENT = "ENTAILMENT"
+    NEUTRAL = "NEUTRAL"
+    CONTRADICTION = "CONTRADICTION"
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+class EntailmentProbabilities(BaseModel):
+    ENTAILMENT: Probability
+    NEUTRAL: Probability
+    CONTRADICTION: Probability
+
+
 class Entailment(BaseModel):
-    label: str
-    probabilities: dict[str, float]
+    label: EntailmentLabel = Field(description="the most probable label")
+    probabilities: EntailmentProbabilities
 
 
 class Attention(BaseModel):
@@ -62,8 +98,8 @@ class Attention(BaseModel):
 
 class SimilarityResponse(BaseModel):
     model: str
-    relatedness: float = Field(description="SICK relatedness, 1..5")
-    similarity: float = Field(description="(relatedness - 1) / 4, in 0..1")
+    relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
+    similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
     entailment: Entailment
     tokens_a: list[str] = Field(description="tokens the model read, with the <s> and </s> markers")
     tokens_b: list[str]

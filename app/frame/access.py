@@ -1,0 +1,94 @@
+"""Who may call the service: optional API keys (Bearer authentication) and CORS.
+
+- API keys come from MNEMO_API_KEYS (comma-separated) and/or MNEMO_API_KEYS_FILE (one per line, `#`
+  comments). With at least one key, every path except MNEMO_OPEN_PATHS and the documentation needs
+  `Authorization: Bearer <key>`; anything else is a 401 with `WWW-Authenticate: Bearer`. A presented
+  key is compared with every configured key in constant time. Keys are never logged.
+- MNEMO_CORS_ORIGINS (comma-separated, `*` for any) turns on Starlette's CORS middleware.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.frame.middleware import send_json
+from app.frame.settings import Settings, read_keys_file
+
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+DOCS_ASSETS_PREFIX = "/docs-assets/"
+BEARER_SCHEME = "bearerAuth"
+
+
+def split_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def api_keys(settings: Settings) -> list[str]:
+    """Every configured API key (none: authentication is off)."""
+    keys = split_list(settings.api_keys.get_secret_value()) if settings.api_keys else []
+    if settings.api_keys_file is not None:
+        keys += read_keys_file(settings.api_keys_file)
+    return keys
+
+
+def open_paths(settings: Settings) -> frozenset[str]:
+    """Paths served without a key: MNEMO_OPEN_PATHS and the documentation."""
+    return frozenset(split_list(settings.open_paths)) | DOCS_PATHS
+
+
+def is_open(path: str, open_set: frozenset[str]) -> bool:
+    return path in open_set or path.startswith(DOCS_ASSETS_PREFIX)
+
+
+class ApiKeyAuth:
+    """401 unless the request carries `Authorization: Bearer <one of the keys>` (or its path is open)."""
+
+    def __init__(self, app: ASGIApp, keys: list[str], open_set: frozenset[str]) -> None:
+        self.app = app
+        self.keys = [key.encode() for key in keys]
+        self.open_set = open_set
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_open(scope["path"], self.open_set):
+            await self.app(scope, receive, send)
+            return
+        presented = _bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+        if presented is not None and self._known(presented):
+            await self.app(scope, receive, send)
+            return
+        challenge = 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+        detail = "A valid API key is required: send the header Authorization: Bearer <key>."
+        await send_json(send, 401, {"detail": detail}, {"WWW-Authenticate": challenge})
+
+    def _known(self, presented: bytes) -> bool:
+        matched = False
+        for key in self.keys:  # no early exit: the time does not tell which key, or how much of it, matched
+            matched |= hmac.compare_digest(presented, key)
+        return matched
+
+
+def _bearer_token(header: bytes) -> bytes | None:
+    scheme, _, token = header.strip().partition(b" ")
+    if scheme.lower() != b"bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def add_access_control(app, settings: Settings) -> None:
+    """Install the API-key check (if keys are configured) and CORS (if origins are), CORS outermost."""
+    keys = api_keys(settings)
+    if keys:
+        app.add_middleware(ApiKeyAuth, keys=keys, open_set=open_paths(settings))
+    origins = split_list(settings.cors_origins)
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "HEAD", "POST"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["x-request-id", "retry-after"],
+            max_age=600,
+        )

@@ -1,0 +1,93 @@
+"""The last resort for bugs: a 500 with one log line, and a traceback at most once per distinct error per window.
+
+Starlette's own 500 handler logs nothing itself but re-raises, so uvicorn logs a second traceback;
+a client repeating a request that hits a bug could then flood the log. `CatchUnexpected` sits inside
+the other middleware (the access line still says 500), answers the 500, and logs one line per error.
+An error is "distinct" by its type and the place it was raised (innermost file and line); its
+traceback is logged the first time and again only once `window_s` has passed, with the number of
+times it happened meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.frame.responses import dumps
+
+logger = logging.getLogger("mnemo.errors")
+INTERNAL_ERROR = {"detail": "Internal error; it has been logged."}
+MAX_TRACKED_ERRORS = 1024
+
+
+class TracebackBudget:
+    """Decides whether an error's traceback is logged: once per distinct error per window."""
+
+    def __init__(self, window_s: float, clock=time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self._last_logged: dict[tuple[str, str], tuple[float, int]] = {}  # key -> (logged at, repeats since)
+
+    def admit(self, error: BaseException) -> tuple[bool, int]:
+        """(log the traceback now?, how many times it was seen since its traceback was last logged)."""
+        key = _signature(error)
+        now = self.clock()
+        logged_at, repeats = self._last_logged.get(key, (None, 0))
+        if logged_at is not None and now - logged_at < self.window_s:
+            self._last_logged[key] = (logged_at, repeats + 1)
+            return False, repeats + 1
+        if len(self._last_logged) >= MAX_TRACKED_ERRORS:
+            self._last_logged.clear()
+        self._last_logged[key] = (now, 0)
+        return True, repeats
+
+
+def _signature(error: BaseException) -> tuple[str, str]:
+    frames = traceback.extract_tb(error.__traceback__)
+    place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    return type(error).__qualname__, place
+
+
+class CatchUnexpected:
+    """Answer an exception no handler took with a 500 (if nothing was sent yet) and one rate-limited log line."""
+
+    def __init__(self, app: ASGIApp, window_s: float) -> None:
+        self.app = app
+        self.budget = TracebackBudget(window_s)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            with_traceback, repeats = self.budget.admit(error)
+            logger.error(
+                "unexpected error on %s %s: %s: %s%s",
+                scope["method"],
+                scope["path"],
+                type(error).__name__,
+                _one_line(str(error)),
+                f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
+                exc_info=error if with_traceback else None,
+            )
+            if not started:
+                body = dumps(INTERNAL_ERROR)
+                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({"type": "http.response.start", "status": 500, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    return " ".join(text.split())[:limit].encode("utf-8", "backslashreplace").decode("utf-8")

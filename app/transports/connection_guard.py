@@ -1,0 +1,189 @@
+"""HTTP/1.1 connections that cannot be held open or filled by a client: uvicorn's httptools protocol, guarded.
+
+uvicorn closes idle keep-alive connections (`timeout_keep_alive`) and answers 503 past
+`limit_concurrency`, but only once a request's headers are in; it has no limit on header size with
+httptools, no deadline for the headers, and no limit on how long a client may leave a response unread.
+This protocol adds, per connection:
+
+- a connection cap: a connection accepted beyond MNEMO_MAX_CONNECTIONS is answered 503 and closed at
+  once, so it never holds a file handle (the listener keeps accepting);
+- a header deadline: a request line and headers not complete MNEMO_HEADER_TIMEOUT_S after the
+  connection opened (or after the first byte of a later request) get 408 and the connection is closed;
+- a header size cap: a request line and headers over MNEMO_MAX_HEADER_BYTES get 431 and a close, whether
+  they arrive in one piece or trickle in;
+- a write deadline: a response the client stops reading (the socket buffer stays full) for
+  MNEMO_WRITE_TIMEOUT_S aborts the connection, which frees the buffered response.
+
+A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+logger = logging.getLogger("mnemo.connections")
+REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+    max_header_bytes: int
+    write_timeout_s: float
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class with these limits (pass it as `uvicorn.Config(http=...)`)."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+class RefusalLog:
+    """One warning per second at most for connections refused over the cap, with how many there were."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self.last_logged = float("-inf")
+        self.unlogged = 0
+
+    def note(self, open_connections: int) -> None:
+        self.unlogged += 1
+        now = time.monotonic()
+        if now - self.last_logged >= self.interval_s:
+            logger.warning(
+                "%d connection(s) answered 503 and closed: %d open (MNEMO_MAX_CONNECTIONS)",
+                self.unlogged,
+                open_connections,
+            )
+            self.last_logged, self.unlogged = now, 0
+
+
+_refusals = RefusalLog()
+
+
+class HeadersTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a request whose headers are over the cap."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    limits: ConnectionLimits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._awaiting_headers = True
+        self._header_bytes = self._parsed_header_bytes = 0
+        self._headers_too_large = False
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.limits.max_connections:
+            _refusals.note(len(self.connections) - 1)
+            self._answer_and_close(503, b"Too many open connections; retry later.\n", retry_after=True)
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._awaiting_headers and self._header_timer is None:
+            self._arm_header_timer()  # the first byte of a request on a kept-alive connection
+        super().data_received(data)
+        if self._awaiting_headers and not self.transport.is_closing():
+            self._header_bytes += len(data)
+            if self._header_bytes > self.limits.max_header_bytes:
+                self._reject_large_headers()
+
+    def _reject_large_headers(self) -> None:
+        logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
+        self._answer_and_close(431, b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n")
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count_header_bytes(self, size: int) -> None:
+        """Headers that arrive in one piece are measured as they are parsed (streamed ones in data_received)."""
+        self._parsed_header_bytes += size
+        if self._parsed_header_bytes > self.limits.max_header_bytes:
+            self._headers_too_large = True
+            raise HeadersTooLarge  # httptools stops parsing; uvicorn answers through send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if self._headers_too_large:
+            self._reject_large_headers()
+        else:
+            super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        self._parsed_header_bytes = 0
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._header_bytes = 0
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        # Next come the headers of a new request (uvicorn's keep-alive timer covers the wait), unless a
+        # pipelined request whose headers are already in starts now.
+        self._awaiting_headers = not self.pipeline
+        super().on_response_complete()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_timed_out)
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self._awaiting_headers and not self.transport.is_closing():
+            self._answer_and_close(408, b"Request headers not received in time (MNEMO_HEADER_TIMEOUT_S).\n")
+
+    def _write_timed_out(self) -> None:
+        # Also when the transport is already closing (uvicorn's keep-alive timer closes it after the answer):
+        # a close waits for the buffer to drain, which a client that does not read never lets happen.
+        self._write_timer = None
+        logger.warning("client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)", self.limits.write_timeout_s)
+        self.transport.abort()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._header_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._write_timer = None
+
+    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False) -> None:
+        self._awaiting_headers = False
+        self._cancel_timers()
+        head = [
+            b"HTTP/1.1 %d %s" % (status, REASONS[status]),
+            b"content-type: text/plain; charset=utf-8",
+            b"content-length: %d" % len(text),
+            b"connection: close",
+        ]
+        if retry_after:
+            head.append(b"retry-after: 1")
+        self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + text)
+        self.transport.close()

@@ -1,0 +1,133 @@
+"""The OpenAPI contract beyond the routes' own models: response bodies of the operations endpoints,
+the error bodies on every operation, and the Bearer security scheme when API keys are on.
+
+Which errors an operation documents follows what the service can answer there:
+- every operation: 413 (a body over MNEMO_MAX_BODY_BYTES, whatever the method) and 503 (draining,
+  models loading, too many connections); 401 when API keys are on and the path is not open;
+- an operation with parameters or a body: 422;
+- an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that
+  stalls), 415 (another content type), 429 (queue full), 504 (deadline); one with a model named in
+  its path: 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ERROR_REF = "#/components/schemas/ErrorBody"
+VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="one sentence saying what went wrong and what to do")
+
+
+class ValidationErrorItem(BaseModel):
+    loc: list[str | int] = Field(description="where: body, query, path or header, then the field names and indexes")
+    msg: str = Field(description="the rule that was broken")
+    type: str
+
+
+class ValidationErrorBody(BaseModel):
+    detail: list[ValidationErrorItem] = Field(description="the first 20 errors")
+    error_count: int | None = Field(None, description="how many errors there were in all")
+
+
+class Health(BaseModel):
+    status: str = Field(description="ok")
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="ready")
+    models: int = Field(ge=0, description="number of models served")
+
+
+class Batching(BaseModel):
+    max_batch: int
+    max_wait_ms: float
+    max_queue: int
+
+
+class ModelInfo(BaseModel):
+    """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels;
+    knowledge tracing: n_questions, n_concepts, seqlen)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    task: str = Field(description="similarity or knowledge-trace")
+    version: str
+    sha256: str = Field(description="of the ONNX file, checked at startup")
+    provider: str | None = Field(description="the execution provider the session really uses")
+    default: bool
+    ready: bool
+    limits: dict[str, int | float]
+    metrics: dict[str, float | int | None] = Field(description="test-split metrics from the model card")
+    metadata: dict[str, Any]
+    card: str | None = None
+    batching: Batching | None = None
+    error: str | None = Field(None, description="why the model is not ready")
+    max_tokens: int | None = None
+    entailment_labels: list[str] | None = None
+    n_questions: int | None = None
+    n_concepts: int | None = None
+    seqlen: int | None = None
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+CONTRACT_MODELS = (ErrorBody, ValidationErrorBody, Health, Readiness, ModelInfo, ModelList)
+DESCRIPTIONS = {
+    "401": "No API key, or an unknown one (only when MNEMO_API_KEYS is set)",
+    "404": "Unknown model; the message lists the models that exist",
+    "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S)",
+    "413": "Request body over MNEMO_MAX_BODY_BYTES",
+    "415": "Content-Type is not application/json",
+    "422": "Invalid input; each error names the field and the rule",
+    "429": "The model's queue is full; retry after Retry-After seconds",
+    "503": "Not ready: models loading, the model not loaded, the server draining or out of connections",
+    "504": "The request did not complete within MNEMO_REQUEST_TIMEOUT_S",
+}
+
+
+def _error(status: str) -> dict[str, Any]:
+    reference = VALIDATION_REF if status == "422" else ERROR_REF
+    return {"description": DESCRIPTIONS[status], "content": {"application/json": {"schema": {"$ref": reference}}}}
+
+
+def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dict[str, Any]:
+    """Add the error responses to every operation and, when `protected` is given (API keys on),
+    the Bearer scheme with those paths requiring it."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in CONTRACT_MODELS:
+        document = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, nested in document.pop("$defs", {}).items():
+            components.setdefault(name, nested)
+        components[model.__name__] = document
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            has_body = "requestBody" in operation
+            statuses = ["413", "503"]
+            if has_body or operation.get("parameters"):
+                statuses.append("422")
+            if has_body:
+                statuses += ["404", "408", "415", "429", "504"]
+            elif any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
+                statuses.append("404")
+            if protected is not None and path in protected:
+                statuses.append("401")
+                operation["security"] = [{"bearerAuth": []}]
+            responses = operation.setdefault("responses", {})
+            for status in sorted(statuses):
+                responses[status] = _error(status)
+    if protected is not None:
+        schema["components"]["securitySchemes"] = {
+            "bearerAuth": {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}
+        }
+    return schema

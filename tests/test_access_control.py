@@ -1,0 +1,120 @@
+"""API keys (Bearer) and CORS over real HTTP, against `python -m app` with an empty manifest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import ROOT, Server, running_server
+from tests.toy_model import write_empty_manifest
+
+KEYS = ("key-one-8f3b2c", "key-two-91ad7e")
+ORIGIN = "https://app.example"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("access")
+    keys_file = root / "keys.txt"
+    keys_file.write_text(f"# deploy keys\n{KEYS[1]}\n\n")
+    env = {"MNEMO_API_KEYS": KEYS[0], "MNEMO_API_KEYS_FILE": str(keys_file), "MNEMO_CORS_ORIGINS": ORIGIN}
+    with running_server(write_empty_manifest(root / "artifacts"), **env) as live:
+        yield live
+    text = "\n".join(live.output)
+    assert all(key not in text for key in KEYS), "an API key was logged"
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, bearer("wrong"), {"Authorization": f"Basic {KEYS[0]}"}, {"Authorization": "Bearer"}, bearer(KEYS[0] + "x")],
+)
+def test_protected_paths_need_a_known_key(server, headers):
+    for method, path in (("GET", "/models"), ("GET", "/metrics"), ("POST", "/similarity")):
+        response = httpx.request(method, f"{server.url}{path}", headers=headers, json={})
+        assert response.status_code == 401, (path, response.text)
+        assert response.headers["www-authenticate"].startswith('Bearer realm="mnemo"')
+        assert "Authorization: Bearer" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_key_from_the_variable_or_the_file_is_accepted(server, key):
+    assert httpx.get(f"{server.url}/models", headers=bearer(key)).json() == {"models": []}
+    assert httpx.get(f"{server.url}/metrics", headers=bearer(key)).status_code == 200
+    response = httpx.post(f"{server.url}/similarity", headers=bearer(key), json={"sentence_a": "a", "sentence_b": "b"})
+    assert response.status_code == 404  # past authentication: there is no similarity model in this manifest
+
+
+def test_probes_and_docs_stay_open(server):
+    for path in ("/health", "/ready", "/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(f"{server.url}{path}").status_code == 200, path
+    assert httpx.head(f"{server.url}/health").status_code == 200
+
+
+def test_openapi_declares_the_bearer_scheme_on_protected_operations_only(server):
+    schema = httpx.get(f"{server.url}/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearerAuth"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "one of MNEMO_API_KEYS",
+    }
+    assert schema["paths"]["/models"]["get"]["security"] == [{"bearerAuth": []}]
+    assert "401" in schema["paths"]["/similarity"]["post"]["responses"]
+    assert "security" not in schema["paths"]["/health"]["get"]
+
+
+def test_cors_preflight_and_responses_for_an_allowed_origin(server):
+    preflight = httpx.options(
+        f"{server.url}/similarity",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type",
+        },
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    denied = httpx.get(f"{server.url}/models", headers={"Origin": ORIGIN})
+    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == ORIGIN
+    allowed = httpx.get(f"{server.url}/models", headers={"Origin": ORIGIN, **bearer(KEYS[0])})
+    assert "x-request-id" in allowed.headers["access-control-expose-headers"].lower()
+
+
+def test_cors_refuses_other_origins(server):
+    preflight = httpx.options(
+        f"{server.url}/similarity",
+        headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 400 and "access-control-allow-origin" not in preflight.headers
+
+
+def test_without_keys_nothing_asks_for_one(tmp_path):
+    with running_server(write_empty_manifest(tmp_path / "artifacts")) as live:
+        assert httpx.get(f"{live.url}/models").status_code == 200
+        schema = httpx.get(f"{live.url}/openapi.json").json()
+        assert "securitySchemes" not in schema["components"]
+        assert httpx.options(f"{live.url}/similarity").status_code == 405  # CORS is off
+
+
+def test_a_keys_file_without_keys_stops_startup_with_one_line(tmp_path):
+    empty = tmp_path / "keys.txt"
+    empty.write_text("# nothing yet\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "app"],
+        env={"MNEMO_API_KEYS_FILE": str(empty), "MNEMO_ARTIFACTS_DIR": str(Path(tmp_path)), "PATH": "/usr/bin"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "MNEMO_API_KEYS_FILE" in result.stderr and "holds no API key" in result.stderr

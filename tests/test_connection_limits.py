@@ -1,0 +1,153 @@
+"""Connections a client cannot hold or fill, against a real `python -m app` with short limits.
+
+Header deadline (idle and slowloris connections), keep-alive idle timeout, stalled bodies, the header
+size cap, the connection cap (503, never a refused accept) and the write deadline for a client that
+never reads its 8 MB answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import COMMITTED
+from tests.helpers import Server, running_server
+from tests.test_hostile_requests import read_response, status_of
+
+LIMITS = {
+    "MNEMO_HEADER_TIMEOUT_S": "1",
+    "MNEMO_KEEP_ALIVE_S": "1",
+    "MNEMO_BODY_TIMEOUT_S": "1",
+    "MNEMO_WRITE_TIMEOUT_S": "2",
+    "MNEMO_MAX_HEADER_BYTES": "8192",
+    "MNEMO_MAX_CONNECTIONS": "40",
+}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server(COMMITTED, **LIMITS) as live:
+        yield live
+
+
+def connect(server: Server, timeout: float = 5) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """(did the server close the connection within `seconds`, what it sent before closing)."""
+    sock.settimeout(seconds)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        return False, received
+    except ConnectionResetError:
+        pass
+    return True, received
+
+
+def test_an_idle_connection_gets_408_and_is_closed_after_the_header_timeout(server):
+    with connect(server) as sock:
+        started = time.monotonic()
+        closed, received = closed_within(sock, 5)
+    assert closed and status_of(received) == 408
+    assert 0.8 < time.monotonic() - started < 3
+
+
+def test_slowloris_headers_do_not_extend_the_deadline(server):
+    with connect(server) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for _ in range(20):  # one header byte every 0.2 s: 4 s if it were allowed
+                sock.sendall(b"X")
+                time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        closed, received = closed_within(sock, 5)
+    assert closed and time.monotonic() - started < 3
+    assert received == b"" or status_of(received) == 408
+
+
+def test_an_idle_keep_alive_connection_is_closed(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(read_response(sock)) == 200
+        started = time.monotonic()
+        closed, _ = closed_within(sock, 5)
+    assert closed and time.monotonic() - started < 3
+
+
+def test_a_stalled_body_gets_408(server):
+    with connect(server) as sock:
+        sock.sendall(b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        sock.sendall(b'Content-Length: 100\r\n\r\n{"sentence_a": ')
+        started = time.monotonic()
+        answer = read_response(sock)
+    assert status_of(answer) == 408 and b"MNEMO_BODY_TIMEOUT_S" in answer
+    assert time.monotonic() - started < 3
+
+
+def test_headers_over_the_cap_get_431(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n")
+        assert status_of(read_response(sock)) == 431
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_connections_over_the_cap_are_answered_503_not_refused(server):
+    idle = [connect(server) for _ in range(40)]
+    try:
+        time.sleep(0.2)
+        with connect(server) as extra:
+            closed, received = closed_within(extra, 2)
+        assert closed and status_of(received) == 503 and b"retry-after: 1" in received.lower()
+    finally:
+        for sock in idle:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the slots free up as soon as the idle clients are gone
+        try:
+            if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_a_client_that_never_reads_its_answer_is_disconnected(server):
+    history = [{"question": 1 + index % 100, "correct": index % 3 == 0} for index in range(10_000)]
+    body = json.dumps({"model": "dkvmn-assist2009", "interactions": history, "return_attention": True}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = server.url.removeprefix("http://").split(":")
+    sock.connect((host, int(port)))
+    with sock:
+        head = "POST /knowledge-trace HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(6)  # the answer is computed, written until the buffers fill, then 2 s of no reading
+        received, closed = b"", False
+        sock.settimeout(5)
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += chunk
+            closed = True
+        except ConnectionResetError:
+            closed = True
+        except TimeoutError:
+            pass  # still open: the server kept the connection (and the answer) for a client that did not read
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+    assert head.startswith(b"HTTP/1.1 200") and length > 4_000_000
+    assert closed and len(body) < length, (closed, len(body), length)  # the rest was dropped, not kept for us
+    assert httpx.get(f"{server.url}/health").status_code == 200

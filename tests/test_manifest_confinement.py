@@ -1,0 +1,72 @@
+"""Manifest paths stay inside the artifacts directory, and wrong types stop startup with one clear line.
+
+Served in skip mode over real HTTP: a model whose file escapes is not ready, and /models shows neither
+the escaped file's sha256 nor any server path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.frame.integrity import sha256_of
+from app.frame.registry import ModelLoadError
+from tests.conftest import toy_settings
+from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
+
+
+def _artifacts_with(tmp_path: Path, **changes) -> tuple[Path, Path]:
+    """Toy artifacts whose toy-b entry gets `changes`; and a valid model file outside the directory (with its
+    sha256 in the manifest, so only the confinement can refuse it)."""
+    artifacts = write_toy_artifacts(tmp_path / "artifacts", [toy_entry("toy-a", default=True), toy_entry("toy-b")])
+    outside = tmp_path / "secret.onnx"
+    outside.write_bytes((artifacts / "toy-b.onnx").read_bytes())
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    for entry in manifest["models"]:
+        if entry["name"] == "toy-b":
+            entry.update({key: value(outside) if callable(value) else value for key, value in changes.items()})
+    (artifacts / "manifest.json").write_text(json.dumps(manifest))
+    return artifacts, outside
+
+
+@pytest.mark.parametrize(
+    ("file", "message"),
+    [
+        (lambda outside: str(outside), "must be relative to the artifacts directory"),
+        (lambda outside: f"../{outside.name}", "leads outside the artifacts directory"),
+        (lambda outside: "link.onnx", "leads outside the artifacts directory"),
+    ],
+    ids=["absolute", "dot-dot", "symlink"],
+)
+def test_paths_out_of_the_artifacts_directory_are_refused(tmp_path, file, message):
+    artifacts, outside = _artifacts_with(tmp_path, file=file, sha256=lambda outside: sha256_of(outside))
+    os.symlink(outside, artifacts / "link.onnx")
+    with pytest.raises(ModelLoadError, match=message), TestClient(toy_app(toy_settings(artifacts))):
+        pass
+    with TestClient(toy_app(toy_settings(artifacts, on_model_error="skip"))) as client:
+        listed = {model["name"]: model for model in client.get("/models").json()["models"]}
+        assert listed["toy-b"]["ready"] is False and message in listed["toy-b"]["error"]
+        text = client.get("/models").text
+        assert str(tmp_path) not in text
+        assert client.get("/ready").status_code == 503
+
+
+def test_a_limit_of_the_wrong_type_stops_startup_naming_the_field(tmp_path):
+    artifacts, _ = _artifacts_with(tmp_path, limits={"max_tokens": "lots"})
+    with pytest.raises(ModelLoadError, match=r"models\.1\.limits\.max_tokens.*valid"), TestClient(
+        toy_app(toy_settings(artifacts, on_model_error="skip"))
+    ):
+        pass
+
+
+def test_a_wrong_shaped_manifest_is_one_clear_line(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"models": ["rmc-vlmp-sick.onnx"]}))
+    with pytest.raises(ModelLoadError, match=r"models\.0: Input should be a valid dictionary") as error, TestClient(
+        toy_app(toy_settings(tmp_path))
+    ):
+        pass
+    assert "\n" not in str(error.value)

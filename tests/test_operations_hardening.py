@@ -1,0 +1,83 @@
+"""Operations over real HTTP: HEAD probes, local docs assets, route labels, process and build metrics,
+uvicorn's own lines in JSON, and a bug's traceback logged once per window."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.main import package_version
+from tests.conftest import COMMITTED, manifest_models
+from tests.helpers import Server, running_server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with running_server(COMMITTED, MNEMO_LOG_FORMAT="json", MNEMO_MAX_BODY_BYTES="2048") as live:
+        yield live
+    lines = [line for line in live.output if line.strip()]
+    for line in lines:  # every line is JSON, uvicorn's own included
+        json.loads(line)
+    loggers = {json.loads(line)["logger"] for line in lines}
+    assert {"uvicorn.error", "mnemo.access"} <= loggers, loggers
+
+
+@pytest.mark.parametrize("path", ["/health", "/ready"])
+def test_head_probes(server, path):
+    response = httpx.head(f"{server.url}{path}")
+    assert response.status_code == 200 and response.content == b""
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc"])
+def test_docs_pages_load_every_asset_from_this_server(server, path):
+    page = httpx.get(f"{server.url}{path}")
+    assert page.status_code == 200
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text) + re.findall(r"url: ?'([^']+)'", page.text)
+    assets = [url for url in urls if url.startswith("/docs-assets/")]
+    assert assets, page.text
+    assert not [url for url in urls if url.startswith(("http:", "https:", "//"))], urls
+    for url in assets:
+        asset = httpx.get(f"{server.url}{url}")
+        assert asset.status_code == 200 and len(asset.content) > 1000, url
+
+
+def test_docs_openapi_and_413_answers_are_labelled_by_route(server):
+    httpx.get(f"{server.url}/openapi.json")
+    httpx.get(f"{server.url}/docs")
+    assert httpx.post(f"{server.url}/similarity", content=b"x" * 4096).status_code == 413
+    httpx.get(f"{server.url}/no-such-path")
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'mnemo_http_requests_total{method="GET",route="/openapi.json",status="200"}' in text
+    assert 'mnemo_http_requests_total{method="GET",route="/docs",status="200"}' in text
+    assert 'mnemo_http_requests_total{method="POST",route="/similarity",status="413"}' in text
+    unmatched = [line for line in text.splitlines() if 'route="unmatched"' in line and "_total" in line]
+    assert unmatched == ['mnemo_http_requests_total{method="GET",route="unmatched",status="404"} 1.0'], unmatched
+
+
+def test_process_and_build_metrics(server):
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in ("process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total", "python_info"):
+        assert re.search(rf"^{name}(\{{.*\}})? ", text, re.MULTILINE), name
+    assert f'mnemo_build_info{{version="{package_version()}"}} 1.0' in text
+    for model in manifest_models(COMMITTED):
+        labels = f'model="{model["name"]}",sha256="{model["sha256"]}",version="{model["version"]}"'
+        line = f"mnemo_model_info{{{labels}}} 1.0"
+        assert line in text, line
+
+
+def test_a_bug_logs_one_line_each_time_and_its_traceback_once(toy_artifacts):
+    command = [sys.executable, "-m", "uvicorn", "tests.toy_model:create_toy_app", "--factory"]
+    with running_server(toy_artifacts, command=command, MNEMO_LOG_FORMAT="json") as live:
+        for _ in range(5):
+            response = httpx.get(f"{live.url}/toy/bug")
+            assert response.status_code == 500
+            assert response.json() == {"detail": "Internal error; it has been logged."}
+    errors = [json.loads(line) for line in live.output if '"mnemo.errors"' in line]
+    assert len(errors) == 5 and all("a deliberate bug" in error["message"] for error in errors)
+    assert ["exception" in error for error in errors] == [True, False, False, False, False]
+    assert sum("Traceback" in line for line in live.output) == 1  # uvicorn logs no second one
