@@ -71,7 +71,7 @@ def test_process_and_build_metrics(server):
 
 
 def test_a_bug_logs_one_line_each_time_and_its_traceback_once(toy_artifacts):
-    command = [sys.executable, "-m", "uvicorn", "tests.toy_model:create_toy_app", "--factory"]
+    command = [sys.executable, "-m", "uvicorn", "tests.toy_model:create_toy_app", "--factory", "--port", "{port}"]
     with running_server(toy_artifacts, command=command, MNEMO_LOG_FORMAT="json") as live:
         for _ in range(5):
             response = httpx.get(f"{live.url}/toy/bug")
