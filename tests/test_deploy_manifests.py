@@ -102,8 +102,9 @@ def test_config_map_holds_every_setting_of_the_service(base):
     from app.frame.settings import Settings
 
     settings = config_map(base)["data"]
-    derived_from_cpus = {"MNEMO_INTRA_OP_THREADS", "MNEMO_CONCURRENT_RUNS"}
-    expected = {f"MNEMO_{name.upper()}" for name in Settings.model_fields} - derived_from_cpus
+    derived = {"MNEMO_INTRA_OP_THREADS", "MNEMO_CONCURRENT_RUNS", "MNEMO_MAX_CONNECTIONS"}
+    secrets = {"MNEMO_API_KEYS", "MNEMO_API_KEYS_FILE"}
+    expected = {f"MNEMO_{name.upper()}" for name in Settings.model_fields} - derived - secrets
     assert expected | set(ENGINE_SETTINGS) <= set(settings)
     assert settings["MNEMO_HOST"] == "0.0.0.0" and settings["MNEMO_STATE_URL"].startswith("sqlite:////var/lib/mnemo/")
     known = {key.removeprefix("MNEMO_").lower(): value for key, value in settings.items()}
