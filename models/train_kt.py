@@ -21,7 +21,7 @@ from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
 from models.dkvmn import DKVMN, DKVMNConfig
-from models.kt_data import Sequences, read_students, split_files, to_sequences
+from models.kt_data import CV_FOLDS, Sequences, cv_split, publishes_all_folds, read_students, split_files, to_sequences
 from models.training import (
     command_line,
     data_dir_default,
@@ -154,8 +154,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after selection on fold 1, retrain on the whole training split for the selected epochs",
     )
+    parser.add_argument(
+        "--fold",
+        type=int,
+        default=None,
+        choices=range(1, CV_FOLDS + 1),
+        metavar=f"1..{CV_FOLDS}",
+        help="cross-validation fold: the published trainK/validK files, or for data sets that publish only fold 1 "
+        "(synthetic) a seeded 5-way split of the whole training split; default: the published fold 1",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for log files)")
     return parser
+
+
+def load_splits(args: argparse.Namespace, recipe: dict) -> tuple[dict[str, Path], dict[str, Sequences]]:
+    """The data files this run reads and their sequences: train, valid, test and (for a refit) full."""
+    files = split_files(args.data_dir, args.dataset, args.fold or 1)
+    derived = args.fold is not None and not publishes_all_folds(args.data_dir, args.dataset)
+    if derived:
+        del files["train"], files["valid"]
+    elif not args.refit_full:
+        del files["full"]
+    for path in files.values():
+        if not path.exists():
+            raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
+    students = {name: read_students(path, recipe["n_questions"]) for name, path in files.items()}
+    if derived:
+        students["train"], students["valid"] = cv_split(students["full"], args.fold)
+    return files, {name: to_sequences(rows, recipe["seqlen"]) for name, rows in students.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -164,15 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or Path("runs/kt") / args.dataset
     set_threads(args.threads)
     generator = seed_everything(args.seed)
-    files = split_files(args.data_dir, args.dataset)
-    if args.refit_full:
-        files["full"] = Path(str(files["train"]).replace("_train1.csv", "_train.csv"))
-    for path in files.values():
-        if not path.exists():
-            raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
-    splits = {
-        name: to_sequences(read_students(path, recipe["n_questions"]), recipe["seqlen"]) for name, path in files.items()
-    }
+    files, splits = load_splits(args, recipe)
     config = DKVMNConfig(
         n_questions=recipe["n_questions"],
         memory_size=args.memory_size or recipe["memory_size"],
@@ -245,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
         model, refit = refit_on_full_train(args, recipe, config, state, splits["full"], out)
     result = {
         "dataset": args.dataset,
+        "fold": args.fold or 1,
         "command": command_line("models.train_kt"),
         "seed": args.seed,
         "config": config.to_dict(),
