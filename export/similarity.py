@@ -42,17 +42,6 @@ PAPER = {
 }
 
 
-class ScanPath(torch.nn.Module):
-    """The pair model with its encoder loop as a scan (what gets exported)."""
-
-    def __init__(self, model: SentencePairModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, emb_a, len_a, emb_b, len_b):
-        return self.model(emb_a, len_a, emb_b, len_b, use_scan=True)
-
-
 def load_model(run_dir: Path) -> tuple[SentencePairModel, np.ndarray]:
     """Best-trial weights and the special-token vectors of a training run."""
     checkpoint = load_checkpoint(run_dir / "best.pt")
@@ -76,7 +65,7 @@ def export_pair_model(model: SentencePairModel, path: Path) -> None:
         "emb_b": {0: batch, 1: steps},
         "len_b": {0: batch},
     }
-    export_scan_graph(ScanPath(model), example, INPUTS, OUTPUTS, shapes, path)
+    export_scan_graph(model, example, INPUTS, OUTPUTS, shapes, path)
 
 
 def check_parity(model: SentencePairModel, path: Path, vectors: WordVectors, pairs) -> float:
