@@ -11,7 +11,6 @@ data hashes, command, seed, wall time), which `export.kt` turns into the ONNX fi
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
 from models.dkvmn import DKVMN, DKVMNConfig
+from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.kt_data import CV_FOLDS, Sequences, cv_split, publishes_all_folds, read_students, split_files, to_sequences
 from models.training import (
     command_line,
@@ -129,6 +129,20 @@ def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN):
     return optimizer, scheduler, f"Adam lr {lr}, ReduceLROnPlateau(valid AUC, factor 0.5, patience 2), clip {args.clip}"
 
 
+def step_scheduler(scheduler, valid_auc: float) -> None:
+    """Advance the learning-rate schedule after an epoch (the plateau schedule watches the valid AUC)."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(valid_auc)
+    else:
+        scheduler.step()
+
+
+def restore_schedule_and_shuffling(checkpoint: dict, scheduler, generator: torch.Generator) -> None:
+    """Put the learning-rate schedule and the shuffling generator back where `last.pt` left them."""
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    generator.set_state(checkpoint["generator"])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, help="assist2009 | assist2015 | statics | synthetic-vK")
@@ -201,61 +215,26 @@ def main(argv: list[str] | None = None) -> dict:
     )
     model = DKVMN(config)
     optimizer, scheduler, optimizer_text = build_optimizer(args, recipe, model)
-    max_epochs = args.epochs or recipe["epochs"]
-    patience = args.patience or recipe["patience"]
-    state = {"epoch": 0, "history": [], "best_auc": -math.inf, "best_epoch": 0, "wall_seconds": 0.0}
-    if args.resume and (out / "last.pt").exists():
-        checkpoint = load_checkpoint(out / "last.pt")
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        generator.set_state(checkpoint["generator"])
-        state = checkpoint["state"]
-        print(f"resumed {args.dataset} at epoch {state['epoch']}")
     print(
         f"{args.dataset}: {len(splits['train'])} train / {len(splits['valid'])} valid / "
         f"{len(splits['test'])} test sequences"
     )
-    while state["epoch"] < max_epochs and state["epoch"] - state["best_epoch"] < patience:
-        started = time.perf_counter()
-        loss = train_epoch(
+    task = TrainingTask(
+        model=model,
+        optimizer=optimizer,
+        train_epoch=lambda: train_epoch(
             model, optimizer, splits["train"], recipe["batch"], generator, args.clip, not args.no_progress
-        )
-        valid = evaluate(model, splits["valid"], 256)
-        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(valid["auc"])
-        else:
-            scheduler.step()
-        state["epoch"] += 1
-        state["wall_seconds"] += time.perf_counter() - started
-        state["history"].append(
-            {
-                "epoch": state["epoch"],
-                "train_loss": loss,
-                **{f"valid_{k}": v for k, v in valid.items()},
-                "lr": optimizer.param_groups[0]["lr"],
-            }
-        )
-        if valid["auc"] > state["best_auc"]:
-            state["best_auc"], state["best_epoch"] = valid["auc"], state["epoch"]
-            save_checkpoint(
-                out / "best.pt", {"model": model.state_dict(), "config": config.to_dict(), "recipe": recipe}
-            )
-        print(
-            f"epoch {state['epoch']:3d}  loss {loss:.4f}  valid auc {valid['auc']:.4f} acc {valid['accuracy']:.4f}"
-            f"  best {state['best_auc']:.4f}@{state['best_epoch']}  ({time.perf_counter() - started:.1f}s)",
-            flush=True,
-        )
-        save_checkpoint(
-            out / "last.pt",
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "generator": generator.get_state(),
-                "state": state,
-            },
-        )
+        ),
+        validate=lambda: evaluate(model, splits["valid"], 256),
+        score=lambda metrics: metrics["auc"],
+        split="valid",
+        best_payload={"config": config.to_dict(), "recipe": recipe},
+        save_extra=lambda: {"scheduler": scheduler.state_dict(), "generator": generator.get_state()},
+        load_extra=lambda checkpoint: restore_schedule_and_shuffling(checkpoint, scheduler, generator),
+        after_validation=lambda metrics: step_scheduler(scheduler, metrics["auc"]),
+    )
+    rule = StoppingRule(epochs=args.epochs or recipe["epochs"], patience=args.patience or recipe["patience"])
+    state = run_epochs(task, out, rule, resume=args.resume)
     model.load_state_dict(load_checkpoint(out / "best.pt")["model"])
     valid = evaluate(model, splits["valid"], 256)
     refit = None
