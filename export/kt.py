@@ -143,7 +143,7 @@ def write_card(
         "",
         f"DKVMN (Zhang et al., WWW 2017) trained on `{dataset}` for knowledge tracing, exported to ONNX "
         "(one Scan graph, dynamic batch and time). Implementation: `models/dkvmn.py` "
-        "(the authors' released code's predictor, `tanh(W_h k_t)`, per MODELS.md §4.2).",
+        "(the authors' released code's predictor, `tanh(W_h k_t)`, per docs/MODELS.md §2.3).",
         "",
         "## Test metrics (published test split, memory reset every "
         f"{recipe['seqlen']} interactions as in the paper's protocol)",
@@ -190,7 +190,7 @@ def write_card(
         *_refit_lines(result),
         f"- Sizes: Q={config['n_questions']}, N={config['memory_size']} concepts, d_k={config['key_dim']}, "
         f"d_v={config['value_dim']}, final fc {config['final_fc_dim']}, seqlen {recipe['seqlen']}, "
-        f"batch {recipe['batch']} (MODELS.md §4.5 unless the notes below say otherwise).",
+        f"batch {recipe['batch']} (docs/MODELS.md §2.5 unless the notes below say otherwise).",
         "",
         *data_files_table(result),
         "",

@@ -162,7 +162,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "",
         f"![training curve]({name}.curve.png)",
         "",
-        "## Deviations from MODELS.md and why",
+        "## Deviations from the paper and why (docs/MODELS.md)",
         "",
         "- **One encoder, two heads, trained jointly** (the spec trains the heads separately): one service call "
         "returns relatedness and entailment from a single encoder pass, half the serving cost and one training "
@@ -171,9 +171,9 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "- GloVe 6B 50d (lowercased) instead of 840B 300d; out-of-vocabulary words read as `<unk>` instead of "
         "being dropped; `<s>`, `</s>`, `<number>`, `<unk>` get fixed seeded U(-0.5, 0.5) vectors (asset "
         "`special_vectors`).",
-        "- Masking (MODELS.md §5.3): padded steps leave the memory unchanged, the backward pass reverses each "
+        "- Masking (docs/MODELS.md §1.4): padded steps leave the memory unchanged, the backward pass reverses each "
         "sentence within its own length, so results never depend on batch composition.",
-        "- Adam with warmup instead of SGD 0.1 (MODELS.md §3.5, TRAINING_NOTES.md).",
+        "- Adam with warmup instead of SGD 0.1 (docs/MODELS.md §1.9, §4).",
         "",
         "## Attention maps",
         "",

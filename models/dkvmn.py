@@ -1,6 +1,6 @@
 """DKVMN: Dynamic Key-Value Memory Network for knowledge tracing (Zhang et al., WWW 2017).
 
-Follows ../shared/spec/MODELS.md §4-5 and the authors' released code; `paper_head=True` switches the
+Follows docs/MODELS.md §2-3 and the authors' released code; `paper_head=True` switches the
 predictor to the paper's variant (k_t fed directly instead of the code's tanh(W_h k_t)).
 
 Shapes: B batch, T steps, Q questions, N memory slots (concepts), d_k key size, d_v value size.
@@ -24,7 +24,7 @@ QUESTION_HIDDEN = 50  # the code's hard-coded tanh(W_h k_t) width, absent from t
 
 @dataclass(frozen=True)
 class DKVMNConfig:
-    """Sizes of one DKVMN (MODELS.md §4.5)."""
+    """Sizes of one DKVMN (docs/MODELS.md §2.5)."""
 
     n_questions: int
     memory_size: int  # N, the number of latent concepts
@@ -114,7 +114,7 @@ class DKVMN(nn.Module):
         return self.output(self.dropout(hidden)).squeeze(-1)
 
     def mastery(self, memories: torch.Tensor) -> torch.Tensor:
-        """Concept mastery (MODELS.md §4.7): read each slot alone, question part zeroed. [...,N,d_v] -> [...,N]."""
+        """Concept mastery (docs/MODELS.md §2.6): read each slot alone, question part zeroed. [...,N,d_v] -> [...,N]."""
         extra = self.read_fc.in_features - self.config.value_dim
         zeros = memories.new_zeros((*memories.shape[:-1], extra))
         return torch.sigmoid(self._predict_logits(memories, zeros))

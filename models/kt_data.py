@@ -3,7 +3,7 @@
 Each student takes three lines: the number of attempts, the comma-separated 1-based question ids and
 the comma-separated 0/1 responses (a trailing comma is allowed). Students longer than `seqlen` are cut
 into consecutive chunks of `seqlen` (the last one shorter), each an independent sequence, as in the
-published protocol (MODELS.md §4.3).
+published protocol (docs/MODELS.md §2.4).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """LSTM_RMC sentence-pair model: a Relational Memory Core encoder (Ahmed & Mercer 2020) with two heads.
 
-Follows ../shared/spec/MODELS.md §1-3 and §5. One memory slot (S = 1); H heads of size d_h = d_k;
+Follows docs/MODELS.md §1 and §3. One memory slot (S = 1); H heads of size d_h = d_k;
 memory width M = H * d_h. Two memory pointers:
 
 * FLMP: each step attends over [memory; projected token t] with the joint `LayerNorm([2, F])`.
 * VLMP: each step attends over [memory; projected tokens t-w+1..t] (window w) with per-row
   LayerNorm `gain * (z - mean) / (unbiased std + 1e-3) + bias`. Only the memory row is kept after the
   step, and with per-row norms its token rows' keys/values do not depend on the memory, so they are
-  computed once for all steps before the loop (exact; MODELS.md TRAINING_NOTES).
+  computed once for all steps before the loop (exact; docs/MODELS.md §1.3).
 
 Every step: gates i, f = sigmoid(W_i P_t + U tanh(M_{t-1}) + biases), M_t = i * tanh(M~) + f * M_{t-1}.
 Padded steps (t >= length) leave the memory unchanged and return zero attention. The encoder runs each
@@ -67,10 +67,10 @@ class RowLayerNorm(nn.Module):
 
 
 class VariableLengthPointer:
-    """VLMP: the memory attends over itself and the last `window` tokens (MODELS.md §2.3).
+    """VLMP: the memory attends over itself and the last `window` tokens (docs/MODELS.md §1.2).
 
     Norms are per row, so the token rows' keys and values do not depend on the memory: they are computed
-    for all steps before the time loop, and each step only projects the memory row (docs/MODELS.md §2.4).
+    for all steps before the time loop, and each step only projects the memory row (docs/MODELS.md §1.3).
     """
 
     def __init__(self, window: int) -> None:
@@ -110,7 +110,7 @@ class VariableLengthPointer:
 
 class FixedLengthPointer:
     """FLMP: the memory attends over itself and the current token, both rows through one joint
-    `LayerNorm([2, F])` (MODELS.md §2.2); the memory row's result becomes the candidate."""
+    `LayerNorm([2, F])` (docs/MODELS.md §1.2); the memory row's result becomes the candidate."""
 
     @staticmethod
     def norm(shape: int) -> nn.Module:
@@ -213,7 +213,7 @@ def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
 
 
 def _pair_head(in_features: int, fc_dim: int, classes: int, dropout: float) -> nn.Sequential:
-    """Dropout -> Linear -> Tanh -> Dropout -> Linear -> Tanh -> Dropout -> Linear (MODELS.md §3.3)."""
+    """Dropout -> Linear -> Tanh -> Dropout -> Linear -> Tanh -> Dropout -> Linear (docs/MODELS.md §1.5)."""
     return nn.Sequential(
         nn.Dropout(dropout),
         nn.Linear(in_features, fc_dim),

@@ -1,4 +1,4 @@
-"""Train DKVMN on one knowledge-tracing data set (MODELS.md §4, TRAINING_NOTES.md).
+"""Train DKVMN on one knowledge-tracing data set (docs/MODELS.md §2, §4).
 
     python -m models.train_kt --dataset assist2009 --data-dir ../shared/data/kt
 
@@ -33,7 +33,7 @@ from models.training import (
     write_json,
 )
 
-# Sizes from the authors' main.py (MODELS.md §4.5); epochs/patience are ours (early stopping on valid).
+# Sizes from the authors' main.py (docs/MODELS.md §2.5); epochs/patience are ours (early stopping on valid).
 RECIPES = {
     "assist2009": dict(n_questions=110, seqlen=200, batch=32, key_dim=50, value_dim=200, memory_size=20, sgd_lr=0.05),
     "assist2015": dict(n_questions=100, seqlen=200, batch=50, key_dim=50, value_dim=100, memory_size=20, sgd_lr=0.1),
