@@ -1,4 +1,4 @@
-"""Train DKVMN on one knowledge-tracing data set (docs/MODELS.md §2, §4).
+"""Train DKVMN (or the DKT baseline, `--model dkt`) on one knowledge-tracing data set (docs/MODELS.md §2, §4).
 
     python -m models.train_kt --dataset assist2009 --data-dir ../shared/data/kt
 
@@ -19,6 +19,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
+from models.dkt import DKT, DKTConfig
 from models.dkvmn import DKVMN, DKVMNConfig
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.kt_data import CV_FOLDS, Sequences, cv_split, publishes_all_folds, read_students, split_files, to_sequences
@@ -57,7 +58,7 @@ def masked_bce_sum(logits: torch.Tensor, targets: torch.Tensor, lengths: torch.T
 
 
 @torch.no_grad()
-def evaluate(model: DKVMN, data: Sequences, batch: int) -> dict[str, float]:
+def evaluate(model: DKVMN | DKT, data: Sequences, batch: int) -> dict[str, float]:
     """AUC, accuracy (threshold 0.5) and mean BCE over all valid steps, memory reset per sequence."""
     model.eval()
     probabilities, targets = [], []
@@ -92,11 +93,30 @@ def train_epoch(model, optimizer, data: Sequences, batch: int, generator, clip: 
     return total / max(steps, 1)
 
 
-def refit_on_full_train(args, recipe: dict, config: DKVMNConfig, state: dict, data: Sequences, out: Path):
+def build_model(config: DKVMNConfig | DKTConfig) -> DKVMN | DKT:
+    """The model a config describes."""
+    return DKT(config) if isinstance(config, DKTConfig) else DKVMN(config)
+
+
+def model_config(args: argparse.Namespace, recipe: dict) -> DKVMNConfig | DKTConfig:
+    """DKVMN sizes from the recipe (overridden by the flags), or the DKT baseline's."""
+    if args.model == "dkt":
+        return DKTConfig(n_questions=recipe["n_questions"], hidden_dim=args.hidden, dropout=args.dropout)
+    return DKVMNConfig(
+        n_questions=recipe["n_questions"],
+        memory_size=args.memory_size or recipe["memory_size"],
+        key_dim=recipe["key_dim"],
+        value_dim=args.value_dim or recipe["value_dim"],
+        paper_head=args.paper_head,
+        dropout=args.dropout,
+    )
+
+
+def refit_on_full_train(args, recipe: dict, config, state: dict, data: Sequences, out: Path):
     """Retrain from scratch on the whole training split (fold 1's train + valid) for the epochs selected on
     the validation fold, replaying the selection run's learning rate epoch by epoch."""
     generator = seed_everything(args.seed)
-    model = DKVMN(config)
+    model = build_model(config)
     optimizer, _, _ = build_optimizer(args, recipe, model)
     rates = [optimizer.param_groups[0]["lr"]] + [row["lr"] for row in state["history"][: state["best_epoch"] - 1]]
     started = time.perf_counter()
@@ -114,7 +134,7 @@ def refit_on_full_train(args, recipe: dict, config: DKVMNConfig, state: dict, da
     }
 
 
-def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN):
+def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN | DKT):
     """Adam with a plateau schedule (ours), or the authors' SGD with momentum and step decay."""
     if args.optimizer == "sgd":  # the authors clip the summed-loss gradient at 50, i.e. 50/B here
         args.clip = args.clip or 50.0 / recipe["batch"]
@@ -156,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--clip", type=float, default=None, help="gradient-norm clip on the sum/B loss (default: Adam 50, SGD 50/B)"
     )
 
+    parser.add_argument("--model", choices=("dkvmn", "dkt"), default="dkvmn", help="dkt: the LSTM baseline")
+    parser.add_argument("--hidden", type=int, default=200, help="DKT: LSTM state size")
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout before the output layer")
     parser.add_argument("--memory-size", type=int, default=None, help="concepts N (default per data set)")
     parser.add_argument("--value-dim", type=int, default=None, help="value size d_v (default per data set)")
@@ -205,15 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
     set_threads(args.threads)
     generator = seed_everything(args.seed)
     files, splits = load_splits(args, recipe)
-    config = DKVMNConfig(
-        n_questions=recipe["n_questions"],
-        memory_size=args.memory_size or recipe["memory_size"],
-        key_dim=recipe["key_dim"],
-        value_dim=args.value_dim or recipe["value_dim"],
-        paper_head=args.paper_head,
-        dropout=args.dropout,
-    )
-    model = DKVMN(config)
+    config = model_config(args, recipe)
+    model = build_model(config)
     optimizer, scheduler, optimizer_text = build_optimizer(args, recipe, model)
     print(
         f"{args.dataset}: {len(splits['train'])} train / {len(splits['valid'])} valid / "
@@ -242,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
         model, refit = refit_on_full_train(args, recipe, config, state, splits["full"], out)
     result = {
         "dataset": args.dataset,
+        "model": args.model,
         "fold": args.fold or 1,
         "command": command_line("models.train_kt"),
         "seed": args.seed,
