@@ -104,8 +104,7 @@ class VariableLengthPointer:
         logits = torch.einsum("bhd,bnhd->bhn", q * core.config.head_size**-0.5, keys) + bias.unsqueeze(1)
         attention = torch.softmax(logits, dim=-1)
         attended = torch.einsum("bhn,bnhd->bhd", attention, values).reshape(memory.shape)  # heads concatenated
-        z = core.attended_memory_layernorm(memory + attended)
-        return core.attended_memory_layernorm2(z + core.mlp(z)), attention
+        return core.residual_mlp(memory, attended), attention
 
 
 class FixedLengthPointer:
@@ -129,8 +128,7 @@ class FixedLengthPointer:
         q, k, v = (t.transpose(1, 2) for t in core.split_heads(core.qkv_layernorm(core.qkv_projector(rows))))
         attention = torch.softmax((q * core.config.head_size**-0.5) @ k.transpose(-1, -2), dim=-1)  # [B,H,2,2]
         attended = (attention @ v).transpose(1, 2).reshape(rows.shape)  # [B,2,M]
-        z = core.attended_memory_layernorm(rows + attended)
-        return core.attended_memory_layernorm2(z + core.mlp(z))[:, 0], attention[:, :, 0]
+        return core.residual_mlp(rows, attended)[:, 0], attention[:, :, 0]
 
 
 def memory_pointer(config: RMCConfig) -> VariableLengthPointer | FixedLengthPointer:
@@ -179,6 +177,11 @@ class RelationalMemory(nn.Module):
         for layer in self.attention_mlp:
             z = torch.relu(layer(z))
         return z
+
+    def residual_mlp(self, rows: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the attention block: residual + norm, then MLP + residual + norm."""
+        z = self.attended_memory_layernorm(rows + attended)
+        return self.attended_memory_layernorm2(z + self.mlp(z))
 
     def gate(self, memory, candidate, input_gate):
         """M_t = sigmoid(i) * tanh(M~) + sigmoid(f) * M_{t-1}; gates from P_t and tanh(M_{t-1})."""
