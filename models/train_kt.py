@@ -113,7 +113,7 @@ def model_config(args: argparse.Namespace, recipe: dict) -> DKVMNConfig | DKTCon
 
 
 def refit_on_full_train(args, recipe: dict, config, state: dict, data: Sequences, out: Path):
-    """Retrain from scratch on the whole training split (fold 1's train + valid) for the epochs selected on
+    """Retrain from scratch on the whole training split (every fold's train + valid) for the epochs selected on
     the validation fold, replaying the selection run's learning rate epoch by epoch."""
     generator = seed_everything(args.seed)
     model = build_model(config)
