@@ -5,9 +5,9 @@
 Everything after `--` goes to `models.train_kt` unchanged. Trains folds 1..5 (each in `<out>/foldK`,
 resumable; finished folds are read back, not retrained), writes `<out>/cv.json` with each fold's best
 validation AUC and epoch and their mean and spread. With `--refit`, the fold whose best epoch is the
-median is resumed with `--refit-full`: the model is retrained on the whole training split for that many
-epochs, replaying that fold's learning rate; its `result.json` then carries the `cv` summary and is what
-`export.kt` ships. Test numbers are never read here.
+median is resumed with `--refit-full` (once; a finished refit is read back): the model is retrained on
+the whole training split for that many epochs, replaying that fold's learning rate. Its `result.json`
+then carries the `cv` summary and is what `export.kt` ships. Test numbers are never read here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from models import train_kt
 from models.kt_data import CV_FOLDS
-from models.training import write_json
+from models.training import command_line, write_json
 
 
 def fold_result(out: Path, fold: int, train_args: list[str]) -> dict:
@@ -39,6 +39,7 @@ def summarise(results: list[dict]) -> dict:
         "valid_auc_mean": statistics.mean(aucs),
         "valid_auc_std": statistics.stdev(aucs) if len(aucs) > 1 else 0.0,
         "best_epoch_median": statistics.median_low(epochs),
+        "wall_seconds": round(sum(r["wall_seconds"] for r in results), 1),
     }
 
 
@@ -56,10 +57,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"cv: valid auc {cv['valid_auc_mean']:.4f} +- {cv['valid_auc_std']:.4f} ({per_fold})", flush=True)
     if not args.refit:
         return cv
-    median_fold = next(r["fold"] for r in results if r["best_epoch"] == cv["best_epoch_median"])
-    run = args.out / f"fold{median_fold}"
-    result = train_kt.main([*train_args, "--fold", str(median_fold), "--out", str(run), "--resume", "--refit-full"])
+    median_fold = next(r for r in results if r["best_epoch"] == cv["best_epoch_median"])
+    run = args.out / f"fold{median_fold['fold']}"
+    result = median_fold
+    if not result.get("refit"):  # a finished refit is read back, not repeated
+        result = train_kt.main(
+            [*train_args, "--fold", str(result["fold"]), "--out", str(run), "--resume", "--refit-full"]
+        )
     result["cv"] = cv
+    result["command"] = command_line("models.cv_kt", argv)
     write_json(run / "result.json", result)
     return result
 

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         "dataset": args.dataset,
         "model": args.model,
         "fold": args.fold or 1,
-        "command": command_line("models.train_kt"),
+        "command": command_line("models.train_kt", argv),
         "seed": args.seed,
         "config": config.to_dict(),
         "recipe": recipe,

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     model.load_state_dict(load_checkpoint(out / "best.pt")["model"])
     result = {
         "pointer": args.pointer,
-        "command": command_line("models.train_sim"),
+        "command": command_line("models.train_sim", argv),
         "seed": args.seed,
         "config": config.to_dict(),
         "optimizer": (
