@@ -177,7 +177,7 @@ def write_card(
         "## Training",
         "",
         f"- Command: `{result['command']}`",
-        f"- Seed {result['seed']}; {result['epochs_run']} epochs run, best validation AUC at epoch "
+        f"- Seed {result['seed']}; {_run_scope(result)}{result['epochs_run']} epochs run, best validation AUC at epoch "
         f"{result['best_epoch']}; wall time {result['wall_seconds'] / 60:.1f} min (1 CPU thread).",
         f"- Optimiser: {result['optimizer']}; loss: binary cross-entropy summed over valid steps / batch "
         "(the authors' objective)."
@@ -229,6 +229,11 @@ def _validation_rows(result: dict) -> list[str]:
         f"| validation AUC (fold {fold}, model selection) | {result['valid']['auc']:.4f} | - |",
         f"| validation accuracy | {result['valid']['accuracy']:.4f} | - |",
     ]
+
+
+def _run_scope(result: dict) -> str:
+    """Which run the epoch and wall-time figures describe, when the recipe was cross-validated."""
+    return f"fold {result['fold']} (the fold the refit replays): " if "cv" in result else ""
 
 
 def _cv_lines(result: dict) -> list[str]:
