@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+CV_FOLDS = 5  # cross-validation folds of a training split
+
 DATASET_FILES = {
     "assist2009": ("assist2009_updated", "assist2009_updated"),
     "assist2015": ("assist2015", "assist2015"),
@@ -99,9 +101,6 @@ def to_sequences(students: list[Student], seqlen: int) -> Sequences:
         r[row, : len(responses)] = responses
         lengths[row] = len(questions)
     return Sequences(q, r, lengths)
-
-
-CV_FOLDS = 5
 
 
 def split_files(data_dir: Path, dataset: str, fold: int = 1) -> dict[str, Path]:
