@@ -6,6 +6,7 @@ python -m export.kt --run runs/kt/assist2009 --name dkvmn-assist2009 --default
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,13 @@ from sklearn.metrics import adjusted_rand_score
 
 from export.cards import data_files_table, exporter_parser, notes_section
 from export.kt_repeats import audit as repeat_audit
-from export.kt_repeats import repeats_section
+from export.kt_repeats import onnx_predictions, repeats_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
-from models.dkvmn import DKVMN, DKVMNConfig
+from models.dkvmn import DKVMN
 from models.kt_data import read_students, to_sequences
-from models.training import load_checkpoint
+from models.train_kt import load_run_model
 
 PARITY_TOLERANCE = 1e-4
 PAPER_TEST_AUC = {"assist2009": 0.8157, "assist2015": 0.7268, "statics": 0.8284, "synthetic": 0.8273}
@@ -31,12 +32,11 @@ MAX_INTERACTIONS = 10_000
 
 
 def load_model(run_dir: Path) -> DKVMN:
-    """The weights a training run ships: best on validation, or their refit on the whole training split."""
-    weights = json.loads((run_dir / "result.json").read_text()).get("weights", "best.pt")
-    checkpoint = load_checkpoint(run_dir / weights)
-    model = DKVMN(DKVMNConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["model"])
-    return model.eval()
+    """The DKVMN weights a training run ships: best on validation, or their refit on the whole training split."""
+    model = load_run_model(run_dir)
+    if not isinstance(model, DKVMN):
+        raise SystemExit(f"{run_dir} trained {type(model).__name__}; export.kt exports DKVMN runs")
+    return model
 
 
 def export_dkvmn(model: DKVMN, path: Path) -> None:
@@ -302,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     if dataset == "assist2009":
         session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
         test = to_sequences(read_students(test_file), result["recipe"]["seqlen"])
-        extras["repeats"] = repeat_audit(session, test, model.init_value_memory.detach().numpy())
+        extras["repeats"] = repeat_audit(
+            onnx_predictions(session, test, model.init_value_memory.detach().numpy()), test
+        )
     if dataset.startswith("synthetic"):
         extras["ari"] = synthetic_concept_score(weights, data_dir, dataset)
         extras["synthetic_mean"] = synthetic_summary(args.run.parent)
@@ -332,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if "cv" in result:
         metrics["valid_auc_folds_std"] = round(result["cv"]["valid_auc_std"], 4)
-    if "repeats" in extras:
+    if "repeats" in extras and math.isfinite(extras["repeats"]["auc_without_pairs"]):
         metrics["test_auc_without_repeated_skill_pairs"] = round(extras["repeats"]["auc_without_pairs"], 4)
     if "ari" in extras:
         metrics["concept_adjusted_rand_index"] = round(extras["ari"], 4)

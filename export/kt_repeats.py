@@ -1,6 +1,7 @@
 """Measure how much a knowledge-tracing test AUC owes to answers the model has just seen (issue 13, item 3).
 
     python -m export.kt_repeats --model artifacts/dkvmn-assist2009.onnx --dataset assist2009
+    python -m export.kt_repeats --run runs/kt/dkt-assist2009   # a trained run, e.g. the DKT baseline
 
 The preprocessed ASSISTments 2009 data is said to expand a problem tagged with several skills into
 consecutive rows with the same answer, so the model can see an answer one step before it predicts it.
@@ -21,24 +22,37 @@ be identified exactly. This command scores the shipped ONNX graph on the publish
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import torch
 from sklearn.metrics import roc_auc_score
 
 from models.kt_data import Sequences, read_students, split_files, to_sequences
-from models.train_kt import recipe_for
+from models.train_kt import load_run_model, recipe_for
 from models.training import data_dir_default
 
 
-def predictions(session: ort.InferenceSession, data: Sequences, init_memory: np.ndarray, batch: int = 64):
-    """p [n, seqlen] for every chunk, each starting from the learned initial memory."""
+def onnx_predictions(session: ort.InferenceSession, data: Sequences, init_memory: np.ndarray, batch: int = 64):
+    """p [n, seqlen] of an exported DKVMN graph, every chunk starting from the learned initial memory."""
     rows = []
     for start in range(0, len(data), batch):
         q, r, lengths = (a[start : start + batch] for a in (data.q, data.r, data.lengths))
         mv = np.broadcast_to(init_memory, (len(q), *init_memory.shape)).astype(np.float32)
         rows.append(session.run(["p"], {"q": q, "r": r, "len": lengths, "mv_in": np.ascontiguousarray(mv)})[0])
+    return np.concatenate(rows)
+
+
+@torch.no_grad()
+def run_predictions(run_dir: Path, data: Sequences, batch: int = 64) -> np.ndarray:
+    """p [n, seqlen] of the weights a `models.train_kt` run ships (DKVMN or the DKT baseline)."""
+    model = load_run_model(run_dir)
+    rows = []
+    for start in range(0, len(data), batch):
+        q, r, lengths = (torch.from_numpy(a[start : start + batch]) for a in (data.q, data.r, data.lengths))
+        rows.append(torch.sigmoid(model.training_logits(q, r, lengths)).numpy())
     return np.concatenate(rows)
 
 
@@ -59,9 +73,18 @@ def repeated_skill_pairs(data: Sequences) -> np.ndarray:
     return skill_changes(data) & (before | after)
 
 
-def audit(session: ort.InferenceSession, data: Sequences, init_memory: np.ndarray) -> dict[str, float]:
-    """Shares, same-answer rates and AUCs of the suspect positions (see the module docstring)."""
-    p = predictions(session, data, init_memory)
+def _auc(y: np.ndarray, p: np.ndarray) -> float:
+    """ROC AUC, NaN when the positions hold fewer than two classes (for example none at all)."""
+    return float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else math.nan
+
+
+def _rate(flags: np.ndarray) -> float:
+    """Share of True values, NaN for an empty selection."""
+    return float(flags.mean()) if flags.size else math.nan
+
+
+def audit(p: np.ndarray, data: Sequences) -> dict[str, float]:
+    """Shares, same-answer rates and AUCs of the suspect positions, for predictions p [n, seqlen]."""
     valid = np.arange(data.q.shape[1])[None, :] < data.lengths[:, None]
     same_answer = np.zeros_like(valid)
     same_answer[:, 1:] = data.r[:, 1:] == data.r[:, :-1]
@@ -71,13 +94,13 @@ def audit(session: ort.InferenceSession, data: Sequences, init_memory: np.ndarra
     kept = valid & ~pairs
     return {
         "positions": int(valid.sum()),
-        "auc_all": roc_auc_score(data.r[valid], p[valid]),
+        "auc_all": _auc(data.r[valid], p[valid]),
         "pairs_share": float(pairs.sum() / valid.sum()),
-        "pairs_same_answer_rate": float(same_answer[pairs].mean()),
-        "other_changes_same_answer_rate": float(same_answer[changes & ~pairs].mean()),
-        "same_skill_same_answer_rate": float(same_answer[follows & ~changes].mean()),
-        "auc_without_pairs": roc_auc_score(data.r[kept], p[kept]),
-        "auc_on_pairs": roc_auc_score(data.r[pairs], p[pairs]),
+        "pairs_same_answer_rate": _rate(same_answer[pairs]),
+        "other_changes_same_answer_rate": _rate(same_answer[changes & ~pairs]),
+        "same_skill_same_answer_rate": _rate(same_answer[follows & ~changes]),
+        "auc_without_pairs": _auc(data.r[kept], p[kept]),
+        "auc_on_pairs": _auc(data.r[pairs], p[pairs]),
         "changed_same_answer_share": float((changes & same_answer).sum() / valid.sum()),
     }
 
@@ -117,16 +140,20 @@ def repeats_section(result: dict[str, float]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="the exported ONNX graph")
-    parser.add_argument("--init-memory", type=Path, default=None, help="default: <model stem>.mv0.npy beside it")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="an exported DKVMN graph (its .mv0.npy beside it)")
+    source.add_argument("--run", type=Path, help="a models.train_kt run directory (DKVMN or DKT)")
     parser.add_argument("--dataset", default="assist2009")
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "kt")
     args = parser.parse_args(argv)
-    init_memory = np.load(args.init_memory or args.model.with_suffix(".mv0.npy"))
     test_file = split_files(args.data_dir, args.dataset)["test"]
     data = to_sequences(read_students(test_file), recipe_for(args.dataset)["seqlen"])
-    session = ort.InferenceSession(str(args.model), providers=["CPUExecutionProvider"])
-    result = audit(session, data, init_memory)
+    if args.run:
+        p = run_predictions(args.run, data)
+    else:
+        session = ort.InferenceSession(str(args.model), providers=["CPUExecutionProvider"])
+        p = onnx_predictions(session, data, np.load(args.model.with_suffix(".mv0.npy")))
+    result = audit(p, data)
     print(
         f"test positions {result['positions']}: AUC {result['auc_all']:.4f}\n"
         f"repeated skill pair: {result['pairs_share']:.1%} of positions, same answer as the previous row "

@@ -11,6 +11,7 @@ data hashes, command, seed, wall time), which `export.kt` turns into the ONNX fi
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -110,6 +111,16 @@ def model_config(args: argparse.Namespace, recipe: dict) -> DKVMNConfig | DKTCon
         paper_head=args.paper_head,
         dropout=args.dropout,
     )
+
+
+def load_run_model(run_dir: Path) -> DKVMN | DKT:
+    """The weights a finished run ships (best on validation, or their refit on the whole training split)."""
+    result = json.loads((run_dir / "result.json").read_text())
+    checkpoint = load_checkpoint(run_dir / result.get("weights", "best.pt"))
+    config_class = DKTConfig if result.get("model") == "dkt" else DKVMNConfig
+    model = build_model(config_class(**checkpoint["config"]))
+    model.load_state_dict(checkpoint["model"])
+    return model.eval()
 
 
 def refit_on_full_train(args, recipe: dict, config, state: dict, data: Sequences, out: Path):
