@@ -6,6 +6,7 @@ python -m export.kt --run runs/kt/assist2009 --name dkvmn-assist2009 --default
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +15,14 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from export.cards import data_files_table, exporter_parser, notes_section
+from export.kt_repeats import audit as repeat_audit
+from export.kt_repeats import onnx_predictions, repeats_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
-from models.dkvmn import DKVMN, DKVMNConfig
+from models.dkvmn import DKVMN
 from models.kt_data import read_students, to_sequences
-from models.training import load_checkpoint
+from models.train_kt import load_run_model
 
 PARITY_TOLERANCE = 1e-4
 PAPER_TEST_AUC = {"assist2009": 0.8157, "assist2015": 0.7268, "statics": 0.8284, "synthetic": 0.8273}
@@ -29,12 +32,11 @@ MAX_INTERACTIONS = 10_000
 
 
 def load_model(run_dir: Path) -> DKVMN:
-    """The weights a training run ships: best on validation, or their refit on the whole training split."""
-    weights = json.loads((run_dir / "result.json").read_text()).get("weights", "best.pt")
-    checkpoint = load_checkpoint(run_dir / weights)
-    model = DKVMN(DKVMNConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["model"])
-    return model.eval()
+    """The DKVMN weights a training run ships: best on validation, or their refit on the whole training split."""
+    model = load_run_model(run_dir)
+    if not isinstance(model, DKVMN):
+        raise SystemExit(f"{run_dir} trained {type(model).__name__}; export.kt exports DKVMN runs")
+    return model
 
 
 def export_dkvmn(model: DKVMN, path: Path) -> None:
@@ -141,7 +143,7 @@ def write_card(
         "",
         f"DKVMN (Zhang et al., WWW 2017) trained on `{dataset}` for knowledge tracing, exported to ONNX "
         "(one Scan graph, dynamic batch and time). Implementation: `models/dkvmn.py` "
-        "(the authors' released code's predictor, `tanh(W_h k_t)`, per MODELS.md §4.2).",
+        "(the authors' released code's predictor, `tanh(W_h k_t)`, per docs/MODELS.md §2.3).",
         "",
         "## Test metrics (published test split, memory reset every "
         f"{recipe['seqlen']} interactions as in the paper's protocol)",
@@ -150,9 +152,10 @@ def write_card(
         "|---|---|---|",
         f"| test AUC | {result['test']['auc']:.4f} | {PAPER_TEST_AUC[family]:.4f} |",
         f"| test accuracy | {result['test']['accuracy']:.4f} | - |",
-        f"| validation AUC (fold 1, model selection) | {result['valid']['auc']:.4f} | - |",
-        f"| validation accuracy | {result['valid']['accuracy']:.4f} | - |",
+        *_validation_rows(result),
         "",
+        *_cv_lines(result),
+        *_repeats_lines(extras),
     ]
     if extras.get("synthetic_mean"):
         summary = extras["synthetic_mean"]
@@ -174,7 +177,7 @@ def write_card(
         "## Training",
         "",
         f"- Command: `{result['command']}`",
-        f"- Seed {result['seed']}; {result['epochs_run']} epochs run, best validation AUC at epoch "
+        f"- Seed {result['seed']}; {_run_scope(result)}{result['epochs_run']} epochs run, best validation AUC at epoch "
         f"{result['best_epoch']}; wall time {result['wall_seconds'] / 60:.1f} min (1 CPU thread).",
         f"- Optimiser: {result['optimizer']}; loss: binary cross-entropy summed over valid steps / batch "
         "(the authors' objective)."
@@ -187,7 +190,7 @@ def write_card(
         *_refit_lines(result),
         f"- Sizes: Q={config['n_questions']}, N={config['memory_size']} concepts, d_k={config['key_dim']}, "
         f"d_v={config['value_dim']}, final fc {config['final_fc_dim']}, seqlen {recipe['seqlen']}, "
-        f"batch {recipe['batch']} (MODELS.md §4.5 unless the notes below say otherwise).",
+        f"batch {recipe['batch']} (docs/MODELS.md §2.5 unless the notes below say otherwise).",
         "",
         *data_files_table(result),
         "",
@@ -213,17 +216,63 @@ def write_card(
     path.write_text("\n".join(lines + notes_section(notes)))
 
 
+def _validation_rows(result: dict) -> list[str]:
+    """Validation rows of the metrics table: the 5-fold mean and spread if the recipe was cross-validated."""
+    if "cv" in result:
+        cv = result["cv"]
+        return [
+            f"| validation AUC, mean of {len(cv['folds'])} folds (model selection) | "
+            f"{cv['valid_auc_mean']:.4f} (std {cv['valid_auc_std']:.4f}) | - |"
+        ]
+    fold = result.get("fold", 1)
+    return [
+        f"| validation AUC (fold {fold}, model selection) | {result['valid']['auc']:.4f} | - |",
+        f"| validation accuracy | {result['valid']['accuracy']:.4f} | - |",
+    ]
+
+
+def _run_scope(result: dict) -> str:
+    """Which run the epoch and wall-time figures describe, when the recipe was cross-validated."""
+    return f"fold {result['fold']} (the fold the refit replays): " if "cv" in result else ""
+
+
+def _cv_lines(result: dict) -> list[str]:
+    """Per-fold best validation AUC and epoch of a cross-validated recipe."""
+    if "cv" not in result:
+        return []
+    folds = ", ".join(
+        f"fold {row['fold']} {row['valid_auc']:.4f} (epoch {row['best_epoch']})" for row in result["cv"]["folds"]
+    )
+    return [
+        f"Cross-validation on the training split (`python -m models.cv_kt`, {result['cv']['wall_seconds'] / 60:.1f} "
+        f"min for the five folds at 1 CPU thread), best validation AUC per fold: {folds}.",
+        "",
+    ]
+
+
+def _repeats_lines(extras: dict) -> list[str]:
+    """The repeated-answer caveat (ASSISTments 2009), measured by `export.kt_repeats`."""
+    return repeats_section(extras["repeats"]) if "repeats" in extras else []
+
+
 def _refit_lines(result: dict) -> list[str]:
     """How the shipped weights were refit on the whole training split, if they were."""
     refit = result.get("refit")
     if not refit:
         return []
+    fold = result.get("fold", 1)
+    chosen = (
+        f"the fold whose best epoch is the median of the {len(result['cv']['folds'])} folds (fold {fold}, epoch "
+        f"{result['best_epoch']})"
+        if "cv" in result
+        else f"epoch {result['best_epoch']} on fold {fold}"
+    )
     return [
-        f"- Refit: after selecting epoch {result['best_epoch']} on fold 1, the model was retrained from scratch "
-        f"(same seed) on the whole training split (`*_train.csv` = fold 1's train + valid, "
-        f"{refit['train_sequences']} sequences) for {refit['epochs']} epochs, replaying the selection run's "
-        f"learning rate per epoch ({refit['wall_seconds'] / 60:.1f} min). The shipped weights and the test "
-        "metrics are the refit's; the validation metrics are the fold-1 model's (the refit has no held-out data).",
+        f"- Refit: after selecting {chosen}, the model was retrained from scratch (same seed) on the whole "
+        f"training split (`*_train.csv`, {refit['train_sequences']} sequences) for {refit['epochs']} epochs, "
+        f"replaying that fold's learning rate per epoch ({refit['wall_seconds'] / 60:.1f} min). The shipped "
+        "weights and the test metrics are the refit's; the validation metrics are the held-out folds' (the refit "
+        "has no held-out data).",
     ]
 
 
@@ -250,6 +299,12 @@ def main(argv: list[str] | None = None) -> None:
         assets["question_names"] = {"file": f"{args.name}.names.npy"}
         np.save(args.artifacts / assets["question_names"]["file"], np.array(names))
     extras: dict = {}
+    if dataset == "assist2009":
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        test = to_sequences(read_students(test_file), result["recipe"]["seqlen"])
+        extras["repeats"] = repeat_audit(
+            onnx_predictions(session, test, model.init_value_memory.detach().numpy()), test
+        )
     if dataset.startswith("synthetic"):
         extras["ari"] = synthetic_concept_score(weights, data_dir, dataset)
         extras["synthetic_mean"] = synthetic_summary(args.run.parent)
@@ -274,9 +329,13 @@ def main(argv: list[str] | None = None) -> None:
     metrics = {
         "test_auc": round(result["test"]["auc"], 4),
         "test_accuracy": round(result["test"]["accuracy"], 4),
-        "valid_auc": round(result["valid"]["auc"], 4),
+        "valid_auc": round(result["cv"]["valid_auc_mean"] if "cv" in result else result["valid"]["auc"], 4),
         "paper_test_auc": PAPER_TEST_AUC["synthetic" if dataset.startswith("synthetic") else dataset],
     }
+    if "cv" in result:
+        metrics["valid_auc_folds_std"] = round(result["cv"]["valid_auc_std"], 4)
+    if "repeats" in extras and math.isfinite(extras["repeats"]["auc_without_pairs"]):
+        metrics["test_auc_without_repeated_skill_pairs"] = round(extras["repeats"]["auc_without_pairs"], 4)
     if "ari" in extras:
         metrics["concept_adjusted_rand_index"] = round(extras["ari"], 4)
     if extras.get("synthetic_mean"):

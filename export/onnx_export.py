@@ -1,4 +1,4 @@
-"""Export a module whose time loop is a `torch._higher_order_ops.scan` to one ONNX graph, and check parity."""
+"""Export a recurrent model to one ONNX graph with its time loop as a Scan node, and check parity."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def export_scan_graph(
     dynamic_shapes: dict,
     path: Path,
 ) -> None:
-    """Dynamo export under `no_grad` (without it the batch dimension silently becomes fixed)."""
+    """Dynamo export of `module(*example, use_scan=True)` under `no_grad` (without it the batch dimension
+    silently becomes fixed). Both models unroll time with `models.unroll.unroll`; the scan path traces to
+    one Scan node, so the graph accepts any batch and length."""
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     module.eval()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,10 +34,11 @@ def export_scan_graph(
         program = torch.onnx.export(
             module,
             example,
+            kwargs={"use_scan": True},
             dynamo=True,
             input_names=input_names,
             output_names=output_names,
-            dynamic_shapes=dynamic_shapes,
+            dynamic_shapes={**dynamic_shapes, "use_scan": None},
             opset_version=OPSET,
             external_data=False,
         )

@@ -44,17 +44,6 @@ PAPER = {
 }
 
 
-class ScanPath(torch.nn.Module):
-    """The pair model with its encoder loop as a scan (what gets exported)."""
-
-    def __init__(self, model: SentencePairModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, emb_a, len_a, emb_b, len_b):
-        return self.model(emb_a, len_a, emb_b, len_b, use_scan=True)
-
-
 def load_model(run_dir: Path) -> tuple[SentencePairModel, np.ndarray]:
     """Best-trial weights and the special-token vectors of a training run."""
     checkpoint = load_checkpoint(run_dir / "best.pt")
@@ -78,7 +67,7 @@ def export_pair_model(model: SentencePairModel, path: Path) -> None:
         "emb_b": {0: batch, 1: steps},
         "len_b": {0: batch},
     }
-    export_scan_graph(ScanPath(model), example, INPUTS, OUTPUTS, shapes, path)
+    export_scan_graph(model, example, INPUTS, OUTPUTS, shapes, path)
 
 
 def check_parity(model: SentencePairModel, path: Path, vectors: WordVectors, pairs) -> float:
@@ -174,7 +163,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "",
         f"![training curve]({name}.curve.png)",
         "",
-        "## Deviations from MODELS.md and why",
+        "## Deviations from the paper and why (docs/MODELS.md)",
         "",
         "- **One encoder, two heads, trained jointly** (the spec trains the heads separately): one service call "
         "returns relatedness and entailment from a single encoder pass, half the serving cost and one training "
@@ -183,9 +172,9 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "- GloVe 6B 50d (lowercased) instead of 840B 300d; out-of-vocabulary words read as `<unk>` instead of "
         "being dropped; `<s>`, `</s>`, `<number>`, `<unk>` get fixed seeded U(-0.5, 0.5) vectors (asset "
         "`special_vectors`).",
-        "- Masking (MODELS.md §5.3): padded steps leave the memory unchanged, the backward pass reverses each "
+        "- Masking (docs/MODELS.md §1.4): padded steps leave the memory unchanged, the backward pass reverses each "
         "sentence within its own length, so results never depend on batch composition.",
-        "- Adam with warmup instead of SGD 0.1 (MODELS.md §3.5, TRAINING_NOTES.md).",
+        "- Adam with warmup instead of SGD 0.1 (docs/MODELS.md §1.9, §4).",
         "",
         "## Attention maps",
         "",

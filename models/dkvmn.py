@@ -1,13 +1,13 @@
 """DKVMN: Dynamic Key-Value Memory Network for knowledge tracing (Zhang et al., WWW 2017).
 
-Follows ../shared/spec/MODELS.md §4-5 and the authors' released code; `paper_head=True` switches the
+Follows docs/MODELS.md §2-3 and the authors' released code; `paper_head=True` switches the
 predictor to the paper's variant (k_t fed directly instead of the code's tanh(W_h k_t)).
 
 Shapes: B batch, T steps, Q questions, N memory slots (concepts), d_k key size, d_v value size.
 Everything that does not depend on the memory (embeddings, correlation weights, erase and add terms)
-is computed for all steps before the time loop; only the read needs the previous memory. The loop
-exists twice: a plain Python loop for training and `torch._higher_order_ops.scan` for the ONNX export
-(one Scan node with dynamic batch and length). `tests/` asserts that both agree.
+is computed for all steps before the time loop; only the read needs the previous memory. The time loop
+is `models.unroll.unroll`: a Python loop by default, one scan (an ONNX Scan node with dynamic batch and
+length) when the exporter passes `use_scan=True`. `tests/` asserts that both agree.
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from torch._higher_order_ops import scan
+
+from models.unroll import unroll
 
 QUESTION_HIDDEN = 50  # the code's hard-coded tanh(W_h k_t) width, absent from the paper
 
 
 @dataclass(frozen=True)
 class DKVMNConfig:
-    """Sizes of one DKVMN (MODELS.md §4.5)."""
+    """Sizes of one DKVMN (docs/MODELS.md §2.5)."""
 
     n_questions: int
     memory_size: int  # N, the number of latent concepts
@@ -88,34 +89,23 @@ class DKVMN(nn.Module):
 
     # -- the recurrence --------------------------------------------------------------------------
     @staticmethod
-    def _step(memory, w, write_w, erase, add):
-        """Read with w from M_{t-1} [B,N,d_v], then erase-and-add with the write weights."""
+    def _read_and_write(memory, inputs_t):
+        """Read with w from M_{t-1} [B,N,d_v], then erase-and-add with the write weights: (M_t, read [B,d_v])."""
+        w, write_w, erase, add = inputs_t
         read = torch.bmm(w.unsqueeze(1), memory).squeeze(1)  # [B,d_v]
         ww = write_w.unsqueeze(-1)  # [B,N,1]
         memory = memory * (1 - ww * erase.unsqueeze(1)) + ww * add.unsqueeze(1)  # [B,N,d_v]
         return memory, read
 
-    def _recur_loop(self, memory, w, write_w, erase, add, keep_memories: bool):
-        """Python loop (training): reads [B,T,d_v], memories [B,T,N,d_v] or None, final memory."""
-        reads, memories = [], []
-        for w_t, ww_t, e_t, a_t in zip(w.unbind(1), write_w.unbind(1), erase.unbind(1), add.unbind(1), strict=True):
-            memory, read = self._step(memory, w_t, ww_t, e_t, a_t)
-            reads.append(read)
-            if keep_memories:
-                memories.append(memory)
-        stacked = torch.stack(memories, 1) if keep_memories else None
-        return torch.stack(reads, 1), stacked, memory
+    def _read_step(self, memory, inputs_t):
+        """Training step: only the read is kept per step."""
+        memory, read = self._read_and_write(memory, inputs_t)
+        return memory, (read,)
 
-    def _recur_scan(self, memory, w, write_w, erase, add):
-        """Scan (export): same results as `_recur_loop(..., keep_memories=True)`."""
-
-        def body(carry, xs):
-            new_memory, read = self._step(carry, *xs)
-            return new_memory.clone(), (read.clone(), new_memory.clone())
-
-        xs = tuple(t.transpose(0, 1) for t in (w, write_w, erase, add))  # time-major
-        final, (reads, memories) = scan(body, memory, xs)
-        return reads.transpose(0, 1), memories.transpose(0, 1), final
+    def _read_and_keep_memory_step(self, memory, inputs_t):
+        """Serving step: the read and the memory after the step (for the mastery output)."""
+        memory, read = self._read_and_write(memory, inputs_t)
+        return memory, (read, memory)
 
     # -- heads -----------------------------------------------------------------------------------
     def _predict_logits(self, reads: torch.Tensor, question_features: torch.Tensor) -> torch.Tensor:
@@ -124,7 +114,7 @@ class DKVMN(nn.Module):
         return self.output(self.dropout(hidden)).squeeze(-1)
 
     def mastery(self, memories: torch.Tensor) -> torch.Tensor:
-        """Concept mastery (MODELS.md §4.7): read each slot alone, question part zeroed. [...,N,d_v] -> [...,N]."""
+        """Concept mastery (docs/MODELS.md §2.6): read each slot alone, question part zeroed. [...,N,d_v] -> [...,N]."""
         extra = self.read_fc.in_features - self.config.value_dim
         zeros = memories.new_zeros((*memories.shape[:-1], extra))
         return torch.sigmoid(self._predict_logits(memories, zeros))
@@ -135,22 +125,18 @@ class DKVMN(nn.Module):
 
     def training_logits(self, q: torch.Tensor, r: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Logits [B,T] of answering each q_t correctly given steps < t (Python loop, memory reset)."""
-        w, write_w, erase, add = self._step_terms(q, r, lengths)
-        reads, _, _ = self._recur_loop(self.initial_memory(q.shape[0]), w, write_w, erase, add, False)
+        _, (reads,) = unroll(self._read_step, self.initial_memory(q.shape[0]), self._step_terms(q, r, lengths))
         return self._predict_logits(reads, self._question_features(q))
 
-    def forward(self, q, r, lengths, mv_in, use_scan: bool = True):
+    def forward(self, q, r, lengths, mv_in, use_scan: bool = False):
         """Serving graph: p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v].
 
         `mv_in` is the value memory to start from (M^v_0 for a new student, or a previous `mv_out` to
         carry a long history across chunks). Padded steps leave the memory unchanged, so mastery rows
         past a student's length repeat the last state and mv_out is the state after the last valid step.
         """
-        w, write_w, erase, add = self._step_terms(q, r, lengths)
-        if use_scan:
-            reads, memories, final = self._recur_scan(mv_in, w, write_w, erase, add)
-        else:
-            reads, memories, final = self._recur_loop(mv_in, w, write_w, erase, add, True)
+        terms = self._step_terms(q, r, lengths)  # (w, write weights, erase, add)
+        final, (reads, memories) = unroll(self._read_and_keep_memory_step, mv_in, terms, use_scan)
         p = torch.sigmoid(self._predict_logits(reads, self._question_features(q)))
         mastery = self.mastery(torch.cat([mv_in.unsqueeze(1), memories], dim=1))
-        return p, w, mastery, final
+        return p, terms[0], mastery, final

@@ -3,7 +3,7 @@
 Each student takes three lines: the number of attempts, the comma-separated 1-based question ids and
 the comma-separated 0/1 responses (a trailing comma is allowed). Students longer than `seqlen` are cut
 into consecutive chunks of `seqlen` (the last one shorter), each an independent sequence, as in the
-published protocol (MODELS.md §4.3).
+published protocol (docs/MODELS.md §2.4).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+CV_FOLDS = 5  # cross-validation folds of a training split
 
 DATASET_FILES = {
     "assist2009": ("assist2009_updated", "assist2009_updated"),
@@ -102,19 +104,40 @@ def to_sequences(students: list[Student], seqlen: int) -> Sequences:
 
 
 def split_files(data_dir: Path, dataset: str, fold: int = 1) -> dict[str, Path]:
-    """Paths of the train / valid fold and the published test split of a data set."""
+    """Paths of the train / valid fold, the published test split and the whole training split of a data set."""
     if dataset.startswith("synthetic"):
         version = int(dataset.removeprefix("synthetic-v") or 0)
-        stem = data_dir / "synthetic" / f"naive_c5_q50_s4000_v{version}"
-        return {
-            "train": Path(f"{stem}_train{fold}.csv"),
-            "valid": Path(f"{stem}_valid{fold}.csv"),
-            "test": Path(f"{stem}_test.csv"),
-        }
-    folder, prefix = DATASET_FILES[dataset]
-    base = data_dir / folder / prefix
+        base = data_dir / "synthetic" / f"naive_c5_q50_s4000_v{version}"
+    else:
+        folder, prefix = DATASET_FILES[dataset]
+        base = data_dir / folder / prefix
     return {
         "train": Path(f"{base}_train{fold}.csv"),
         "valid": Path(f"{base}_valid{fold}.csv"),
         "test": Path(f"{base}_test.csv"),
+        "full": Path(f"{base}_train.csv"),
     }
+
+
+def publishes_all_folds(data_dir: Path, dataset: str) -> bool:
+    """Whether the data set ships all `CV_FOLDS` train/valid fold files (the synthetic sets ship only fold 1)."""
+    return all(
+        path.exists()
+        for fold in range(1, CV_FOLDS + 1)
+        for name, path in split_files(data_dir, dataset, fold).items()
+        if name in ("train", "valid")
+    )
+
+
+def cv_split(students: list[Student], fold: int, seed: int = 0) -> tuple[list[Student], list[Student]]:
+    """Fold `fold` (1-based) of a seeded `CV_FOLDS`-way split by student: (train, valid).
+
+    Used for data sets that do not publish all five folds; every student is in exactly one valid fold.
+    """
+    if not 1 <= fold <= CV_FOLDS:
+        raise ValueError(f"fold must be in 1..{CV_FOLDS}, got {fold}")
+    order = np.random.default_rng(seed).permutation(len(students))
+    held_out = set(order[fold - 1 :: CV_FOLDS].tolist())
+    train = [s for i, s in enumerate(students) if i not in held_out]
+    valid = [s for i, s in enumerate(students) if i in held_out]
+    return train, valid

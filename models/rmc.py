@@ -1,13 +1,13 @@
 """LSTM_RMC sentence-pair model: a Relational Memory Core encoder (Ahmed & Mercer 2020) with two heads.
 
-Follows ../shared/spec/MODELS.md §1-3 and §5. One memory slot (S = 1); H heads of size d_h = d_k;
+Follows docs/MODELS.md §1 and §3. One memory slot (S = 1); H heads of size d_h = d_k;
 memory width M = H * d_h. Two memory pointers:
 
 * FLMP: each step attends over [memory; projected token t] with the joint `LayerNorm([2, F])`.
 * VLMP: each step attends over [memory; projected tokens t-w+1..t] (window w) with per-row
   LayerNorm `gain * (z - mean) / (unbiased std + 1e-3) + bias`. Only the memory row is kept after the
   step, and with per-row norms its token rows' keys/values do not depend on the memory, so they are
-  computed once for all steps before the loop (exact; MODELS.md TRAINING_NOTES).
+  computed once for all steps before the loop (exact; docs/MODELS.md §1.3).
 
 Every step: gates i, f = sigmoid(W_i P_t + U tanh(M_{t-1}) + biases), M_t = i * tanh(M~) + f * M_{t-1}.
 Padded steps (t >= length) leave the memory unchanged and return zero attention. The encoder runs each
@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
-from torch._higher_order_ops import scan
+
+from models.unroll import unroll
 
 MASK_VALUE = -1e9
 
@@ -65,26 +66,98 @@ class RowLayerNorm(nn.Module):
         return self.gain * (z - mean) / (std + self.eps) + self.bias
 
 
+class VariableLengthPointer:
+    """VLMP: the memory attends over itself and the last `window` tokens (docs/MODELS.md §1.2).
+
+    Norms are per row, so the token rows' keys and values do not depend on the memory: they are computed
+    for all steps before the time loop, and each step only projects the memory row (docs/MODELS.md §1.3).
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+
+    @staticmethod
+    def norm(shape: int) -> nn.Module:
+        return RowLayerNorm(shape)
+
+    def step_inputs(self, core: RelationalMemory, projected: torch.Tensor, lengths: torch.Tensor):
+        """Window keys and values [B,T,w,H,d] and the key mask bias [B,T,w] of every step."""
+        w, t = self.window, projected.shape[1]
+        _, k, v = core.split_heads(core.qkv_layernorm(core.qkv_projector(projected)))  # [B,T,H,d]
+        pad = k.new_zeros(k.shape[0], w - 1, *k.shape[2:])
+        k, v = torch.cat([pad, k], dim=1), torch.cat([pad, v], dim=1)
+        keys_window = torch.stack([k[:, j : j + t] for j in range(w)], dim=2)  # row j = token t-w+1+j
+        values_window = torch.stack([v[:, j : j + t] for j in range(w)], dim=2)
+        steps = torch.arange(t, device=projected.device)
+        source = steps.unsqueeze(1) - (w - 1) + torch.arange(w, device=projected.device).unsqueeze(0)  # [T,w]
+        window_valid = (source.unsqueeze(0) >= 0) & (source.unsqueeze(0) < lengths.view(-1, 1, 1))  # [B,T,w]
+        return keys_window, values_window, (~window_valid).to(projected.dtype) * MASK_VALUE
+
+    @staticmethod
+    def attend(core: RelationalMemory, memory: torch.Tensor, inputs_t):
+        """Candidate memory [B,M] and the memory row's attention [B,H,1+w] (index 0: the memory itself)."""
+        keys_window, values_window, key_bias = inputs_t
+        q, k, v = core.split_heads(core.qkv_layernorm(core.qkv_projector(memory)))  # [B,H,d]
+        keys = torch.cat([k.unsqueeze(1), keys_window], dim=1)  # [B,1+w,H,d]
+        values = torch.cat([v.unsqueeze(1), values_window], dim=1)
+        bias = torch.cat([key_bias.new_zeros(key_bias.shape[0], 1), key_bias], dim=1)  # [B,1+w]
+        logits = torch.einsum("bhd,bnhd->bhn", q * core.config.head_size**-0.5, keys) + bias.unsqueeze(1)
+        attention = torch.softmax(logits, dim=-1)
+        attended = torch.einsum("bhn,bnhd->bhd", attention, values).reshape(memory.shape)  # heads concatenated
+        return core.residual_mlp(memory, attended), attention
+
+
+class FixedLengthPointer:
+    """FLMP: the memory attends over itself and the current token, both rows through one joint
+    `LayerNorm([2, F])` (docs/MODELS.md §1.2); the memory row's result becomes the candidate."""
+
+    @staticmethod
+    def norm(shape: int) -> nn.Module:
+        return nn.LayerNorm([2, shape])
+
+    @staticmethod
+    def step_inputs(core: RelationalMemory, projected: torch.Tensor, lengths: torch.Tensor):
+        """The projected token [B,T,M] of every step (the joint norm mixes it with the memory row)."""
+        return (projected,)
+
+    @staticmethod
+    def attend(core: RelationalMemory, memory: torch.Tensor, inputs_t):
+        """Candidate memory [B,M] and the memory row's attention [B,H,2] (index 0: the memory itself)."""
+        (token,) = inputs_t
+        rows = torch.stack([memory, token], dim=1)  # [B,2,M]
+        q, k, v = (t.transpose(1, 2) for t in core.split_heads(core.qkv_layernorm(core.qkv_projector(rows))))
+        attention = torch.softmax((q * core.config.head_size**-0.5) @ k.transpose(-1, -2), dim=-1)  # [B,H,2,2]
+        attended = (attention @ v).transpose(1, 2).reshape(rows.shape)  # [B,2,M]
+        return core.residual_mlp(rows, attended)[:, 0], attention[:, :, 0]
+
+
+def memory_pointer(config: RMCConfig) -> VariableLengthPointer | FixedLengthPointer:
+    """The step strategy of `config.pointer`."""
+    if config.pointer == "vlmp":
+        return VariableLengthPointer(config.window)
+    if config.pointer == "flmp":
+        return FixedLengthPointer()
+    raise ValueError(f"pointer must be 'vlmp' or 'flmp', not {config.pointer!r}")
+
+
 class RelationalMemory(nn.Module):
-    """The RMC core with one slot; `encode` runs it over a batch of padded sentences."""
+    """The RMC core with one slot; `encode` runs it over a batch of padded sentences.
+
+    The pointer (VLMP or FLMP) decides what the memory attends to in each step and which layer norm the
+    attention block uses; the projections, the MLP and the gates are shared by both.
+    """
 
     def __init__(self, config: RMCConfig) -> None:
         super().__init__()
-        if config.pointer not in ("vlmp", "flmp"):
-            raise ValueError(f"pointer must be 'vlmp' or 'flmp', not {config.pointer!r}")
         self.config = config
+        self.pointer = memory_pointer(config)
         m, h, d = config.mem_size, config.num_heads, config.head_size
         self.qkv_width = 3 * d  # per head: query, key (d_k = d_h) and value
         self.input_projector = nn.Linear(config.embed_dim, m)
         self.qkv_projector = nn.Linear(m, h * self.qkv_width)
-        if config.pointer == "flmp":
-            self.qkv_layernorm = nn.LayerNorm([2, h * self.qkv_width])
-            self.attended_memory_layernorm = nn.LayerNorm([2, m])
-            self.attended_memory_layernorm2 = nn.LayerNorm([2, m])
-        else:
-            self.qkv_layernorm = RowLayerNorm(h * self.qkv_width)
-            self.attended_memory_layernorm = RowLayerNorm(m)
-            self.attended_memory_layernorm2 = RowLayerNorm(m)
+        self.qkv_layernorm = self.pointer.norm(h * self.qkv_width)
+        self.attended_memory_layernorm = self.pointer.norm(m)
+        self.attended_memory_layernorm2 = self.pointer.norm(m)
         self.attention_mlp = nn.ModuleList(nn.Linear(m, m) for _ in range(config.mlp_layers))
         self.input_gate_projector = nn.Linear(m, 2 * m)
         self.memory_gate_projector = nn.Linear(m, 2 * m)
@@ -94,100 +167,44 @@ class RelationalMemory(nn.Module):
         initial[0, 0] = 1.0  # eye(S) padded to width M: the constant one-hot e_1
         self.register_buffer("initial_memory", initial)
 
-    @property
-    def attention_width(self) -> int:
-        """Keys the memory attends to per step: itself plus the window (VLMP) or the token (FLMP)."""
-        return 1 + (self.config.window if self.config.pointer == "vlmp" else 1)
-
-    # -- pieces of one step ----------------------------------------------------------------------
-    def _split_heads(self, qkv: torch.Tensor):
+    def split_heads(self, qkv: torch.Tensor):
         """[..., H*3d] -> q, k, v each [..., H, d]."""
         d = self.config.head_size
         qkv = qkv.reshape(*qkv.shape[:-1], self.config.num_heads, self.qkv_width)
         return qkv[..., :d], qkv[..., d : 2 * d], qkv[..., 2 * d :]
 
-    def _mlp(self, z: torch.Tensor) -> torch.Tensor:
+    def mlp(self, z: torch.Tensor) -> torch.Tensor:
         for layer in self.attention_mlp:
             z = torch.relu(layer(z))
         return z
 
-    def _gate(self, memory, candidate, input_gate):
+    def residual_mlp(self, rows: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The rest of the attention block: residual + norm, then MLP + residual + norm."""
+        z = self.attended_memory_layernorm(rows + attended)
+        return self.attended_memory_layernorm2(z + self.mlp(z))
+
+    def gate(self, memory, candidate, input_gate):
         """M_t = sigmoid(i) * tanh(M~) + sigmoid(f) * M_{t-1}; gates from P_t and tanh(M_{t-1})."""
         gates = input_gate + self.memory_gate_projector(torch.tanh(memory))
         i, f = gates.chunk(2, dim=-1)
         return torch.sigmoid(i + self.input_bias) * torch.tanh(candidate) + torch.sigmoid(f + self.forget_bias) * memory
 
-    def _vlmp_step(self, memory, xs):
-        """memory [B,M]; xs: window keys [B,w,H,d], values [B,w,H,d], key bias [B,w], gate [B,2M], valid [B]."""
-        keys_window, values_window, key_bias, input_gate, valid = xs
-        q, k, v = self._split_heads(self.qkv_layernorm(self.qkv_projector(memory)))  # [B,H,d]
-        keys = torch.cat([k.unsqueeze(1), keys_window], dim=1)  # [B,1+w,H,d]
-        values = torch.cat([v.unsqueeze(1), values_window], dim=1)
-        bias = torch.cat([key_bias.new_zeros(key_bias.shape[0], 1), key_bias], dim=1)  # [B,1+w]
-        logits = torch.einsum("bhd,bnhd->bhn", q * self.config.head_size**-0.5, keys) + bias.unsqueeze(1)
-        attention = torch.softmax(logits, dim=-1)  # [B,H,1+w]: the memory row of A
-        attended = torch.einsum("bhn,bnhd->bhd", attention, values).reshape(memory.shape)  # heads concatenated
-        z = self.attended_memory_layernorm(memory + attended)
-        z = self.attended_memory_layernorm2(z + self._mlp(z))
-        return self._finish_step(memory, z, input_gate, valid, attention)
-
-    def _flmp_step(self, memory, xs):
-        """memory [B,M]; xs: projected token [B,M], gate [B,2M], valid [B]."""
-        token, input_gate, valid = xs
-        rows = torch.stack([memory, token], dim=1)  # [B,2,M]
-        q, k, v = (t.transpose(1, 2) for t in self._split_heads(self.qkv_layernorm(self.qkv_projector(rows))))
-        attention = torch.softmax((q * self.config.head_size**-0.5) @ k.transpose(-1, -2), dim=-1)  # [B,H,2,2]
-        attended = (attention @ v).transpose(1, 2).reshape(rows.shape)  # [B,2,M]
-        z = self.attended_memory_layernorm(rows + attended)
-        z = self.attended_memory_layernorm2(z + self._mlp(z))
-        return self._finish_step(memory, z[:, 0], input_gate, valid, attention[:, :, 0])
-
-    def _finish_step(self, memory, candidate, input_gate, valid, attention):
-        """Gate, then freeze memory and zero attention on padded steps."""
+    def _step(self, memory, inputs_t):
+        """One token: attend (pointer), gate, then freeze the memory and zero the attention on padded steps."""
+        *pointer_inputs, input_gate, valid = inputs_t
+        candidate, attention = self.pointer.attend(self, memory, pointer_inputs)
         keep = valid.unsqueeze(-1)  # [B,1]
-        updated = self._gate(memory, candidate, input_gate)
-        new_memory = keep * updated + (1 - keep) * memory
-        return new_memory, attention * keep.unsqueeze(-1)
-
-    # -- whole sentences -------------------------------------------------------------------------
-    def _step_inputs(self, x: torch.Tensor, lengths: torch.Tensor):
-        """Memory-independent per-step inputs for all steps, each with time on axis 1."""
-        steps = torch.arange(x.shape[1], device=x.device)
-        valid = (steps.unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)  # [B,T]
-        projected = self.input_projector(x)  # P: [B,T,M]
-        input_gate = self.input_gate_projector(projected)  # [B,T,2M]
-        if self.config.pointer == "flmp":
-            return projected, input_gate, valid
-        w = self.config.window
-        _, k, v = self._split_heads(self.qkv_layernorm(self.qkv_projector(projected)))  # [B,T,H,d]
-        pad = k.new_zeros(k.shape[0], w - 1, *k.shape[2:])
-        k, v = torch.cat([pad, k], dim=1), torch.cat([pad, v], dim=1)
-        t = x.shape[1]
-        keys_window = torch.stack([k[:, j : j + t] for j in range(w)], dim=2)  # [B,T,w,H,d]; row j = token t-w+1+j
-        values_window = torch.stack([v[:, j : j + t] for j in range(w)], dim=2)
-        source = steps.unsqueeze(1) - (w - 1) + torch.arange(w, device=x.device).unsqueeze(0)  # [T,w]
-        window_valid = (source.unsqueeze(0) >= 0) & (source.unsqueeze(0) < lengths.view(-1, 1, 1))  # [B,T,w]
-        key_bias = (~window_valid).to(x.dtype) * MASK_VALUE
-        return keys_window, values_window, key_bias, input_gate, valid
+        new_memory = keep * self.gate(memory, candidate, input_gate) + (1 - keep) * memory
+        return new_memory, (attention * keep.unsqueeze(-1),)
 
     def encode(self, x: torch.Tensor, lengths: torch.Tensor, use_scan: bool = False):
         """x [B,T,D], lengths [B] -> final memory [B,M] and memory-row attention [B,T,H,K]."""
-        step = self._vlmp_step if self.config.pointer == "vlmp" else self._flmp_step
+        valid = (torch.arange(x.shape[1], device=x.device).unsqueeze(0) < lengths.unsqueeze(1)).to(x.dtype)  # [B,T]
+        projected = self.input_projector(x)  # P: [B,T,M]
+        inputs = (*self.pointer.step_inputs(self, projected, lengths), self.input_gate_projector(projected), valid)
         memory = self.initial_memory.expand(x.shape[0], -1).contiguous()
-        inputs = self._step_inputs(x, lengths)
-        if use_scan:
-
-            def body(carry, xs):
-                new_memory, attention = step(carry, xs)
-                return new_memory.clone(), attention.clone()
-
-            memory, attention = scan(body, memory, tuple(t.transpose(0, 1) for t in inputs))
-            return memory, attention.transpose(0, 1)
-        attentions = []
-        for xs in zip(*(t.unbind(1) for t in inputs), strict=True):
-            memory, attention = step(memory, xs)
-            attentions.append(attention)
-        return memory, torch.stack(attentions, dim=1)
+        memory, (attention,) = unroll(self._step, memory, inputs, use_scan)
+        return memory, attention
 
 
 def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -199,7 +216,7 @@ def reverse_within_length(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
 
 
 def _pair_head(in_features: int, fc_dim: int, classes: int, dropout: float) -> nn.Sequential:
-    """Dropout -> Linear -> Tanh -> Dropout -> Linear -> Tanh -> Dropout -> Linear (MODELS.md §3.3)."""
+    """Dropout -> Linear -> Tanh -> Dropout -> Linear -> Tanh -> Dropout -> Linear (docs/MODELS.md §1.5)."""
     return nn.Sequential(
         nn.Dropout(dropout),
         nn.Linear(in_features, fc_dim),

@@ -1,4 +1,4 @@
-"""Train DKVMN on one knowledge-tracing data set (MODELS.md §4, TRAINING_NOTES.md).
+"""Train DKVMN (or the DKT baseline, `--model dkt`) on one knowledge-tracing data set (docs/MODELS.md §2, §4).
 
     python -m models.train_kt --dataset assist2009 --data-dir ../shared/data/kt
 
@@ -11,7 +11,7 @@ data hashes, command, seed, wall time), which `export.kt` turns into the ONNX fi
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import time
 from pathlib import Path
 
@@ -20,8 +20,10 @@ import torch
 from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
+from models.dkt import DKT, DKTConfig
 from models.dkvmn import DKVMN, DKVMNConfig
-from models.kt_data import Sequences, read_students, split_files, to_sequences
+from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
+from models.kt_data import CV_FOLDS, Sequences, cv_split, publishes_all_folds, read_students, split_files, to_sequences
 from models.training import (
     command_line,
     data_dir_default,
@@ -33,7 +35,7 @@ from models.training import (
     write_json,
 )
 
-# Sizes from the authors' main.py (MODELS.md §4.5); epochs/patience are ours (early stopping on valid).
+# Sizes from the authors' main.py (docs/MODELS.md §2.5); epochs/patience are ours (early stopping on valid).
 RECIPES = {
     "assist2009": dict(n_questions=110, seqlen=200, batch=32, key_dim=50, value_dim=200, memory_size=20, sgd_lr=0.05),
     "assist2015": dict(n_questions=100, seqlen=200, batch=50, key_dim=50, value_dim=100, memory_size=20, sgd_lr=0.1),
@@ -57,7 +59,7 @@ def masked_bce_sum(logits: torch.Tensor, targets: torch.Tensor, lengths: torch.T
 
 
 @torch.no_grad()
-def evaluate(model: DKVMN, data: Sequences, batch: int) -> dict[str, float]:
+def evaluate(model: DKVMN | DKT, data: Sequences, batch: int) -> dict[str, float]:
     """AUC, accuracy (threshold 0.5) and mean BCE over all valid steps, memory reset per sequence."""
     model.eval()
     probabilities, targets = [], []
@@ -92,11 +94,40 @@ def train_epoch(model, optimizer, data: Sequences, batch: int, generator, clip: 
     return total / max(steps, 1)
 
 
-def refit_on_full_train(args, recipe: dict, config: DKVMNConfig, state: dict, data: Sequences, out: Path):
-    """Retrain from scratch on the whole training split (fold 1's train + valid) for the epochs selected on
+def build_model(config: DKVMNConfig | DKTConfig) -> DKVMN | DKT:
+    """The model a config describes."""
+    return DKT(config) if isinstance(config, DKTConfig) else DKVMN(config)
+
+
+def model_config(args: argparse.Namespace, recipe: dict) -> DKVMNConfig | DKTConfig:
+    """DKVMN sizes from the recipe (overridden by the flags), or the DKT baseline's."""
+    if args.model == "dkt":
+        return DKTConfig(n_questions=recipe["n_questions"], hidden_dim=args.hidden, dropout=args.dropout)
+    return DKVMNConfig(
+        n_questions=recipe["n_questions"],
+        memory_size=args.memory_size or recipe["memory_size"],
+        key_dim=recipe["key_dim"],
+        value_dim=args.value_dim or recipe["value_dim"],
+        paper_head=args.paper_head,
+        dropout=args.dropout,
+    )
+
+
+def load_run_model(run_dir: Path) -> DKVMN | DKT:
+    """The weights a finished run ships (best on validation, or their refit on the whole training split)."""
+    result = json.loads((run_dir / "result.json").read_text())
+    checkpoint = load_checkpoint(run_dir / result.get("weights", "best.pt"))
+    config_class = DKTConfig if result.get("model") == "dkt" else DKVMNConfig
+    model = build_model(config_class(**checkpoint["config"]))
+    model.load_state_dict(checkpoint["model"])
+    return model.eval()
+
+
+def refit_on_full_train(args, recipe: dict, config, state: dict, data: Sequences, out: Path):
+    """Retrain from scratch on the whole training split (every fold's train + valid) for the epochs selected on
     the validation fold, replaying the selection run's learning rate epoch by epoch."""
     generator = seed_everything(args.seed)
-    model = DKVMN(config)
+    model = build_model(config)
     optimizer, _, _ = build_optimizer(args, recipe, model)
     rates = [optimizer.param_groups[0]["lr"]] + [row["lr"] for row in state["history"][: state["best_epoch"] - 1]]
     started = time.perf_counter()
@@ -114,7 +145,7 @@ def refit_on_full_train(args, recipe: dict, config: DKVMNConfig, state: dict, da
     }
 
 
-def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN):
+def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN | DKT):
     """Adam with a plateau schedule (ours), or the authors' SGD with momentum and step decay."""
     if args.optimizer == "sgd":  # the authors clip the summed-loss gradient at 50, i.e. 50/B here
         args.clip = args.clip or 50.0 / recipe["batch"]
@@ -127,6 +158,20 @@ def build_optimizer(args: argparse.Namespace, recipe: dict, model: DKVMN):
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=0.5, patience=2)
     return optimizer, scheduler, f"Adam lr {lr}, ReduceLROnPlateau(valid AUC, factor 0.5, patience 2), clip {args.clip}"
+
+
+def step_scheduler(scheduler, valid_auc: float) -> None:
+    """Advance the learning-rate schedule after an epoch (the plateau schedule watches the valid AUC)."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        scheduler.step(valid_auc)
+    else:
+        scheduler.step()
+
+
+def restore_schedule_and_shuffling(checkpoint: dict, scheduler, generator: torch.Generator) -> None:
+    """Put the learning-rate schedule and the shuffling generator back where `last.pt` left them."""
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    generator.set_state(checkpoint["generator"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--clip", type=float, default=None, help="gradient-norm clip on the sum/B loss (default: Adam 50, SGD 50/B)"
     )
 
+    parser.add_argument("--model", choices=("dkvmn", "dkt"), default="dkvmn", help="dkt: the LSTM baseline")
+    parser.add_argument("--hidden", type=int, default=200, help="DKT: LSTM state size")
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout before the output layer")
     parser.add_argument("--memory-size", type=int, default=None, help="concepts N (default per data set)")
     parser.add_argument("--value-dim", type=int, default=None, help="value size d_v (default per data set)")
@@ -154,8 +201,34 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after selection on fold 1, retrain on the whole training split for the selected epochs",
     )
+    parser.add_argument(
+        "--fold",
+        type=int,
+        default=None,
+        choices=range(1, CV_FOLDS + 1),
+        metavar=f"1..{CV_FOLDS}",
+        help="cross-validation fold: the published trainK/validK files, or for data sets that publish only fold 1 "
+        "(synthetic) a seeded 5-way split of the whole training split; default: the published fold 1",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (for log files)")
     return parser
+
+
+def load_splits(args: argparse.Namespace, recipe: dict) -> tuple[dict[str, Path], dict[str, Sequences]]:
+    """The data files this run reads and their sequences: train, valid, test and (for a refit) full."""
+    files = split_files(args.data_dir, args.dataset, args.fold or 1)
+    derived = args.fold is not None and not publishes_all_folds(args.data_dir, args.dataset)
+    if derived:
+        del files["train"], files["valid"]
+    elif not args.refit_full:
+        del files["full"]
+    for path in files.values():
+        if not path.exists():
+            raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
+    students = {name: read_students(path, recipe["n_questions"]) for name, path in files.items()}
+    if derived:
+        students["train"], students["valid"] = cv_split(students["full"], args.fold)
+    return files, {name: to_sequences(rows, recipe["seqlen"]) for name, rows in students.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -164,80 +237,30 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or Path("runs/kt") / args.dataset
     set_threads(args.threads)
     generator = seed_everything(args.seed)
-    files = split_files(args.data_dir, args.dataset)
-    if args.refit_full:
-        files["full"] = Path(str(files["train"]).replace("_train1.csv", "_train.csv"))
-    for path in files.values():
-        if not path.exists():
-            raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
-    splits = {
-        name: to_sequences(read_students(path, recipe["n_questions"]), recipe["seqlen"]) for name, path in files.items()
-    }
-    config = DKVMNConfig(
-        n_questions=recipe["n_questions"],
-        memory_size=args.memory_size or recipe["memory_size"],
-        key_dim=recipe["key_dim"],
-        value_dim=args.value_dim or recipe["value_dim"],
-        paper_head=args.paper_head,
-        dropout=args.dropout,
-    )
-    model = DKVMN(config)
+    files, splits = load_splits(args, recipe)
+    config = model_config(args, recipe)
+    model = build_model(config)
     optimizer, scheduler, optimizer_text = build_optimizer(args, recipe, model)
-    max_epochs = args.epochs or recipe["epochs"]
-    patience = args.patience or recipe["patience"]
-    state = {"epoch": 0, "history": [], "best_auc": -math.inf, "best_epoch": 0, "wall_seconds": 0.0}
-    if args.resume and (out / "last.pt").exists():
-        checkpoint = load_checkpoint(out / "last.pt")
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        generator.set_state(checkpoint["generator"])
-        state = checkpoint["state"]
-        print(f"resumed {args.dataset} at epoch {state['epoch']}")
     print(
         f"{args.dataset}: {len(splits['train'])} train / {len(splits['valid'])} valid / "
         f"{len(splits['test'])} test sequences"
     )
-    while state["epoch"] < max_epochs and state["epoch"] - state["best_epoch"] < patience:
-        started = time.perf_counter()
-        loss = train_epoch(
+    task = TrainingTask(
+        model=model,
+        optimizer=optimizer,
+        train_epoch=lambda: train_epoch(
             model, optimizer, splits["train"], recipe["batch"], generator, args.clip, not args.no_progress
-        )
-        valid = evaluate(model, splits["valid"], 256)
-        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            scheduler.step(valid["auc"])
-        else:
-            scheduler.step()
-        state["epoch"] += 1
-        state["wall_seconds"] += time.perf_counter() - started
-        state["history"].append(
-            {
-                "epoch": state["epoch"],
-                "train_loss": loss,
-                **{f"valid_{k}": v for k, v in valid.items()},
-                "lr": optimizer.param_groups[0]["lr"],
-            }
-        )
-        if valid["auc"] > state["best_auc"]:
-            state["best_auc"], state["best_epoch"] = valid["auc"], state["epoch"]
-            save_checkpoint(
-                out / "best.pt", {"model": model.state_dict(), "config": config.to_dict(), "recipe": recipe}
-            )
-        print(
-            f"epoch {state['epoch']:3d}  loss {loss:.4f}  valid auc {valid['auc']:.4f} acc {valid['accuracy']:.4f}"
-            f"  best {state['best_auc']:.4f}@{state['best_epoch']}  ({time.perf_counter() - started:.1f}s)",
-            flush=True,
-        )
-        save_checkpoint(
-            out / "last.pt",
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "generator": generator.get_state(),
-                "state": state,
-            },
-        )
+        ),
+        validate=lambda: evaluate(model, splits["valid"], 256),
+        score=lambda metrics: metrics["auc"],
+        split="valid",
+        best_payload={"config": config.to_dict(), "recipe": recipe},
+        save_extra=lambda: {"scheduler": scheduler.state_dict(), "generator": generator.get_state()},
+        load_extra=lambda checkpoint: restore_schedule_and_shuffling(checkpoint, scheduler, generator),
+        after_validation=lambda metrics: step_scheduler(scheduler, metrics["auc"]),
+    )
+    rule = StoppingRule(epochs=args.epochs or recipe["epochs"], patience=args.patience or recipe["patience"])
+    state = run_epochs(task, out, rule, resume=args.resume)
     model.load_state_dict(load_checkpoint(out / "best.pt")["model"])
     valid = evaluate(model, splits["valid"], 256)
     refit = None
@@ -245,7 +268,9 @@ def main(argv: list[str] | None = None) -> dict:
         model, refit = refit_on_full_train(args, recipe, config, state, splits["full"], out)
     result = {
         "dataset": args.dataset,
-        "command": command_line("models.train_kt"),
+        "model": args.model,
+        "fold": args.fold or 1,
+        "command": command_line("models.train_kt", argv),
         "seed": args.seed,
         "config": config.to_dict(),
         "recipe": recipe,

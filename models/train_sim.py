@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from tqdm import tqdm
 
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, special_vectors
+from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
 from models.training import (
@@ -31,7 +31,6 @@ from models.training import (
     data_dir_default,
     data_file_records,
     load_checkpoint,
-    save_checkpoint,
     seed_everything,
     set_threads,
     write_json,
@@ -96,6 +95,30 @@ def evaluate(model: SentencePairModel, split: EncodedSplit, batch: int = 128) ->
     }
 
 
+def train_epoch(model, optimizer, schedule, split: EncodedSplit, rng: np.random.Generator, args) -> float:
+    """One pass over length-sorted batches in random order; returns the mean loss per pair."""
+    model.train()
+    total = 0.0
+    batches = split.length_sorted_batches(args.batch, rng)
+    for rows in tqdm(batches, desc="train", leave=False, disable=args.no_progress):
+        loss = joint_loss(
+            model(*split.batch(rows)), torch.from_numpy(split.targets[rows]), torch.from_numpy(split.labels[rows])
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        schedule.step()
+        total += loss.item() * len(rows)
+    return total / len(split)
+
+
+def restore_schedule_and_shuffling(checkpoint: dict, schedule, rng: np.random.Generator) -> None:
+    """Put the learning-rate schedule and the batch-order generator back where `last.pt` left them."""
+    schedule.load_state_dict(checkpoint["schedule"])
+    rng.bit_generator.state = checkpoint["rng"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pointer", choices=("vlmp", "flmp"), default="vlmp")
@@ -150,78 +173,27 @@ def main(argv: list[str] | None = None) -> dict:
         optimizer,
         lambda step: min(1.0, (step + 1) / steps_per_epoch) * args.decay ** (step // steps_per_epoch),
     )
-    state = {"epoch": 0, "history": [], "best_score": -math.inf, "best_epoch": 0, "wall_seconds": 0.0}
-    if args.resume and (out / "last.pt").exists():
-        checkpoint = load_checkpoint(out / "last.pt")
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        schedule.load_state_dict(checkpoint["schedule"])
-        rng.bit_generator.state = checkpoint["rng"]
-        state = checkpoint["state"]
-        print(f"resumed at epoch {state['epoch']}")
     print(
         f"{args.pointer}: {sum(p.numel() for p in model.parameters())} parameters, "
         f"{len(splits['train'])} train / {len(splits['trial'])} trial / {len(splits['test'])} test pairs"
     )
-    while (
-        state["epoch"] < args.epochs
-        and state["epoch"] - state["best_epoch"] < args.patience
-        and state["wall_seconds"] < args.max_minutes * 60
-    ):
-        started = time.perf_counter()
-        model.train()
-        total = 0.0
-        batches = splits["train"].length_sorted_batches(args.batch, rng)
-        for rows in tqdm(batches, desc=f"epoch {state['epoch'] + 1}", leave=False, disable=args.no_progress):
-            loss = joint_loss(
-                model(*splits["train"].batch(rows)),
-                torch.from_numpy(splits["train"].targets[rows]),
-                torch.from_numpy(splits["train"].labels[rows]),
-            )
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optimizer.step()
-            schedule.step()
-            total += loss.item() * len(rows)
-        trial = evaluate(model, splits["trial"])
-        state["epoch"] += 1
-        state["wall_seconds"] += time.perf_counter() - started
-        score = trial["pearson"] + trial["accuracy"]
-        state["history"].append(
-            {
-                "epoch": state["epoch"],
-                "train_loss": total / len(splits["train"]),
-                **{f"trial_{k}": v for k, v in trial.items()},
-                "lr": optimizer.param_groups[0]["lr"],
-            }
-        )
-        if score > state["best_score"]:
-            state["best_score"], state["best_epoch"] = score, state["epoch"]
-            save_checkpoint(
-                out / "best.pt",
-                {"model": model.state_dict(), "config": config.to_dict(), "specials": specials},
-            )
-        print(
-            f"epoch {state['epoch']:3d}  loss {total / len(splits['train']):.4f}  trial r {trial['pearson']:.4f} "
-            f"mse {trial['mse']:.4f} acc {trial['accuracy']:.4f}  best@{state['best_epoch']}  "
-            f"({time.perf_counter() - started:.0f}s)",
-            flush=True,
-        )
-        save_checkpoint(
-            out / "last.pt",
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "schedule": schedule.state_dict(),
-                "rng": rng.bit_generator.state,
-                "state": state,
-            },
-        )
+    task = TrainingTask(
+        model=model,
+        optimizer=optimizer,
+        train_epoch=lambda: train_epoch(model, optimizer, schedule, splits["train"], rng, args),
+        validate=lambda: evaluate(model, splits["trial"]),
+        score=lambda metrics: metrics["pearson"] + metrics["accuracy"],
+        split="trial",
+        best_payload={"config": config.to_dict(), "specials": specials},
+        save_extra=lambda: {"schedule": schedule.state_dict(), "rng": rng.bit_generator.state},
+        load_extra=lambda checkpoint: restore_schedule_and_shuffling(checkpoint, schedule, rng),
+    )
+    rule = StoppingRule(epochs=args.epochs, patience=args.patience, max_minutes=args.max_minutes)
+    state = run_epochs(task, out, rule, resume=args.resume)
     model.load_state_dict(load_checkpoint(out / "best.pt")["model"])
     result = {
         "pointer": args.pointer,
-        "command": command_line("models.train_sim"),
+        "command": command_line("models.train_sim", argv),
         "seed": args.seed,
         "config": config.to_dict(),
         "optimizer": (

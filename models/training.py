@@ -60,6 +60,7 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def command_line(module: str) -> str:
-    """The command that started this run (`python -m <module> <args>`), for the model card."""
-    return shlex.join(["python", "-m", module, *sys.argv[1:]])
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    """The command that started this run (`python -m <module> <args>`), for the model card; `argv` when
+    `main(argv)` was called from Python, else the process's own arguments."""
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])

@@ -44,11 +44,11 @@ def _reference_vlmp_all_tokens(core: RelationalMemory, x: torch.Tensor) -> torch
     projected = core.input_projector(x)  # [1,T,M]
     for t in range(x.shape[1]):
         rows = torch.cat([memory.unsqueeze(1), projected[:, : t + 1]], dim=1)  # [1, t+2, M]
-        q, k, v = (a.transpose(1, 2) for a in core._split_heads(core.qkv_layernorm(core.qkv_projector(rows))))
+        q, k, v = (a.transpose(1, 2) for a in core.split_heads(core.qkv_layernorm(core.qkv_projector(rows))))
         attention = torch.softmax(q * core.config.head_size**-0.5 @ k.transpose(-1, -2), dim=-1)
         z = core.attended_memory_layernorm(rows + (attention @ v).transpose(1, 2).reshape(rows.shape))
-        z = core.attended_memory_layernorm2(z + core._mlp(z))
-        memory = core._gate(memory, z[:, 0], core.input_gate_projector(projected[:, t]))
+        z = core.attended_memory_layernorm2(z + core.mlp(z))
+        memory = core.gate(memory, z[:, 0], core.input_gate_projector(projected[:, t]))
     return memory
 
 

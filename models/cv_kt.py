@@ -1,0 +1,74 @@
+"""Select a DKVMN recipe by 5-fold cross-validation on the training split, then refit on all of it.
+
+    python -m models.cv_kt --out runs/kt/statics-n10-cv -- --dataset statics --memory-size 10
+
+Everything after `--` goes to `models.train_kt` unchanged. Trains folds 1..5 (each in `<out>/foldK`,
+resumable; finished folds are read back, not retrained), writes `<out>/cv.json` with each fold's best
+validation AUC and epoch and their mean and spread. With `--refit`, the fold whose best epoch is the
+median is resumed with `--refit-full` (once; a finished refit is read back): the model is retrained on
+the whole training split for that many epochs, replaying that fold's learning rate. Its `result.json`
+then carries the `cv` summary and is what `export.kt` ships. Test numbers are never read here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from models import train_kt
+from models.kt_data import CV_FOLDS
+from models.training import command_line, write_json
+
+
+def fold_result(out: Path, fold: int, train_args: list[str]) -> dict:
+    """The finished result of one fold, training (or resuming) it first if needed."""
+    run = out / f"fold{fold}"
+    if (run / "result.json").exists():
+        return json.loads((run / "result.json").read_text())
+    return train_kt.main([*train_args, "--fold", str(fold), "--out", str(run), "--resume"])
+
+
+def summarise(results: list[dict]) -> dict:
+    """Per-fold best validation AUC and epoch, with their mean and sample standard deviation."""
+    aucs = [r["valid"]["auc"] for r in results]
+    epochs = [r["best_epoch"] for r in results]
+    return {
+        "folds": [{"fold": r["fold"], "valid_auc": r["valid"]["auc"], "best_epoch": r["best_epoch"]} for r in results],
+        "valid_auc_mean": statistics.mean(aucs),
+        "valid_auc_std": statistics.stdev(aucs) if len(aucs) > 1 else 0.0,
+        "best_epoch_median": statistics.median_low(epochs),
+        "wall_seconds": round(sum(r["wall_seconds"] for r in results), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="run directory of this recipe")
+    parser.add_argument("--refit", action="store_true", help="refit the median fold on the whole training split")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of models.train_kt")
+    args = parser.parse_args(argv)
+    train_args = [a for a in args.train_args if a != "--"]
+    results = [fold_result(args.out, fold, train_args) for fold in range(1, CV_FOLDS + 1)]
+    cv = summarise(results)
+    write_json(args.out / "cv.json", {"train_args": train_args, **cv})
+    per_fold = ", ".join(f"{row['valid_auc']:.4f}@{row['best_epoch']}" for row in cv["folds"])
+    print(f"cv: valid auc {cv['valid_auc_mean']:.4f} +- {cv['valid_auc_std']:.4f} ({per_fold})", flush=True)
+    if not args.refit:
+        return cv
+    median_fold = next(r for r in results if r["best_epoch"] == cv["best_epoch_median"])
+    run = args.out / f"fold{median_fold['fold']}"
+    result = median_fold
+    if not result.get("refit"):  # a finished refit is read back, not repeated
+        result = train_kt.main(
+            [*train_args, "--fold", str(result["fold"]), "--out", str(run), "--resume", "--refit-full"]
+        )
+    result["cv"] = cv
+    result["command"] = command_line("models.cv_kt", argv)
+    write_json(run / "result.json", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
