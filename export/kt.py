@@ -350,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
             "file": onnx_file.name,
             "default": args.default,
             "limits": {"max_interactions": MAX_INTERACTIONS},
+            # a DKVMN run costs about the same per history at batch 1 and 32 on CPU (more without the arena):
+            # one chunk per run, while the one-step next-question rows still share runs
+            "batching": {"max_cells": result["recipe"]["seqlen"]},
             "metrics": metrics,
             "metadata": {
                 "dataset": dataset,

@@ -57,16 +57,18 @@ def test_paths_out_of_the_artifacts_directory_are_refused(tmp_path, file, messag
 
 def test_a_limit_of_the_wrong_type_stops_startup_naming_the_field(tmp_path):
     artifacts, _ = _artifacts_with(tmp_path, limits={"max_tokens": "lots"})
-    with pytest.raises(ModelLoadError, match=r"models\.1\.limits\.max_tokens.*valid"), TestClient(
-        toy_app(toy_settings(artifacts, on_model_error="skip"))
+    with (
+        pytest.raises(ModelLoadError, match=r"models\.1\.limits\.max_tokens.*valid"),
+        TestClient(toy_app(toy_settings(artifacts, on_model_error="skip"))),
     ):
         pass
 
 
 def test_a_wrong_shaped_manifest_is_one_clear_line(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"models": ["rmc-vlmp-sick.onnx"]}))
-    with pytest.raises(ModelLoadError, match=r"models\.0: Input should be a valid dictionary") as error, TestClient(
-        toy_app(toy_settings(tmp_path))
+    with (
+        pytest.raises(ModelLoadError, match=r"models\.0: Input should be a valid dictionary") as error,
+        TestClient(toy_app(toy_settings(tmp_path))),
     ):
         pass
     assert "\n" not in str(error.value)

@@ -48,9 +48,24 @@ def operations(schema: dict) -> Iterator[tuple[str, str, dict]]:
 def test_operations_have_readable_ids_and_the_package_version(schema):
     ids = {operation["operationId"] for _, _, operation in operations(schema)}
     assert ids == {
-        "health", "ready", "list_models", "metrics", "similarity", "similarity_batch", "knowledge_trace",
-        "list_questions", "append_interactions", "get_student", "delete_student", "list_students",
-        "oip_server_metadata", "oip_live", "oip_ready", "oip_model_metadata", "oip_model_ready", "oip_infer",
+        "health",
+        "ready",
+        "list_models",
+        "metrics",
+        "similarity",
+        "similarity_batch",
+        "knowledge_trace",
+        "list_questions",
+        "append_interactions",
+        "get_student",
+        "delete_student",
+        "list_students",
+        "oip_server_metadata",
+        "oip_live",
+        "oip_ready",
+        "oip_model_metadata",
+        "oip_model_ready",
+        "oip_infer",
     }
     assert schema["info"]["version"] == package_version() != "0.0.0"
 

@@ -25,7 +25,7 @@ def tokenize_before_normalisation(text: str) -> list[str]:
     ("text", "tokens"),
     [
         ("It\u2019s a \u201cgood\u201d day", ["its", "a", "good", "day"]),  # curly apostrophe and quotes
-        ("It's a \"good\" day", ["its", "a", "good", "day"]),
+        ('It\'s a "good" day', ["its", "a", "good", "day"]),
         ("\u2018quoted\u2019 \u201equoted\u201f", ["quoted", "quoted"]),
         ("\uff21 \uff4d\uff41\uff4e\uff01 \uff11\uff12", ["a", "man", NUMBER]),  # full-width letters, digits, !
         ("well\u2014known \u2013 ok", ["wellknown", "ok"]),  # em and en dashes read like hyphens

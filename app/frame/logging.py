@@ -53,9 +53,7 @@ def configure_logging(level: str, fmt: str) -> None:
     (`mnemo.access`, app/middleware.py), however it is started (`python -m app` or `uvicorn app.main:app`).
     """
     handler = logging.StreamHandler()
-    handler.setFormatter(
-        JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
-    )
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logger = logging.getLogger("mnemo")
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())

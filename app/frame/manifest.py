@@ -28,13 +28,14 @@ class AssetEntry(BaseModel):
 
 
 class BatchingOverride(BaseModel):
-    """Per-model overrides of MNEMO_MAX_BATCH, MNEMO_MAX_WAIT_MS and MNEMO_MAX_QUEUE."""
+    """Per-model overrides of MNEMO_MAX_BATCH, MNEMO_MAX_WAIT_MS, MNEMO_MAX_QUEUE, and a cap on padded cells."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_batch: int | None = Field(None, ge=1, le=4096)
     max_wait_ms: float | None = Field(None, ge=0, le=1000)
     max_queue: int | None = Field(None, ge=1)
+    max_cells: int | None = Field(None, ge=1, description="padded rows x length per run (steps or tokens)")
 
 
 class ModelEntry(BaseModel):

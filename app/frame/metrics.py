@@ -28,7 +28,9 @@ class Metrics:
         PlatformCollector(registry=registry)  # python_info
         self.build_info = Gauge("mnemo_build_info", "1; the service version", ["version"], registry=registry)
         self.model_info = Gauge(
-            "mnemo_model_info", "1 per served model: its version and ONNX sha256", ["model", "version", "sha256"],
+            "mnemo_model_info",
+            "1 per served model: its version and ONNX sha256",
+            ["model", "version", "sha256"],
             registry=registry,
         )
         self.requests = Counter(

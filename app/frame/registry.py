@@ -104,6 +104,7 @@ class ServedModel:
                 "max_batch": config.max_batch,
                 "max_wait_ms": config.max_wait_s * 1000,
                 "max_queue": config.max_queue,
+                "max_cells": config.max_cells,
             }
         if task is not None and self.ready:
             info.update(task.describe(self))

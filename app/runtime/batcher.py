@@ -11,8 +11,9 @@
   rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
   `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
   `max_wait`. Batches take the oldest item first, then the queued items closest to it in length, and
-  skip any that would make more than half of the batch padding. When other run slots are free, the
-  queue is spread over them instead of filling one run.
+  skip any that would make more than half of the batch padding, or more padded cells (rows x length)
+  than the model's `max_cells`. When other run slots are free, the queue is spread over them instead of
+  filling one run.
 - **Bounded cost.** An item of more than `max_batch` rows runs in parts; callers split long sequences
   into chunks (knowledge tracing: `seqlen`), so no request holds the model while others starve.
 - **Cancellation.** A caller that is cancelled (deadline, client gone) cancels its futures; queued
@@ -50,6 +51,7 @@ class BatchConfig:
     max_wait_s: float
     max_queue: int
     deadline_s: float
+    max_cells: int | None = None  # padded rows x length per run (TEI's max_batch_tokens); None: rows only
 
 
 class RunSlots:
@@ -236,6 +238,8 @@ class ModelBatcher:
             new_longest = max(longest, item.length)
             new_useful = useful + item.rows * item.length
             if (rows + item.rows) * new_longest > MAX_PADDING_RATIO * new_useful:
+                continue
+            if self.config.max_cells is not None and (rows + item.rows) * new_longest > self.config.max_cells:
                 continue
             batch.append(item)
             rows, longest, useful = rows + item.rows, new_longest, new_useful

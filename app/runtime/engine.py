@@ -23,6 +23,7 @@ def batch_config(settings: Settings, model_entry) -> BatchConfig:
         max_wait_s=wait_ms / 1000,
         max_queue=override.max_queue or settings.max_queue,
         deadline_s=settings.request_timeout_s,
+        max_cells=override.max_cells,
     )
 
 

@@ -16,9 +16,7 @@ CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 control
 ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
 # No control character, and at least one character that is neither whitespace nor ASCII punctuation
 # (the tokenizer deletes those, so a sentence without such a character has no word).
-SENTENCE_PATTERN = (
-    rf"^[^{CONTROL_CHARACTERS}]*[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}][^{CONTROL_CHARACTERS}]*$"
-)
+SENTENCE_PATTERN = rf"^[^{CONTROL_CHARACTERS}]*[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}][^{CONTROL_CHARACTERS}]*$"
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 _WORD_CHARACTER = re.compile(rf"[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}]")
 
