@@ -90,6 +90,14 @@ def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
     return manifest.models
 
 
+def positive_int(values: dict[str, Any], key: str) -> int:
+    """`values[key]` when it is a positive integer (a task's limit or size in the manifest), else ValueError."""
+    value = values.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, not {value!r}")
+    return value
+
+
 def confined(artifacts: Path, name: str) -> Path:
     """`artifacts / name`, refusing absolute paths and anything (`..`, symlinks) that resolves outside it."""
     root = artifacts.resolve()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from app.frame.errors import InvalidInput
+from app.frame.manifest import positive_int
 from app.frame.registry import ServedModel
 
 # Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
@@ -55,7 +56,7 @@ class Trace:
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets."""
     metadata, limits = model.metadata, model.limits
-    n_questions, n_concepts, seqlen = (_positive_int(metadata, key) for key in ("n_questions", "n_concepts", "seqlen"))
+    n_questions, n_concepts, seqlen = (positive_int(metadata, key) for key in ("n_questions", "n_concepts", "seqlen"))
     concepts = np.asarray(model.assets["question_concepts"]).astype(np.int64)
     if concepts.shape != (n_questions,):
         raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
@@ -71,7 +72,7 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         n_questions=n_questions,
         n_concepts=n_concepts,
         seqlen=seqlen,
-        max_interactions=_positive_int(limits, "max_interactions"),
+        max_interactions=positive_int(limits, "max_interactions"),
         init_memory=init_memory,
         concepts=concepts,
         names=names,
@@ -102,13 +103,6 @@ def _concept_skills(
         tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
         for concept in range(init_memory.shape[0])
     )
-
-
-def _positive_int(values: dict, key: str) -> int:
-    value = values.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, not {value!r}")
-    return value
 
 
 def describe(model: ServedModel) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from app.frame.errors import InvalidInput
+from app.frame.manifest import positive_int
 from app.frame.registry import ServedModel
 from app.runtime.collate import Feeds
 from app.tasks.similarity.attention import combined_map
@@ -66,20 +67,13 @@ def prepare(model: ServedModel) -> SimilarityState:
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
     return SimilarityState(
         vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
-        max_tokens=_positive_int(limits, "max_tokens"),
-        max_characters=_positive_int(limits, "max_characters"),
-        max_batch_pairs=_positive_int(limits, "max_batch_pairs"),
+        max_tokens=positive_int(limits, "max_tokens"),
+        max_characters=positive_int(limits, "max_characters"),
+        max_batch_pairs=positive_int(limits, "max_batch_pairs"),
         labels=labels,
         pointer=pointer,
-        window=_positive_int(metadata, "window"),
+        window=positive_int(metadata, "window"),
     )
-
-
-def _positive_int(values: dict, key: str) -> int:
-    value = values.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{key} must be a positive integer, not {value!r}")
-    return value
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
