@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,7 +37,7 @@ class ServiceError(Exception):
     """An error with a status and one clear sentence for the client."""
 
     status_code = 500
-    headers: dict[str, str] | None = None
+    headers: Mapping[str, str] | None = None
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
@@ -59,10 +60,7 @@ class Overloaded(ServiceError):
     """The model's queue is full: rejected at once, before any work (429, Retry-After)."""
 
     status_code = 429
-
-    def __init__(self, detail: str, retry_after_s: int = 1) -> None:
-        super().__init__(detail)
-        self.headers = {"Retry-After": str(retry_after_s)}
+    headers = MappingProxyType({"Retry-After": "1"})
 
 
 class DeadlineExceeded(ServiceError):
@@ -122,9 +120,10 @@ def _printable(text: str, limit: int = 300) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
-def pydantic_422(error: ValidationError) -> JsonResponse:
-    """A pydantic ValidationError of a request body as the service's 422."""
-    return JsonResponse(validation_detail(error.errors(include_url=False, include_input=False), ("body",)), 422)
+def body_errors(error: ValidationError) -> dict:
+    """The bounded 422 payload of a request body's ValidationError (the first errors and their count)."""
+    listed = error.errors(include_url=False, include_input=False, include_context=False)[:MAX_LISTED_ERRORS]
+    return {**validation_detail(listed, ("body",)), "error_count": error.error_count()}
 
 
 def ort_message(error: Exception) -> str:
@@ -161,7 +160,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ValidationError)
     async def body_validation(request: Request, error: ValidationError) -> JsonResponse:
-        return pydantic_422(error)
+        return JsonResponse(body_errors(error), 422)
 
     @app.exception_handler(InvalidBody)
     async def invalid_body(request: Request, error: InvalidBody) -> JsonResponse:

@@ -19,12 +19,11 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.frame.errors import (
-    MAX_LISTED_ERRORS,
     DeadlineExceeded,
     InvalidBody,
     Overloaded,
     ServiceError,
-    validation_detail,
+    body_errors,
 )
 from app.frame.middleware import STARTED_KEY
 from app.frame.registry import ModelRegistry
@@ -60,8 +59,7 @@ def validate(schema: type[Body], body: bytes) -> Body:
     try:
         return parse_body(schema, body)
     except ValidationError as error:
-        listed = error.errors(include_url=False, include_input=False, include_context=False)[:MAX_LISTED_ERRORS]
-        raise InvalidBody({**validation_detail(listed, ("body",)), "error_count": error.error_count()}) from None
+        raise InvalidBody(body_errors(error)) from None
 
 
 async def read_body(request: Request, schema: type[Body]) -> Body:
