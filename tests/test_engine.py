@@ -21,6 +21,7 @@ import pytest
 
 from app.frame.errors import Overloaded
 from app.frame.metrics import Metrics
+from app.frame.middleware import request_arrival
 from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
 from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, ModelBatcher, RunSlots
@@ -210,6 +211,27 @@ def test_admission_refuses_work_that_could_not_finish_before_the_deadline(tmp_pa
     assert cost > 0.01  # one such request takes longer than the whole deadline: a second one cannot fit
 
 
+def test_the_earliest_request_runs_first_so_chunked_requests_finish_in_arrival_order(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+    order = []
+
+    def run_and_record(feeds):
+        order.append(int(feeds["x"][0, 0]))
+        return runs(feeds)
+
+    async def chunked_request(batcher, request: int, arrival: float) -> None:
+        request_arrival.set(arrival)
+        for _ in range(3):  # each chunk is queued when the previous one is done, like a long history
+            await batcher.run(_feeds(request, 50), 1, 1)
+
+    async def scenario(batcher):
+        now = time.perf_counter()
+        await asyncio.gather(chunked_request(batcher, 1, now), chunked_request(batcher, 2, now + 0.001))
+
+    _drive(scenario, run=run_and_record, max_batch=1, max_wait_s=0)
+    assert order == [1, 1, 1, 2, 2, 2]
+
+
 @pytest.mark.parametrize("slots", [1, 2])
 def test_runs_in_flight_never_exceed_the_run_slots(tmp_path, slots):
     runs = RecordedRuns(tmp_path / "slow.onnx")
@@ -328,6 +350,29 @@ def test_a_full_queue_answers_429_with_retry_after_at_once(tmp_path):
         assert all(answer.headers["retry-after"] == "1" for answer in refused)
         assert "MNEMO_MAX_QUEUE" in refused[0].json()["detail"]
         assert _metric(server.url, 'mnemo_requests_rejected_total{model="toy-a",reason="queue_full"}') == 4
+
+
+def test_a_large_body_for_a_model_that_refuses_all_work_is_429_before_it_is_parsed(tmp_path):
+    unparsable = b'{"model": "toy-a", "x": [[1, 2, 3]], "k": [1], "pad": "' + b"a" * 9000  # no closing quote
+
+    async def scenario(url):
+        headers = {"content-type": "application/json"}
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            slow = asyncio.create_task(client.post("/toy", json=_toy(slow_spin())))
+            await _until_admitted(url, 1)
+            while_full = await client.post("/toy/read", content=unparsable, headers=headers)
+            unknown = await client.post("/toy/read", content=unparsable.replace(b"toy-a", b"toy-z"), headers=headers)
+            await slow
+            after = await client.post("/toy/read", content=unparsable, headers=headers)
+            return while_full, unknown, after
+
+    with _toy_server(tmp_path, MNEMO_MAX_QUEUE="1") as server:
+        while_full, unknown, after = asyncio.run(scenario(server.url))
+        assert while_full.status_code == 429 and while_full.headers["retry-after"] == "1"
+        assert "toy-a is at capacity" in while_full.json()["detail"]
+        assert unknown.status_code == 422  # a model the scan cannot resolve: parsed, and the parse error shown
+        assert after.status_code == 422  # the same body, once the model has room: parsed
+        assert _metric(server.url, 'mnemo_requests_rejected_total{model="toy-a",reason="before_parsing"}') == 1
 
 
 def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs(tmp_path):

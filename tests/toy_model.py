@@ -26,7 +26,7 @@ from app.frame.errors import InvalidInput
 from app.frame.registry import ServedModel
 from app.frame.settings import Settings
 from app.main import create_app
-from app.transports.http import complete, registry
+from app.transports.http import complete, read_body, registry
 from export.manifest import upsert_model
 
 WIDTH = 3  # x is [batch, WIDTH]; the width is fixed, so a wrong width is rejected by onnxruntime
@@ -179,6 +179,13 @@ async def toy(body: ToyRequest, request: Request) -> dict:
     with model.batcher.admit(len(body.k)):
         outputs = await complete(request, model.batcher.run(feeds, len(body.k), 1), model.name)
     return {"model": model.name, "y": outputs["y"].tolist(), "z": outputs["z"].tolist()}
+
+
+@toy_router.post("/toy/read")
+async def toy_read(request: Request) -> dict:
+    """The toy endpoint with the body read as the task adapters read theirs (`read_body`: shed before parsing)."""
+    body = await read_body(request, ToyRequest, TOY_TASK)
+    return await toy(body, request)
 
 
 @toy_router.get("/toy/bug")

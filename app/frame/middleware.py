@@ -8,6 +8,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -21,6 +22,8 @@ access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 STARTED_KEY = "mnemo.started"  # scope key: perf_counter() when the request reached the app
+# perf_counter() when the request being handled reached the app (the batcher serves earliest arrivals first)
+request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
@@ -152,6 +155,7 @@ class RequestContext:
         incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"").decode("latin-1")
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else uuid.uuid4().hex
         started = scope[STARTED_KEY] = time.perf_counter()
+        request_arrival.set(started)
         status = 500
 
         async def send_with_id(message: Message) -> None:

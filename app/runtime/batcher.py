@@ -6,11 +6,13 @@
   costs from its own runs, and refuses a request when the admitted cells would take more than
   `DEADLINE_SHARE` of the deadline on the run slots. A request larger than the whole queue is still
   admitted when the model has nothing else admitted, so no valid request is refused forever.
+  `refuses_any()` tells a transport that even the smallest request would be refused, so it can refuse a
+  large body before spending CPU on parsing it.
 - **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs.
   When a run slot is free and this model has no run in flight, everything queued (up to `max_batch`
   rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
   `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
-  `max_wait`. Batches take the oldest item first, then the queued items closest to it in length, and
+  `max_wait`. Batches take the earliest request's item first, then the queued items closest to it in length, and
   skip any that would make more than half of the batch padding, or more padded cells (rows x length)
   than the model's `max_cells`. When other run slots are free, the queue is spread over them instead of
   filling one run.
@@ -34,12 +36,13 @@ from dataclasses import dataclass, field
 
 from app.frame.errors import Overloaded
 from app.frame.metrics import Metrics
+from app.frame.middleware import request_arrival
 from app.runtime.collate import Feeds, collate, concatenate, split
 
 MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
 DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
 COST_SMOOTHING = 0.2  # weight of the newest run in the moving averages of cost per cell and row length
-MIN_CELLS_TO_LEARN = 256  # smaller runs cost mostly their fixed overhead and would inflate the cost per cell
+MIN_CELLS_TO_LEARN = 256  # smaller runs (unless max_cells is smaller) cost mostly their fixed overhead
 RunGraph = Callable[[Feeds], Feeds]
 
 
@@ -77,6 +80,7 @@ class _Item:
     rows: int
     length: int
     enqueued: float
+    arrival: float  # when its request arrived: the earliest request's rows run first
     future: asyncio.Future[Feeds] = field(repr=False)
 
 
@@ -137,14 +141,9 @@ class ModelBatcher:
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
         """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
         cells = rows * self._typical_length if cells is None else cells
-        if self._admitted_rows:
-            if self._admitted_rows + rows > self.config.max_queue:
-                self._refuse(
-                    "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-                )
-            backlog_s = (self._admitted_cells + cells) * self._cell_seconds / self._slots.runs
-            if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
-                self._refuse("deadline", f"the admitted work needs about {backlog_s:.1f} s, past the deadline")
+        refusal = self._refusal(rows, cells)
+        if refusal is not None:
+            self._refuse(*refusal)
         self._admitted_rows += rows
         self._admitted_cells += cells
         self._metrics.admitted_rows.labels(self.name).set(self._admitted_rows)
@@ -154,6 +153,21 @@ class ModelBatcher:
             self._admitted_rows -= rows
             self._admitted_cells -= cells
             self._metrics.admitted_rows.labels(self.name).set(self._admitted_rows)
+
+    def refuses_any(self) -> bool:
+        """True while even a one-row, one-cell request would be refused: callers may shed before parsing."""
+        return self._refusal(1, 1.0) is not None
+
+    def _refusal(self, rows: int, cells: float) -> tuple[str, str] | None:
+        """Why a request of `rows` rows and `cells` cells cannot be admitted now (reason, text), or None."""
+        if not self._admitted_rows:
+            return None
+        if self._admitted_rows + rows > self.config.max_queue:
+            return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
+        backlog_s = (self._admitted_cells + cells) * self._cell_seconds / self._slots.runs
+        if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
+            return "deadline", f"the admitted work needs about {backlog_s:.1f} s, past the deadline"
+        return None
 
     def _refuse(self, reason: str, why: str) -> None:
         self._metrics.rejected.labels(self.name, reason).inc()
@@ -174,7 +188,9 @@ class ModelBatcher:
     async def _submit(self, feeds: Feeds, rows: int, length: int) -> Feeds:
         future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
         self._typical_length += COST_SMOOTHING * (length - self._typical_length)
-        self._queue.append(_Item(feeds, rows, length, time.perf_counter(), future))
+        now = time.perf_counter()
+        arrival = request_arrival.get()
+        self._queue.append(_Item(feeds, rows, length, now, now if arrival is None else arrival, future))
         self._metrics.queue_depth.labels(self.name).inc(rows)
         self._wakeup.set()
         return await future
@@ -221,18 +237,22 @@ class ModelBatcher:
         self._queue = live
 
     def _take(self) -> list[_Item]:
-        """The oldest item, then the queued items nearest to it in length, within the row and padding limits.
+        """The item of the earliest request, then the queued items nearest to it in length, within the limits.
+
+        Serving the earliest request first (rather than the oldest queued row) finishes a chunked request
+        before later ones, instead of advancing all of them together until all miss their deadlines.
 
         Called with a run slot taken: `self._slots.free` more could start at once.
         """
         self._drop_cancelled()
         if not self._queue:
             return []
-        head, *others = self._queue
+        head = min(self._queue, key=lambda item: item.arrival)
         # With other slots free, spread the queue over them rather than fill one run and leave them idle.
         limit = min(self.config.max_batch, math.ceil(self._queued_rows() / (self._slots.free + 1)))
         batch, rows, longest, useful = [head], head.rows, head.length, head.rows * head.length
-        for item in sorted(others, key=lambda item: (abs(item.length - head.length), item.enqueued)):
+        others = (item for item in self._queue if item is not head)
+        for item in sorted(others, key=lambda item: (abs(item.length - head.length), item.arrival)):
             if rows + item.rows > limit:
                 continue
             new_longest = max(longest, item.length)
@@ -277,7 +297,7 @@ class ModelBatcher:
     def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
         """Update the moving average of one padded cell's run time from a finished batch."""
         cells = sum(item.rows for item in batch) * max(item.length for item in batch)
-        if cells < MIN_CELLS_TO_LEARN:
+        if cells < min(MIN_CELLS_TO_LEARN, self.config.max_cells or MIN_CELLS_TO_LEARN):
             return
         sample = seconds / cells
         self._cell_seconds = (

@@ -1,7 +1,9 @@
 """What every task route does around its service: read the body off the loop, admit, deadline, disconnect.
 
-- `read_body(request, Schema)`: the JSON body validated by pydantic (small bodies inline, large ones on
-  a worker thread); a non-JSON content type is 415; errors are the service's bounded 422.
+- `read_body(request, Schema, task)`: the JSON body validated by pydantic (small bodies inline, large ones
+  on a worker thread); a non-JSON content type is 415; errors are the service's bounded 422. A large body
+  whose model refuses any new work right now is refused (429) before it is parsed: under overload the
+  worker threads then parse only requests that will run, and the event loop keeps its share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S,
   counted from arrival) passes (504), or the client disconnects (499, nothing is sent); in the last
   two cases the work is cancelled, which drops its rows that have not started.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -26,11 +29,13 @@ from app.frame.errors import (
     body_errors,
 )
 from app.frame.middleware import STARTED_KEY
-from app.frame.registry import ModelRegistry
+from app.frame.registry import ModelRegistry, ServedModel
 from app.runtime.offload import offload_or_shed
 from app.transports.json_input import parse_body
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
+MODEL_KEY = b'"model"'
+MODEL_VALUE = re.compile(rb'\s*:\s*(null|"[A-Za-z0-9._-]{1,64}")')
 Body = TypeVar("Body", bound=BaseModel)
 T = TypeVar("T")
 
@@ -62,18 +67,47 @@ def validate(schema: type[Body], body: bytes) -> Body:
         raise InvalidBody(body_errors(error)) from None
 
 
-async def read_body(request: Request, schema: type[Body]) -> Body:
-    """The request body validated against `schema`; large bodies are parsed on a worker thread (or shed: 429)."""
+async def read_body(request: Request, schema: type[Body], task: str | None = None) -> Body:
+    """The request body validated against `schema`; large bodies are parsed on a worker thread (or shed: 429).
+
+    With `task`, a large body is refused before parsing while the model it names refuses any new work.
+    """
     if not json_content_type(request):
         raise UnsupportedMediaType("Content-Type must be application/json.")
     body = await request.body()
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
+    metrics = request.app.state.metrics
+    if task is not None:
+        model = named_model(request, body, task)
+        if model is not None and model.batcher.refuses_any():
+            metrics.rejected.labels(model.name, "before_parsing").inc()
+            raise Overloaded(f"Model {model.name} is at capacity; retry after the Retry-After delay.")
     try:
         return await offload_or_shed(len(body), validate, schema, body)
     except Overloaded:
-        request.app.state.metrics.rejected.labels("", "cpu_busy").inc()
+        metrics.rejected.labels("", "cpu_busy").inc()
         raise
+
+
+def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
+    """The ready model an unparsed body will use: its one top-level-looking `"model"` field, else the default.
+
+    A cheap scan, not a parse: None when the body names no model unambiguously (several matches, escapes)
+    or the model is unknown; the parsed body is checked again in full at admission.
+    """
+    at = body.find(MODEL_KEY)
+    if at < 0:
+        name = None
+    else:
+        value = MODEL_VALUE.match(body, at + len(MODEL_KEY))
+        if value is None or body.find(MODEL_KEY, at + 1) >= 0 or body[at - 1 : at] == b"\\":
+            return None
+        name = None if value[1] == b"null" else value[1][1:-1].decode()
+    try:
+        return registry(request).get(name, task)
+    except ServiceError:
+        return None
 
 
 async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:

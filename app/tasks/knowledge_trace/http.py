@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse, dumps
-from app.runtime.offload import offload
+from app.runtime.offload import offload_if
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.schemas import (
     MAX_QUESTION_ID,
@@ -22,6 +22,7 @@ from app.transports.http import complete, json_body, read_body, registry
 TASK_NAME = "knowledge-trace"
 MAX_CATALOG_PAGE = 1000
 router = APIRouter(tags=["knowledge tracing"])
+INLINE_INTERACTIONS = 1000  # shorter histories are converted and rendered on the loop: cheaper than a hop
 MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
 
 
@@ -56,7 +57,7 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> by
             }
         )
 
-    return await offload(render)
+    return await offload_if(len(questions) + len(wanted) > INLINE_INTERACTIONS or body.return_attention, render)
 
 
 @router.post(
@@ -71,12 +72,12 @@ async def knowledge_trace(request: Request) -> JsonResponse:
     Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
     `seqlen`, oldest first, each chunk starting from the memory state the previous one ended with.
     """
-    body = await read_body(request, KnowledgeTraceRequest)
+    body = await read_body(request, KnowledgeTraceRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
     next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
     rows = service.rows_needed(model, len(body.interactions), next_count > 0)
     with model.batcher.admit(rows, cells=len(body.interactions) + next_count):
-        arrays = await offload(_arrays, model, body)
+        arrays = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, _arrays, model, body)
         return JsonResponse(await complete(request, _answer(model, body, arrays), model.name))
 
 

@@ -109,7 +109,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     model: a state built by another version is a 409 (delete the student and replay the history).
     """
     _checked_id(student_id)
-    body = await read_body(request, AppendRequest)
+    body = await read_body(request, AppendRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
     arrays = await offload(_arrays, model, body)
     store = await _store(request)

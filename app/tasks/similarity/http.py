@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse, dumps
-from app.runtime.offload import offload
+from app.runtime.offload import offload, offload_if
 from app.tasks.similarity import service
 from app.tasks.similarity.schemas import (
     SimilarityBatchRequest,
@@ -18,6 +18,7 @@ from app.transports.http import complete, json_body, read_body, registry
 
 TASK_NAME = "similarity"
 router = APIRouter(tags=["similarity"])
+INLINE_RENDER_CELLS = 2048  # answers with fewer attention cells are rendered on the loop: cheaper than a hop
 
 
 async def _answer(
@@ -30,7 +31,8 @@ async def _answer(
         results = [service.decode(model, pair, out, return_attention) for pair, out in zip(pairs, outputs, strict=True)]
         return dumps({"model": model.name, "results": results} if batch else results[0])
 
-    return await offload(render)
+    cells = len(pairs) * (1 + return_attention * max(pair.length for pair in pairs) ** 2)
+    return await offload_if(cells > INLINE_RENDER_CELLS, render)
 
 
 @router.post(
@@ -41,7 +43,7 @@ async def _answer(
 )
 async def similarity(request: Request) -> JsonResponse:
     """Relatedness (1..5), entailment probabilities and per-sentence attention maps of one pair."""
-    body = await read_body(request, SimilarityRequest)
+    body = await read_body(request, SimilarityRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
     with model.batcher.admit(1):
         work = _answer(model, [(body.sentence_a, body.sentence_b)], [("body",)], body.return_attention, batch=False)
@@ -56,7 +58,7 @@ async def similarity(request: Request) -> JsonResponse:
 )
 async def similarity_batch(request: Request) -> JsonResponse:
     """Up to 256 pairs in one call; results in request order, each as from POST /similarity."""
-    body = await read_body(request, SimilarityBatchRequest)
+    body = await read_body(request, SimilarityBatchRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
     texts = [(pair.sentence_a, pair.sentence_b) for pair in body.pairs]
     locations = [("body", "pairs", index) for index in range(len(texts))]
