@@ -19,7 +19,7 @@ from typing import ParamSpec, TypeVar
 from app.frame.errors import Overloaded
 
 CPU_THREADS = 2
-MAX_QUEUED_BYTES = 16 << 20  # about half a second of JSON parsing
+MAX_QUEUED_BYTES = 4 << 20  # about 0.4 s of parsing for the two threads (pydantic: about 10 MB/s each)
 P = ParamSpec("P")
 T = TypeVar("T")
 

@@ -28,6 +28,7 @@ from app.frame.errors import (
     ServiceError,
     body_errors,
 )
+from app.frame.metrics import Metrics
 from app.frame.middleware import STARTED_KEY
 from app.frame.registry import ModelRegistry, ServedModel
 from app.runtime.offload import offload_or_shed
@@ -78,16 +79,30 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
     metrics = request.app.state.metrics
-    if task is not None:
-        model = named_model(request, body, task)
-        if model is not None and model.batcher.refuses_any():
-            metrics.rejected.labels(model.name, "before_parsing").inc()
-            raise Overloaded(f"Model {model.name} is at capacity; retry after the Retry-After delay.")
+    model = None if task is None else named_model(request, body, task)
+    refuse_if_full(model, metrics)
     try:
-        return await offload_or_shed(len(body), validate, schema, body)
-    except Overloaded:
-        metrics.rejected.labels("", "cpu_busy").inc()
+        return await offload_or_shed(len(body), validate_unless_full, schema, body, model, metrics)
+    except Overloaded as error:
+        if not isinstance(error, ModelFull):
+            metrics.rejected.labels("", "cpu_busy").inc()
         raise
+
+
+class ModelFull(Overloaded):
+    """A large body refused before parsing: its model would refuse any request now."""
+
+
+def refuse_if_full(model: ServedModel | None, metrics: Metrics) -> None:
+    if model is not None and model.batcher.refuses_any():
+        metrics.rejected.labels(model.name, "before_parsing").inc()
+        raise ModelFull(f"Model {model.name} is at capacity; retry after the Retry-After delay.")
+
+
+def validate_unless_full(schema: type[Body], body: bytes, model: ServedModel | None, metrics: Metrics) -> Body:
+    """`validate` on a worker thread, checking first (again) that the model still has room for the request."""
+    refuse_if_full(model, metrics)
+    return validate(schema, body)
 
 
 def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:

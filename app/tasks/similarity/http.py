@@ -28,8 +28,11 @@ async def _answer(
     outputs = await service.run_pairs(model, pairs)
 
     def render() -> bytes:
-        results = [service.decode(model, pair, out, return_attention) for pair, out in zip(pairs, outputs, strict=True)]
-        return dumps({"model": model.name, "results": results} if batch else results[0])
+        # One short orjson call per pair: a worker thread never holds the GIL for a whole large answer.
+        results = [
+            dumps(service.decode(model, pair, out, return_attention)) for pair, out in zip(pairs, outputs, strict=True)
+        ]
+        return b'{"model":%s,"results":[%s]}' % (dumps(model.name), b",".join(results)) if batch else results[0]
 
     cells = len(pairs) * (1 + return_attention * max(pair.length for pair in pairs) ** 2)
     return await offload_if(cells > INLINE_RENDER_CELLS, render)
