@@ -34,6 +34,7 @@ from app.tasks import TASKS
 from app.transports import docs, oip, operations
 from app.transports.contract import document_contract
 from app.transports.http import add_body_schemas
+from app.transports.probes import ProbeListener
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -67,6 +68,21 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        """The probe listener (if MNEMO_PROBE_PORT is set) from before loading until after shutdown."""
+        probes = None
+        if settings.probe_port is not None:
+            probes = ProbeListener(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
+            probes.start()
+        try:
+            async with serving(app):
+                yield
+        finally:
+            if probes is not None:
+                probes.stop()
+
+    @asynccontextmanager
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
+        """Models, student store and engine, for as long as the app serves."""
         registry = ModelRegistry(settings, tasks, metrics)
         try:
             await offload(registry.load)

@@ -89,5 +89,6 @@ def serve(settings: Settings, app: FastAPI | None = None) -> None:
         log_config=uvicorn_log_config(settings.log_level, settings.log_format),
         access_log=False,  # the app writes one access line per request itself (app/frame/middleware.py)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        loop="asyncio",
     )
     DrainingServer(config, app, settings.drain_s).run()

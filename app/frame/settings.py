@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     artifacts_dir: Path = Field(DEFAULT_ARTIFACTS_DIR, description="directory holding manifest.json and the models")
     host: str = Field("127.0.0.1", description="interface to listen on (0.0.0.0 in the container)")
     port: int = Field(8000, ge=1, le=65535)
+    probe_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve /health and /ready here, from a thread (unset: main port only)"
+    )
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.datastructures import State
 
 from app.frame.responses import JsonResponse
 from app.transports.contract import Health, ModelList, Readiness
@@ -23,15 +24,21 @@ async def health() -> JsonResponse:
 @router.get("/ready", operation_id="ready", response_model=Readiness)
 async def ready(request: Request) -> JsonResponse:
     """200 when every configured model is loaded, verified and warmed; 503 while loading or draining."""
-    if request.app.state.drain.draining:
-        return JsonResponse({"detail": "The server is shutting down."}, 503)
-    registry = getattr(request.app.state, "registry", None)
+    status, payload = readiness(request.app.state)
+    return JsonResponse(payload, status)
+
+
+def readiness(state: State) -> tuple[int, dict]:
+    """The /ready answer (status, body) from the app's state; also called from the probe listener's thread."""
+    if state.drain.draining:
+        return 503, {"detail": "The server is shutting down."}
+    registry = getattr(state, "registry", None)
     if registry is None:
-        return JsonResponse({"detail": "Models are still loading."}, 503)
+        return 503, {"detail": "Models are still loading."}
     not_ready = [name for name, model in registry.models.items() if not model.ready]
     if not_ready:
-        return JsonResponse({"detail": f"Models not ready: {', '.join(not_ready)}."}, 503)
-    return JsonResponse({"status": "ready", "models": len(registry.models)})
+        return 503, {"detail": f"Models not ready: {', '.join(not_ready)}."}
+    return 200, {"status": "ready", "models": len(registry.models)}
 
 
 @router.get("/models", operation_id="list_models", response_model=ModelList)

@@ -1,0 +1,46 @@
+"""MNEMO_PROBE_PORT: /health and /ready from a thread on a port of their own, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+
+import httpx
+
+from tests.helpers import free_port, running_server
+from tests.test_engine import _toy, _until_admitted, slow_spin
+from tests.toy_model import toy_entry, write_toy_artifacts
+
+
+def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigterm(tmp_path):
+    artifacts = write_toy_artifacts(tmp_path / "slow", [toy_entry("toy-a", default=True)], slow=True)
+    probe_port = free_port()
+    probes = f"http://127.0.0.1:{probe_port}"
+    command = [sys.executable, "-m", "tests.toy_server"]
+    with running_server(artifacts, command, MNEMO_PROBE_PORT=str(probe_port), MNEMO_CONCURRENT_RUNS="1") as server:
+        assert httpx.get(f"{probes}/health").json() == {"status": "ok"}
+        assert httpx.get(f"{probes}/ready").json() == {"status": "ready", "models": 1}
+        head = httpx.head(f"{probes}/ready")
+        assert head.status_code == 200 and head.content == b""
+        other = httpx.get(f"{probes}/models")
+        assert other.status_code == 404 and "only GET /health and GET /ready" in other.json()["detail"]
+
+        answers = []
+        slow = threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{server.url}/toy", json=_toy(slow_spin()), timeout=60))
+        )
+        slow.start()
+        asyncio.run(_until_admitted(server.url, 1))
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{probes}/ready").status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        draining = httpx.get(f"{probes}/ready")
+        assert draining.status_code == 503 and "shutting down" in draining.json()["detail"]
+        assert httpx.get(f"{probes}/health").status_code == 200  # alive while draining
+        slow.join(60)
+        assert answers[0].status_code == 200
+        assert server.process.wait(30) == 0
