@@ -11,8 +11,6 @@ from pydantic import ValidationError
 
 from app.frame.providers import ProviderUnavailable, resolve_provider
 from app.frame.settings import Settings
-from app.server import serve
-from app.supervisor import CannotStart, supervise
 
 
 def main() -> None:
@@ -28,8 +26,12 @@ def main() -> None:
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
     if settings.workers == 1:
+        from app.server import serve
+
         serve(settings)
         return
+    from app.supervisor import CannotStart, supervise  # it imports neither uvicorn nor the app
+
     try:
         sys.exit(supervise(settings))
     except CannotStart as error:
