@@ -2,7 +2,8 @@
 
 For each worker count, in alternating rounds: start `python -m app` on the committed models (cold start
 until every worker serves), the RSS and PSS of each process idle, wrk on /similarity and /knowledge-trace at
-concurrency 32 (loopback only, bounded in time), the memory after the load, then SIGTERM and the exit status.
+concurrency 32 (loopback only, bounded in time) with the server's CPU time per request (all its processes),
+the memory after the load, then SIGTERM and the exit status.
 Prints a Markdown table; writes nothing.
 """
 
@@ -65,6 +66,15 @@ def pss_mb(pid: int) -> float:
     return int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.MULTILINE).group(1)) / 1024
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def memory_text(process: subprocess.Popen, workers: int) -> str:
     """RSS (PSS) in MB of the server, or of the supervisor and each worker."""
     pids = [process.pid] if workers == 1 else [process.pid, *worker_pids(process.pid)]
@@ -80,11 +90,17 @@ def measure(workers: int, seconds: int) -> list[str]:
         for path, body in ENDPOINTS.items():
             wrk(f"{url}{path}", body, CONNECTIONS, 2, 30)  # warm-up
         idle = memory_text(process, workers)
+        pids = [process.pid] if workers == 1 else [process.pid, *worker_pids(process.pid)]
         cells = []
         for path, body in ENDPOINTS.items():
+            cpu_before = cpu_seconds(pids)
             result = wrk(f"{url}{path}", body, CONNECTIONS, seconds, 30)
             ok = result.statuses.get(200, 0)
-            cells.append(f"{ok / result.seconds:.0f} req/s (p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms)")
+            cpu_ms = (cpu_seconds(pids) - cpu_before) * 1000 / max(ok, 1)
+            cells.append(
+                f"{ok / result.seconds:.0f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
+                f"{cpu_ms:.1f} CPU ms/req"
+            )
             if ok != result.requests:
                 cells[-1] += f", statuses {dict(result.statuses)}"
         loaded = memory_text(process, workers)

@@ -11,6 +11,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -188,6 +189,29 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
         _check_metrics_add_up(server.url, sum(answered.values()), workers)
     assert server.process.returncode == 0
     assert tmp_path.is_dir()  # a directory the user chose stays
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its new parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_drain_and_exit_when_their_supervisor_is_killed():
+    with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        workers = [int(pid) for pid in _serving(server)]
+        server.process.kill()  # no signal to pass on: the kernel sends each worker SIGTERM (PR_SET_PDEATHSIG)
+        server.process.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its supervisor"
+            time.sleep(0.1)
+    messages = _logged(server)
+    assert sum(message.startswith("SIGTERM: draining") for message in messages) == 2
+    shutil.rmtree(_metrics_dir(messages))  # a killed supervisor cannot remove its temporary directory
 
 
 def _history(length: int) -> dict:
