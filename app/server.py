@@ -83,7 +83,8 @@ def serve(
 ) -> None:
     """Serve the app (default: `create_app(settings)`) until a signal, draining first.
 
-    It listens on MNEMO_HOST:MNEMO_PORT, or accepts on `sockets` already listening (a worker of app/supervisor.py).
+    It listens on MNEMO_HOST:MNEMO_PORT, or on `sockets` already bound (a worker of app/supervisor.py): uvicorn
+    calls listen() on them once the app has started.
     """
     from app.main import create_app
 

@@ -30,7 +30,7 @@ PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 
 
 def terminate_with_parent(parent_pid: int) -> None:
-    """Ask Linux for SIGTERM when the supervisor dies; if it is already gone, drain at once (elsewhere: no-op)."""
+    """Ask Linux for SIGTERM when the supervisor dies; if it is already gone, stop at once (elsewhere: no-op)."""
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name, use_errno=True) if name else None
     if libc is None or not hasattr(libc, "prctl") or libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
