@@ -27,6 +27,7 @@ from prometheus_client.samples import Sample
 from app.frame.settings import Settings, usable_cpus
 from tests.conftest import COMMITTED
 from tests.helpers import ROOT, Server, free_port, running_server
+from tests.test_drain import _history, _in_flight
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 BURST = 16  # concurrent requests, each on its own connection, so the kernel spreads them over the workers
@@ -212,15 +213,6 @@ def test_workers_drain_and_exit_when_their_supervisor_is_killed():
     messages = _logged(server)
     assert sum(message.startswith("SIGTERM: draining") for message in messages) == 2
     shutil.rmtree(_metrics_dir(messages))  # a killed supervisor cannot remove its temporary directory
-
-
-def _history(length: int) -> dict:
-    interactions = [{"question": i % 110 + 1, "correct": i % 3 != 0} for i in range(length)]
-    return {"model": "dkvmn-assist2009", "interactions": interactions, "next_questions": [1], "return_attention": False}
-
-
-def _in_flight(url: str) -> float:
-    return _samples(httpx.get(f"{url}/metrics").text, "mnemo_http_requests_in_flight")[0].value
 
 
 def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
