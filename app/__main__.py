@@ -1,4 +1,7 @@
-"""`python -m app`: serve with uvicorn on MNEMO_HOST:MNEMO_PORT; bad settings or provider fail before serving."""
+"""`python -m app`: serve with uvicorn on MNEMO_HOST:MNEMO_PORT; bad settings or provider fail before serving.
+
+With MNEMO_WORKERS > 1 a supervisor runs that many server processes on the port (app/supervisor.py).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ from pydantic import ValidationError
 
 from app.frame.providers import ProviderUnavailable, resolve_provider
 from app.frame.settings import Settings
-from app.server import serve
 
 
 def main() -> None:
@@ -23,7 +25,17 @@ def main() -> None:
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
-    serve(settings)
+    if settings.workers == 1:
+        from app.server import serve
+
+        serve(settings)
+        return
+    from app.supervisor import CannotStart, supervise  # it imports neither uvicorn nor the app
+
+    try:
+        sys.exit(supervise(settings))
+    except CannotStart as error:
+        sys.exit(f"mnemo: cannot start: {error}")
 
 
 if __name__ == "__main__":

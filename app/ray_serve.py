@@ -30,34 +30,15 @@ LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # requests and responses are small
 DEPLOYMENT_NAME = "mnemo"
 
 
-class ReplicaHeaders:
-    """ASGI middleware: add `X-Mnemo-Replica` and `X-Mnemo-Pid` to every HTTP response of this replica."""
-
-    def __init__(self, app: Any, replica_id: str) -> None:
-        self.app = app
-        self.headers = [(b"x-mnemo-replica", replica_id.encode()), (b"x-mnemo-pid", str(os.getpid()).encode())]
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
 def replica_app(settings: dict[str, Any]) -> Any:
     """The service's FastAPI app for one replica, its responses tagged with the replica's identity."""
     from ray import serve
 
     from app.main import create_app
+    from app.transports.identity import IdentityHeaders
 
     app = create_app(Settings(**settings))
-    app.add_middleware(ReplicaHeaders, replica_id=serve.get_replica_context().replica_id.unique_id)
+    app.add_middleware(IdentityHeaders, extra={"X-Mnemo-Replica": serve.get_replica_context().replica_id.unique_id})
     return app
 
 
@@ -139,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         # each replica's thread budget: its reserved CPUs as ONNX Runtime threads, one run at a time (the engine's
-        # MNEMO_CONCURRENT_RUNS; settings this version does not know are ignored)
-        settings = Settings(intra_op_threads=args.cpus_per_replica, concurrent_runs=1)
+        # MNEMO_CONCURRENT_RUNS; settings this version does not know are ignored); a replica is one process, so
+        # MNEMO_WORKERS does not apply
+        settings = Settings(intra_op_threads=args.cpus_per_replica, concurrent_runs=1, workers=1)
     except ValidationError as error:
         problems = "; ".join(f"MNEMO_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors())
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")

@@ -14,6 +14,7 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -32,16 +33,24 @@ GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the 
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first shutdown signal drains the app before the usual graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, app: FastAPI, drain_s: float, on_started: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(config)
         self.drain = app.state.drain
         self.drain_s = drain_s
+        self.on_started = on_started  # called once the app has started and the server accepts connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining or self._loop is None:
@@ -66,8 +75,17 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(settings: Settings, app: FastAPI | None = None) -> None:
-    """Serve the app (default: `create_app(settings)`) on MNEMO_HOST:MNEMO_PORT until a signal, draining first."""
+def serve(
+    settings: Settings,
+    app: FastAPI | None = None,
+    sockets: list[socket.socket] | None = None,
+    on_started: Callable[[], None] | None = None,
+) -> None:
+    """Serve the app (default: `create_app(settings)`) until a signal, draining first.
+
+    It listens on MNEMO_HOST:MNEMO_PORT, or on `sockets` already bound (a worker of app/supervisor.py): uvicorn
+    calls listen() on them once the app has started.
+    """
     from app.main import create_app
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -91,4 +109,4 @@ def serve(settings: Settings, app: FastAPI | None = None) -> None:
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         loop="asyncio",
     )
-    DrainingServer(config, app, settings.drain_s).run()
+    DrainingServer(config, app, settings.drain_s, on_started).run(sockets)

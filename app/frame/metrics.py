@@ -1,9 +1,19 @@
 """Prometheus metrics of one app instance (its own registry, so several apps can coexist in tests).
 
 Names follow Prometheus conventions: `_total` counters, `_seconds` durations, base units.
+
+With several workers (MNEMO_WORKERS > 1, app/supervisor.py) each worker process writes its values to
+files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and `/metrics`, whichever worker
+answers it, adds up every worker's files: counters and histograms sum, the gauges follow their
+`multiprocess_mode` (rows and requests in flight sum over the live workers, a model is ready when it is
+ready in every live worker). Per-process collectors cannot be added up, so `process_*` are left out then;
+`mnemo_worker_start_time_seconds{pid}` lists the live workers instead.
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,6 +24,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -23,15 +34,27 @@ class Metrics:
     """HTTP requests and latency, inference time, and the engine: queues, batches, rejections, readiness."""
 
     def __init__(self) -> None:
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         self.registry = registry = CollectorRegistry()
-        ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...
-        PlatformCollector(registry=registry)  # python_info
-        self.build_info = Gauge("mnemo_build_info", "1; the service version", ["version"], registry=registry)
+        if self.multiprocess_dir is None:
+            ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...
+            PlatformCollector(registry=registry)  # python_info
+        else:
+            Gauge(
+                "mnemo_worker_start_time_seconds",
+                "Unix time this worker built its app; one series per live worker (label pid)",
+                registry=registry,
+                multiprocess_mode="liveall",
+            ).set(time.time())
+        self.build_info = Gauge(
+            "mnemo_build_info", "1; the service version", ["version"], registry=registry, multiprocess_mode="max"
+        )
         self.model_info = Gauge(
             "mnemo_model_info",
             "1 per served model: its version and ONNX sha256",
             ["model", "version", "sha256"],
             registry=registry,
+            multiprocess_mode="max",
         )
         self.requests = Counter(
             "mnemo_http_requests", "HTTP requests", ["route", "method", "status"], registry=registry
@@ -43,7 +66,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.in_flight = Gauge("mnemo_http_requests_in_flight", "HTTP requests being handled", registry=registry)
+        self.in_flight = Gauge(
+            "mnemo_http_requests_in_flight",
+            "HTTP requests being handled",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.inference = Histogram(
             "mnemo_inference_duration_seconds",
             "ONNX Runtime time per run",
@@ -51,12 +79,15 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.queue_depth = Gauge("mnemo_queue_depth", "rows waiting for a run", ["model"], registry=registry)
+        self.queue_depth = Gauge(
+            "mnemo_queue_depth", "rows waiting for a run", ["model"], registry=registry, multiprocess_mode="livesum"
+        )
         self.admitted_rows = Gauge(
             "mnemo_admitted_rows",
-            "rows admitted and not yet answered (bounded by MNEMO_MAX_QUEUE)",
+            "rows admitted and not yet answered (bounded by MNEMO_MAX_QUEUE per worker)",
             ["model"],
             registry=registry,
+            multiprocess_mode="livesum",
         )
         self.batch_size = Histogram(
             "mnemo_batch_size_rows", "rows per ONNX run", ["model"], buckets=BATCH_BUCKETS, registry=registry
@@ -78,7 +109,11 @@ class Metrics:
             "mnemo_requests_cancelled", "requests whose client left before the answer", ["model"], registry=registry
         )
         self.model_ready = Gauge(
-            "mnemo_model_ready", "1 when the model is loaded and warmed", ["model"], registry=registry
+            "mnemo_model_ready",
+            "1 when the model is loaded and warmed (in every live worker)",
+            ["model"],
+            registry=registry,
+            multiprocess_mode="livemin",
         )
 
     def record_build(self, version: str, models: dict[str, tuple[str, str]]) -> None:
@@ -92,5 +127,10 @@ class Metrics:
         self.latency.labels(route, method).observe(seconds)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition: this process's metrics, or every worker's added up."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        PlatformCollector(registry=registry)  # python_info: the same in every worker
+        return generate_latest(registry)

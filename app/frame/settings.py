@@ -58,9 +58,10 @@ class Settings(BaseSettings):
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
     )
+    workers: int = Field(1, ge=1, le=256, description="server processes on the port, each with every model")
     intra_op_threads: int = Field(1, ge=1, description="ONNX Runtime threads per run")
     concurrent_runs: int | None = Field(
-        None, ge=1, description="ONNX runs at once over all models; default CPUs // intra_op_threads"
+        None, ge=1, description="ONNX runs at once over all models, per worker; default CPUs // (workers x threads)"
     )
     cpu_arena: bool = Field(False, description="ONNX Runtime's CPU memory arena: faster large runs, memory kept")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -105,12 +106,19 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _thread_budget(self) -> Settings:
-        """intra-op threads x concurrent runs must fit the CPUs (GPU runs are not CPU-bound)."""
+        """workers x concurrent runs x intra-op threads must fit the CPUs (GPU runs are not CPU-bound).
+
+        By default each worker gets an equal share of the CPUs: CPUs // (workers x intra-op threads) runs.
+        """
+        cpus = usable_cpus()
+        chosen = self.concurrent_runs is not None or self.workers > 1  # else one run, even of more threads than CPUs
         if self.concurrent_runs is None:
-            self.concurrent_runs = max(1, usable_cpus() // self.intra_op_threads)
-        elif self.provider in ("auto", "cpu") and self.intra_op_threads * self.concurrent_runs > usable_cpus():
+            self.concurrent_runs = max(1, cpus // (self.workers * self.intra_op_threads))
+        threads = self.workers * self.concurrent_runs * self.intra_op_threads
+        if chosen and self.provider in ("auto", "cpu") and threads > cpus:
+            workers = f"MNEMO_WORKERS ({self.workers}) x " if self.workers > 1 else ""
             raise ValueError(
-                f"intra_op_threads ({self.intra_op_threads}) x concurrent_runs ({self.concurrent_runs}) exceeds "
-                f"the {usable_cpus()} CPUs this process may use"
+                f"{workers}MNEMO_CONCURRENT_RUNS ({self.concurrent_runs}) x MNEMO_INTRA_OP_THREADS "
+                f"({self.intra_op_threads}) exceeds the {cpus} CPUs this process may use"
             )
         return self

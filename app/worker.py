@@ -1,0 +1,74 @@
+"""One worker of `python -m app` with MNEMO_WORKERS > 1: started by app/supervisor.py, never by hand.
+
+python -m app.worker --ready-fd M --supervisor-pid P
+
+The worker reads the same MNEMO_* settings as its supervisor, builds its own app (models, engine, run
+slots: its share of the thread budget) and serves it with the single-process server (app/server.py,
+graceful drain included) on its own socket bound to MNEMO_HOST:MNEMO_PORT with SO_REUSEPORT; the socket
+listens only once the app has started. Then the worker writes one byte to fd M. Its responses carry
+`X-Mnemo-Pid`. If the supervisor dies, the kernel sends the worker SIGTERM, so it drains and exits
+instead of serving on alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+
+from app.frame.settings import Settings
+from app.server import serve
+from app.supervisor import bind_shared
+from app.transports.identity import IdentityHeaders
+
+logger = logging.getLogger("mnemo.worker")
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+def terminate_with_parent(parent_pid: int) -> None:
+    """Ask Linux for SIGTERM when the supervisor dies; if it is already gone, stop at once (elsewhere: no-op)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name, use_errno=True) if name else None
+    if libc is None or not hasattr(libc, "prctl") or libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ready-fd", type=int, required=True, help="one byte is written here once serving")
+    parser.add_argument("--supervisor-pid", type=int, required=True, help="the parent; its death drains the worker")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    terminate_with_parent(args.supervisor_pid)
+    settings = Settings()  # the supervisor checked these very variables before starting the workers
+    sock = bind_shared(settings.host, settings.port)  # uvicorn calls listen() after the app's startup
+
+    def started() -> None:
+        logger.info(
+            "worker %d serving: %d concurrent run(s) x %d intra-op thread(s)",
+            os.getpid(),
+            settings.concurrent_runs,
+            settings.intra_op_threads,
+        )
+        with contextlib.suppress(OSError):  # the supervisor is gone: its SIGTERM is on the way
+            os.write(args.ready_fd, b"1")
+            os.close(args.ready_fd)
+
+    from app.main import create_app
+
+    app = create_app(settings)
+    app.add_middleware(IdentityHeaders)
+    serve(settings, app, sockets=[sock], on_started=started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""MNEMO_WORKERS: a real `python -m app` supervisor with two worker processes on the committed models, over HTTP.
+
+Both workers answer, `/metrics` adds their counters up whichever worker answers it, SIGTERM drains every
+worker, a worker that dies is replaced, and bad settings or a worker that cannot start stop everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from app.frame.settings import Settings, usable_cpus
+from tests.conftest import COMMITTED
+from tests.helpers import ROOT, Server, free_port, running_server
+from tests.test_drain import _history, _in_flight
+
+PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
+BURST = 16  # concurrent requests, each on its own connection, so the kernel spreads them over the workers
+MAX_BURSTS = 10
+IN_FLIGHT = 16
+
+
+def _wait_for_workers(server: Server, count: int, timeout_s: float = 120) -> None:
+    """Wait until the supervisor logged that all `count` workers serve (running_server waits for one /ready)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(f"all {count} workers ready" in line for line in server.output):
+        assert server.process.poll() is None, server.output[-20:]
+        assert time.monotonic() < deadline, "the workers never became ready"
+        time.sleep(0.1)
+
+
+def _logged(server: Server) -> list[str]:
+    return [json.loads(line)["message"] for line in server.output if line.startswith("{")]
+
+
+def _serving(server: Server) -> set[str]:
+    """Pids of the workers that logged they serve."""
+    return {message.split()[1] for message in _logged(server) if re.fullmatch(r"worker \d+ serving: .*", message)}
+
+
+def _samples(metrics_text: str, name: str) -> list[Sample]:
+    families = text_string_to_metric_families(metrics_text)
+    return [sample for family in families for sample in family.samples if sample.name == name]
+
+
+def _parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _metrics_dir(messages: list[str]) -> Path:
+    """The directory the supervisor logged it keeps the workers' metrics in."""
+    return Path(next(re.search(r"metrics of every worker in (\S+)", m)[1] for m in messages if "metrics of" in m))
+
+
+async def _similarity_until_both_answer(url: str) -> collections.Counter[str]:
+    """Bursts of /similarity requests until two workers have answered; how many each answered (by X-Mnemo-Pid)."""
+    answered: collections.Counter[str] = collections.Counter()
+    limits = httpx.Limits(max_keepalive_connections=0)  # a new connection per request
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+        for _ in range(MAX_BURSTS):
+            responses = await asyncio.gather(*(client.post("/similarity", json=PAIR) for _ in range(BURST)))
+            assert [response.status_code for response in responses] == [200] * BURST
+            answered.update(response.headers["x-mnemo-pid"] for response in responses)
+            if len(answered) == 2:
+                break
+    return answered
+
+
+def _check_metrics_add_up(url: str, sent: int, workers: set[str]) -> set[str]:
+    """Scrape /metrics on new connections until every worker answered a scrape; each scrape must count `sent`."""
+    scraped_by: set[str] = set()
+    for _ in range(40):
+        response = httpx.get(f"{url}/metrics", timeout=30)  # a new connection each time
+        scraped_by.add(response.headers["x-mnemo-pid"])
+        text = response.text
+        requests = _samples(text, "mnemo_http_requests_total")
+        similarity = [(s.labels["status"], s.value) for s in requests if s.labels["route"] == "/similarity"]
+        assert similarity == [("200", sent)]
+        latency = _samples(text, "mnemo_http_request_duration_seconds_count")
+        assert [sample.value for sample in latency if sample.labels["route"] == "/similarity"] == [sent]
+        assert {sample.labels["pid"] for sample in _samples(text, "mnemo_worker_start_time_seconds")} == workers
+        assert [sample.value for sample in _samples(text, "mnemo_http_requests_in_flight")] == [1]  # this scrape
+        assert {sample.value for sample in _samples(text, "mnemo_model_ready")} == {1}
+        assert not _samples(text, "process_resident_memory_bytes")  # per process: not added up, left out
+        if scraped_by == workers:
+            break
+    return scraped_by
+
+
+def test_the_thread_budget_is_divided_among_the_workers():
+    cpus = usable_cpus()
+    assert Settings(provider="cpu", intra_op_threads=1, workers=2).concurrent_runs == max(1, cpus // 2)
+    assert Settings(provider="cpu", intra_op_threads=1, workers=cpus).concurrent_runs == 1
+    with pytest.raises(ValueError, match=rf"MNEMO_WORKERS \({cpus + 1}\) x .* exceeds the {cpus} CPUs"):
+        Settings(provider="cpu", intra_op_threads=1, workers=cpus + 1)
+    with pytest.raises(ValueError, match="MNEMO_WORKERS"):
+        Settings(provider="cpu", intra_op_threads=1, workers=2, concurrent_runs=cpus)
+    assert Settings(provider="cuda", intra_op_threads=1, workers=cpus + 1).workers == cpus + 1  # GPU runs: no check
+
+
+@pytest.mark.parametrize(
+    ("workers", "message"),
+    [
+        ("0", "MNEMO_WORKERS: Input should be greater than or equal to 1"),
+        ("two", "MNEMO_WORKERS: Input should be a valid integer"),
+        (str(usable_cpus() + 1), f"MNEMO_WORKERS ({usable_cpus() + 1}) x MNEMO_CONCURRENT_RUNS (1)"),
+    ],
+)
+def test_invalid_workers_stop_startup_with_one_clear_line(workers: str, message: str):
+    env = {**os.environ, "MNEMO_WORKERS": workers, "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
+    env.pop("MNEMO_CONCURRENT_RUNS", None)
+    env.pop("MNEMO_INTRA_OP_THREADS", None)
+    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("mnemo: cannot start: invalid settings:") and message in done.stderr
+
+
+def test_a_port_in_use_stops_the_supervisor_before_any_worker_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(port)}
+        env.pop("MNEMO_CONCURRENT_RUNS", None)
+        run = [sys.executable, "-m", "app"]
+        done = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"mnemo: cannot start: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"models": [{"name": "missing"}]}))
+    env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
+    env.update(MNEMO_ARTIFACTS_DIR=str(tmp_path), MNEMO_LOG_FORMAT="json", MNEMO_INTRA_OP_THREADS="1")
+    env.pop("MNEMO_CONCURRENT_RUNS", None)
+    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    messages = [json.loads(line)["message"] for line in done.stderr.splitlines() if line.startswith("{")]
+    failed = r"worker \d+ exited with status \d+ before it served: stopping the others"
+    assert any(re.fullmatch(failed, message) for message in messages)
+    assert not any("starting another" in message for message in messages)
+    assert not _metrics_dir(messages).exists()  # the supervisor's temporary directory is removed
+
+
+def test_two_workers_both_answer_and_metrics_add_up_whichever_worker_is_scraped():
+    with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        answered = asyncio.run(_similarity_until_both_answer(server.url))
+        assert len(answered) == 2, answered
+        assert all(_parent_pid(int(pid)) == server.process.pid for pid in answered)  # the supervisor's workers
+        scraped_by = _check_metrics_add_up(server.url, sum(answered.values()), set(answered))
+        assert scraped_by == set(answered)
+        metrics_dir = _metrics_dir(_logged(server))
+        assert metrics_dir.is_dir()
+    assert server.process.returncode == 0
+    assert not metrics_dir.exists()
+
+
+def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
+    (tmp_path / "counter_1.db").write_bytes(b"an earlier run")
+    with running_server(COMMITTED, MNEMO_WORKERS="2", PROMETHEUS_MULTIPROC_DIR=str(tmp_path)) as server:
+        _wait_for_workers(server, 2)
+        assert not (tmp_path / "counter_1.db").exists()  # an earlier run's values are not added to this one's
+        answered = asyncio.run(_similarity_until_both_answer(server.url))
+        killed = min(answered)
+        os.kill(int(killed), signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while not _serving(server) - set(answered):  # the replacement
+            assert time.monotonic() < deadline, server.output[-20:]
+            time.sleep(0.2)
+        assert f"worker {killed} died (status -9) while serving: starting another" in _logged(server)
+        workers = _serving(server) - {killed}
+        assert len(workers) == 2
+        # the dead worker's requests still count; its live gauges are gone
+        _check_metrics_add_up(server.url, sum(answered.values()), workers)
+    assert server.process.returncode == 0
+    assert tmp_path.is_dir()  # a directory the user chose stays
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its new parent to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_drain_and_exit_when_their_supervisor_is_killed():
+    with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        workers = [int(pid) for pid in _serving(server)]
+        server.process.kill()  # no signal to pass on: the kernel sends each worker SIGTERM (PR_SET_PDEATHSIG)
+        server.process.wait()
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in workers):
+            assert time.monotonic() < deadline, "a worker outlived its supervisor"
+            time.sleep(0.1)
+    messages = _logged(server)
+    assert sum(message.startswith("SIGTERM: draining") for message in messages) == 2
+    shutil.rmtree(_metrics_dir(messages))  # a killed supervisor cannot remove its temporary directory
+
+
+def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
+    async def scenario(server: Server):
+        limits = httpx.Limits(max_connections=IN_FLIGHT + 8)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            admitted = [
+                asyncio.create_task(client.post("/knowledge-trace", json=_history(1000))) for _ in range(IN_FLIGHT)
+            ]
+            deadline = time.monotonic() + 30
+            while _in_flight(server.url) < IN_FLIGHT + 1 and time.monotonic() < deadline:  # +1: the /metrics call
+                await asyncio.sleep(0.02)
+            server.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            newcomers = httpx.Limits(max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=server.url, timeout=10, limits=newcomers) as newcomer:
+                late = [await newcomer.post("/knowledge-trace", json=_history(5)) for _ in range(4)]
+                ready = await newcomer.get("/ready")
+            return await asyncio.gather(*admitted), late, ready
+
+    with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_DRAIN_S="120", MNEMO_REQUEST_TIMEOUT_S="120") as server:
+        _wait_for_workers(server, 2)
+        answers, late, ready = asyncio.run(scenario(server))
+        assert [answer.status_code for answer in answers] == [200] * IN_FLIGHT
+        assert all(len(answer.json()["predictions"]) == 1000 for answer in answers)
+        assert len({answer.headers["x-mnemo-pid"] for answer in answers}) == 2  # both workers had requests in flight
+        assert all(response.status_code == 503 and response.headers["connection"] == "close" for response in late)
+        assert ready.status_code == 503
+        assert server.process.wait(timeout=120) == 0
+    messages = _logged(server)
+    assert "SIGTERM: passing it on to 2 worker(s)" in messages
+    assert sum(message.startswith("SIGTERM: draining") for message in messages) == 2
+    assert messages.count("drained: no request in flight") == 2
+    assert sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in messages) == 2
+    assert not _metrics_dir(messages).exists()
