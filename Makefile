@@ -16,7 +16,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core
 
-.PHONY: venv serve test lint audit lock system-deps bench loadtest train-kt train-sim export-kt export-sim docker-check clean FORCE
+.PHONY: venv serve test lint audit lock system-deps screenshots bench loadtest train-kt train-sim export-kt export-sim docker-check clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -72,6 +72,10 @@ lock: $(BIN)/python  ## regenerate requirements/*.txt from pyproject.toml (UPGRA
 
 system-deps:  ## install the Debian packages of SYSTEM_DEPS whose binary is missing
 	@scripts/system-deps.sh $(SYSTEM_DEPS)
+
+screenshots: $(VENV)/dev.stamp system-deps  ## the README's explorer screenshots, from tests/test_explorer.py in Chromium
+	MNEMO_TEST_ARTIFACTS_DIR=tmp/artifacts CI=true $(BIN)/python -m pytest -q tests/test_explorer.py
+	$(BIN)/python scripts/readme_screenshots.py tmp/artifacts/explorer docs/screenshots
 
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run

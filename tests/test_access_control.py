@@ -53,9 +53,10 @@ def test_a_key_from_the_variable_or_the_file_is_accepted(server, key):
     assert response.status_code == 404  # past authentication: there is no similarity model in this manifest
 
 
-def test_probes_and_docs_stay_open(server):
-    for path in ("/health", "/ready", "/docs", "/redoc", "/openapi.json"):
+def test_probes_docs_and_the_explorer_page_stay_open(server):
+    for path in ("/health", "/ready", "/docs", "/redoc", "/openapi.json", "/", "/explorer/js/main.js"):
         assert httpx.get(f"{server.url}{path}").status_code == 200, path
+    assert httpx.get(f"{server.url}/explorer/js/missing.js").status_code == 404  # open, but only its own files
     assert httpx.head(f"{server.url}/health").status_code == 200
 
 

@@ -3,6 +3,7 @@
 Debian's `chromium` drives the page through Playwright (its own browser download is not possible here).
 Without chromium (or MNEMO_CHROMIUM, the path of another build) the browser tests skip, except in CI
 (CI=true), where that is a failure. Screenshots go to tmp/artifacts/explorer/ (or MNEMO_TEST_ARTIFACTS_DIR).
+The servers keep their students in an SQLite file of the test's own temporary directory.
 """
 
 from __future__ import annotations
@@ -10,20 +11,20 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 from app.explorer.router import STATIC_DIR
+from tests.helpers import running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("MNEMO_TEST_ARTIFACTS_DIR", ROOT / "tmp" / "artifacts")) / "explorer"
@@ -41,50 +42,21 @@ KT_MODEL = "dkvmn-assist2009"
 STARTUP_SECONDS = 180
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+API_KEY = "explorer-test-key-5d1f0a"
+
+
+@contextmanager
+def serving(state_dir: Path, **env: str) -> Iterator[str]:
+    """`python -m app` on a free port serving artifacts/ (students in `state_dir`), once /ready answers 200."""
+    state = f"sqlite://{state_dir / 'students.db'}"
+    with running_server(ROOT / "artifacts", ready_timeout_s=STARTUP_SECONDS, MNEMO_STATE_URL=state, **env) as live:
+        yield live.url
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`python -m app` on a free port serving artifacts/, once /ready answers 200; stopped afterwards."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("explorer-server") / "server.log"
-    env = {
-        **os.environ,
-        "MNEMO_HOST": "127.0.0.1",
-        "MNEMO_PORT": str(port),
-        "MNEMO_ARTIFACTS_DIR": str(ROOT / "artifacts"),
-        "MNEMO_INTRA_OP_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    with log_path.open("wb") as log:
-        command = [sys.executable, "-m", "app"]
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"/ready not 200 after {STARTUP_SECONDS} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
+    with serving(tmp_path_factory.mktemp("explorer-state")) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +89,10 @@ class Watched:
         if message.type == "error":
             self.console_errors.append(message.text)
 
-    def open(self, fragment: str = "") -> Page:
+    def open(self, fragment: str = "", ready: bool = True) -> Page:
         self.page.goto(f"{self.origin}/{fragment}")
-        expect(self.page.locator("body[data-ready=true]")).to_have_count(1, timeout=30_000)
+        if ready:
+            expect(self.page.locator("body[data-ready=true]")).to_have_count(1, timeout=30_000)
         return self.page
 
     def screenshot(self, name: str) -> None:
@@ -134,13 +107,19 @@ class Watched:
         assert all(url.startswith(self.origin + "/") for url in self.requests), self.requests
 
 
-@pytest.fixture
-def watched(browser: Browser, server: str) -> Iterator[Watched]:
+@contextmanager
+def watching(browser: Browser, origin: str) -> Iterator[Watched]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     try:
-        yield Watched(context.new_page(), server)
+        yield Watched(context.new_page(), origin)
     finally:
         context.close()
+
+
+@pytest.fixture
+def watched(browser: Browser, server: str) -> Iterator[Watched]:
+    with watching(browser, server) as page:
+        yield page
 
 
 def test_similarity_tab_shows_the_api_values_and_maps_of_len_tokens_squared(watched: Watched, server: str):
@@ -266,6 +245,193 @@ def test_errors_are_shown_in_the_page(watched: Watched, server: str):
     expect(page.locator("#kt-error")).to_contain_text("422")
     expect(page.locator("#kt-error")).to_contain_text("interactions.1.question")
     watched.assert_clean(expected_statuses=(422, 422))
+
+
+def _catalog_steps(server: str, headers: dict[str, str] | None = None) -> list[tuple[dict, bool]]:
+    """A 5-step history over three named questions of KT_MODEL, as (catalog item, answered right)."""
+    params = {"limit": 1000}
+    catalog = httpx.get(f"{server}/models/{KT_MODEL}/questions", params=params, headers=headers, timeout=10).json()
+    chosen = [item for item in catalog["questions"] if item["name"]][:3]
+    return [(chosen[0], True), (chosen[1], False), (chosen[0], True), (chosen[2], True), (chosen[1], False)]
+
+
+def _paste(page: Page, steps: list[tuple[dict, bool]]) -> None:
+    page.get_by_text("Paste a history").click()
+    page.get_by_label("One answer per line").fill("\n".join(f"{item['question']} {int(c)}" for item, c in steps))
+    page.get_by_role("button", name="Replace the history").click()
+    expect(page.locator("#history li")).to_have_count(len(steps))
+
+
+def _values(locator) -> list[float]:
+    return [float(value) for value in locator.evaluate_all("xs => xs.map(x => x.dataset.value)")]
+
+
+def test_a_student_is_created_appended_to_and_read_back_from_the_server(watched: Watched, server: str):
+    steps = _catalog_steps(server)
+    interactions = [{"question": item["question"], "correct": correct} for item, correct in steps]
+    stateless = httpx.post(
+        f"{server}/knowledge-trace", json={"model": KT_MODEL, "interactions": interactions}, timeout=30
+    ).json()
+    student_id = f"learner-{time.monotonic_ns()}"
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    student = page.get_by_label("Student id")
+
+    student.fill(student_id)
+    page.get_by_role("button", name="Load student").click()  # not created yet: a 404, said in words
+    expect(page.locator("#kt-error")).to_contain_text(f"No student “{student_id}” under {KT_MODEL} yet (404)")
+
+    _paste(page, steps)
+    page.get_by_role("button", name="Append to student").click()
+    expect(page.locator("#student-summary")).to_have_text(
+        f"Student “{student_id}” under {KT_MODEL}: 5 answers stored (5 just added)."
+    )
+    expect(page.locator("#kt-error")).to_be_hidden()
+    expect(page.locator("#history li")).to_have_count(0)  # stored now, so not sent twice
+    points = page.locator("#prediction-chart circle.point")
+    expect(points).to_have_count(5)
+    assert _values(points) == pytest.approx(stateless["predictions"], abs=1e-6)  # a new student: same as stateless
+    n_concepts = stateless["n_concepts"]
+    expect(page.locator("#mastery-map g.row")).to_have_count(6)
+    expect(page.locator("#mastery-map rect.cell")).to_have_count(6 * n_concepts)
+    assert _values(page.locator("#mastery-map rect.cell")) == pytest.approx(
+        [value for row in stateless["mastery"] for value in row], abs=1e-6
+    )
+    expect(page.locator("#kt-attention-map g.row")).to_have_count(5)
+    expect(page.locator("#next-table tbody tr")).to_have_count(15)
+    last_row = _values(page.locator("#mastery-map g.row[data-row='5'] rect.cell"))
+    watched.screenshot("student-1280")
+    page.set_viewport_size({"width": 375, "height": 800})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    watched.screenshot("student-375")
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+    page.reload()  # nothing of the student stays in the page: it comes back from the server
+    expect(page.locator("body[data-ready=true]")).to_have_count(1, timeout=30_000)
+    page.locator("#kt-model").select_option(KT_MODEL)
+    student.fill(student_id)
+    student.press("Enter")  # Enter in the id field loads
+    expect(page.locator("#student-summary")).to_contain_text(f"Student “{student_id}” under {KT_MODEL}: 5 answers")
+    stored = httpx.get(f"{server}/students/{student_id}", params={"model": KT_MODEL}, timeout=10).json()
+    expect(page.locator("#mastery-map g.row")).to_have_count(1)
+    expect(page.locator("#prediction-chart")).to_be_hidden()
+    assert _values(page.locator("#mastery-map rect.cell")) == stored["mastery"]
+    assert stored["mastery"] == pytest.approx(last_row, abs=1e-6)
+    page.get_by_text("Mastery per concept, stored for this student: the numbers").click()
+    table_values = page.locator("#mastery-map details tbody td")
+    expect(table_values).to_have_text([f"{value:.3f}" for value in last_row])  # the same numbers as after the append
+
+    question = page.get_by_label("Question (type a name or an id)")  # two more answers, by keyboard
+    question.fill(str(steps[3][0]["question"]))
+    question.press("Enter")
+    question.fill(str(steps[1][0]["question"]))
+    page.get_by_role("button", name="Add: wrong ✗").click()
+    page.get_by_role("button", name="Append to student").click()
+    expect(page.locator("#student-summary")).to_contain_text("7 answers stored (2 just added)")
+    expect(page.locator("#prediction-chart circle.point")).to_have_count(2)
+    expect(page.locator("#mastery-map g.row")).to_have_count(3)
+    expect(page.locator("#mastery-map text.label").first).to_have_text("stored (5)")
+    assert _values(page.locator("#mastery-map g.row[data-row='0'] rect.cell")) == pytest.approx(last_row, abs=1e-6)
+    assert page.locator("#prediction-chart svg text.label").all_text_contents()[5:7] == ["6", "7"]
+
+    student.fill("two words")  # an invalid id: the API's rule, shown before anything is sent
+    page.get_by_role("button", name="Load student").click()
+    expect(page.locator("#kt-error")).to_have_text(
+        "Student id: student_id must contain only printable characters other than whitespace; character 3 is U+0020."
+    )
+    watched.assert_clean(expected_statuses=(404,))
+
+
+STUDENT_IDS = [
+    "learner-42",
+    "学生-7",
+    "emoji-😀",
+    "😀" * 128,  # 128 code points (256 UTF-16 units): the API counts code points
+    "😀" * 129,
+    "x" * 128,
+    "x" * 129,
+    "two words",
+    "tab\there",
+    "nbsp\u00a0id",
+    "zero\u200bwidth",
+    "line\u2028break",
+    "bell\x07",
+    "%41?#",
+    "..x",
+]
+
+
+def test_the_page_checks_student_ids_as_the_api_does(watched: Watched, server: str):
+    page = watched.open()
+    check = "async ids => { const m = await import('/explorer/js/students.js'); return ids.map(m.studentIdProblem); }"
+    in_page = page.evaluate(check, STUDENT_IDS)
+    for student_id, problem in zip(STUDENT_IDS, in_page, strict=True):
+        answer = httpx.get(f"{server}/students/{quote(student_id, safe='')}", timeout=10)
+        if problem is None:
+            assert answer.status_code == 404, (student_id, answer.text)  # valid, and no such student
+        else:
+            assert answer.status_code == 422, (student_id, answer.text)
+            assert answer.json()["detail"][0]["msg"].endswith(problem), (student_id, problem)
+    assert [problem is None for problem in in_page][:4] == [True] * 4
+    # the API's router never sees these ("/" splits the path, "." and ".." are path steps), so the page refuses them
+    assert page.evaluate(check, ["", "a/b", ".", ".."]) == [
+        "student_id must be 1 to 128 characters long; it has 0",
+        "student_id must not contain '/' (it is one URL path segment); character 1",
+        "student_id must not be '.' or '..' (URL path segments)",
+        "student_id must not be '.' or '..' (URL path segments)",
+    ]
+    watched.assert_clean()
+
+
+def test_with_api_keys_the_page_asks_for_the_key_and_keeps_it_in_memory_only(browser: Browser, tmp_path: Path) -> None:
+    with serving(tmp_path, MNEMO_API_KEYS=API_KEY) as origin, watching(browser, origin) as watched:
+        bearer = {"Authorization": f"Bearer {API_KEY}"}
+        pair = {"sentence_a": "A dog runs in the park.", "sentence_b": "A dog is running outside."}
+        api = httpx.post(f"{origin}/similarity", json=pair, headers=bearer, timeout=30).json()
+        steps = _catalog_steps(origin, bearer)
+        page = watched.open(ready=False)
+        status = page.locator("#status")
+        expect(status).to_contain_text("Could not list the models: 401: A valid API key is required")
+        expect(status).to_contain_text("Type this server's API key in the “API key” field at the top.")
+        watched.screenshot("api-key-missing")
+
+        key = page.get_by_label("API key")
+        key.fill("not-the-key")
+        key.press("Enter")
+        expect(status).to_contain_text("401")
+        key.fill(API_KEY)
+        key.press("Enter")
+        expect(page.locator("body[data-ready=true]")).to_have_count(1, timeout=30_000)
+
+        page.get_by_label("Sentence A").fill(pair["sentence_a"])
+        page.get_by_label("Sentence B").fill(pair["sentence_b"])
+        page.get_by_role("button", name="Compare").click()
+        expect(page.get_by_test_id("relatedness")).to_have_text(f"{api['relatedness']:.3f}")
+
+        page.get_by_role("tab", name="Knowledge tracing").click()
+        page.locator("#kt-model").select_option(KT_MODEL)
+        _paste(page, steps)
+        page.get_by_role("button", name="Trace").click()
+        expect(page.locator("#prediction-chart circle.point")).to_have_count(5)
+        page.get_by_label("Student id").fill("keyed-learner")
+        page.get_by_role("button", name="Append to student").click()
+        expect(page.locator("#student-summary")).to_contain_text("5 answers stored (5 just added)")
+        expect(page.locator("#mastery-map g.row")).to_have_count(6)
+        watched.screenshot("api-key-given")
+
+        stored = page.evaluate(
+            """async () => ({local: localStorage.length, session: sessionStorage.length, cookie: document.cookie,
+                 databases: (await indexedDB.databases()).length, html: document.documentElement.outerHTML})"""
+        )
+        assert stored["local"] == 0 and stored["session"] == 0 and stored["cookie"] == ""
+        assert stored["databases"] == 0 and API_KEY not in stored["html"]
+        assert page.context.cookies() == []
+        assert all(API_KEY not in url for url in [*watched.requests, page.url])
+
+        page.reload()  # memory only: a new page has no key
+        expect(page.get_by_label("API key")).to_have_value("")
+        expect(status).to_contain_text("401")
+        watched.assert_clean(expected_statuses=(401, 401, 401))
 
 
 def test_the_page_and_its_files_come_from_the_server_with_a_strict_content_security_policy(server: str):

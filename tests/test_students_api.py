@@ -278,6 +278,23 @@ def test_unknown_model_is_404_and_bad_paging_is_422(sqlite_api: httpx.Client) ->
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["query", location]
 
 
+def test_an_append_can_return_its_attention_and_mastery_per_step(sqlite_api: httpx.Client) -> None:
+    """Off by default; asked for, they are the stateless call's rows for the same steps, row 0 the stored state."""
+    student_id, steps = unique_id("steps"), history(8, seed=12)
+    first = append(sqlite_api, student_id, steps[:3]).json()
+    assert first["attention"] is None and first["mastery_steps"] is None
+    stored = sqlite_api.get(student(student_id)).json()["mastery"]
+    second = append(sqlite_api, student_id, steps[3:], return_attention=True, return_mastery_steps=True).json()
+    whole = sqlite_api.post("/knowledge-trace", json={"model": MODEL, "interactions": steps}).json()
+    assert len(second["attention"]) == 5 and len(second["mastery_steps"]) == 6
+    np.testing.assert_allclose(second["attention"], whole["attention"][3:], atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(second["mastery_steps"], whole["mastery"][3:], atol=TOLERANCE, rtol=0)
+    np.testing.assert_allclose(second["mastery_steps"][0], stored, atol=TOLERANCE, rtol=0)
+    assert second["mastery_steps"][-1] == second["mastery"]
+    response = append(sqlite_api, student_id, steps[:1], return_attention="yes")
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "return_attention"]
+
+
 def test_paging_lists_every_id_once_in_order(sqlite_api: httpx.Client) -> None:
     created = sorted(f"page-{index:02d}" for index in range(7))
     for student_id in created:

@@ -1,7 +1,8 @@
 """Who may call the service: optional API keys (Bearer authentication) and CORS.
 
 - API keys come from MNEMO_API_KEYS (comma-separated) and/or MNEMO_API_KEYS_FILE (one per line, `#`
-  comments). With at least one key, every path except MNEMO_OPEN_PATHS and the documentation needs
+  comments). With at least one key, every path except MNEMO_OPEN_PATHS, the documentation and the
+  explorer page's static files (GET /, /explorer/...: no data, its API calls need the key) needs
   `Authorization: Bearer <key>`; anything else is a 401 with `WWW-Authenticate: Bearer`. A presented
   key is compared with every configured key in constant time. Keys are never logged.
 - MNEMO_CORS_ORIGINS (comma-separated, `*` for any) turns on Starlette's CORS middleware.
@@ -19,6 +20,8 @@ from app.frame.settings import Settings, read_keys_file
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 DOCS_ASSETS_PREFIX = "/docs-assets/"
+EXPLORER_PATHS = frozenset({"/"})  # the page asks for the key itself (kept in its memory only)
+OPEN_PREFIXES = (DOCS_ASSETS_PREFIX, "/explorer/")
 BEARER_SCHEME = "bearerAuth"
 
 
@@ -35,12 +38,12 @@ def api_keys(settings: Settings) -> list[str]:
 
 
 def open_paths(settings: Settings) -> frozenset[str]:
-    """Paths served without a key: MNEMO_OPEN_PATHS and the documentation."""
-    return frozenset(split_list(settings.open_paths)) | DOCS_PATHS
+    """Paths served without a key: MNEMO_OPEN_PATHS, the documentation and the explorer page."""
+    return frozenset(split_list(settings.open_paths)) | DOCS_PATHS | EXPLORER_PATHS
 
 
 def is_open(path: str, open_set: frozenset[str]) -> bool:
-    return path in open_set or path.startswith(DOCS_ASSETS_PREFIX)
+    return path in open_set or path.startswith(OPEN_PREFIXES)
 
 
 class ApiKeyAuth:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from app.tasks.knowledge_trace.schemas import MAX_INTERACTIONS, Interaction, NextPrediction
 
@@ -27,6 +27,12 @@ class AppendRequest(BaseModel):
         max_length=MAX_INTERACTIONS,
         description="question ids to predict after the last new interaction; null or [] = none (the default)",
     )
+    return_attention: StrictBool = Field(
+        default=False, description="true: `attention` holds the correlation weights of each new interaction"
+    )
+    return_mastery_steps: StrictBool = Field(
+        default=False, description="true: `mastery_steps` holds the mastery before and after each new interaction"
+    )
 
 
 class AppendResponse(BaseModel):
@@ -37,6 +43,14 @@ class AppendResponse(BaseModel):
     )
     mastery: list[float] = Field(description="n_concepts mastery values after the last new interaction")
     next: list[NextPrediction] = Field(description="predictions for `next_questions`, in the order asked")
+    attention: list[list[float]] | None = Field(
+        default=None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
+    )
+    mastery_steps: list[list[float]] | None = Field(
+        default=None,
+        description="with return_mastery_steps: (new interactions + 1) x n_concepts, row 0 is the mastery of the "
+        "stored state before them (the prior for a new student), then one row after each; else null",
+    )
 
 
 class StudentResponse(BaseModel):

@@ -72,7 +72,11 @@ def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.nda
 
 
 async def _append(
-    store: StateStore, model: ServedModel, student_id: str, arrays: tuple[np.ndarray, np.ndarray, np.ndarray]
+    store: StateStore,
+    model: ServedModel,
+    student_id: str,
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    body: AppendRequest,
 ) -> dict[str, Any]:
     questions, correct, wanted = arrays
     loop = asyncio.get_running_loop()
@@ -92,6 +96,8 @@ async def _append(
         "predictions": trace.predictions.tolist(),
         "mastery": trace.mastery[-1].tolist(),
         "next": service.next_items(model, wanted, next_p),
+        "attention": trace.attention.tolist() if body.return_attention else None,
+        "mastery_steps": trace.mastery.tolist() if body.return_mastery_steps else None,
     }
 
 
@@ -105,7 +111,8 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     """Append one or more interactions to a student's state (created on the first call).
 
     Returns the probability predicted for each new interaction before it was seen, the mastery after the
-    last one, and predictions for `next_questions` if asked. The state belongs to one version of the
+    last one, and predictions for `next_questions` if asked; also, on request, the attention of each new
+    interaction and the mastery before and after each one. The state belongs to one version of the
     model: a state built by another version is a 409 (delete the student and replay the history).
     """
     _checked_id(student_id)
@@ -115,7 +122,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     store = await _store(request)
     rows = service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)
     with model.batcher.admit(rows, cells=len(arrays[0]) + len(arrays[2])):
-        return JsonResponse(await complete(request, _append(store, model, student_id, arrays), model.name))
+        return JsonResponse(await complete(request, _append(store, model, student_id, arrays, body), model.name))
 
 
 async def _describe(store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:

@@ -2,7 +2,13 @@
 const keyInput = () => document.getElementById("api-key");
 
 /** An HTTP error with the server's message already put into one readable sentence per problem. */
-export class ApiError extends Error {}
+export class ApiError extends Error {
+  /** status: the HTTP status, or 0 when the server could not be reached. */
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
 
 /** FastAPI's {"detail": "..."} or {"detail": [{"loc": [...], "msg": ...}]} as readable text. */
 export function describeError(status, body) {
@@ -33,7 +39,7 @@ export async function request(path, body) {
   try {
     response = await fetch(path, init);
   } catch (error) {
-    throw new ApiError(`Could not reach the server (${error.message}).`);
+    throw new ApiError(`Could not reach the server (${error.message}).`, 0);
   }
   const text = await response.text();
   let decoded = null;
@@ -42,6 +48,8 @@ export async function request(path, body) {
   } catch {
     decoded = null;
   }
-  if (!response.ok) throw new ApiError(`${response.status}: ${describeError(response.status, decoded)}`);
+  if (!response.ok) {
+    throw new ApiError(`${response.status}: ${describeError(response.status, decoded)}`, response.status);
+  }
   return decoded;
 }

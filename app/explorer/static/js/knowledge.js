@@ -1,10 +1,12 @@
 // The knowledge-tracing tab: build a history of answered questions, then see the predicted probability per
-// step, the mastery of each concept over time, the attention per step and the next questions ranked.
+// step, the mastery of each concept over time, the attention per step and the next questions ranked; either for
+// the history alone (POST /knowledge-trace) or appended to a student kept on the server (/students/{id}).
 import { request } from "./api.js";
 import { html, showError, fixed, shorten } from "./dom.js";
 import { renderHeatmap } from "./heatmap.js";
 import { renderLineChart } from "./linechart.js";
 import { parseHistory } from "./history.js";
+import { studentIdProblem, readStudent, appendToStudent } from "./students.js";
 
 const $ = (id) => document.getElementById(id);
 const CATALOG_PAGE = 1000;
@@ -21,6 +23,7 @@ export function setUpKnowledge(models) {
     state.history = [];
     drawHistory();
     $("kt-result").hidden = true;
+    showSummary("");
     chooseModel();
   });
   $("add-form").addEventListener("submit", (event) => {
@@ -33,6 +36,11 @@ export function setUpKnowledge(models) {
     drawHistory();
   });
   $("trace").addEventListener("click", trace);
+  $("student-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    loadStudent();
+  });
+  $("append-student").addEventListener("click", appendStudent);
   $("next-more").addEventListener("click", () => {
     state.showAllNext = !state.showAllNext;
     drawNext();
@@ -115,6 +123,7 @@ function loadPasted() {
 function drawHistory() {
   $("history-count").textContent = `${state.history.length} answer${state.history.length === 1 ? "" : "s"}`;
   $("trace").disabled = state.history.length === 0;
+  $("append-student").disabled = state.history.length === 0;
   $("history").replaceChildren(...state.history.map((step, index) => {
     const toggle = html("button", { type: "button", class: step.correct ? "answer right" : "answer wrong", "aria-pressed": String(step.correct),
       "aria-label": `Step ${index + 1} answered ${step.correct ? "right" : "wrong"}; press to change` },
@@ -136,6 +145,7 @@ function drawHistory() {
 async function trace() {
   const button = $("trace");
   showError($("kt-error"), "");
+  showSummary(""); // this trace is of the history alone, not of a stored student
   button.disabled = true;
   try {
     const history = state.history.map((step) => ({ ...step }));
@@ -151,25 +161,100 @@ async function trace() {
   }
 }
 
-function show(result, history) {
+/** The student id as typed (ids are compared exactly, so it is not trimmed), or null after showing its problem. */
+function checkedStudentId() {
+  const id = $("student-id").value;
+  const problem = studentIdProblem(id);
+  if (problem) showError($("kt-error"), `Student id: ${problem}.`);
+  return problem ? null : id;
+}
+
+function showSummary(text) {
+  $("student-summary").textContent = text;
+  $("student-summary").hidden = !text;
+}
+
+async function loadStudent() {
+  showError($("kt-error"), "");
+  const id = checkedStudentId();
+  if (id === null) return;
+  const model = currentModel().name;
+  try {
+    const stored = await readStudent(id, model);
+    showSummary(`Student “${id}” under ${model}: ${stored.interactions} answers stored, last one at ${stored.updated_at}.`);
+    showStored(stored);
+  } catch (error) {
+    $("kt-result").hidden = true;
+    showSummary("");
+    showError($("kt-error"), error.status === 404
+      ? `No student “${id}” under ${model} yet (404): add answers below and press “Append to student” to create it.`
+      : `Could not load the student: ${error.message}`);
+  }
+}
+
+async function appendStudent() {
+  const button = $("append-student");
+  showError($("kt-error"), "");
+  const id = checkedStudentId();
+  if (id === null) return;
+  const model = currentModel();
+  button.disabled = true;
+  try {
+    const history = state.history.map((step) => ({ ...step }));
+    const every = Array.from({ length: model.n_questions }, (_, index) => index + 1);
+    const answer = await appendToStudent(id, model.name, history, every);
+    const before = answer.interactions - history.length;
+    showSummary(`Student “${id}” under ${model.name}: ${answer.interactions} answers stored (${history.length} just added).`);
+    const { predictions, mastery_steps: mastery, attention, next } = answer;
+    show({ predictions, mastery, attention, next, n_concepts: answer.mastery.length }, history, before);
+    state.history = []; // stored now: appending them again would count them twice
+    drawHistory();
+  } catch (error) {
+    $("kt-result").hidden = true;
+    showError($("kt-error"), `Could not append to the student: ${error.message}`);
+  } finally {
+    button.disabled = state.history.length === 0;
+  }
+}
+
+const conceptNames = (count) => Array.from({ length: count }, (_, concept) => `c${concept}`);
+
+/** A loaded student: the server keeps the memory, not the answers, so there is the current mastery only. */
+function showStored(stored) {
   $("kt-result").hidden = false;
-  const stepName = (step) => `${step + 1} · ${describeQuestion(history[step].question)}`;
+  for (const id of ["prediction-chart", "kt-attention-map", "next-card"]) $(id).hidden = true;
+  const label = `now, after ${stored.interactions}`;
+  renderHeatmap($("mastery-map"), {
+    title: "Mastery per concept, stored for this student", matrix: [stored.mastery], rowLabels: [label],
+    colLabels: conceptNames(stored.mastery.length), rowAxis: "state", colAxis: "concept", domain: [0, 1], labelLength: 22,
+    legendLabel: "P(right) from that concept alone",
+    describe: (row, concept, value) => `after ${stored.interactions} answers, concept ${concept}: mastery ${fixed(value, 3)}`,
+  });
+}
+
+/** Draw a trace of `history`; `before` answers came first (a stored student's), so step numbers start after them. */
+function show(result, history, before = 0) {
+  $("kt-result").hidden = false;
+  for (const id of ["prediction-chart", "kt-attention-map", "next-card"]) $(id).hidden = false;
+  const stepName = (step) => `${before + step + 1} · ${describeQuestion(history[step].question)}`;
   const verdict = (step) => (history[step].correct ? "right" : "wrong");
   renderLineChart($("prediction-chart"), {
     title: "Predicted probability of a right answer, before each step",
     values: result.predictions,
+    firstStep: before + 1,
     correct: history.map((step) => step.correct),
     describe: (step) => `step ${stepName(step)}: predicted ${fixed(result.predictions[step], 3)}, answered ${verdict(step)}`,
     tableHeads: ["step", "question", "answered", "P(right) predicted"],
-    tableRow: (step) => [step + 1, describeQuestion(history[step].question), verdict(step), fixed(result.predictions[step], 3)],
+    tableRow: (step) => [before + step + 1, describeQuestion(history[step].question), verdict(step), fixed(result.predictions[step], 3)],
   });
-  const concepts = Array.from({ length: result.n_concepts }, (_, concept) => `c${concept}`);
-  const rowLabels = ["prior", ...history.map((step, i) => `${i + 1} ${step.correct ? "✓" : "✗"} ${describeQuestion(step.question)}`)];
+  const concepts = conceptNames(result.n_concepts);
+  const start = before ? `stored (${before})` : "prior";
+  const rowLabels = [start, ...history.map((step, i) => `${before + i + 1} ${step.correct ? "✓" : "✗"} ${describeQuestion(step.question)}`)];
   renderHeatmap($("mastery-map"), {
     title: "Mastery per concept, after each step", matrix: result.mastery, rowLabels, colLabels: concepts,
     rowAxis: "after step", colAxis: "concept", domain: [0, 1], labelLength: 22, legendLabel: "P(right) from that concept alone",
     describe: (row, concept, value) =>
-      `${row === 0 ? "prior" : `after step ${stepName(row - 1)} (${verdict(row - 1)})`}, concept ${concept}: mastery ${fixed(value, 3)}`,
+      `${row === 0 ? (before ? `stored, after ${before} answers` : "prior") : `after step ${stepName(row - 1)} (${verdict(row - 1)})`}, concept ${concept}: mastery ${fixed(value, 3)}`,
   });
   renderHeatmap($("kt-attention-map"), {
     title: "Attention per step: which concepts each question drew on", matrix: result.attention,

@@ -2,12 +2,15 @@
 // was right, hollow when wrong), a tooltip per point, a readout driven by the mouse or the arrow keys, and a table.
 import { html, svg, fixed, drawToWidth, lazyDetails } from "./dom.js";
 
-/** Draw `values` (0..1, one per step) into `figure`; describe(step) says what a point means in one sentence. */
+/**
+ * Draw `values` (0..1, one per step) into `figure`; describe(step) says what a point means in one sentence.
+ * The axis numbers the steps from firstStep (default 1).
+ */
 export function renderLineChart(figure, options) {
   drawToWidth(figure, (width) => draw(figure, options, width));
 }
 
-function draw(figure, { title, values, correct, describe, tableHeads, tableRow }, width) {
+function draw(figure, { title, values, firstStep = 1, correct, describe, tableHeads, tableRow }, width) {
   const count = values.length;
   const height = width < 500 ? 200 : 240;
   const [left, right, top, bottom] = [44, 16, 12, 34];
@@ -26,7 +29,7 @@ function draw(figure, { title, values, correct, describe, tableHeads, tableRow }
   }
   const every = Math.max(1, Math.ceil(count / Math.floor(width / 60)));
   for (let step = 0; step < count; step += every) {
-    chart.append(svg("text", { class: "label", x: x(step), y: height - bottom + 16, "text-anchor": "middle" }, step + 1));
+    chart.append(svg("text", { class: "label", x: x(step), y: height - bottom + 16, "text-anchor": "middle" }, firstStep + step));
   }
   chart.append(svg("text", { class: "label axis", x: width - right, y: height - 4, "text-anchor": "end" }, "step"));
   chart.append(svg("polyline", { class: "line", points: values.map((value, step) => `${x(step)},${y(value)}`).join(" ") }));

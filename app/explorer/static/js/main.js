@@ -45,7 +45,8 @@ async function start() {
     status.classList.remove("error");
     document.body.dataset.ready = "true";
   } catch (error) {
-    status.textContent = `Could not list the models: ${error.message}`;
+    const ask = error.status === 401 ? " Type this server's API key in the “API key” field at the top." : "";
+    status.textContent = `Could not list the models: ${error.message}${ask}`;
     status.classList.add("error");
   }
 }
