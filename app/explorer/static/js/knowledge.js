@@ -63,7 +63,9 @@ async function chooseModel() {
   const model = currentModel();
   if (!model) return;
   showError($("kt-error"), "");
-  $("kt-model-info").textContent = `${model.n_questions} questions, ${model.n_concepts} latent concepts`;
+  $("kt-model-info").textContent = model.supports?.concepts === false
+    ? `${model.n_questions} questions, ${model.family?.toUpperCase()}: no latent concepts (no mastery or attention)`
+    : `${model.n_questions} questions, ${model.n_concepts} latent concepts`;
   try {
     const questions = await catalog(model.name);
     $("question-list").replaceChildren(...[...questions.values()].map((item) => html("option", { value: questionText(item) })));
@@ -163,6 +165,16 @@ function show(result, history) {
     tableHeads: ["step", "question", "answered", "P(right) predicted"],
     tableRow: (step) => [step + 1, describeQuestion(history[step].question), verdict(step), fixed(result.predictions[step], 3)],
   });
+  // A model without memory slots (DKT) answers mastery and attention as null: no maps for it.
+  $("mastery-map").hidden = result.mastery === null;
+  $("kt-attention-map").hidden = result.attention === null;
+  if (result.mastery !== null && result.attention !== null) showConceptMaps(result, history, stepName, verdict);
+  state.next = [...result.next].sort((a, b) => b.p_correct - a.p_correct);
+  state.showAllNext = false;
+  drawNext();
+}
+
+function showConceptMaps(result, history, stepName, verdict) {
   const concepts = Array.from({ length: result.n_concepts }, (_, concept) => `c${concept}`);
   const rowLabels = ["prior", ...history.map((step, i) => `${i + 1} ${step.correct ? "✓" : "✗"} ${describeQuestion(step.question)}`)];
   renderHeatmap($("mastery-map"), {
@@ -177,9 +189,6 @@ function show(result, history) {
     labelLength: 22, legendLabel: "correlation weight",
     describe: (row, concept, value) => `step ${stepName(row)}, concept ${concept}: weight ${fixed(value, 3)}`,
   });
-  state.next = [...result.next].sort((a, b) => b.p_correct - a.p_correct);
-  state.showAllNext = false;
-  drawNext();
 }
 
 function drawNext() {
@@ -190,7 +199,7 @@ function drawNext() {
     return html("tr", {}, [
       html("td", {}, rank + 1),
       html("td", { title: questionText(item) }, shorten(questionText(item), 60)),
-      html("td", {}, item.concept),
+      html("td", {}, item.concept ?? "–"),
       html("td", { class: "p" }, [html("span", { class: "track", "aria-hidden": "true" }, bar), fixed(item.p_correct, 3)]),
     ]);
   }));
