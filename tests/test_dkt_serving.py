@@ -192,3 +192,7 @@ def test_open_inference_protocol_lists_and_runs_the_dkt_graph(api, graph):
     assert set(outputs) == {"p", "state_out"} and outputs["state_out"]["shape"][:2] == [1, 2]
     expected, _ = one_shot(graph, interactions, [1])
     np.testing.assert_allclose(outputs["p"]["data"], expected, atol=TOLERANCE, rtol=0)
+    for name, shape in (("state_in", [1, 2, 3]), ("mv_in", [1, 2, 3])):  # a wrong shape, DKVMN's memory input
+        state = {"name": name, "datatype": "FP32", "shape": shape, "data": [0.0] * 6}
+        response = api.post(f"/v2/models/{DKT}/infer", json={"inputs": [*inputs, state]})
+        assert response.status_code == 400 and name in response.json()["error"]

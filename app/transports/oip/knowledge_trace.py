@@ -6,10 +6,10 @@ the optional state: DKVMN's value memory `mv_in` [B,N,d_v] FP32 (default: the mo
 DKT's LSTM state `state_in` [B,2,S] FP32 (default: zeros).
 Outputs: `p` [B,T] and the state (`mv_out` [B,N,d_v] or `state_out` [B,2,S]), for DKVMN also
 `corr_w` [B,T,N] and `mastery` [B,T+1,N], all FP32; steps past a row's length are 0. Each row runs
-through the task service's `trace`: chunks of `seqlen` steps, each starting from the state the
-previous chunk ended with, in the model's batches, so
-T may exceed `seqlen`, as on POST /knowledge-trace. B x T (padding included: it bounds the size of
-the outputs too) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace.
+through the task service's `trace`: chunks of `seqlen` steps, each starting from the state the previous
+chunk ended with, in the model's batches, so T may exceed `seqlen`, as on POST /knowledge-trace. B x T
+(padding included: it bounds the size of the outputs too) may be at most the model's `max_interactions`,
+the limit of one POST /knowledge-trace.
 """
 
 from __future__ import annotations
