@@ -6,6 +6,7 @@ history at once (the service cuts it into chunks of seqlen 200, carrying the LST
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,10 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from fastapi.testclient import TestClient
 
+from app.frame.settings import Settings
+from app.main import create_app
 from tests.conftest import COMMITTED
 from tests.helpers import running_server
 
@@ -196,3 +200,20 @@ def test_open_inference_protocol_lists_and_runs_the_dkt_graph(api, graph):
         state = {"name": name, "datatype": "FP32", "shape": shape, "data": [0.0] * 6}
         response = api.post(f"/v2/models/{DKT}/infer", json={"inputs": [*inputs, state]})
         assert response.status_code == 400 and name in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("family", "error"),
+    [("dkvmn", "a dkvmn graph takes mv_in and gives mv_out"), ("rnn", "metadata.family is 'rnn'; known: dkvmn, dkt")],
+)
+def test_a_family_that_does_not_fit_the_graph_leaves_the_model_not_ready(artifacts_copy, family, error):
+    """The DKT graph declared as DKVMN (or an unknown family) is a clear startup error for that model only."""
+    manifest = json.loads((artifacts_copy / "manifest.json").read_text())
+    entry = next(entry for entry in manifest["models"] if entry["name"] == DKT)
+    entry["metadata"]["family"] = family
+    (artifacts_copy / "manifest.json").write_text(json.dumps(manifest))
+    settings = Settings(artifacts_dir=artifacts_copy, provider="cpu", intra_op_threads=1, on_model_error="skip")
+    with TestClient(create_app(settings)) as client:
+        listed = {model["name"]: model for model in client.get("/models").json()["models"]}
+    assert not listed[DKT]["ready"] and error in listed[DKT]["error"]
+    assert listed[DKVMN]["ready"]
