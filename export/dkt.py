@@ -19,14 +19,13 @@ import onnxruntime as ort
 import torch
 
 from export.cards import data_files_table, exporter_parser, notes_section
-from export.kt import MAX_INTERACTIONS, PARITY_TOLERANCE, question_names
+from export.kt import MAX_INTERACTIONS, parity_batches, question_names, within_tolerance, write_training_curve
 from export.kt_repeats import audit as repeat_audit
 from export.kt_repeats import onnx_predictions, repeats_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
-from export.plots import training_curve
 from models.dkt import DKT
-from models.kt_data import read_students, to_sequences
+from models.kt_data import Sequences, read_students, to_sequences
 from models.train_kt import load_run_model
 
 PAPER_DKT_TEST_AUC = {"assist2009": 0.8053}  # as reported in the DKVMN paper's comparison (Zhang et al. 2017)
@@ -70,7 +69,7 @@ def parity(model: DKT, session: ort.InferenceSession, q: np.ndarray, r: np.ndarr
 
 
 @torch.no_grad()
-def training_parity(model: DKT, data) -> float:
+def training_parity(model: DKT, data: Sequences) -> float:
     """Max |serving graph (step by step, from zeros) - the trained nn.LSTM| on the valid steps of `data`."""
     q, r, lengths = (torch.from_numpy(a) for a in (data.q, data.r, data.lengths))
     served, _ = model(q, r, lengths, model.initial_state(len(q)))
@@ -80,21 +79,12 @@ def training_parity(model: DKT, data) -> float:
 
 
 def check_parity(model: DKT, path: Path, test_file: Path, seqlen: int) -> dict[str, float]:
-    """Parity on random sequences and on the first 64 real test sequences; raises above the tolerance."""
+    """Parity on random sequences and on the first 64 real test sequences, and of the step loop against the
+    trained LSTM on the latter; raises above the tolerance."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    q = rng.integers(1, model.config.n_questions + 1, (8, 57)).astype(np.int64)
-    r = rng.integers(0, 2, (8, 57)).astype(np.int64)
-    lengths = rng.integers(1, 58, 8).astype(np.int64)
-    real = to_sequences(read_students(test_file)[:64], seqlen)
-    result = {
-        "random": parity(model, session, q, r, lengths),
-        "real_test_sequences": parity(model, session, real.q, real.r, real.lengths),
-        "trained_lstm": training_parity(model, real),
-    }
-    if max(result.values()) > PARITY_TOLERANCE:
-        raise SystemExit(f"ONNX parity failed: {result} > {PARITY_TOLERANCE}")
-    return result
+    batches = parity_batches(model.config.n_questions, test_file, seqlen)
+    result = {key: parity(model, session, b.q, b.r, b.lengths) for key, b in batches.items()}
+    return within_tolerance({**result, "trained_lstm": training_parity(model, batches["real_test_sequences"])})
 
 
 def write_card(
@@ -196,13 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         test = to_sequences(read_students(test_file), seqlen)
         zeros = model.initial_state(1)[0].numpy()
         repeats = repeat_audit(onnx_predictions(session, test, zeros, state_input="state_in"), test)
-    training_curve(
-        result["history"],
-        {"train loss (BCE/step)": "train_loss", "valid AUC": "valid_auc"},
-        result["best_epoch"],
-        f"{args.name}: training",
-        args.artifacts / f"{args.name}.curve.png",
-    )
+    write_training_curve(result, args.name, args.artifacts)
     write_card(args.artifacts / f"{args.name}.md", args.name, result, parity_result, repeats, onnx_file, args.notes)
     metrics = {
         "test_auc": round(result["test"]["auc"], 4),
