@@ -21,7 +21,7 @@ from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
 from models.dkvmn import DKVMN
-from models.kt_data import read_students, to_sequences
+from models.kt_data import Sequences, read_students, to_sequences
 from models.train_kt import load_run_model
 
 PARITY_TOLERANCE = 1e-4
@@ -71,15 +71,25 @@ def parity(model: DKVMN, session: ort.InferenceSession, q: np.ndarray, r: np.nda
 def check_parity(model: DKVMN, path: Path, test_file: Path, seqlen: int) -> dict[str, float]:
     """Parity on random sequences and on the first 64 real test sequences; raises above the tolerance."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    batches = parity_batches(model.config.n_questions, test_file, seqlen)
+    return within_tolerance({key: parity(model, session, b.q, b.r, b.lengths) for key, b in batches.items()})
+
+
+def parity_batches(n_questions: int, test_file: Path, seqlen: int) -> dict[str, Sequences]:
+    """What a knowledge-tracing graph's parity is checked on: 8 random sequences of 1 to 57 steps (padded to
+    57), and the first 64 real test sequences."""
     rng = np.random.default_rng(0)
-    q = rng.integers(1, model.config.n_questions + 1, (8, 57)).astype(np.int64)
+    q = rng.integers(1, n_questions + 1, (8, 57)).astype(np.int64)
     r = rng.integers(0, 2, (8, 57)).astype(np.int64)
-    lengths = rng.integers(1, 58, 8).astype(np.int64)
     real = to_sequences(read_students(test_file)[:64], seqlen)
-    result = {
-        "random": parity(model, session, q, r, lengths),
-        "real_test_sequences": parity(model, session, real.q[:64], real.r[:64], real.lengths[:64]),
+    return {
+        "random": Sequences(q, r, rng.integers(1, 58, 8).astype(np.int64)),
+        "real_test_sequences": Sequences(real.q[:64], real.r[:64], real.lengths[:64]),
     }
+
+
+def within_tolerance(result: dict[str, float]) -> dict[str, float]:
+    """The parity result, or exit naming it when a difference is above PARITY_TOLERANCE."""
     if max(result.values()) > PARITY_TOLERANCE:
         raise SystemExit(f"ONNX parity failed: {result} > {PARITY_TOLERANCE}")
     return result
@@ -276,6 +286,17 @@ def _refit_lines(result: dict) -> list[str]:
     ]
 
 
+def write_training_curve(result: dict, name: str, artifacts: Path) -> None:
+    """`<name>.curve.png`: training loss and validation AUC per epoch, the best epoch marked."""
+    training_curve(
+        result["history"],
+        {"train loss (BCE/step)": "train_loss", "valid AUC": "valid_auc"},
+        result["best_epoch"],
+        f"{name}: training",
+        artifacts / f"{name}.curve.png",
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = exporter_parser(__doc__, "knowledge-trace")
     args = parser.parse_args(argv)
@@ -308,13 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     if dataset.startswith("synthetic"):
         extras["ari"] = synthetic_concept_score(weights, data_dir, dataset)
         extras["synthetic_mean"] = synthetic_summary(args.run.parent)
-    training_curve(
-        result["history"],
-        {"train loss (BCE/step)": "train_loss", "valid AUC": "valid_auc"},
-        result["best_epoch"],
-        f"{args.name}: training",
-        args.artifacts / f"{args.name}.curve.png",
-    )
+    write_training_curve(result, args.name, args.artifacts)
     labels = [f"{q + 1} {names[q][:28]}" if names else str(q + 1) for q in range(len(weights))]
     heatmap(
         weights,

@@ -35,13 +35,16 @@ from models.train_kt import load_run_model, recipe_for
 from models.training import data_dir_default
 
 
-def onnx_predictions(session: ort.InferenceSession, data: Sequences, init_memory: np.ndarray, batch: int = 64):
-    """p [n, seqlen] of an exported DKVMN graph, every chunk starting from the learned initial memory."""
+def onnx_predictions(
+    session: ort.InferenceSession, data: Sequences, init_memory: np.ndarray, batch: int = 64, state_input: str = "mv_in"
+):
+    """p [n, seqlen] of an exported graph, every chunk starting from the initial state fed as `state_input`
+    (DKVMN: its learned initial memory as `mv_in`; DKT: the zero LSTM state as `state_in`)."""
     rows = []
     for start in range(0, len(data), batch):
         q, r, lengths = (a[start : start + batch] for a in (data.q, data.r, data.lengths))
-        mv = np.broadcast_to(init_memory, (len(q), *init_memory.shape)).astype(np.float32)
-        rows.append(session.run(["p"], {"q": q, "r": r, "len": lengths, "mv_in": np.ascontiguousarray(mv)})[0])
+        state = np.broadcast_to(init_memory, (len(q), *init_memory.shape)).astype(np.float32)
+        rows.append(session.run(["p"], {"q": q, "r": r, "len": lengths, state_input: np.ascontiguousarray(state)})[0])
     return np.concatenate(rows)
 
 

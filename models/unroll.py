@@ -1,7 +1,7 @@
 """Run a recurrent step over time: a Python loop for training, or one scan for the ONNX export.
 
-Both recurrent models (LSTM_RMC and DKVMN) use this one helper, so the two paths cannot drift apart, and
-both default to the loop (`use_scan=False`); only the exporters ask for the scan.
+Every recurrent model (LSTM_RMC, DKVMN and DKT's serving graph) uses this one helper, so the two paths cannot
+drift apart, and all default to the loop (`use_scan=False`); only the exporters ask for the scan.
 """
 
 from __future__ import annotations

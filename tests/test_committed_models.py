@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
 
-KT_MODELS = {"dkvmn-assist2009", "dkvmn-assist2015", "dkvmn-statics", "dkvmn-synthetic"}
+KT_MODELS = {"dkvmn-assist2009", "dkvmn-assist2015", "dkvmn-statics", "dkvmn-synthetic", "dkt-assist2009"}
 SIMILARITY_MODELS = {"rmc-vlmp-sick", "rmc-flmp-sick"}
 MAX_FILE_BYTES = 25 * 1024 * 1024
 
@@ -23,7 +23,7 @@ def committed() -> Iterator[TestClient]:
         yield client
 
 
-def test_manifest_lists_the_six_models_with_defaults_and_small_files():
+def test_manifest_lists_every_model_with_defaults_and_small_files():
     manifest = json.loads((DEFAULT_ARTIFACTS_DIR / "manifest.json").read_text())
     models = {m["name"]: m for m in manifest["models"]}
     assert set(models) == KT_MODELS | SIMILARITY_MODELS

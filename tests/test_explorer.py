@@ -39,6 +39,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 KT_MODEL = "dkvmn-assist2009"
+DKT_MODEL = "dkt-assist2009"
 STARTUP_SECONDS = 180
 
 
@@ -217,6 +218,34 @@ def test_knowledge_tab_builds_a_five_step_history_by_question_name(watched: Watc
     watched.screenshot("knowledge-375")
     page.get_by_text("Predicted probability of a right answer, before each step: the numbers").click()
     expect(page.locator("#prediction-chart table tbody tr")).to_have_count(5)
+    watched.assert_clean()
+
+
+def test_knowledge_tab_shows_the_dkt_baseline_without_concept_maps(watched: Watched, server: str):
+    """DKT has no memory slots: the page shows its predictions and next questions, and no mastery or attention."""
+    interactions = [
+        {"question": 12, "correct": True},
+        {"question": 7, "correct": False},
+        {"question": 12, "correct": True},
+    ]
+    api = httpx.post(
+        f"{server}/knowledge-trace", json={"model": DKT_MODEL, "interactions": interactions}, timeout=30
+    ).json()
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(DKT_MODEL)
+    expect(page.locator("#kt-model-info")).to_contain_text("no latent concepts")
+    page.get_by_text("Paste a history").click()
+    page.get_by_label("One answer per line").fill("12 1\n7 0\n12 1")
+    page.get_by_role("button", name="Replace the history").click()
+    page.get_by_role("button", name="Trace").click()
+    expect(page.locator("#kt-result")).to_be_visible()
+    points = page.locator("#prediction-chart circle.point")
+    expect(points).to_have_count(3)
+    assert [float(value) for value in points.evaluate_all("ps => ps.map(p => p.dataset.value)")] == api["predictions"]
+    expect(page.locator("#mastery-map")).to_be_hidden()
+    expect(page.locator("#kt-attention-map")).to_be_hidden()
+    expect(page.locator("#next-table tbody tr").first.locator("td").nth(2)).to_have_text("–")
+    watched.screenshot("knowledge-dkt-1280")
     watched.assert_clean()
 
 

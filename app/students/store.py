@@ -22,7 +22,8 @@ MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the ma
 
 @dataclass(frozen=True, eq=False)  # no field-wise ==: comparing numpy arrays has no single truth value
 class StudentState:
-    """One student's recurrent state under one model. `memory` is read-only float32 [n_concepts, d_v]."""
+    """One student's recurrent state under one model. `memory` is read-only float32: DKVMN's value memory
+    [n_concepts, d_v], or DKT's LSTM state [2, S]."""
 
     model: str
     student_id: str

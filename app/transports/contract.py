@@ -52,7 +52,7 @@ class Batching(BaseModel):
 
 class ModelInfo(BaseModel):
     """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels;
-    knowledge tracing: n_questions, n_concepts, seqlen)."""
+    knowledge tracing: family, supports, n_questions, n_concepts, seqlen)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -71,8 +71,12 @@ class ModelInfo(BaseModel):
     error: str | None = Field(None, description="why the model is not ready")
     max_tokens: int | None = None
     entailment_labels: list[str] | None = None
+    family: str | None = Field(None, description="knowledge tracing: dkvmn (memory slots) or dkt (an LSTM)")
+    supports: dict[str, bool] | None = Field(
+        None, description="knowledge tracing: which optional fields it fills (mastery, attention, concepts)"
+    )
     n_questions: int | None = None
-    n_concepts: int | None = None
+    n_concepts: int | None = Field(None, description="knowledge tracing: latent concepts; null for DKT")
     seqlen: int | None = None
 
 

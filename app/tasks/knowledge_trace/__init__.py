@@ -1,4 +1,5 @@
-"""The knowledge-tracing task (DKVMN): service, schemas, the stateless HTTP adapter and the /students endpoints."""
+"""The knowledge-tracing task (DKVMN and the DKT baseline): service, schemas, the stateless HTTP adapter and the
+/students endpoints."""
 
 from __future__ import annotations
 

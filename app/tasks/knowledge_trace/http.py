@@ -49,10 +49,11 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> by
         return dumps(
             {
                 "model": model.name,
+                "family": model.state.family.name,
                 "n_concepts": model.state.n_concepts,
                 "predictions": trace.predictions if body.return_predictions else None,
                 "next": service.next_items(model, wanted, next_p),
-                "mastery": MASTERY_ROWS[body.mastery](trace.mastery),
+                "mastery": None if trace.mastery is None else MASTERY_ROWS[body.mastery](trace.mastery),
                 "attention": trace.attention if body.return_attention else None,
             }
         )
@@ -71,6 +72,8 @@ async def knowledge_trace(request: Request) -> JsonResponse:
 
     Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
     `seqlen`, oldest first, each chunk starting from the memory state the previous one ended with.
+    A DKT model (`family` dkt) has no memory slots: its `mastery`, `attention`, `n_concepts` and `next[].concept`
+    are null whatever the request asks (GET /models `supports` says which fields a model fills).
     """
     body = await read_body(request, KnowledgeTraceRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)

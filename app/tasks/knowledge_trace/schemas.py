@@ -1,4 +1,9 @@
-"""POST /knowledge-trace bodies."""
+"""POST /knowledge-trace bodies.
+
+Two model families answer through the same bodies: DKVMN, whose memory slots are latent concepts, and
+the DKT baseline (an LSTM), which has none: for a DKT model `mastery`, `attention`, `n_concepts` and
+`next[].concept` are null whatever the request asks, so one request body works for every model.
+"""
 
 from __future__ import annotations
 
@@ -35,9 +40,13 @@ class KnowledgeTraceRequest(BaseModel):
     next_questions: list[QuestionId] | None = Field(
         default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
     )
-    return_attention: StrictBool = True
+    return_attention: StrictBool = Field(
+        default=True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
+    )
     mastery: Literal["all", "last", "none"] = Field(
-        default="all", description="mastery rows to return: all (the prior and one per interaction), last, none"
+        default="all",
+        description="mastery rows to return: all (the prior and one per interaction), last, none "
+        "(always null for a DKT model: no memory slots)",
     )
     return_predictions: StrictBool = Field(default=True, description="false: `predictions` is null")
 
@@ -45,28 +54,37 @@ class KnowledgeTraceRequest(BaseModel):
 class NextPrediction(BaseModel):
     question: int = Field(ge=1)
     p_correct: float = Field(ge=0, le=1)
-    concept: int = Field(description="the latent concept this question weighs most (argmax of its attention)")
+    concept: int | None = Field(
+        description="the latent concept this question weighs most (argmax of its attention); null for DKT"
+    )
     name: str | None = Field(default=None, description="the question's name where the data set has one")
 
 
 class KnowledgeTraceResponse(BaseModel):
     model: str
-    n_concepts: int
+    family: Literal["dkvmn", "dkt"] = Field(
+        description="dkvmn: memory slots as latent concepts (mastery, attention, concepts); dkt: an LSTM without "
+        "them, so mastery, attention, n_concepts and next[].concept are null"
+    )
+    n_concepts: int | None = Field(description="latent concepts (memory slots); null for DKT")
     predictions: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
         description="P(interaction t correct | interactions 0..t-1); null with return_predictions false"
     )
     next: list[NextPrediction]
     mastery: list[list[float]] | None = Field(
         description="mastery all: (len(interactions) + 1) x n_concepts, row 0 is the prior; last: the final row "
-        "only (1 x n_concepts); none: null"
+        "only (1 x n_concepts); none: null. Always null for DKT (no memory slots)"
     )
-    attention: list[list[float]] | None = Field(description="len(interactions) x n_concepts correlation weights")
+    attention: list[list[float]] | None = Field(
+        description="len(interactions) x n_concepts correlation weights; null with return_attention false, and "
+        "always for DKT (no memory slots)"
+    )
 
 
 class CatalogQuestion(BaseModel):
     question: int = Field(ge=1)
     name: str | None = Field(description="the question's name where the data set has one")
-    concept: int = Field(description="the latent concept this question weighs most")
+    concept: int | None = Field(description="the latent concept this question weighs most; null for DKT")
 
 
 class ConceptLabel(BaseModel):

@@ -1,14 +1,19 @@
 """The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode.
 
-Graph inputs: q, r [B,T] int64 (0 = padding), len [B] int64, mv_in [B,N,d_v] float32.
-Outputs: p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v].
+Two model families (the manifest's `metadata.family`, default `dkvmn`):
 
-The value memory is the DKVMN's only recurrent state, so a history can be cut anywhere and resumed
-from `mv_out` with the same results. A history is run in consecutive chunks of at most `seqlen`
-interactions, each one batch row starting from the memory the previous chunk ended with; the chunks
-of one request run one after another, so a long history never holds the model while others wait.
-(The published evaluation instead restarts every chunk from the initial memory; for histories of at
-most `seqlen` interactions both are the same.)
+- DKVMN. Inputs q, r [B,T] int64 (0 = padding), len [B] int64, mv_in [B,N,d_v] float32; outputs p [B,T],
+  corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v]. The value memory's N slots are latent concepts,
+  so its answers explain themselves: mastery per concept, attention, each question's main concept.
+- DKT (the LSTM baseline). Inputs q, r, len and state_in [B,2,S] (h and c); outputs p and state_out.
+  It has no memory slots: mastery, attention and concepts are None.
+
+The state (value memory or LSTM state) is the model's only recurrent state, so a history can be cut
+anywhere and resumed from the state output with the same results. A history is run in consecutive
+chunks of at most `seqlen` interactions, each one batch row starting from the state the previous chunk
+ended with; the chunks of one request run one after another, so a long history never holds the model
+while others wait. (The published evaluation instead restarts every chunk from the initial state; for
+histories of at most `seqlen` interactions both are the same.)
 """
 
 from __future__ import annotations
@@ -30,54 +35,108 @@ TOP_SKILLS = 3
 
 
 @dataclass(frozen=True)
-class KnowledgeTraceState:
-    """What requests need from one DKVMN model, checked at startup."""
+class Family:
+    """A knowledge-tracing graph family: the names of its recurrent state, and whether it has memory slots
+    (latent concepts) to explain its answers with mastery, attention and question concepts."""
 
+    name: str
+    state_input: str
+    state_output: str
+    has_concepts: bool
+
+    def supports(self) -> dict[str, bool]:
+        """The optional response fields this family fills (GET /models `supports`)."""
+        return {"mastery": self.has_concepts, "attention": self.has_concepts, "concepts": self.has_concepts}
+
+
+DKVMN = Family("dkvmn", "mv_in", "mv_out", has_concepts=True)
+DKT = Family("dkt", "state_in", "state_out", has_concepts=False)
+FAMILIES = {family.name: family for family in (DKVMN, DKT)}
+
+
+@dataclass(frozen=True)
+class KnowledgeTraceState:
+    """What requests need from one knowledge-tracing model, checked at startup."""
+
+    family: Family
     n_questions: int
-    n_concepts: int
+    n_concepts: int | None  # None: no memory slots (DKT)
     seqlen: int
     max_interactions: int
-    init_memory: np.ndarray  # [N, d_v] float32
-    concepts: np.ndarray  # [n_questions]: each question's main concept
+    init_memory: np.ndarray  # the state a history starts from: DKVMN [N, d_v], DKT [2, S] float32
+    concepts: np.ndarray | None  # [n_questions]: each question's main concept; None without memory slots
     names: tuple[str | None, ...] | None  # question names where the data set has them
     concept_skills: tuple[tuple[str, ...], ...] | None  # per concept: top skill names (skill-named data sets)
 
 
 @dataclass(frozen=True)
 class Trace:
-    """Per-step predictions [T], correlation weights [T,N], mastery [T+1,N], final memory [N,d_v]."""
+    """Per-step predictions [T], correlation weights [T,N], mastery [T+1,N] (None without memory slots),
+    and the final state (DKVMN memory [N,d_v], DKT LSTM state [2,S])."""
 
     predictions: np.ndarray
-    attention: np.ndarray
-    mastery: np.ndarray
+    attention: np.ndarray | None
+    mastery: np.ndarray | None
     memory: np.ndarray
 
 
 def prepare(model: ServedModel) -> KnowledgeTraceState:
-    """Sizes from the manifest, checked against the assets."""
+    """Sizes from the manifest, checked against the assets and the graph."""
     metadata, limits = model.metadata, model.limits
-    n_questions, n_concepts, seqlen = (positive_int(metadata, key) for key in ("n_questions", "n_concepts", "seqlen"))
+    family = FAMILIES.get(metadata.get("family", DKVMN.name))
+    if family is None:
+        raise ValueError(f"metadata.family is {metadata.get('family')!r}; known: {', '.join(FAMILIES)}")
+    _check_state_tensors(model, family)
+    n_questions, seqlen = (positive_int(metadata, key) for key in ("n_questions", "seqlen"))
+    raw_names = model.assets.get("question_names")
+    names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
+    if names is not None and len(names) != n_questions:
+        raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
+    common = {
+        "family": family,
+        "n_questions": n_questions,
+        "seqlen": seqlen,
+        "max_interactions": positive_int(limits, "max_interactions"),
+        "names": names,
+    }
+    if not family.has_concepts:
+        initial = _zero_state(model, family)
+        return KnowledgeTraceState(**common, n_concepts=None, init_memory=initial, concepts=None, concept_skills=None)
+    n_concepts = positive_int(metadata, "n_concepts")
     concepts = np.asarray(model.assets["question_concepts"]).astype(np.int64)
     if concepts.shape != (n_questions,):
         raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
     init_memory = np.asarray(model.assets["init_memory"], dtype=np.float32)
     if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
         raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
-    raw_names = model.assets.get("question_names")
-    names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
-    if names is not None and len(names) != n_questions:
-        raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
     skill_named = names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS
     return KnowledgeTraceState(
-        n_questions=n_questions,
+        **common,
         n_concepts=n_concepts,
-        seqlen=seqlen,
-        max_interactions=positive_int(limits, "max_interactions"),
         init_memory=init_memory,
         concepts=concepts,
-        names=names,
         concept_skills=_concept_skills(model, init_memory, names) if skill_named else None,
     )
+
+
+def _check_state_tensors(model: ServedModel, family: Family) -> None:
+    """The graph must take and give the family's state tensors (a family mismatch stops the model at startup)."""
+    inputs = {node.name for node in model.session.get_inputs()}
+    outputs = {node.name for node in model.session.get_outputs()}
+    if family.state_input not in inputs or family.state_output not in outputs:
+        raise ValueError(
+            f"a {family.name} graph takes {family.state_input} and gives {family.state_output}; this one takes "
+            f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
+        )
+
+
+def _zero_state(model: ServedModel, family: Family) -> np.ndarray:
+    """The zero state a DKT history starts from, shaped as the graph declares its state input (after the batch)."""
+    node = next(node for node in model.session.get_inputs() if node.name == family.state_input)
+    shape = node.shape[1:]
+    if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
+        raise ValueError(f"{family.state_input} must have a fixed [2, S] shape after the batch, not {shape}")
+    return np.zeros(shape, dtype=np.float32)
 
 
 def _concept_skills(
@@ -107,7 +166,13 @@ def _concept_skills(
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: KnowledgeTraceState = model.state
-    return {"n_questions": state.n_questions, "n_concepts": state.n_concepts, "seqlen": state.seqlen}
+    return {
+        "family": state.family.name,
+        "supports": state.family.supports(),
+        "n_questions": state.n_questions,
+        "n_concepts": state.n_concepts,
+        "seqlen": state.seqlen,
+    }
 
 
 def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str, ...]) -> None:
@@ -139,27 +204,34 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
 async def trace(
     model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None = None
 ) -> Trace:
-    """Run one history (oldest first) from `memory` (default: the model's initial memory), chunk by chunk."""
+    """Run one history (oldest first) from `memory` (default: the model's initial state), chunk by chunk."""
     state: KnowledgeTraceState = model.state
+    family = state.family
     memory = (state.init_memory if memory is None else memory)[np.newaxis].astype(np.float32)
     predictions, attention, mastery = [], [], []
     for start in range(0, len(questions), state.seqlen):
         q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
         r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
         length = q.shape[1]
-        feeds = {"q": q, "r": r, "len": np.array([length], dtype=np.int64), "mv_in": memory}
+        feeds = {"q": q, "r": r, "len": np.array([length], dtype=np.int64), family.state_input: memory}
         outputs = await model.batcher.run(feeds, 1, length)
         predictions.append(outputs["p"][0])
-        attention.append(outputs["corr_w"][0])
-        mastery.append(outputs["mastery"][0] if start == 0 else outputs["mastery"][0, 1:])  # row 0 repeats
-        memory = outputs["mv_out"]
-    return Trace(np.concatenate(predictions), np.concatenate(attention), np.concatenate(mastery), memory[0])
+        if family.has_concepts:
+            attention.append(outputs["corr_w"][0])
+            mastery.append(outputs["mastery"][0] if start == 0 else outputs["mastery"][0, 1:])  # row 0 repeats
+        memory = outputs[family.state_output]
+    return Trace(np.concatenate(predictions), _joined(attention), _joined(mastery), memory[0])
+
+
+def _joined(chunks: list[np.ndarray]) -> np.ndarray | None:
+    """The chunks of one output joined along time; None when the family does not give that output."""
+    return np.concatenate(chunks) if chunks else None
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
-    """P(correct) of each question after the history: one step per question from the final memory.
+    """P(correct) of each question after the history: one step per question from the final state.
 
-    The prediction at a step reads the memory before that step's write, so the answer fed with it
+    The prediction at a step reads the state before that step's update, so the answer fed with it
     (0) does not matter.
     """
     count = len(questions)
@@ -167,14 +239,17 @@ async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.nda
         "q": questions.astype(np.int64).reshape(count, 1),
         "r": np.zeros((count, 1), dtype=np.int64),
         "len": np.ones(count, dtype=np.int64),
-        "mv_in": np.repeat(memory[np.newaxis], count, axis=0).astype(np.float32),
+        model.state.family.state_input: np.repeat(memory[np.newaxis], count, axis=0).astype(np.float32),
     }
     outputs = await model.batcher.run(feeds, count, 1)
     return outputs["p"][:, 0]
 
 
-async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray:
-    """The n_concepts mastery of a value memory: row 0 (the prior) of a one-step run from it."""
+async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | None:
+    """The n_concepts mastery of a value memory: row 0 (the prior) of a one-step run from it; None for a
+    family without memory slots (DKT)."""
+    if not model.state.family.has_concepts:
+        return None
     feeds = {
         "q": np.ones((1, 1), dtype=np.int64),
         "r": np.zeros((1, 1), dtype=np.int64),
@@ -186,13 +261,14 @@ async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray:
 
 
 def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
-    """The `next` list: question, p_correct, its main concept and its name where the data set has one."""
+    """The `next` list: question, p_correct, its main concept (None without memory slots) and its name where
+    the data set has one."""
     state: KnowledgeTraceState = model.state
     return [
         {
             "question": int(question),
             "p_correct": float(p),
-            "concept": int(state.concepts[question - 1]),
+            "concept": main_concept(state, question),
             "name": state.names[question - 1] if state.names else None,
         }
         for question, p in zip(questions.tolist(), probabilities.tolist(), strict=True)
@@ -213,12 +289,17 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
             {
                 "question": question,
                 "name": state.names[question - 1] if state.names else None,
-                "concept": int(state.concepts[question - 1]),
+                "concept": main_concept(state, question),
             }
             for question in ids
         ],
         "concepts": None if state.concept_skills is None else concept_labels(state),
     }
+
+
+def main_concept(state: KnowledgeTraceState, question: int) -> int | None:
+    """The latent concept a question weighs most, or None for a family without memory slots (DKT)."""
+    return None if state.concepts is None else int(state.concepts[question - 1])
 
 
 def concept_labels(state: KnowledgeTraceState) -> list[dict[str, Any]]:

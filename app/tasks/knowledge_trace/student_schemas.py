@@ -41,7 +41,9 @@ class AppendResponse(BaseModel):
     predictions: list[float] = Field(
         description="for each new interaction, P(correct) predicted before seeing it (for calibration logs)"
     )
-    mastery: list[float] = Field(description="n_concepts mastery values after the last new interaction")
+    mastery: list[float] | None = Field(
+        description="n_concepts mastery values after the last new interaction; null for DKT (no memory slots)"
+    )
     next: list[NextPrediction] = Field(description="predictions for `next_questions`, in the order asked")
     attention: list[list[float]] | None = Field(
         default=None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
@@ -58,7 +60,9 @@ class StudentResponse(BaseModel):
     model: str
     model_sha256: str = Field(description="sha256 of the model file the state was built with")
     interactions: int
-    mastery: list[float] = Field(description="n_concepts mastery values after the last interaction")
+    mastery: list[float] | None = Field(
+        description="n_concepts mastery values after the last interaction; null for DKT (no memory slots)"
+    )
     created_at: str = Field(description="ISO 8601, UTC")
     updated_at: str = Field(description="ISO 8601, UTC")
 

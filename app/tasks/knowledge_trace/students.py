@@ -1,4 +1,7 @@
-"""The /students endpoints: knowledge tracing with each student's DKVMN state kept on the server.
+"""The /students endpoints: knowledge tracing with each student's state kept on the server.
+
+The state is the model's recurrent state: DKVMN's value memory [N, d_v], or DKT's LSTM state [2, S] (h, c;
+DKT has no mastery, so its `mastery` fields are null).
 
 An append reads the student's state, runs the new interactions from its memory through the batcher,
 and stores the new memory with a compare-and-swap, retrying on a lost race (`update_state`). Its cost
@@ -94,7 +97,7 @@ async def _append(
         "model": model.name,
         "interactions": state.interactions,
         "predictions": trace.predictions.tolist(),
-        "mastery": trace.mastery[-1].tolist(),
+        "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
         "next": service.next_items(model, wanted, next_p),
         "attention": trace.attention.tolist() if body.return_attention else None,
         "mastery_steps": trace.mastery.tolist() if body.return_mastery_steps else None,
@@ -125,6 +128,10 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         return JsonResponse(await complete(request, _append(store, model, student_id, arrays, body), model.name))
 
 
+def _listed(values: np.ndarray | None) -> list[float] | None:
+    return None if values is None else values.tolist()
+
+
 async def _describe(store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
     state = await offload(store.read, model.name, student_id)
     if state is None:
@@ -139,7 +146,7 @@ async def _describe(store: StateStore, model: ServedModel, student_id: str) -> d
         "model": model.name,
         "model_sha256": state.model_sha256,
         "interactions": state.interactions,
-        "mastery": (await service.mastery_of(model, state.memory)).tolist(),
+        "mastery": _listed(await service.mastery_of(model, state.memory)),
         "created_at": _iso(state.created_at),
         "updated_at": _iso(state.updated_at),
     }

@@ -1,13 +1,15 @@
-"""Knowledge-tracing models over the Open Inference Protocol: the DKVMN graph's own tensors.
+"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors.
 
 Inputs (as the ONNX graph declares them): `q` [B,T] and `r` [B,T] INT64 (question ids 1..n_questions
 and answers 0/1; steps at or past a row's length are padding and ignored), `len` [B] INT64 (1..T) and
-the optional value memory `mv_in` [B,N,d_v] FP32 (default: the model's initial memory).
-Outputs: `p` [B,T], `corr_w` [B,T,N], `mastery` [B,T+1,N] and `mv_out` [B,N,d_v], all FP32; steps
-past a row's length are 0. Each row runs through the task service's `trace`: chunks of `seqlen`
-steps, each starting from the memory the previous chunk ended with, in the model's batches, so
-T may exceed `seqlen`, as on POST /knowledge-trace. B x T (padding included: it bounds the size of
-the outputs too) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace.
+the optional state: DKVMN's value memory `mv_in` [B,N,d_v] FP32 (default: the model's initial memory),
+DKT's LSTM state `state_in` [B,2,S] FP32 (default: zeros).
+Outputs: `p` [B,T] and the state (`mv_out` [B,N,d_v] or `state_out` [B,2,S]), for DKVMN also
+`corr_w` [B,T,N] and `mastery` [B,T+1,N], all FP32; steps past a row's length are 0. Each row runs
+through the task service's `trace`: chunks of `seqlen` steps, each starting from the state the previous
+chunk ended with, in the model's batches, so T may exceed `seqlen`, as on POST /knowledge-trace. B x T
+(padding included: it bounds the size of the outputs too) may be at most the model's `max_interactions`,
+the limit of one POST /knowledge-trace.
 """
 
 from __future__ import annotations
@@ -25,22 +27,22 @@ from app.tasks.knowledge_trace.service import KnowledgeTraceState
 from app.transports.oip.tensors import ProtocolError, TensorSpec, onnx_spec
 
 PLATFORM = "onnxruntime_onnx"
-OPTIONAL_INPUTS = frozenset({"mv_in"})
+OPTIONAL_INPUTS = frozenset({service.DKVMN.state_input, service.DKT.state_input})
 
 
 @dataclass(frozen=True)
 class Histories:
-    """A checked request: each row's questions, answers and starting memory (None: the initial one)."""
+    """A checked request: each row's questions, answers and starting state (None: the initial one)."""
 
     questions: np.ndarray  # [B,T]
     answers: np.ndarray  # [B,T]
     lengths: np.ndarray  # [B]
-    memory: np.ndarray | None  # [B,N,d_v]
+    memory: np.ndarray | None  # [B,N,d_v] (DKVMN) or [B,2,S] (DKT)
     rows: int  # batch rows the request puts through the graph
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
-    """The graph's inputs; `mv_in` may be left out."""
+    """The graph's inputs; the state (`mv_in`, `state_in`) may be left out."""
     return [
         replace(onnx_spec(node.name, node.type, node.shape), optional=node.name in OPTIONAL_INPUTS)
         for node in model.session.get_inputs()
@@ -54,7 +56,8 @@ def outputs(model: ServedModel) -> list[TensorSpec]:
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histories:
     """Check shapes against each other and values against the model (400 naming the input and element)."""
     state: KnowledgeTraceState = model.state
-    questions, answers, lengths, memory = (tensors[name] for name in ("q", "r", "len", "mv_in"))
+    state_input = state.family.state_input
+    questions, answers, lengths, memory = (tensors[name] for name in ("q", "r", "len", state_input))
     batch, steps = questions.shape
     if batch == 0 or steps == 0:
         raise ProtocolError(f"input q has shape {list(questions.shape)}; it needs at least one row and one step")
@@ -63,7 +66,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
     if lengths.shape != (batch,):
         raise ProtocolError(f"input len has shape {list(lengths.shape)}; it must be [{batch}], one per row of q")
     if memory is not None and memory.shape[0] != batch:
-        raise ProtocolError(f"input mv_in has {memory.shape[0]} rows; q has {batch}")
+        raise ProtocolError(f"input {state_input} has {memory.shape[0]} rows; q has {batch}")
     short = np.flatnonzero((lengths < 1) | (lengths > steps))
     if len(short):
         row = int(short[0])
@@ -77,7 +80,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
     _check_range(questions, live, 1, state.n_questions, f"q (the question ids of model {model.name})")
     _check_range(answers, live, 0, 1, "r (answers)")
     if memory is not None and not np.isfinite(memory).all():
-        raise ProtocolError("input mv_in holds NaN or infinite values")
+        raise ProtocolError(f"input {state_input} holds NaN or infinite values")
     rows = sum(math.ceil(int(length) / state.seqlen) for length in lengths)
     return Histories(questions, answers, lengths, memory, rows)
 
@@ -105,17 +108,20 @@ async def infer(model: ServedModel, histories: Histories) -> Feeds:
         )
     )
     batch, steps = histories.questions.shape
-    concepts, value_dim = traces[0].memory.shape
+    family: service.Family = model.state.family
     result = {
         "p": np.zeros((batch, steps), dtype=np.float32),
-        "corr_w": np.zeros((batch, steps, concepts), dtype=np.float32),
-        "mastery": np.zeros((batch, steps + 1, concepts), dtype=np.float32),
-        "mv_out": np.zeros((batch, concepts, value_dim), dtype=np.float32),
+        family.state_output: np.zeros((batch, *traces[0].memory.shape), dtype=np.float32),
     }
+    if family.has_concepts:
+        concepts = traces[0].memory.shape[0]
+        result["corr_w"] = np.zeros((batch, steps, concepts), dtype=np.float32)
+        result["mastery"] = np.zeros((batch, steps + 1, concepts), dtype=np.float32)
     for row, trace in enumerate(traces):
         length = len(trace.predictions)
         result["p"][row, :length] = trace.predictions
-        result["corr_w"][row, :length] = trace.attention
-        result["mastery"][row, : length + 1] = trace.mastery
-        result["mv_out"][row] = trace.memory
+        result[family.state_output][row] = trace.memory
+        if family.has_concepts:
+            result["corr_w"][row, :length] = trace.attention
+            result["mastery"][row, : length + 1] = trace.mastery
     return result

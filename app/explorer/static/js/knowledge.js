@@ -71,7 +71,9 @@ async function chooseModel() {
   const model = currentModel();
   if (!model) return;
   showError($("kt-error"), "");
-  $("kt-model-info").textContent = `${model.n_questions} questions, ${model.n_concepts} latent concepts`;
+  $("kt-model-info").textContent = model.supports?.concepts === false
+    ? `${model.n_questions} questions, ${model.family?.toUpperCase()}: no latent concepts (no mastery or attention)`
+    : `${model.n_questions} questions, ${model.n_concepts} latent concepts`;
   try {
     const questions = await catalog(model.name);
     $("question-list").replaceChildren(...[...questions.values()].map((item) => html("option", { value: questionText(item) })));
@@ -224,6 +226,8 @@ function showStored(stored) {
   $("kt-result").hidden = false;
   for (const id of ["prediction-chart", "kt-attention-map", "next-card"]) $(id).hidden = true;
   const label = `now, after ${stored.interactions}`;
+  $("mastery-map").hidden = stored.mastery === null; // DKT keeps no concept mastery
+  if (stored.mastery === null) return;
   renderHeatmap($("mastery-map"), {
     title: "Mastery per concept, stored for this student", matrix: [stored.mastery], rowLabels: [label],
     colLabels: conceptNames(stored.mastery.length), rowAxis: "state", colAxis: "concept", domain: [0, 1], labelLength: 22,
@@ -235,7 +239,7 @@ function showStored(stored) {
 /** Draw a trace of `history`; `before` answers came first (a stored student's), so step numbers start after them. */
 function show(result, history, before = 0) {
   $("kt-result").hidden = false;
-  for (const id of ["prediction-chart", "kt-attention-map", "next-card"]) $(id).hidden = false;
+  for (const id of ["prediction-chart", "next-card"]) $(id).hidden = false;
   const stepName = (step) => `${before + step + 1} · ${describeQuestion(history[step].question)}`;
   const verdict = (step) => (history[step].correct ? "right" : "wrong");
   renderLineChart($("prediction-chart"), {
@@ -247,6 +251,16 @@ function show(result, history, before = 0) {
     tableHeads: ["step", "question", "answered", "P(right) predicted"],
     tableRow: (step) => [before + step + 1, describeQuestion(history[step].question), verdict(step), fixed(result.predictions[step], 3)],
   });
+  // A model without memory slots (DKT) answers mastery and attention as null: no maps for it.
+  $("mastery-map").hidden = result.mastery === null;
+  $("kt-attention-map").hidden = result.attention === null;
+  if (result.mastery !== null && result.attention !== null) showConceptMaps(result, history, before, stepName, verdict);
+  state.next = [...result.next].sort((a, b) => b.p_correct - a.p_correct);
+  state.showAllNext = false;
+  drawNext();
+}
+
+function showConceptMaps(result, history, before, stepName, verdict) {
   const concepts = conceptNames(result.n_concepts);
   const start = before ? `stored (${before})` : "prior";
   const rowLabels = [start, ...history.map((step, i) => `${before + i + 1} ${step.correct ? "✓" : "✗"} ${describeQuestion(step.question)}`)];
@@ -262,9 +276,6 @@ function show(result, history, before = 0) {
     labelLength: 22, legendLabel: "correlation weight",
     describe: (row, concept, value) => `step ${stepName(row)}, concept ${concept}: weight ${fixed(value, 3)}`,
   });
-  state.next = [...result.next].sort((a, b) => b.p_correct - a.p_correct);
-  state.showAllNext = false;
-  drawNext();
 }
 
 function drawNext() {
@@ -275,7 +286,7 @@ function drawNext() {
     return html("tr", {}, [
       html("td", {}, rank + 1),
       html("td", { title: questionText(item) }, shorten(questionText(item), 60)),
-      html("td", {}, item.concept),
+      html("td", {}, item.concept ?? "–"),
       html("td", { class: "p" }, [html("span", { class: "track", "aria-hidden": "true" }, bar), fixed(item.p_correct, 3)]),
     ]);
   }));
