@@ -139,6 +139,11 @@ def test_server_deployment_is_hardened_probed_and_drains_before_it_is_killed(bas
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    probe_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "probes")
+    assert probe_port == int(config_map(base)["data"]["MNEMO_PROBE_PORT"])
+    assert {container[probe]["httpGet"]["port"] for probe in ("startupProbe", "livenessProbe", "readinessProbe")} == {
+        "probes"
+    }
     assert {"cpu", "memory"} <= set(container["resources"]["requests"]) & set(container["resources"]["limits"])
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
