@@ -8,6 +8,8 @@
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
 - The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
   `Retry-After` when the database is unavailable, 409 for a model-version mismatch or lost races.
+- A method the path does not take: 405 whose `Allow` lists every method the OpenAPI document gives the
+  path (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
 - Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
 """
 
@@ -17,11 +19,16 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.routing import compile_path
 
 from app.frame.paths import loggable_path
 from app.frame.responses import JsonResponse
@@ -133,8 +140,26 @@ def ort_message(error: Exception) -> str:
     return " ".join(text.split())
 
 
+def allowed_methods(openapi: Mapping[str, Any], path: str) -> str | None:
+    """The `Allow` header for `path`: the methods the OpenAPI document gives every path template it fits."""
+    methods = {
+        method.upper()
+        for template, operations in openapi.get("paths", {}).items()
+        if compile_path(template)[0].match(path)
+        for method in operations
+    }
+    return ", ".join(sorted(methods)) or None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the mapping from exceptions to responses."""
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        allowed = allowed_methods(request.app.openapi(), request.url.path) if error.status_code == 405 else None
+        if allowed:  # else Starlette's own (a path the document does not list)
+            error.headers = {**(error.headers or {}), "Allow": allowed}
+        return await http_exception_handler(request, error)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, error: ServiceError) -> JsonResponse:
