@@ -155,6 +155,8 @@ def test_a_method_the_path_does_not_take_is_405_listing_every_method_of_the_path
     response = httpx.request("OPTIONS", f"{server.url}/students/learner-9")
     assert response.status_code == 405
     assert set(response.headers["allow"].split(", ")) == {"DELETE", "GET"}  # two routes share the path
+    health = httpx.request("PUT", f"{server.url}/health")
+    assert health.status_code == 405 and set(health.headers["allow"].split(", ")) == {"GET", "HEAD"}
 
 
 def generate_client(schema: dict, directory: Path) -> None:

@@ -8,8 +8,8 @@
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
 - The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
   `Retry-After` when the database is unavailable, 409 for a model-version mismatch or lost races.
-- A method the path does not take: 405 whose `Allow` lists every method the OpenAPI document gives the
-  path (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
+- A method the path does not take: 405 whose `Allow` lists every method some route takes on that path
+  (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
 - Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
 """
 
@@ -19,7 +19,6 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -28,7 +27,8 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtIn
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.routing import compile_path
+from starlette.routing import BaseRoute, Match, Mount
+from starlette.types import Scope
 
 from app.frame.paths import loggable_path
 from app.frame.responses import JsonResponse
@@ -38,6 +38,7 @@ logger = logging.getLogger("mnemo.errors")
 LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
 STORE_RETRY_AFTER_S = 1
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class ServiceError(Exception):
@@ -140,15 +141,17 @@ def ort_message(error: Exception) -> str:
     return " ".join(text.split())
 
 
-def allowed_methods(openapi: Mapping[str, Any], path: str) -> str | None:
-    """The `Allow` header for `path`: the methods the OpenAPI document gives every path template it fits."""
-    methods = {
-        method.upper()
-        for template, operations in openapi.get("paths", {}).items()
-        if compile_path(template)[0].match(path)
-        for method in operations
-    }
-    return ", ".join(sorted(methods)) or None
+def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
+    """The `Allow` header for the scope's path: every method that some route takes there (mounts left out)."""
+    allowed = [
+        method
+        for method in HTTP_METHODS
+        if any(
+            not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] == Match.FULL
+            for route in routes
+        )
+    ]
+    return ", ".join(allowed) or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -156,8 +159,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> Response:
-        allowed = allowed_methods(request.app.openapi(), request.url.path) if error.status_code == 405 else None
-        if allowed:  # else Starlette's own (a path the document does not list)
+        allowed = allowed_methods(request.app.router.routes, request.scope) if error.status_code == 405 else None
+        if allowed:  # else Starlette's own (a mounted app's 405)
             error.headers = {**(error.headers or {}), "Allow": allowed}
         return await http_exception_handler(request, error)
 
