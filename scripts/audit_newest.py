@@ -36,13 +36,9 @@ class Finding:
         return self.pinned == self.newest
 
 
-def pins(files: list[Path]) -> dict[str, str]:
-    """Package name (lower case) -> pinned version, over every requirement file."""
-    found: dict[str, str] = {}
-    for file in files:
-        for name, version in PIN.findall(file.read_text()):
-            found[name.lower()] = version
-    return found
+def pins(files: list[Path]) -> list[tuple[str, str]]:
+    """Every (package name in lower case, pinned version) of the requirement files, once each."""
+    return sorted({(name.lower(), version) for file in files for name, version in PIN.findall(file.read_text())})
 
 
 def accepted_ids(exceptions: Path) -> set[str]:
@@ -82,10 +78,9 @@ def report(findings: list[Finding], accepted: set[str]) -> tuple[list[str], bool
 
 
 def main(exceptions: Path, files: list[Path]) -> int:
-    pinned = pins(files)
     try:
         with ThreadPoolExecutor(max_workers=8) as pool:
-            findings = list(pool.map(look_up, pinned, pinned.values()))
+            findings = list(pool.map(lambda pin: look_up(*pin), pins(files)))
     except (urllib.error.URLError, OSError) as error:
         print(f"audit: NOT RUN: PyPI's project JSON API is not reachable either ({error})")
         return 2

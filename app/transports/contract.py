@@ -128,7 +128,6 @@ def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """The errors of an Open Inference Protocol endpoint: the protocol's body from the route, ErrorBody from
     the middleware in front of it. No 422: the routes read their path and body themselves (400)."""
-    operation["responses"].pop("422", None)  # FastAPI's default for a path parameter; a plain str cannot fail
     statuses: dict[str, tuple[str, ...]] = {"413": (ERROR_REF,), "503": (PROTOCOL_REF, ERROR_REF)}
     if operation.get("operationId") == "oip_ready":
         statuses["503"] = (SERVER_READINESS_REF,)  # {"ready": false}; the drain gate lets this path through
@@ -155,6 +154,8 @@ def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dic
         for operation in operations.values():
             operation.setdefault("responses", {})
             protocol = path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
+            if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
+                operation["responses"].pop("422", None)
             errors = _protocol_errors(operation) if protocol else _task_errors(operation)
             if protected is not None and path in protected:
                 errors["401"] = (ERROR_REF,)
