@@ -3,6 +3,8 @@
 #   docker build --target runtime-gpu -t mnemo:gpu .          # CUDA image (onnxruntime-gpu)
 # Both install the hashed lock files (requirements/serve.txt, requirements/gpu.txt): the CPU image holds
 # onnxruntime, the GPU image onnxruntime-gpu, never both. The runtime stages hold no torch and no compilers.
+# Both hold redis-py (the `redis` extra) for MNEMO_STATE_URL=redis://...; by default the state is an SQLite file
+# in /srv/mnemo/state, a volume owned by the service user (uid 10001).
 ARG PYTHON_IMAGE=python:3.11-slim
 ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
 
@@ -37,7 +39,10 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --require-hashes -r /tmp/requirements-gpu.txt \
  && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
  && rm -rf /wheels /tmp/requirements-gpu.txt
-RUN useradd --system --uid 10001 --no-create-home mnemo
+# The service user and its state directory (MNEMO_STATE_URL's SQLite file), as in the CPU image
+RUN groupadd --system --gid 10001 mnemo \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home mnemo \
+ && install -d -o 10001 -g 10001 -m 0750 /srv/mnemo/state
 WORKDIR /srv/mnemo
 COPY artifacts ./artifacts
 # CUDA and cuDNN from the base image, found by onnxruntime-gpu's CUDA provider at run time.
@@ -48,9 +53,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     MNEMO_HOST=0.0.0.0 \
     MNEMO_PORT=8000 \
     MNEMO_PROVIDER=cuda \
+    MNEMO_STATE_URL=sqlite:////srv/mnemo/state/students.db \
     MNEMO_LOG_FORMAT=json \
     MNEMO_LOG_LEVEL=info \
     MNEMO_ON_MODEL_ERROR=exit
+# per-student state: a named volume here (docker-compose.yml) keeps it across restarts and upgrades
+VOLUME ["/srv/mnemo/state"]
 USER 10001
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
@@ -70,10 +78,13 @@ ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
     MNEMO_HOST=0.0.0.0 \
     MNEMO_PORT=8000 \
     MNEMO_PROVIDER=cpu \
+    MNEMO_STATE_URL=sqlite:////srv/mnemo/state/students.db \
     MNEMO_LOG_FORMAT=json \
     MNEMO_LOG_LEVEL=info \
     MNEMO_ON_MODEL_ERROR=exit \
     MNEMO_MAX_BODY_BYTES=1048576
+# per-student state: a named volume here (docker-compose.yml) keeps it across restarts and upgrades
+VOLUME ["/srv/mnemo/state"]
 USER 10001
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \

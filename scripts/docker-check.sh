@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Opt-in (`make docker-check`): build the Dockerfile with podman from a locally made python:3.11-slim
 # stand-in, print the image size (fails above MAX_IMAGE_MB, default 300), run it, wait for /ready, run the
-# image's HEALTHCHECK, call both endpoints, stop it with SIGTERM.
+# image's HEALTHCHECK, call both endpoints and a /students endpoint (state written to the image's volume, still
+# there after a restart), stop it with SIGTERM. DOCKER_CHECK_IMAGE, DOCKER_CHECK_NAME and DOCKER_CHECK_PORT
+# override the image tag, the container name and the host port (default: a free one).
 # Needs ../shared/tools/container-base (this workplace's machines); elsewhere use docker directly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,25 +11,32 @@ base_tool=${CONTAINER_BASE_TOOL:-../shared/tools/container-base}
 "$base_tool" >/dev/null
 # shellcheck disable=SC1091
 source /tmp/mnemo-containers/env
-name=mnemo-check
-port=${DOCKER_CHECK_PORT:-18000}
+image=${DOCKER_CHECK_IMAGE:-mnemo:local}
+name=${DOCKER_CHECK_NAME:-mnemo-check}
+port=${DOCKER_CHECK_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 podman build --format docker --build-arg "PYTHON_IMAGE=$MNEMO_BASE_IMAGE" \
-  -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro -t mnemo:local .
-size=$(podman image inspect -f '{{.Size}}' mnemo:local)
+  -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro -t "$image" .
+size=$(podman image inspect -f '{{.Size}}' "$image")
 echo "image size: $((size / 1000000)) MB ($size bytes; podman image inspect)"
 if ((size > ${MAX_IMAGE_MB:-300} * 1000000)); then
   echo "the image is over ${MAX_IMAGE_MB:-300} MB" >&2
   exit 1
 fi
 podman rm -f "$name" >/dev/null 2>&1 || true
-podman run -d --name "$name" -p "127.0.0.1:$port:8000" mnemo:local >/dev/null
-trap 'podman rm -f "$name" >/dev/null 2>&1 || true' EXIT
-for _ in $(seq 1 120); do
-  if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/ready', timeout=2)" 2>/dev/null; then
-    break
-  fi
-  sleep 1
-done
+podman run -d --name "$name" -p "127.0.0.1:$port:8000" "$image" >/dev/null
+trap 'podman rm -f -v "$name" >/dev/null 2>&1 || true' EXIT
+wait_ready() {
+  for _ in $(seq 1 120); do
+    if python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/ready', timeout=2)" 2>/dev/null; then
+      return 0
+    fi
+    sleep 1
+  done
+  echo "the container did not become ready in 120 s" >&2
+  podman logs "$name" 2>&1 | tail -n 20 >&2
+  return 1
+}
+wait_ready
 python3 - "$port" <<'PY'
 import json, sys, urllib.request
 port = sys.argv[1]
@@ -39,10 +48,21 @@ print("ready:", json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/ready
 print("models:", [(m["name"], m["provider"]) for m in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/models"))["models"]])
 print("similarity:", post("/similarity", {"sentence_a": "A man is playing a guitar.", "sentence_b": "A man plays a guitar.", "return_attention": False})["relatedness"])
 print("knowledge-trace:", post("/knowledge-trace", {"interactions": [{"question": 1, "correct": True}], "next_questions": [2]})["next"])
+print("students:", post("/students/docker-check/interactions", {"interactions": [{"question": 1, "correct": True}]})["interactions"], "interaction stored")
+PY
+podman exec "$name" python3 -c "import os; print('state:', os.listdir('/srv/mnemo/state'), 'owner uid', os.stat('/srv/mnemo/state').st_uid)"
+podman restart -t 20 "$name" >/dev/null
+wait_ready
+python3 - "$port" <<'PY'
+import json, sys, urllib.request
+student = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/students/docker-check", timeout=30))
+assert student["interactions"] == 1, student
+print("students after a restart:", student["interactions"], "interaction, kept on the state volume")
 PY
 podman healthcheck run "$name" && echo "healthcheck: healthy"
 podman exec "$name" python3 -c "import os; assert os.getuid() == 10001" && echo "runs as uid 10001"
 podman exec "$name" python3 -c "import importlib.util as u; assert u.find_spec('torch') is None" && echo "no torch in the image"
+podman exec "$name" python3 -c "import redis; print('redis-py', redis.__version__, 'for MNEMO_STATE_URL=redis://')"
 podman stop -t 20 "$name" >/dev/null
 echo "stopped with SIGTERM, exit code $(podman inspect -f '{{.State.ExitCode}}' "$name")"
 podman logs "$name" 2>&1 | tail -n 3

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Docker build step: assemble in ROOT the whole file system of the CPU image, which is `FROM scratch` plus this
 # tree: the base image's Python (interpreter and standard library), /opt/venv, /srv/mnemo, every shared library
-# they load from outside the tree (as ldd resolves them), a loader cache, and passwd/group entries for the
-# service user. No shell and no package manager: a distroless-style image, smaller than the base image alone.
+# they load from outside the tree (as ldd resolves them), a loader cache, passwd/group entries for the service
+# user, and its state directory /srv/mnemo/state (owned by UID: the SQLite file of the image's MNEMO_STATE_URL).
+# No shell and no package manager: a distroless-style image, smaller than the base image alone.
 # Usage (in the builder stage): scripts/image-rootfs.sh ROOT UID
 set -euo pipefail
 root=$1
@@ -20,6 +21,9 @@ for link in /bin /lib /lib64; do
 done
 copy "$(dirname "$python")"/python3* "$stdlib" /opt/venv /srv/mnemo
 rm -rf "$root$stdlib"/{ensurepip,idlelib,lib2to3,pydoc_data,tkinter,turtledemo,test,distutils,venv}
+# Extension modules a server never imports, and with them (before the ldd scan below) the libraries only they
+# load: terminal UI and line editing (ncurses, readline), Berkeley DB (dbm), NIS (tirpc, Kerberos), crypt(3).
+rm -f "$root$stdlib"/lib-dynload/{_curses,_curses_panel,readline,_dbm,nis,_crypt}.cpython-*.so
 if [ -d /etc/python3.11 ]; then copy /etc/python3.11; fi  # Debian's sitecustomize
 find "$root" -type f \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0 \
   | { xargs -0 ldd 2>/dev/null || true; } \
@@ -32,5 +36,6 @@ find "$root" -type f \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0 
   done
 copy /etc/ld.so.conf /etc/ld.so.conf.d
 ldconfig -r "$root"
+install -d -o "$uid" -g "$uid" -m 0750 "$root/srv/mnemo/state"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nmnemo:x:%s:%s:mnemo:/tmp:/sbin/nologin\n' "$uid" "$uid" >"$root/etc/passwd"
 printf 'root:x:0:\nmnemo:x:%s:\n' "$uid" >"$root/etc/group"

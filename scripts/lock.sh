@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make lock`: regenerate the hashed lock files in requirements/ from pyproject.toml with pip-compile.
-#   requirements/serve.txt  the service on CPU (dependencies + the `cpu` extra): `make serve`, the CPU image
-#   requirements/gpu.txt    the service on CUDA (dependencies + the `gpu` extra): the GPU image
+#   requirements/serve.txt  the service on CPU (dependencies + the `cpu` and `redis` extras): `make serve`, the CPU image
+#   requirements/gpu.txt    the service on CUDA (dependencies + the `gpu` and `redis` extras): the GPU image
 #   requirements/dev.txt    every extra but `gpu` (dev, train, cpu and any extra added later): `make test`, CI
 # Every line has its sha256 hashes, except torch: it is left out of dev.txt (--unsafe-package) and installed
 # by its exact version from pyproject.toml (TORCH_REQUIREMENT in the Makefile), because the right torch
@@ -27,8 +27,8 @@ compile() {
     --output-file="$output" "$@" pyproject.toml
 }
 mkdir -p requirements
-compile requirements/serve.txt --extra=cpu "$@"
-compile requirements/gpu.txt --extra=gpu "$@"
+compile requirements/serve.txt --extra=cpu --extra=redis "$@"
+compile requirements/gpu.txt --extra=gpu --extra=redis "$@"
 # shellcheck disable=SC2086  # one --extra=NAME word per extra
 compile requirements/dev.txt $test_extras --unsafe-package=torch "$@"
 if grep -q '^onnxruntime-gpu==' requirements/serve.txt requirements/dev.txt \

@@ -69,6 +69,28 @@ def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
 
 
+STATE_DIR = "/srv/mnemo/state"
+
+
+def test_both_images_keep_student_state_in_a_volume_the_service_user_owns():
+    stages = _stages()
+    for name in ("runtime", "runtime-gpu"):
+        body = "\n".join(stages[name])
+        assert f"MNEMO_STATE_URL=sqlite:///{STATE_DIR}/students.db" in body, name
+        assert f'VOLUME ["{STATE_DIR}"]' in body, name
+    assert f"install -d -o 10001 -g 10001 -m 0750 {STATE_DIR}" in "\n".join(stages["runtime-gpu"])
+    # the CPU image's file system is assembled by image-rootfs.sh, called with the service user's uid
+    assert "scripts/image-rootfs.sh /rootfs 10001" in "\n".join(stages["builder"])
+    rootfs = (ROOT / "scripts" / "image-rootfs.sh").read_text()
+    assert 'install -d -o "$uid" -g "$uid" -m 0750 "$root/srv/mnemo/state"' in rootfs
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        state_url = service["environment"]["MNEMO_STATE_URL"]
+        assert state_url.startswith(f"sqlite:///{STATE_DIR}/"), name
+        volume = next(v for v in service["volumes"] if v.endswith(f":{STATE_DIR}"))
+        assert volume.split(":")[0] in compose["volumes"], name  # a named volume: it survives restarts
+
+
 def test_ci_runs_the_audit_and_make_test_and_fails_on_any_error():
     script = (ROOT / ".ci" / "run").read_text()
     assert "set -euo pipefail" in script

@@ -21,6 +21,7 @@ from tests.helpers import Server, running_server
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 HISTORY = {"interactions": [{"question": 1, "correct": True}]}
+KT_INFER, SIM_INFER = "/v2/models/dkvmn-assist2009/infer", "/v2/models/rmc-vlmp-sick/infer"
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,11 @@ def assert_alive(server: Server) -> None:
 
 def sim(**fields) -> bytes:
     return json.dumps({**PAIR, **fields}).encode()
+
+
+def infer(*inputs: dict) -> bytes:
+    """An Open Inference Protocol request body with these input tensors."""
+    return json.dumps({"inputs": list(inputs)}).encode()
 
 
 NON_FINITE_AND_UNICODE = [
@@ -152,6 +158,26 @@ BODIES = [
     ("/knowledge-trace", json.dumps({"interactions": [{"question": 1, "correct": True}] * 10_001}).encode()),
     ("/knowledge-trace", json.dumps({**HISTORY, "model": "dkvmn-nope"}).encode()),
     ("/knowledge-trace", json.dumps({**HISTORY, "model": "rmc-vlmp-sick"}).encode()),  # wrong task
+    ("/students/learner-h/interactions", b'{"interactions": [{"question": NaN, "correct": true}]}'),
+    ("/students/learner-h/interactions", b'{"model": "\\ud800", "interactions": [{"question": 1, "correct": true}]}'),
+    (
+        "/students/learner-h/interactions",
+        json.dumps({"interactions": [{"question": 1, "correct": True}] * 10_001}).encode(),
+    ),
+    ("/students/a%20b/interactions", json.dumps(HISTORY).encode()),  # a student id with a space
+    ("/students/learner-h/interactions", b"[" * 100_000 + b"]" * 100_000),
+    (KT_INFER, b'{"inputs": [{"name": "q", "shape": [1, 1], "datatype": "INT64", "data": [1e400]}]}'),
+    (
+        SIM_INFER,
+        b'{"id": "\\ud800", "inputs": [{"name": "sentence_a", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}',
+    ),
+    (
+        KT_INFER,
+        infer({"name": "q", "shape": [2**32, 2**32], "datatype": "INT64", "parameters": {"binary_data_size": 0}}),
+    ),
+    (KT_INFER, infer({"name": "q", "shape": [1, 1], "datatype": "INT64", "data": [1, [2]]})),
+    (KT_INFER, b"[" * 100_000 + b"]" * 100_000),
+    ("/v2/models/nope/infer", b"{}"),
 ]
 
 

@@ -44,8 +44,8 @@ def _requirements(*extras: str) -> list[Requirement]:
 @pytest.mark.parametrize(
     ("lock", "extras", "left_out"),
     [
-        ("serve.txt", ["cpu"], set()),
-        ("gpu.txt", ["gpu"], set()),
+        ("serve.txt", ["cpu", "redis"], set()),
+        ("gpu.txt", ["gpu", "redis"], set()),
         ("dev.txt", [name for name in EXTRAS if name != "gpu"], {"torch"}),
     ],
 )

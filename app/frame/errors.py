@@ -8,6 +8,8 @@
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
 - The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
   `Retry-After` when the database is unavailable, 409 for a model-version mismatch or lost races.
+- A method the path does not take: 405 whose `Allow` lists every method some route takes on that path
+  (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
 - Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
 """
 
@@ -19,9 +21,14 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Match, Mount
+from starlette.types import Scope
 
 from app.frame.paths import loggable_path
 from app.frame.responses import JsonResponse
@@ -31,6 +38,7 @@ logger = logging.getLogger("mnemo.errors")
 LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
 STORE_RETRY_AFTER_S = 1
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class ServiceError(Exception):
@@ -133,8 +141,28 @@ def ort_message(error: Exception) -> str:
     return " ".join(text.split())
 
 
+def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
+    """The `Allow` header for the scope's path: every method that some route takes there (mounts left out)."""
+    allowed = [
+        method
+        for method in HTTP_METHODS
+        if any(
+            not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] == Match.FULL
+            for route in routes
+        )
+    ]
+    return ", ".join(allowed) or None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the mapping from exceptions to responses."""
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        allowed = allowed_methods(request.app.router.routes, request.scope) if error.status_code == 405 else None
+        if allowed:  # else Starlette's own (a mounted app's 405)
+            error.headers = {**(error.headers or {}), "Allow": allowed}
+        return await http_exception_handler(request, error)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, error: ServiceError) -> JsonResponse:

@@ -17,6 +17,14 @@ from __future__ import annotations
 
 MAX_STUDENT_ID_LENGTH = 128
 RESERVED_STUDENT_IDS = frozenset({".", ".."})
+# The rules as far as a JSON Schema regex can state them, for the OpenAPI document: no whitespace, no '/', no
+# C0/C1 control character, not '.' or '..'. "Printable" (no format, unassigned or private-use characters) has
+# no portable regex form: `validate_student_id` is the one check.
+STUDENT_ID_SCHEMA = {
+    "minLength": 1,
+    "maxLength": MAX_STUDENT_ID_LENGTH,
+    "pattern": r"^(?!\.\.?$)[^\s/\x00-\x1f\x7f-\x9f]+$",
+}
 
 
 class InvalidStudentId(ValueError):

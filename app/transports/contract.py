@@ -7,7 +7,10 @@ Which errors an operation documents follows what the service can answer there:
 - an operation with parameters or a body: 422;
 - an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that
   stalls), 415 (another content type), 429 (queue full), 504 (deadline); one with a model named in
-  its path: 404.
+  its path: 404;
+- a /students operation that reads a stored state: 409 (a state of another model version, or a lost race);
+- the Open Inference Protocol (/v2): its own `{"error": ...}` body (400 bad tensors, 404, 429, 503,
+  504) beside the middleware's answers in ErrorBody (401, 408, 413, 429 and 503 while draining).
 """
 
 from __future__ import annotations
@@ -16,8 +19,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.transports.oip.schemas import ProtocolErrorBody
+
 ERROR_REF = "#/components/schemas/ErrorBody"
 VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
+PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
+SERVER_READINESS_REF = "#/components/schemas/ServerReadiness"
+PROTOCOL_PREFIX = "/v2"
+STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 
 
 class ErrorBody(BaseModel):
@@ -84,11 +93,13 @@ class ModelList(BaseModel):
     models: list[ModelInfo]
 
 
-CONTRACT_MODELS = (ErrorBody, ValidationErrorBody, Health, Readiness, ModelInfo, ModelList)
+CONTRACT_MODELS = (ErrorBody, ValidationErrorBody, Health, Readiness, ModelInfo, ModelList, ProtocolErrorBody)
 DESCRIPTIONS = {
+    "400": "Tensors the model does not take (name, datatype, shape or values); the message names the input",
     "401": "No API key, or an unknown one (only when MNEMO_API_KEYS is set)",
     "404": "Unknown model; the message lists the models that exist",
     "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S)",
+    "409": "The stored state belongs to another version of the model (delete the student and replay), or a lost race",
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
     "415": "Content-Type is not application/json",
     "422": "Invalid input; each error names the field and the rule",
@@ -98,9 +109,38 @@ DESCRIPTIONS = {
 }
 
 
-def _error(status: str) -> dict[str, Any]:
-    reference = VALIDATION_REF if status == "422" else ERROR_REF
-    return {"description": DESCRIPTIONS[status], "content": {"application/json": {"schema": {"$ref": reference}}}}
+def _error(status: str, references: tuple[str, ...]) -> dict[str, Any]:
+    schema = {"$ref": references[0]} if len(references) == 1 else {"anyOf": [{"$ref": ref} for ref in references]}
+    return {"description": DESCRIPTIONS[status], "content": {"application/json": {"schema": schema}}}
+
+
+def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The errors of a task, /students or operations endpoint, all in the service's own error bodies."""
+    has_body = "requestBody" in operation
+    statuses = ["413", "503"]
+    if has_body or operation.get("parameters"):
+        statuses.append("422")
+    if has_body:
+        statuses += ["404", "408", "415", "429", "504"]
+    elif any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
+        statuses.append("404")
+    if operation.get("operationId") in STATEFUL_OPERATIONS:
+        statuses.append("409")
+    return {status: (VALIDATION_REF if status == "422" else ERROR_REF,) for status in statuses}
+
+
+def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The errors of an Open Inference Protocol endpoint: the protocol's body from the route, ErrorBody from
+    the middleware in front of it. No 422: the routes read their path and body themselves (400)."""
+    statuses: dict[str, tuple[str, ...]] = {"413": (ERROR_REF,), "503": (PROTOCOL_REF, ERROR_REF)}
+    if operation.get("operationId") == "oip_ready":
+        statuses["503"] = (SERVER_READINESS_REF,)  # {"ready": false}; the drain gate lets this path through
+    if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
+        statuses["404"] = (PROTOCOL_REF,)
+    if "requestBody" in operation:
+        statuses |= {"400": (PROTOCOL_REF,), "408": (ERROR_REF,), "429": (PROTOCOL_REF, ERROR_REF)}
+        statuses["504"] = (PROTOCOL_REF,)
+    return statuses
 
 
 def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dict[str, Any]:
@@ -116,20 +156,16 @@ def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dic
     components.pop("ValidationError", None)
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
-            has_body = "requestBody" in operation
-            statuses = ["413", "503"]
-            if has_body or operation.get("parameters"):
-                statuses.append("422")
-            if has_body:
-                statuses += ["404", "408", "415", "429", "504"]
-            elif any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
-                statuses.append("404")
+            operation.setdefault("responses", {})
+            protocol = path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
+            if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
+                operation["responses"].pop("422", None)
+            errors = _protocol_errors(operation) if protocol else _task_errors(operation)
             if protected is not None and path in protected:
-                statuses.append("401")
+                errors["401"] = (ERROR_REF,)
                 operation["security"] = [{"bearerAuth": []}]
-            responses = operation.setdefault("responses", {})
-            for status in sorted(statuses):
-                responses[status] = _error(status)
+            for status in sorted(errors):
+                operation["responses"][status] = _error(status, errors[status])
     if protected is not None:
         schema["components"]["securitySchemes"] = {
             "bearerAuth": {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}

@@ -22,7 +22,7 @@ from app.frame.errors import InvalidInput, ServiceError
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
 from app.runtime.offload import offload
-from app.students.ids import MAX_STUDENT_ID_LENGTH, InvalidStudentId, validate_student_id
+from app.students.ids import MAX_STUDENT_ID_LENGTH, STUDENT_ID_SCHEMA, InvalidStudentId, validate_student_id
 from app.students.store import MAX_PAGE_SIZE, StateStore, StateVersionMismatch, StudentState
 from app.students.update import NextState, update_state
 from app.tasks.knowledge_trace import service
@@ -37,9 +37,9 @@ from app.tasks.knowledge_trace.student_schemas import (
 from app.transports.http import complete, json_body, read_body, registry
 
 router = APIRouter(tags=["students"])
-StudentIdPath = Annotated[
-    str, Path(description=f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces")
-]
+STUDENT_ID_DESCRIPTION = f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces"
+# the rules are documented in the schema and checked by `_checked_id`, whose 422 names the rule broken
+StudentIdPath = Annotated[str, Path(description=STUDENT_ID_DESCRIPTION, json_schema_extra=STUDENT_ID_SCHEMA)]
 
 
 class StudentNotFound(ServiceError):
@@ -181,7 +181,9 @@ async def delete_student(request: Request, student_id: StudentIdPath) -> JsonRes
 @router.get("/students", response_model=StudentList, operation_id="list_students")
 async def list_students(
     request: Request,
-    after: Annotated[str | None, Query(description="the `next_after` of the previous page")] = None,
+    after: Annotated[
+        str | None, Query(description="the `next_after` of the previous page", json_schema_extra=STUDENT_ID_SCHEMA)
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="ids per page")] = 100,
 ) -> JsonResponse:
     """A page of the ids of students with a state, in ascending code-point order (keyset paging)."""

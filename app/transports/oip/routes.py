@@ -27,6 +27,14 @@ from app.runtime.collate import Feeds
 from app.runtime.offload import offload
 from app.transports.http import complete, json_body
 from app.transports.oip import knowledge_trace, similarity
+from app.transports.oip.schemas import (
+    InferenceResponse,
+    Liveness,
+    ModelMetadata,
+    ModelReadiness,
+    ServerMetadata,
+    ServerReadiness,
+)
 from app.transports.oip.tensors import (
     InferenceRequest,
     ProtocolError,
@@ -96,7 +104,7 @@ def _model(request: Request, name: str, version: str | None = None) -> tuple[Ser
     return model, ADAPTERS[model.task]
 
 
-@router.get("", operation_id="oip_server_metadata")
+@router.get("", operation_id="oip_server_metadata", response_model=ServerMetadata)
 async def server_metadata(request: Request) -> JsonResponse:
     """Server name, version and protocol extensions."""
     return JsonResponse(
@@ -104,13 +112,13 @@ async def server_metadata(request: Request) -> JsonResponse:
     )
 
 
-@router.get("/health/live", operation_id="oip_live")
+@router.get("/health/live", operation_id="oip_live", response_model=Liveness)
 async def live() -> JsonResponse:
     """200 while the process is up."""
     return JsonResponse({"live": True})
 
 
-@router.get("/health/ready", operation_id="oip_ready")
+@router.get("/health/ready", operation_id="oip_ready", response_model=ServerReadiness)
 async def ready(request: Request) -> JsonResponse:
     """200 when every model is loaded and the server is not draining; else 503."""
     registry = getattr(request.app.state, "registry", None)
@@ -118,7 +126,7 @@ async def ready(request: Request) -> JsonResponse:
     return JsonResponse({"ready": is_ready}, 200 if is_ready else 503)
 
 
-@router.get("/models/{name}", operation_id="oip_model_metadata")
+@router.get("/models/{name}", operation_id="oip_model_metadata", response_model=ModelMetadata)
 async def model_metadata(request: Request, name: str) -> Response:
     """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
     return await _metadata(request, name, None)
@@ -129,7 +137,7 @@ async def model_version_metadata(request: Request, name: str, version: str) -> R
     return await _metadata(request, name, version)
 
 
-@router.get("/models/{name}/ready", operation_id="oip_model_ready")
+@router.get("/models/{name}/ready", operation_id="oip_model_ready", response_model=ModelReadiness)
 async def model_ready(request: Request, name: str) -> Response:
     """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
     return await _model_ready(request, name, None)
@@ -140,9 +148,19 @@ async def model_version_ready(request: Request, name: str, version: str) -> Resp
     return await _model_ready(request, name, version)
 
 
-@router.post("/models/{name}/infer", operation_id="oip_infer", openapi_extra=json_body(InferenceRequest))
+@router.post(
+    "/models/{name}/infer",
+    operation_id="oip_infer",
+    response_model=InferenceResponse,
+    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+    openapi_extra=json_body(InferenceRequest),
+)
 async def infer(request: Request, name: str) -> Response:
-    """Run the model on the request's tensors (JSON data, or the binary tensor data extension)."""
+    """Run the model on the request's tensors (JSON data, or the binary tensor data extension).
+
+    The answer is JSON, or with binary outputs (`binary_data_output`) application/octet-stream: the JSON
+    header, `Inference-Header-Content-Length` bytes long, then the tensors' bytes.
+    """
     return await _infer(request, name, None)
 
 
