@@ -34,7 +34,7 @@ from app.tasks import TASKS
 from app.transports import docs, oip, operations
 from app.transports.contract import document_contract
 from app.transports.http import add_body_schemas
-from app.transports.probes import ProbeListener
+from app.transports.probes import ProbeProcess
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -68,17 +68,18 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """The probe listener (if MNEMO_PROBE_PORT is set) from before loading until after shutdown."""
+        """The probe process (if MNEMO_PROBE_PORT is set) from before loading until after shutdown."""
         probes = None
         if settings.probe_port is not None:
-            probes = ProbeListener(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
-            probes.start()
+            probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
+            await probes.start()
+            app.state.drain.on_begin.append(probes.push)
         try:
             async with serving(app):
                 yield
         finally:
             if probes is not None:
-                probes.stop()
+                await probes.stop()
 
     @asynccontextmanager
     async def serving(app: FastAPI) -> AsyncIterator[None]:

@@ -1,9 +1,12 @@
-"""MNEMO_PROBE_PORT: /health and /ready from a thread on a port of their own, over real HTTP."""
+"""MNEMO_PROBE_PORT: /health and /ready from a process of their own, over real HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -44,3 +47,39 @@ def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigter
         slow.join(60)
         assert answers[0].status_code == 200
         assert server.process.wait(30) == 0
+
+
+def test_the_probe_server_reports_a_silent_service_unhealthy_and_exits_when_its_stdin_closes():
+    port = free_port()
+    command = [sys.executable, "-m", "app.transports.probe_server", "127.0.0.1", str(port), "0.5"]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "listening"
+        process.stdin.write('[200, {"status": "ready", "models": 3}]\n')
+        process.stdin.flush()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 5
+        while httpx.get(f"{url}/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert httpx.get(f"{url}/ready").json() == {"status": "ready", "models": 3}
+        time.sleep(0.7)  # no line for longer than STALE_S: the service's loop is taken for stuck
+        silent = httpx.get(f"{url}/health")
+        assert silent.status_code == 503 and "has not reported" in silent.json()["detail"]
+        process.stdin.close()
+        assert process.wait(5) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_a_taken_probe_port_stops_startup_with_a_clear_message(tmp_path):
+    artifacts = write_toy_artifacts(tmp_path / "toy", [toy_entry("toy-a", default=True)])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), "MNEMO_PORT": str(free_port())}
+        env["MNEMO_PROBE_PORT"] = str(taken.getsockname()[1])
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.toy_server"], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode != 0 and "MNEMO_PROBE_PORT" in result.stdout + result.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 
 class Drain:
@@ -14,12 +15,15 @@ class Drain:
         self.draining = False
         self.started_at: float | None = None
         self.in_flight = 0
+        self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
         self._changed: asyncio.Event | None = None
 
     def begin(self) -> None:
         if not self.draining:
             self.draining, self.started_at = True, time.monotonic()
             self._notify()
+            for listener in self.on_begin:
+                listener()
 
     def enter(self) -> None:
         self.in_flight += 1

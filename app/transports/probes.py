@@ -1,100 +1,83 @@
-"""/health and /ready on a port of their own (MNEMO_PROBE_PORT), answered by a thread, not the event loop.
+"""/health and /ready on a port of their own (MNEMO_PROBE_PORT), served by a small child process.
 
 Under overload the event loop handles every open connection's request in turn, so with a thousand busy
 connections a request on the main port waits one or more turns of the loop: hundreds of milliseconds
-(BENCHMARKS.md). This listener has its own socket and threads, and holds the GIL for well under a
-millisecond per probe, so liveness and readiness answer in milliseconds however busy the service is.
-The same two routes stay on the main port too. Probes are not access-logged. With several workers each
-binds the port with SO_REUSEPORT, so a probe reaches one of them.
+(BENCHMARKS.md). A thread of this process would wait for the GIL instead. The child process
+(app/transports/probe_server.py) answers from the readiness this process feeds it every FEED_INTERVAL_S
+from the event loop, and at once when a drain begins. The same two routes stay on the main port.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
-import socket
-import threading
+import os
+import subprocess
+import sys
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-from app.frame.responses import dumps
 
 logger = logging.getLogger("mnemo.probes")
-MAX_PROBE_CONNECTIONS = 16  # connections served at once; more are closed unanswered
-PROBE_SOCKET_TIMEOUT_S = 5.0  # a client that stalls loses its connection
+FEED_INTERVAL_S = 0.1
+START_TIMEOUT_S = 10.0
 Readiness = Callable[[], tuple[int, dict]]
 
 
-class _ProbeHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = PROBE_SOCKET_TIMEOUT_S
-    server: _ProbeHttpServer
-
-    def do_GET(self) -> None:
-        self._answer(with_body=True)
-
-    def do_HEAD(self) -> None:
-        self._answer(with_body=False)
-
-    def _answer(self, with_body: bool) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/health":
-            status, payload = 200, {"status": "ok"}
-        elif path == "/ready":
-            status, payload = self.server.readiness()
-        else:
-            status, payload = 404, {"detail": "This port serves only GET /health and GET /ready."}
-        body = dumps(payload)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Probes are not logged (a probe every few seconds would drown the access log)."""
+class ProbeStartError(RuntimeError):
+    """The probe process could not listen (the port is taken, or it did not start)."""
 
 
-class _ProbeHttpServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], readiness: Readiness) -> None:
-        self.readiness = readiness
-        self.slots = threading.BoundedSemaphore(MAX_PROBE_CONNECTIONS)
-        super().__init__(address, _ProbeHandler)
-
-    def server_bind(self) -> None:
-        if hasattr(socket, "SO_REUSEPORT"):
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        super().server_bind()
-
-    def process_request(self, request: socket.socket, client_address: tuple) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: socket.socket, client_address: tuple) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-
-class ProbeListener:
-    """Serves /health and /ready on `host:port` from a background thread until `stop()`."""
+class ProbeProcess:
+    """Starts the probe server on `host:port`, keeps it fed with `readiness()`, stops it."""
 
     def __init__(self, host: str, port: int, readiness: Readiness) -> None:
-        self._server = _ProbeHttpServer((host, port), readiness)
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,), name="probes", daemon=True)
+        self.host, self.port, self.readiness = host, port, readiness
+        self._process: subprocess.Popen | None = None
+        self._feeder: asyncio.Task | None = None
 
-    def start(self) -> None:
-        self._thread.start()
-        host, port = self._server.server_address[:2]
-        logger.info("probes: /health and /ready also on http://%s:%d", host, port)
+    async def start(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            first = await asyncio.wait_for(asyncio.to_thread(self._process.stdout.readline), START_TIMEOUT_S)
+        except TimeoutError:
+            first = "no answer"
+        if first.strip() != "listening":
+            self._process.kill()
+            raise ProbeStartError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
+        os.set_blocking(self._process.stdin.fileno(), False)
+        self.push()
+        self._feeder = asyncio.create_task(self._feed(), name="probe-feed")
+        logger.info("probes: /health and /ready also on http://%s:%d (own process)", self.host, self.port)
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+    def push(self) -> None:
+        """Send the current readiness now (also from a signal handler: one small non-blocking write)."""
+        if self._process is None or self._process.stdin.closed:
+            return
+        line = json.dumps(self.readiness()) + "\n"
+        with contextlib.suppress(BlockingIOError, BrokenPipeError, ValueError):
+            self._process.stdin.write(line)
+            self._process.stdin.flush()
+
+    async def _feed(self) -> None:
+        while True:
+            self.push()
+            await asyncio.sleep(FEED_INTERVAL_S)
+
+    async def stop(self) -> None:
+        if self._feeder is not None:
+            self._feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._feeder
+        if self._process is not None:
+            with contextlib.suppress(BrokenPipeError, BlockingIOError):
+                self._process.stdin.close()  # EOF: the probe server exits
+            try:
+                await asyncio.to_thread(self._process.wait, 5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()

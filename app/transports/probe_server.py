@@ -1,0 +1,110 @@
+"""`python -m app.transports.probe_server HOST PORT [STALE_S]`: /health and /ready in a process of their own.
+
+Started by the service (app/transports/probes.py) when MNEMO_PROBE_PORT is set. Standard library only,
+so it starts in a few tens of milliseconds and holds about 10 MB. The service writes its readiness to
+this process's stdin every 0.1 s, as one JSON line `[status, body]`. This process has its own GIL, so
+a probe is answered in about a millisecond however busy the service's threads are (a thread in the
+service itself waited 70-170 ms for the GIL under overload). It is still a faithful liveness probe:
+when no line has come for STALE_S (the service's event loop stopped turning), /health and /ready say
+503; when stdin closes (the service stopped or died), this process exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socket import SO_REUSEPORT, SOL_SOCKET
+
+STALE_S = 30.0  # no readiness line for this long: the service's event loop is stuck, not merely busy
+MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unanswered
+SOCKET_TIMEOUT_S = 5.0
+
+
+class _State:
+    def __init__(self, stale_s: float) -> None:
+        self.stale_s = stale_s
+        self.readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
+        self.fed_at = time.monotonic()
+
+    def answer(self, path: str) -> tuple[int, dict]:
+        silent_s = time.monotonic() - self.fed_at
+        if path not in ("/health", "/ready"):
+            return 404, {"detail": "This port serves only GET /health and GET /ready."}
+        if silent_s > self.stale_s:
+            return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
+        return (200, {"status": "ok"}) if path == "/health" else self.readiness
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S
+    server: _Server
+
+    def do_GET(self) -> None:
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(with_body=False)
+
+    def _answer(self, with_body: bool) -> None:
+        status, payload = self.server.state.answer(self.path.split("?", 1)[0])
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Probes are not logged (a probe every few seconds would drown the log)."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: _State) -> None:
+        self.state = state
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(SOL_SOCKET, SO_REUSEPORT, 1)  # one probe process per worker, one port
+        super().server_bind()
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def main(host: str, port: int, stale_s: float = STALE_S) -> None:
+    state = _State(stale_s)
+    try:
+        server = _Server((host, port), state)
+    except OSError as error:
+        print(f"cannot listen on {host}:{port}: {error.strerror}", flush=True)
+        sys.exit(1)
+    print("listening", flush=True)
+    threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+    for line in sys.stdin:
+        status, payload = json.loads(line)
+        state.readiness, state.fed_at = (status, payload), time.monotonic()
+    server.shutdown()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), *(float(value) for value in sys.argv[3:4]))
