@@ -23,9 +23,23 @@ def export_scan_graph(
     dynamic_shapes: dict,
     path: Path,
 ) -> None:
-    """Dynamo export of `module(*example, use_scan=True)` under `no_grad` (without it the batch dimension
-    silently becomes fixed). Both models unroll time with `models.unroll.unroll`; the scan path traces to
-    one Scan node, so the graph accepts any batch and length."""
+    """Dynamo export of `module(*example, use_scan=True)`. Both recurrent models unroll time with
+    `models.unroll.unroll`; the scan path traces to one Scan node, so the graph accepts any batch and length."""
+    export_graph(module, example, input_names, output_names, dynamic_shapes, path, {"use_scan": True})
+
+
+def export_graph(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_shapes: dict,
+    path: Path,
+    kwargs: dict | None = None,
+) -> None:
+    """Dynamo export of `module(*example, **kwargs)` under `no_grad` (without it the batch dimension
+    silently becomes fixed); fails if the batch dimension of an input came out fixed anyway."""
+    kwargs = kwargs or {}
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     module.eval()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,11 +48,11 @@ def export_scan_graph(
         program = torch.onnx.export(
             module,
             example,
-            kwargs={"use_scan": True},
+            kwargs=kwargs,
             dynamo=True,
             input_names=input_names,
             output_names=output_names,
-            dynamic_shapes={**dynamic_shapes, "use_scan": None},
+            dynamic_shapes={**dynamic_shapes, **dict.fromkeys(kwargs)},
             opset_version=OPSET,
             external_data=False,
         )

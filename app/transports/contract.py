@@ -51,7 +51,8 @@ class Batching(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels;
+    """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels,
+    embedding_dim, max_sentences;
     knowledge tracing: n_questions, n_concepts, seqlen)."""
 
     model_config = ConfigDict(extra="allow")
@@ -71,6 +72,8 @@ class ModelInfo(BaseModel):
     error: str | None = Field(None, description="why the model is not ready")
     max_tokens: int | None = None
     entailment_labels: list[str] | None = None
+    embedding_dim: int | None = Field(None, description="size of the sentence vectors of POST /embeddings")
+    max_sentences: int | None = Field(None, description="sentences per POST /embeddings request")
     n_questions: int | None = None
     n_concepts: int | None = None
     seqlen: int | None = None
