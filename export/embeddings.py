@@ -31,7 +31,7 @@ from onnx import numpy_helper
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import EMBEDDING_DIM, WordVectors
 from export.manifest import load_manifest, upsert_model
-from export.onnx_export import export_graph, export_scan_graph
+from export.onnx_export import export_graph, export_scan_graph, graph_nodes
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split
 from models.training import data_dir_default
@@ -40,6 +40,7 @@ PARITY_TOLERANCE = 1e-4
 MAX_SENTENCES = 256  # sentences per POST /embeddings request
 PAIR_OUTPUTS = ["relatedness_log_probs", "relatedness", "entailment_logits"]
 EVALUATION_BATCH = 128
+STATE_ROOTS = ("encoder", "relatedness_head", "entailment_head", "score_levels")  # SentencePairModel's own names
 CARD_HEADING = "## Sentence embeddings"
 
 
@@ -79,6 +80,9 @@ def model_from_pair_graph(path: Path, pointer: str, window: int, heads: int) -> 
         fc_dim=weights["relatedness_head.1.weight"].shape[0],
     )
     model = SentencePairModel(config).eval()
+    missing = set(model.state_dict()) - set(weights)
+    if missing:  # the exporter merges initializers of equal values (untrained ones): their names are lost
+        raise SystemExit(f"{path.name}: weights not found in the graph: {', '.join(sorted(missing))}")
     model.load_state_dict({name: torch.from_numpy(np.array(value)) for name, value in weights.items()})
     return model
 
@@ -86,35 +90,33 @@ def model_from_pair_graph(path: Path, pointer: str, window: int, heads: int) -> 
 def stored_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """The state dict held by an exported graph.
 
-    Most weights keep their name (`model.<state_dict key>`). The exporter stores the weights of some Linear
-    layers transposed, as the unnamed second operand of a MatMul; such a weight is named after the bias
-    that the Add right after that MatMul adds (`<layer>.bias` -> `<layer>.weight`, transposed back).
+    Most weights keep their state-dict key as their name (prefixed `model.` when a wrapper was exported). The
+    exporter stores the weights of some Linear layers transposed, as the unnamed second operand of a MatMul;
+    such a weight is named after the bias that the Add right after that MatMul adds (`<layer>.bias` ->
+    `<layer>.weight`, transposed back). `load_state_dict` then checks that every weight was found.
     """
     stored = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    weights = {name.removeprefix("model."): value for name, value in stored.items() if name.startswith("model.")}
-    nodes = list(_all_nodes(graph))
-    adds = {}
+    weights = {state_key(name): value for name, value in stored.items() if state_key(name)}
+    nodes = list(graph_nodes(graph))
+    added = {}  # operand of an Add -> the other operands it is added to
     for node in nodes:
         if node.op_type == "Add":
             for operand, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
-                adds.setdefault(operand, []).append(other)
+                added.setdefault(operand, []).append(other)
     for node in nodes:
-        if node.op_type != "MatMul" or node.input[1] not in stored or node.input[1].startswith("model."):
+        if node.op_type != "MatMul" or node.input[1] not in stored or state_key(node.input[1]):
             continue
-        biases = [name for name in adds.get(node.output[0], []) if name.startswith("model.") and name.endswith(".bias")]
+        biases = [state_key(name) for name in added.get(node.output[0], []) if state_key(name).endswith(".bias")]
         if len(biases) != 1:
             raise SystemExit(f"cannot name the weight {node.input[1]} of MatMul {node.name}: no single bias after it")
-        weights[biases[0].removeprefix("model.").removesuffix(".bias") + ".weight"] = stored[node.input[1]].T
+        weights[biases[0].removesuffix(".bias") + ".weight"] = stored[node.input[1]].T
     return weights
 
 
-def _all_nodes(graph: onnx.GraphProto):
-    """Every node of the graph and of its subgraphs (the Scan body)."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attribute.g)
+def state_key(name: str) -> str:
+    """The state-dict key of a graph initializer, or "" for a value the exporter made up (`val_46`)."""
+    key = name.removeprefix("model.")
+    return key if key.split(".")[0] in STATE_ROOTS else ""
 
 
 def export_graphs(model: SentencePairModel, encoder_path: Path, head_path: Path) -> None:
@@ -266,7 +268,7 @@ def with_section(card: str, section: str) -> str:
     start = card.find(CARD_HEADING)
     if start >= 0:
         following = card.find("\n## ", start + len(CARD_HEADING))
-        return card[:start] + section + (card[following + 1 :] if following >= 0 else "")
+        return card[:start] + section + ("\n" + card[following + 1 :] if following >= 0 else "")
     export = card.find("\n## Export")
     if export >= 0:
         return card[: export + 1] + section + "\n" + card[export + 1 :]

@@ -6,9 +6,11 @@ import contextlib
 import io
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
@@ -38,7 +40,10 @@ def export_graph(
     kwargs: dict | None = None,
 ) -> None:
     """Dynamo export of `module(*example, **kwargs)` under `no_grad` (without it the batch dimension
-    silently becomes fixed); fails if the batch dimension of an input came out fixed anyway."""
+    silently becomes fixed); fails if the batch dimension of an input came out fixed anyway.
+
+    The exporter's per-node metadata (stack traces with this checkout's absolute paths and line numbers,
+    module names) is dropped, so the file's bytes depend on the weights and operations only."""
     kwargs = kwargs or {}
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     module.eval()
@@ -57,10 +62,23 @@ def export_graph(
             external_data=False,
         )
     program.save(str(path))
+    graph = onnx.load(str(path))
+    for node in graph_nodes(graph.graph):
+        del node.metadata_props[:]
+    onnx.save(graph, str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for graph_input in session.get_inputs():
         if graph_input.shape and not isinstance(graph_input.shape[0], str):
             raise RuntimeError(f"export fixed the batch dimension of {graph_input.name}: {graph_input.shape}")
+
+
+def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the graph and of its subgraphs (a Scan body)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from graph_nodes(attribute.g)
 
 
 def max_abs_diff(

@@ -76,7 +76,7 @@ async def _embeddings_answer(model: ServedModel, texts: list[str]) -> bytes:
         {"embedding": vector, "tokens": sentence.tokens, "unknown_tokens": list(dict.fromkeys(sentence.unknown))}
         for sentence, vector in zip(sentences, vectors, strict=True)
     ]
-    return dumps({"model": model.name, "embedding_dim": len(vectors[0]), "results": results})
+    return dumps({"model": model.name, "embedding_dim": embeddings.limits_of(model).dimension, "results": results})
 
 
 @router.post(

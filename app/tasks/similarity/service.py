@@ -109,8 +109,9 @@ def describe(model: ServedModel) -> dict[str, Any]:
 
 def field_name(location: Location) -> str:
     """How a message names the field at `location`: `sentence_a`, or `sentences[2]` inside a list."""
-    *_, parent, last = ("body", *location)
-    return f"{parent}[{last}]" if isinstance(last, int) else str(last)
+    if isinstance(location[-1], int):
+        return f"{location[-2]}[{location[-1]}]"
+    return str(location[-1])
 
 
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
