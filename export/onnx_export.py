@@ -62,10 +62,10 @@ def export_graph(
             external_data=False,
         )
     program.save(str(path))
-    graph = onnx.load(str(path))
-    for node in graph_nodes(graph.graph):
+    saved = onnx.load(str(path))
+    for node in graph_nodes(saved.graph):
         del node.metadata_props[:]
-    onnx.save(graph, str(path))
+    onnx.save(saved, str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for graph_input in session.get_inputs():
         if graph_input.shape and not isinstance(graph_input.shape[0], str):
