@@ -21,11 +21,11 @@ def load_manifest(artifacts_dir: Path) -> dict[str, Any]:
 
 
 def upsert_model(artifacts_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
-    """Insert or replace the entry named `entry["name"]`, filling in sha256 of its file and assets."""
+    """Insert or replace the entry named `entry["name"]`, filling in sha256 of its file, assets and graphs."""
     artifacts_dir.mkdir(parents=True, exist_ok=True)
     entry = dict(entry)
     entry["sha256"] = sha256_of(artifacts_dir / entry["file"])
-    for asset in entry.get("assets", {}).values():
+    for asset in [*entry.get("assets", {}).values(), *entry.get("graphs", {}).values()]:
         asset["sha256"] = sha256_of(artifacts_dir / asset["file"])
     manifest = load_manifest(artifacts_dir)
     models = [m for m in manifest["models"] if m["name"] != entry["name"]]

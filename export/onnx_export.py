@@ -6,9 +6,11 @@ import contextlib
 import io
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
@@ -23,9 +25,26 @@ def export_scan_graph(
     dynamic_shapes: dict,
     path: Path,
 ) -> None:
-    """Dynamo export of `module(*example, use_scan=True)` under `no_grad` (without it the batch dimension
-    silently becomes fixed). Both models unroll time with `models.unroll.unroll`; the scan path traces to
-    one Scan node, so the graph accepts any batch and length."""
+    """Dynamo export of `module(*example, use_scan=True)`. Both recurrent models unroll time with
+    `models.unroll.unroll`; the scan path traces to one Scan node, so the graph accepts any batch and length."""
+    export_graph(module, example, input_names, output_names, dynamic_shapes, path, {"use_scan": True})
+
+
+def export_graph(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_shapes: dict,
+    path: Path,
+    kwargs: dict | None = None,
+) -> None:
+    """Dynamo export of `module(*example, **kwargs)` under `no_grad` (without it the batch dimension
+    silently becomes fixed); fails if the batch dimension of an input came out fixed anyway.
+
+    The exporter's per-node metadata (stack traces with this checkout's absolute paths and line numbers,
+    module names) is dropped, so the file's bytes depend on the weights and operations only."""
+    kwargs = kwargs or {}
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     module.eval()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -34,19 +53,32 @@ def export_scan_graph(
         program = torch.onnx.export(
             module,
             example,
-            kwargs={"use_scan": True},
+            kwargs=kwargs,
             dynamo=True,
             input_names=input_names,
             output_names=output_names,
-            dynamic_shapes={**dynamic_shapes, "use_scan": None},
+            dynamic_shapes={**dynamic_shapes, **dict.fromkeys(kwargs)},
             opset_version=OPSET,
             external_data=False,
         )
     program.save(str(path))
+    saved = onnx.load(str(path))
+    for node in graph_nodes(saved.graph):
+        del node.metadata_props[:]
+    onnx.save(saved, str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for graph_input in session.get_inputs():
         if graph_input.shape and not isinstance(graph_input.shape[0], str):
             raise RuntimeError(f"export fixed the batch dimension of {graph_input.name}: {graph_input.shape}")
+
+
+def graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the graph and of its subgraphs (a Scan body)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from graph_nodes(attribute.g)
 
 
 def max_abs_diff(

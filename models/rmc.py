@@ -252,13 +252,19 @@ class SentencePairModel(nn.Module):
         memory, attention = self.encoder.encode(x, lengths, use_scan=use_scan)  # [4B,M], [4B,T,H,K]
         a_fwd, a_bwd, b_fwd, b_bwd = memory.reshape(4, -1, memory.shape[-1]).unbind(0)
         u, v = torch.cat([a_fwd, a_bwd], dim=-1), torch.cat([b_fwd, b_bwd], dim=-1)
+        return (*self.score_pair(u, v), *attention.reshape(4, -1, *attention.shape[1:]).unbind(0))
+
+    def sentence_vector(self, emb: torch.Tensor, lengths: torch.Tensor, use_scan: bool = False) -> torch.Tensor:
+        """The sentence vector the heads read, [B, 2M]: final memory of the forward pass, then of the backward pass."""
+        memory, _ = self.encoder.encode(
+            torch.cat([emb, reverse_within_length(emb, lengths)]), lengths.repeat(2), use_scan
+        )
+        forward, backward = memory.reshape(2, -1, memory.shape[-1]).unbind(0)
+        return torch.cat([forward, backward], dim=-1)
+
+    def score_pair(self, u: torch.Tensor, v: torch.Tensor):
+        """Both heads on two sentence vectors [B, 2M]: relatedness log-probabilities, score, entailment logits."""
         features = torch.cat([u, v, (u - v).abs(), u * v], dim=-1)
         relatedness_log_probs = torch.log_softmax(self.relatedness_head(features), dim=-1)
         score = (relatedness_log_probs.exp() * self.score_levels).sum(-1)
-        entailment_logits = self.entailment_head(features)
-        return (
-            relatedness_log_probs,
-            score,
-            entailment_logits,
-            *attention.reshape(4, -1, *attention.shape[1:]).unbind(0),
-        )
+        return relatedness_log_probs, score, self.entailment_head(features)

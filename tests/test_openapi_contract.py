@@ -55,6 +55,8 @@ def test_operations_have_readable_ids_and_the_package_version(schema):
         "metrics",
         "similarity",
         "similarity_batch",
+        "embeddings",
+        "similarity_from_embeddings",
         "knowledge_trace",
         "list_questions",
         "append_interactions",
@@ -184,6 +186,8 @@ def test_a_generated_client_calls_every_operation(server, schema, tmp_path, monk
     from mnemo_client import Client
     from mnemo_client.models import (
         AppendRequest,
+        EmbeddingPairRequest,
+        EmbeddingsRequest,
         EntailmentLabel,
         ErrorBody,
         InferenceRequest,
@@ -214,6 +218,13 @@ def test_a_generated_client_calls_every_operation(server, schema, tmp_path, monk
     assert [result.relatedness for result in batch.results] == [single.relatedness] * 2 or all(
         abs(result.relatedness - single.relatedness) < 1e-5 for result in batch.results
     )
+    vectors = api("similarity.embeddings").sync(client=client, body=EmbeddingsRequest(sentences=list(pair.values())))
+    assert vectors.embedding_dim == 512 and vectors.results[0].tokens[:3] == ["<s>", "a", "man"]
+    stored = api("similarity.similarity_from_embeddings").sync(
+        client=client,
+        body=EmbeddingPairRequest(embedding_a=vectors.results[0].embedding, embedding_b=vectors.results[1].embedding),
+    )
+    assert abs(stored.relatedness - single.relatedness) < 1e-5 and isinstance(stored.entailment.label, EntailmentLabel)
     history = [Interaction(question=12, correct=True), Interaction(question=12, correct=False)]
     trace = api("knowledge_tracing.knowledge_trace").sync(
         client=client, body=KnowledgeTraceRequest(interactions=history, next_questions=[3])

@@ -51,6 +51,9 @@ class ModelEntry(BaseModel):
     metrics: dict[str, float | int | None] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     assets: dict[str, AssetEntry] = Field(default_factory=dict)
+    graphs: dict[str, AssetEntry] = Field(
+        default_factory=dict, description="more ONNX graphs of the same weights (e.g. the encoder alone), by task key"
+    )
     batching: BatchingOverride = Field(default_factory=BatchingOverride)
     card: str | None = None
 

@@ -26,7 +26,7 @@ from app.frame.manifest import ModelEntry, confined, read_manifest
 from app.frame.metrics import Metrics
 from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
 from app.frame.settings import Settings, usable_cpus
-from app.frame.tasks import Task
+from app.frame.tasks import Task, graph_layouts
 
 if TYPE_CHECKING:
     from app.runtime.batcher import ModelBatcher
@@ -40,7 +40,11 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class ServedModel:
-    """One manifest entry and, once loaded, its session, assets, task state and batcher."""
+    """One manifest entry and, once loaded, its session, assets, task state and batcher.
+
+    `graphs` holds the entry's extra graphs (manifest `graphs`), each a `ServedModel` of its own (named
+    `<model>.<key>`, with its own session and batcher), loaded and verified with the model.
+    """
 
     entry: ModelEntry
     file: Path | None = None
@@ -50,6 +54,7 @@ class ServedModel:
     error: str | None = None
     session: ort.InferenceSession | None = None
     output_names: list[str] = field(default_factory=list)
+    graphs: dict[str, ServedModel] = field(default_factory=dict)
     batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
     observe_inference: Any = lambda seconds: None
 
@@ -200,10 +205,30 @@ class ModelRegistry:
     def _load_model(self, model: ServedModel, artifacts: Path) -> None:
         started = time.perf_counter()
         entry = model.entry
-        model.file = confined(artifacts, entry.file)
-        _verify(model.file, entry.file, entry.sha256, "model file")
         for key, asset in entry.assets.items():
             model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
+        self._open(model, artifacts)
+        layouts = graph_layouts(self.tasks[model.task])
+        for key, graph in entry.graphs.items():
+            if key not in layouts:
+                known = ", ".join(sorted(layouts)) or "none"
+                raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
+            part = ServedModel(
+                entry.model_copy(
+                    update={"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
+                )
+            )
+            self._open(part, artifacts)
+            model.graphs[key] = part
+        model.state = self.tasks[model.task].prepare(model)
+        logger.info(
+            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
+        )
+
+    def _open(self, model: ServedModel, artifacts: Path) -> None:
+        """Verify the model's file, open its session on the provider and warm it up."""
+        model.file = confined(artifacts, model.entry.file)
+        _verify(model.file, model.entry.file, model.entry.sha256, "model file")
         session = ort.InferenceSession(
             str(model.file), session_options(self.settings), providers=session_providers(self.provider)
         )
@@ -212,10 +237,6 @@ class ModelRegistry:
         model.output_names = [output.name for output in session.get_outputs()]
         model.observe_inference = self.metrics.inference.labels(model.name).observe
         model.session = session
-        model.state = self.tasks[model.task].prepare(model)
-        logger.info(
-            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
-        )
 
     def _asset(self, artifacts: Path, name: str, sha256: str, key: str) -> np.ndarray:
         """An .npy asset, verified and memory-mapped once even when several models share it."""

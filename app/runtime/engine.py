@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 
 from app.frame.metrics import Metrics
-from app.frame.registry import ModelRegistry
+from app.frame.registry import ModelRegistry, ServedModel
 from app.frame.settings import Settings
+from app.frame.tasks import GraphLayout, graph_layouts
 from app.runtime.batcher import BatchConfig, ModelBatcher, RunSlots
 from app.runtime.memory import release_free_memory
 
@@ -28,30 +29,36 @@ def batch_config(settings: Settings, model_entry) -> BatchConfig:
 
 
 class Engine:
-    """Starts (inside the event loop) and stops the batchers of every ready model; trims memory when idle."""
+    """Starts (inside the event loop) and stops the batchers of every ready model (and of its extra graphs);
+    trims memory when idle."""
 
     def __init__(self, registry: ModelRegistry, settings: Settings, metrics: Metrics) -> None:
         self.registry = registry
         self.slots = RunSlots(settings.concurrent_runs or 1)
+        self._served: list[ServedModel] = []
         for model in registry.models.values():
             if not model.ready:
                 continue
             task = registry.tasks[model.task]
-            model.batcher = ModelBatcher(
-                model.name,
-                model.run,
-                task.sequence_inputs,
-                task.sequence_outputs,
-                self.slots,
-                batch_config(settings, model.entry),
-                metrics,
-            )
-            model.batcher.start()
+            layouts = {None: GraphLayout(task.sequence_inputs, task.sequence_outputs), **graph_layouts(task)}
+            for key, served in ((None, model), *model.graphs.items()):
+                layout = layouts[key]
+                served.batcher = ModelBatcher(
+                    served.name,
+                    served.run,
+                    layout.sequence_inputs,
+                    layout.sequence_outputs,
+                    self.slots,
+                    batch_config(settings, model.entry),
+                    metrics,
+                )
+                served.batcher.start()
+                self._served.append(served)
         self._trimmer = asyncio.create_task(self._trim_when_idle(), name="memory-trim")
 
     async def _trim_when_idle(self) -> None:
         """After runs, once no model has work admitted, hand freed pages back to the system."""
-        batchers = [model.batcher for model in self.registry.models.values() if model.batcher is not None]
+        batchers = [served.batcher for served in self._served if served.batcher is not None]
         trimmed_at = 0
         while True:
             await asyncio.sleep(TRIM_EVERY_S)
@@ -64,8 +71,8 @@ class Engine:
         self._trimmer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._trimmer
-        for model in self.registry.models.values():
-            if model.batcher is not None:
-                await model.batcher.stop()
-                model.batcher = None
+        for served in self._served:
+            if served.batcher is not None:
+                await served.batcher.stop()
+                served.batcher = None
         self.slots.close()

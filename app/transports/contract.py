@@ -60,8 +60,8 @@ class Batching(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels;
-    knowledge tracing: family, supports, n_questions, n_concepts, seqlen)."""
+    """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels,
+    embedding_dim, max_sentences; knowledge tracing: family, supports, n_questions, n_concepts, seqlen)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -84,6 +84,8 @@ class ModelInfo(BaseModel):
     supports: dict[str, bool] | None = Field(
         None, description="knowledge tracing: which optional fields it fills (mastery, attention, concepts)"
     )
+    embedding_dim: int | None = Field(None, description="size of the sentence vectors of POST /embeddings")
+    max_sentences: int | None = Field(None, description="sentences per POST /embeddings request")
     n_questions: int | None = None
     n_concepts: int | None = Field(None, description="knowledge tracing: latent concepts; null for DKT")
     seqlen: int | None = None

@@ -1,4 +1,4 @@
-"""POST /similarity and /similarity/batch: the thin HTTP adapter over the similarity service."""
+"""POST /similarity, /similarity/batch, /embeddings, /similarity/from-embeddings: the thin HTTP adapter."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from fastapi import APIRouter, Request
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse, dumps
 from app.runtime.offload import offload, offload_if
-from app.tasks.similarity import service
+from app.tasks.similarity import embeddings, service
 from app.tasks.similarity.schemas import (
+    EmbeddingPairRequest,
+    EmbeddingPairResponse,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     SimilarityBatchRequest,
     SimilarityBatchResponse,
     SimilarityRequest,
@@ -68,3 +72,49 @@ async def similarity_batch(request: Request) -> JsonResponse:
     with model.batcher.admit(len(texts)):
         work = _answer(model, texts, locations, body.return_attention, batch=True)
         return JsonResponse(await complete(request, work, model.name))
+
+
+async def _embeddings_answer(model: ServedModel, texts: list[str]) -> bytes:
+    sentences = await offload(embeddings.encode_sentences, model, texts)
+    vectors = await embeddings.embed(model, sentences)
+    results = [
+        {"embedding": vector, "tokens": sentence.tokens, "unknown_tokens": list(dict.fromkeys(sentence.unknown))}
+        for sentence, vector in zip(sentences, vectors, strict=True)
+    ]
+    return dumps({"model": model.name, "embedding_dim": embeddings.limits_of(model).dimension, "results": results})
+
+
+@router.post(
+    "/embeddings",
+    response_model=EmbeddingsResponse,
+    openapi_extra=json_body(EmbeddingsRequest),
+    operation_id="embeddings",
+)
+async def sentence_embeddings(request: Request) -> JsonResponse:
+    """Up to 256 sentences: each one's sentence vector (the final memory of the forward pass, then of the
+    backward pass: what the pair heads read) and its tokens. Score two stored vectors with
+    POST /similarity/from-embeddings."""
+    body = await read_body(request, EmbeddingsRequest)
+    model = registry(request).get(body.model, TASK_NAME)
+    with embeddings.graph_of(model, "encoder").batcher.admit(len(body.sentences)):
+        return JsonResponse(await complete(request, _embeddings_answer(model, body.sentences), model.name))
+
+
+async def _vector_pair_answer(model: ServedModel, body: EmbeddingPairRequest) -> bytes:
+    feeds = embeddings.vector_pair(model, body.embedding_a, body.embedding_b)
+    return dumps(service.scores(model, await embeddings.score_vectors(model, feeds)))
+
+
+@router.post(
+    "/similarity/from-embeddings",
+    response_model=EmbeddingPairResponse,
+    openapi_extra=json_body(EmbeddingPairRequest),
+    operation_id="similarity_from_embeddings",
+)
+async def similarity_from_embeddings(request: Request) -> JsonResponse:
+    """Relatedness and entailment of two stored sentence vectors from POST /embeddings of the same model:
+    only the pair heads run, with the same result as POST /similarity on the two sentences."""
+    body = await read_body(request, EmbeddingPairRequest)
+    model = registry(request).get(body.model, TASK_NAME)
+    with embeddings.graph_of(model, "head").batcher.admit(1):
+        return JsonResponse(await complete(request, _vector_pair_answer(model, body), model.name))

@@ -1,4 +1,4 @@
-"""POST /similarity and /similarity/batch bodies."""
+"""POST /similarity, /similarity/batch, /embeddings and /similarity/from-embeddings bodies."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, S
 
 MAX_CHARACTERS = 1000
 MAX_BATCH_PAIRS = 256
+MAX_SENTENCES = 256  # per POST /embeddings; a model's own limit (GET /models: max_sentences) may be lower
+MAX_VECTOR_VALUES = 4096  # any model's sentence vector fits; the model's own size is checked by the service
+MAX_VECTOR_MAGNITUDE = 1e6  # far above what the encoder produces, far below where float32 overflows
 
 
 CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls except tab, newline, return
@@ -108,3 +111,50 @@ class SimilarityResponse(BaseModel):
 class SimilarityBatchResponse(BaseModel):
     model: str
     results: list[SimilarityResponse]
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"sentences": list(_PAIR.values()), "model": None}]},
+    )
+
+    sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
+    model: str | None = Field(default=None, description="a similarity model from GET /models; null = default")
+
+
+class SentenceEmbedding(BaseModel):
+    embedding: list[float] = Field(description="the sentence vector (embedding_dim floats)")
+    tokens: list[str] = Field(description="tokens the model read, with the <s> and </s> markers")
+    unknown_tokens: list[str] = Field(description="tokens without a word vector (read as <unk>)")
+
+
+class EmbeddingsResponse(BaseModel):
+    model: str
+    embedding_dim: int
+    results: list[SentenceEmbedding] = Field(description="one per sentence, in request order")
+
+
+VectorValue = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]
+Vector = Annotated[
+    list[VectorValue],
+    Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),
+]
+
+
+class EmbeddingPairRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"embedding_a": [0.1] * 512, "embedding_b": [0.2] * 512, "model": None}]},
+    )
+
+    embedding_a: Vector
+    embedding_b: Vector
+    model: str | None = Field(default=None, description="the similarity model whose /embeddings made both vectors")
+
+
+class EmbeddingPairResponse(BaseModel):
+    model: str
+    relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
+    similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
+    entailment: Entailment

@@ -37,6 +37,15 @@ class SimilarityState:
     labels: tuple[str, ...]
     pointer: str
     window: int
+    embeddings: EmbeddingLimits | None  # None: the model has no encoder and head graphs
+
+
+@dataclass(frozen=True)
+class EmbeddingLimits:
+    """The sentence-vector size and the sentences per POST /embeddings of a model with encoder and head graphs."""
+
+    dimension: int
+    max_sentences: int
 
 
 @dataclass(frozen=True)
@@ -73,18 +82,42 @@ def prepare(model: ServedModel) -> SimilarityState:
         labels=labels,
         pointer=pointer,
         window=positive_int(metadata, "window"),
+        embeddings=_embedding_limits(model),
     )
+
+
+def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
+    """Limits of the encoder and head graphs, checked against the encoder's output; None without them."""
+    if not model.graphs:
+        return None
+    if set(model.graphs) != {"encoder", "head"}:
+        raise ValueError(f"graphs must be both encoder and head, not {sorted(model.graphs)}")
+    dimension = positive_int(model.metadata, "embedding_dim")
+    output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
+    if output_width != dimension:
+        raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
+    return EmbeddingLimits(dimension, positive_int(model.limits, "max_sentences"))
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
-    return {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
+    described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
+    if state.embeddings is not None:
+        described |= {"embedding_dim": state.embeddings.dimension, "max_sentences": state.embeddings.max_sentences}
+    return described
+
+
+def field_name(location: Location) -> str:
+    """How a message names the field at `location`: `sentence_a`, or `sentences[2]` inside a list."""
+    if isinstance(location[-1], int):
+        return f"{location[-2]}[{location[-1]}]"
+    return str(location[-1])
 
 
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
     """Tokenize and embed one sentence; over the model's limits or without words is a 422 naming the field."""
     state: SimilarityState = model.state
-    field = location[-1]
+    field = field_name(location)
     if len(text) > state.max_characters:
         raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
     tokens = tokenize(text)
@@ -136,13 +169,27 @@ async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Fe
     return await asyncio.gather(*(model.batcher.run(pair_feeds(pair), 1, pair.length) for pair in pairs))
 
 
-def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attention: bool) -> dict[str, Any]:
-    """The response fields of one pair (numpy arrays where the response has matrices)."""
+def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
+    """Relatedness, similarity and entailment of the first pair in the outputs of the pair or head graph."""
     state: SimilarityState = model.state
     logits = outputs["entailment_logits"][0].astype(np.float64)
     probabilities = np.exp(logits - logits.max())
     probabilities /= probabilities.sum()
     relatedness = float(outputs["relatedness"][0])
+    return {
+        "model": model.name,
+        "relatedness": relatedness,
+        "similarity": (relatedness - 1) / 4,
+        "entailment": {
+            "label": state.labels[int(np.argmax(probabilities))],
+            "probabilities": dict(zip(state.labels, probabilities.tolist(), strict=True)),
+        },
+    }
+
+
+def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attention: bool) -> dict[str, Any]:
+    """The response fields of one pair (numpy arrays where the response has matrices)."""
+    state: SimilarityState = model.state
     attention = None
     if return_attention:
         la, lb = len(pair.a.tokens), len(pair.b.tokens)
@@ -155,13 +202,7 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
             ),
         }
     return {
-        "model": model.name,
-        "relatedness": relatedness,
-        "similarity": (relatedness - 1) / 4,
-        "entailment": {
-            "label": state.labels[int(np.argmax(probabilities))],
-            "probabilities": dict(zip(state.labels, probabilities.tolist(), strict=True)),
-        },
+        **scores(model, outputs),
         "tokens_a": pair.a.tokens,
         "tokens_b": pair.b.tokens,
         "unknown_tokens": list(dict.fromkeys(pair.a.unknown + pair.b.unknown)),

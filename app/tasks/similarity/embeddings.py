@@ -1,0 +1,79 @@
+"""Sentence vectors of the LSTM_RMC encoder, and pair scores from two stored vectors (transport-free).
+
+Two graphs of the same weights as the model's pair graph (manifest `graphs`, built by `export/embeddings.py`):
+- `encoder`: emb [B,T,50] float32, len [B] int64 -> embedding [B,2M], the vector the heads read: the final
+  memory after reading the sentence forward, then the final memory after reading it reversed. Each sentence is
+  one batch row; the batcher pads rows to one T and the masked encoder ignores the padding.
+- `head`: embedding_a, embedding_b [B,2M] -> relatedness_log_probs [B,5], relatedness [B], entailment_logits
+  [B,3] on the features [u, v, |u-v|, u*v]: the same outputs as the pair graph for the same two sentences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.frame.errors import InvalidInput, UnknownModel
+from app.frame.registry import ServedModel
+from app.runtime.collate import Feeds
+from app.tasks.similarity.service import EmbeddingLimits, EncodedSentence, SimilarityState, encode_sentence
+
+
+def limits_of(model: ServedModel) -> EmbeddingLimits:
+    """The model's embedding limits; 404 when its manifest entry has no encoder and head graphs."""
+    state: SimilarityState = model.state
+    if state.embeddings is None:
+        raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
+    return state.embeddings
+
+
+def graph_of(model: ServedModel, key: str) -> ServedModel:
+    """The model's `encoder` or `head` graph; 404 when it has none."""
+    limits_of(model)
+    return model.graphs[key]
+
+
+def encode_sentences(model: ServedModel, texts: Sequence[str]) -> list[EncodedSentence]:
+    """Tokenize and embed each sentence of `body.sentences`; over a limit is a 422 naming the field."""
+    limits = limits_of(model)
+    if len(texts) > limits.max_sentences:
+        raise InvalidInput(
+            ("body", "sentences"),
+            f"sentences has {len(texts)} items; model {model.name} accepts at most {limits.max_sentences} per request",
+        )
+    return [encode_sentence(model, text, ("body", "sentences", index)) for index, text in enumerate(texts)]
+
+
+async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> list[np.ndarray]:
+    """The sentence vector of each sentence; each is one row in the encoder's batches (with other requests')."""
+    batcher = graph_of(model, "encoder").batcher
+    feeds = [
+        {"emb": sentence.vectors[np.newaxis], "len": np.array([len(sentence.tokens)], dtype=np.int64)}
+        for sentence in sentences
+    ]
+    outputs = await asyncio.gather(
+        *(batcher.run(feed, 1, len(s.tokens)) for feed, s in zip(feeds, sentences, strict=True))
+    )
+    return [output["embedding"][0] for output in outputs]
+
+
+def vector_pair(model: ServedModel, embedding_a: Sequence[float], embedding_b: Sequence[float]) -> Feeds:
+    """Head feeds for two stored vectors; a vector of the wrong size is a 422 naming the field and the size."""
+    dimension = limits_of(model).dimension
+    feeds = {}
+    for field, values in (("embedding_a", embedding_a), ("embedding_b", embedding_b)):
+        if len(values) != dimension:
+            raise InvalidInput(
+                ("body", field),
+                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {dimension} "
+                "(from POST /embeddings with the same model)",
+            )
+        feeds[field] = np.asarray(values, dtype=np.float32)[np.newaxis]
+    return feeds
+
+
+async def score_vectors(model: ServedModel, feeds: Feeds) -> Feeds:
+    """The head graph's outputs for one pair of vectors, batched with other requests' pairs."""
+    return await graph_of(model, "head").batcher.run(feeds, 1, 1)
