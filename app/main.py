@@ -72,10 +72,12 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         probes = None
         if settings.probe_port is not None:
             probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
-            await probes.start()
+            probes.spawn()
             app.state.drain.on_begin.append(probes.push)
         try:
             async with serving(app):
+                if probes is not None:
+                    await probes.start()
                 yield
         finally:
             if probes is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import socket
 import sys
 import tempfile
 import threading
@@ -424,3 +425,24 @@ def test_health_answers_while_inference_is_saturated(tmp_path):
     with _toy_server(tmp_path, MNEMO_MAX_BATCH="1", MNEMO_REQUEST_TIMEOUT_S="120") as server:
         slowest, statuses = asyncio.run(scenario(server.url))
         assert statuses == {200} and slowest < 1.0  # generous: a blocked loop would wait for whole runs
+
+
+def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path):
+    def post_headers(url: str, content_length: int) -> socket.socket:
+        host, port = url.removeprefix("http://").split(":")
+        connection = socket.create_connection((host, int(port)), timeout=10)
+        head = f"POST /toy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {content_length}"
+        connection.sendall(head.encode() + b'\r\n\r\n{"x": ')  # then it stalls: the body stays announced, not read
+        return connection
+
+    with _toy_server(tmp_path, MNEMO_MAX_BODY_BYTES=str(40 << 20)) as server:
+        holder = post_headers(server.url, 30 << 20)
+        try:
+            time.sleep(0.5)  # the server has read the headers and holds 30 MB of announced body
+            refused = httpx.post(f"{server.url}/toy", content=b"{" + b" " * (4 << 20) + b"}")
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            assert "too many request bodies" in refused.json()["detail"]
+        finally:
+            holder.close()
+        time.sleep(0.5)
+        assert httpx.post(f"{server.url}/toy", json=_toy(1)).status_code == 200  # the budget is given back

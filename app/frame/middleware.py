@@ -34,7 +34,7 @@ async def send_json(send: Send, status: int, payload: dict, headers: dict[str, s
     await send({"type": "http.response.body", "body": body})
 
 
-BODIES_IN_MEMORY_BYTES = 64 << 20  # request bodies held at once (being read, parsed or served) before 429
+BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
 
 
 class BodySizeLimit:

@@ -276,9 +276,9 @@ class ModelBatcher:
         loop = asyncio.get_running_loop()
         try:
             try:
-                results = await loop.run_in_executor(self._slots.executor, self._execute, batch)
+                results, seconds = await loop.run_in_executor(self._slots.executor, self._execute, batch)
                 outcomes: list[Feeds | BaseException] = list(results)
-                self._learn_cost(batch, time.perf_counter() - started)
+                self._learn_cost(batch, seconds)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else await self._isolate(batch)
             for item, outcome in zip(batch, outcomes, strict=True):
@@ -310,13 +310,16 @@ class ModelBatcher:
         outcomes: list[Feeds | BaseException] = []
         for item in batch:
             try:
-                outcomes += await loop.run_in_executor(self._slots.executor, self._execute, [item])
+                outcomes += (await loop.run_in_executor(self._slots.executor, self._execute, [item]))[0]
             except Exception as error:
                 outcomes.append(error)
         return outcomes
 
-    def _execute(self, batch: list[_Item]) -> list[Feeds]:
-        """Collate, run and split (on an executor thread)."""
+    def _execute(self, batch: list[_Item]) -> tuple[list[Feeds], float]:
+        """Collate, run and split (on an executor thread); also the seconds of the run itself, for the cost
+        per cell (not the wait for the thread, which under load would make the model look slower than it is)."""
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
+        started = time.perf_counter()
         outputs = self._run_graph(feeds)
-        return split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
+        seconds = time.perf_counter() - started
+        return split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs), seconds

@@ -100,8 +100,11 @@ def main(host: str, port: int, stale_s: float = STALE_S) -> None:
     print("listening", flush=True)
     threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
     for line in sys.stdin:
-        status, payload = json.loads(line)
-        state.readiness, state.fed_at = (status, payload), time.monotonic()
+        try:
+            status, payload = json.loads(line)
+        except (ValueError, TypeError):  # a line cut by a full pipe: the next one comes 0.1 s later
+            continue
+        state.readiness, state.fed_at = (int(status), payload), time.monotonic()
     server.shutdown()
     os._exit(0)
 

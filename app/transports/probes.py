@@ -36,13 +36,20 @@ class ProbeProcess:
         self._process: subprocess.Popen | None = None
         self._feeder: asyncio.Task | None = None
 
-    async def start(self) -> None:
+    def spawn(self) -> None:
+        """Start the child and feed it from now on (inside the event loop): it starts listening, and says
+        "loading", while the service loads its models."""
         self._process = subprocess.Popen(
             [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
+        os.set_blocking(self._process.stdin.fileno(), False)
+        self._feeder = asyncio.create_task(self._feed(), name="probe-feed")
+
+    async def start(self) -> None:
+        """Wait until the child listens; ProbeStartError if it cannot (the port is taken)."""
         try:
             first = await asyncio.wait_for(asyncio.to_thread(self._process.stdout.readline), START_TIMEOUT_S)
         except TimeoutError:
@@ -50,9 +57,6 @@ class ProbeProcess:
         if first.strip() != "listening":
             self._process.kill()
             raise ProbeStartError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
-        os.set_blocking(self._process.stdin.fileno(), False)
-        self.push()
-        self._feeder = asyncio.create_task(self._feed(), name="probe-feed")
         logger.info("probes: /health and /ready also on http://%s:%d (own process)", self.host, self.port)
 
     def push(self) -> None:
