@@ -442,6 +442,17 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
             refused = httpx.post(f"{server.url}/toy", content=b"{" + b" " * (4 << 20) + b"}")
             assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
             assert "too many request bodies" in refused.json()["detail"]
+            # Answered before its body was read, the connection stays usable: the rest of the body is skipped
+            # (not taken for the next request's headers), and the next request on it is answered.
+            with post_headers(server.url, 4 << 20) as early:
+                early.settimeout(10)
+                assert early.recv(4096).startswith(b"HTTP/1.1 429")
+                early.sendall(b" " * ((4 << 20) - len(b'{"x": ')))  # the rest of the announced body
+                early.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while b'{"status":"ok"}' not in answer and len(answer) < 65536:
+                    answer += early.recv(4096)
+                assert b"HTTP/1.1 200" in answer and b"431" not in answer
         finally:
             holder.close()
         time.sleep(0.5)
