@@ -15,6 +15,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from export.cards import data_files_table, exporter_parser, notes_section
+from export.kt_cv import section as fold_spread_section
 from export.kt_repeats import audit as repeat_audit
 from export.kt_repeats import onnx_predictions, repeats_section
 from export.manifest import upsert_model
@@ -157,6 +158,9 @@ def write_card(
         *_cv_lines(result),
         *_repeats_lines(extras),
     ]
+    spread = fold_spread_section(extras.get("cv_dirs", []))
+    if spread:
+        lines += [*spread, ""]
     if extras.get("synthetic_mean"):
         summary = extras["synthetic_mean"]
         lines += [
@@ -278,6 +282,13 @@ def _refit_lines(result: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = exporter_parser(__doc__, "knowledge-trace")
+    parser.add_argument(
+        "--cv-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="models.cv_kt run of this model's recipe (then of the candidates it was compared with), for the card",
+    )
     args = parser.parse_args(argv)
     result = json.loads((args.run / "result.json").read_text())
     dataset = result["dataset"]
@@ -298,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     if names:
         assets["question_names"] = {"file": f"{args.name}.names.npy"}
         np.save(args.artifacts / assets["question_names"]["file"], np.array(names))
-    extras: dict = {}
+    extras: dict = {"cv_dirs": args.cv_dir}
     if dataset == "assist2009":
         session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
         test = to_sequences(read_students(test_file), result["recipe"]["seqlen"])
