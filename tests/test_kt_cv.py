@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+from export import kt as export_kt
 from export import kt_cv
 from models import cv_kt
 from tests.synthetic_data import write_kt_students, write_synthetic_kt
@@ -34,3 +35,17 @@ def test_fold_spread_section_reports_each_fold_and_survives_a_second_splice(tmp_
     partial = kt_cv.section([tmp_path / "other-cv"])
     assert "Only 4 of the 5 folds finished" in kt_cv.splice(card, partial)
     assert kt_cv.section([tmp_path / "missing-cv"]) == []
+
+
+def test_exported_card_carries_the_fold_spread_of_its_recipe(tmp_path):
+    data = write_synthetic_kt(tmp_path / "kt")
+    write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)
+    run = tmp_path / "cv"
+    cv = cv_kt.main(["--out", str(run), "--", "--dataset", "synthetic-v0", "--data-dir", str(data), "--epochs", "2"])
+    artifacts = tmp_path / "artifacts"
+    export_kt.main(
+        ["--run", str(run / "fold1"), "--name", "kt-toy", "--artifacts", str(artifacts), "--cv-dir", str(run)]
+    )
+    card = (artifacts / "kt-toy.md").read_text()
+    assert card.count(kt_cv.BEGIN) == 1 and f"mean {cv['valid_auc_mean']:.4f}" in card
+    assert kt_cv.splice(card, kt_cv.section([run])) == card
