@@ -21,8 +21,8 @@ from app.frame.responses import dumps
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
-STARTED_KEY = "mnemo.started"  # scope key: perf_counter() when the request reached the app
-# perf_counter() when the request being handled reached the app (the batcher serves earliest arrivals first)
+# perf_counter() when the request being handled reached the app: its deadline counts from it, and the batcher
+# serves the earliest arrivals first
 request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
 
 
@@ -180,7 +180,7 @@ class RequestContext:
             return
         incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"").decode("latin-1")
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else uuid.uuid4().hex
-        started = scope[STARTED_KEY] = time.perf_counter()
+        started = time.perf_counter()
         request_arrival.set(started)
         status = 499  # no answer was sent: the client left first (a failure is answered 500 by CatchUnexpected)
 

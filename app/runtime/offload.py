@@ -24,6 +24,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+class ParseQueueFull(Overloaded):
+    """More than MAX_QUEUED_BYTES of bodies wait to be parsed (429)."""
+
+
 _threads = ThreadPoolExecutor(max_workers=CPU_THREADS, thread_name_prefix="cpu-offload")
 _queued_bytes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
 
@@ -46,7 +50,7 @@ async def offload_or_shed(size: int, function: Callable[P, T], *args: P.args, **
     loop = asyncio.get_running_loop()
     queued = _queued_bytes.get(loop, 0)
     if queued + size > MAX_QUEUED_BYTES and queued:
-        raise Overloaded("The server is busy reading other requests; retry after the Retry-After delay.")
+        raise ParseQueueFull("The server is busy reading other requests; retry after the Retry-After delay.")
     _queued_bytes[loop] = queued + size
     try:
         return await offload(function, *args, **kwargs)

@@ -29,9 +29,9 @@ from app.frame.errors import (
     body_errors,
 )
 from app.frame.metrics import Metrics
-from app.frame.middleware import STARTED_KEY
+from app.frame.middleware import request_arrival
 from app.frame.registry import ModelRegistry, ServedModel
-from app.runtime.offload import offload_or_shed
+from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.transports.json_input import parse_body
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
@@ -83,20 +83,15 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
     refuse_if_full(model, metrics)
     try:
         return await offload_or_shed(len(body), validate_unless_full, schema, body, model, metrics)
-    except Overloaded as error:
-        if not isinstance(error, ModelFull):
-            metrics.rejected.labels("", "cpu_busy").inc()
+    except ParseQueueFull:
+        metrics.rejected.labels("", "cpu_busy").inc()
         raise
-
-
-class ModelFull(Overloaded):
-    """A large body refused before parsing: its model would refuse any request now."""
 
 
 def refuse_if_full(model: ServedModel | None, metrics: Metrics) -> None:
     if model is not None and model.batcher.refuses_any():
         metrics.rejected.labels(model.name, "before_parsing").inc()
-        raise ModelFull(f"Model {model.name} is at capacity; retry after the Retry-After delay.")
+        raise Overloaded(f"Model {model.name} is at capacity; retry after the Retry-After delay.")
 
 
 def validate_unless_full(schema: type[Body], body: bytes, model: ServedModel | None, metrics: Metrics) -> Body:
@@ -129,7 +124,8 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
     """The work's result, unless the deadline passes first (504) or the client leaves (499)."""
     metrics = request.app.state.metrics
     timeout = request.app.state.settings.request_timeout_s
-    remaining = request.scope.get(STARTED_KEY, time.perf_counter()) + timeout - time.perf_counter()
+    arrival = request_arrival.get()
+    remaining = (time.perf_counter() if arrival is None else arrival) + timeout - time.perf_counter()
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request))
     try:

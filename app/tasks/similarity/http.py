@@ -22,7 +22,7 @@ from app.transports.http import complete, json_body, read_body, registry
 
 TASK_NAME = "similarity"
 router = APIRouter(tags=["similarity"])
-INLINE_RENDER_CELLS = 2048  # answers with fewer attention cells are rendered on the loop: cheaper than a hop
+INLINE_RENDER_CELLS = 2048  # answers with fewer numbers (attention cells, vector entries) are rendered on the loop
 
 
 async def _answer(
@@ -77,11 +77,16 @@ async def similarity_batch(request: Request) -> JsonResponse:
 async def _embeddings_answer(model: ServedModel, texts: list[str]) -> bytes:
     sentences = await offload(embeddings.encode_sentences, model, texts)
     vectors = await embeddings.embed(model, sentences)
-    results = [
-        {"embedding": vector, "tokens": sentence.tokens, "unknown_tokens": list(dict.fromkeys(sentence.unknown))}
-        for sentence, vector in zip(sentences, vectors, strict=True)
-    ]
-    return dumps({"model": model.name, "embedding_dim": embeddings.limits_of(model).dimension, "results": results})
+    dimension = embeddings.limits_of(model).dimension
+
+    def render() -> bytes:
+        results = [
+            {"embedding": vector, "tokens": sentence.tokens, "unknown_tokens": list(dict.fromkeys(sentence.unknown))}
+            for sentence, vector in zip(sentences, vectors, strict=True)
+        ]
+        return dumps({"model": model.name, "embedding_dim": dimension, "results": results})
+
+    return await offload_if(len(sentences) * dimension > INLINE_RENDER_CELLS, render)
 
 
 @router.post(
