@@ -87,3 +87,36 @@ def running_server(
 def _collect_lines(process: subprocess.Popen, lines: list[str]) -> None:
     for line in process.stdout:
         lines.append(line.rstrip("\n"))
+
+
+class HeldRequest:
+    """A POST whose body arrives in two parts: the server has admitted it (it is in flight) until `finish`.
+
+    Drain tests use it to keep a server draining for as long as they need, whatever the machine's speed.
+    """
+
+    def __init__(self, url: str, path: str, body: bytes) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=60)
+        head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+        self.sock.sendall(head.encode() + b"\r\n\r\n" + body[: len(body) // 2])
+        self.rest = body[len(body) // 2 :]
+
+    def finish(self) -> tuple[int, bytes]:
+        """Send the rest of the body; the status and the body of the answer."""
+        self.sock.sendall(self.rest)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += self._recv()
+        head, body = answer.split(b"\r\n\r\n", 1)
+        fields = dict(line.split(b":", 1) for line in head.lower().split(b"\r\n")[1:])
+        length = int(fields[b"content-length"])
+        while len(body) < length:
+            body += self._recv()
+        self.sock.close()
+        return int(head.split()[1]), body
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        assert chunk, "the server closed the connection before answering"
+        return chunk

@@ -10,7 +10,7 @@ import time
 import httpx
 
 from tests.conftest import COMMITTED
-from tests.helpers import running_server
+from tests.helpers import HeldRequest, Server, running_server
 
 IN_FLIGHT = 32
 
@@ -27,30 +27,41 @@ def _in_flight(url: str) -> float:
     )
 
 
+def _draining(server: Server, workers: int = 1) -> bool:
+    """Every one of `workers` logged that SIGTERM started its drain."""
+    messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
+    return sum(message.startswith("SIGTERM: draining") for message in messages) >= workers
+
+
 def test_sigterm_answers_every_admitted_request_refuses_new_ones_and_exits_cleanly():
-    async def scenario(server):
+    async def scenario(server: Server):
         limits = httpx.Limits(max_connections=IN_FLIGHT + 8)
         async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())  # keeps it draining
             admitted = [
                 asyncio.create_task(client.post("/knowledge-trace", json=_history(1000))) for _ in range(IN_FLIGHT)
             ]
             deadline = time.monotonic() + 20
-            while _in_flight(server.url) < IN_FLIGHT + 1 and time.monotonic() < deadline:  # +1: the /metrics call
+            while _in_flight(server.url) < IN_FLIGHT + 2 and time.monotonic() < deadline:  # +2: held, /metrics
                 await asyncio.sleep(0.02)
             server.process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
+            while not _draining(server):
+                assert time.monotonic() < deadline + 20, "the server never logged its drain"
+                await asyncio.sleep(0.02)
             async with httpx.AsyncClient(base_url=server.url, timeout=10) as newcomer:
                 late = await newcomer.post("/knowledge-trace", json=_history(5))
                 ready = await newcomer.get("/ready")
-            return await asyncio.gather(*admitted), late, ready
+            answers = await asyncio.gather(*admitted)
+            return answers, late, ready, await asyncio.to_thread(held.finish)
 
-    with running_server(COMMITTED, MNEMO_DRAIN_S="120", MNEMO_REQUEST_TIMEOUT_S="120") as server:
-        answers, late, ready = asyncio.run(scenario(server))
+    env = {"MNEMO_DRAIN_S": "120", "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_BODY_TIMEOUT_S": "120"}
+    with running_server(COMMITTED, **env) as server:
+        answers, late, ready, (held_status, held_body) = asyncio.run(scenario(server))
         assert [answer.status_code for answer in answers] == [200] * IN_FLIGHT
         assert all(len(answer.json()["predictions"]) == 1000 for answer in answers)
         assert late.status_code == 503 and late.headers["retry-after"] == "1" and late.headers["connection"] == "close"
         assert ready.status_code == 503
+        assert held_status == 200 and len(json.loads(held_body)["predictions"]) == 5
         assert server.process.wait(timeout=60) == 0
     logged = [json.loads(line) for line in server.output if line.startswith("{")]
-    assert any("SIGTERM: draining" in line["message"] for line in logged)
     assert any(line["message"] == "drained: no request in flight" for line in logged)

@@ -26,7 +26,7 @@ from prometheus_client.samples import Sample
 
 from app.frame.settings import Settings, usable_cpus
 from tests.conftest import COMMITTED
-from tests.helpers import ROOT, Server, free_port, running_server
+from tests.helpers import ROOT, HeldRequest, Server, free_port, running_server
 from tests.test_drain import _history, _in_flight
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
@@ -192,6 +192,11 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
     assert tmp_path.is_dir()  # a directory the user chose stays
 
 
+def _exited(server: Server) -> int:
+    """How many workers the supervisor logged as exited with status 0."""
+    return sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in _logged(server))
+
+
 def _alive(pid: int) -> bool:
     """The process exists and is not a zombie waiting for its new parent to reap it."""
     try:
@@ -216,31 +221,40 @@ def test_workers_drain_and_exit_when_their_supervisor_is_killed():
 
 
 def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
+    """The held request keeps one worker draining after the other has finished and exited, so the newcomers
+    meet a draining worker (503) however fast the machine is, rather than a closed port."""
+
     async def scenario(server: Server):
         limits = httpx.Limits(max_connections=IN_FLIGHT + 8)
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
             admitted = [
                 asyncio.create_task(client.post("/knowledge-trace", json=_history(1000))) for _ in range(IN_FLIGHT)
             ]
             deadline = time.monotonic() + 30
-            while _in_flight(server.url) < IN_FLIGHT + 1 and time.monotonic() < deadline:  # +1: the /metrics call
+            while _in_flight(server.url) < IN_FLIGHT + 2 and time.monotonic() < deadline:  # +2: held, /metrics
                 await asyncio.sleep(0.02)
             server.process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.5)
+            answers = await asyncio.gather(*admitted)
+            while _exited(server) < 1:  # the worker without the held request drained and exited
+                assert time.monotonic() < deadline + 60, server.output[-20:]
+                await asyncio.sleep(0.05)
             newcomers = httpx.Limits(max_keepalive_connections=0)
             async with httpx.AsyncClient(base_url=server.url, timeout=10, limits=newcomers) as newcomer:
                 late = [await newcomer.post("/knowledge-trace", json=_history(5)) for _ in range(4)]
                 ready = await newcomer.get("/ready")
-            return await asyncio.gather(*admitted), late, ready
+            return answers, late, ready, await asyncio.to_thread(held.finish)
 
-    with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_DRAIN_S="120", MNEMO_REQUEST_TIMEOUT_S="120") as server:
+    env = {"MNEMO_DRAIN_S": "120", "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_BODY_TIMEOUT_S": "120"}
+    with running_server(COMMITTED, MNEMO_WORKERS="2", **env) as server:
         _wait_for_workers(server, 2)
-        answers, late, ready = asyncio.run(scenario(server))
+        answers, late, ready, (held_status, _) = asyncio.run(scenario(server))
         assert [answer.status_code for answer in answers] == [200] * IN_FLIGHT
         assert all(len(answer.json()["predictions"]) == 1000 for answer in answers)
         assert len({answer.headers["x-mnemo-pid"] for answer in answers}) == 2  # both workers had requests in flight
         assert all(response.status_code == 503 and response.headers["connection"] == "close" for response in late)
         assert ready.status_code == 503
+        assert held_status == 200
         assert server.process.wait(timeout=120) == 0
     messages = _logged(server)
     assert "SIGTERM: passing it on to 2 worker(s)" in messages
