@@ -10,6 +10,7 @@ import sys
 from pydantic import ValidationError
 
 from app.frame.providers import ProviderUnavailable, resolve_provider
+from app.frame.sessions import preopened
 from app.frame.settings import Settings
 
 
@@ -26,6 +27,7 @@ def main() -> None:
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
     if settings.workers == 1:
+        preopened.start(settings)  # ONNX sessions open while the web stack imports
         from app.server import serve
 
         serve(settings)

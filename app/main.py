@@ -22,6 +22,7 @@ from app.frame.drain import Drain
 from app.frame.errors import install_error_handlers
 from app.frame.failures import CatchUnexpected
 from app.frame.logging import configure_logging
+from app.frame.loop_lag import LoopLag
 from app.frame.metrics import Metrics
 from app.frame.middleware import BodySizeLimit, DrainGate, RequestContext
 from app.frame.registry import ModelRegistry
@@ -94,7 +95,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             raise
         app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
         await offload(app.state.students.open)
-        engine = Engine(registry, settings, metrics)
+        engine = Engine(registry, settings, metrics, alone=app.state.drain.alone)
+        app.state.loop_lag.start()
         app.state.registry = registry
         metrics.record_build(
             app.version, {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
@@ -103,6 +105,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         try:
             yield
         finally:
+            await app.state.loop_lag.stop()
             await engine.stop()
             await offload(app.state.students.close)
 
@@ -118,6 +121,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.drain = Drain()
+    app.state.loop_lag = LoopLag()  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
     app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)

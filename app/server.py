@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from app.frame.logging import uvicorn_log_config
 from app.frame.settings import Settings
-from app.runtime.memory import limit_malloc_arenas
+from app.runtime.memory import tune_malloc
 from app.transports.connection_guard import ConnectionLimits, guarded_protocol
 
 logger = logging.getLogger("mnemo.server")
@@ -89,7 +89,7 @@ def serve(
     from app.main import create_app
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    limit_malloc_arenas()
+    tune_malloc()
     app = app or create_app(settings)
     limits = ConnectionLimits(
         max_connections=settings.max_connections,

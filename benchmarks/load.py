@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-from app.frame.registry import session_options
+from app.frame.sessions import session_options
 from app.frame.settings import Settings
 from app.runtime.collate import collate
 from app.tasks.similarity.service import EncodedPair, EncodedSentence, pair_feeds

@@ -9,6 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto
 
+from app.frame import registry as registry_module
+from app.frame import sessions
 from app.frame.errors import ModelNotReady, UnknownModel
 from app.frame.integrity import sha256_of
 from app.frame.metrics import Metrics
@@ -183,3 +185,38 @@ def test_two_defaults_for_one_task_are_refused(tmp_path):
     artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a", default=True), toy_entry("toy-b", default=True)])
     with pytest.raises(ModelLoadError, match="at most one default toy model, not toy-a, toy-b"):
         _registry(artifacts)
+
+
+@pytest.fixture
+def preopening(monkeypatch):
+    """A fresh `preopened` for the test, as `python -m app` starts it before importing the web stack."""
+    fresh = sessions.PreopenedSessions()
+    monkeypatch.setattr(registry_module, "preopened", fresh)
+    return fresh
+
+
+def test_the_registry_takes_the_sessions_opened_early_and_drops_the_rest(toy_artifacts, preopening):
+    settings = toy_settings(toy_artifacts)
+    preopening.start(settings)
+    registry = ModelRegistry(settings, toy_tasks(), Metrics())
+    key = (toy_artifacts / "toy-a.onnx", sha256_of(toy_artifacts / "toy-a.onnx"), "CPUExecutionProvider")
+    early = preopening._sessions[key].result()
+    registry.load()
+    assert registry.ready and registry.models["toy-a"].session is early  # taken, not opened again
+    assert preopening._sessions == {}
+    assert preopening.take(*key, settings) is None  # each session is taken once
+
+
+def test_a_file_tampered_before_the_early_open_is_still_refused_by_the_registry(toy_artifacts, preopening):
+    _tamper(toy_artifacts / "toy-b.onnx")
+    settings = toy_settings(toy_artifacts)
+    preopening.start(settings)
+    with pytest.raises(ModelLoadError, match=r"toy-b: .*toy-b.onnx has sha256 \w+, but the manifest says"):
+        ModelRegistry(settings, toy_tasks(), Metrics()).load()
+
+
+def test_sessions_opened_early_under_other_settings_are_not_used(toy_artifacts, preopening):
+    preopening.start(toy_settings(toy_artifacts))
+    other = toy_settings(toy_artifacts, cpu_arena=True)
+    path = toy_artifacts / "toy-a.onnx"
+    assert preopening.take(path, sha256_of(path), "CPUExecutionProvider", other) is None

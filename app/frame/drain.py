@@ -28,6 +28,10 @@ class Drain:
     def enter(self) -> None:
         self.in_flight += 1
 
+    def alone(self) -> bool:
+        """At most one request in flight: called from inside a request, it is the only one."""
+        return self.in_flight <= 1
+
     def leave(self) -> None:
         self.in_flight -= 1
         self._notify()

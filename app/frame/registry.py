@@ -24,7 +24,8 @@ from app.frame.errors import ModelNotReady, UnknownModel
 from app.frame.integrity import sha256_of
 from app.frame.manifest import ModelEntry, confined, read_manifest
 from app.frame.metrics import Metrics
-from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
+from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider
+from app.frame.sessions import open_session, preopened
 from app.frame.settings import Settings, usable_cpus
 from app.frame.tasks import Task, graph_layouts
 
@@ -145,22 +146,6 @@ def _warm_up_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
     return feeds
 
 
-def session_options(settings: Settings) -> ort.SessionOptions:
-    """Threads from the budget, no spinning (the CPUs are shared with request handling), the CPU arena off.
-
-    The arena grows to the largest run and keeps that memory for good. Measured: a 32 x 200-step
-    dkvmn-assist2009 batch held +617 MB with it (+43 MB without), and ran 1.7x faster with it.
-    MNEMO_CPU_ARENA=true trades that memory for the speed.
-    """
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = settings.intra_op_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.enable_cpu_mem_arena = settings.cpu_arena
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
-
-
 class ModelRegistry:
     """Loads every model of the manifest at startup and hands them to the transports."""
 
@@ -184,6 +169,7 @@ class ModelRegistry:
         workers = max(1, min(len(self.models), usable_cpus()))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-load") as pool:
             outcomes = list(pool.map(lambda model: self._load_guarded(model, artifacts), self.models.values()))
+        preopened.clear()
         for model, error in zip(self.models.values(), outcomes, strict=True):
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
             if error is None:
@@ -228,10 +214,10 @@ class ModelRegistry:
     def _open(self, model: ServedModel, artifacts: Path) -> None:
         """Verify the model's file, open its session on the provider and warm it up."""
         model.file = confined(artifacts, model.entry.file)
-        _verify(model.file, model.entry.file, model.entry.sha256, "model file")
-        session = ort.InferenceSession(
-            str(model.file), session_options(self.settings), providers=session_providers(self.provider)
-        )
+        session = preopened.take(model.file, model.entry.sha256, self.provider, self.settings)
+        if session is None:
+            _verify(model.file, model.entry.file, model.entry.sha256, "model file")
+            session = open_session(model.file, self.settings, self.provider)
         model.provider = check_session_provider(session, self.provider, model.name)
         session.run(None, _warm_up_feeds(session))
         model.output_names = [output.name for output in session.get_outputs()]

@@ -16,6 +16,12 @@
   skip any that would make more than half of the batch padding, or more padded cells (rows x length)
   than the model's `max_cells`. When other run slots are free, the queue is spread over them instead of
   filling one run.
+- **Alone, inline.** When the server handles one request only and no run is in progress anywhere, a
+  small batch (at most `INLINE_MAX_CELLS` cells, in its request's first `INLINE_WINDOW_S`, of a model whose
+  small runs have taken at most `INLINE_MAX_RUN_S`; all the rows that request queued at once) runs on the
+  event loop itself: no thread hand-off there and back, which on a busy machine costs more than the run.
+  The loop is blocked for that one run; requests that arrive meanwhile wait in the socket buffers, then
+  make the server not alone.
 - **Bounded cost.** An item of more than `max_batch` rows runs in parts; callers split long sequences
   into chunks (knowledge tracing: `seqlen`), so no request holds the model while others starve.
 - **Cancellation.** A caller that is cancelled (deadline, client gone) cancels its futures; queued
@@ -43,6 +49,9 @@ MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of
 DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
 COST_SMOOTHING = 0.2  # weight of the newest run in the moving averages of cost per cell and row length
 MIN_CELLS_TO_LEARN = 256  # smaller runs (unless max_cells is smaller) cost mostly their fixed overhead
+INLINE_MAX_CELLS = 256  # largest run (rows x length) done on the event loop when the request is alone
+INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
+INLINE_MAX_RUN_S = 0.015  # and only for a model whose small runs take at most this long (learned from its runs)
 RunGraph = Callable[[Feeds], Feeds]
 
 
@@ -96,7 +105,9 @@ class ModelBatcher:
         slots: RunSlots,
         config: BatchConfig,
         metrics: Metrics,
+        alone: Callable[[], bool] = lambda: False,
     ) -> None:
+        """`alone()` tells whether the current request is the only one the server is handling."""
         self.name = name
         self.config = config
         self._run_graph = run_graph
@@ -104,11 +115,13 @@ class ModelBatcher:
         self._sequence_outputs = dict(sequence_outputs)
         self._slots = slots
         self._metrics = metrics
+        self._alone = alone
         self._queue: list[_Item] = []
         self._admitted_rows = 0
         self._admitted_cells = 0.0
         self._cell_seconds = 0.0  # moving average of one padded cell's run time (0 until the first run)
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
+        self._small_run_seconds: float | None = None  # moving average of runs of at most INLINE_MAX_CELLS cells
         self._in_flight = 0
         self.runs_done = 0
         self._wakeup = asyncio.Event()
@@ -211,6 +224,9 @@ class ModelBatcher:
                 self._slots.semaphore.release()
                 continue
             self._in_flight += 1
+            if self._may_run_inline(batch):
+                await self._run_batch(batch, inline=True)
+                continue
             task = asyncio.create_task(self._run_batch(batch))
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
@@ -268,7 +284,20 @@ class ModelBatcher:
         self._metrics.queue_depth.labels(self.name).dec(rows)
         return batch
 
-    async def _run_batch(self, batch: list[_Item]) -> None:
+    def _may_run_inline(self, batch: list[_Item]) -> bool:
+        """See "Alone, inline" (called with this batch's run slot taken)."""
+        cells = sum(item.rows for item in batch) * max(item.length for item in batch)
+        return (
+            cells <= INLINE_MAX_CELLS
+            and self._small_run_seconds is not None
+            and self._small_run_seconds <= INLINE_MAX_RUN_S
+            and time.perf_counter() - min(item.arrival for item in batch) < INLINE_WINDOW_S
+            and self._slots.free == self._slots.runs - 1  # no other run in progress, for any model
+            and self._alone()
+        )
+
+    async def _run_batch(self, batch: list[_Item], inline: bool = False) -> None:
+        """Run a batch on a run-slot thread, or on the event loop itself when `inline`."""
         started = time.perf_counter()
         for item in batch:
             self._metrics.queue_wait.labels(self.name).observe(started - item.enqueued)
@@ -276,9 +305,12 @@ class ModelBatcher:
         loop = asyncio.get_running_loop()
         try:
             try:
-                results, seconds = await loop.run_in_executor(self._slots.executor, self._execute, batch)
+                if inline:
+                    results, seconds = self._execute(batch)
+                else:
+                    results, seconds = await loop.run_in_executor(self._slots.executor, self._execute, batch)
                 outcomes: list[Feeds | BaseException] = list(results)
-                self._learn_cost(batch, seconds)
+                self._learn_cost(sum(item.rows for item in batch) * max(item.length for item in batch), seconds)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else await self._isolate(batch)
             for item, outcome in zip(batch, outcomes, strict=True):
@@ -294,9 +326,12 @@ class ModelBatcher:
             self.runs_done += 1
             self._wakeup.set()
 
-    def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
-        """Update the moving average of one padded cell's run time from a finished batch."""
-        cells = sum(item.rows for item in batch) * max(item.length for item in batch)
+    def _learn_cost(self, cells: int, seconds: float) -> None:
+        """Update the moving averages of one padded cell's run time (from large runs) and of a small run's
+        time, from a finished run of `cells` cells."""
+        if cells <= INLINE_MAX_CELLS:
+            last = self._small_run_seconds
+            self._small_run_seconds = seconds if last is None else last + COST_SMOOTHING * (seconds - last)
         if cells < min(MIN_CELLS_TO_LEARN, self.config.max_cells or MIN_CELLS_TO_LEARN):
             return
         sample = seconds / cells

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from app.frame.metrics import Metrics
 from app.frame.registry import ModelRegistry, ServedModel
@@ -32,7 +33,10 @@ class Engine:
     """Starts (inside the event loop) and stops the batchers of every ready model (and of its extra graphs);
     trims memory when idle."""
 
-    def __init__(self, registry: ModelRegistry, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, registry: ModelRegistry, settings: Settings, metrics: Metrics, alone: Callable[[], bool] = lambda: False
+    ) -> None:
+        """`alone()`: the current request is the only one in flight (the batchers may then run it inline)."""
         self.registry = registry
         self.slots = RunSlots(settings.concurrent_runs or 1)
         self._served: list[ServedModel] = []
@@ -51,6 +55,7 @@ class Engine:
                     self.slots,
                     batch_config(settings, model.entry),
                     metrics,
+                    alone,
                 )
                 served.batcher.start()
                 self._served.append(served)

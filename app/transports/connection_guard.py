@@ -14,7 +14,10 @@ This protocol adds, per connection:
 - a write deadline: a response the client stops reading (the socket buffer stays full) for
   MNEMO_WRITE_TIMEOUT_S aborts the connection, which frees the buffered response;
 - reads of at most READ_CHUNK_BYTES, and the rest of a body answered before it was read (an early 429 on a
-  kept-alive connection) skipped as body, never counted as the next request's headers.
+  kept-alive connection) skipped as body, never counted as the next request's headers;
+- when the client goes before its answer, the callables the app listed in the request's scope under
+  ON_CLIENT_GONE are called at once (the request's work is cancelled, which drops its queued rows in the
+  same turn of the loop, before the batcher can start them).
 
 A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
 """
@@ -33,6 +36,7 @@ logger = logging.getLogger("mnemo.connections")
 # a connection holds about 128 KB, not 320 KB, and 1,024 connections sending large bodies at once hold
 # about 130 MB less (peak RSS under the overload mix, BENCHMARKS.md).
 READ_CHUNK_BYTES = 64 << 10
+ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: callables to call when the client disconnects early
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -97,7 +101,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            for cancel in cycle.scope.get(ON_CLIENT_GONE, ()):
+                cancel()
 
     def data_received(self, data: bytes) -> None:
         if self._awaiting_headers and self._header_timer is None:

@@ -6,7 +6,9 @@
   worker threads then parse only requests that will run, and the event loop keeps its share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S,
   counted from arrival) passes (504), or the client disconnects (499, nothing is sent); in the last
-  two cases the work is cancelled, which drops its rows that have not started.
+  two cases the work is cancelled, which drops its rows that have not started. The 504 is sent a margin
+  before the deadline: `DEADLINE_MARGIN_S` plus twice the event loop's recent lag (under overload the loop
+  runs timers late, so a timer set at the deadline itself would answer after it).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from app.frame.metrics import Metrics
 from app.frame.middleware import request_arrival
 from app.frame.registry import ModelRegistry, ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
+from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.json_input import parse_body
 
+DEADLINE_MARGIN_S = 0.1  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
 MODEL_VALUE = re.compile(rb'\s*:\s*(null|"[A-Za-z0-9._-]{1,64}")')
@@ -53,6 +57,11 @@ class ClientGone(ServiceError):
 
 def registry(request: Request) -> ModelRegistry:
     return request.app.state.registry
+
+
+def alone(request: Request) -> bool:
+    """This request is the only one the server is handling: its small jobs may run on the event loop."""
+    return request.app.state.drain.alone()
 
 
 def json_content_type(request: Request) -> bool:
@@ -125,8 +134,10 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
     metrics = request.app.state.metrics
     timeout = request.app.state.settings.request_timeout_s
     arrival = request_arrival.get()
-    remaining = (time.perf_counter() if arrival is None else arrival) + timeout - time.perf_counter()
+    margin = min(DEADLINE_MARGIN_S + 2 * request.app.state.loop_lag.recent_s, timeout / 2)
+    remaining = (time.perf_counter() if arrival is None else arrival) + timeout - margin - time.perf_counter()
     task = asyncio.ensure_future(work)
+    request.scope.setdefault(ON_CLIENT_GONE, []).append(task.cancel)  # called by the connection guard
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         done, _ = await asyncio.wait({task, gone}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED)
@@ -136,9 +147,9 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    if task in done:
+    if task in done and not task.cancelled():
         return task.result()
-    if gone in done:
+    if done:  # `gone` returned, or the connection guard cancelled the work: the client left
         metrics.cancelled.labels(model_name).inc()
         raise ClientGone("The client disconnected before the answer.")
     metrics.timed_out.labels(model_name).inc()

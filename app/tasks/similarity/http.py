@@ -18,7 +18,7 @@ from app.tasks.similarity.schemas import (
     SimilarityRequest,
     SimilarityResponse,
 )
-from app.transports.http import complete, json_body, read_body, registry
+from app.transports.http import alone, complete, json_body, read_body, registry
 
 TASK_NAME = "similarity"
 router = APIRouter(tags=["similarity"])
@@ -26,9 +26,15 @@ INLINE_RENDER_CELLS = 2048  # answers with fewer numbers (attention cells, vecto
 
 
 async def _answer(
-    model: ServedModel, texts: list[tuple[str, str]], locations: list[tuple], return_attention: bool, batch: bool
+    model: ServedModel,
+    texts: list[tuple[str, str]],
+    locations: list[tuple],
+    return_attention: bool,
+    batch: bool,
+    encode_inline: bool = False,
 ) -> bytes:
-    pairs = await offload(service.encode_pairs, model, texts, locations)
+    """The answer's JSON; the pairs are tokenized on a worker thread unless `encode_inline`."""
+    pairs = await offload_if(not encode_inline, service.encode_pairs, model, texts, locations)
     outputs = await service.run_pairs(model, pairs)
 
     def render() -> bytes:
@@ -53,7 +59,8 @@ async def similarity(request: Request) -> JsonResponse:
     body = await read_body(request, SimilarityRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
     with model.batcher.admit(1):
-        work = _answer(model, [(body.sentence_a, body.sentence_b)], [("body",)], body.return_attention, batch=False)
+        pair = [(body.sentence_a, body.sentence_b)]
+        work = _answer(model, pair, [("body",)], body.return_attention, batch=False, encode_inline=alone(request))
         return JsonResponse(await complete(request, work, model.name))
 
 

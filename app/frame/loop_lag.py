@@ -1,0 +1,33 @@
+"""How late the event loop runs: sampled continuously, so deadlines can be met with the answer already sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+SAMPLE_EVERY_S = 0.1
+DECAY = 0.93  # per sample: a lag spike counts half after about one second
+
+
+class LoopLag:
+    """`recent_s`: the largest recent delay of a timer past its due time, decaying once the loop keeps up."""
+
+    def __init__(self) -> None:
+        self.recent_s = 0.0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._sample(), name="loop-lag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _sample(self) -> None:
+        while True:
+            due = time.perf_counter() + SAMPLE_EVERY_S
+            await asyncio.sleep(SAMPLE_EVERY_S)
+            self.recent_s = max(time.perf_counter() - due, self.recent_s * DECAY)
