@@ -121,7 +121,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.drain = Drain()
-    app.state.loop_lag = LoopLag()  # read by the deadlines (app/transports/http.py)
+    app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
     app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)

@@ -21,6 +21,7 @@ import onnxruntime as ort
 import pytest
 
 from app.frame.errors import Overloaded
+from app.frame.loop_lag import LoopLag
 from app.frame.metrics import Metrics
 from app.frame.middleware import request_arrival
 from app.frame.registry import ModelRegistry
@@ -490,3 +491,23 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
             holder.close()
         time.sleep(0.5)
         assert httpx.post(f"{server.url}/toy", json=_toy(1)).status_code == 200  # the budget is given back
+
+
+def test_the_loop_lag_sees_a_blocked_event_loop_and_decays_once_it_keeps_up():
+    metrics = Metrics()
+
+    async def scenario():
+        lag = LoopLag(metrics.loop_lag)
+        lag.start()
+        await asyncio.sleep(0.15)
+        time.sleep(0.3)  # the event loop is blocked: its timers run late
+        await asyncio.sleep(0.15)
+        blocked = lag.recent_s
+        await asyncio.sleep(1.5)
+        await lag.stop()
+        return blocked, lag.recent_s
+
+    blocked, later = asyncio.run(scenario())
+    assert blocked >= 0.2
+    assert later < blocked / 2  # a spike counts half after about a second
+    assert metrics.registry.get_sample_value("mnemo_event_loop_lag_seconds") == later

@@ -108,6 +108,12 @@ class Metrics:
         self.cancelled = Counter(
             "mnemo_requests_cancelled", "requests whose client left before the answer", ["model"], registry=registry
         )
+        self.loop_lag = Gauge(
+            "mnemo_event_loop_lag_seconds",
+            "how late the event loop runs its timers: the recent maximum, halving in about 1 s once it keeps up",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.model_ready = Gauge(
             "mnemo_model_ready",
             "1 when the model is loaded and warmed (in every live worker)",
