@@ -107,7 +107,7 @@ class ModelBatcher:
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`alone()` tells whether the current request is the only one the server is handling."""
+        """`alone()` tells whether the server is handling a single request (see "Alone, inline")."""
         self.name = name
         self.config = config
         self._run_graph = run_graph
@@ -310,7 +310,7 @@ class ModelBatcher:
                 else:
                     results, seconds = await loop.run_in_executor(self._slots.executor, self._execute, batch)
                 outcomes: list[Feeds | BaseException] = list(results)
-                self._learn_cost(sum(item.rows for item in batch) * max(item.length for item in batch), seconds)
+                self._learn_cost(batch, seconds)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else await self._isolate(batch)
             for item, outcome in zip(batch, outcomes, strict=True):
@@ -326,9 +326,10 @@ class ModelBatcher:
             self.runs_done += 1
             self._wakeup.set()
 
-    def _learn_cost(self, cells: int, seconds: float) -> None:
+    def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
         """Update the moving averages of one padded cell's run time (from large runs) and of a small run's
-        time, from a finished run of `cells` cells."""
+        time, from a finished batch."""
+        cells = sum(item.rows for item in batch) * max(item.length for item in batch)
         if cells <= INLINE_MAX_CELLS:
             last = self._small_run_seconds
             self._small_run_seconds = seconds if last is None else last + COST_SMOOTHING * (seconds - last)

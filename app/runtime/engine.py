@@ -36,7 +36,7 @@ class Engine:
     def __init__(
         self, registry: ModelRegistry, settings: Settings, metrics: Metrics, alone: Callable[[], bool] = lambda: False
     ) -> None:
-        """`alone()`: the current request is the only one in flight (the batchers may then run it inline)."""
+        """`alone()`: the server is handling a single request (the batchers may then run its rows inline)."""
         self.registry = registry
         self.slots = RunSlots(settings.concurrent_runs or 1)
         self._served: list[ServedModel] = []
