@@ -21,6 +21,7 @@ for link in /bin /lib /lib64; do
 done
 copy "$(dirname "$python")"/python3* "$stdlib" /opt/venv /srv/mnemo
 rm -rf "$root$stdlib"/{ensurepip,idlelib,lib2to3,pydoc_data,tkinter,turtledemo,test,distutils,venv}
+# Packages the service never imports (no bytecode is written for them when scripts/image_bytecode.py runs it)
 rm -rf "$root$stdlib"/{unittest,xmlrpc,curses,dbm,__phello__}
 # Extension modules a server never imports, and with them (before the ldd scan below) the libraries only they
 # load: terminal UI and line editing (ncurses, readline), Berkeley DB (dbm), NIS (tirpc, Kerberos), crypt(3);

@@ -19,7 +19,7 @@ rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
 # fails the build on any 5xx): protobuf (onnxruntime's metadata names it for the offline tools removed above),
 # uvloop (app/server.py runs uvicorn with loop="asyncio"), numpy's test and SIMD-test extension modules.
 rm -rf google/protobuf google/_upb protobuf-*.dist-info uvloop uvloop-*.dist-info
-rmdir --ignore-fail-on-non-empty google
+if [ -d google ]; then rmdir --ignore-fail-on-non-empty google; fi
 rm -f numpy/_core/_simd.*.so numpy/_core/_*_tests.*.so
 # pip's install records (RECORD): only an uninstall reads them, and the image has no pip
 find . -path '*.dist-info/RECORD' -delete

@@ -25,6 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 STUDENT = "image-build"
@@ -104,8 +105,9 @@ def inference_body(metadata: dict) -> bytes:
     return json.dumps({"inputs": inputs}).encode()
 
 
-def exercise(base: str) -> int:
-    """One request of every OpenAPI operation (for each served model where a path names one), then the extras."""
+def exercise(base: str) -> Counter[int]:
+    """One request of every OpenAPI operation (for each served model where a path names one), then the extras;
+    how many answers had each status."""
     spec = json.loads(request(f"{base}/openapi.json")[1])
     models = [model["name"] for model in json.loads(request(f"{base}/models")[1])["models"]]
     order = {"post": 0, "get": 1, "delete": 2}  # a student is written before it is read and deleted
@@ -113,19 +115,17 @@ def exercise(base: str) -> int:
         ((method, path, operation) for path, item in spec["paths"].items() for method, operation in item.items()),
         key=lambda entry: order.get(entry[0], 3),
     )
-    sent = 0
+    statuses: Counter[int] = Counter()
     for method, path, operation in operations:
         for name in models if "{name}" in path else [None]:
             url = base + path.replace("{student_id}", STUDENT).replace("{name}", name or "")
             body = example_body(operation, spec["components"]["schemas"])
             if path.endswith("/infer"):
                 body = inference_body(json.loads(request(f"{base}/v2/models/{name}")[1]))
-            request(url, method.upper(), body)
-            sent += 1
+            statuses[request(url, method.upper(), body)[0]] += 1
     for method, path, body in EXTRA_REQUESTS:
-        request(base + path, method, body)
-        sent += 1
-    return sent
+        statuses[request(base + path, method, body)[0]] += 1
+    return statuses
 
 
 def bytecode_size(directories: list[Path]) -> tuple[int, int]:
@@ -159,7 +159,7 @@ def service_environment(artifacts: Path, port: int, probe_port: int, state: str)
     return environment
 
 
-def serve_and_exercise(python: Path, artifacts: Path) -> int:
+def serve_and_exercise(python: Path, artifacts: Path) -> Counter[int]:
     """Run the service, send it every kind of request and the HEALTHCHECK, stop it with SIGTERM (exit 0)."""
     port, probe_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as state:
@@ -170,7 +170,7 @@ def serve_and_exercise(python: Path, artifacts: Path) -> int:
         try:
             base = f"http://127.0.0.1:{port}"
             wait_ready(base, service)
-            sent = exercise(base)
+            statuses = exercise(base)
             for path in ("/health", "/ready"):
                 request(f"http://127.0.0.1:{probe_port}{path}")
             healthcheck = f"import urllib.request as u; u.urlopen('http://127.0.0.1:{probe_port}/ready', timeout=4)"
@@ -185,7 +185,7 @@ def serve_and_exercise(python: Path, artifacts: Path) -> int:
                 service.kill()
     if code != 0:
         sys.exit(f"image_bytecode: the service exited with {code} on SIGTERM")
-    return sent
+    return statuses
 
 
 def main(venv: Path, artifacts: Path) -> None:
@@ -195,11 +195,13 @@ def main(venv: Path, artifacts: Path) -> None:
     for directory in directories:
         for cache in list(directory.rglob("__pycache__")):
             shutil.rmtree(cache)
-    sent = serve_and_exercise(python, artifacts)
+    statuses = serve_and_exercise(python, artifacts)
     kept_count, kept_size = bytecode_size(directories)
+    answers = ", ".join(f"{times} x {status}" for status, times in sorted(statuses.items()))
+    print(f"image_bytecode: {statuses.total()} requests ({answers})")
     print(
-        f"image_bytecode: {sent} requests; kept {kept_count} of {count} .pyc files, "
-        f"{kept_size / 1e6:.1f} of {size / 1e6:.1f} MB ({', '.join(map(str, directories))})"
+        f"image_bytecode: kept {kept_count} of {count} .pyc files, {kept_size / 1e6:.1f} of {size / 1e6:.1f} MB "
+        f"({', '.join(map(str, directories))})"
     )
 
 
