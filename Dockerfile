@@ -22,9 +22,11 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 RUN /opt/venv/bin/pip install --no-deps . \
  && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels .
-COPY scripts/image-slim-venv.sh scripts/image-rootfs.sh ./scripts/
+COPY scripts/image-slim-venv.sh scripts/image_bytecode.py scripts/image-rootfs.sh ./scripts/
 RUN scripts/image-slim-venv.sh /opt/venv
 COPY artifacts /srv/mnemo/artifacts
+# Bytecode only for the modules the service imports: it runs here once and answers every kind of request.
+RUN python3 -B scripts/image_bytecode.py /opt/venv /srv/mnemo/artifacts
 RUN scripts/image-rootfs.sh /rootfs 10001
 
 # ---- GPU runtime: onnxruntime-gpu on a CUDA + cuDNN runtime base -----------------------------------

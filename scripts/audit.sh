@@ -4,7 +4,9 @@
 # Where that API is not served (a registry mirror that has only the project pages), pip-audit cannot run (its
 # other services, OSV and ecosyste.ms, are other hosts): this says so and falls back to
 # scripts/audit_newest.py, which audits the pins that are their package's newest release with PyPI's project
-# JSON API and lists the others as not audited. Without any network nothing is audited: NOT RUN, exit 0.
+# JSON API and lists the others as NOT AUDITED with the reason each cannot move (a newer release needs a newer
+# Python, or a `NAME==VERSION reason` line of the exceptions file); an older pin without a reason fails.
+# Without any network nothing is audited: NOT RUN, exit 0.
 # With AUDIT_REQUIRED=1 anything short of a full pip-audit is a failure.
 # Usage: scripts/audit.sh PIP_AUDIT TORCH_REQUIREMENT
 set -euo pipefail
@@ -32,7 +34,7 @@ if ! reason=$("$python" -c "import sys, urllib.request; urllib.request.urlopen(s
 fi
 ignored=()
 while read -r id _; do
-  ignored+=(--ignore-vuln "$id")
+  [[ $id == *==* ]] || ignored+=(--ignore-vuln "$id")  # NAME==VERSION lines explain older pins (the fallback's)
 done < <(grep -v '^\s*\(#\|$\)' requirements/audit-exceptions.txt)
 requirements=()
 for lock in "${locks[@]}" "$torch"; do

