@@ -93,3 +93,14 @@ def test_the_newest_release_for_a_python_skips_yanked_files_and_prereleases():
     assert audit.yank_reason([{"yanked": True, "yanked_reason": "CVE"}, {"yanked": True}]) == "CVE"
     assert audit.yank_reason([{"yanked": True}, {"yanked": False}]) is None
     assert audit.lock_python([ROOT / "requirements" / "serve.txt"]) == "3.11"
+
+
+def test_a_release_younger_than_the_grace_period_is_new_not_a_failure():
+    fresh = audit.Finding("typer", "0.27.3", "0.29.2", (), ">=3.11", newest_for_python="0.29.2", candidate_age_days=3)
+    lines, failed = audit.report([fresh], audit.Exceptions(), "3.11")
+    assert not failed and "NEW: 0.29.2 was released 3 day(s) ago" in lines[1]
+    old = audit.Finding("typer", "0.27.3", "0.29.2", (), ">=3.11", newest_for_python="0.29.2", candidate_age_days=45)
+    assert audit.report([old], audit.Exceptions(), "3.11")[1]
+    files = [{"upload_time_iso_8601": "2026-11-01T10:00:00.000000Z"}, {"upload_time_iso_8601": "2026-11-02T10:00:00Z"}]
+    now = audit.datetime(2026, 11, 11, 10, tzinfo=audit.UTC)
+    assert audit.age_days(files, now) == 10 and audit.age_days([{}], now) is None
