@@ -108,5 +108,6 @@ def serve(
         access_log=False,  # the app writes one access line per request itself (app/frame/middleware.py)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         loop="asyncio",
+        ws="none",  # no WebSocket routes: uvicorn then imports no websocket library (a faster start)
     )
     DrainingServer(config, app, settings.drain_s, on_started).run(sockets)
