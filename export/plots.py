@@ -50,3 +50,16 @@ def heatmap(
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def member_curves(histories: dict[str, list[dict]], title: str, path: Path, key: str = "trial_pearson") -> None:
+    """One line per training run (label -> its history) of one history field over epochs."""
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    for label, history in histories.items():
+        axes.plot([row["epoch"] for row in history], [row[key] for row in history], marker=".", label=label)
+    axes.set_xlabel("epoch")
+    axes.set_title(title)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

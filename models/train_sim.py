@@ -94,7 +94,12 @@ def evaluate(model: SentencePairModel, split: EncodedSplit, batch: int = 128) ->
         outputs = model(*split.batch(range(start, min(start + batch, len(split)))))
         scores.append(outputs[1].numpy())
         predicted.append(outputs[2].argmax(-1).numpy())
-    score, label = np.concatenate(scores).astype(np.float64), np.concatenate(predicted)
+    return split_metrics(np.concatenate(scores), np.concatenate(predicted), split)
+
+
+def split_metrics(score: np.ndarray, label: np.ndarray, split: EncodedSplit) -> dict[str, float]:
+    """Pearson r, Spearman rho and MSE of predicted relatedness scores, accuracy of predicted labels."""
+    score = score.astype(np.float64)
     return {
         "pearson": float(pearsonr(score, split.scores)[0]),
         "spearman": float(spearmanr(score, split.scores)[0]),
