@@ -29,20 +29,21 @@ from scipy.special import logsumexp
 
 from app.tasks.similarity.vectors import DEFAULT_VOCABULARY, VOCABULARY_FILE, WordVectors
 from export.cards import data_files_table, notes_section
-from export.embeddings import MAX_SENTENCES, add_embedding_graphs
+from export.embeddings import add_embedding_graphs
 from export.latency import latency_table
 from export.manifest import upsert_model
 from export.plots import member_curves
 from export.similarity import (
-    MAX_BATCH_PAIRS,
+    COMMON_DEVIATIONS,
     MAX_CELLS,
-    MAX_CHARACTERS,
     MAX_TOKENS,
     PAPER,
     attention_figure,
     check_parity,
     export_pair_model,
     load_model,
+    manifest_entry,
+    metrics_table,
 )
 from models.ensemble import EnsemblePairModel
 from models.rmc import SentencePairModel
@@ -180,16 +181,9 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "",
         f"## Test metrics (SICK test, {context['test_pairs']:,} pairs; ensemble chosen on SICK trial)",
         "",
-        "| metric | this ensemble | paper (VLMP, GloVe 840B 300d) |",
-        "|---|---|---|",
-        f"| relatedness Pearson r | {test['pearson']:.4f} | {paper['pearson']:.4f} |",
-        f"| relatedness Spearman rho | {test['spearman']:.4f} | - |",
-        f"| relatedness MSE | {test['mse']:.4f} | {paper['mse']:.4f} |",
-        f"| entailment accuracy | {test['accuracy']:.4f} | {paper['accuracy']:.4f} |",
-        "",
-        f"Trial (validation): r {trial['pearson']:.4f}, rho {trial['spearman']:.4f}, MSE {trial['mse']:.4f}, "
-        f"accuracy {trial['accuracy']:.4f}. The exported graph itself on onnxruntime, trial: r "
-        f"{graph_trial['pearson']:.4f}, MSE {graph_trial['mse']:.4f}, accuracy {graph_trial['accuracy']:.4f}.",
+        *metrics_table(test, trial, paper, "this ensemble", "paper (VLMP, GloVe 840B 300d)"),
+        f"The exported graph itself on onnxruntime, trial: r {graph_trial['pearson']:.4f}, MSE "
+        f"{graph_trial['mse']:.4f}, accuracy {graph_trial['accuracy']:.4f}.",
         "",
         "## Selection (SICK trial only)",
         "",
@@ -244,11 +238,7 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         f"- **Memory width {config.mem_size} and pair classifier width {config.fc_dim}** (the spec: 512 and 512): "
         "cheaper per epoch on this CPU machine, and they keep the whole ensemble in one file under the 25 MB limit.",
         "- **One encoder, two heads, trained jointly** per member (the spec trains the heads separately).",
-        "- GloVe 6B 50d (lowercased) instead of 840B 300d; out-of-vocabulary words read as `<unk>`; `<s>`, "
-        "`</s>`, `<number>`, `<unk>` get fixed seeded U(-0.5, 0.5) vectors (asset `special_vectors`).",
-        "- Masking (docs/MODELS.md §1.4): padded steps leave the memory unchanged, the backward pass reverses each "
-        "sentence within its own length, so results never depend on batch composition.",
-        "- Adam with warmup instead of SGD 0.1 (docs/MODELS.md §1.9, §4).",
+        *COMMON_DEVIATIONS,
         "",
         "## Attention maps",
         "",
@@ -397,46 +387,13 @@ def main(argv: list[str] | None = None) -> None:
         "command": command,
     }
     write_card(args.artifacts / f"{args.name}.md", args.name, context, args.notes)
-    test = chosen["test"]
-    entry = upsert_model(
-        args.artifacts,
-        {
-            "name": args.name,
-            "task": "similarity",
-            "version": args.version,
-            "file": onnx_file.name,
-            "default": args.default,
-            "limits": {
-                "max_tokens": MAX_TOKENS,
-                "max_characters": MAX_CHARACTERS,
-                "max_batch_pairs": MAX_BATCH_PAIRS,
-                "max_sentences": MAX_SENTENCES,
-            },
-            "batching": {"max_cells": max_cells},
-            "metrics": {
-                "test_pearson": round(test["pearson"], 4),
-                "test_spearman": round(test["spearman"], 4),
-                "test_mse": round(test["mse"], 4),
-                "test_entailment_accuracy": round(test["accuracy"], 4),
-                "trial_pearson": round(chosen["trial"]["pearson"], 4),
-                "trial_entailment_accuracy": round(chosen["trial"]["accuracy"], 4),
-                "paper_pearson": PAPER["vlmp"]["pearson"],
-                "paper_mse": PAPER["vlmp"]["mse"],
-                "paper_entailment_accuracy": PAPER["vlmp"]["accuracy"],
-            },
-            "metadata": {
-                "pointer": "vlmp",
-                "window": ensemble.config.window,
-                "memory_size": ensemble.config.mem_size,
-                "heads": ensemble.config.num_heads,
-                "members": k,
-                "embeddings": "glove-6b-50d",
-                "entailment_labels": list(ENTAILMENT_LABELS),
-            },
-            "assets": {"special_vectors": {"file": specials_file}, "vocabulary": {"file": VOCABULARY_FILE}},
-            "card": f"{args.name}.md",
-        },
-    )
+    entry = manifest_entry(args, onnx_file, ensemble.config, chosen["test"], max_cells, specials_file)
+    entry["metrics"] |= {
+        "trial_pearson": round(chosen["trial"]["pearson"], 4),
+        "trial_entailment_accuracy": round(chosen["trial"]["accuracy"], 4),
+    }
+    entry["metadata"]["members"] = k
+    entry = upsert_model(args.artifacts, entry)
     add_embedding_graphs(
         ensemble,
         args.name,
