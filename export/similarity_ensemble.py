@@ -57,6 +57,7 @@ PREDICTIONS_FILE = "sick_predictions.npz"
 LATENCY_BATCHES = [1, 32]
 LATENCY_TOKENS = 15
 LATENCY_REPEATS = 200
+LATENCY_BUDGET = 1.5  # issue 13: the latency an ensemble should stay within, as a multiple of one model's
 
 
 @dataclass
@@ -294,6 +295,10 @@ def latency_lines(labels: list[str], rows: list[dict]) -> list[str]:
     for index, label in enumerate(labels):
         cells = [f"{r['median_ms'][index]:.1f} ms ({r['median_ms'][index] / r['median_ms'][0]:.2f}x)" for r in rows]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    ratios = [row["median_ms"][-1] / row["median_ms"][0] for row in rows]
+    verdict = "within" if max(ratios) <= LATENCY_BUDGET else "over"
+    shown = ", ".join(f"{ratio:.2f}x at batch {row['batch']}" for ratio, row in zip(ratios, rows, strict=True))
+    lines += ["", f"The ensemble against one model: {shown}; {verdict} the issue's budget of {LATENCY_BUDGET}x."]
     return lines
 
 
