@@ -241,6 +241,7 @@ def card_section(
     name: str, entry: dict, trial: dict, test: dict, checks: dict, command: str, vector_text: str = ""
 ) -> str:
     width = entry["metadata"]["embedding_dim"]
+    ensemble = "members" in entry["metadata"]
     return "\n".join(
         [
             CARD_HEADING,
@@ -259,9 +260,15 @@ def card_section(
             "",
             f"- Graphs: `{entry['graphs']['encoder']['file']}` (`emb` [B,T,50], `len` [B] -> `embedding` "
             f"[B,{width}]) and `{entry['graphs']['head']['file']}` (`embedding_a`, `embedding_b` [B,{width}] -> "
-            "`relatedness_log_probs`, `relatedness`, `entailment_logits`), both built from the weights stored in "
-            f"`{entry['file']}` (read back from its initializers), so they serve exactly the weights of /similarity.",
-            f"- Parity: the rebuilt PyTorch model against `{entry['file']}` on 64 SICK trial pairs, max abs diff "
+            "`relatedness_log_probs`, `relatedness`, `entailment_logits`), "
+            + (
+                f"exported from the same PyTorch ensemble as `{entry['file']}`"
+                if ensemble
+                else f"both built from the weights stored in `{entry['file']}` (read back from its initializers)"
+            )
+            + ", so they serve exactly the weights of /similarity.",
+            f"- Parity: the {'PyTorch ensemble' if ensemble else 'rebuilt PyTorch model'} against `{entry['file']}` on "
+            "64 SICK trial pairs, max abs diff "
             f"{checks['rebuild']:.2e}; encoder + head graphs against the pair graph on all {trial['pairs']} trial "
             f"pairs, max abs diff {checks['derived']:.2e} (tolerance {PARITY_TOLERANCE:g}).",
             f"- At most {entry['limits']['max_sentences']} sentences per request, each within the token limit above.",

@@ -217,7 +217,8 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "",
         "## Training",
         "",
-        f"- Command of each member (its seed and a/b swap as in the table): `{first['command']}`",
+        "- Command of each member (its seed, a/b swap and training-minutes budget differ, see the table and the "
+        f"notes), e.g. the first: `{first['command']}`",
         f"- Optimiser: {first['optimizer']}. Loss: KL(target || predicted) with the Tai et al. target "
         "distribution (batch mean) + entailment cross-entropy. With a/b swap p, each training pair is fed as "
         "(b, a) with probability p and then counts for the relatedness loss only (entailment is not symmetric).",
