@@ -125,7 +125,7 @@ def export_graphs(model: SentencePairModel, encoder_path: Path, head_path: Path)
     example = (torch.randn(2, 7, model.config.embed_dim), torch.tensor([7, 3]))
     shapes = {"emb": {0: batch, 1: steps}, "lengths": {0: batch}}  # keyed by the forward arguments
     export_scan_graph(SentenceEncoder(model), example, ["emb", "len"], ["embedding"], shapes, encoder_path)
-    width = 2 * model.config.mem_size
+    width = model.embedding_width
     pair = (torch.randn(2, width), torch.randn(2, width))
     shapes = {"embedding_a": {0: batch}, "embedding_b": {0: batch}}
     export_graph(PairHead(model), pair, ["embedding_a", "embedding_b"], PAIR_OUTPUTS, shapes, head_path)
@@ -226,18 +226,27 @@ def rebuild_parity(model: SentencePairModel, graphs: Graphs, vectors: WordVector
     return max(float(np.abs(e.numpy() - d).max()) for e, d in zip(expected, direct, strict=True))
 
 
-def card_section(name: str, entry: dict, trial: dict, test: dict, checks: dict, command: str) -> str:
+def single_model_vector_text(width: int) -> str:
+    """What the sentence vector of one pair model is, for the card."""
+    return (
+        f"`POST /embeddings` returns the sentence vector this model's heads read: {width} floats, the final "
+        f"{width // 2}-wide memory after reading the sentence forward, then the final memory after reading it "
+        "reversed (`u = [m_fwd; m_bwd]`). `POST /similarity/from-embeddings` runs only the two heads on two "
+        "such vectors, on the features `[u, v, |u - v|, u * v]`, and returns the same relatedness and "
+        "entailment as `POST /similarity` for that pair, without encoding again."
+    )
+
+
+def card_section(
+    name: str, entry: dict, trial: dict, test: dict, checks: dict, command: str, vector_text: str = ""
+) -> str:
     width = entry["metadata"]["embedding_dim"]
-    memory = width // 2
+    ensemble = "members" in entry["metadata"]
     return "\n".join(
         [
             CARD_HEADING,
             "",
-            f"`POST /embeddings` returns the sentence vector this model's heads read: {width} floats, the final "
-            f"{memory}-wide memory after reading the sentence forward, then the final memory after reading it "
-            "reversed (`u = [m_fwd; m_bwd]`). `POST /similarity/from-embeddings` runs only the two heads on two "
-            "such vectors, on the features `[u, v, |u - v|, u * v]`, and returns the same relatedness and "
-            "entailment as `POST /similarity` for that pair, without encoding again.",
+            vector_text or single_model_vector_text(width),
             "",
             "| SICK-R, Pearson r with the gold relatedness | trial | test |",
             "|---|---|---|",
@@ -251,9 +260,15 @@ def card_section(name: str, entry: dict, trial: dict, test: dict, checks: dict, 
             "",
             f"- Graphs: `{entry['graphs']['encoder']['file']}` (`emb` [B,T,50], `len` [B] -> `embedding` "
             f"[B,{width}]) and `{entry['graphs']['head']['file']}` (`embedding_a`, `embedding_b` [B,{width}] -> "
-            "`relatedness_log_probs`, `relatedness`, `entailment_logits`), both built from the weights stored in "
-            f"`{entry['file']}` (read back from its initializers), so they serve exactly the weights of /similarity.",
-            f"- Parity: the rebuilt PyTorch model against `{entry['file']}` on 64 SICK trial pairs, max abs diff "
+            "`relatedness_log_probs`, `relatedness`, `entailment_logits`), "
+            + (
+                f"exported from the same PyTorch ensemble as `{entry['file']}`"
+                if ensemble
+                else f"both built from the weights stored in `{entry['file']}` (read back from its initializers)"
+            )
+            + ", so they serve exactly the weights of /similarity.",
+            f"- Parity: the {'PyTorch ensemble' if ensemble else 'rebuilt PyTorch model'} against `{entry['file']}` on "
+            "64 SICK trial pairs, max abs diff "
             f"{checks['rebuild']:.2e}; encoder + head graphs against the pair graph on all {trial['pairs']} trial "
             f"pairs, max abs diff {checks['derived']:.2e} (tolerance {PARITY_TOLERANCE:g}).",
             f"- At most {entry['limits']['max_sentences']} sentences per request, each within the token limit above.",
@@ -286,43 +301,57 @@ def main(argv: list[str] | None = None) -> None:
     if entries.get(args.name, {}).get("task") != "similarity":
         raise SystemExit(f"{args.name} is not a similarity model of {args.artifacts / 'manifest.json'}")
     entry = entries[args.name]
-    pair_file = args.artifacts / entry["file"]
     metadata = entry["metadata"]
+    if "members" in metadata:
+        raise SystemExit(f"{args.name} is an ensemble: its embedding graphs come from export.similarity_ensemble")
+    pair_file = args.artifacts / entry["file"]
     model = model_from_pair_graph(pair_file, metadata["pointer"], metadata["window"], metadata["heads"])
-    encoder_file, head_file = (args.artifacts / f"{args.name}.{part}.onnx" for part in ("encoder", "head"))
+    command = f"python -m export.embeddings --name {args.name}"
+    add_embedding_graphs(model, args.name, entry, args.artifacts, args.data_dir, command)
+
+
+def add_embedding_graphs(
+    model: torch.nn.Module,
+    name: str,
+    entry: dict,
+    artifacts: Path,
+    data_dir: Path,
+    command: str,
+    vector_text: str = "",
+    embedding_text: str = "final memory of the forward pass, then of the backward pass",
+) -> dict:
+    """Export the encoder and head graphs of `model` (a pair model or an ensemble of them), check them against
+    the pair graph `entry["file"]`, evaluate them, and add them to the manifest entry and the card."""
+    pair_file = artifacts / entry["file"]
+    encoder_file, head_file = (artifacts / f"{name}.{part}.onnx" for part in ("encoder", "head"))
     export_graphs(model, encoder_file, head_file)
     graphs = Graphs(pair_file, encoder_file, head_file)
-    vectors = WordVectors.from_glove(np.load(args.artifacts / entry["assets"]["special_vectors"]["file"]))
-    trial = read_split(args.data_dir / SPLIT_FILES["trial"])
-    test = read_split(args.data_dir / SPLIT_FILES["test"])
+    vectors = WordVectors.from_glove(np.load(artifacts / entry["assets"]["special_vectors"]["file"]))
+    trial = read_split(data_dir / SPLIT_FILES["trial"])
+    test = read_split(data_dir / SPLIT_FILES["test"])
     checks = {"rebuild": rebuild_parity(model, graphs, vectors, trial[:64]), "derived": parity(graphs, vectors, trial)}
     if max(checks.values()) > PARITY_TOLERANCE:
         raise SystemExit(f"parity failed: {checks} (tolerance {PARITY_TOLERANCE})")
     trial_scores, test_scores = evaluate(graphs, vectors, trial), evaluate(graphs, vectors, test)
     entry["graphs"] = {"encoder": {"file": encoder_file.name}, "head": {"file": head_file.name}}
     entry["limits"] = {**entry["limits"], "max_sentences": MAX_SENTENCES}
-    entry["metadata"] = {
-        **metadata,
-        "embedding_dim": 2 * model.config.mem_size,
-        "embedding": "final memory of the forward pass, then of the backward pass",
-    }
+    entry["metadata"] = {**entry["metadata"], "embedding_dim": model.embedding_width, "embedding": embedding_text}
     entry["metrics"] = {
         **entry["metrics"],
         "trial_embedding_cosine_pearson": round(trial_scores["cosine_pearson"], 4),
         "test_embedding_cosine_pearson": round(test_scores["cosine_pearson"], 4),
     }
-    entry = upsert_model(args.artifacts, entry)
-    command = f"python -m export.embeddings --name {args.name}"
-    card = args.artifacts / entry["card"]
-    card.write_text(
-        with_section(card.read_text(), card_section(args.name, entry, trial_scores, test_scores, checks, command))
-    )
+    entry = upsert_model(artifacts, entry)
+    card = artifacts / entry["card"]
+    section = card_section(name, entry, trial_scores, test_scores, checks, command, vector_text)
+    card.write_text(with_section(card.read_text(), section))
     sizes = ", ".join(f"{path.name} {path.stat().st_size / 1e6:.1f} MB" for path in (encoder_file, head_file))
     print(
-        f"{args.name}: {sizes}; parity rebuilt {checks['rebuild']:.2e}, derived {checks['derived']:.2e}; Pearson r "
+        f"{name}: {sizes}; parity rebuilt {checks['rebuild']:.2e}, derived {checks['derived']:.2e}; Pearson r "
         f"cosine trial {trial_scores['cosine_pearson']:.4f} test {test_scores['cosine_pearson']:.4f}, "
         f"head trial {trial_scores['head_pearson']:.4f} test {test_scores['head_pearson']:.4f}"
     )
+    return entry
 
 
 if __name__ == "__main__":

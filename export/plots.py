@@ -13,11 +13,17 @@ import numpy as np
 
 def training_curve(history: list[dict], series: dict[str, str], best_epoch: int, title: str, path: Path) -> None:
     """One line per `series` key (label -> history field) over epochs, the selected epoch marked."""
-    epochs = [row["epoch"] for row in history]
+    lines = {label: history for label in series}
+    _epoch_lines(lines, lambda label, row: row[series[label]], title, path, best_epoch)
+
+
+def _epoch_lines(lines: dict, value, title: str, path: Path, marked_epoch: int | None = None) -> None:
+    """A figure with one line per label over epochs: `value(label, row)` of each row of `lines[label]`."""
     figure, axes = plt.subplots(figsize=(6, 3.5))
-    for label, key in series.items():
-        axes.plot(epochs, [row[key] for row in history], marker=".", label=label)
-    axes.axvline(best_epoch, color="grey", linestyle="--", label=f"selected epoch {best_epoch}")
+    for label, history in lines.items():
+        axes.plot([row["epoch"] for row in history], [value(label, row) for row in history], marker=".", label=label)
+    if marked_epoch is not None:
+        axes.axvline(marked_epoch, color="grey", linestyle="--", label=f"selected epoch {marked_epoch}")
     axes.set_xlabel("epoch")
     axes.set_title(title)
     axes.legend(fontsize=8)
@@ -50,3 +56,8 @@ def heatmap(
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def member_curves(histories: dict[str, list[dict]], title: str, path: Path, key: str = "trial_pearson") -> None:
+    """One line per training run (label -> its history) of one history field over epochs."""
+    _epoch_lines(histories, lambda label, row: row[key], title, path)

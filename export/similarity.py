@@ -5,6 +5,7 @@ python -m export.similarity --run runs/sim/vlmp --name rmc-vlmp-sick --default
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -120,6 +121,16 @@ def attention_figure(path: Path, vectors: WordVectors, model_file: Path, config:
         )
 
 
+COMMON_DEVIATIONS = [
+    "- GloVe 6B 50d (lowercased) instead of 840B 300d; out-of-vocabulary words read as `<unk>` instead of "
+    "being dropped; `<s>`, `</s>`, `<number>`, `<unk>` get fixed seeded U(-0.5, 0.5) vectors (asset "
+    "`special_vectors`).",
+    "- Masking (docs/MODELS.md §1.4): padded steps leave the memory unchanged, the backward pass reverses each "
+    "sentence within its own length, so results never depend on batch composition.",
+    "- Adam with warmup instead of SGD 0.1 (docs/MODELS.md §1.9, §4).",
+]
+
+
 def write_card(path: Path, name: str, result: dict, parity: float, example, size_mb: float, notes: str = "") -> None:
     """The model card in markdown."""
     config, test, trial = result["config"], result["test"], result["trial"]
@@ -141,15 +152,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "",
         "## Test metrics (SICK test, 4,927 pairs; model selected on SICK trial)",
         "",
-        "| metric | this model | paper (same pointer, GloVe 840B 300d) |",
-        "|---|---|---|",
-        f"| relatedness Pearson r | {test['pearson']:.4f} | {paper['pearson']:.4f} |",
-        f"| relatedness Spearman rho | {test['spearman']:.4f} | - |",
-        f"| relatedness MSE | {test['mse']:.4f} | {paper['mse']:.4f} |",
-        f"| entailment accuracy | {test['accuracy']:.4f} | {paper['accuracy']:.4f} |",
-        "",
-        f"Trial (validation): r {trial['pearson']:.4f}, rho {trial['spearman']:.4f}, MSE {trial['mse']:.4f}, "
-        f"accuracy {trial['accuracy']:.4f}.",
+        *metrics_table(test, trial, paper, "this model", "paper (same pointer, GloVe 840B 300d)"),
         "",
         "## Training",
         "",
@@ -173,12 +176,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "returns relatedness and entailment from a single encoder pass, half the serving cost and one training "
         "run per pointer on this 2-core machine. Selection on trial uses Pearson r + accuracy.",
         *_size_deviations(config),
-        "- GloVe 6B 50d (lowercased) instead of 840B 300d; out-of-vocabulary words read as `<unk>` instead of "
-        "being dropped; `<s>`, `</s>`, `<number>`, `<unk>` get fixed seeded U(-0.5, 0.5) vectors (asset "
-        "`special_vectors`).",
-        "- Masking (docs/MODELS.md §1.4): padded steps leave the memory unchanged, the backward pass reverses each "
-        "sentence within its own length, so results never depend on batch composition.",
-        "- Adam with warmup instead of SGD 0.1 (docs/MODELS.md §1.9, §4).",
+        *COMMON_DEVIATIONS,
         "",
         "## Attention maps",
         "",
@@ -207,6 +205,21 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
     path.write_text("\n".join(lines + notes_section(notes)))
 
 
+def metrics_table(test: dict, trial: dict, paper: dict, ours: str, published: str) -> list[str]:
+    """The card's test metrics against the paper's, then its trial line."""
+    return [
+        f"| metric | {ours} | {published} |",
+        "|---|---|---|",
+        f"| relatedness Pearson r | {test['pearson']:.4f} | {paper['pearson']:.4f} |",
+        f"| relatedness Spearman rho | {test['spearman']:.4f} | - |",
+        f"| relatedness MSE | {test['mse']:.4f} | {paper['mse']:.4f} |",
+        f"| entailment accuracy | {test['accuracy']:.4f} | {paper['accuracy']:.4f} |",
+        "",
+        f"Trial (validation): r {trial['pearson']:.4f}, rho {trial['spearman']:.4f}, MSE {trial['mse']:.4f}, "
+        f"accuracy {trial['accuracy']:.4f}.",
+    ]
+
+
 def _size_deviations(config: dict) -> list[str]:
     """Card lines for sizes that differ from the spec's M = 512 and fc 512."""
     lines = []
@@ -223,6 +236,41 @@ def _size_deviations(config: dict) -> list[str]:
             "under the project's 25 MB limit."
         )
     return lines
+
+
+def manifest_entry(
+    args: argparse.Namespace, onnx_file: Path, config: RMCConfig, test: dict, max_cells: int, specials_file: str
+) -> dict:
+    """The manifest entry of a pair graph (`args`: name, version, default) with its test metrics."""
+    paper = PAPER[config.pointer]
+    return {
+        "name": args.name,
+        "task": "similarity",
+        "version": args.version,
+        "file": onnx_file.name,
+        "default": args.default,
+        "limits": {"max_tokens": MAX_TOKENS, "max_characters": MAX_CHARACTERS, "max_batch_pairs": MAX_BATCH_PAIRS},
+        "batching": {"max_cells": max_cells},
+        "metrics": {
+            "test_pearson": round(test["pearson"], 4),
+            "test_spearman": round(test["spearman"], 4),
+            "test_mse": round(test["mse"], 4),
+            "test_entailment_accuracy": round(test["accuracy"], 4),
+            "paper_pearson": paper["pearson"],
+            "paper_mse": paper["mse"],
+            "paper_entailment_accuracy": paper["accuracy"],
+        },
+        "metadata": {
+            "pointer": config.pointer,
+            "window": config.window,
+            "memory_size": config.mem_size,
+            "heads": config.num_heads,
+            "embeddings": "glove-6b-50d",
+            "entailment_labels": list(ENTAILMENT_LABELS),
+        },
+        "assets": {"special_vectors": {"file": specials_file}, "vocabulary": {"file": VOCABULARY_FILE}},
+        "card": f"{args.name}.md",
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,44 +307,9 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copyfile(DEFAULT_VOCABULARY, vocabulary)
     size_mb = onnx_file.stat().st_size / 1e6
     write_card(args.artifacts / f"{args.name}.md", args.name, result, parity, example, size_mb, args.notes)
-    test = result["test"]
     entry = upsert_model(
         args.artifacts,
-        {
-            "name": args.name,
-            "task": "similarity",
-            "version": args.version,
-            "file": onnx_file.name,
-            "default": args.default,
-            "limits": {
-                "max_tokens": MAX_TOKENS,
-                "max_characters": MAX_CHARACTERS,
-                "max_batch_pairs": MAX_BATCH_PAIRS,
-            },
-            "batching": {"max_cells": MAX_CELLS[model.config.pointer]},
-            "metrics": {
-                "test_pearson": round(test["pearson"], 4),
-                "test_spearman": round(test["spearman"], 4),
-                "test_mse": round(test["mse"], 4),
-                "test_entailment_accuracy": round(test["accuracy"], 4),
-                "paper_pearson": PAPER[model.config.pointer]["pearson"],
-                "paper_mse": PAPER[model.config.pointer]["mse"],
-                "paper_entailment_accuracy": PAPER[model.config.pointer]["accuracy"],
-            },
-            "metadata": {
-                "pointer": model.config.pointer,
-                "window": model.config.window,
-                "memory_size": model.config.mem_size,
-                "heads": model.config.num_heads,
-                "embeddings": "glove-6b-50d",
-                "entailment_labels": list(ENTAILMENT_LABELS),
-            },
-            "assets": {
-                "special_vectors": {"file": specials_file},
-                "vocabulary": {"file": VOCABULARY_FILE},
-            },
-            "card": f"{args.name}.md",
-        },
+        manifest_entry(args, onnx_file, model.config, result["test"], MAX_CELLS[model.config.pointer], specials_file),
     )
     print(f"{args.name}: {onnx_file} ({size_mb:.1f} MB) sha256 {entry['sha256'][:12]} parity {parity:.2e}")
 

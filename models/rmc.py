@@ -254,6 +254,11 @@ class SentencePairModel(nn.Module):
         u, v = torch.cat([a_fwd, a_bwd], dim=-1), torch.cat([b_fwd, b_bwd], dim=-1)
         return (*self.score_pair(u, v), *attention.reshape(4, -1, *attention.shape[1:]).unbind(0))
 
+    @property
+    def embedding_width(self) -> int:
+        """Width of the sentence vector: the [forward; backward] final memory."""
+        return 2 * self.config.mem_size
+
     def sentence_vector(self, emb: torch.Tensor, lengths: torch.Tensor, use_scan: bool = False) -> torch.Tensor:
         """The sentence vector the heads read, [B, 2M]: final memory of the forward pass, then of the backward pass."""
         memory, _ = self.encoder.encode(

@@ -50,16 +50,20 @@ class EncodedSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def batch(self, rows) -> tuple[torch.Tensor, ...]:
-        """Padded tensors (a and b padded to one common length) for the given rows."""
-        length = max(max(len(self.a[i]), len(self.b[i])) for i in rows)
+    def batch(self, rows, swapped: np.ndarray | None = None) -> tuple[torch.Tensor, ...]:
+        """Padded tensors (a and b padded to one common length) for the given rows; where `swapped` is
+        true, sentence b is fed as a and a as b."""
+        swapped = np.zeros(len(rows), dtype=bool) if swapped is None else swapped
+        firsts = [self.b[i] if swap else self.a[i] for i, swap in zip(rows, swapped, strict=True)]
+        seconds = [self.a[i] if swap else self.b[i] for i, swap in zip(rows, swapped, strict=True)]
+        length = max(max(len(a), len(b)) for a, b in zip(firsts, seconds, strict=True))
         emb_a = np.zeros((len(rows), length, self.a[0].shape[1]), dtype=np.float32)
         emb_b = np.zeros_like(emb_a)
-        for slot, i in enumerate(rows):
-            emb_a[slot, : len(self.a[i])] = self.a[i]
-            emb_b[slot, : len(self.b[i])] = self.b[i]
-        len_a = torch.tensor([len(self.a[i]) for i in rows])
-        len_b = torch.tensor([len(self.b[i]) for i in rows])
+        for slot, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
+            emb_a[slot, : len(a)] = a
+            emb_b[slot, : len(b)] = b
+        len_a = torch.tensor([len(a) for a in firsts])
+        len_b = torch.tensor([len(b) for b in seconds])
         return torch.from_numpy(emb_a), len_a, torch.from_numpy(emb_b), len_b
 
     def length_sorted_batches(self, size: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -71,10 +75,14 @@ class EncodedSplit:
         return batches
 
 
-def joint_loss(outputs, targets: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """KL(target || predicted) per pair averaged over the batch (relatedness) + mean cross-entropy (entailment)."""
+def joint_loss(outputs, targets: torch.Tensor, labels: torch.Tensor, swapped: torch.Tensor) -> torch.Tensor:
+    """KL(target || predicted) per pair averaged over the batch (relatedness) + cross-entropy (entailment)
+    averaged over the pairs fed in their own order: relatedness is symmetric, entailment is not (a entailing
+    b says nothing of b entailing a), so a swapped pair teaches relatedness only."""
     log_probs, _, entailment_logits = outputs[:3]
-    return F.kl_div(log_probs, targets, reduction="batchmean") + F.cross_entropy(entailment_logits, labels)
+    entailment = F.cross_entropy(entailment_logits, labels, reduction="none")
+    kept = (~swapped).to(entailment.dtype)
+    return F.kl_div(log_probs, targets, reduction="batchmean") + (entailment * kept).sum() / kept.sum().clamp(min=1)
 
 
 @torch.no_grad()
@@ -86,7 +94,12 @@ def evaluate(model: SentencePairModel, split: EncodedSplit, batch: int = 128) ->
         outputs = model(*split.batch(range(start, min(start + batch, len(split)))))
         scores.append(outputs[1].numpy())
         predicted.append(outputs[2].argmax(-1).numpy())
-    score, label = np.concatenate(scores).astype(np.float64), np.concatenate(predicted)
+    return split_metrics(np.concatenate(scores), np.concatenate(predicted), split)
+
+
+def split_metrics(score: np.ndarray, label: np.ndarray, split: EncodedSplit) -> dict[str, float]:
+    """Pearson r, Spearman rho and MSE of predicted relatedness scores, accuracy of predicted labels."""
+    score = score.astype(np.float64)
     return {
         "pearson": float(pearsonr(score, split.scores)[0]),
         "spearman": float(spearmanr(score, split.scores)[0]),
@@ -101,8 +114,14 @@ def train_epoch(model, optimizer, schedule, split: EncodedSplit, rng: np.random.
     total = 0.0
     batches = split.length_sorted_batches(args.batch, rng)
     for rows in tqdm(batches, desc="train", leave=False, disable=args.no_progress):
+        swapped = (
+            rng.random(len(rows)) < args.swap_relatedness if args.swap_relatedness else np.zeros(len(rows), dtype=bool)
+        )
         loss = joint_loss(
-            model(*split.batch(rows)), torch.from_numpy(split.targets[rows]), torch.from_numpy(split.labels[rows])
+            model(*split.batch(rows, swapped)),
+            torch.from_numpy(split.targets[rows]),
+            torch.from_numpy(split.labels[rows]),
+            torch.from_numpy(swapped),
         )
         optimizer.zero_grad()
         loss.backward()
@@ -137,7 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--decay", type=float, default=0.99, help="learning-rate factor per epoch")
     parser.add_argument("--clip", type=float, default=5.0)
+    parser.add_argument(
+        "--swap-relatedness",
+        type=float,
+        default=0.0,
+        help="probability that a training pair is fed as (b, a), then for its relatedness loss only",
+    )
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument(
+        "--specials-seed",
+        type=int,
+        default=None,
+        help="seed of the <s>, </s>, <number>, <unk> vectors (default --seed); ensemble members must share it",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
     parser.add_argument("--no-progress", action="store_true")
@@ -154,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     for path in files.values():
         if not path.exists():
             raise SystemExit(f"missing data file {path} (set --data-dir or MNEMO_DATA_DIR)")
-    specials = special_vectors(args.seed)
+    specials = special_vectors(args.seed if args.specials_seed is None else args.specials_seed)
     vectors = WordVectors.from_glove(specials)
     splits = {name: EncodedSplit(read_split(path), vectors) for name, path in files.items()}
     config = RMCConfig(
@@ -195,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
         "pointer": args.pointer,
         "command": command_line("models.train_sim", argv),
         "seed": args.seed,
+        "specials_seed": args.seed if args.specials_seed is None else args.specials_seed,
+        "swap_relatedness": args.swap_relatedness,
         "config": config.to_dict(),
         "optimizer": (
             f"Adam lr {args.lr}, 1-epoch linear warmup, x{args.decay}/epoch, clip {args.clip}, batch {args.batch}"

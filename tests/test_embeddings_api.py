@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from tests.conftest import FLMP_MODEL, SIM_MODEL, toy_settings
+from tests.conftest import COMMITTED, FLMP_MODEL, SIM_MODEL, toy_settings
 
 PAIRS = [
     ("A man is playing a guitar.", "A person plays an instrument."),
@@ -19,6 +19,11 @@ PAIRS = [
     ("Two dogs are running through the snow.", "A woman is slicing an onion, qzxqzx!"),
 ]
 SHORT = "A dog runs."
+WIDTH = next(  # the default model's sentence vector: 512 for one model, 512 per member for an ensemble
+    m["metadata"]["embedding_dim"]
+    for m in json.loads((COMMITTED / "manifest.json").read_text())["models"]
+    if m["name"] == SIM_MODEL
+)
 LONG = "A group of children in colourful uniforms is playing football on a very large field near the old school."
 
 
@@ -31,13 +36,14 @@ def embed(client: TestClient, sentences: list[str], model: str | None = None) ->
 def test_embeddings_return_the_sentence_vectors_and_tokens(client):
     body = embed(client, [PAIRS[2][1], SHORT])
     info = {m["name"]: m for m in client.get("/models").json()["models"]}[SIM_MODEL]
-    assert body["model"] == SIM_MODEL and body["embedding_dim"] == info["embedding_dim"] == 512
+    assert body["model"] == SIM_MODEL and body["embedding_dim"] == info["embedding_dim"] == WIDTH
+    assert WIDTH % 512 == 0
     assert info["max_sentences"] == 256
     first, second = body["results"]
     assert first["tokens"] == ["<s>", "a", "woman", "is", "slicing", "an", "onion", "qzxqzx", "</s>"]
     assert first["unknown_tokens"] == ["qzxqzx"] and second["unknown_tokens"] == []
     assert all(
-        len(result["embedding"]) == 512 and np.all(np.isfinite(result["embedding"])) for result in body["results"]
+        len(result["embedding"]) == WIDTH and np.all(np.isfinite(result["embedding"])) for result in body["results"]
     )
     assert not np.allclose(first["embedding"], second["embedding"])
 
@@ -109,16 +115,16 @@ def test_token_limit_message_names_the_limit(client):
     ("body", "location", "words"),
     [
         (
-            {"embedding_a": [0.5] * 511, "embedding_b": [0.5] * 512},
+            {"embedding_a": [0.5] * (WIDTH - 1), "embedding_b": [0.5] * WIDTH},
             ["body", "embedding_a"],
-            "takes sentence vectors of 512",
+            f"takes sentence vectors of {WIDTH}",
         ),
-        ({"embedding_a": [0.5] * 512, "embedding_b": [0.5] * 600}, ["body", "embedding_b"], "has 600 values"),
-        ({"embedding_a": [], "embedding_b": [0.5] * 512}, ["body", "embedding_a"], ""),
-        ({"embedding_a": [0.5] * 512, "embedding_b": [0.5] * 4097}, ["body", "embedding_b"], ""),
-        ({"embedding_a": ["x"] * 512, "embedding_b": [0.5] * 512}, ["body", "embedding_a", 0], ""),
-        ({"embedding_a": [1e7] * 512, "embedding_b": [0.5] * 512}, ["body", "embedding_a", 0], ""),
-        ({"embedding_a": [0.5] * 512}, ["body", "embedding_b"], ""),
+        ({"embedding_a": [0.5] * WIDTH, "embedding_b": [0.5] * 600}, ["body", "embedding_b"], "has 600 values"),
+        ({"embedding_a": [], "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a"], ""),
+        ({"embedding_a": [0.5] * WIDTH, "embedding_b": [0.5] * 4097}, ["body", "embedding_b"], ""),
+        ({"embedding_a": ["x"] * WIDTH, "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a", 0], ""),
+        ({"embedding_a": [1e7] * WIDTH, "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a", 0], ""),
+        ({"embedding_a": [0.5] * WIDTH}, ["body", "embedding_b"], ""),
     ],
 )
 def test_invalid_vector_pairs_are_422_naming_the_field(client, body, location, words):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from models import train_kt, train_sim
@@ -31,10 +32,11 @@ def test_knowledge_tracing_run_resumes_exactly(tmp_path):
     _assert_same_run(tmp_path / "resumed", tmp_path / "straight")
 
 
-def test_similarity_run_resumes_exactly_dropout_included(tmp_path):
+@pytest.mark.parametrize("swap", ["0", "0.5"])
+def test_similarity_run_resumes_exactly_dropout_included(tmp_path, swap):
     data = write_sick(tmp_path / "sick")
     tiny = ["--heads", "2", "--head-size", "8", "--fc-dim", "16", "--no-progress", "--data-dir", str(data)]
-    common = ["--pointer", "vlmp", *tiny, "--patience", "9"]
+    common = ["--pointer", "vlmp", *tiny, "--patience", "9", "--swap-relatedness", swap]
     train_sim.main([*common, "--epochs", "2", "--out", str(tmp_path / "straight")])
     train_sim.main([*common, "--epochs", "1", "--out", str(tmp_path / "resumed")])
     train_sim.main([*common, "--epochs", "2", "--out", str(tmp_path / "resumed"), "--resume"])
