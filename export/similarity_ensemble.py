@@ -164,6 +164,18 @@ def metrics_cells(metrics: dict) -> str:
     return f"{metrics['pearson']:.4f} | {metrics['mse']:.4f} | {metrics['accuracy']:.4f}"
 
 
+def describe_size(members: int) -> str:
+    if members == 1:
+        return (
+            "one model, the best of the runs below on trial, with one Relational Memory encoder and two heads "
+            "(exported by the ensemble exporter as a graph of one member)."
+        )
+    return (
+        f"an ensemble of {members} models run as one ONNX graph. Each member has one Relational Memory encoder "
+        "and two heads; the graph averages the members' relatedness distributions and entailment probabilities."
+    )
+
+
 def write_card(path: Path, name: str, context: dict, notes: str) -> None:
     """The ensemble's model card in markdown."""
     chosen, rows, members = context["chosen"], context["rows"], context["ranked"]
@@ -176,21 +188,24 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         f"# {name}",
         "",
         f"LSTM_RMC (Ahmed & Mercer 2020), VLMP with window w={config.window}, trained on SICK for relatedness "
-        f"(SICK-R) and entailment (SICK-E): an ensemble of {k} models run as one ONNX graph. Each member has one "
-        "Relational Memory encoder and two heads; the graph averages the members' relatedness distributions and "
-        "entailment probabilities. Code: `models/rmc.py`, `models/ensemble.py`.",
+        f"(SICK-R) and entailment (SICK-E): {describe_size(k)} Code: `models/rmc.py`, `models/ensemble.py`.",
         "",
-        f"## Test metrics (SICK test, {context['test_pairs']:,} pairs; ensemble chosen on SICK trial)",
+        f"## Test metrics (SICK test, {context['test_pairs']:,} pairs; chosen on SICK trial)",
         "",
-        *metrics_table(test, trial, paper, "this ensemble", "paper (VLMP, GloVe 840B 300d)"),
+        *metrics_table(test, trial, paper, "this model", "paper (VLMP, GloVe 840B 300d)"),
         f"The exported graph itself on onnxruntime, trial: r {graph_trial['pearson']:.4f}, MSE "
         f"{graph_trial['mse']:.4f}, accuracy {graph_trial['accuracy']:.4f}.",
         "",
         "## Selection (SICK trial only)",
         "",
         "Candidates were ranked by their own trial Pearson r + accuracy; the ensembles of the best 1, 2, ... "
-        f"fitting the {MAX_FILE_BYTES / 1e6:.0f} MB file limit were scored on trial and the best trial r + "
-        "accuracy was exported. Each size was scored once on test for this table; test chose nothing.",
+        f"fitting the {MAX_FILE_BYTES / 1e6:.0f} MB file limit were scored on trial and "
+        + (
+            f"the best {k} exported, a size fixed by `--members` (the notes say why)."
+            if context["fixed_members"]
+            else "the best trial r + accuracy was exported."
+        )
+        + " Each size was scored once on test for this table; test chose nothing.",
         "",
         "| members | trial r | trial MSE | trial acc | test r | test MSE | test acc | est. file MB |",
         "|---|---|---|---|---|---|---|---|",
@@ -376,9 +391,15 @@ def main(argv: list[str] | None = None) -> None:
     chosen = rows[k - 1]
     max_cells = MAX_CELLS["vlmp"] // k
     command = "python -m export.similarity_ensemble " + " ".join(
-        [*(f"--run {run}" for run in args.run), f"--name {args.name}", *(["--default"] if args.default else [])]
+        [
+            *(f"--run {run}" for run in args.run),
+            *([f"--members {args.members}"] if args.members is not None else []),
+            f"--name {args.name}",
+            *(["--default"] if args.default else []),
+        ]
     )
     context = {
+        "fixed_members": args.members is not None,
         "chosen": chosen,
         "rows": rows,
         "ranked": ranked,
