@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from app.frame.providers import ProviderUnavailable, resolve_provider
 from app.frame.sessions import preopened
 from app.frame.settings import Settings
+from app.runtime.memory import tune_malloc
 
 
 def main() -> None:
@@ -27,6 +28,7 @@ def main() -> None:
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
     if settings.workers == 1:
+        tune_malloc()  # before any thread starts (serve() repeats it for the other callers)
         preopened.start(settings)  # ONNX sessions open while the web stack imports
         from app.server import serve
 

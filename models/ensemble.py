@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from models.rmc import RelationalMemory, RMCConfig, RowLayerNorm, SentencePairModel, reverse_within_length
+from models.rmc import RelationalMemory, RMCConfig, RowLayerNorm, SentencePairModel, reverse_within_length, row_norm
 
 
 class StackedLinear(nn.Module):
@@ -53,9 +53,7 @@ class StackedRowLayerNorm(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         per_member = z.reshape(self.gain.shape[0], -1, z.shape[-1])
-        mean = per_member.mean(-1, keepdim=True)
-        std = (per_member - mean).pow(2).sum(-1, keepdim=True).div(z.shape[-1] - 1).sqrt()
-        return (self.gain * (per_member - mean) / (std + self.eps) + self.bias).reshape(z.shape)
+        return row_norm(per_member, self.gain, self.bias, self.eps).reshape(z.shape)
 
 
 STACKED_LINEARS = ("input_projector", "qkv_projector", "input_gate_projector", "memory_gate_projector")

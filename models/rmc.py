@@ -61,9 +61,14 @@ class RowLayerNorm(nn.Module):
         self.eps = eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        mean = z.mean(-1, keepdim=True)
-        std = (z - mean).pow(2).sum(-1, keepdim=True).div(z.shape[-1] - 1).sqrt()
-        return self.gain * (z - mean) / (std + self.eps) + self.bias
+        return row_norm(z, self.gain, self.bias, self.eps)
+
+
+def row_norm(z: torch.Tensor, gain: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """gain * (z - mean) / (unbiased std + eps) + bias over the last axis (gain and bias broadcast)."""
+    mean = z.mean(-1, keepdim=True)
+    std = (z - mean).pow(2).sum(-1, keepdim=True).div(z.shape[-1] - 1).sqrt()
+    return gain * (z - mean) / (std + eps) + bias
 
 
 class VariableLengthPointer:

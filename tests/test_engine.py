@@ -116,14 +116,11 @@ def test_a_request_alone_runs_on_the_event_loop_once_its_model_is_known_to_be_fa
     runs = RecordedRuns(tmp_path / "slow.onnx")
     alone = [True]
 
-    async def request(value: float, age_s: float = 0.0, spin: int = 1):
-        request_arrival.set(time.perf_counter() - age_s)
-        return await batcher_of[0].run(_feeds(value, spin), 1, 1)
-
-    batcher_of = []
-
     async def scenario(batcher):
-        batcher_of.append(batcher)
+        async def request(value: float, age_s: float = 0.0, spin: int = 1):
+            request_arrival.set(time.perf_counter() - age_s)
+            return await batcher.run(_feeds(value, spin), 1, 1)
+
         await request(1)  # the model's run time is not known yet: a worker thread
         inline = await request(2)  # alone, small, known to be fast: on the loop
         await request(3, age_s=1.0)  # a request past its first INLINE_WINDOW_S: the queue

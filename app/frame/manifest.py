@@ -65,8 +65,8 @@ class Manifest(BaseModel):
     models: list[ModelEntry]
 
 
-def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
-    """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
+def load_manifest(artifacts: Path) -> Manifest:
+    """`artifacts/manifest.json` read and checked against the schema (ManifestError otherwise)."""
     path = artifacts / "manifest.json"
     if not path.is_file():
         raise ManifestError(f"no manifest.json in {artifacts} (set MNEMO_ARTIFACTS_DIR)")
@@ -78,6 +78,12 @@ def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
         errors = error.errors(include_url=False)[:10]
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the manifest'}: {e['msg']}" for e in errors)
         raise ManifestError(f"manifest.json does not match the schema: {problems}") from None
+    return manifest
+
+
+def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
+    """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
+    manifest = load_manifest(artifacts)
     names = [entry.name for entry in manifest.models]
     if len(set(names)) != len(names):
         raise ManifestError("manifest.json: model names must be unique")

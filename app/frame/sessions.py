@@ -10,14 +10,13 @@ the registry, in its words.
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import onnxruntime as ort
 
 from app.frame.integrity import sha256_of
-from app.frame.manifest import Manifest, confined
+from app.frame.manifest import confined, load_manifest
 from app.frame.providers import resolve_provider, session_providers
 from app.frame.settings import Settings, usable_cpus
 
@@ -55,7 +54,7 @@ class PreopenedSessions:
         """Start verifying and opening every ONNX file the manifest names; any problem is left to the registry."""
         try:
             artifacts = Path(settings.artifacts_dir)
-            manifest = Manifest.model_validate(json.loads((artifacts / "manifest.json").read_text()))
+            manifest = load_manifest(artifacts)
             provider = resolve_provider(settings.provider)
             files = [(entry.file, entry.sha256) for entry in manifest.models]
             files += [(graph.file, graph.sha256) for entry in manifest.models for graph in entry.graphs.values()]

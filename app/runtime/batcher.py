@@ -93,6 +93,11 @@ class _Item:
     future: asyncio.Future[Feeds] = field(repr=False)
 
 
+def _padded_cells(batch: list[_Item]) -> int:
+    """Rows x the longest length: the cells one run of this batch computes."""
+    return sum(item.rows for item in batch) * max(item.length for item in batch)
+
+
 class ModelBatcher:
     """The queue and batching loop of one model."""
 
@@ -286,9 +291,8 @@ class ModelBatcher:
 
     def _may_run_inline(self, batch: list[_Item]) -> bool:
         """See "Alone, inline" (called with this batch's run slot taken)."""
-        cells = sum(item.rows for item in batch) * max(item.length for item in batch)
         return (
-            cells <= INLINE_MAX_CELLS
+            _padded_cells(batch) <= INLINE_MAX_CELLS
             and self._small_run_seconds is not None
             and self._small_run_seconds <= INLINE_MAX_RUN_S
             and time.perf_counter() - min(item.arrival for item in batch) < INLINE_WINDOW_S
@@ -329,7 +333,7 @@ class ModelBatcher:
     def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
         """Update the moving averages of one padded cell's run time (from large runs) and of a small run's
         time, from a finished batch."""
-        cells = sum(item.rows for item in batch) * max(item.length for item in batch)
+        cells = _padded_cells(batch)
         if cells <= INLINE_MAX_CELLS:
             last = self._small_run_seconds
             self._small_run_seconds = seconds if last is None else last + COST_SMOOTHING * (seconds - last)

@@ -46,7 +46,7 @@ def tune_malloc() -> bool:
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
         (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
     )
-    return all(_libc.mallopt(parameter, value) for parameter, value in settings)
+    return all([_libc.mallopt(parameter, value) for parameter, value in settings])  # each one, even after a failure
 
 
 def release_free_memory() -> bool:
