@@ -11,12 +11,14 @@ import json
 import re
 import select
 import socket
+import struct
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from app.transports.connection_guard import peer_gone
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 from tests.test_hostile_requests import read_response, status_of
@@ -153,3 +155,24 @@ def test_a_client_that_never_reads_its_answer_is_disconnected(server):
     assert head.startswith(b"HTTP/1.1 200") and length > 4_000_000
     assert closed and len(body) < length, (closed, len(body), length)  # the rest was dropped, not kept for us
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("how", ["close", "half-close", "reset"])
+def test_a_departed_peer_is_seen_in_the_kernel_before_the_socket_is_read(how):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        with accepted:
+            client.sendall(b"POST / HTTP/1.1\r\n")  # unread data, as for a request the loop has not reached
+            assert not peer_gone(accepted)
+            if how == "half-close":
+                client.shutdown(socket.SHUT_WR)
+            if how == "reset":
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if how != "half-close":
+                client.close()
+            deadline = time.monotonic() + 5
+            while not peer_gone(accepted) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert peer_gone(accepted)
+        client.close()

@@ -23,7 +23,7 @@ import pytest
 from app.frame.errors import Overloaded
 from app.frame.loop_lag import LoopLag
 from app.frame.metrics import Metrics
-from app.frame.middleware import request_arrival
+from app.frame.middleware import request_arrival, request_body_bytes, request_connected
 from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
 from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, ModelBatcher, RunSlots
@@ -196,6 +196,31 @@ def test_a_cancelled_request_is_dropped_before_it_runs(tmp_path):
     assert runs.batches == [1, 1]  # the slow run and the last request: the cancelled one never ran
 
 
+def test_rows_of_a_client_that_left_are_skipped_even_before_its_request_is_cancelled(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+    client_there = {"gone": True, "here": True}
+
+    async def request(batcher: ModelBatcher, name: str, value: float):
+        request_connected.set(lambda: client_there[name])  # as RequestContext sets it from the connection
+        return await batcher.run(_feeds(value), 1, 1)
+
+    async def scenario(batcher):
+        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
+        await asyncio.sleep(0.1)
+        left = asyncio.create_task(request(batcher, "gone", 9))
+        stays = asyncio.create_task(request(batcher, "here", 2))
+        await asyncio.sleep(0.05)
+        client_there["gone"] = False  # the client closed its side; nothing has cancelled its request yet
+        await slow
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        return await stays
+
+    answer = _drive(scenario, run=runs)
+    assert float(answer["y"][0, 0]) == 2 * 2  # the toy graph doubles x
+    assert runs.batches == [1, 1]  # the slow run, then only the request whose client stayed
+
+
 def test_one_bad_request_fails_alone_when_its_batch_fails(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
@@ -239,6 +264,29 @@ def test_admission_refuses_work_that_could_not_finish_before_the_deadline(tmp_pa
 
     cost = _drive(scenario, run=runs, deadline_s=0.01)
     assert cost > 0.01  # one such request takes longer than the whole deadline: a second one cannot fit
+
+
+def test_a_body_being_parsed_holds_the_room_its_size_predicts(tmp_path):
+    async def scenario(batcher):
+        # nothing learned yet: a body being parsed holds one row
+        with batcher.reserve(10_000), pytest.raises(Overloaded, match="1 of 4 rows admitted"), batcher.admit(4):
+            pass
+        request_body_bytes.set(10_000)
+        with batcher.admit(4):  # an admitted 10 KB body needed 4 rows: the batcher learns it
+            pass
+        request_body_bytes.set(None)
+        with batcher.admit(3):
+            with pytest.raises(Overloaded, match="at capacity") as refused, batcher.reserve(10_000):
+                pass  # the 2 rows held by a 10 KB body being parsed (half of 4) do not fit beside 3 admitted
+            with batcher.reserve(2_500):  # 1 row does
+                pass
+        # two 10 KB bodies parsed at once fill the queue
+        with batcher.reserve(10_000), batcher.reserve(10_000), pytest.raises(Overloaded), batcher.admit(1):
+            pass
+        return refused.value
+
+    refusal = _drive(scenario, run=RecordedRuns(tmp_path / "toy.onnx"), max_queue=4)
+    assert "3 of 4 rows admitted" in str(refusal)
 
 
 def test_the_earliest_request_runs_first_so_chunked_requests_finish_in_arrival_order(tmp_path):

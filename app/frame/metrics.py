@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,6 +36,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}  # see observe_request
         self.registry = registry = CollectorRegistry()
         if self.multiprocess_dir is None:
             ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...
@@ -129,8 +131,15 @@ class Metrics:
             self.model_info.labels(name, model_version, sha256).set(1)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route, method).observe(seconds)
+        key = (route, method, status)
+        series = self._request_series.get(key)
+        if series is None:  # bound once per route, method and status: labels() costs more than the update
+            series = self._request_series[key] = (
+                self.requests.labels(route, method, str(status)),
+                self.latency.labels(route, method),
+            )
+        series[0].inc()
+        series[1].observe(seconds)
 
     def render(self) -> bytes:
         """The Prometheus text exposition: this process's metrics, or every worker's added up."""

@@ -21,9 +21,17 @@ from app.frame.responses import dumps
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
-# perf_counter() when the request being handled reached the app: its deadline counts from it, and the batcher
-# serves the earliest arrivals first
+# perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
+# the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
+# first bytes were parsed, which under load is well before the app starts on it; else it is when it reached the app.
+RECEIVED_AT = "mnemo.received_at"
 request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
+# scope key of a callable telling whether the request's client is still connected (app/transports/connection_guard.py),
+# and the request's copy of it: the batcher drops the rows of a client that left before it runs them
+CLIENT_CONNECTED = "mnemo.client_connected"
+request_connected: ContextVar[Callable[[], bool] | None] = ContextVar("request_connected", default=None)
+# the size of the request's body when it is parsed off the loop: the batcher learns what such bodies need
+request_body_bytes: ContextVar[int | None] = ContextVar("request_body_bytes", default=None)
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
@@ -180,8 +188,9 @@ class RequestContext:
             return
         incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"").decode("latin-1")
         request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else uuid.uuid4().hex
-        started = time.perf_counter()
+        started = scope.get(RECEIVED_AT) or time.perf_counter()
         request_arrival.set(started)
+        request_connected.set(scope.get(CLIENT_CONNECTED))
         status = 499  # no answer was sent: the client left first (a failure is answered 500 by CatchUnexpected)
 
         async def send_with_id(message: Message) -> None:

@@ -17,7 +17,12 @@ This protocol adds, per connection:
   kept-alive connection) skipped as body, never counted as the next request's headers;
 - when the client goes before its answer, the callables the app listed in the request's scope under
   ON_CLIENT_GONE are called at once (the request's work is cancelled, which drops its queued rows in the
-  same turn of the loop, before the batcher can start them).
+  same turn of the loop, before the batcher can start them);
+- the scope's RECEIVED_AT is when the request's first bytes were parsed, so that its deadline and logged
+  duration include the time it waited for the app under load;
+- the scope's CLIENT_CONNECTED callable asks the kernel whether the client has closed or reset its side
+  (TCP_INFO), so that the batcher skips a departed client's rows even while an overloaded event loop has
+  not yet read the close.
 
 A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
 """
@@ -26,10 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from app.frame.middleware import CLIENT_CONNECTED, RECEIVED_AT
 
 logger = logging.getLogger("mnemo.connections")
 # Read at most this much per recv(): uvicorn buffers a request body up to 64 KB before it pauses reading, so
@@ -37,6 +45,7 @@ logger = logging.getLogger("mnemo.connections")
 # about 130 MB less (peak RSS under the overload mix, BENCHMARKS.md).
 READ_CHUNK_BYTES = 64 << 10
 ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: callables to call when the client disconnects early
+TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux TCP states (tcpi_state, TCP_INFO's first byte): the peer sent FIN or RST
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -51,6 +60,16 @@ class ConnectionLimits:
 def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol class with these limits (pass it as `uvicorn.Config(http=...)`)."""
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
+
+
+def peer_gone(sock: socket.socket) -> bool:
+    """True once the peer closed or reset its side of this TCP connection, as the kernel sees it now, before
+    the event loop reads the close; False where TCP_INFO is unavailable. A half-close counts as gone, as
+    uvicorn treats it."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] in (TCP_CLOSE_WAIT, TCP_CLOSE)
+    except (AttributeError, OSError):  # no TCP_INFO on this platform, or not a TCP socket (a Unix socket)
+        return False
 
 
 class RefusalLog:
@@ -145,8 +164,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._parsed_header_bytes = 0
         super().on_message_begin()
+        self.scope[RECEIVED_AT] = time.perf_counter()  # the request's deadline counts from here
 
     def on_headers_complete(self) -> None:
+        self.scope[CLIENT_CONNECTED] = self._client_connected
         self._awaiting_headers = False
         self._in_body = True
         self._header_bytes = 0
@@ -168,6 +189,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
             self._awaiting_headers = True
+
+    def _client_connected(self) -> bool:
+        """False once the connection is closing, or the client closed or reset its side (`peer_gone`)."""
+        return not self.transport.is_closing() and not peer_gone(self.transport.get_extra_info("socket"))
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -2,13 +2,15 @@
 
 - `read_body(request, Schema, task)`: the JSON body validated by pydantic (small bodies inline, large ones
   on a worker thread); a non-JSON content type is 415; errors are the service's bounded 422. A large body
-  whose model refuses any new work right now is refused (429) before it is parsed: under overload the
-  worker threads then parse only requests that will run, and the event loop keeps its share of the GIL.
+  holds, while it is parsed, the room its size predicts in the model it names, and is refused (429) before
+  parsing when there is none: under overload the worker threads then parse only requests that will run,
+  and the event loop keeps its share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S,
   counted from arrival) passes (504), or the client disconnects (499, nothing is sent); in the last
   two cases the work is cancelled, which drops its rows that have not started. The 504 is sent a margin
   before the deadline: `DEADLINE_MARGIN_S` plus twice the event loop's recent lag (under overload the loop
-  runs timers late, so a timer set at the deadline itself would answer after it).
+  runs timers late, so a timer set at the deadline itself would answer after it), taken again every
+  `DEADLINE_CHECK_S` while the request waits, since the lag can grow meanwhile.
 """
 
 from __future__ import annotations
@@ -26,18 +28,17 @@ from pydantic import BaseModel, ValidationError
 from app.frame.errors import (
     DeadlineExceeded,
     InvalidBody,
-    Overloaded,
     ServiceError,
     body_errors,
 )
-from app.frame.metrics import Metrics
-from app.frame.middleware import request_arrival
+from app.frame.middleware import request_arrival, request_body_bytes
 from app.frame.registry import ModelRegistry, ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.json_input import parse_body
 
 DEADLINE_MARGIN_S = 0.1  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
+DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
 MODEL_VALUE = re.compile(rb'\s*:\s*(null|"[A-Za-z0-9._-]{1,64}")')
@@ -80,33 +81,23 @@ def validate(schema: type[Body], body: bytes) -> Body:
 async def read_body(request: Request, schema: type[Body], task: str | None = None) -> Body:
     """The request body validated against `schema`; large bodies are parsed on a worker thread (or shed: 429).
 
-    With `task`, a large body is refused before parsing while the model it names refuses any new work.
+    With `task`, a large body holds the room its size predicts in the model it names while it is parsed, and
+    is refused (429) before parsing when there is none (`ModelBatcher.reserve`).
     """
     if not json_content_type(request):
         raise UnsupportedMediaType("Content-Type must be application/json.")
     body = await request.body()
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
+    request_body_bytes.set(len(body))
     metrics = request.app.state.metrics
     model = None if task is None else named_model(request, body, task)
-    refuse_if_full(model, metrics)
-    try:
-        return await offload_or_shed(len(body), validate_unless_full, schema, body, model, metrics)
-    except ParseQueueFull:
-        metrics.rejected.labels("", "cpu_busy").inc()
-        raise
-
-
-def refuse_if_full(model: ServedModel | None, metrics: Metrics) -> None:
-    if model is not None and model.batcher.refuses_any():
-        metrics.rejected.labels(model.name, "before_parsing").inc()
-        raise Overloaded(f"Model {model.name} is at capacity; retry after the Retry-After delay.")
-
-
-def validate_unless_full(schema: type[Body], body: bytes, model: ServedModel | None, metrics: Metrics) -> Body:
-    """`validate` on a worker thread, checking first (again) that the model still has room for the request."""
-    refuse_if_full(model, metrics)
-    return validate(schema, body)
+    with contextlib.nullcontext() if model is None else model.batcher.reserve(len(body)):
+        try:
+            return await offload_or_shed(len(body), validate, schema, body)
+        except ParseQueueFull:
+            metrics.rejected.labels("", "cpu_busy").inc()
+            raise
 
 
 def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
@@ -134,13 +125,16 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
     metrics = request.app.state.metrics
     timeout = request.app.state.settings.request_timeout_s
     arrival = request_arrival.get()
-    margin = min(DEADLINE_MARGIN_S + 2 * request.app.state.loop_lag.recent_s, timeout / 2)
-    remaining = (time.perf_counter() if arrival is None else arrival) + timeout - margin - time.perf_counter()
+    deadline = (time.perf_counter() if arrival is None else arrival) + timeout
     task = asyncio.ensure_future(work)
     request.scope.setdefault(ON_CLIENT_GONE, []).append(task.cancel)  # called by the connection guard
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        done, _ = await asyncio.wait({task, gone}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED)
+        done: set[asyncio.Future] = set()
+        while not done and (remaining := _time_left(request, deadline, timeout)) > 0:
+            done, _ = await asyncio.wait(
+                {task, gone}, timeout=min(remaining, DEADLINE_CHECK_S), return_when=asyncio.FIRST_COMPLETED
+            )
     finally:
         gone.cancel()
         if not task.done():
@@ -154,6 +148,12 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
         raise ClientGone("The client disconnected before the answer.")
     metrics.timed_out.labels(model_name).inc()
     raise DeadlineExceeded(f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later.")
+
+
+def _time_left(request: Request, deadline: float, timeout: float) -> float:
+    """Seconds until the 504 must be sent: the deadline less a margin for the event loop's current lag."""
+    margin = min(DEADLINE_MARGIN_S + 2 * request.app.state.loop_lag.recent_s, timeout / 2)
+    return deadline - margin - time.perf_counter()
 
 
 async def _disconnected(request: Request) -> None:
