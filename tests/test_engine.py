@@ -26,6 +26,7 @@ from app.frame.metrics import Metrics
 from app.frame.middleware import request_arrival, request_body_bytes, request_connected
 from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
+from app.runtime import batcher as batcher_module
 from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, ModelBatcher, RunSlots
 from app.runtime.engine import Engine
 from app.tasks import TASKS
@@ -264,6 +265,25 @@ def test_admission_refuses_work_that_could_not_finish_before_the_deadline(tmp_pa
 
     cost = _drive(scenario, run=runs, deadline_s=0.01)
     assert cost > 0.01  # one such request takes longer than the whole deadline: a second one cannot fit
+
+
+def test_admission_counts_the_wall_time_a_busy_model_takes_until_it_is_stale(tmp_path, monkeypatch):
+    monkeypatch.setattr(batcher_module, "WALL_COST_TTL_S", 0.5)
+    cells = MIN_CELLS_TO_LEARN
+
+    async def scenario(batcher):
+        with batcher.admit(1, cells):  # a request stays admitted while the model's batches finish slowly
+            for _ in range(3):
+                await batcher.run(_feeds(0), 1, cells)  # a fast run...
+                await asyncio.sleep(0.2)  # ...then a wait before the next (a crowded loop, parsing, hand-offs)
+            # about 0.2 s per 256 cells: 1,024 admitted cells need about 0.8 s, past half of the 1 s deadline
+            with pytest.raises(Overloaded, match="past the deadline"), batcher.admit(1, 3 * cells):
+                pass
+        await asyncio.sleep(0.6)  # idle past WALL_COST_TTL_S: only the run time counts again
+        with batcher.admit(1, cells), batcher.admit(1, 3 * cells):
+            pass
+
+    _drive(scenario, run=RecordedRuns(tmp_path / "toy.onnx"), deadline_s=1.0)
 
 
 def test_a_body_being_parsed_holds_the_room_its_size_predicts(tmp_path):

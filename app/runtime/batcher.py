@@ -57,6 +57,7 @@ MIN_CELLS_TO_LEARN = 256  # smaller runs (unless max_cells is smaller) cost most
 INLINE_MAX_CELLS = 256  # largest run (rows x length) done on the event loop when the request is alone
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only for a model whose small runs take at most this long (learned from its runs)
+WALL_COST_TTL_S = 5.0  # the wall time per cell counts this long after the batch it was learned from
 RESERVE_SHARE = 0.5  # a body being parsed holds half the rows and cells that its size predicts: a low guess
 RunGraph = Callable[[Feeds], Feeds]
 
@@ -151,6 +152,7 @@ class ModelBatcher:
         self._cell_seconds = 0.0  # moving average of one padded cell's run time (0 until the first run)
         self._wall_cell_seconds = 0.0  # moving average of the wall time per cell between batches done while busy
         self._last_done: float | None = None  # when the last batch finished, while requests stayed admitted
+        self._wall_learned_at = -math.inf
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = 0.0  # moving averages over admitted large bodies (`request_body_bytes`)
         self._cells_per_byte = 0.0
@@ -232,7 +234,9 @@ class ModelBatcher:
             return None
         if self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-        seconds_per_cell = max(self._cell_seconds / self._slots.runs, self._wall_cell_seconds)
+        seconds_per_cell = self._cell_seconds / self._slots.runs
+        if time.perf_counter() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
+            seconds_per_cell = max(seconds_per_cell, self._wall_cell_seconds)
         backlog_s = (self._admitted_cells + cells) * seconds_per_cell
         if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
             return "deadline", f"the admitted work needs about {backlog_s:.1f} s, past the deadline"
@@ -389,7 +393,9 @@ class ModelBatcher:
         The wall time per cell is the time since the previous batch finished, divided by this batch's cells,
         while requests stayed admitted in between: what the model really gets through, hand-offs, parsing and
         a crowded event loop included. Admission uses the slower of the two, so that an overloaded server
-        admits only the work it can finish before the deadline."""
+        admits only the work it can finish before the deadline; the wall time only for WALL_COST_TTL_S after
+        its last sample, so that a past overload does not refuse the next burst, and it restarts from its
+        next sample after that."""
         cells = _padded_cells(batch)
         now, last_done = time.perf_counter(), self._last_done
         self._last_done = now
@@ -399,7 +405,9 @@ class ModelBatcher:
             return
         self._cell_seconds = _smoothed(self._cell_seconds, seconds / cells)
         if last_done is not None:
-            self._wall_cell_seconds = _smoothed(self._wall_cell_seconds, (now - last_done) / cells)
+            recent = now - self._wall_learned_at < WALL_COST_TTL_S
+            self._wall_cell_seconds = _smoothed(self._wall_cell_seconds if recent else None, (now - last_done) / cells)
+            self._wall_learned_at = now
 
     async def _isolate(self, batch: list[_Item]) -> list[Feeds | BaseException]:
         """A failed batch is rerun item by item, so one bad input fails only its own request."""

@@ -37,7 +37,7 @@ from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.json_input import parse_body
 
-DEADLINE_MARGIN_S = 0.1  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
+DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
 DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
