@@ -4,7 +4,8 @@
 
 Frozen GloVe 6B 50d vectors (looked up with the serving code's tokenizer and vectors), Adam with a
 one-epoch linear warmup and x0.99 decay per epoch, gradient-norm clip 5, length-sorted batches.
-Validates on SICK trial every epoch and keeps the epoch with the best trial Pearson r + accuracy;
+Validates on SICK trial every epoch and keeps the epoch with the best trial Pearson r + accuracy (with
+`--average-from K`, also the mean of the weights of epochs K.. at each epoch end, whichever scores best);
 stops early; evaluates the test split once at the end. Writes `last.pt`, `best.pt` and `result.json`
 into `--out` (default runs/sim/<pointer>).
 """
@@ -170,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed of the <s>, </s>, <number>, <unk> vectors (default --seed); ensemble members must share it",
     )
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--average-from",
+        type=int,
+        default=0,
+        help="from this epoch on, also validate the equal-weight mean of the weights at each epoch end and "
+        "let selection pick it (stochastic weight averaging; 0: off)",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
     parser.add_argument("--no-progress", action="store_true")
     return parser
@@ -218,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
         best_payload={"config": config.to_dict(), "specials": specials},
         save_extra=lambda: {"schedule": schedule.state_dict(), "rng": rng.bit_generator.state},
         load_extra=lambda checkpoint: restore_schedule_and_shuffling(checkpoint, schedule, rng),
+        average_from=args.average_from,
     )
     rule = StoppingRule(epochs=args.epochs, patience=args.patience, max_minutes=args.max_minutes)
     state = run_epochs(task, out, rule, resume=args.resume)
@@ -235,6 +244,9 @@ def main(argv: list[str] | None = None) -> dict:
         "data_files": data_file_records(files),
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],
+        "average_from": args.average_from,
+        "best_weights": state.get("best_weights", "raw"),  # "average": the mean of best_averaged_epochs
+        "best_averaged_epochs": state.get("best_averaged_epochs"),
         "wall_seconds": round(state["wall_seconds"], 1),
         "trial": evaluate(model, splits["trial"]),
         "test": evaluate(model, splits["test"]),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models import train_kt, train_sim
+from models.epoch_loop import WeightAverage
 from tests.synthetic_data import write_sick, write_synthetic_kt
 
 
@@ -41,3 +42,50 @@ def test_similarity_run_resumes_exactly_dropout_included(tmp_path, swap):
     train_sim.main([*common, "--epochs", "1", "--out", str(tmp_path / "resumed")])
     train_sim.main([*common, "--epochs", "2", "--out", str(tmp_path / "resumed"), "--resume"])
     _assert_same_run(tmp_path / "resumed", tmp_path / "straight")
+
+
+def test_weight_average_is_the_mean_of_the_snapshots():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    average, snapshots = WeightAverage(), []
+    for epoch in (5, 6, 7):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_()
+        snapshots.append({name: tensor.clone() for name, tensor in model.state_dict().items()})
+        average.add(model, epoch)
+    mean = average.weights(model.state_dict())
+    for name, tensor in mean.items():
+        expected = torch.stack([snapshot[name].double() for snapshot in snapshots]).mean(0).float()
+        torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-7)
+        assert tensor.dtype == torch.float32
+    assert (average.first_epoch, average.last_epoch, average.count) == (5, 7, 3)
+
+
+def _sim_args(data: Path) -> list[str]:
+    tiny = ["--heads", "2", "--head-size", "8", "--fc-dim", "16", "--no-progress", "--data-dir", str(data)]
+    return ["--pointer", "vlmp", *tiny, "--patience", "9"]
+
+
+def test_averaged_run_resumes_exactly_and_selects_among_raw_and_average(tmp_path):
+    common = [*_sim_args(write_sick(tmp_path / "sick")), "--average-from", "2"]
+    straight = train_sim.main([*common, "--epochs", "3", "--out", str(tmp_path / "straight")])
+    train_sim.main([*common, "--epochs", "2", "--out", str(tmp_path / "resumed")])
+    resumed = train_sim.main([*common, "--epochs", "3", "--out", str(tmp_path / "resumed"), "--resume"])
+    _assert_same_run(tmp_path / "resumed", tmp_path / "straight")
+    assert resumed["history"] == straight["history"]
+    assert [("trial_average_pearson" in row) for row in straight["history"]] == [False, True, True]
+    best = torch.load(tmp_path / "straight" / "best.pt", weights_only=False)
+    if straight["best_weights"] == "average":
+        assert best["averaged_epochs"] == straight["best_averaged_epochs"] == [2, straight["best_epoch"]]
+    else:
+        assert "averaged_epochs" not in best and straight["best_averaged_epochs"] is None
+    # the averaged model after epoch 3 is the mean of the raw weights after epochs 2 and 3
+    last = torch.load(tmp_path / "straight" / "last.pt", weights_only=False)
+    assert last["average"]["count"] == 2
+
+
+def test_resume_with_another_averaging_start_is_refused(tmp_path):
+    common = _sim_args(write_sick(tmp_path / "sick"))
+    train_sim.main([*common, "--epochs", "1", "--out", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="weight averaging from epoch 0"):
+        train_sim.main([*common, "--epochs", "2", "--average-from", "1", "--out", str(tmp_path / "run"), "--resume"])
