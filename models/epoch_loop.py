@@ -146,9 +146,12 @@ def run_epochs(task: TrainingTask, out: Path, rule: StoppingRule, resume: bool =
             **{f"{task.split}_{name}": value for name, value in metrics.items()},
             "lr": task.optimizer.param_groups[0]["lr"],
         }
-        raw = {name: tensor.clone() for name, tensor in task.model.state_dict().items()}
+        raw = task.model.state_dict()
+        averaging = task.average_from and state["epoch"] >= task.average_from
+        if averaging:  # the averaged weights are loaded over the model's own: keep a copy of these
+            raw = {name: tensor.clone() for name, tensor in raw.items()}
         candidates = [("raw", metrics, raw, None)]
-        if task.average_from and state["epoch"] >= task.average_from:
+        if averaging:
             average.add(task.model, state["epoch"])
             averaged = average.weights(raw)
             task.model.load_state_dict(averaged)

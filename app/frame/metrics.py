@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -36,7 +35,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
-        self._request_series: dict[tuple[str, str, int], tuple[Any, Any]] = {}  # see observe_request
+        self._request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}  # see observe_request
         self.registry = registry = CollectorRegistry()
         if self.multiprocess_dir is None:
             ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...

@@ -189,11 +189,8 @@ class ModelBatcher:
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
         """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
         cells = rows * self._typical_length if cells is None else cells
-        refusal = self._refusal(rows, cells)
-        if refusal is not None:
-            self._refuse(*refusal)
-        self._learn_body_size(rows, cells)
         with self._holding(rows, cells):
+            self._learn_body_size(rows, cells)
             yield
 
     @contextlib.contextmanager
@@ -201,14 +198,17 @@ class ModelBatcher:
         """Hold the room a body of `body_bytes` bytes is expected to need while it is parsed, or 429 at once."""
         rows = max(1, int(body_bytes * self._rows_per_byte * RESERVE_SHARE))
         cells = max(1.0, body_bytes * self._cells_per_byte * RESERVE_SHARE)
-        refusal = self._refusal(rows, cells)
-        if refusal is not None:
-            self._refuse("before_parsing", refusal[1])
-        with self._holding(rows, cells):
+        with self._holding(rows, cells, refused_as="before_parsing"):
             yield
 
     @contextlib.contextmanager
-    def _holding(self, rows: int, cells: float) -> Iterator[None]:
+    def _holding(self, rows: int, cells: float, refused_as: str | None = None) -> Iterator[None]:
+        """Count `rows` and `cells` as admitted while the block runs, or 429 at once when they do not fit
+        (`refused_as`: the metric's reason label, else the refusal's own)."""
+        refusal = self._refusal(rows, cells)
+        if refusal is not None:
+            reason, why = refusal
+            self._refuse(refused_as or reason, why)
         self._admitted_rows += rows
         self._admitted_cells += cells
         self._admitted_gauge.set(self._admitted_rows)
@@ -260,7 +260,7 @@ class ModelBatcher:
 
     async def _submit(self, feeds: Feeds, rows: int, length: int) -> Feeds:
         future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
-        self._typical_length += COST_SMOOTHING * (length - self._typical_length)
+        self._typical_length = _smoothed(self._typical_length, length)
         now = time.perf_counter()
         arrival = request_arrival.get()
         item = _Item(feeds, rows, length, now, now if arrival is None else arrival, future, request_connected.get())

@@ -15,8 +15,8 @@ This protocol adds, per connection:
   MNEMO_WRITE_TIMEOUT_S aborts the connection, which frees the buffered response;
 - reads of at most READ_CHUNK_BYTES, and the rest of a body answered before it was read (an early 429 on a
   kept-alive connection) skipped as body, never counted as the next request's headers;
-- when the client goes before its answer, the callables the app listed in the request's scope under
-  ON_CLIENT_GONE are called at once (the request's work is cancelled, which drops its queued rows in the
+- when the client goes before its answer, the callables the app added to the list in the request's scope
+  under ON_CLIENT_GONE are called at once (the request's work is cancelled, which drops its queued rows in the
   same turn of the loop, before the batcher can start them);
 - the scope's RECEIVED_AT is when the request's first bytes were parsed, so that its deadline and logged
   duration include the time it waited for the app under load;
@@ -44,7 +44,7 @@ logger = logging.getLogger("mnemo.connections")
 # a connection holds about 128 KB, not 320 KB, and 1,024 connections sending large bodies at once hold
 # about 130 MB less (peak RSS under the overload mix, BENCHMARKS.md).
 READ_CHUNK_BYTES = 64 << 10
-ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: callables to call when the client disconnects early
+ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: the list of callables to call if the client leaves early
 TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux TCP states (tcpi_state, TCP_INFO's first byte): the peer sent FIN or RST
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
@@ -168,6 +168,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.scope[CLIENT_CONNECTED] = self._client_connected
+        self.scope[ON_CLIENT_GONE] = []
         self._awaiting_headers = False
         self._in_body = True
         self._header_bytes = 0

@@ -127,23 +127,28 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
     arrival = request_arrival.get()
     deadline = (time.perf_counter() if arrival is None else arrival) + timeout
     task = asyncio.ensure_future(work)
-    request.scope.setdefault(ON_CLIENT_GONE, []).append(task.cancel)  # called by the connection guard
-    gone = asyncio.ensure_future(_disconnected(request))
+    waiting: set[asyncio.Future] = {task}
+    on_client_gone = request.scope.get(ON_CLIENT_GONE)
+    if on_client_gone is not None:  # the connection guard cancels the work as the client goes
+        on_client_gone.append(task.cancel)
+    else:  # another server: its receive() reports the disconnect
+        waiting.add(asyncio.ensure_future(_disconnected(request)))
     try:
         done: set[asyncio.Future] = set()
         while not done and (remaining := _time_left(request, deadline, timeout)) > 0:
             done, _ = await asyncio.wait(
-                {task, gone}, timeout=min(remaining, DEADLINE_CHECK_S), return_when=asyncio.FIRST_COMPLETED
+                waiting, timeout=min(remaining, DEADLINE_CHECK_S), return_when=asyncio.FIRST_COMPLETED
             )
     finally:
-        gone.cancel()
+        for watcher in waiting - {task}:
+            watcher.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     if task in done and not task.cancelled():
         return task.result()
-    if done:  # `gone` returned, or the connection guard cancelled the work: the client left
+    if done:  # the disconnect watcher returned, or the connection guard cancelled the work: the client left
         metrics.cancelled.labels(model_name).inc()
         raise ClientGone("The client disconnected before the answer.")
     metrics.timed_out.labels(model_name).inc()
