@@ -34,6 +34,7 @@ from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations
 from app.transports.contract import document_contract
+from app.transports.direct_routes import DirectRoutes
 from app.transports.http import add_body_schemas
 from app.transports.probes import ProbeProcess
 
@@ -123,6 +124,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.drain = Drain()
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
+    # innermost: the task routes skip FastAPI's router (they are included at the root below)
+    app.add_middleware(DirectRoutes, fastapi=app, routers=[task.router for task in tasks.values()])
     app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)

@@ -137,6 +137,21 @@ def test_a_request_alone_runs_on_the_event_loop_once_its_model_is_known_to_be_fa
     assert runs.threads == ["onnx-run", "MainThread", "onnx-run", "onnx-run", "MainThread", "onnx-run"]
 
 
+def test_a_lone_request_on_an_idle_fast_model_runs_without_the_batching_loop(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        request_arrival.set(time.perf_counter())
+        await batcher.run(_feeds(1), 1, 1)  # on a worker thread: the model's run time is learned
+        batcher._loop_task.cancel()  # from now on, only rows that skip the queue can run
+        request_arrival.set(time.perf_counter())
+        return await asyncio.wait_for(batcher.run(_feeds(2), 1, 1), timeout=5)
+
+    outputs = _drive(scenario, run=runs, alone=lambda: True)
+    np.testing.assert_array_equal(outputs["y"], [[4.0, 4.0, 4.0]])
+    assert runs.threads == ["onnx-run", "MainThread"]
+
+
 def test_requests_arriving_during_a_run_share_the_next_one(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
@@ -398,13 +413,22 @@ def test_knowledge_trace_results_do_not_depend_on_the_batch(committed_registry):
 
     async def scenario():
         alone = [await kt_service.trace(model, q, r) for q, r in histories]
-        together = await asyncio.gather(*(kt_service.trace(model, q, r) for q, r in histories))
+        together = await kt_service.trace_all(model, [(q, r, None) for q, r in histories])
         return alone, together
 
+    def runs_and_rows() -> tuple[float, float]:
+        samples = committed_registry.metrics.batch_size.labels("dkvmn-assist2009").collect()[0].samples
+        values = {sample.name: sample.value for sample in samples}
+        return values["mnemo_batch_size_rows_count"], values["mnemo_batch_size_rows_sum"]
+
+    runs_before, rows_before = runs_and_rows()
     alone, together = _with_engine(committed_registry, scenario)
     for single, batched in zip(alone, together, strict=True):
         for field in ("predictions", "attention", "mastery", "memory"):
             np.testing.assert_allclose(getattr(single, field), getattr(batched, field), atol=1e-5, rtol=0)
+    runs_after, rows_after = runs_and_rows()
+    # 1 + 1 + 1 + 3 chunks, alone then together: together, the histories' k-th chunks share runs
+    assert rows_after - rows_before == 2 * 6 and runs_after - runs_before < 2 * 6
 
 
 # -- over HTTP, against real server processes --------------------------------------------------------

@@ -7,12 +7,20 @@ import pytest
 from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
 from app.tasks import TASKS
+from app.transports.direct_routes import direct_routes
 
 
 def test_both_tasks_are_registered_with_their_routes():
     assert set(TASKS) == {"similarity", "knowledge-trace"}
     paths = set(create_app(Settings(provider="cpu")).openapi()["paths"])
     assert {"/similarity", "/similarity/batch", "/knowledge-trace", "/health", "/ready", "/models", "/metrics"} <= paths
+
+
+def test_only_the_routes_that_read_their_own_request_are_dispatched_directly():
+    routes = direct_routes(task.router for task in TASKS.values())
+    paths = ("/similarity", "/similarity/batch", "/embeddings", "/similarity/from-embeddings", "/knowledge-trace")
+    # not GET /models/{name}/questions (query and path parameters), nor the /students routes (a path parameter)
+    assert set(routes) == {("POST", path) for path in paths}
 
 
 def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):

@@ -159,6 +159,8 @@ def test_a_method_the_path_does_not_take_is_405_listing_every_method_of_the_path
     assert set(response.headers["allow"].split(", ")) == {"DELETE", "GET"}  # two routes share the path
     health = httpx.request("PUT", f"{server.url}/health")
     assert health.status_code == 405 and set(health.headers["allow"].split(", ")) == {"GET", "HEAD"}
+    task = httpx.get(f"{server.url}/knowledge-trace")  # a route dispatched directly for POST only
+    assert task.status_code == 405 and task.headers["allow"] == "POST"
 
 
 def generate_client(schema: dict, directory: Path) -> None:

@@ -50,11 +50,13 @@ def test_docs_openapi_and_413_answers_are_labelled_by_route(server):
     httpx.get(f"{server.url}/openapi.json")
     httpx.get(f"{server.url}/docs")
     assert httpx.post(f"{server.url}/similarity", content=b"x" * 4096).status_code == 413
+    assert httpx.post(f"{server.url}/knowledge-trace", json={"interactions": []}).status_code == 422
     httpx.get(f"{server.url}/no-such-path")
     text = httpx.get(f"{server.url}/metrics").text
     assert 'mnemo_http_requests_total{method="GET",route="/openapi.json",status="200"}' in text
     assert 'mnemo_http_requests_total{method="GET",route="/docs",status="200"}' in text
     assert 'mnemo_http_requests_total{method="POST",route="/similarity",status="413"}' in text
+    assert 'mnemo_http_requests_total{method="POST",route="/knowledge-trace",status="422"}' in text  # direct route
     unmatched = [line for line in text.splitlines() if 'route="unmatched"' in line and "_total" in line]
     assert unmatched == ['mnemo_http_requests_total{method="GET",route="unmatched",status="404"} 1.0'], unmatched
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 
@@ -89,7 +89,8 @@ class BodySizeLimit:
         chunks, size, more = [], 0, True
         while more:
             try:
-                message = await asyncio.wait_for(receive(), self.stall_timeout_s)
+                async with asyncio.timeout(self.stall_timeout_s):  # no task per message, unlike wait_for
+                    message = await receive()
             except TimeoutError:
                 stalled = {"detail": f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."}
                 await send_json(send, 408, stalled, {"Connection": "close"})
@@ -187,7 +188,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"").decode("latin-1")
-        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else uuid.uuid4().hex
+        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else os.urandom(16).hex()
         started = scope.get(RECEIVED_AT) or time.perf_counter()
         request_arrival.set(started)
         request_connected.set(scope.get(CLIENT_CONNECTED))

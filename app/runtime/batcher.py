@@ -11,7 +11,9 @@
   Without it, a flood of large bodies is parsed in full only to be refused at admission, and the parsing
   takes the CPU from the admitted work: under 256 connections sending 3,000-interaction histories, about
   95% of the parses were wasted that way and almost every admitted request missed its deadline.
-- **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs.
+- **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs;
+  `run_all` queues several such items of one request at once (the pairs of a batch request, the k-th
+  chunks of several histories), so that they can share runs.
   When a run slot is free and this model has no run in flight, everything queued (up to `max_batch`
   rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
   `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
@@ -24,7 +26,8 @@
   small runs have taken at most `INLINE_MAX_RUN_S`; all the rows that request queued at once) runs on the
   event loop itself: no thread hand-off there and back, which on a busy machine costs more than the run.
   The loop is blocked for that one run; requests that arrive meanwhile wait in the socket buffers, then
-  make the server not alone.
+  make the server not alone. When nothing is queued or running, such rows do not even enter the queue: the
+  request's own task runs them at once, without waking the batching loop.
 - **Bounded cost.** An item of more than `max_batch` rows runs in parts; callers split long sequences
   into chunks (knowledge tracing: `seqlen`), so no request holds the model while others starve.
 - **Cancellation.** A caller that is cancelled (deadline, client gone) cancels its futures; queued
@@ -249,25 +252,48 @@ class ModelBatcher:
     # -- submission --------------------------------------------------------------------------------
     async def run(self, feeds: Feeds, rows: int, length: int) -> Feeds:
         """Outputs for `rows` rows of one sequence length, run in batches with other requests' rows."""
-        size = self.config.max_batch
-        if rows <= size:
-            return await self._submit(feeds, rows, length)
-        parts = []
-        for start in range(0, rows, size):
-            stop = min(start + size, rows)
-            parts.append(self._submit({name: value[start:stop] for name, value in feeds.items()}, stop - start, length))
-        return concatenate(await asyncio.gather(*parts))
+        (outputs,) = await self.run_all([(feeds, rows, length)])
+        return outputs
 
-    async def _submit(self, feeds: Feeds, rows: int, length: int) -> Feeds:
-        future: asyncio.Future[Feeds] = asyncio.get_running_loop().create_future()
+    async def run_all(self, requests: Sequence[tuple[Feeds, int, int]]) -> list[Feeds]:
+        """Outputs of several `(feeds, rows, length)` at once: queued together, so that they can share runs."""
+        parts = [self._parts(*request) for request in requests]
+        items = [item for request_parts in parts for item in request_parts]
+        if len(items) == 1 and not self._queue and not self._in_flight and self._may_run_inline(items, slots_held=0):
+            await self._slots.semaphore.acquire()  # every slot is free: no wait, no turn of the event loop
+            self._in_flight += 1
+            await self._run_batch(items, inline=True)
+        else:
+            self._queue.extend(items)
+            self._queue_depth.inc(sum(item.rows for item in items))
+            self._wakeup.set()
+        try:
+            outputs = [await item.future for item in items]
+        except BaseException:  # cancelled (deadline, client gone) or failed: the other rows are not wanted
+            for item in items:
+                item.future.cancel()
+            raise
+        done = iter(outputs)
+        return [concatenate([next(done) for _ in request_parts]) for request_parts in parts]
+
+    def _parts(self, feeds: Feeds, rows: int, length: int) -> list[_Item]:
+        """Queue items for `rows` rows: one, or parts of at most `max_batch` rows (so no run exceeds it)."""
         self._typical_length = _smoothed(self._typical_length, length)
-        now = time.perf_counter()
-        arrival = request_arrival.get()
-        item = _Item(feeds, rows, length, now, now if arrival is None else arrival, future, request_connected.get())
-        self._queue.append(item)
-        self._queue_depth.inc(rows)
-        self._wakeup.set()
-        return await future
+        now, arrival, connected = time.perf_counter(), request_arrival.get(), request_connected.get()
+        loop = asyncio.get_running_loop()
+        size = self.config.max_batch
+        return [
+            _Item(
+                {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds,
+                min(size, rows - start),
+                length,
+                now,
+                now if arrival is None else arrival,
+                loop.create_future(),
+                connected,
+            )
+            for start in range(0, rows, size)
+        ]
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -285,7 +311,7 @@ class ModelBatcher:
                 self._slots.semaphore.release()
                 continue
             self._in_flight += 1
-            if self._may_run_inline(batch):
+            if self._may_run_inline(batch, slots_held=1):
                 await self._run_batch(batch, inline=True)
                 continue
             task = asyncio.create_task(self._run_batch(batch))
@@ -345,14 +371,14 @@ class ModelBatcher:
         self._queue_depth.dec(rows)
         return [item for item in batch if not item.abandoned()]
 
-    def _may_run_inline(self, batch: list[_Item]) -> bool:
-        """See "Alone, inline" (called with this batch's run slot taken)."""
+    def _may_run_inline(self, batch: list[_Item], slots_held: int) -> bool:
+        """See "Alone, inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
         return (
             _padded_cells(batch) <= INLINE_MAX_CELLS
             and self._small_run_seconds is not None
             and self._small_run_seconds <= INLINE_MAX_RUN_S
             and time.perf_counter() - min(item.arrival for item in batch) < INLINE_WINDOW_S
-            and self._slots.free == self._slots.runs - 1  # no other run in progress, for any model
+            and self._slots.free == self._slots.runs - slots_held  # no other run in progress, for any model
             and self._alone()
         )
 
@@ -384,7 +410,8 @@ class ModelBatcher:
             self._slots.semaphore.release()
             self._in_flight -= 1
             self.runs_done += 1
-            self._wakeup.set()
+            if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
+                self._wakeup.set()
 
     def _learn_cost(self, batch: list[_Item], seconds: float) -> None:
         """Update the moving averages of one padded cell's run time and of its wall time while busy (from

@@ -121,38 +121,55 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
 
 
 async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:
-    """The work's result, unless the deadline passes first (504) or the client leaves (499)."""
+    """The work's result, unless the deadline passes first (504) or the client leaves (499).
+
+    The work runs as its own task, cancelled by a timer at the deadline (less the margin, taken again every
+    DEADLINE_CHECK_S) or by the connection guard when the client leaves; awaiting it directly costs no
+    extra turn of the event loop once it is done.
+    """
     metrics = request.app.state.metrics
     timeout = request.app.state.settings.request_timeout_s
     arrival = request_arrival.get()
     deadline = (time.perf_counter() if arrival is None else arrival) + timeout
     task = asyncio.ensure_future(work)
-    waiting: set[asyncio.Future] = {task}
+    watcher = None
     on_client_gone = request.scope.get(ON_CLIENT_GONE)
     if on_client_gone is not None:  # the connection guard cancels the work as the client goes
         on_client_gone.append(task.cancel)
     else:  # another server: its receive() reports the disconnect
-        waiting.add(asyncio.ensure_future(_disconnected(request)))
-    try:
-        done: set[asyncio.Future] = set()
-        while not done and (remaining := _time_left(request, deadline, timeout)) > 0:
-            done, _ = await asyncio.wait(
-                waiting, timeout=min(remaining, DEADLINE_CHECK_S), return_when=asyncio.FIRST_COMPLETED
-            )
-    finally:
-        for watcher in waiting - {task}:
-            watcher.cancel()
-        if not task.done():
+        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher.add_done_callback(lambda _: task.cancel())
+    loop = asyncio.get_running_loop()
+    expired = False
+    timer: asyncio.TimerHandle | None = None
+
+    def check_deadline() -> None:
+        nonlocal expired, timer
+        remaining = _time_left(request, deadline, timeout)
+        if remaining <= 0:
+            expired = True
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task in done and not task.cancelled():
-        return task.result()
-    if done:  # the disconnect watcher returned, or the connection guard cancelled the work: the client left
-        metrics.cancelled.labels(model_name).inc()
-        raise ClientGone("The client disconnected before the answer.")
-    metrics.timed_out.labels(model_name).inc()
-    raise DeadlineExceeded(f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later.")
+        else:
+            timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
+
+    check_deadline()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.done() and asyncio.current_task().cancelling() == 0:  # the work was cancelled, not this request
+            if expired:
+                metrics.timed_out.labels(model_name).inc()
+                raise DeadlineExceeded(
+                    f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later."
+                ) from None
+            metrics.cancelled.labels(model_name).inc()
+            raise ClientGone("The client disconnected before the answer.") from None
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
 
 
 def _time_left(request: Request, deadline: float, timeout: float) -> float:

@@ -19,6 +19,7 @@ histories of at most `seqlen` interactions both are the same.)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,22 +206,42 @@ async def trace(
     model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None = None
 ) -> Trace:
     """Run one history (oldest first) from `memory` (default: the model's initial state), chunk by chunk."""
+    (result,) = await trace_all(model, [(questions, correct, memory)])
+    return result
+
+
+History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
+
+
+async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
+    """`trace` of several `(questions, correct, memory)` histories: the k-th chunks of all the histories that
+    have one are submitted together, so that they share the model's runs."""
     state: KnowledgeTraceState = model.state
     family = state.family
-    memory = (state.init_memory if memory is None else memory)[np.newaxis].astype(np.float32)
-    predictions, attention, mastery = [], [], []
-    for start in range(0, len(questions), state.seqlen):
-        q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
-        r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
-        length = q.shape[1]
-        feeds = {"q": q, "r": r, "len": np.array([length], dtype=np.int64), family.state_input: memory}
-        outputs = await model.batcher.run(feeds, 1, length)
-        predictions.append(outputs["p"][0])
-        if family.has_concepts:
-            attention.append(outputs["corr_w"][0])
-            mastery.append(outputs["mastery"][0] if start == 0 else outputs["mastery"][0, 1:])  # row 0 repeats
-        memory = outputs[family.state_output]
-    return Trace(np.concatenate(predictions), _joined(attention), _joined(mastery), memory[0])
+    memories = [(state.init_memory if memory is None else memory)[np.newaxis] for *_, memory in histories]
+    memories = [memory.astype(np.float32) for memory in memories]
+    chunks: list[tuple[list, list, list]] = [([], [], []) for _ in histories]  # predictions, attention, mastery
+    for start in range(0, max(len(questions) for questions, *_ in histories), state.seqlen):
+        active = [index for index, (questions, *_) in enumerate(histories) if start < len(questions)]
+        requests = []
+        for index in active:
+            questions, correct, _ = histories[index]
+            q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+            r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+            length = q.shape[1]
+            feeds = {"q": q, "r": r, "len": np.array([length], dtype=np.int64), family.state_input: memories[index]}
+            requests.append((feeds, 1, length))
+        for index, outputs in zip(active, await model.batcher.run_all(requests), strict=True):
+            predictions, attention, mastery = chunks[index]
+            predictions.append(outputs["p"][0])
+            if family.has_concepts:
+                attention.append(outputs["corr_w"][0])
+                mastery.append(outputs["mastery"][0] if start == 0 else outputs["mastery"][0, 1:])  # row 0 repeats
+            memories[index] = outputs[family.state_output]
+    return [
+        Trace(np.concatenate(predictions), _joined(attention), _joined(mastery), memory[0])
+        for (predictions, attention, mastery), memory in zip(chunks, memories, strict=True)
+    ]
 
 
 def _joined(chunks: list[np.ndarray]) -> np.ndarray | None:

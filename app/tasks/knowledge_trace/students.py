@@ -66,8 +66,8 @@ def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.nda
     """Questions, answers and the questions to predict next, checked against the model."""
     count = len(body.interactions)
     service.check_length(model, count)
-    questions = np.fromiter((item.question for item in body.interactions), dtype=np.int64, count=count)
-    correct = np.fromiter((item.correct for item in body.interactions), dtype=np.int64, count=count)
+    questions = np.fromiter((item["question"] for item in body.interactions), dtype=np.int64, count=count)
+    correct = np.fromiter((item["correct"] for item in body.interactions), dtype=np.int64, count=count)
     service.check_questions(model, questions, ("body", "interactions"))
     wanted = np.array(body.next_questions or [], dtype=np.int64)
     service.check_questions(model, wanted, ("body", "next_questions"))

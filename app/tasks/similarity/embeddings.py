@@ -10,7 +10,6 @@ Two graphs of the same weights as the model's pair graph (manifest `graphs`, bui
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import numpy as np
@@ -53,9 +52,7 @@ async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> lis
         {"emb": sentence.vectors[np.newaxis], "len": np.array([len(sentence.tokens)], dtype=np.int64)}
         for sentence in sentences
     ]
-    outputs = await asyncio.gather(
-        *(batcher.run(feed, 1, len(s.tokens)) for feed, s in zip(feeds, sentences, strict=True))
-    )
+    outputs = await batcher.run_all([(feed, 1, len(s.tokens)) for feed, s in zip(feeds, sentences, strict=True)])
     return [output["embedding"][0] for output in outputs]
 
 

@@ -8,7 +8,7 @@ Each pair is one batch row of length max(len_a, len_b); the batcher pads rows to
 
 from __future__ import annotations
 
-import asyncio
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,23 +166,25 @@ def pair_feeds(pair: EncodedPair) -> Feeds:
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
     """Each pair's graph outputs; the pairs join the model's batches (with other requests' pairs)."""
-    return await asyncio.gather(*(model.batcher.run(pair_feeds(pair), 1, pair.length) for pair in pairs))
+    return await model.batcher.run_all([(pair_feeds(pair), 1, pair.length) for pair in pairs])
 
 
 def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
     """Relatedness, similarity and entailment of the first pair in the outputs of the pair or head graph."""
     state: SimilarityState = model.state
-    logits = outputs["entailment_logits"][0].astype(np.float64)
-    probabilities = np.exp(logits - logits.max())
-    probabilities /= probabilities.sum()
+    logits = outputs["entailment_logits"][0].tolist()  # three numbers: Python floats beat numpy's call overhead
+    largest = max(logits)
+    exponentials = [math.exp(logit - largest) for logit in logits]
+    total = sum(exponentials)
+    probabilities = [value / total for value in exponentials]
     relatedness = float(outputs["relatedness"][0])
     return {
         "model": model.name,
         "relatedness": relatedness,
         "similarity": (relatedness - 1) / 4,
         "entailment": {
-            "label": state.labels[int(np.argmax(probabilities))],
-            "probabilities": dict(zip(state.labels, probabilities.tolist(), strict=True)),
+            "label": state.labels[probabilities.index(max(probabilities))],
+            "probabilities": dict(zip(state.labels, probabilities, strict=True)),
         },
     }
 

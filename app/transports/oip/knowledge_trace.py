@@ -14,7 +14,6 @@ the limit of one POST /knowledge-trace.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass, replace
 
@@ -95,17 +94,17 @@ def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what
 
 
 async def infer(model: ServedModel, histories: Histories) -> Feeds:
-    """Every row's trace (rows run concurrently, so they share the model's batches), zero-padded to T."""
-    traces = await asyncio.gather(
-        *(
-            service.trace(
-                model,
+    """Every row's trace (the rows' chunks are submitted together, so they share runs), zero-padded to T."""
+    traces = await service.trace_all(
+        model,
+        [
+            (
                 histories.questions[row, :length],
                 histories.answers[row, :length],
                 None if histories.memory is None else histories.memory[row],
             )
             for row, length in enumerate(histories.lengths.tolist())
-        )
+        ],
     )
     batch, steps = histories.questions.shape
     family: service.Family = model.state.family
