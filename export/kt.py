@@ -262,7 +262,7 @@ def _cv_lines(result: dict) -> list[str]:
     )
     return [
         f"Cross-validation on the training split (`python -m models.cv_kt`, {result['cv']['wall_seconds'] / 60:.1f} "
-        f"min for the five folds at 1 CPU thread), best validation AUC per fold: {folds}.",
+        f"min for the {len(result['cv']['folds'])} folds at 1 CPU thread), best validation AUC per fold: {folds}.",
         "",
     ]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -23,11 +24,35 @@ from models.training import command_line, write_json
 
 
 def fold_result(out: Path, fold: int, train_args: list[str]) -> dict:
-    """The finished result of one fold, training (or resuming) it first if needed."""
+    """The finished result of one fold, training (or resuming) it first if needed; a fold finished with other
+    arguments of `models.train_kt` is an error, never another recipe's number read back."""
     run = out / f"fold{fold}"
     if (run / "result.json").exists():
-        return json.loads((run / "result.json").read_text())
+        result = json.loads((run / "result.json").read_text())
+        trained_with = recipe_of(result["command"])
+        if trained_with != train_args:
+            raise SystemExit(
+                f"{run} was trained with `{shlex.join(trained_with)}`, not `{shlex.join(train_args)}`: "
+                "give this recipe its own --out directory"
+            )
+        return result
     return train_kt.main([*train_args, "--fold", str(fold), "--out", str(run), "--resume"])
+
+
+def recipe_of(command: str) -> list[str]:
+    """The `models.train_kt` arguments of a fold's recorded command (a refitted fold records the cv_kt command:
+    those after its `--`), without the ones cv_kt adds per fold."""
+    tokens, recipe = shlex.split(command), []
+    module, tokens = tokens[2], tokens[3:]  # `python -m <module> ...`
+    if module == "models.cv_kt":
+        tokens = tokens[tokens.index("--") + 1 :]
+    while tokens:
+        token = tokens.pop(0)
+        if token in ("--fold", "--out"):
+            tokens.pop(0)
+        elif token != "--resume":
+            recipe.append(token)
+    return recipe
 
 
 def summarise(results: list[dict]) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from models import cv_kt
 from models.kt_data import Student, cv_split
 from tests.synthetic_data import write_kt_students, write_synthetic_kt
@@ -33,3 +35,15 @@ def test_cross_validation_refits_the_median_fold_once(tmp_path):
     assert len(second["cv"]["folds"]) == 5 and second["command"].startswith("python -m models.cv_kt --out")
     assert second["best_epoch"] == second["cv"]["best_epoch_median"]
     assert Path(second["data_files"]["full"]["file"]).name == "naive_c5_q50_s4000_v0_train.csv"
+
+
+def test_a_fold_finished_with_another_recipe_is_refused_not_read_back(tmp_path):
+    data = write_synthetic_kt(tmp_path / "kt")
+    write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)
+    recipe = ["--dataset", "synthetic-v0", "--data-dir", str(data), "--no-progress"]
+    cv_kt.main(["--out", str(tmp_path / "run"), "--", *recipe, "--epochs", "1"])
+    with pytest.raises(SystemExit, match="give this recipe its own --out directory"):
+        cv_kt.main(["--out", str(tmp_path / "run"), "--", *recipe, "--epochs", "2"])
+    fold = "python -m models.train_kt --dataset x --fold 3 --out /r/fold3 --resume --epochs 2"
+    refitted = "python -m models.cv_kt --out /r --refit -- --dataset x --epochs 2"
+    assert cv_kt.recipe_of(fold) == cv_kt.recipe_of(refitted) == ["--dataset", "x", "--epochs", "2"]
