@@ -177,3 +177,49 @@ def test_a_departed_peer_is_seen_in_the_kernel_before_the_socket_is_read(how):
                 time.sleep(0.01)
             assert peer_gone(accepted)
         client.close()
+
+
+TCPI_DATA_SEGS_IN = 152  # struct tcp_info (linux/tcp.h): the u32 count of segments received that carried data
+
+
+def data_segments_received(sock: socket.socket) -> int:
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return struct.unpack_from("I", info, TCPI_DATA_SEGS_IN)[0]
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_INFO"), reason="TCP_INFO is Linux's")
+def test_a_small_answer_arrives_as_one_segment_head_and_body_together(server):
+    pair = json.dumps({"sentence_a": "A man plays.", "sentence_b": "A man plays music.", "return_attention": False})
+    requests = [
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        f"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(pair)}\r\n"
+        f"\r\n{pair}".encode(),
+        b"GET /models/nothing-here HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    with connect(server) as sock:
+        for request in requests:
+            before = data_segments_received(sock)
+            sock.sendall(request)
+            answer = read_response(sock)
+            assert answer.split(b"\r\n\r\n", 1)[1], answer  # a body came
+            assert data_segments_received(sock) - before == 1, answer[:200]
+
+
+def test_head_and_expect_100_continue_are_answered_on_a_kept_alive_connection(server):
+    """A HEAD answer has no body write (its head is written when the response completes); an interim
+    100 Continue goes out at once, before the client sends the body, not held back with the final head."""
+    pair = json.dumps({"sentence_a": "A man plays.", "sentence_b": "A man plays music.", "return_attention": False})
+    with connect(server) as sock:
+        sock.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(65536)
+        assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n"), head
+        sock.sendall(
+            f"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(pair)}\r\n"
+            "Expect: 100-continue\r\n\r\n".encode()
+        )
+        assert sock.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(pair.encode())
+        answer = read_response(sock)
+        assert status_of(answer) == 200 and b'"relatedness"' in answer, answer[:300]

@@ -27,7 +27,7 @@ from app.frame.middleware import request_arrival, request_body_bytes, request_co
 from app.frame.registry import ModelRegistry
 from app.frame.settings import Settings
 from app.runtime import batcher as batcher_module
-from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, ModelBatcher, RunSlots
+from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, Chain, ModelBatcher, RunSlots
 from app.runtime.engine import Engine
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import service as kt_service
@@ -365,6 +365,68 @@ def test_an_item_larger_than_max_batch_runs_in_parts(tmp_path):
     assert sorted(runs.batches) == [2, 4, 4]
 
 
+def _chain(value: float, chunks: int, spin: int = 1) -> Chain:
+    """A toy chain: each chunk's x is the y (2x) of the chunk before it."""
+    return Chain([(_feeds(value, spin), 1)] + [(_feeds(0, spin), 1)] * (chunks - 1), "x", "y")
+
+
+def test_a_chain_runs_its_chunks_in_order_on_a_run_slot_carrying_the_state(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        return await asyncio.gather(batcher.run_chain(_chain(1, 4)), batcher.run(_feeds(7), 1, 1))
+
+    chain_outputs, alone = _drive(scenario, run=runs, max_batch=8, max_wait_s=0)
+    assert [float(outputs["y"][0, 0]) for outputs in chain_outputs] == [2, 4, 8, 16]
+    assert float(alone["y"][0, 0]) == 14
+    assert runs.batches == [1] * 5  # never batched with the other request's row
+    assert set(runs.threads) == {"onnx-run"}  # the chunks ran on the run slot, not on the event loop
+
+
+@pytest.mark.parametrize("slice_s", [0.0, 60.0])
+def test_a_chain_gives_its_slot_back_after_its_slice_to_an_earlier_request(tmp_path, monkeypatch, slice_s):
+    monkeypatch.setattr(batcher_module, "CHAIN_SLICE_S", slice_s)
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+    order = []
+
+    def run_and_record(feeds):
+        order.append("chain" if feeds["k"][0] > 1 else "earlier")
+        return runs(feeds)
+
+    async def scenario(batcher):
+        now = time.perf_counter()
+        request_arrival.set(now)
+        chain = asyncio.ensure_future(batcher.run_chain(_chain(1, 3, spin=100)))
+        while not order:  # the chain's first chunk is running: a request that arrived before it is queued
+            await asyncio.sleep(0.001)
+        request_arrival.set(now - 1)
+        await asyncio.gather(chain, batcher.run(_feeds(1), 1, 1))
+
+    _drive(scenario, run=run_and_record, max_batch=8, max_wait_s=0)
+    if slice_s:
+        assert order == ["chain", "chain", "chain", "earlier"]
+    else:
+        assert order == ["chain", "earlier", "chain", "chain"]
+
+
+def test_a_chain_stops_between_chunks_once_its_client_has_gone(tmp_path):
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+    connected = threading.Event()
+    connected.set()
+
+    def run_then_leave(feeds):
+        connected.clear()  # the client leaves while the first chunk runs
+        return runs(feeds)
+
+    async def scenario(batcher):
+        request_connected.set(connected.is_set)
+        with pytest.raises(asyncio.CancelledError):
+            await batcher.run_chain(_chain(1, 5, spin=50))
+
+    _drive(scenario, run=run_then_leave, max_batch=8, max_wait_s=0)
+    assert runs.batches == [1]
+
+
 # -- batch composition never changes a result (the committed models) ---------------------------------
 @pytest.fixture(scope="module")
 def committed_registry() -> ModelRegistry:
@@ -427,7 +489,8 @@ def test_knowledge_trace_results_do_not_depend_on_the_batch(committed_registry):
         for field in ("predictions", "attention", "mastery", "memory"):
             np.testing.assert_allclose(getattr(single, field), getattr(batched, field), atol=1e-5, rtol=0)
     runs_after, rows_after = runs_and_rows()
-    # 1 + 1 + 1 + 3 chunks, alone then together: together, the histories' k-th chunks share runs
+    # alone: 3 one-chunk runs and a chain of 3 chunks (one row per run); together, the 3 one-chunk histories
+    # share one run: 6 rows either way, in fewer runs together
     assert rows_after - rows_before == 2 * 6 and runs_after - runs_before < 2 * 6
 
 

@@ -22,7 +22,9 @@ This protocol adds, per connection:
   duration include the time it waited for the app under load;
 - the scope's CLIENT_CONNECTED callable asks the kernel whether the client has closed or reset its side
   (TCP_INFO), so that the batcher skips a departed client's rows even while an overloaded event loop has
-  not yet read the close.
+  not yet read the close;
+- a response's head goes out with its first body part (`HeadWithBody`): one send() and one TCP segment for
+  a small answer instead of two, so the client is woken once.
 
 A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
 """
@@ -35,7 +37,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app.frame.middleware import CLIENT_CONNECTED, RECEIVED_AT
 
@@ -46,6 +48,7 @@ logger = logging.getLogger("mnemo.connections")
 READ_CHUNK_BYTES = 64 << 10
 ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: the list of callables to call if the client leaves early
 TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux TCP states (tcpi_state, TCP_INFO's first byte): the peer sent FIN or RST
+COALESCE_MAX_BYTES = 64 << 10  # a larger body part is written after the head rather than copied behind it
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 
 
@@ -55,6 +58,54 @@ class ConnectionLimits:
     header_timeout_s: float
     max_header_bytes: int
     write_timeout_s: float
+
+
+class HeadWithBody:
+    """The transport of one request as uvicorn's request cycle sees it: the response head (the cycle's first
+    write that is not an interim 1xx) is held and written together with the first body part.
+
+    `flush()` writes a head still held: when the response completes without a body write (a response to
+    HEAD) and before a close. Everything but `write` and `close` is the connection's transport itself.
+    """
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head: bytes | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self._head_seen and not data.startswith(b"HTTP/1.1 1"):
+            self._head, self._head_seen = data, True
+            return
+        if self._head is not None and len(data) <= COALESCE_MAX_BYTES:
+            data, self._head = self._head + data, None
+        self.flush()
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+def _write_head_with_body(cycle: RequestResponseCycle) -> None:
+    """Give the request cycle a `HeadWithBody` transport, flushed when its response completes (a response to
+    HEAD writes no body)."""
+    transport = HeadWithBody(cycle.transport)
+    respond = cycle.on_response
+
+    def on_response() -> None:
+        transport.flush()
+        respond()
+
+    cycle.transport, cycle.on_response = transport, on_response
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
@@ -176,6 +227,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_timer.cancel()
             self._header_timer = None
         super().on_headers_complete()
+        _write_head_with_body(self.cycle)
 
     def on_response_complete(self) -> None:
         # Next come the headers of a new request (uvicorn's keep-alive timer covers the wait), unless a

@@ -11,13 +11,15 @@ Two model families (the manifest's `metadata.family`, default `dkvmn`):
 The state (value memory or LSTM state) is the model's only recurrent state, so a history can be cut
 anywhere and resumed from the state output with the same results. A history is run in consecutive
 chunks of at most `seqlen` interactions, each one batch row starting from the state the previous chunk
-ended with; the chunks of one request run one after another, so a long history never holds the model
-while others wait. (The published evaluation instead restarts every chunk from the initial state; for
-histories of at most `seqlen` interactions both are the same.)
+ended with. A history of one chunk shares the model's runs with other requests; a longer one runs as a
+chain on a run slot, chunk after chunk, giving the slot back every `CHAIN_SLICE_S` (app/runtime/batcher.py),
+so a long history never holds the model while others wait. (The published evaluation instead restarts
+every chunk from the initial state; for histories of at most `seqlen` interactions both are the same.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ import numpy as np
 from app.frame.errors import InvalidInput
 from app.frame.manifest import positive_int
 from app.frame.registry import ServedModel
+from app.runtime.batcher import Chain
+from app.runtime.collate import Feeds
 
 # Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
 # can be labelled by its top skills. Statics names are problem steps, not readable labels.
@@ -214,39 +218,44 @@ History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct
 
 
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
-    """`trace` of several `(questions, correct, memory)` histories: the k-th chunks of all the histories that
-    have one are submitted together, so that they share the model's runs."""
+    """`trace` of several `(questions, correct, memory)` histories. Those of one chunk share the model's runs;
+    each longer one runs as a chain (`ModelBatcher.run_chain`): its chunks one after another on a run slot."""
+    chunked = [_chunks(model, *history) for history in histories]
+    family = model.state.family
+    one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) == 1])
+    chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
+    short, *long = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains))
+    short, long = iter(short), iter(long)
+    return [_trace(family, [next(short)] if len(chunks) == 1 else next(long)) for chunks in chunked]
+
+
+def _chunks(
+    model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None
+) -> list[tuple[Feeds, int]]:
+    """One history's graph feeds, chunk by chunk (one row of at most `seqlen` steps each), with its length; the
+    first chunk starts from `memory` (default: the initial state), the others from the state before them."""
     state: KnowledgeTraceState = model.state
-    family = state.family
-    memories = [(state.init_memory if memory is None else memory)[np.newaxis] for *_, memory in histories]
-    memories = [memory.astype(np.float32) for memory in memories]
-    chunks: list[tuple[list, list, list]] = [([], [], []) for _ in histories]  # predictions, attention, mastery
-    for start in range(0, max(len(questions) for questions, *_ in histories), state.seqlen):
-        active = [index for index, (questions, *_) in enumerate(histories) if start < len(questions)]
-        requests = []
-        for index in active:
-            questions, correct, _ = histories[index]
-            q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
-            r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
-            length = q.shape[1]
-            feeds = {"q": q, "r": r, "len": np.array([length], dtype=np.int64), family.state_input: memories[index]}
-            requests.append((feeds, 1, length))
-        for index, outputs in zip(active, await model.batcher.run_all(requests), strict=True):
-            predictions, attention, mastery = chunks[index]
-            predictions.append(outputs["p"][0])
-            if family.has_concepts:
-                attention.append(outputs["corr_w"][0])
-                mastery.append(outputs["mastery"][0] if start == 0 else outputs["mastery"][0, 1:])  # row 0 repeats
-            memories[index] = outputs[family.state_output]
-    return [
-        Trace(np.concatenate(predictions), _joined(attention), _joined(mastery), memory[0])
-        for (predictions, attention, mastery), memory in zip(chunks, memories, strict=True)
-    ]
+    initial = (state.init_memory if memory is None else memory)[np.newaxis].astype(np.float32)
+    chunks = []
+    for start in range(0, len(questions), state.seqlen):
+        q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+        r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+        feeds = {"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}
+        if start == 0:
+            feeds[state.family.state_input] = initial
+        chunks.append((feeds, q.shape[1]))
+    return chunks
 
 
-def _joined(chunks: list[np.ndarray]) -> np.ndarray | None:
-    """The chunks of one output joined along time; None when the family does not give that output."""
-    return np.concatenate(chunks) if chunks else None
+def _trace(family: Family, chunks: list[Feeds]) -> Trace:
+    """One history's Trace from the outputs of its chunks, in order (a batch row of one each)."""
+    predictions = np.concatenate([outputs["p"][0] for outputs in chunks])
+    memory = chunks[-1][family.state_output][0]
+    if not family.has_concepts:
+        return Trace(predictions, None, None, memory)
+    attention = np.concatenate([outputs["corr_w"][0] for outputs in chunks])
+    mastery = np.concatenate([chunks[0]["mastery"][0], *(outputs["mastery"][0, 1:] for outputs in chunks[1:])])
+    return Trace(predictions, attention, mastery, memory)
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
