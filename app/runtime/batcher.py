@@ -29,7 +29,7 @@
   make the server not alone. When nothing is queued or running, such rows do not even enter the queue: the
   request's own task runs them at once, without waking the batching loop.
 - **Chains.** `run_chain` runs a sequence cut into chunks, each chunk starting from the state the one
-  before it ended with (knowledge tracing: a history longer than `seqlen`). Its chunks run one after another
+  before it ended with (knowledge tracing: a DKVMN history longer than `seqlen`). Its chunks run one after another
   on the run slot's thread, never batched with other items and without a turn of the event loop between
   them: under a flood the loop is busy refusing requests, and chunks that waited for it missed their
   deadline (256 connections sending 3,000-interaction histories for 15 s: 10 of 35 admitted requests

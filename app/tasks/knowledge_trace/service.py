@@ -11,9 +11,12 @@ Two model families (the manifest's `metadata.family`, default `dkvmn`):
 The state (value memory or LSTM state) is the model's only recurrent state, so a history can be cut
 anywhere and resumed from the state output with the same results. A history is run in consecutive
 chunks of at most `seqlen` interactions, each one batch row starting from the state the previous chunk
-ended with. A history of one chunk shares the model's runs with other requests; a longer one runs as a
-chain on a run slot, chunk after chunk, giving the slot back every `CHAIN_SLICE_S` (app/runtime/batcher.py),
-so a long history never holds the model while others wait. (The published evaluation instead restarts
+ended with. Where a model's chunks share runs well (DKT: `max_cells` of several chunks), the k-th chunks of
+all histories queue as rows together and share runs with other requests' rows. Where they do not (DKVMN:
+`max_cells` of one chunk, since a DKVMN run costs as much per history at batch 32 as at batch 1), a history
+of one chunk still shares runs, and a longer one runs as a chain on a run slot, chunk after chunk, giving the
+slot back every `CHAIN_SLICE_S` (app/runtime/batcher.py). Either way a long history never holds the model
+while others wait. (The published evaluation instead restarts
 every chunk from the initial state; for histories of at most `seqlen` interactions both are the same.)
 """
 
@@ -218,15 +221,47 @@ History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct
 
 
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
-    """`trace` of several `(questions, correct, memory)` histories. Those of one chunk share the model's runs;
-    each longer one runs as a chain (`ModelBatcher.run_chain`): its chunks one after another on a run slot."""
+    """`trace` of several `(questions, correct, memory)` histories (see the module docstring for how the
+    chunks of long ones run)."""
     chunked = [_chunks(model, *history) for history in histories]
+    family = model.state.family
+    run = _interleaved if chunks_share_runs(model) else _chained
+    return [_trace(family, outputs) for outputs in await run(model, chunked)]
+
+
+def chunks_share_runs(model: ServedModel) -> bool:
+    """True when the model's batching lets two chunks share a run (`max_cells` of at least two chunks): then
+    the chunks of long histories queue as rows, else each long history runs as a chain."""
+    max_cells = model.batcher.config.max_cells
+    return max_cells is None or max_cells >= 2 * model.state.seqlen
+
+
+async def _chained(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
+    """The outputs of each history's chunks: those of one chunk share runs; each longer one is a chain."""
     family = model.state.family
     one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) == 1])
     chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
     short, *long = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains))
     short, long = iter(short), iter(long)
-    return [_trace(family, [next(short)] if len(chunks) == 1 else next(long)) for chunks in chunked]
+    return [[next(short)] if len(chunks) == 1 else next(long) for chunks in chunked]
+
+
+async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
+    """The outputs of each history's chunks: the k-th chunks of all histories are queued together, as rows
+    that share runs, each starting from the state its history's chunk k-1 ended with."""
+    family = model.state.family
+    outputs: list[list[Feeds]] = [[] for _ in chunked]
+    for k in range(max(map(len, chunked))):
+        active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
+        requests = []
+        for index in active:
+            feeds, length = chunked[index][k]
+            if k:
+                feeds = {**feeds, family.state_input: outputs[index][-1][family.state_output]}
+            requests.append((feeds, 1, length))
+        for index, result in zip(active, await model.batcher.run_all(requests), strict=True):
+            outputs[index].append(result)
+    return outputs
 
 
 def _chunks(
