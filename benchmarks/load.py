@@ -1,9 +1,9 @@
 """`make loadtest`: the service under concurrent load on loopback, next to bare ONNX Runtime on the same inputs.
 
 One run, in this order: start `python -m app` on the committed models (cold start to /ready: the median of
-three starts; RSS); bare ONNX Runtime at batch 1 and 32 on the inputs of each scenario (server idle, same session
-options); wrk against /similarity, /similarity/batch and /knowledge-trace at concurrency 1, 8, 32 and
-256; the overload mix (3,000-interaction histories; 256 pairs of 64 tokens with attention) at 256 and
+three starts; RSS); per scenario, wrk at concurrency 1 taking turns with bare ONNX Runtime at batch 1 on the
+same inputs (same session options), bare ONNX Runtime at batch 32, then wrk against /similarity,
+/similarity/batch and /knowledge-trace at concurrency 8, 32 and 256; the overload mix (3,000-interaction histories; 256 pairs of 64 tokens with attention) at 256 and
 1,024 connections with /health probed alongside; SIGTERM with 32 requests in flight. The results
 replace the load section of BENCHMARKS.md. Every loop is bounded in time; traffic goes to 127.0.0.1.
 """
@@ -44,6 +44,7 @@ LUA = Path(__file__).resolve().parent / "wrk" / "post.lua"
 CONCURRENCY = (1, 8, 32, 256)
 OVERLOAD_CONNECTIONS = (256, 1024)
 COLD_STARTS = 3  # process start to /ready, one after the other: the median is reported
+C1_ROUNDS = 3  # concurrency 1 alternates wrk and bare ONNX Runtime, so a drift of the shared machine hits both
 PAIR = ("A man is playing a guitar on the stage tonight.", "A person plays an instrument for the crowd.")
 WORDS = tuple(
     [
@@ -203,6 +204,13 @@ def median_ms(call: Callable[[], object], repeats: int) -> float:
     return float(np.median(samples) * 1000)
 
 
+def bare_ms(call: Callable[[], object], seconds: float = 1.0) -> float:
+    """`median_ms` over as many runs (10 to 100) as fit in about `seconds`."""
+    started = time.perf_counter()
+    call()
+    return median_ms(call, int(np.clip(seconds / max(time.perf_counter() - started, 1e-6), 10, 100)))
+
+
 # -- the server, wrk, and what runs beside it ---------------------------------------------------------
 def rss_mb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
@@ -333,16 +341,22 @@ def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[
     ]
     targets = []
     for scenario in scenarios():
-        single_ms = median_ms(scenario.bare_single, 100)
+        rss = Sampler(lambda: rss_mb(pid))
+        rss.start()
+        alone, single_ms = concurrency_one(url, scenario, seconds)
+        alone_peak = max(rss.stop())
         batch_items_s = 32 * scenario.items / (median_ms(scenario.bare_batch32, 20) / 1000)
         if scenario.items == 32:  # the request is itself a batch of 32: its bare work is one batch-32 run
             batch_items_s = 32 / (single_ms / 1000)
         bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {batch_items_s:.0f} |")
         for concurrency in CONCURRENCY:
-            rss = Sampler(lambda: rss_mb(pid))
-            rss.start()
-            result = wrk(f"{url}{scenario.path}", scenario.body, concurrency, seconds, 30)
-            peak = max(rss.stop())
+            if concurrency == 1:
+                result, peak = alone, alone_peak
+            else:
+                rss = Sampler(lambda: rss_mb(pid))
+                rss.start()
+                result = wrk(f"{url}{scenario.path}", scenario.body, concurrency, seconds, 30)
+                peak = max(rss.stop())
             items_s = result.ok_per_s * scenario.items
             if concurrency == 1:
                 versus = f"p50 {result.p50_ms / single_ms:.2f}x bare batch 1"
@@ -357,6 +371,29 @@ def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[
             )
             print(rows[-1], flush=True)
     return [*bare_rows, "", *rows], targets
+
+
+def concurrency_one(url: str, scenario: Scenario, seconds: int) -> tuple[WrkResult, float]:
+    """wrk at concurrency 1 and bare ONNX Runtime at batch 1, alternated C1_ROUNDS times: the rounds' wrk
+    results (answers and rate summed, p50 and p99 the rounds' medians, max the largest) and the median of the
+    bare medians."""
+    bare, rounds = [], []
+    for _ in range(C1_ROUNDS):
+        bare.append(bare_ms(scenario.bare_single))
+        rounds.append(wrk(f"{url}{scenario.path}", scenario.body, 1, max(1, round(seconds / C1_ROUNDS)), 30))
+    merged = WrkResult(
+        p50_ms=float(np.median([result.p50_ms for result in rounds])),
+        p99_ms=float(np.median([result.p99_ms for result in rounds])),
+        max_ms=max(result.max_ms for result in rounds),
+        requests=sum(result.requests for result in rounds),
+        seconds=sum(result.seconds for result in rounds),
+    )
+    for result in rounds:
+        for status, count in result.statuses.items():
+            merged.statuses[status] = merged.statuses.get(status, 0) + count
+        for kind, count in result.errors.items():
+            merged.errors[kind] = merged.errors.get(kind, 0) + count
+    return merged, float(np.median(bare))
 
 
 def overload_table(url: str, probe_url: str, pid: int, seconds: int, timeout_s: float) -> list[str]:
@@ -464,7 +501,9 @@ def main() -> None:
             f"MNEMO_MAX_WAIT_MS={settings.max_wait_ms:g}, MNEMO_MAX_QUEUE={settings.max_queue}, "
             f"MNEMO_REQUEST_TIMEOUT_S={settings.request_timeout_s:g}) and its access log on; wrk on the same "
             f"cores, {args.seconds} s per cell. Bare ONNX Runtime: the same inputs and session options, the "
-            "server idle. Items are pairs (similarity) or histories (knowledge tracing).",
+            f"server idle; at concurrency 1, wrk and bare batch 1 take turns in {C1_ROUNDS} rounds (the p50s and "
+            "the bare times are the rounds' medians), so that a drift of the shared machine affects both. Items "
+            "are pairs (similarity) or histories (knowledge tracing).",
             "",
             f"- Cold start, process start to `/ready` 200: median {cold_start:.2f} s of {COLD_STARTS} starts "
             f"({', '.join(f'{seconds:.2f}' for seconds in cold_starts)} s); RSS then {idle_rss:.0f} MB.",
