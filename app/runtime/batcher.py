@@ -319,8 +319,7 @@ class ModelBatcher:
 
     async def run_chain(self, chain: Chain) -> list[Feeds]:
         """The outputs of each chunk of `chain` (one row each), run as described under "Chains"."""
-        (item,) = self._parts({}, 1, chain.cells)
-        item.chain = chain
+        item = self._item({}, 1, chain.cells, chain)
         self._queue.append(item)
         self._queue_depth.inc()
         self._wakeup.set()
@@ -333,21 +332,22 @@ class ModelBatcher:
     def _parts(self, feeds: Feeds, rows: int, length: int) -> list[_Item]:
         """Queue items for `rows` rows: one, or parts of at most `max_batch` rows (so no run exceeds it)."""
         self._typical_length = _smoothed(self._typical_length, length)
-        now, arrival, connected = time.perf_counter(), request_arrival.get(), request_connected.get()
-        loop = asyncio.get_running_loop()
         size = self.config.max_batch
         return [
-            _Item(
+            self._item(
                 {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds,
                 min(size, rows - start),
                 length,
-                now,
-                now if arrival is None else arrival,
-                loop.create_future(),
-                connected,
             )
             for start in range(0, rows, size)
         ]
+
+    def _item(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None) -> _Item:
+        """A queue item of the current request (its arrival and its client's connection)."""
+        now, arrival = time.perf_counter(), request_arrival.get()
+        future = asyncio.get_running_loop().create_future()
+        arrived = now if arrival is None else arrival
+        return _Item(feeds, rows, length, now, arrived, future, request_connected.get(), chain)
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
