@@ -3,9 +3,10 @@
 One run, in this order: start `python -m app` on the committed models (cold start to /ready: the median of
 three starts; RSS); per scenario, wrk at concurrency 1 taking turns with bare ONNX Runtime at batch 1 on the
 same inputs (same session options), bare ONNX Runtime at batch 32, then wrk against /similarity,
-/similarity/batch and /knowledge-trace at concurrency 8, 32 and 256; the overload mix (3,000-interaction histories; 256 pairs of 64 tokens with attention) at 256 and
-1,024 connections with /health probed alongside; SIGTERM with 32 requests in flight. The results
-replace the load section of BENCHMARKS.md. Every loop is bounded in time; traffic goes to 127.0.0.1.
+/similarity/batch and /knowledge-trace at concurrency 8, 32 and 256; the overload mix (3,000-interaction
+histories; 256 pairs of 64 tokens with attention) at 256 and 1,024 connections with /health probed
+alongside; SIGTERM with 32 requests in flight. The results replace the load section of BENCHMARKS.md.
+Every loop is bounded in time; traffic goes to 127.0.0.1.
 """
 
 from __future__ import annotations
