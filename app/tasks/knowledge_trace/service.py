@@ -16,8 +16,8 @@ all histories queue as rows together and share runs with other requests' rows. W
 `max_cells` of one chunk, since a DKVMN run costs as much per history at batch 32 as at batch 1), a history
 of one chunk still shares runs, and a longer one runs as a chain on a run slot, chunk after chunk, giving the
 slot back every `CHAIN_SLICE_S` (app/runtime/batcher.py). Either way a long history never holds the model
-while others wait. (The published evaluation instead restarts
-every chunk from the initial state; for histories of at most `seqlen` interactions both are the same.)
+while others wait. (The published evaluation instead restarts every chunk from the initial state; for
+histories of at most `seqlen` interactions both are the same.)
 """
 
 from __future__ import annotations
@@ -239,11 +239,11 @@ def chunks_share_runs(model: ServedModel) -> bool:
 async def _chained(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
     """The outputs of each history's chunks: those of one chunk share runs; each longer one is a chain."""
     family = model.state.family
-    one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) == 1])
+    one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) < 2])
     chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
     short, *long = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains))
     short, long = iter(short), iter(long)
-    return [[next(short)] if len(chunks) == 1 else next(long) for chunks in chunked]
+    return [[next(short)] if len(chunks) < 2 else next(long) for chunks in chunked]
 
 
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
@@ -251,7 +251,7 @@ async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]
     that share runs, each starting from the state its history's chunk k-1 ended with."""
     family = model.state.family
     outputs: list[list[Feeds]] = [[] for _ in chunked]
-    for k in range(max(map(len, chunked))):
+    for k in range(max(map(len, chunked), default=0)):
         active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
         requests = []
         for index in active:
