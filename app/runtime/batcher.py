@@ -104,10 +104,10 @@ class RunSlots:
 
 @dataclass(eq=False)
 class Chain:
-    """The chunks of one sequence still to run, and the outputs of those done. Each chunk's `state_input` is
-    the `state_output` of the chunk before it (the first chunk's feeds hold the initial state)."""
+    """The chunks of one sequence and the outputs of those run so far. Each chunk's `state_input` is the
+    `state_output` of the chunk before it (the first chunk's feeds hold the initial state)."""
 
-    chunks: list[tuple[Feeds, int]]  # (feeds of one row, its length)
+    chunks: Sequence[tuple[Feeds, int]]  # (feeds of one row, its length), never modified
     state_input: str
     state_output: str
     outputs: list[Feeds] = field(default_factory=list)
@@ -115,8 +115,8 @@ class Chain:
     def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float) -> None:
         """Run chunks in order until all are done, `budget_s` has passed, or the request is no longer `wanted`."""
         started = time.perf_counter()
-        while self.chunks and wanted():
-            feeds, _ = self.chunks.pop(0)
+        while not self.done and wanted():
+            feeds, _ = self.chunks[len(self.outputs)]
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             self.outputs.append(run_graph(feeds))
@@ -124,9 +124,13 @@ class Chain:
                 return
 
     @property
+    def done(self) -> bool:
+        return len(self.outputs) == len(self.chunks)
+
+    @property
     def cells(self) -> int:
         """The steps of the chunks still to run (one row each)."""
-        return sum(length for _, length in self.chunks)
+        return sum(length for _, length in self.chunks[len(self.outputs) :])
 
 
 @dataclass(eq=False)
@@ -475,7 +479,7 @@ class ModelBatcher:
     def _requeued(self, item: _Item, outcome: Feeds | BaseException) -> bool:
         """True when a chain stopped before its last chunk: queued again for the rest, or cancelled when its
         client has gone (a chain that stopped because its request was cancelled has a done future)."""
-        if isinstance(outcome, BaseException) or not item.chain.chunks:
+        if isinstance(outcome, BaseException) or item.chain.done:
             return False
         if not item.abandoned():
             item.length, item.enqueued = item.chain.cells, time.perf_counter()
