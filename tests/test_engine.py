@@ -388,19 +388,25 @@ def test_a_chain_gives_its_slot_back_after_its_slice_to_an_earlier_request(tmp_p
     monkeypatch.setattr(batcher_module, "CHAIN_SLICE_S", slice_s)
     runs = RecordedRuns(tmp_path / "slow.onnx")
     order = []
+    earlier_queued = threading.Event()
 
     def run_and_record(feeds):
         order.append("chain" if feeds["k"][0] > 1 else "earlier")
+        if len(order) == 1:
+            earlier_queued.wait(10)  # the chain's first chunk ends only once the earlier request is queued
         return runs(feeds)
 
     async def scenario(batcher):
         now = time.perf_counter()
         request_arrival.set(now)
-        chain = asyncio.ensure_future(batcher.run_chain(_chain(1, 3, spin=100)))
-        while not order:  # the chain's first chunk is running: a request that arrived before it is queued
+        chain = asyncio.ensure_future(batcher.run_chain(_chain(1, 3, spin=2)))
+        while not order:  # the chain's first chunk is running
             await asyncio.sleep(0.001)
-        request_arrival.set(now - 1)
-        await asyncio.gather(chain, batcher.run(_feeds(1), 1, 1))
+        request_arrival.set(now - 1)  # a request that arrived before the chain's
+        earlier = asyncio.ensure_future(batcher.run(_feeds(1), 1, 1))
+        await asyncio.sleep(0)  # its row is queued
+        earlier_queued.set()
+        await asyncio.gather(chain, earlier)
 
     _drive(scenario, run=run_and_record, max_batch=8, max_wait_s=0)
     if slice_s:
