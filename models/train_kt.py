@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from models.dkt import DKT, DKTConfig
 from models.dkvmn import DKVMN, DKVMNConfig
-from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
+from models.epoch_loop import StoppingRule, TrainingTask, WeightAverage, run_epochs
 from models.kt_data import CV_FOLDS, Sequences, cv_split, publishes_all_folds, read_students, split_files, to_sequences
 from models.training import (
     command_line,
@@ -125,21 +125,33 @@ def load_run_model(run_dir: Path) -> DKVMN | DKT:
 
 def refit_on_full_train(args, recipe: dict, config, state: dict, data: Sequences, out: Path):
     """Retrain from scratch on the whole training split (every fold's train + valid) for the epochs selected on
-    the validation fold, replaying the selection run's learning rate epoch by epoch."""
+    the validation fold, replaying the selection run's learning rate epoch by epoch. If selection picked a
+    weight average (`--average-from`), the refit ships the mean of its own weights at the same epoch ends."""
     generator = seed_everything(args.seed)
     model = build_model(config)
     optimizer, _, _ = build_optimizer(args, recipe, model)
     rates = [optimizer.param_groups[0]["lr"]] + [row["lr"] for row in state["history"][: state["best_epoch"] - 1]]
+    averaged_epochs = state.get("best_averaged_epochs") if state.get("best_weights") == "average" else None
+    average = WeightAverage()
     started = time.perf_counter()
     for epoch, rate in enumerate(rates, start=1):
         for group in optimizer.param_groups:
             group["lr"] = rate
         loss = train_epoch(model, optimizer, data, recipe["batch"], generator, args.clip, not args.no_progress)
+        if averaged_epochs and averaged_epochs[0] <= epoch <= averaged_epochs[1]:
+            average.add(model, epoch)
         print(f"refit epoch {epoch}/{len(rates)}  lr {rate:g}  loss {loss:.4f}", flush=True)
-    save_checkpoint(out / "final.pt", {"model": model.state_dict(), "config": config.to_dict(), "recipe": recipe})
+    weights = model.state_dict()
+    if averaged_epochs:
+        weights = average.weights(weights)
+        model.load_state_dict(weights)
+        print(f"refit: shipping the mean of the weights after epochs {averaged_epochs[0]}-{averaged_epochs[1]}")
+    extra = {"averaged_epochs": averaged_epochs} if averaged_epochs else {}
+    save_checkpoint(out / "final.pt", {"model": weights, "config": config.to_dict(), "recipe": recipe, **extra})
     model.eval()
     return model, {
         "epochs": len(rates),
+        "averaged_epochs": averaged_epochs,
         "train_sequences": len(data),
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
@@ -195,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--paper-head", action="store_true", help="paper predictor (k_t) instead of the code's")
     parser.add_argument("--seed", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--average-from",
+        type=int,
+        default=0,
+        help="from this epoch on, also validate the equal-weight mean of the weights at each epoch end and "
+        "let selection pick it (stochastic weight averaging; 0: off); a refit averages the same epochs",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
     parser.add_argument(
         "--refit-full",
@@ -258,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         save_extra=lambda: {"scheduler": scheduler.state_dict(), "generator": generator.get_state()},
         load_extra=lambda checkpoint: restore_schedule_and_shuffling(checkpoint, scheduler, generator),
         after_validation=lambda metrics: step_scheduler(scheduler, metrics["auc"]),
+        average_from=args.average_from,
     )
     rule = StoppingRule(epochs=args.epochs or recipe["epochs"], patience=args.patience or recipe["patience"])
     state = run_epochs(task, out, rule, resume=args.resume)
@@ -278,6 +298,9 @@ def main(argv: list[str] | None = None) -> dict:
         "data_files": data_file_records(files),
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],
+        "average_from": args.average_from,
+        "best_weights": state.get("best_weights", "raw"),  # "average": the mean of best_averaged_epochs
+        "best_averaged_epochs": state.get("best_averaged_epochs"),
         "wall_seconds": round(state["wall_seconds"], 1),
         "weights": "final.pt" if refit else "best.pt",
         "refit": refit,

@@ -47,3 +47,5 @@ def test_a_fold_finished_with_another_recipe_is_refused_not_read_back(tmp_path):
     fold = "python -m models.train_kt --dataset x --fold 3 --out /r/fold3 --resume --epochs 2"
     refitted = "python -m models.cv_kt --out /r --refit -- --dataset x --epochs 2"
     assert cv_kt.recipe_of(fold) == cv_kt.recipe_of(refitted) == ["--dataset", "x", "--epochs", "2"]
+    averaged = "python -m models.train_kt --dataset x --fold 3 --out /r/fold3 --resume --average-from 20"
+    assert cv_kt.recipe_of(averaged) == ["--dataset", "x", "--average-from", "20"]  # averaging is part of the recipe

@@ -10,7 +10,7 @@ import torch
 
 from models import train_kt, train_sim
 from models.epoch_loop import WeightAverage
-from tests.synthetic_data import write_sick, write_synthetic_kt
+from tests.synthetic_data import write_kt_students, write_sick, write_synthetic_kt
 
 
 def _final_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -89,3 +89,34 @@ def test_resume_with_another_averaging_start_is_refused(tmp_path):
     train_sim.main([*common, "--epochs", "1", "--out", str(tmp_path / "run")])
     with pytest.raises(SystemExit, match="weight averaging from epoch 0"):
         train_sim.main([*common, "--epochs", "2", "--average-from", "1", "--out", str(tmp_path / "run"), "--resume"])
+
+
+def _kt_refit(data: Path, out: Path, state: dict) -> dict[str, torch.Tensor]:
+    """The weights `train_kt`'s refit ships for a selection state (the refit is seeded, so it is repeatable)."""
+    args = train_kt.build_parser().parse_args(["--dataset", "synthetic-v0", "--data-dir", str(data), "--no-progress"])
+    args.refit_full = True
+    recipe = train_kt.recipe_for(args.dataset)
+    _, splits = train_kt.load_splits(args, recipe)
+    config = train_kt.model_config(args, recipe)
+    model, _ = train_kt.refit_on_full_train(args, recipe, config, state, splits["full"], out)
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+def test_knowledge_tracing_refit_averages_the_selected_epochs(tmp_path):
+    data = write_synthetic_kt(tmp_path / "kt")
+    write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)
+    history = [{"lr": 0.05}, {"lr": 0.03}, {"lr": 0.02}]
+    raw = [_kt_refit(data, tmp_path / f"raw{n}", {"history": history, "best_epoch": n}) for n in (2, 3)]
+    selected = {"history": history, "best_epoch": 3, "best_weights": "average", "best_averaged_epochs": [2, 3]}
+    averaged = _kt_refit(data, tmp_path / "average", selected)
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, (raw[0][name] + raw[1][name]) / 2, rtol=0, atol=1e-6)
+    assert torch.load(tmp_path / "average" / "final.pt", weights_only=False)["averaged_epochs"] == [2, 3]
+
+    common = ["--dataset", "synthetic-v0", "--data-dir", str(data), "--no-progress", "--average-from", "2"]
+    result = train_kt.main([*common, "--epochs", "3", "--out", str(tmp_path / "run"), "--refit-full"])
+    assert result["average_from"] == 2 and [("valid_average_auc" in row) for row in result["history"]] == [0, 1, 1]
+    expected = result["best_averaged_epochs"] if result["best_weights"] == "average" else None
+    assert result["refit"]["epochs"] == result["best_epoch"] and result["refit"]["averaged_epochs"] == expected
+    with pytest.raises(SystemExit, match="weight averaging from epoch 2"):
+        train_kt.main([*common[:-1], "3", "--epochs", "3", "--out", str(tmp_path / "run"), "--resume"])
