@@ -6,8 +6,10 @@ Frozen GloVe 6B 50d vectors (looked up with the serving code's tokenizer and vec
 one-epoch linear warmup and x0.99 decay per epoch, gradient-norm clip 5, length-sorted batches.
 Validates on SICK trial every epoch and keeps the epoch with the best trial Pearson r + accuracy (with
 `--average-from K`, also the mean of the weights of epochs K.. at each epoch end, whichever scores best);
-stops early; evaluates the test split once at the end. Writes `last.pt`, `best.pt` and `result.json`
-into `--out` (default runs/sim/<pointer>).
+stops early; evaluates the test split once at the end. With `--teacher-targets FILE` (written by
+`models.teacher_targets`) and `--distill-weight w`, the targets of every training pair are mixed with the
+teachers' mean predictions (knowledge distillation, Hinton et al. 2015): (1 - w) * gold + w * teacher.
+Writes `last.pt`, `best.pt` and `result.json` into `--out` (default runs/sim/<pointer>).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 from tqdm import tqdm
 
+from app.frame.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, special_vectors
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
@@ -76,12 +79,34 @@ class EncodedSplit:
         return batches
 
 
-def joint_loss(outputs, targets: torch.Tensor, labels: torch.Tensor, swapped: torch.Tensor) -> torch.Tensor:
+def distillation_targets(
+    targets: torch.Tensor, labels: torch.Tensor, teacher: tuple[torch.Tensor, torch.Tensor], weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1 - w) * gold + w * teacher for the relatedness distribution [B,5] and the entailment label (one-hot)
+    [B,3], given the teachers' mean relatedness distribution and entailment probabilities."""
+    teacher_relatedness, teacher_entailment = teacher
+    one_hot = F.one_hot(labels, teacher_entailment.shape[-1]).to(teacher_entailment.dtype)
+    return (1 - weight) * targets + weight * teacher_relatedness, (1 - weight) * one_hot + weight * teacher_entailment
+
+
+def joint_loss(
+    outputs,
+    targets: torch.Tensor,
+    labels: torch.Tensor,
+    swapped: torch.Tensor,
+    teacher: tuple[torch.Tensor, torch.Tensor] | None = None,
+    distill_weight: float = 0.0,
+) -> torch.Tensor:
     """KL(target || predicted) per pair averaged over the batch (relatedness) + cross-entropy (entailment)
     averaged over the pairs fed in their own order: relatedness is symmetric, entailment is not (a entailing
-    b says nothing of b entailing a), so a swapped pair teaches relatedness only."""
+    b says nothing of b entailing a), so a swapped pair teaches relatedness only. With `teacher` and a weight
+    w > 0, both targets are mixed with the teacher's (`distillation_targets`; soft cross-entropy)."""
     log_probs, _, entailment_logits = outputs[:3]
-    entailment = F.cross_entropy(entailment_logits, labels, reduction="none")
+    if teacher is None or distill_weight == 0:
+        entailment = F.cross_entropy(entailment_logits, labels, reduction="none")
+    else:
+        targets, soft_labels = distillation_targets(targets, labels, teacher, distill_weight)
+        entailment = -(soft_labels * F.log_softmax(entailment_logits, dim=-1)).sum(-1)
     kept = (~swapped).to(entailment.dtype)
     return F.kl_div(log_probs, targets, reduction="batchmean") + (entailment * kept).sum() / kept.sum().clamp(min=1)
 
@@ -109,8 +134,11 @@ def split_metrics(score: np.ndarray, label: np.ndarray, split: EncodedSplit) -> 
     }
 
 
-def train_epoch(model, optimizer, schedule, split: EncodedSplit, rng: np.random.Generator, args) -> float:
-    """One pass over length-sorted batches in random order; returns the mean loss per pair."""
+def train_epoch(
+    model, optimizer, schedule, split: EncodedSplit, rng: np.random.Generator, args, teacher: dict | None = None
+) -> float:
+    """One pass over length-sorted batches in random order; returns the mean loss per pair. `teacher`: the
+    teachers' "relatedness" and "entailment" probabilities of every training pair (distillation)."""
     model.train()
     total = 0.0
     batches = split.length_sorted_batches(args.batch, rng)
@@ -123,6 +151,8 @@ def train_epoch(model, optimizer, schedule, split: EncodedSplit, rng: np.random.
             torch.from_numpy(split.targets[rows]),
             torch.from_numpy(split.labels[rows]),
             torch.from_numpy(swapped),
+            None if teacher is None else tuple(torch.from_numpy(teacher[part][rows]) for part in TEACHER_PARTS),
+            args.distill_weight,
         )
         optimizer.zero_grad()
         loss.backward()
@@ -131,6 +161,20 @@ def train_epoch(model, optimizer, schedule, split: EncodedSplit, rng: np.random.
         schedule.step()
         total += loss.item() * len(rows)
     return total / len(split)
+
+
+TEACHER_PARTS = ("relatedness", "entailment")
+
+
+def read_teacher_targets(path: Path, train: dict[str, str], pairs: int) -> dict[str, np.ndarray]:
+    """The teachers' probabilities for the training pairs, checked against the training file and its size."""
+    stored = np.load(path)
+    if str(stored["train_sha256"]) != train["sha256"]:
+        raise SystemExit(f"{path} was computed on another training file than {train['file']}")
+    teacher = {part: stored[part].astype(np.float32) for part in TEACHER_PARTS}
+    if [len(teacher[part]) for part in TEACHER_PARTS] != [pairs, pairs]:
+        raise SystemExit(f"{path} does not hold one row per training pair ({pairs})")
+    return teacher
 
 
 def restore_schedule_and_shuffling(checkpoint: dict, schedule, rng: np.random.Generator) -> None:
@@ -178,6 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="from this epoch on, also validate the equal-weight mean of the weights at each epoch end and "
         "let selection pick it (stochastic weight averaging; 0: off)",
     )
+    parser.add_argument(
+        "--teacher-targets",
+        type=Path,
+        default=None,
+        help="teachers' mean predictions on the training pairs (.npz of models.teacher_targets): distill them",
+    )
+    parser.add_argument(
+        "--distill-weight",
+        type=float,
+        default=0.5,
+        help="with --teacher-targets, the teachers' share w of the targets: (1 - w) * gold + w * teacher",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
     parser.add_argument("--no-progress", action="store_true")
     return parser
@@ -196,6 +252,12 @@ def main(argv: list[str] | None = None) -> dict:
     specials = special_vectors(args.seed if args.specials_seed is None else args.specials_seed)
     vectors = WordVectors.from_glove(specials)
     splits = {name: EncodedSplit(read_split(path), vectors) for name, path in files.items()}
+    records = data_file_records(files)
+    teacher = None
+    if args.teacher_targets is not None:
+        if not 0 <= args.distill_weight <= 1:
+            raise SystemExit("--distill-weight must lie in [0, 1]")
+        teacher = read_teacher_targets(args.teacher_targets, records["train"], len(splits["train"]))
     config = RMCConfig(
         pointer=args.pointer,
         window=args.window,
@@ -219,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     task = TrainingTask(
         model=model,
         optimizer=optimizer,
-        train_epoch=lambda: train_epoch(model, optimizer, schedule, splits["train"], rng, args),
+        train_epoch=lambda: train_epoch(model, optimizer, schedule, splits["train"], rng, args, teacher),
         validate=lambda: evaluate(model, splits["trial"]),
         score=lambda metrics: metrics["pearson"] + metrics["accuracy"],
         split="trial",
@@ -241,7 +303,15 @@ def main(argv: list[str] | None = None) -> dict:
         "optimizer": (
             f"Adam lr {args.lr}, 1-epoch linear warmup, x{args.decay}/epoch, clip {args.clip}, batch {args.batch}"
         ),
-        "data_files": data_file_records(files),
+        "data_files": records,
+        **(
+            {}
+            if teacher is None
+            else {
+                "teacher_targets": {"file": str(args.teacher_targets), "sha256": sha256_of(args.teacher_targets)},
+                "distill_weight": args.distill_weight,
+            }
+        ),
         "epochs_run": state["epoch"],
         "best_epoch": state["best_epoch"],
         "average_from": args.average_from,
