@@ -24,9 +24,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -41,6 +44,7 @@ from app.tasks.similarity.vectors import WordVectors
 from benchmarks.common import ARTIFACTS, manifest_entry
 from benchmarks.table import write_section
 
+T = TypeVar("T")
 LUA = Path(__file__).resolve().parent / "wrk" / "post.lua"
 CONCURRENCY = (1, 8, 32, 256)
 OVERLOAD_CONNECTIONS = (256, 1024)
@@ -342,10 +346,7 @@ def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[
     ]
     targets = []
     for scenario in scenarios():
-        rss = Sampler(lambda: rss_mb(pid))
-        rss.start()
-        alone, single_ms = concurrency_one(url, scenario, seconds)
-        alone_peak = max(rss.stop())
+        (alone, single_ms), alone_peak = peak_rss_during(pid, partial(concurrency_one, url, scenario, seconds))
         batch_items_s = 32 * scenario.items / (median_ms(scenario.bare_batch32, 20) / 1000)
         if scenario.items == 32:  # the request is itself a batch of 32: its bare work is one batch-32 run
             batch_items_s = 32 / (single_ms / 1000)
@@ -354,10 +355,8 @@ def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[
             if concurrency == 1:
                 result, peak = alone, alone_peak
             else:
-                rss = Sampler(lambda: rss_mb(pid))
-                rss.start()
-                result = wrk(f"{url}{scenario.path}", scenario.body, concurrency, seconds, 30)
-                peak = max(rss.stop())
+                call = partial(wrk, f"{url}{scenario.path}", scenario.body, concurrency, seconds, 30)
+                result, peak = peak_rss_during(pid, call)
             items_s = result.ok_per_s * scenario.items
             if concurrency == 1:
                 versus = f"p50 {result.p50_ms / single_ms:.2f}x bare batch 1"
@@ -374,6 +373,14 @@ def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[
     return [*bare_rows, "", *rows], targets
 
 
+def peak_rss_during(pid: int, call: Callable[[], T]) -> tuple[T, float]:
+    """`call()`'s result and the server's peak RSS (MB) while it ran."""
+    rss = Sampler(lambda: rss_mb(pid))
+    rss.start()
+    result = call()
+    return result, max(rss.stop())
+
+
 def concurrency_one(url: str, scenario: Scenario, seconds: int) -> tuple[WrkResult, float]:
     """wrk at concurrency 1 and bare ONNX Runtime at batch 1, alternated C1_ROUNDS times: the rounds' wrk
     results (answers and rate summed, p50 and p99 the rounds' medians, max the largest) and the median of the
@@ -383,17 +390,14 @@ def concurrency_one(url: str, scenario: Scenario, seconds: int) -> tuple[WrkResu
         bare.append(bare_ms(scenario.bare_single))
         rounds.append(wrk(f"{url}{scenario.path}", scenario.body, 1, max(1, round(seconds / C1_ROUNDS)), 30))
     merged = WrkResult(
+        statuses=dict(sum((Counter(result.statuses) for result in rounds), Counter())),
+        errors=dict(sum((Counter(result.errors) for result in rounds), Counter())),
         p50_ms=float(np.median([result.p50_ms for result in rounds])),
         p99_ms=float(np.median([result.p99_ms for result in rounds])),
         max_ms=max(result.max_ms for result in rounds),
         requests=sum(result.requests for result in rounds),
         seconds=sum(result.seconds for result in rounds),
     )
-    for result in rounds:
-        for status, count in result.statuses.items():
-            merged.statuses[status] = merged.statuses.get(status, 0) + count
-        for kind, count in result.errors.items():
-            merged.errors[kind] = merged.errors.get(kind, 0) + count
     return merged, float(np.median(bare))
 
 

@@ -48,7 +48,7 @@ from export.similarity import (
 from models.ensemble import EnsemblePairModel
 from models.rmc import SentencePairModel
 from models.sick_data import ENTAILMENT_LABELS, SPLIT_FILES, read_split
-from models.train_sim import EncodedSplit, split_metrics
+from models.train_sim import EncodedSplit, log_probabilities, split_metrics
 from models.training import data_dir_default
 
 MAX_FILE_BYTES = 25_000_000  # the project's limit per ONNX file
@@ -77,18 +77,6 @@ class Member:
     @property
     def weight_bytes(self) -> int:
         return 4 * sum(parameter.numel() for parameter in self.model.parameters())
-
-
-@torch.no_grad()
-def log_probabilities(model: SentencePairModel, split: EncodedSplit, batch: int = 128) -> dict[str, np.ndarray]:
-    """The model's relatedness and entailment log-probabilities for every pair of the split."""
-    model.eval()
-    relatedness, entailment = [], []
-    for start in range(0, len(split), batch):
-        outputs = model(*split.batch(range(start, min(start + batch, len(split)))))
-        relatedness.append(outputs[0].numpy())
-        entailment.append(torch.log_softmax(outputs[2], dim=-1).numpy())
-    return {"relatedness": np.concatenate(relatedness), "entailment": np.concatenate(entailment)}
 
 
 def cached_predictions(run: Path, model: SentencePairModel, splits: dict[str, EncodedSplit]) -> dict:

@@ -22,7 +22,7 @@ import torch
 from app.tasks.similarity.vectors import WordVectors, special_vectors
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, read_split
-from models.train_sim import EncodedSplit, split_metrics
+from models.train_sim import TEACHER_PARTS, EncodedSplit, log_probabilities, split_metrics
 from models.training import data_dir_default, data_file_records, load_checkpoint, set_threads, write_json
 
 Predictions = dict[str, np.ndarray]  # "relatedness" [N,5] and "entailment" [N,3] probabilities
@@ -43,7 +43,6 @@ def onnx_predictions(path: Path, split: EncodedSplit, batch: int = 128) -> Predi
     return {"relatedness": np.concatenate(relatedness), "entailment": np.concatenate(entailment)}
 
 
-@torch.no_grad()
 def run_predictions(run: Path, split: EncodedSplit, specials: np.ndarray, batch: int = 128) -> Predictions:
     """Probabilities from a training run's best weights, in eval mode (no dropout)."""
     checkpoint = load_checkpoint(run / "best.pt")
@@ -51,18 +50,12 @@ def run_predictions(run: Path, split: EncodedSplit, specials: np.ndarray, batch:
         raise SystemExit(f"{run} was trained with other special-token vectors than --specials-seed")
     model = SentencePairModel(RMCConfig(**checkpoint["config"]))
     model.load_state_dict(checkpoint["model"])
-    model.eval()
-    relatedness, entailment = [], []
-    for start in range(0, len(split), batch):
-        outputs = model(*split.batch(range(start, min(start + batch, len(split)))))
-        relatedness.append(outputs[0].exp().numpy())
-        entailment.append(torch.softmax(outputs[2], dim=-1).numpy())
-    return {"relatedness": np.concatenate(relatedness), "entailment": np.concatenate(entailment)}
+    return {part: np.exp(values) for part, values in log_probabilities(model, split, batch).items()}
 
 
 def mean_predictions(teachers: list[Predictions]) -> Predictions:
     """The teachers' mean probabilities (what an ensemble graph of them outputs)."""
-    return {part: np.mean([t[part] for t in teachers], axis=0) for part in ("relatedness", "entailment")}
+    return {part: np.mean([t[part] for t in teachers], axis=0) for part in TEACHER_PARTS}
 
 
 def prediction_metrics(predictions: Predictions, split: EncodedSplit) -> dict[str, float]:

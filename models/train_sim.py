@@ -123,6 +123,18 @@ def evaluate(model: SentencePairModel, split: EncodedSplit, batch: int = 128) ->
     return split_metrics(np.concatenate(scores), np.concatenate(predicted), split)
 
 
+@torch.no_grad()
+def log_probabilities(model: SentencePairModel, split: EncodedSplit, batch: int = 128) -> dict[str, np.ndarray]:
+    """The model's relatedness and entailment log-probabilities for every pair of the split."""
+    model.eval()
+    relatedness, entailment = [], []
+    for start in range(0, len(split), batch):
+        outputs = model(*split.batch(range(start, min(start + batch, len(split)))))
+        relatedness.append(outputs[0].numpy())
+        entailment.append(torch.log_softmax(outputs[2], dim=-1).numpy())
+    return {"relatedness": np.concatenate(relatedness), "entailment": np.concatenate(entailment)}
+
+
 def split_metrics(score: np.ndarray, label: np.ndarray, split: EncodedSplit) -> dict[str, float]:
     """Pearson r, Spearman rho and MSE of predicted relatedness scores, accuracy of predicted labels."""
     score = score.astype(np.float64)

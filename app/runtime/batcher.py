@@ -309,9 +309,7 @@ class ModelBatcher:
             self._in_flight += 1
             await self._run_batch(items, inline=True)
         else:
-            self._queue.extend(items)
-            self._queue_depth.inc(sum(item.rows for item in items))
-            self._wakeup.set()
+            self._enqueue(items)
         try:
             outputs = [await item.future for item in items]
         except BaseException:  # cancelled (deadline, client gone) or failed: the other rows are not wanted
@@ -324,14 +322,18 @@ class ModelBatcher:
     async def run_chain(self, chain: Chain) -> list[Feeds]:
         """The outputs of each chunk of `chain` (one row each), run as described under "Chains"."""
         item = self._item({}, 1, chain.cells, chain)
-        self._queue.append(item)
-        self._queue_depth.inc()
-        self._wakeup.set()
+        self._enqueue([item])
         try:
             return await item.future
         except BaseException:
             item.future.cancel()
             raise
+
+    def _enqueue(self, items: list[_Item]) -> None:
+        """Put items in the queue and wake the batching loop."""
+        self._queue.extend(items)
+        self._queue_depth.inc(sum(item.rows for item in items))
+        self._wakeup.set()
 
     def _parts(self, feeds: Feeds, rows: int, length: int) -> list[_Item]:
         """Queue items for `rows` rows: one, or parts of at most `max_batch` rows (so no run exceeds it)."""
@@ -483,8 +485,7 @@ class ModelBatcher:
             return False
         if not item.abandoned():
             item.length, item.enqueued = item.chain.cells, time.perf_counter()
-            self._queue.append(item)
-            self._queue_depth.inc()
+            self._enqueue([item])
         return True
 
     def _learn_cost(self, cells: int, seconds: float) -> None:
