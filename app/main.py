@@ -21,7 +21,7 @@ from app.frame.access import add_access_control, api_keys, is_open, open_paths
 from app.frame.drain import Drain
 from app.frame.errors import install_error_handlers
 from app.frame.failures import CatchUnexpected
-from app.frame.logging import configure_logging
+from app.frame.logging import configure_logging, write_out_logs
 from app.frame.loop_lag import LoopLag
 from app.frame.metrics import Metrics
 from app.frame.middleware import BodySizeLimit, DrainGate, RequestContext
@@ -34,7 +34,7 @@ from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations
 from app.transports.contract import document_contract
-from app.transports.direct_routes import DirectRoutes
+from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
 from app.transports.http import add_body_schemas
 from app.transports.probes import ProbeProcess
 
@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         finally:
             if probes is not None:
                 await probes.stop()
+            write_out_logs()
 
     @asynccontextmanager
     async def serving(app: FastAPI) -> AsyncIterator[None]:
@@ -110,7 +111,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             await engine.stop()
             await offload(app.state.students.close)
 
-    app = FastAPI(
+    app = ServiceApp(
         title="mnemo",
         version=package_version(),
         description=DESCRIPTION,
@@ -125,12 +126,14 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
     # innermost: the task routes skip FastAPI's router (they are included at the root below)
-    app.add_middleware(DirectRoutes, fastapi=app, routers=[task.router for task in tasks.values()])
+    task_routers = [task.router for task in tasks.values()]
+    app.add_middleware(DirectRoutes, fastapi=app, routers=task_routers)
     app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
     add_access_control(app, settings)
     app.add_middleware(RequestContext, metrics=metrics)
+    app.direct_paths = frozenset(direct_routes(task_routers))
     app.include_router(operations.router)
     app.include_router(explorer_router)
     for task in tasks.values():

@@ -104,7 +104,7 @@ def serve(
         http=guarded_protocol(limits),
         timeout_keep_alive=settings.keep_alive_s,
         log_level=settings.log_level,
-        log_config=uvicorn_log_config(settings.log_level, settings.log_format),
+        log_config=uvicorn_log_config(settings.log_level),
         access_log=False,  # the app writes one access line per request itself (app/frame/middleware.py)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         loop="asyncio",

@@ -123,53 +123,74 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
 async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:
     """The work's result, unless the deadline passes first (504) or the client leaves (499).
 
-    The work runs as its own task, cancelled by a timer at the deadline (less the margin, taken again every
-    DEADLINE_CHECK_S) or by the connection guard when the client leaves; awaiting it directly costs no
-    extra turn of the event loop once it is done.
+    The work runs in the request's own task (no task of its own: that cost two turns of the event loop).
+    A timer at the deadline (less the margin, taken again every DEADLINE_CHECK_S), or the connection guard
+    when the client leaves, cancels that task; the cancellation is taken back here and answered, as
+    `asyncio.timeout` does it.
     """
     metrics = request.app.state.metrics
     timeout = request.app.state.settings.request_timeout_s
     arrival = request_arrival.get()
     deadline = (time.perf_counter() if arrival is None else arrival) + timeout
-    task = asyncio.ensure_future(work)
-    watcher = None
-    on_client_gone = request.scope.get(ON_CLIENT_GONE)
-    if on_client_gone is not None:  # the connection guard cancels the work as the client goes
-        on_client_gone.append(task.cancel)
-    else:  # another server: its receive() reports the disconnect
-        watcher = asyncio.ensure_future(_disconnected(request))
-        watcher.add_done_callback(lambda _: task.cancel())
+    current = asyncio.current_task()
+    stopped_by: list[type[ServiceError]] = []
+    awaiting = False  # the task is cancelled only while it awaits the work, never after
+
+    def stop(error: type[ServiceError]) -> None:
+        if awaiting and not stopped_by:
+            stopped_by.append(error)
+            current.cancel()
+
+    def client_left(*_: object) -> None:
+        stop(ClientGone)
+
+    def expired() -> DeadlineExceeded:
+        metrics.timed_out.labels(model_name).inc()
+        return DeadlineExceeded(
+            f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later."
+        )
+
     loop = asyncio.get_running_loop()
-    expired = False
     timer: asyncio.TimerHandle | None = None
 
     def check_deadline() -> None:
-        nonlocal expired, timer
+        nonlocal timer
         remaining = _time_left(request, deadline, timeout)
         if remaining <= 0:
-            expired = True
-            task.cancel()
+            stop(DeadlineExceeded)
         else:
             timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
 
-    check_deadline()
+    watcher = None
+    on_client_gone = request.scope.get(ON_CLIENT_GONE)
     try:
-        return await task
+        remaining = _time_left(request, deadline, timeout)
+        if remaining <= 0:  # expired before the work started
+            raise expired()
+        if on_client_gone is not None:  # the connection guard calls this as the client goes
+            on_client_gone.append(client_left)
+        else:  # another server: its receive() reports the disconnect
+            watcher = asyncio.ensure_future(_disconnected(request))
+            watcher.add_done_callback(client_left)
+        timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
+        awaiting = True
+        return await work
     except asyncio.CancelledError:
-        if task.done() and asyncio.current_task().cancelling() == 0:  # the work was cancelled, not this request
-            if expired:
-                metrics.timed_out.labels(model_name).inc()
-                raise DeadlineExceeded(
-                    f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later."
-                ) from None
-            metrics.cancelled.labels(model_name).inc()
-            raise ClientGone("The client disconnected before the answer.") from None
-        raise
+        if not stopped_by or current.uncancel():  # cancelled by someone else too (the server's shutdown)
+            raise
+        if stopped_by[0] is DeadlineExceeded:
+            raise expired() from None
+        metrics.cancelled.labels(model_name).inc()
+        raise ClientGone("The client disconnected before the answer.") from None
     finally:
+        awaiting = False
+        work.close()  # a coroutine that never started (the deadline had passed) is closed, not left unawaited
         if timer is not None:
             timer.cancel()
         if watcher is not None:
             watcher.cancel()
+        if on_client_gone is not None and client_left in on_client_gone:
+            on_client_gone.remove(client_left)
 
 
 def _time_left(request: Request, deadline: float, timeout: float) -> float:
