@@ -10,6 +10,7 @@ import threading
 import time
 
 WRITE_INTERVAL_S = 0.05  # a buffered log record reaches stderr within this time
+MAX_BUFFERED_RECORDS = 10_000  # past this, the thread that logs writes the buffer out itself (bounded memory)
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,7 +56,9 @@ class BufferedWriter(logging.Handler):
     A request that logs only appends its record: no formatting, no write(), and no thread wake-up, which
     cost the request about 45 us after its answer was sent (on a 2-core machine, where a kept-alive client's
     next request waited for them). The thread writes while the event loop waits or ONNX Runtime runs (both
-    release the GIL). A record reaches stderr at most `interval_s` after it was logged.
+    release the GIL). A record reaches stderr at most `interval_s` after it was logged. Should the thread fall
+    behind (a flood of refused requests, each with its access line), the thread that logs the
+    `MAX_BUFFERED_RECORDS`-th buffered record writes them out itself, as an unbuffered handler would.
     """
 
     def __init__(self, target: logging.Handler, interval_s: float = WRITE_INTERVAL_S) -> None:
@@ -70,6 +73,8 @@ class BufferedWriter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self._records.append(record)
+        if len(self._records) >= MAX_BUFFERED_RECORDS:
+            self.write_out()
 
     def write_out(self) -> None:
         """Format and write every buffered record, oldest first."""

@@ -1,0 +1,62 @@
+"""The buffered log writer: records reach stderr in order, from its thread, and all of them when it stops."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from app.frame import logging as service_logging
+from app.frame.logging import BufferedWriter
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), threading.current_thread().name))
+
+
+def _record(message: str) -> logging.LogRecord:
+    return logging.LogRecord("mnemo.test", logging.INFO, __file__, 0, message, None, None)
+
+
+def test_the_writer_thread_writes_buffered_records_in_order_within_its_interval():
+    target = _Collect()
+    writer = BufferedWriter(target, interval_s=0.2)
+    try:
+        for index in range(100):
+            writer.handle(_record(f"line {index}"))
+        assert len(target.lines) < 100  # logging only buffered them
+        deadline = time.monotonic() + 5
+        while len(target.lines) < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [message for message, _ in target.lines] == [f"line {index}" for index in range(100)]
+        assert {thread for _, thread in target.lines} == {"mnemo-log-writer"}
+    finally:
+        writer.stop()
+
+
+def test_stop_and_close_write_out_what_is_buffered():
+    target = _Collect()
+    writer = BufferedWriter(target, interval_s=60)
+    writer.handle(_record("before close"))
+    writer.close()  # as logging.config.dictConfig does: the writer keeps working afterwards
+    writer.handle(_record("after close"))
+    writer.stop()
+    assert [message for message, _ in target.lines] == ["before close", "after close"]
+
+
+def test_a_full_buffer_is_written_out_by_the_thread_that_logs(monkeypatch):
+    monkeypatch.setattr(service_logging, "MAX_BUFFERED_RECORDS", 5)
+    target = _Collect()
+    writer = BufferedWriter(target, interval_s=60)
+    try:
+        for index in range(5):
+            writer.handle(_record(f"line {index}"))
+        assert [message for message, _ in target.lines] == [f"line {index}" for index in range(5)]
+        assert {thread for _, thread in target.lines} == {threading.current_thread().name}
+    finally:
+        writer.stop()
