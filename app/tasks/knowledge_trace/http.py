@@ -28,11 +28,7 @@ MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none"
 
 def _arrays(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Questions, answers and the questions to predict next, checked against the model."""
-    count = len(body.interactions)
-    service.check_length(model, count)
-    questions = np.fromiter((item["question"] for item in body.interactions), dtype=np.int64, count=count)
-    correct = np.fromiter((item["correct"] for item in body.interactions), dtype=np.int64, count=count)
-    service.check_questions(model, questions, ("body", "interactions"))
+    questions, correct = service.history_arrays(model, body.interactions)
     if body.next_questions is None:
         wanted = np.arange(1, model.state.n_questions + 1, dtype=np.int64)
     else:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,21 @@ def check_length(model: ServedModel, count: int) -> None:
             ("body", "interactions"),
             f"{count} interactions; model {model.name} accepts at most {state.max_interactions}",
         )
+
+
+_QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
+
+
+def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Questions and answers (0/1) of validated `interactions` (body field `interactions`), checked against the
+    model's limits."""
+    count = len(interactions)
+    check_length(model, count)
+    # map(itemgetter) runs in C: a third of the time of a generator expression
+    questions = np.fromiter(map(_QUESTION, interactions), dtype=np.int64, count=count)
+    correct = np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
+    check_questions(model, questions, ("body", "interactions"))
+    return questions, correct
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:

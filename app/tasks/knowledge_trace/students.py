@@ -64,11 +64,7 @@ def _iso(seconds: float) -> str:
 
 def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Questions, answers and the questions to predict next, checked against the model."""
-    count = len(body.interactions)
-    service.check_length(model, count)
-    questions = np.fromiter((item["question"] for item in body.interactions), dtype=np.int64, count=count)
-    correct = np.fromiter((item["correct"] for item in body.interactions), dtype=np.int64, count=count)
-    service.check_questions(model, questions, ("body", "interactions"))
+    questions, correct = service.history_arrays(model, body.interactions)
     wanted = np.array(body.next_questions or [], dtype=np.int64)
     service.check_questions(model, wanted, ("body", "next_questions"))
     return questions, correct, wanted
