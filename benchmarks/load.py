@@ -2,11 +2,11 @@
 
 One run, in this order: start `python -m app` on the committed models (cold start to /ready: the median of
 three starts; RSS); per scenario, wrk at concurrency 1 taking turns with bare ONNX Runtime at batch 1 on the
-same inputs (same session options), bare ONNX Runtime at batch 32, then wrk against /similarity,
-/similarity/batch and /knowledge-trace at concurrency 8, 32 and 256; the overload mix (3,000-interaction
-histories; 256 pairs of 64 tokens with attention) at 256 and 1,024 connections with /health probed
-alongside; SIGTERM with 32 requests in flight. The results replace the load section of BENCHMARKS.md.
-Every loop is bounded in time; traffic goes to 127.0.0.1.
+same inputs (same session options) and with the floor app (benchmarks/floor_app.py), bare ONNX Runtime at
+batch 32, then wrk against /similarity, /similarity/batch and /knowledge-trace at concurrency 8, 32 and 256;
+the overload mix (3,000-interaction histories; 256 pairs of 64 tokens with attention) at 256 and 1,024
+connections with /health probed alongside; SIGTERM with 32 requests in flight. The results replace the load
+section of BENCHMARKS.md. Every loop is bounded in time; traffic goes to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -288,6 +288,24 @@ def start_server(port: int, log: Path) -> tuple[subprocess.Popen, float]:
     raise RuntimeError("the server did not become ready in 120 s")
 
 
+def start_floor_app(port: int, log: Path) -> subprocess.Popen:
+    """`python -m benchmarks.floor_app` on the committed models, once it answers."""
+    env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS)}
+    command = [sys.executable, "-m", "benchmarks.floor_app", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    started = time.perf_counter()
+    while time.perf_counter() - started < 120:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=2)  # its 404: it listens
+            return process
+        except httpx.TransportError:
+            if process.poll() is not None:
+                raise RuntimeError(f"the floor app exited; see {log}") from None
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError("the floor app did not answer in 120 s")
+
+
 def wrk(url: str, body: dict, connections: int, seconds: int, timeout_s: float) -> WrkResult:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(body, handle)
@@ -335,22 +353,23 @@ def statuses_text(result: WrkResult) -> str:
 
 
 # -- the phases ---------------------------------------------------------------------------------------
-def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[str]]:
+def throughput_table(url: str, floor_url: str, pid: int, seconds: int) -> tuple[list[str], list[str]]:
     rows = [
         "| endpoint | concurrency | requests/s | items/s | p50 ms | p99 ms | vs bare ORT | answers | peak RSS MB |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     bare_rows = [
-        "| endpoint's ORT work | bare batch 1: median ms | bare batch 32: items/s |",
-        "|---|---|---|",
+        "| endpoint's ORT work | bare batch 1: median ms | floor app, concurrency 1: p50 ms | bare batch 32: items/s |",
+        "|---|---|---|---|",
     ]
     targets = []
     for scenario in scenarios():
-        (alone, single_ms), alone_peak = peak_rss_during(pid, partial(concurrency_one, url, scenario, seconds))
+        c1 = partial(concurrency_one, url, floor_url, scenario, seconds)
+        (alone, single_ms, floor_ms), alone_peak = peak_rss_during(pid, c1)
         batch_items_s = 32 * scenario.items / (median_ms(scenario.bare_batch32, 20) / 1000)
         if scenario.items == 32:  # the request is itself a batch of 32: its bare work is one batch-32 run
             batch_items_s = 32 / (single_ms / 1000)
-        bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {batch_items_s:.0f} |")
+        bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {floor_ms:.2f} | {batch_items_s:.0f} |")
         for concurrency in CONCURRENCY:
             if concurrency == 1:
                 result, peak = alone, alone_peak
@@ -360,7 +379,11 @@ def throughput_table(url: str, pid: int, seconds: int) -> tuple[list[str], list[
             items_s = result.ok_per_s * scenario.items
             if concurrency == 1:
                 versus = f"p50 {result.p50_ms / single_ms:.2f}x bare batch 1"
-                targets.append(f"- {scenario.name}, concurrency 1: p50 {result.p50_ms:.2f} ms = {versus}")
+                targets.append(
+                    f"- {scenario.name}, concurrency 1: p50 {result.p50_ms:.2f} ms = {versus} (the floor app: "
+                    f"{floor_ms:.2f} ms = {floor_ms / single_ms:.2f}x; the service's own cost "
+                    f"{result.p50_ms - floor_ms:.2f} ms)"
+                )
             else:
                 versus = f"{items_s / batch_items_s:.2f}x bare batch 32"
                 if concurrency == 32:
@@ -381,15 +404,22 @@ def peak_rss_during(pid: int, call: Callable[[], T]) -> tuple[T, float]:
     return result, max(rss.stop())
 
 
-def concurrency_one(url: str, scenario: Scenario, seconds: int) -> tuple[WrkResult, float]:
-    """wrk at concurrency 1 and bare ONNX Runtime at batch 1, alternated C1_ROUNDS times: the rounds' wrk
-    results (answers and rate summed, p50 and p99 the rounds' medians, max the largest) and the median of the
-    bare medians."""
-    bare, rounds = [], []
+def concurrency_one(url: str, floor_url: str, scenario: Scenario, seconds: int) -> tuple[WrkResult, float, float]:
+    """wrk at concurrency 1 on the service and on the floor app (benchmarks/floor_app.py), and bare ONNX Runtime
+    at batch 1, taking turns C1_ROUNDS times: the service's rounds merged (answers and rate summed, p50 and p99
+    the rounds' medians, max the largest), the median of the bare medians and the floor's median p50."""
+    bare, rounds, floor = [], [], []
+    round_seconds = max(1, round(seconds / C1_ROUNDS))
     for _ in range(C1_ROUNDS):
         bare.append(bare_ms(scenario.bare_single))
-        rounds.append(wrk(f"{url}{scenario.path}", scenario.body, 1, max(1, round(seconds / C1_ROUNDS)), 30))
-    merged = WrkResult(
+        floor.append(wrk(f"{floor_url}{scenario.path}", scenario.body, 1, round_seconds, 30).p50_ms)
+        rounds.append(wrk(f"{url}{scenario.path}", scenario.body, 1, round_seconds, 30))
+    return _merged(rounds), float(np.median(bare)), float(np.median(floor))
+
+
+def _merged(rounds: list[WrkResult]) -> WrkResult:
+    """Several wrk runs as one: answers and rate summed, p50 and p99 their medians, max the largest."""
+    return WrkResult(
         statuses=dict(sum((Counter(result.statuses) for result in rounds), Counter())),
         errors=dict(sum((Counter(result.errors) for result in rounds), Counter())),
         p50_ms=float(np.median([result.p50_ms for result in rounds])),
@@ -398,7 +428,6 @@ def concurrency_one(url: str, scenario: Scenario, seconds: int) -> tuple[WrkResu
         requests=sum(result.requests for result in rounds),
         seconds=sum(result.seconds for result in rounds),
     )
-    return merged, float(np.median(bare))
 
 
 def overload_table(url: str, probe_url: str, pid: int, seconds: int, timeout_s: float) -> list[str]:
@@ -476,6 +505,7 @@ def main() -> None:
     settings = Settings()
     port = 18000 + os.getpid() % 1000
     url, probe_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
+    floor_url = f"http://127.0.0.1:{port + 2}"
     log = Path(tempfile.gettempdir()) / "mnemo-loadtest-server.log"
     cold_starts = []
     for _ in range(COLD_STARTS - 1):
@@ -486,15 +516,20 @@ def main() -> None:
     process, seconds = start_server(port, log)  # this one serves the run
     cold_starts.append(seconds)
     cold_start = float(np.median(cold_starts))
+    floor = None
     try:
         idle_rss = rss_mb(process.pid)
         print(f"cold start {cold_start:.2f} s, RSS {idle_rss:.0f} MB", flush=True)
-        throughput, targets = throughput_table(url, process.pid, args.seconds)
+        floor = start_floor_app(port + 2, log.with_name("mnemo-loadtest-floor.log"))
+        throughput, targets = throughput_table(url, floor_url, process.pid, args.seconds)
+        floor.terminate()
+        floor.wait(60)
         overload = overload_table(url, probe_url, process.pid, args.overload_seconds, settings.request_timeout_s)
         drained = drain(url, process)
     finally:
-        if process.poll() is None:
-            process.kill()
+        for started in (process, floor):
+            if started is not None and started.poll() is None:
+                started.kill()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = "\n".join(
         [
@@ -508,7 +543,11 @@ def main() -> None:
             f"cores, {args.seconds} s per cell. Bare ONNX Runtime: the same inputs and session options, the "
             f"server idle; at concurrency 1, wrk and bare batch 1 take turns in {C1_ROUNDS} rounds (the p50s and "
             "the bare times are the rounds' medians), so that a drift of the shared machine affects both. Items "
-            "are pairs (similarity) or histories (knowledge tracing).",
+            "are pairs (similarity) or histories (knowledge tracing). The floor app (`benchmarks/floor_app.py`, "
+            "its own process, idle otherwise) takes its turn in the same rounds: one plain ASGI function on plain "
+            "uvicorn with the service's validation, encoding, inline ONNX runs and JSON rendering, and none of "
+            "its middlewares, batching, admission or deadlines, so its p50 is what the same answer costs on this "
+            "web stack before the service adds anything.",
             "",
             f"- Cold start, process start to `/ready` 200: median {cold_start:.2f} s of {COLD_STARTS} starts "
             f"({', '.join(f'{seconds:.2f}' for seconds in cold_starts)} s); RSS then {idle_rss:.0f} MB.",

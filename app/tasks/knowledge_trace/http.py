@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 import numpy as np
@@ -26,7 +27,7 @@ INLINE_INTERACTIONS = 1000  # shorter histories are converted and rendered on th
 MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
 
 
-def _arrays(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def arrays_of(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Questions, answers and the questions to predict next, checked against the model."""
     questions, correct = service.history_arrays(model, body.interactions)
     if body.next_questions is None:
@@ -41,21 +42,25 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> by
     questions, correct, wanted = arrays
     trace = await service.trace(model, questions, correct)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-
-    def render() -> bytes:
-        return dumps(
-            {
-                "model": model.name,
-                "family": model.state.family.name,
-                "n_concepts": model.state.n_concepts,
-                "predictions": trace.predictions if body.return_predictions else None,
-                "next": service.next_items(model, wanted, next_p),
-                "mastery": None if trace.mastery is None else MASTERY_ROWS[body.mastery](trace.mastery),
-                "attention": trace.attention if body.return_attention else None,
-            }
-        )
-
+    render = partial(answer, model, body, trace, wanted, next_p)
     return await offload_if(len(questions) + len(wanted) > INLINE_INTERACTIONS or body.return_attention, render)
+
+
+def answer(
+    model: ServedModel, body: KnowledgeTraceRequest, trace: service.Trace, wanted: np.ndarray, next_p: np.ndarray
+) -> bytes:
+    """The response's JSON."""
+    return dumps(
+        {
+            "model": model.name,
+            "family": model.state.family.name,
+            "n_concepts": model.state.n_concepts,
+            "predictions": trace.predictions if body.return_predictions else None,
+            "next": service.next_items(model, wanted, next_p),
+            "mastery": None if trace.mastery is None else MASTERY_ROWS[body.mastery](trace.mastery),
+            "attention": trace.attention if body.return_attention else None,
+        }
+    )
 
 
 @router.post(
@@ -77,7 +82,7 @@ async def knowledge_trace(request: Request) -> JsonResponse:
     next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
     rows = service.rows_needed(model, len(body.interactions), next_count > 0)
     with model.batcher.admit(rows, cells=len(body.interactions) + next_count):
-        arrays = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, _arrays, model, body)
+        arrays = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, arrays_of, model, body)
         return JsonResponse(await complete(request, _answer(model, body, arrays), model.name))
 
 

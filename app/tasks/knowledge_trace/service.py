@@ -239,10 +239,10 @@ History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
     """`trace` of several `(questions, correct, memory)` histories (see the module docstring for how the
     chunks of long ones run)."""
-    chunked = [_chunks(model, *history) for history in histories]
+    chunked = [history_chunks(model, *history) for history in histories]
     family = model.state.family
     run = _interleaved if chunks_share_runs(model) else _chained
-    return [_trace(family, outputs) for outputs in await run(model, chunked)]
+    return [trace_of(family, outputs) for outputs in await run(model, chunked)]
 
 
 def chunks_share_runs(model: ServedModel) -> bool:
@@ -280,7 +280,7 @@ async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]
     return outputs
 
 
-def _chunks(
+def history_chunks(
     model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None
 ) -> list[tuple[Feeds, int]]:
     """One history's graph feeds, chunk by chunk (one row of at most `seqlen` steps each), with its length; the
@@ -298,7 +298,7 @@ def _chunks(
     return chunks
 
 
-def _trace(family: Family, chunks: list[Feeds]) -> Trace:
+def trace_of(family: Family, chunks: list[Feeds]) -> Trace:
     """One history's Trace from the outputs of its chunks, in order (a batch row of one each)."""
     predictions = np.concatenate([outputs["p"][0] for outputs in chunks])
     memory = chunks[-1][family.state_output][0]
@@ -315,15 +315,19 @@ async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.nda
     The prediction at a step reads the state before that step's update, so the answer fed with it
     (0) does not matter.
     """
+    outputs = await model.batcher.run(next_feeds(model, memory, questions), len(questions), 1)
+    return outputs["p"][:, 0]
+
+
+def next_feeds(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> Feeds:
+    """The feeds of `predict_next`: one row of one step per question, each from `memory`."""
     count = len(questions)
-    feeds = {
+    return {
         "q": questions.astype(np.int64).reshape(count, 1),
         "r": np.zeros((count, 1), dtype=np.int64),
         "len": np.ones(count, dtype=np.int64),
         model.state.family.state_input: np.repeat(memory[np.newaxis], count, axis=0).astype(np.float32),
     }
-    outputs = await model.batcher.run(feeds, count, 1)
-    return outputs["p"][:, 0]
 
 
 async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | None:

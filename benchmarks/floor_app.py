@@ -1,0 +1,99 @@
+"""The floor of the HTTP path, for `make loadtest`: what a request costs on uvicorn with nothing of the service
+around the model but its validation, encoding, one inline ONNX run per graph call and its JSON answer.
+
+POST /similarity and POST /knowledge-trace (histories of at most one chunk) are answered by one plain ASGI
+function on plain uvicorn (httptools, asyncio, no access log), with the service's own schemas, tokenizer,
+GloVe lookup, graph feeds, decoding and orjson rendering. Left out, compared with `python -m app`: the
+middlewares (request id, access line, metrics, drain gate, body limits, error catcher), the connection
+guard, admission, the batcher, deadlines and disconnect handling. The load benchmark runs it at concurrency 1
+next to the service and bare ONNX Runtime: the service's own cost is its p50 less this one's.
+
+    python -m benchmarks.floor_app PORT
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import uvicorn
+
+from app.frame.metrics import Metrics
+from app.frame.registry import ModelRegistry
+from app.frame.responses import dumps
+from app.frame.settings import Settings
+from app.runtime.memory import tune_malloc
+from app.tasks import TASKS
+from app.tasks.knowledge_trace import http as knowledge_http
+from app.tasks.knowledge_trace import service as knowledge
+from app.tasks.knowledge_trace.schemas import KnowledgeTraceRequest
+from app.tasks.similarity import service as similarity
+from app.tasks.similarity.schemas import SimilarityRequest
+
+
+def similarity_answer(registry: ModelRegistry, body: bytes) -> bytes:
+    request = SimilarityRequest.model_validate_json(body)
+    model = registry.get(request.model, "similarity")
+    (pair,) = similarity.encode_pairs(model, [(request.sentence_a, request.sentence_b)], [("body",)])
+    outputs = model.run(similarity.pair_feeds(pair))
+    return dumps(similarity.decode(model, pair, outputs, request.return_attention))
+
+
+def knowledge_trace_answer(registry: ModelRegistry, body: bytes) -> bytes:
+    request = KnowledgeTraceRequest.model_validate_json(body)
+    model = registry.get(request.model, "knowledge-trace")
+    questions, correct, wanted = knowledge_http.arrays_of(model, request)
+    chunks = knowledge.history_chunks(model, questions, correct, None)
+    if len(chunks) > 1:
+        raise ValueError("the floor app serves histories of one chunk only")
+    trace = knowledge.trace_of(model.state.family, [model.run(chunks[0][0])])
+    next_p = model.run(knowledge.next_feeds(model, trace.memory, wanted))["p"][:, 0] if len(wanted) else np.zeros(0)
+    return knowledge_http.answer(model, request, trace, wanted, next_p)
+
+
+ANSWERS = {"/similarity": similarity_answer, "/knowledge-trace": knowledge_trace_answer}
+
+
+def floor_app(registry: ModelRegistry):
+    """The ASGI app: the two POST paths above, 404 for anything else."""
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        answer = ANSWERS.get(scope["path"])
+        if answer is None or scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        payload = answer(registry, b"".join(chunks))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+    return app
+
+
+def main() -> None:
+    tune_malloc()  # as `python -m app` does, before any thread starts
+    settings = Settings()
+    registry = ModelRegistry(settings, TASKS, Metrics())
+    registry.load()
+    uvicorn.run(
+        floor_app(registry),
+        host="127.0.0.1",
+        port=int(sys.argv[1]),
+        http="httptools",
+        loop="asyncio",
+        access_log=False,
+        log_level="warning",
+        lifespan="off",
+    )
+
+
+if __name__ == "__main__":
+    main()
