@@ -8,7 +8,8 @@ Validates on SICK trial every epoch and keeps the epoch with the best trial Pear
 `--average-from K`, also the mean of the weights of epochs K.. at each epoch end, whichever scores best);
 stops early; evaluates the test split once at the end. With `--teacher-targets FILE` (written by
 `models.teacher_targets`) and `--distill-weight w`, the targets of every training pair are mixed with the
-teachers' mean predictions (knowledge distillation, Hinton et al. 2015): (1 - w) * gold + w * teacher.
+teachers' mean predictions (knowledge distillation, Hinton et al. 2015): (1 - w) * gold + w * teacher;
+`--teacher-temperature T` first softens the teachers' entailment probabilities to p^(1/T), renormalised.
 Writes `last.pt`, `best.pt` and `result.json` into `--out` (default runs/sim/<pointer>).
 """
 
@@ -178,6 +179,15 @@ def train_epoch(
 TEACHER_PARTS = ("relatedness", "entailment")
 
 
+def soften(probabilities: np.ndarray, temperature: float) -> np.ndarray:
+    """Probabilities at temperature T (Hinton et al. 2015): softmax(log p / T), i.e. p^(1/T) renormalised per row."""
+    if temperature == 1:
+        return probabilities
+    logits = np.log(np.clip(probabilities, 1e-12, None)) / temperature
+    exponentials = np.exp(logits - logits.max(-1, keepdims=True))
+    return (exponentials / exponentials.sum(-1, keepdims=True)).astype(probabilities.dtype)
+
+
 def read_teacher_targets(path: Path, train: dict[str, str], pairs: int) -> dict[str, np.ndarray]:
     """The teachers' probabilities for the training pairs, checked against the training file and its size."""
     stored = np.load(path)
@@ -246,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="with --teacher-targets, the teachers' share w of the targets: (1 - w) * gold + w * teacher",
     )
+    parser.add_argument(
+        "--teacher-temperature",
+        type=float,
+        default=1.0,
+        help="with --teacher-targets, soften the teachers' entailment probabilities to temperature T: "
+        "p^(1/T), renormalised (their relatedness distributions are kept: softening would move the expected score)",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
     parser.add_argument("--no-progress", action="store_true")
     return parser
@@ -269,7 +286,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.teacher_targets is not None:
         if not 0 <= args.distill_weight <= 1:
             raise SystemExit("--distill-weight must lie in [0, 1]")
+        if args.teacher_temperature <= 0:
+            raise SystemExit("--teacher-temperature must be positive")
         teacher = read_teacher_targets(args.teacher_targets, records["train"], len(splits["train"]))
+        teacher["entailment"] = soften(teacher["entailment"], args.teacher_temperature)
     config = RMCConfig(
         pointer=args.pointer,
         window=args.window,
@@ -322,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
             else {
                 "teacher_targets": {"file": str(args.teacher_targets), "sha256": sha256_of(args.teacher_targets)},
                 "distill_weight": args.distill_weight,
+                "teacher_temperature": args.teacher_temperature,
             }
         ),
         "epochs_run": state["epoch"],

@@ -64,6 +64,17 @@ def test_a_half_weight_mixes_gold_and_teacher_evenly():
     torch.testing.assert_close(soft_labels.sum(-1), torch.ones(6))
 
 
+def test_soften_is_a_softmax_of_the_log_probabilities_over_the_temperature():
+    probabilities = torch.softmax(torch.randn(6, 3, generator=torch.Generator().manual_seed(0)), dim=-1).numpy()
+    assert train_sim.soften(probabilities, 1.0) is probabilities
+    softened = train_sim.soften(probabilities, 2.0)
+    expected = torch.softmax(torch.log(torch.from_numpy(probabilities)) / 2, dim=-1).numpy()
+    np.testing.assert_allclose(softened, expected, rtol=1e-5)
+    np.testing.assert_allclose(softened.sum(-1), np.ones(6), rtol=1e-6)
+    assert (softened.argmax(-1) == probabilities.argmax(-1)).all()
+    assert (softened.max(-1) < probabilities.max(-1)).all()
+
+
 def test_teacher_targets_from_a_run_and_its_graph_agree_and_train_a_student(tmp_path):
     pytest.importorskip("onnxruntime")
     from export.similarity import export_pair_model, load_model
@@ -83,9 +94,11 @@ def test_teacher_targets_from_a_run_and_its_graph_agree_and_train_a_student(tmp_
     assert from_run["mean"]["trial"]["pearson"] == pytest.approx(from_graph["mean"]["trial"]["pearson"], abs=1e-4)
 
     student = tmp_path / "student"
-    train_sim.main([*common, "--seed", "2", "--out", str(student), "--teacher-targets", str(tmp_path / "a.npz")])
+    teachers = ["--teacher-targets", str(tmp_path / "a.npz"), "--teacher-temperature", "2"]
+    train_sim.main([*common, "--seed", "2", "--out", str(student), *teachers])
     result = json.loads((student / "result.json").read_text())
     assert result["distill_weight"] == 0.5 and result["teacher_targets"]["file"] == str(tmp_path / "a.npz")
+    assert result["teacher_temperature"] == 2.0
 
     other = write_sick(tmp_path / "other", seed=3)
     with pytest.raises(SystemExit, match="another training file"):
