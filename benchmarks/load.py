@@ -42,6 +42,7 @@ from app.tasks.similarity.service import EncodedPair, EncodedSentence, pair_feed
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors
 from benchmarks.common import ARTIFACTS, manifest_entry
+from benchmarks.floor_app import ANSWERS as FLOOR_PATHS
 from benchmarks.table import write_section
 
 T = TypeVar("T")
@@ -369,7 +370,8 @@ def throughput_table(url: str, floor_url: str, pid: int, seconds: int) -> tuple[
         batch_items_s = 32 * scenario.items / (median_ms(scenario.bare_batch32, 20) / 1000)
         if scenario.items == 32:  # the request is itself a batch of 32: its bare work is one batch-32 run
             batch_items_s = 32 / (single_ms / 1000)
-        bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {floor_ms:.2f} | {batch_items_s:.0f} |")
+        floor_cell = "-" if floor_ms is None else f"{floor_ms:.2f}"
+        bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {floor_cell} | {batch_items_s:.0f} |")
         for concurrency in CONCURRENCY:
             if concurrency == 1:
                 result, peak = alone, alone_peak
@@ -379,11 +381,13 @@ def throughput_table(url: str, floor_url: str, pid: int, seconds: int) -> tuple[
             items_s = result.ok_per_s * scenario.items
             if concurrency == 1:
                 versus = f"p50 {result.p50_ms / single_ms:.2f}x bare batch 1"
-                targets.append(
-                    f"- {scenario.name}, concurrency 1: p50 {result.p50_ms:.2f} ms = {versus} (the floor app: "
-                    f"{floor_ms:.2f} ms = {floor_ms / single_ms:.2f}x; the service's own cost "
-                    f"{result.p50_ms - floor_ms:.2f} ms)"
-                )
+                floor_text = ""
+                if floor_ms is not None:
+                    floor_text = (
+                        f" (the floor app: {floor_ms:.2f} ms = {floor_ms / single_ms:.2f}x; the service's own cost "
+                        f"{result.p50_ms - floor_ms:.2f} ms)"
+                    )
+                targets.append(f"- {scenario.name}, concurrency 1: p50 {result.p50_ms:.2f} ms = {versus}{floor_text}")
             else:
                 versus = f"{items_s / batch_items_s:.2f}x bare batch 32"
                 if concurrency == 32:
@@ -404,17 +408,21 @@ def peak_rss_during(pid: int, call: Callable[[], T]) -> tuple[T, float]:
     return result, max(rss.stop())
 
 
-def concurrency_one(url: str, floor_url: str, scenario: Scenario, seconds: int) -> tuple[WrkResult, float, float]:
+def concurrency_one(
+    url: str, floor_url: str, scenario: Scenario, seconds: int
+) -> tuple[WrkResult, float, float | None]:
     """wrk at concurrency 1 on the service and on the floor app (benchmarks/floor_app.py), and bare ONNX Runtime
     at batch 1, taking turns C1_ROUNDS times: the service's rounds merged (answers and rate summed, p50 and p99
-    the rounds' medians, max the largest), the median of the bare medians and the floor's median p50."""
+    the rounds' medians, max the largest), the median of the bare medians and the floor's median p50 (None for
+    a path the floor app does not serve)."""
     bare, rounds, floor = [], [], []
     round_seconds = max(1, round(seconds / C1_ROUNDS))
     for _ in range(C1_ROUNDS):
         bare.append(bare_ms(scenario.bare_single))
-        floor.append(wrk(f"{floor_url}{scenario.path}", scenario.body, 1, round_seconds, 30).p50_ms)
+        if scenario.path in FLOOR_PATHS:
+            floor.append(wrk(f"{floor_url}{scenario.path}", scenario.body, 1, round_seconds, 30).p50_ms)
         rounds.append(wrk(f"{url}{scenario.path}", scenario.body, 1, round_seconds, 30))
-    return _merged(rounds), float(np.median(bare)), float(np.median(floor))
+    return _merged(rounds), float(np.median(bare)), float(np.median(floor)) if floor else None
 
 
 def _merged(rounds: list[WrkResult]) -> WrkResult:
@@ -544,7 +552,8 @@ def main() -> None:
             f"server idle; at concurrency 1, wrk and bare batch 1 take turns in {C1_ROUNDS} rounds (the p50s and "
             "the bare times are the rounds' medians), so that a drift of the shared machine affects both. Items "
             "are pairs (similarity) or histories (knowledge tracing). The floor app (`benchmarks/floor_app.py`, "
-            "its own process, idle otherwise) takes its turn in the same rounds: one plain ASGI function on plain "
+            "its own process, idle otherwise) takes its turn in the same rounds for /similarity and /knowledge-trace: "
+            "one plain ASGI function on plain "
             "uvicorn with the service's validation, encoding, inline ONNX runs and JSON rendering, and none of "
             "its middlewares, batching, admission or deadlines, so its p50 is what the same answer costs on this "
             "web stack before the service adds anything.",
