@@ -276,35 +276,34 @@ def start_server(port: int, log: Path) -> tuple[subprocess.Popen, float]:
     }
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    with httpx.Client(timeout=2) as client:
-        while time.perf_counter() - started < 120:
-            try:
-                if client.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
-                    return process, time.perf_counter() - started
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None:
-                raise RuntimeError(f"the server exited; see {log}")
-            time.sleep(0.005)
-    raise RuntimeError("the server did not become ready in 120 s")
+    _wait_until(process, f"http://127.0.0.1:{port}/ready", 200, log)
+    return process, time.perf_counter() - started
 
 
 def start_floor_app(port: int, log: Path) -> subprocess.Popen:
-    """`python -m benchmarks.floor_app` on the committed models, once it answers."""
+    """`python -m benchmarks.floor_app` on the committed models, once it answers (its 404 at /)."""
     env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS)}
     command = [sys.executable, "-m", "benchmarks.floor_app", str(port)]
     process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    _wait_until(process, f"http://127.0.0.1:{port}/", 404, log)
+    return process
+
+
+def _wait_until(process: subprocess.Popen, url: str, status: int, log: Path, timeout_s: float = 120) -> None:
+    """Poll `url` until it answers `status`; an error if `process` exits first (see `log`) or after `timeout_s`."""
     started = time.perf_counter()
-    while time.perf_counter() - started < 120:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=2)  # its 404: it listens
-            return process
-        except httpx.TransportError:
+    with httpx.Client(timeout=2) as client:
+        while time.perf_counter() - started < timeout_s:
+            try:
+                if client.get(url).status_code == status:
+                    return
+            except httpx.TransportError:
+                pass
             if process.poll() is not None:
-                raise RuntimeError(f"the floor app exited; see {log}") from None
-            time.sleep(0.05)
+                raise RuntimeError(f"{' '.join(map(str, process.args))} exited; see {log}")
+            time.sleep(0.005)
     process.kill()
-    raise RuntimeError("the floor app did not answer in 120 s")
+    raise RuntimeError(f"{url} did not answer {status} in {timeout_s:g} s")
 
 
 def wrk(url: str, body: dict, connections: int, seconds: int, timeout_s: float) -> WrkResult:
@@ -552,9 +551,9 @@ def main() -> None:
             f"server idle; at concurrency 1, wrk and bare batch 1 take turns in {C1_ROUNDS} rounds (the p50s and "
             "the bare times are the rounds' medians), so that a drift of the shared machine affects both. Items "
             "are pairs (similarity) or histories (knowledge tracing). The floor app (`benchmarks/floor_app.py`, "
-            "its own process, idle otherwise) takes its turn in the same rounds for /similarity and /knowledge-trace: "
-            "one plain ASGI function on plain "
-            "uvicorn with the service's validation, encoding, inline ONNX runs and JSON rendering, and none of "
+            "its own process, idle otherwise) takes its turn in the same rounds for /similarity and "
+            "/knowledge-trace: one plain ASGI function on plain uvicorn with the service's validation, encoding, "
+            "inline ONNX runs and JSON rendering, and none of "
             "its middlewares, batching, admission or deadlines, so its p50 is what the same answer costs on this "
             "web stack before the service adds anything.",
             "",

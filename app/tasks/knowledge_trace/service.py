@@ -257,9 +257,10 @@ async def _chained(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -
     family = model.state.family
     one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) < 2])
     chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
-    if not chains:  # no task per coroutine (gather's): a turn of the event loop less
-        return [[outputs] for outputs in await one_chunk]
-    short, *long = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains))
+    if chains:
+        short, *long = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains))
+    else:  # no task per coroutine (gather's): a turn of the event loop less
+        short, long = await one_chunk, []
     short, long = iter(short), iter(long)
     return [[next(short)] if len(chunks) < 2 else next(long) for chunks in chunked]
 
