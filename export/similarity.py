@@ -137,11 +137,12 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
     pointer = config["pointer"]
     paper = PAPER[pointer]
     pointer_text = f"VLMP with window w={config['window']}" if pointer == "vlmp" else "FLMP"
+    heads = f"averaged over the {config['num_heads']} heads"
     row_text = (
-        "the weights, averaged over the 8 heads, that the memory row gave to the tokens of its window "
+        f"the weights, {heads}, that the memory row gave to the tokens of its window "
         f"(tokens t-{config['window'] - 1}..t) while reading token t"
         if pointer == "vlmp"
-        else "the weight, averaged over the 8 heads, that the memory row gave to token t while reading it "
+        else f"the weight, {heads}, that the memory row gave to token t while reading it "
         "(FLMP sees one token per step, so the map is diagonal)"
     )
     lines = [

@@ -18,8 +18,9 @@ def test_models_lists_every_model_with_task_limits_batching_and_metrics(client):
     assert listed[KT_MODEL]["n_questions"] == 50 and listed[KT_MODEL]["n_concepts"] == 5
     assert listed[SIM_MODEL]["task"] == "similarity" and listed[SIM_MODEL]["max_tokens"] == 64
     assert "test_pearson" in listed[SIM_MODEL]["metrics"] and "test_auc" in listed[KT_MODEL]["metrics"]
-    cells = {m["name"]: m for m in manifest_models(COMMITTED)}[SIM_MODEL]["batching"]["max_cells"]
-    assert cells in (512, 512 // 4)  # one VLMP model; the 4-member ensemble (its per-member rows cost as much)
+    entry = {m["name"]: m for m in manifest_models(COMMITTED)}[SIM_MODEL]
+    cells = entry["batching"]["max_cells"]
+    assert cells == 512 // entry["metadata"]["members"]  # one VLMP model's cap, divided by an ensemble's members
     expected = {"max_batch": 32, "max_wait_ms": 2.0, "max_queue": 512, "max_cells": cells}
     assert listed[SIM_MODEL]["batching"] == expected
     assert listed["dkvmn-assist2009"]["batching"]["max_cells"] == 200  # the manifest's per-model override

@@ -19,11 +19,11 @@ PAIRS = [
     ("Two dogs are running through the snow.", "A woman is slicing an onion, qzxqzx!"),
 ]
 SHORT = "A dog runs."
-WIDTH = next(  # the default model's sentence vector: 512 for one model, 512 per member for an ensemble
-    m["metadata"]["embedding_dim"]
-    for m in json.loads((COMMITTED / "manifest.json").read_text())["models"]
-    if m["name"] == SIM_MODEL
+SIM_METADATA = next(
+    m["metadata"] for m in json.loads((COMMITTED / "manifest.json").read_text())["models"] if m["name"] == SIM_MODEL
 )
+# the default model's sentence vector: final forward and backward memory (2 x memory_size) per member
+WIDTH = SIM_METADATA["embedding_dim"]
 LONG = "A group of children in colourful uniforms is playing football on a very large field near the old school."
 
 
@@ -37,7 +37,7 @@ def test_embeddings_return_the_sentence_vectors_and_tokens(client):
     body = embed(client, [PAIRS[2][1], SHORT])
     info = {m["name"]: m for m in client.get("/models").json()["models"]}[SIM_MODEL]
     assert body["model"] == SIM_MODEL and body["embedding_dim"] == info["embedding_dim"] == WIDTH
-    assert WIDTH % 512 == 0
+    assert 2 * SIM_METADATA["memory_size"] * SIM_METADATA.get("members", 1) == WIDTH
     assert info["max_sentences"] == 256
     first, second = body["results"]
     assert first["tokens"] == ["<s>", "a", "woman", "is", "slicing", "an", "onion", "qzxqzx", "</s>"]

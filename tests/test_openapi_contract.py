@@ -221,7 +221,7 @@ def test_a_generated_client_calls_every_operation(server, schema, tmp_path, monk
         abs(result.relatedness - single.relatedness) < 1e-5 for result in batch.results
     )
     vectors = api("similarity.embeddings").sync(client=client, body=EmbeddingsRequest(sentences=list(pair.values())))
-    assert vectors.embedding_dim == len(vectors.results[0].embedding) and vectors.embedding_dim % 512 == 0
+    assert vectors.embedding_dim == len(vectors.results[0].embedding) > 0
     assert vectors.results[0].tokens[:3] == ["<s>", "a", "man"]
     stored = api("similarity.similarity_from_embeddings").sync(
         client=client,
