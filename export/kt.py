@@ -204,6 +204,7 @@ def write_card(
             else " Deviation from the original recipe (SGD with momentum, 100 epochs): Adam with a plateau "
             "schedule and early stopping on the validation fold."
         ),
+        *_average_lines(result),
         *_refit_lines(result),
         f"- Sizes: Q={config['n_questions']}, N={config['memory_size']} concepts, d_k={config['key_dim']}, "
         f"d_v={config['value_dim']}, final fc {config['final_fc_dim']}, seqlen {recipe['seqlen']}, "
@@ -270,6 +271,25 @@ def _cv_lines(result: dict) -> list[str]:
 def _repeats_lines(extras: dict) -> list[str]:
     """The repeated-answer caveat (ASSISTments 2009), measured by `export.kt_repeats`."""
     return repeats_section(extras["repeats"]) if "repeats" in extras else []
+
+
+def _average_lines(result: dict) -> list[str]:
+    """Which weights selection took when the run also validated a running weight average (`--average-from`)."""
+    start = result.get("average_from", 0)
+    if not start:
+        return []
+    if result.get("best_weights") == "average":
+        first, last = result["best_averaged_epochs"]
+        chosen = f"the mean of the weights at the ends of epochs {first}-{last}" + (
+            "; the refit ships the mean of its own weights at the same epoch ends" if result.get("refit") else ""
+        )
+    else:
+        chosen = f"the raw weights of epoch {result['best_epoch']}"
+    return [
+        f"- Weight averaging (`--average-from {start}`): from epoch {start} on, the equal-weight mean of the weights "
+        "at every epoch end so far was validated next to the raw weights, and selection took whichever scored "
+        f"higher: here {chosen}.",
+    ]
 
 
 def _refit_lines(result: dict) -> list[str]:

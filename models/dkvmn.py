@@ -8,6 +8,11 @@ Everything that does not depend on the memory (embeddings, correlation weights, 
 is computed for all steps before the time loop; only the read needs the previous memory. The time loop
 is `models.unroll.unroll`: a Python loop by default, one scan (an ONNX Scan node with dynamic batch and
 length) when the exporter passes `use_scan=True`. `tests/` asserts that both agree.
+
+Training (`training_logits`) runs the same operations with fewer autograd nodes per step (the reshapes are
+done once for all steps, and for small memories the write's factors `1 - w e^T` and `w a^T` too), so its
+logits and gradients equal the serving step's bit for bit (tests/test_dkvmn.py). A synthetic training epoch
+(N=5) takes 0.56 s instead of 1.05 s at one thread.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from torch import nn
 from models.unroll import unroll
 
 QUESTION_HIDDEN = 50  # the code's hard-coded tanh(W_h k_t) width, absent from the paper
+# Up to this many elements in [B,T,N,d_v], training computes the write factors of all steps before the loop;
+# above it (ASSIST, STATICS) those tensors cost more memory traffic than the per-step nodes they save.
+PRECOMPUTED_WRITE_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -97,10 +105,17 @@ class DKVMN(nn.Module):
         memory = memory * (1 - ww * erase.unsqueeze(1)) + ww * add.unsqueeze(1)  # [B,N,d_v]
         return memory, read
 
-    def _read_step(self, memory, inputs_t):
-        """Training step: only the read is kept per step."""
-        memory, read = self._read_and_write(memory, inputs_t)
-        return memory, (read,)
+    @staticmethod
+    def _read_then_erase_add(memory, inputs_t):
+        """Training step, inputs pre-shaped w [B,1,N], write weights [B,N,1], e and a [B,1,d_v]: (M_t, (read,))."""
+        w, ww, erase, add = inputs_t
+        return memory * (1 - ww * erase) + ww * add, (torch.bmm(w, memory),)
+
+    @staticmethod
+    def _read_then_keep_put(memory, inputs_t):
+        """Training step with the write's factors precomputed, keep = 1 - w e^T and put = w a^T [B,N,d_v]."""
+        w, keep, put = inputs_t
+        return memory * keep + put, (torch.bmm(w, memory),)
 
     def _read_and_keep_memory_step(self, memory, inputs_t):
         """Serving step: the read and the memory after the step (for the mastery output)."""
@@ -125,8 +140,14 @@ class DKVMN(nn.Module):
 
     def training_logits(self, q: torch.Tensor, r: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Logits [B,T] of answering each q_t correctly given steps < t (Python loop, memory reset)."""
-        _, (reads,) = unroll(self._read_step, self.initial_memory(q.shape[0]), self._step_terms(q, r, lengths))
-        return self._predict_logits(reads, self._question_features(q))
+        w, write_w, erase, add = self._step_terms(q, r, lengths)
+        w, ww, erase, add = w.unsqueeze(2), write_w.unsqueeze(-1), erase.unsqueeze(2), add.unsqueeze(2)
+        if ww.numel() * add.shape[-1] <= PRECOMPUTED_WRITE_LIMIT:
+            step, terms = self._read_then_keep_put, (w, 1 - ww * erase, ww * add)
+        else:
+            step, terms = self._read_then_erase_add, (w, ww, erase, add)
+        _, (reads,) = unroll(step, self.initial_memory(q.shape[0]), terms)
+        return self._predict_logits(reads.squeeze(2), self._question_features(q))
 
     def forward(self, q, r, lengths, mv_in, use_scan: bool = False):
         """Serving graph: p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v].

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from export.kt import export_dkvmn
+from models import dkvmn
 from models.dkvmn import DKVMN, DKVMNConfig
 from models.kt_data import KTDataError, read_students, to_sequences
+from models.unroll import unroll
 
 CONFIG = DKVMNConfig(n_questions=30, memory_size=4, key_dim=8, value_dim=12)
 
@@ -65,6 +67,33 @@ def test_training_logits_match_the_serving_graph(model):
     p, *_ = _run(model, q, r, lengths)
     with torch.no_grad():
         torch.testing.assert_close(torch.sigmoid(model.training_logits(q, r, lengths)), p)
+
+
+def _step_by_step_logits(model: DKVMN, q, r, lengths) -> torch.Tensor:
+    """Training logits with the serving step (read, then erase-and-add, one step at a time)."""
+
+    def step(memory, inputs_t):
+        memory, read = model._read_and_write(memory, inputs_t)
+        return memory, (read,)
+
+    _, (reads,) = unroll(step, model.initial_memory(len(q)), model._step_terms(q, r, lengths))
+    return model._predict_logits(reads, model._question_features(q))
+
+
+@pytest.mark.parametrize("precomputed_write_limit", [0, 1 << 20], ids=["per-step-write", "precomputed-write"])
+def test_training_logits_and_gradients_equal_the_step_by_step_ones_bit_for_bit(monkeypatch, precomputed_write_limit):
+    monkeypatch.setattr(dkvmn, "PRECOMPUTED_WRITE_LIMIT", precomputed_write_limit)
+    torch.manual_seed(1)
+    model = DKVMN(CONFIG)
+    q, r, lengths = _batch([12, 5, 9], 12)
+    results = []
+    for logits_of in (model.training_logits, lambda *batch: _step_by_step_logits(model, *batch)):
+        model.zero_grad()
+        logits = logits_of(q, r, lengths)
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        results.append([logits.detach(), *(parameter.grad.clone() for parameter in model.parameters())])
+    for fast, reference in zip(*results, strict=True):
+        assert torch.equal(fast, reference)
 
 
 def test_python_loop_and_scan_agree(model):

@@ -1,0 +1,26 @@
+"""The DKVMN model card says which weights a run with weight averaging shipped."""
+
+from __future__ import annotations
+
+from export import kt as export_kt
+from models import train_kt
+from tests.synthetic_data import write_synthetic_kt
+
+
+def test_exported_card_says_which_weights_selection_took(tmp_path):
+    data = write_synthetic_kt(tmp_path / "kt")
+    run = tmp_path / "runs" / "synthetic-v0"
+    args = ["--dataset", "synthetic-v0", "--data-dir", str(data), "--epochs", "3", "--average-from", "2"]
+    result = train_kt.main([*args, "--optimizer", "sgd", "--out", str(run), "--no-progress"])
+    export_kt.main(["--run", str(run), "--name", "kt-toy", "--artifacts", str(tmp_path / "artifacts")])
+    card = (tmp_path / "artifacts" / "kt-toy.md").read_text()
+    assert export_kt._average_lines(result)[0] in card.splitlines()
+
+
+def test_average_line_names_the_averaged_epochs_the_raw_epoch_or_nothing():
+    run = {"average_from": 20, "best_epoch": 49, "best_weights": "average", "best_averaged_epochs": [20, 49]}
+    (averaged,) = export_kt._average_lines({**run, "refit": {"epochs": 49}})
+    assert "(`--average-from 20`)" in averaged and "the ends of epochs 20-49; the refit ships" in averaged
+    (raw,) = export_kt._average_lines({**run, "best_weights": "raw", "best_averaged_epochs": None})
+    assert raw.endswith("here the raw weights of epoch 49.")
+    assert export_kt._average_lines({**run, "average_from": 0}) == []
