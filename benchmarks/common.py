@@ -62,8 +62,9 @@ def onnx_vs_eager_rows(
     ort_ms = timings_ms(onnx_call, repeats)
     eager_ms = timings_ms(eager_call, repeats)
     ratio = np.median(eager_ms) / np.median(ort_ms)
+    note = f"{ratio:.1f}x faster than eager" if ratio >= 1 else f"{1 / ratio:.1f}x slower than eager"
     return [
-        Row(model, "ONNX Runtime", setting, float(np.median(ort_ms)), p99(ort_ms), f"{ratio:.1f}x faster than eager"),
+        Row(model, "ONNX Runtime", setting, float(np.median(ort_ms)), p99(ort_ms), note),
         Row(model, "PyTorch eager (loop)", setting, float(np.median(eager_ms)), p99(eager_ms)),
     ]
 

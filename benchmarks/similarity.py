@@ -22,6 +22,7 @@ PAIR = {"sentence_a": "A man is playing a guitar on the stage.", "sentence_b": "
 
 
 def _graph_rows() -> list[Row]:
+    from models.ensemble import EnsemblePairModel
     from models.rmc import RMCConfig, SentencePairModel
 
     entry = manifest_entry(MODEL)
@@ -33,8 +34,11 @@ def _graph_rows() -> list[Row]:
         window=meta["window"],
         num_heads=meta["heads"],
         head_size=meta["memory_size"] // meta["heads"],
+        fc_dim=meta["fc_dim"],
     )
-    eager = SentencePairModel(config).eval()  # same sizes; latency does not depend on the weight values
+    # same sizes (and members, for an ensemble); latency does not depend on the weight values
+    members = [SentencePairModel(config) for _ in range(meta.get("members", 1))]
+    eager = (members[0] if len(members) == 1 else EnsemblePairModel(members)).eval()
     rng = np.random.default_rng(0)
     rows = []
     for batch in (1, 32):

@@ -266,6 +266,7 @@ def manifest_entry(
             "window": config.window,
             "memory_size": config.mem_size,
             "heads": config.num_heads,
+            "fc_dim": config.fc_dim,
             "embeddings": "glove-6b-50d",
             "entailment_labels": list(ENTAILMENT_LABELS),
         },
