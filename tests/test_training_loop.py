@@ -120,3 +120,12 @@ def test_knowledge_tracing_refit_averages_the_selected_epochs(tmp_path):
     assert result["refit"]["epochs"] == result["best_epoch"] and result["refit"]["averaged_epochs"] == expected
     with pytest.raises(SystemExit, match="weight averaging from epoch 2"):
         train_kt.main([*common[:-1], "3", "--epochs", "3", "--out", str(tmp_path / "run"), "--resume"])
+
+
+def test_knowledge_tracing_init_std_flag_sets_the_model_config():
+    recipe = train_kt.recipe_for("synthetic-v0")
+    parse = train_kt.build_parser().parse_args
+    assert train_kt.model_config(parse(["--dataset", "synthetic-v0"]), recipe).init_std == 0.1
+    config = train_kt.model_config(parse(["--dataset", "synthetic-v0", "--init-std", "0.3"]), recipe)
+    assert config.init_std == 0.3
+    assert train_kt.build_model(config).qa_embed.weight.std().item() > 0.25
