@@ -168,6 +168,17 @@ def test_students_keep_the_lstm_state_and_match_the_stateless_answer(api, graph)
     assert deleted == [{"model": DKT, "interactions": 260}]
 
 
+def test_students_asked_for_attention_and_mastery_steps_get_null_for_dkt(api):
+    """The options a DKVMN student may ask for are null for DKT (no memory slots), not an error."""
+    path = f"/students/dkt-{uuid.uuid4().hex}/interactions"
+    options = {"return_attention": True, "return_mastery_steps": True}
+    response = api.post(path, json={"model": DKT, "interactions": history(3, seed=5), **options})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["attention"] is None and body["mastery_steps"] is None and body["mastery"] is None
+    assert len(body["predictions"]) == 3
+
+
 def test_question_catalog_has_names_and_no_concepts(api):
     page = api.get(f"/models/{DKT}/questions", params={"limit": 2}).json()
     assert page["total"] == N_QUESTIONS and page["concepts"] is None

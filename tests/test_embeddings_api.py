@@ -123,6 +123,8 @@ def test_token_limit_message_names_the_limit(client):
         ({"embedding_a": [], "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a"], ""),
         ({"embedding_a": [0.5] * WIDTH, "embedding_b": [0.5] * 4097}, ["body", "embedding_b"], ""),
         ({"embedding_a": ["x"] * WIDTH, "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a", 0], ""),
+        ({"embedding_a": ["1"] * WIDTH, "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a", 0], "valid number"),
+        ({"embedding_a": [0.5] * WIDTH, "embedding_b": [True] * WIDTH}, ["body", "embedding_b", 0], "valid number"),
         ({"embedding_a": [1e7] * WIDTH, "embedding_b": [0.5] * WIDTH}, ["body", "embedding_a", 0], ""),
         ({"embedding_a": [0.5] * WIDTH}, ["body", "embedding_b"], ""),
     ],

@@ -28,10 +28,13 @@ class AppendRequest(BaseModel):
         description="question ids to predict after the last new interaction; null or [] = none (the default)",
     )
     return_attention: StrictBool = Field(
-        default=False, description="true: `attention` holds the correlation weights of each new interaction"
+        default=False,
+        description="true: `attention` holds the correlation weights of each new interaction (always null for DKT)",
     )
     return_mastery_steps: StrictBool = Field(
-        default=False, description="true: `mastery_steps` holds the mastery before and after each new interaction"
+        default=False,
+        description="true: `mastery_steps` holds the mastery before and after each new interaction "
+        "(always null for DKT)",
     )
 
 

@@ -95,8 +95,8 @@ async def _append(
         "predictions": trace.predictions.tolist(),
         "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
         "next": service.next_items(model, wanted, next_p),
-        "attention": trace.attention.tolist() if body.return_attention else None,
-        "mastery_steps": trace.mastery.tolist() if body.return_mastery_steps else None,
+        "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
+        "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
     }
 
 

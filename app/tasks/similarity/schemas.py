@@ -6,7 +6,16 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StringConstraints, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StringConstraints,
+    WithJsonSchema,
+)
 
 MAX_CHARACTERS = 1000
 MAX_BATCH_PAIRS = 256
@@ -135,7 +144,8 @@ class EmbeddingsResponse(BaseModel):
     results: list[SentenceEmbedding] = Field(description="one per sentence, in request order")
 
 
-VectorValue = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]
+VectorValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]
+EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/test_api.py posts every example)
 Vector = Annotated[
     list[VectorValue],
     Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),
@@ -145,7 +155,15 @@ Vector = Annotated[
 class EmbeddingPairRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"embedding_a": [0.1] * 512, "embedding_b": [0.2] * 512, "model": None}]},
+        json_schema_extra={
+            "examples": [
+                {
+                    "embedding_a": [0.1] * EXAMPLE_VECTOR_VALUES,
+                    "embedding_b": [0.2] * EXAMPLE_VECTOR_VALUES,
+                    "model": None,
+                }
+            ]
+        },
     )
 
     embedding_a: Vector
