@@ -7,6 +7,7 @@ engine states (queue full, deadline passed, model not loaded) run in-process on 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -272,6 +273,15 @@ def test_malformed_bodies_are_400_in_the_protocol_shape(server: Server) -> None:
         response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
         assert response.status_code == 400, case
         assert set(response.json()) == {"error"}, case
+    q = {"name": "q", "shape": [1, 1], "datatype": "INT64", "data": [1], "parameters": {"binary_data_size": 8}}
+    header = json.dumps({"inputs": [q]}).encode()
+    both = httpx.post(
+        url,
+        content=header + (1).to_bytes(8, "little"),
+        headers={"content-type": "application/octet-stream", "inference-header-content-length": str(len(header))},
+        timeout=30,
+    )
+    assert both.status_code == 400 and "both data and binary_data_size" in both.json()["error"]
 
 
 # -- engine states, in-process on the real app ------------------------------------------------------------

@@ -115,6 +115,8 @@ def decode_inputs(
             raise ProtocolError(f"input {tensor.name} is given twice")
         _check_header(tensor, spec)
         size = tensor.parameters.get("binary_data_size")
+        if size is not None and tensor.data is not None:
+            raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                 raise ProtocolError(f"input {tensor.name}: binary_data_size {size!r} does not fit the binary data")
