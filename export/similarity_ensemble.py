@@ -1,6 +1,10 @@
-"""Choose an ensemble of LSTM_RMC VLMP runs on SICK trial and export it as one pair graph, with card and manifest.
+"""Choose an ensemble of LSTM_RMC runs on SICK trial and export it as one pair graph, with card and manifest.
 
 python -m export.similarity_ensemble --run runs/sim/a --run runs/sim/b ... --name rmc-vlmp-sick --default
+python -m export.similarity_ensemble --run runs/sim/f1 --run runs/sim/f2 ... --name rmc-flmp-sick
+
+The candidates share one pointer (VLMP or FLMP) and encoder sizes; the card and the manifest entry describe
+that pointer, and `--default` alone makes the model the default similarity model.
 
 Selection (SICK trial only): the candidate members are ranked by their own trial Pearson r + accuracy; the
 ensembles of the best 1, 2, ... of them whose float32 weights fit under the file limit are scored on trial,
@@ -46,7 +50,7 @@ from export.similarity import (
     metrics_table,
 )
 from models.ensemble import EnsemblePairModel
-from models.rmc import SentencePairModel
+from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import ENTAILMENT_LABELS, SPLIT_FILES, read_split
 from models.train_sim import EncodedSplit, log_probabilities, split_metrics
 from models.training import data_dir_default
@@ -164,23 +168,48 @@ def describe_size(members: int) -> str:
     )
 
 
+def pointer_text(config: RMCConfig) -> str:
+    """The pointer as the card names it."""
+    return f"VLMP with window w={config.window}" if config.pointer == "vlmp" else "FLMP"
+
+
+def attention_slots(config: RMCConfig) -> int:
+    """K, the memory-row attention slots per step: the memory itself, then the window's tokens (VLMP) or token t."""
+    return 1 + (config.window if config.pointer == "vlmp" else 1)
+
+
+def attention_row_text(config: RMCConfig, members: int) -> str:
+    """What row t of a served attention map holds."""
+    averaged = f"averaged over the {config.num_heads} heads and over the {members} members (the graph outputs the "
+    if config.pointer == "vlmp":
+        return (
+            "the weights that the memory row gave to the tokens of its window "
+            f"(tokens t-{config.window - 1}..t) while reading token t, {averaged}members' mean map)"
+        )
+    return (
+        f"the weight that the memory row gave to token t while reading it, {averaged}members' mean map; FLMP "
+        "sees one token per step, so the map is diagonal)"
+    )
+
+
 def write_card(path: Path, name: str, context: dict, notes: str) -> None:
     """The ensemble's model card in markdown."""
     chosen, rows, members = context["chosen"], context["rows"], context["ranked"]
     test, trial, graph_trial = chosen["test"], chosen["trial"], context["graph_trial"]
     config = members[0].model.config
-    paper = PAPER["vlmp"]
+    paper = PAPER[config.pointer]
+    pointer = config.pointer.upper()
     k = chosen["members"]
     first = members[0].result
     lines = [
         f"# {name}",
         "",
-        f"LSTM_RMC (Ahmed & Mercer 2020), VLMP with window w={config.window}, trained on SICK for relatedness "
+        f"LSTM_RMC (Ahmed & Mercer 2020), {pointer_text(config)}, trained on SICK for relatedness "
         f"(SICK-R) and entailment (SICK-E): {describe_size(k)} Code: `models/rmc.py`, `models/ensemble.py`.",
         "",
         f"## Test metrics (SICK test, {context['test_pairs']:,} pairs; chosen on SICK trial)",
         "",
-        *metrics_table(test, trial, paper, "this model", "paper (VLMP, GloVe 840B 300d)"),
+        *metrics_table(test, trial, paper, "this model", f"paper ({pointer}, GloVe 840B 300d)"),
         f"The exported graph itself on onnxruntime, trial: r {graph_trial['pearson']:.4f}, MSE "
         f"{graph_trial['mse']:.4f}, accuracy {graph_trial['accuracy']:.4f}.",
         "",
@@ -230,7 +259,7 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         f"{config.dropout_relatedness} (R head) / {config.dropout_entailment} (E head). Special-token vectors "
         f"seeded with {first.get('specials_seed', first['seed'])} for every member (one asset serves them all).",
         f"- Total training time of the exported members: {sum(m.result['wall_seconds'] for m in members[:k]) / 60:.1f}"
-        " min (1 CPU thread each, two runs at a time on the shared 2-core machine).",
+        " min (1 CPU thread each, on the shared 2-core machine).",
         "",
         *data_files_table(first),
         "",
@@ -247,10 +276,9 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "",
         "## Attention maps",
         "",
-        "The service returns, per sentence, a `len(tokens) x len(tokens)` matrix. Row t is the weights that the "
-        f"memory row gave to the tokens of its window (tokens t-{config.window - 1}..t) while reading token t, "
-        f"averaged over the {config.num_heads} heads and over the {k} members (the graph outputs the members' "
-        "mean map). The encoder reads each sentence forward and reversed; the reversed pass's map is re-indexed "
+        "The service returns, per sentence, a `len(tokens) x len(tokens)` matrix. Row t is "
+        f"{attention_row_text(config, k)}. The encoder reads each sentence forward and reversed; the reversed "
+        "pass's map is re-indexed "
         "to the original token order and the two maps are averaged: `combined = (forward + backward) / 2`. "
         "Entries are non-negative; a row sums to less than 1 by the weight the memory kept on itself. Tokens "
         "include the `<s>` and `</s>` markers.",
@@ -271,14 +299,15 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "T), `len_a`, `len_b` [B] int64. Outputs `relatedness_log_probs` [B,5] (log of the members' mean "
         "distribution), `relatedness` [B] (its expected score), `entailment_logits` [B,3] (log of the members' "
         "mean probabilities, so a softmax gives that mean) and `attn_{a,b}_{fwd,bwd}` "
-        f"[B,T,{config.num_heads},{1 + config.window}] (members' mean "
+        f"[B,T,{config.num_heads},{attention_slots(config)}] (members' mean "
         "memory-row weights per step; index 0 is the memory itself): the inputs and outputs of a single model's "
         "graph.",
         f"- Parity with PyTorch (Python loop) on 64 real SICK trial pairs: max abs diff {context['parity']:.2e} "
         "(tolerance 1e-4).",
         f"- {context['size_mb']:.1f} MB ONNX, float32 weights. Token limit {MAX_TOKENS} per sentence including the "
         "markers (SICK's longest is 34). Batching cap "
-        f"{context['max_cells']} padded tokens per run ({MAX_CELLS['vlmp']} for one model, divided by the members: "
+        f"{context['max_cells']} padded tokens per run ({MAX_CELLS[config.pointer]} for one {pointer} model, "
+        "divided by the members: "
         "a run's working memory grows with them).",
         f"- Command: `{context['command']}`",
         "",
@@ -382,7 +411,7 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copyfile(DEFAULT_VOCABULARY, vocabulary)
     latency_labels, latency = measure_latency(onnx_file, ranked[0].model, args.latency_reference, args.latency_repeats)
     chosen = rows[k - 1]
-    max_cells = MAX_CELLS["vlmp"] // k
+    max_cells = MAX_CELLS[ensemble.config.pointer] // k
     command = "python -m export.similarity_ensemble " + " ".join(
         [
             *(f"--run {run}" for run in args.run),

@@ -1,10 +1,11 @@
 """Several trained LSTM_RMC pair models run as one: their encoders stacked into one recurrent pass.
 
-The members must share the pointer and every encoder size (they may differ in their heads). Their
-encoders run as one recurrent pass over a batch of `N x` the rows, member-major: every Linear layer applies
-each member's weights to that member's rows, every per-row norm and gate bias each member's own
-parameters. The attention, masking and scan run once for all members; the arithmetic still grows N-fold,
-so the ensemble costs more than one model (the measured latency against one model is in the card).
+The members must share the pointer (VLMP or FLMP) and every encoder size (they may differ in their heads).
+Their encoders run as one recurrent pass over a batch of `N x` the rows, member-major: every Linear layer
+applies each member's weights to that member's rows, every norm (VLMP's per-row norm, FLMP's joint norm over
+one batch row's memory and token rows) and gate bias each member's own parameters. The attention, masking
+and scan run once for all members; the arithmetic still grows N-fold, so the ensemble costs more than one
+model (the measured latency against one model is in the card).
 
 Outputs are those of `SentencePairModel`, combined as an ensemble average:
 - relatedness: the mean of the members' distributions over 1..5 (log of it, and its expected score);
@@ -56,24 +57,41 @@ class StackedRowLayerNorm(nn.Module):
         return row_norm(per_member, self.gain, self.bias, self.eps).reshape(z.shape)
 
 
+class StackedJointLayerNorm(nn.Module):
+    """N FLMP `LayerNorm([2, F])`s; input [N*R, 2, F] member-major, member n's rows with norm n's weight and bias.
+
+    The joint norm's statistics are per batch row (over its memory and token rows together), so they do not
+    depend on the member: one affine-free norm for all, then each member's own weight and bias."""
+
+    def __init__(self, norms: list[nn.LayerNorm]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([norm.weight.detach() for norm in norms]).unsqueeze(1))  # [N,1,2,F]
+        self.bias = nn.Parameter(torch.stack([norm.bias.detach() for norm in norms]).unsqueeze(1))
+        self.shape = tuple(norms[0].normalized_shape)
+        self.eps = norms[0].eps
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        normed = torch.nn.functional.layer_norm(z, self.shape, eps=self.eps)
+        per_member = normed.reshape(self.weight.shape[0], -1, *self.shape)
+        return (per_member * self.weight + self.bias).reshape(z.shape)
+
+
+STACKED_NORM_TYPES = {"vlmp": StackedRowLayerNorm, "flmp": StackedJointLayerNorm}
 STACKED_LINEARS = ("input_projector", "qkv_projector", "input_gate_projector", "memory_gate_projector")
 STACKED_NORMS = ("qkv_layernorm", "attended_memory_layernorm", "attended_memory_layernorm2")
 
 
 class StackedRelationalMemory(RelationalMemory):
-    """The RMC core of N members with equal sizes, run on member-major batches of N x the rows (VLMP only:
-    FLMP's joint norm over the memory and token rows has no per-row form to stack)."""
+    """The RMC core of N members with equal sizes, run on member-major batches of N x the rows."""
 
     def __init__(self, cores: list[RelationalMemory]) -> None:
         config = cores[0].config
-        if config.pointer != "vlmp":
-            raise ValueError("only VLMP members can be stacked")
         super().__init__(config)
         self.members = len(cores)
         for name in STACKED_LINEARS:
             setattr(self, name, StackedLinear([getattr(core, name) for core in cores]))
         for name in STACKED_NORMS:
-            setattr(self, name, StackedRowLayerNorm([getattr(core, name) for core in cores]))
+            setattr(self, name, STACKED_NORM_TYPES[config.pointer]([getattr(core, name) for core in cores]))
         self.attention_mlp = nn.ModuleList(
             StackedLinear([core.attention_mlp[layer] for core in cores]) for layer in range(config.mlp_layers)
         )
@@ -90,7 +108,8 @@ class StackedRelationalMemory(RelationalMemory):
 
 
 class EnsemblePairModel(nn.Module):
-    """N VLMP `SentencePairModel`s of equal encoder sizes as one model: same inputs and outputs (averaged)."""
+    """N `SentencePairModel`s of one pointer and equal encoder sizes as one model: same inputs and outputs
+    (averaged)."""
 
     def __init__(self, members: list[SentencePairModel]) -> None:
         super().__init__()

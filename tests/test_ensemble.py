@@ -14,8 +14,11 @@ from models.rmc import RMCConfig, SentencePairModel
 SMALL = {"num_heads": 2, "head_size": 8, "fc_dim": 16}
 
 
+POINTERS = ("vlmp", "flmp")
+
+
 def members(count: int, **sizes) -> list[SentencePairModel]:
-    """Untrained members with distinct weights (the gate biases moved off their shared initial values too)."""
+    """Untrained members with distinct weights (gate biases and norms moved off their shared initial values too)."""
     made = []
     for seed in range(count):
         torch.manual_seed(seed)
@@ -23,6 +26,9 @@ def members(count: int, **sizes) -> list[SentencePairModel]:
         with torch.no_grad():
             model.encoder.input_bias.fill_(0.1 * seed)
             model.encoder.forget_bias.fill_(1.0 - 0.2 * seed)
+            for name, parameter in model.encoder.named_parameters():
+                if "layernorm" in name:
+                    parameter.add_(0.2 * torch.randn_like(parameter))
         made.append(model.eval())
     return made
 
@@ -37,9 +43,10 @@ def pair_batch() -> tuple[torch.Tensor, ...]:
     )
 
 
+@pytest.mark.parametrize("pointer", POINTERS)
 @torch.no_grad()
-def test_the_ensemble_averages_its_members_distributions_and_attention():
-    models = members(3)
+def test_the_ensemble_averages_its_members_distributions_and_attention(pointer):
+    models = members(3, pointer=pointer)
     ensemble = EnsemblePairModel(models).eval()
     outputs = [model(*pair_batch()) for model in models]
     combined = ensemble(*pair_batch())
@@ -53,17 +60,19 @@ def test_the_ensemble_averages_its_members_distributions_and_attention():
         torch.testing.assert_close(combined[index], mean_map, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("pointer", POINTERS)
 @torch.no_grad()
-def test_heads_of_different_widths_and_the_scan_path_give_the_same_numbers():
-    models = [*members(1), *members(1, fc_dim=24)]
+def test_heads_of_different_widths_and_the_scan_path_give_the_same_numbers(pointer):
+    models = [*members(1, pointer=pointer), *members(1, pointer=pointer, fc_dim=24)]
     ensemble = EnsemblePairModel(models).eval()
     for loop, scan in zip(ensemble(*pair_batch()), ensemble(*pair_batch(), use_scan=True), strict=True):
         torch.testing.assert_close(loop, scan, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("pointer", POINTERS)
 @torch.no_grad()
-def test_encoder_and_heads_alone_give_the_pair_outputs():
-    ensemble = EnsemblePairModel(members(2)).eval()
+def test_encoder_and_heads_alone_give_the_pair_outputs(pointer):
+    ensemble = EnsemblePairModel(members(2, pointer=pointer)).eval()
     emb_a, len_a, emb_b, len_b = pair_batch()
     u, v = ensemble.sentence_vector(emb_a, len_a), ensemble.sentence_vector(emb_b, len_b)
     assert u.shape == (3, ensemble.embedding_width) == (3, 2 * 2 * 16)
@@ -71,6 +80,8 @@ def test_encoder_and_heads_alone_give_the_pair_outputs():
         torch.testing.assert_close(alone, paired, atol=1e-6, rtol=0)
 
 
-def test_members_must_share_the_encoder_sizes():
+def test_members_must_share_the_pointer_and_encoder_sizes():
     with pytest.raises(ValueError, match="encoder sizes"):
         EnsemblePairModel([*members(1), *members(1, head_size=4)])
+    with pytest.raises(ValueError, match="pointer"):
+        EnsemblePairModel([*members(1), *members(1, pointer="flmp")])

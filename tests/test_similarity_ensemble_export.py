@@ -16,6 +16,7 @@ from tests.synthetic_data import write_sick
 pytest.importorskip("torch", reason="the exporter needs the train extra")
 
 from export import similarity_ensemble
+from export.similarity import MAX_CELLS, PAPER
 from models import train_sim
 
 NAME = "rmc-vlmp-ensemble"
@@ -78,3 +79,40 @@ def test_the_service_serves_the_ensemble_and_its_stored_vectors_alike(exported):
         list(direct["entailment"]["probabilities"].values()),
         atol=1e-5,
     )
+
+
+@pytest.fixture(scope="module")
+def exported_flmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two tiny FLMP runs exported as a 2-member ensemble, not the default model."""
+    root = tmp_path_factory.mktemp("flmp-ensemble")
+    data = write_sick(root / "sick")
+    runs = [root / f"flmp{seed}" for seed in (1, 2)]
+    flmp = ["flmp" if part == "vlmp" else part for part in TINY]
+    for seed, run in zip((1, 2), runs, strict=True):
+        common = ["--data-dir", str(data), "--specials-seed", "5", "--seed", str(seed), "--out", str(run)]
+        train_sim.main([*flmp, *common])
+    artifacts = root / "artifacts"
+    options = ["--name", "rmc-flmp-ensemble", "--artifacts", str(artifacts), "--data-dir", str(data)]
+    similarity_ensemble.main([*(f"--run={run}" for run in runs), *options, "--members", "2", "--latency-repeats", "2"])
+    return artifacts
+
+
+def test_an_flmp_ensemble_is_described_as_flmp(exported_flmp):
+    entry = json.loads((exported_flmp / "manifest.json").read_text())["models"][0]
+    assert entry["metadata"]["pointer"] == "flmp" and entry["metadata"]["members"] == 2
+    assert entry["default"] is False
+    assert entry["batching"]["max_cells"] == MAX_CELLS["flmp"] // 2
+    assert entry["metrics"]["paper_pearson"] == PAPER["flmp"]["pearson"]
+    card = (exported_flmp / entry["card"]).read_text()
+    assert "VLMP" not in card and "window" not in card
+    assert "paper (FLMP, GloVe 840B 300d)" in card and "the map is diagonal" in card and "[B,T,2,2]" in card
+
+
+def test_the_service_serves_the_flmp_ensemble_with_diagonal_maps(exported_flmp):
+    pair = {"sentence_a": "a man plays a guitar", "sentence_b": "a woman cuts an onion", "return_attention": True}
+    with TestClient(create_app(toy_settings(exported_flmp))) as client:
+        response = client.post("/similarity", json=pair)
+    assert response.status_code == 200
+    attention = np.array(response.json()["attention"]["sentence_a"])
+    assert attention.shape == (len(response.json()["tokens_a"]),) * 2
+    assert np.count_nonzero(attention - np.diag(np.diag(attention))) == 0 and (np.diag(attention) > 0).all()
