@@ -1,8 +1,8 @@
 """Connections a client cannot hold or fill, against a real `python -m app` with short limits.
 
 Header deadline (idle and slowloris connections), keep-alive idle timeout, stalled bodies, the header
-size cap, the connection cap (503, never a refused accept) and the write deadline for a client that
-never reads its 8 MB answer.
+size cap, the connection cap (503, never a refused accept), the write deadline for a client that
+never reads its 8 MB answer, and the lingering close after an answer sent while the body still arrives.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.transports.connection_guard import peer_gone
+from app.transports.connection_guard import LINGER_MAX_BYTES, LINGER_S, peer_gone
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 from tests.test_hostile_requests import read_response, status_of
@@ -104,6 +104,10 @@ def test_headers_over_the_cap_get_431(server):
     with connect(server) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n")
         assert status_of(read_response(sock)) == 431
+    with connect(server) as sock:  # sent whole before reading: the 431 arrives, not a reset (lingering close)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+        closed, received = closed_within(sock, 5)
+    assert closed and status_of(received) == 431, received[:200]
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
@@ -223,3 +227,42 @@ def test_head_and_expect_100_continue_are_answered_on_a_kept_alive_connection(se
         sock.sendall(pair.encode())
         answer = read_response(sock)
         assert status_of(answer) == 200 and b'"relatedness"' in answer, answer[:300]
+
+
+OVER_THE_BODY_LIMIT = 4 << 20  # the server's MNEMO_MAX_BODY_BYTES is 1 MiB
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_client_that_sends_its_whole_oversized_body_before_reading_gets_the_413(server, framing):
+    """The 413 goes out before the body is read (declared) or once it passes the limit (chunked); the server then
+    reads and drops the rest instead of closing on it, which would reset the connection under the client's
+    writes and lose the answer."""
+    head = "POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if framing == "chunked":
+        chunk = b" " * (64 << 10)
+        request = (head + "Transfer-Encoding: chunked\r\n\r\n").encode()
+        request += (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * (OVER_THE_BODY_LIMIT // len(chunk)) + b"0\r\n\r\n"
+    else:
+        request = (head + f"Content-Length: {OVER_THE_BODY_LIMIT}\r\n\r\n").encode() + b" " * OVER_THE_BODY_LIMIT
+    with connect(server) as sock:
+        sock.sendall(request)  # a reset would raise here or in the read
+        closed, received = closed_within(sock, 5)
+    assert closed and status_of(received) == 413, received[:300]
+    assert b"connection: close" in received.lower() and b"1048576" in received
+
+
+def test_a_lingering_close_is_bounded_in_time_and_bytes(server):
+    head = b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+    with connect(server) as sock:  # answered 413 at once, then the client sends nothing more and never closes
+        sock.sendall(head)
+        started = time.monotonic()
+        closed, received = closed_within(sock, LINGER_S + 3)
+    assert closed and status_of(received) == 413 and time.monotonic() - started < LINGER_S + 1
+    with connect(server) as sock:  # a client that keeps sending is cut off after LINGER_MAX_BYTES
+        sock.sendall(head)
+        sent = 0
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while sent < 4 * LINGER_MAX_BYTES:
+                sock.sendall(b" " * (1 << 20))
+                sent += 1 << 20
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200

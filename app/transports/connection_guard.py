@@ -24,7 +24,13 @@ This protocol adds, per connection:
   (TCP_INFO), so that the batcher skips a departed client's rows even while an overloaded event loop has
   not yet read the close;
 - a response's head goes out with its first body part (`HeadWithBody`): one send() and one TCP segment for
-  a small answer instead of two, so the client is woken once.
+  a small answer instead of two, so the client is woken once;
+- a lingering close, as nginx does it: an answer that closes the connection while the client is still sending
+  its request (a 413 before the body was read, a stalled body's 408, a drain's 503, a 431 for headers over
+  the cap) sends FIN after the answer, then reads and discards what the client still sends, until the client
+  closes, LINGER_S pass or LINGER_MAX_BYTES arrive. A plain close would leave unread bytes in the socket, so
+  the kernel would answer the client with a reset, and a client that writes its whole request before reading
+  (urllib, raw sockets) would get "connection reset" instead of the answer.
 
 A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
 """
@@ -35,6 +41,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -50,6 +57,8 @@ ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: the list of callables to c
 TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux TCP states (tcpi_state, TCP_INFO's first byte): the peer sent FIN or RST
 COALESCE_MAX_BYTES = 64 << 10  # a larger body part is written after the head rather than copied behind it
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+LINGER_S = 2.0  # a lingering close reads what the client still sends for at most this long,
+LINGER_MAX_BYTES = 16 << 20  # and at most this much
 
 
 @dataclass(frozen=True)
@@ -65,11 +74,13 @@ class HeadWithBody:
     write that is not an interim 1xx) is held and written together with the first body part.
 
     `flush()` writes a head still held: when the response completes without a body write (a response to
-    HEAD) and before a close. Everything but `write` and `close` is the connection's transport itself.
+    HEAD) and before a close, which is the connection's `close` (a lingering one where the request is still
+    arriving). Everything but `write` and `close` is the connection's transport itself.
     """
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
         self._transport = transport
+        self._close = close
         self._head: bytes | None = None
         self._head_seen = False
 
@@ -89,16 +100,16 @@ class HeadWithBody:
 
     def close(self) -> None:
         self.flush()
-        self._transport.close()
+        self._close()
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
 
 
-def _write_head_with_body(cycle: RequestResponseCycle) -> None:
+def _write_head_with_body(cycle: RequestResponseCycle, close: Callable[[], None]) -> None:
     """Give the request cycle a `HeadWithBody` transport, flushed when its response completes (a response to
-    HEAD writes no body)."""
-    transport = HeadWithBody(cycle.transport)
+    HEAD writes no body) and closed with `close`."""
+    transport = HeadWithBody(cycle.transport, close)
     respond = cycle.on_response
 
     def on_response() -> None:
@@ -163,6 +174,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._headers_too_large = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._discarded_bytes: int | None = None  # bytes read since a lingering close began; None: not lingering
         if len(self.connections) > self.limits.max_connections:
             _refusals.note(len(self.connections) - 1)
             self._answer_and_close(503, b"Too many open connections; retry later.\n", retry_after=True)
@@ -178,6 +191,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self._discarded_bytes is not None:
+            self._discard(len(data))
+            return
         if self._awaiting_headers and self._header_timer is None:
             self._arm_header_timer()  # the first byte of a request on a kept-alive connection
         was_awaiting = self._awaiting_headers  # bytes of a body that ended in this chunk are not headers
@@ -189,7 +205,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _reject_large_headers(self) -> None:
         logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
-        self._answer_and_close(431, b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n")
+        text = b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n"
+        self._answer_and_close(431, text, linger=True)  # the client may still be sending them
 
     def on_url(self, url: bytes) -> None:
         self._count_header_bytes(len(url))
@@ -227,7 +244,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_timer.cancel()
             self._header_timer = None
         super().on_headers_complete()
-        _write_head_with_body(self.cycle)
+        _write_head_with_body(self.cycle, self._close_after_answer)
 
     def on_response_complete(self) -> None:
         # Next come the headers of a new request (uvicorn's keep-alive timer covers the wait), unless a
@@ -242,6 +259,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
             self._awaiting_headers = True
+
+    def _close_after_answer(self) -> None:
+        """Close the connection after its answer: at once, or lingering while its request's body is arriving."""
+        if self._in_body:
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
+        """The lingering close (module docstring): FIN after the answer, then discard what arrives until the
+        client closes, LINGER_S pass or LINGER_MAX_BYTES arrive."""
+        transport = self.transport
+        if transport.is_closing() or not transport.can_write_eof():
+            transport.close()
+            return
+        self._discarded_bytes = 0
+        transport.write_eof()  # FIN once the answer is written
+        transport.resume_reading()  # uvicorn pauses reading while a body it holds is unread
+        self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
+
+    def _discard(self, size: int) -> None:
+        """Bytes read while lingering: dropped, and the connection closed past LINGER_MAX_BYTES."""
+        self._discarded_bytes += size
+        if self._discarded_bytes > LINGER_MAX_BYTES:
+            self.transport.close()
 
     def _client_connected(self) -> bool:
         """False once the connection is closing, or the client closed or reset its side (`peer_gone`)."""
@@ -274,12 +316,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.abort()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._header_timer, self._write_timer):
+        for timer in (self._header_timer, self._write_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
-        self._header_timer = self._write_timer = None
+        self._header_timer = self._write_timer = self._linger_timer = None
 
-    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False) -> None:
+    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False, linger: bool = False) -> None:
         self._awaiting_headers = False
         self._cancel_timers()
         head = [
@@ -291,4 +333,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if retry_after:
             head.append(b"retry-after: 1")
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + text)
-        self.transport.close()
+        if linger:
+            self._linger()
+        else:
+            self.transport.close()
