@@ -266,3 +266,20 @@ def test_a_lingering_close_is_bounded_in_time_and_bytes(server):
                 sock.sendall(b" " * (1 << 20))
                 sent += 1 << 20
     assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_a_connection_over_the_cap_that_sends_a_large_request_at_once_reads_the_503(server):
+    """The 503 goes out as the connection is accepted; the request is read and dropped (a short lingering
+    close), so the client's writes complete and it reads the answer."""
+    idle = [connect(server) for _ in range(40)]
+    head = f"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: {OVER_THE_BODY_LIMIT}\r\n\r\n".encode()
+    try:
+        time.sleep(0.2)
+        for _ in range(3):
+            with connect(server) as extra:
+                extra.sendall(head + b" " * OVER_THE_BODY_LIMIT)
+                closed, received = closed_within(extra, 3)
+            assert closed and status_of(received) == 503, received[:200]
+    finally:
+        for sock in idle:
+            sock.close()

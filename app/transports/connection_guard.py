@@ -5,8 +5,9 @@ uvicorn closes idle keep-alive connections (`timeout_keep_alive`) and answers 50
 httptools, no deadline for the headers, and no limit on how long a client may leave a response unread.
 This protocol adds, per connection:
 
-- a connection cap: a connection accepted beyond MNEMO_MAX_CONNECTIONS is answered 503 and closed at
-  once, so it never holds a file handle (the listener keeps accepting);
+- a connection cap: a connection accepted beyond MNEMO_MAX_CONNECTIONS is answered 503 and closed with a
+  short lingering close (below; a plain close while REFUSALS_LINGERING_MAX such connections are open), so it
+  holds a file handle for REFUSAL_LINGER_S at most (the listener keeps accepting);
 - a header deadline: a request line and headers not complete MNEMO_HEADER_TIMEOUT_S after the
   connection opened (or after the first byte of a later request) get 408 and the connection is closed;
 - a header size cap: a request line and headers over MNEMO_MAX_HEADER_BYTES get 431 and a close, whether
@@ -27,10 +28,11 @@ This protocol adds, per connection:
   a small answer instead of two, so the client is woken once;
 - a lingering close, as nginx does it: an answer that closes the connection while the client is still sending
   its request (a 413 before the body was read, a stalled body's 408, a drain's 503, a 431 for headers over
-  the cap) sends FIN after the answer, then reads and discards what the client still sends, until the client
-  closes, LINGER_S pass or LINGER_MAX_BYTES arrive. A plain close would leave unread bytes in the socket, so
-  the kernel would answer the client with a reset, and a client that writes its whole request before reading
-  (urllib, raw sockets) would get "connection reset" instead of the answer.
+  the cap, the cap's 503) sends FIN after the answer, then reads and discards what the client still sends,
+  until the client closes, LINGER_S (REFUSAL_LINGER_S) pass or LINGER_MAX_BYTES arrive. A plain close would
+  leave unread bytes in the socket, so the kernel would answer the client with a reset, and a client that
+  writes its whole request before it reads (urllib, raw sockets) would get "connection reset" instead of the
+  answer.
 
 A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
 """
@@ -59,6 +61,8 @@ COALESCE_MAX_BYTES = 64 << 10  # a larger body part is written after the head ra
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 LINGER_S = 2.0  # a lingering close reads what the client still sends for at most this long,
 LINGER_MAX_BYTES = 16 << 20  # and at most this much
+REFUSAL_LINGER_S = 0.5  # a connection over the cap lingers this long at most (it only needs its request read),
+REFUSALS_LINGERING_MAX = 64  # and only while at most this many over the cap are open; beyond, a plain close
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._discarded_bytes: int | None = None  # bytes read since a lingering close began; None: not lingering
         if len(self.connections) > self.limits.max_connections:
             _refusals.note(len(self.connections) - 1)
-            self._answer_and_close(503, b"Too many open connections; retry later.\n", retry_after=True)
+            few = len(self.connections) <= self.limits.max_connections + REFUSALS_LINGERING_MAX
+            text = b"Too many open connections; retry later.\n"
+            self._answer_and_close(503, text, retry_after=True, linger_s=REFUSAL_LINGER_S if few else 0)
             return
         self._arm_header_timer()
 
@@ -206,7 +212,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _reject_large_headers(self) -> None:
         logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
         text = b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n"
-        self._answer_and_close(431, text, linger=True)  # the client may still be sending them
+        self._answer_and_close(431, text, linger_s=LINGER_S)  # the client may still be sending them
 
     def on_url(self, url: bytes) -> None:
         self._count_header_bytes(len(url))
@@ -263,13 +269,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _close_after_answer(self) -> None:
         """Close the connection after its answer: at once, or lingering while its request's body is arriving."""
         if self._in_body:
-            self._linger()
+            self._linger(LINGER_S)
         else:
             self.transport.close()
 
-    def _linger(self) -> None:
+    def _linger(self, seconds: float) -> None:
         """The lingering close (module docstring): FIN after the answer, then discard what arrives until the
-        client closes, LINGER_S pass or LINGER_MAX_BYTES arrive."""
+        client closes, `seconds` pass or LINGER_MAX_BYTES arrive."""
         transport = self.transport
         if transport.is_closing() or not transport.can_write_eof():
             transport.close()
@@ -277,7 +283,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._discarded_bytes = 0
         transport.write_eof()  # FIN once the answer is written
         transport.resume_reading()  # uvicorn pauses reading while a body it holds is unread
-        self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
+        self._linger_timer = self.loop.call_later(seconds, transport.close)
 
     def _discard(self, size: int) -> None:
         """Bytes read while lingering: dropped, and the connection closed past LINGER_MAX_BYTES."""
@@ -321,7 +327,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 timer.cancel()
         self._header_timer = self._write_timer = self._linger_timer = None
 
-    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False, linger: bool = False) -> None:
+    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False, linger_s: float = 0) -> None:
+        """Answer and close the connection, at once or (`linger_s` > 0) with a lingering close of that length."""
         self._awaiting_headers = False
         self._cancel_timers()
         head = [
@@ -333,7 +340,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if retry_after:
             head.append(b"retry-after: 1")
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + text)
-        if linger:
-            self._linger()
+        if linger_s:
+            self._linger(linger_s)
         else:
             self.transport.close()
