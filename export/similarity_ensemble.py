@@ -357,6 +357,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The export command as the card states it: every option that differs from its default (`--notes` by
+    reference: its text is the card's Notes section)."""
+    words = ["python -m export.similarity_ensemble"]
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest == "help" or value == action.default:
+            continue
+        flag = action.option_strings[0]
+        if action.dest == "notes":
+            words.append(f"{flag} <the Notes section>")
+        elif isinstance(value, bool):
+            words.append(flag)
+        else:
+            words += [f"{flag} {item}" for item in (value if isinstance(value, list) else [value])]
+    return " ".join(words)
+
+
 def load_members(runs: list[Path], splits: dict[str, EncodedSplit]) -> list[Member]:
     """The candidates, best trial r + accuracy first."""
     members = []
@@ -412,14 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     latency_labels, latency = measure_latency(onnx_file, ranked[0].model, args.latency_reference, args.latency_repeats)
     chosen = rows[k - 1]
     max_cells = MAX_CELLS[ensemble.config.pointer] // k
-    command = "python -m export.similarity_ensemble " + " ".join(
-        [
-            *(f"--run {run}" for run in args.run),
-            *([f"--members {args.members}"] if args.members is not None else []),
-            f"--name {args.name}",
-            *(["--default"] if args.default else []),
-        ]
-    )
+    command = command_line(build_parser(), args)
     context = {
         "fixed_members": args.members is not None,
         "chosen": chosen,

@@ -47,6 +47,9 @@ def test_the_manifest_and_card_describe_every_member(exported):
     card = (artifacts / entry["card"]).read_text()
     assert all(f"`{run.name}`" in card for run in runs)
     assert "3 (exported)" in card and "## Latency" in card and "## Sentence embeddings" in card
+    runs_flags = " ".join(f"--run {run}" for run in runs)
+    command = f"{runs_flags} --name {NAME} --members 3 --artifacts {artifacts} --data-dir {artifacts.parent / 'sick'}"
+    assert f"- Command: `python -m export.similarity_ensemble {command} --latency-repeats 2`" in card
 
 
 def test_members_with_other_special_vectors_are_refused(exported, tmp_path):
