@@ -7,6 +7,7 @@ client library would refuse to build.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import select
@@ -207,6 +208,15 @@ def test_hostile_bodies_get_a_4xx_and_the_server_lives(server, path, body):
 )
 def test_wrong_content_types_are_415(server, content_type):
     assert status_of(post_raw_json(server, "/similarity", json.dumps(PAIR).encode(), content_type)) == 415
+    assert_alive(server)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
+def test_a_compressed_body_is_415_naming_the_coding(server, coding):
+    head = f"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: {coding}\r\n"
+    body = gzip.compress(json.dumps(PAIR).encode())
+    answer = raw(server, head.encode() + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    assert status_of(answer) == 415 and coding.encode() in answer and b"uncompressed" in answer, answer[-300:]
     assert_alive(server)
 
 

@@ -7,6 +7,7 @@ engine states (queue full, deadline passed, model not loaded) run in-process on 
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,6 +283,13 @@ def test_malformed_bodies_are_400_in_the_protocol_shape(server: Server) -> None:
         timeout=30,
     )
     assert both.status_code == 400 and "both data and binary_data_size" in both.json()["error"]
+    gzipped = httpx.post(
+        url,
+        content=gzip.compress(json.dumps({"inputs": [q]}).encode()),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+        timeout=30,
+    )
+    assert gzipped.status_code == 415 and "'gzip' is not supported" in gzipped.json()["error"]
 
 
 # -- engine states, in-process on the real app ------------------------------------------------------------

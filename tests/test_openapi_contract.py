@@ -100,7 +100,8 @@ def protocol_errors(path: str, operation: dict) -> dict[str, set[str]]:
     if "{name}" in path:
         expected["404"] = {"ProtocolErrorBody"}
     if "requestBody" in operation:
-        expected |= {"400": {"ProtocolErrorBody"}, "408": {"ErrorBody"}, "504": {"ProtocolErrorBody"}}
+        expected |= {"400": {"ProtocolErrorBody"}, "408": {"ErrorBody"}, "415": {"ProtocolErrorBody"}}
+        expected["504"] = {"ProtocolErrorBody"}
         expected["429"] = {"ProtocolErrorBody", "ErrorBody"}
     return expected
 

@@ -6,11 +6,11 @@ Which errors an operation documents follows what the service can answer there:
   models loading, too many connections); 401 when API keys are on and the path is not open;
 - an operation with parameters or a body: 422;
 - an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that
-  stalls), 415 (another content type), 429 (queue full), 504 (deadline); one with a model named in
-  its path: 404;
+  stalls), 415 (another content type, a compressed body), 429 (queue full), 504 (deadline); one with a
+  model named in its path: 404;
 - a /students operation that reads a stored state: 409 (a state of another model version, or a lost race);
-- the Open Inference Protocol (/v2): its own `{"error": ...}` body (400 bad tensors, 404, 429, 503,
-  504) beside the middleware's answers in ErrorBody (401, 408, 413, 429 and 503 while draining).
+- the Open Inference Protocol (/v2): its own `{"error": ...}` body (400 bad tensors, 404, 415 a compressed
+  body, 429, 503, 504) beside the middleware's answers in ErrorBody (401, 408, 413, 429 and 503 while draining).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ DESCRIPTIONS = {
     "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S)",
     "409": "The stored state belongs to another version of the model (delete the student and replay), or a lost race",
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
-    "415": "Content-Type is not application/json",
+    "415": "Content-Type is not application/json (task endpoints), or the body is compressed (Content-Encoding)",
     "422": "Invalid input; each error names the field and the rule",
     "429": "The model's queue is full; retry after Retry-After seconds",
     "503": "Not ready: models loading, the model not loaded, the server draining or out of connections",
@@ -140,7 +140,12 @@ def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
         statuses["404"] = (PROTOCOL_REF,)
     if "requestBody" in operation:
-        statuses |= {"400": (PROTOCOL_REF,), "408": (ERROR_REF,), "429": (PROTOCOL_REF, ERROR_REF)}
+        statuses |= {
+            "400": (PROTOCOL_REF,),
+            "408": (ERROR_REF,),
+            "415": (PROTOCOL_REF,),
+            "429": (PROTOCOL_REF, ERROR_REF),
+        }
         statuses["504"] = (PROTOCOL_REF,)
     return statuses
 

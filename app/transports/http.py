@@ -1,10 +1,10 @@
 """What every task route does around its service: read the body off the loop, admit, deadline, disconnect.
 
 - `read_body(request, Schema, task)`: the JSON body validated by pydantic (small bodies inline, large ones
-  on a worker thread); a non-JSON content type is 415; errors are the service's bounded 422. A large body
-  holds, while it is parsed, the room its size predicts in the model it names, and is refused (429) before
-  parsing when there is none: under overload the worker threads then parse only requests that will run,
-  and the event loop keeps its share of the GIL.
+  on a worker thread); a non-JSON content type or a compressed body is 415; errors are the service's bounded
+  422. A large body holds, while it is parsed, the room its size predicts in the model it names, and is
+  refused (429) before parsing when there is none: under overload the worker threads then parse only requests
+  that will run, and the event loop keeps its share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S,
   counted from arrival) passes (504), or the client disconnects (499, nothing is sent); in the last
   two cases the work is cancelled, which drops its rows that have not started. The 504 is sent a margin
@@ -65,6 +65,16 @@ def alone(request: Request) -> bool:
     return request.app.state.drain.alone()
 
 
+def check_identity_encoding(request: Request) -> None:
+    """A compressed body (Content-Encoding gzip, br, ...) is 415 naming the coding: bodies are read as sent, and
+    inflating them would let a small body take any memory. Without this, gzip was a 422 "Invalid JSON"."""
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity)."
+        )
+
+
 def json_content_type(request: Request) -> bool:
     media_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     return media_type == "application/json" or media_type.endswith("+json")
@@ -86,6 +96,7 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
     """
     if not json_content_type(request):
         raise UnsupportedMediaType("Content-Type must be application/json.")
+    check_identity_encoding(request)
     body = await request.body()
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)

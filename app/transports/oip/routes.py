@@ -25,7 +25,7 @@ from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
 from app.runtime.collate import Feeds
 from app.runtime.offload import offload
-from app.transports.http import complete, json_body
+from app.transports.http import check_identity_encoding, complete, json_body
 from app.transports.oip import knowledge_trace, similarity
 from app.transports.oip.schemas import (
     InferenceResponse,
@@ -192,6 +192,7 @@ async def _model_ready(request: Request, name: str, version: str | None) -> Json
 @_protocol_errors
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     model, adapter = _model(request, name, version)
+    check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
     try:
         parsed = (
