@@ -131,25 +131,46 @@ COMMON_DEVIATIONS = [
 ]
 
 
+def pointer_text(pointer: str, window: int) -> str:
+    """The pointer as a card names it."""
+    return f"VLMP with window w={window}" if pointer == "vlmp" else "FLMP"
+
+
+def attention_row_text(pointer: str, window: int, averaged: str) -> str:
+    """What row t of a served attention map holds; `averaged` says what it is averaged over (heads, members)."""
+    if pointer == "vlmp":
+        return (
+            f"the weights, {averaged}, that the memory row gave to the tokens of its window "
+            f"(tokens t-{window - 1}..t) while reading token t"
+        )
+    return (
+        f"the weight, {averaged}, that the memory row gave to token t while reading it "
+        "(FLMP sees one token per step, so the map is diagonal)"
+    )
+
+
+def attention_maps_text(row_text: str) -> str:
+    """The card's paragraph on the served attention maps, row t being `row_text`."""
+    return (
+        f"The service returns, per sentence, a `len(tokens) x len(tokens)` matrix. Row t is {row_text}. "
+        "The encoder reads each sentence forward and reversed; the reversed pass's map is re-indexed to the "
+        "original token order and the two maps are averaged: `combined = (forward + backward) / 2`. Entries are "
+        "non-negative; a row sums to less than 1 by the weight the memory kept on itself. Tokens include the "
+        "`<s>` and `</s>` markers."
+    )
+
+
 def write_card(path: Path, name: str, result: dict, parity: float, example, size_mb: float, notes: str = "") -> None:
     """The model card in markdown."""
     config, test, trial = result["config"], result["test"], result["trial"]
-    pointer = config["pointer"]
+    pointer, window = config["pointer"], config["window"]
     paper = PAPER[pointer]
-    pointer_text = f"VLMP with window w={config['window']}" if pointer == "vlmp" else "FLMP"
-    heads = f"averaged over the {config['num_heads']} heads"
-    row_text = (
-        f"the weights, {heads}, that the memory row gave to the tokens of its window "
-        f"(tokens t-{config['window'] - 1}..t) while reading token t"
-        if pointer == "vlmp"
-        else f"the weight, {heads}, that the memory row gave to token t while reading it "
-        "(FLMP sees one token per step, so the map is diagonal)"
-    )
     lines = [
         f"# {name}",
         "",
-        f"LSTM_RMC (Ahmed & Mercer 2020), {pointer_text}, trained on SICK for relatedness (SICK-R) and "
-        "entailment (SICK-E) with one shared Relational Memory encoder and two heads. Code: `models/rmc.py`.",
+        f"LSTM_RMC (Ahmed & Mercer 2020), {pointer_text(pointer, window)}, trained on SICK for relatedness "
+        "(SICK-R) and entailment (SICK-E) with one shared Relational Memory encoder and two heads. Code: "
+        "`models/rmc.py`.",
         "",
         "## Test metrics (SICK test, 4,927 pairs; model selected on SICK trial)",
         "",
@@ -181,11 +202,7 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "",
         "## Attention maps",
         "",
-        f"The service returns, per sentence, a `len(tokens) x len(tokens)` matrix. Row t is {row_text}. "
-        "The encoder reads each sentence forward and reversed; the reversed pass's map is re-indexed to the "
-        "original token order and the two maps are averaged: `combined = (forward + backward) / 2`. Entries are "
-        "non-negative; a row sums to less than 1 by the weight the memory kept on itself. Tokens include the "
-        "`<s>` and `</s>` markers.",
+        attention_maps_text(attention_row_text(pointer, window, f"averaged over the {config['num_heads']} heads")),
         "",
         f'Example (test pair): "{example.sentence_a}" / "{example.sentence_b}" (gold relatedness '
         f"{example.relatedness}, {ENTAILMENT_LABELS[example.entailment]}).",

@@ -43,11 +43,14 @@ from export.similarity import (
     MAX_TOKENS,
     PAPER,
     attention_figure,
+    attention_maps_text,
+    attention_row_text,
     check_parity,
     export_pair_model,
     load_model,
     manifest_entry,
     metrics_table,
+    pointer_text,
 )
 from models.ensemble import EnsemblePairModel
 from models.rmc import RMCConfig, SentencePairModel
@@ -168,28 +171,9 @@ def describe_size(members: int) -> str:
     )
 
 
-def pointer_text(config: RMCConfig) -> str:
-    """The pointer as the card names it."""
-    return f"VLMP with window w={config.window}" if config.pointer == "vlmp" else "FLMP"
-
-
 def attention_slots(config: RMCConfig) -> int:
     """K, the memory-row attention slots per step: the memory itself, then the window's tokens (VLMP) or token t."""
     return 1 + (config.window if config.pointer == "vlmp" else 1)
-
-
-def attention_row_text(config: RMCConfig, members: int) -> str:
-    """What row t of a served attention map holds."""
-    averaged = f"averaged over the {config.num_heads} heads and over the {members} members (the graph outputs the "
-    if config.pointer == "vlmp":
-        return (
-            "the weights that the memory row gave to the tokens of its window "
-            f"(tokens t-{config.window - 1}..t) while reading token t, {averaged}members' mean map)"
-        )
-    return (
-        f"the weight that the memory row gave to token t while reading it, {averaged}members' mean map; FLMP "
-        "sees one token per step, so the map is diagonal)"
-    )
 
 
 def write_card(path: Path, name: str, context: dict, notes: str) -> None:
@@ -200,12 +184,14 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
     paper = PAPER[config.pointer]
     pointer = config.pointer.upper()
     k = chosen["members"]
+    averaged = f"averaged over the {config.num_heads} heads and the {k} members (the graph outputs their mean map)"
     first = members[0].result
     lines = [
         f"# {name}",
         "",
-        f"LSTM_RMC (Ahmed & Mercer 2020), {pointer_text(config)}, trained on SICK for relatedness "
-        f"(SICK-R) and entailment (SICK-E): {describe_size(k)} Code: `models/rmc.py`, `models/ensemble.py`.",
+        f"LSTM_RMC (Ahmed & Mercer 2020), {pointer_text(config.pointer, config.window)}, trained on SICK for "
+        f"relatedness (SICK-R) and entailment (SICK-E): {describe_size(k)} Code: `models/rmc.py`, "
+        "`models/ensemble.py`.",
         "",
         f"## Test metrics (SICK test, {context['test_pairs']:,} pairs; chosen on SICK trial)",
         "",
@@ -276,12 +262,7 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "",
         "## Attention maps",
         "",
-        "The service returns, per sentence, a `len(tokens) x len(tokens)` matrix. Row t is "
-        f"{attention_row_text(config, k)}. The encoder reads each sentence forward and reversed; the reversed "
-        "pass's map is re-indexed "
-        "to the original token order and the two maps are averaged: `combined = (forward + backward) / 2`. "
-        "Entries are non-negative; a row sums to less than 1 by the weight the memory kept on itself. Tokens "
-        "include the `<s>` and `</s>` markers.",
+        attention_maps_text(attention_row_text(config.pointer, config.window, averaged)),
         "",
         f'Example (test pair): "{context["example"].sentence_a}" / "{context["example"].sentence_b}" (gold '
         f"relatedness {context['example'].relatedness}, {ENTAILMENT_LABELS[context['example'].entailment]}).",
@@ -361,12 +342,11 @@ def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
     """The export command as the card states it: every option that differs from its default (`--notes` by
     reference: its text is the card's Notes section)."""
     words = ["python -m export.similarity_ensemble"]
-    for action in parser._actions:
-        value = getattr(args, action.dest, None)
-        if not action.option_strings or action.dest == "help" or value == action.default:
+    for dest, value in vars(args).items():
+        if value == parser.get_default(dest):
             continue
-        flag = action.option_strings[0]
-        if action.dest == "notes":
+        flag = "--" + dest.replace("_", "-")
+        if dest == "notes":
             words.append(f"{flag} <the Notes section>")
         elif isinstance(value, bool):
             words.append(flag)

@@ -206,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-size", type=int, default=None, help="concepts N (default per data set)")
     parser.add_argument("--value-dim", type=int, default=None, help="value size d_v (default per data set)")
     parser.add_argument("--paper-head", action="store_true", help="paper predictor (k_t) instead of the code's")
-    parser.add_argument("--init-std", type=float, default=0.1, help="DKVMN: std of the N(0, s) initial weights")
+    parser.add_argument(
+        "--init-std", type=float, default=DKVMNConfig.init_std, help="DKVMN: std of the N(0, s) initial weights"
+    )
     parser.add_argument("--seed", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(

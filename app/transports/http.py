@@ -67,7 +67,7 @@ def alone(request: Request) -> bool:
 
 def check_identity_encoding(request: Request) -> None:
     """A compressed body (Content-Encoding gzip, br, ...) is 415 naming the coding: bodies are read as sent, and
-    inflating them would let a small body take any memory. Without this, gzip was a 422 "Invalid JSON"."""
+    inflating them would let a small body take any memory."""
     coding = request.headers.get("content-encoding", "identity").strip().lower()
     if coding not in ("", "identity"):
         raise UnsupportedMediaType(
