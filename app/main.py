@@ -36,6 +36,7 @@ from app.transports import docs, oip, operations
 from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
 from app.transports.http import add_body_schemas
+from app.transports.oip.error_shape import ProtocolErrorShape
 from app.transports.probes import ProbeProcess
 
 logger = logging.getLogger("mnemo")
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
     add_access_control(app, settings)
+    app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape
     app.add_middleware(RequestContext, metrics=metrics)
     app.direct_paths = frozenset(direct_routes(task_routers))
     app.include_router(operations.router)

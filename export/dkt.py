@@ -19,7 +19,14 @@ import onnxruntime as ort
 import torch
 
 from export.cards import data_files_table, exporter_parser, notes_section
-from export.kt import MAX_INTERACTIONS, parity_batches, question_names, within_tolerance, write_training_curve
+from export.kt import (
+    MAX_HISTORIES,
+    MAX_INTERACTIONS,
+    parity_batches,
+    question_names,
+    within_tolerance,
+    write_training_curve,
+)
 from export.kt_repeats import audit as repeat_audit
 from export.kt_repeats import onnx_predictions, repeats_section
 from export.manifest import upsert_model
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
             "version": args.version,
             "file": onnx_file.name,
             "default": args.default,
-            "limits": {"max_interactions": MAX_INTERACTIONS},
+            "limits": {"max_interactions": MAX_INTERACTIONS, "max_histories": MAX_HISTORIES},
             "batching": {"max_cells": seqlen * BATCHED_CHUNKS},
             "metrics": metrics,
             "metadata": {

@@ -30,6 +30,7 @@ PAPER_TEST_AUC = {"assist2009": 0.8157, "assist2015": 0.7268, "statics": 0.8284,
 INPUTS = ["q", "r", "len", "mv_in"]
 OUTPUTS = ["p", "corr_w", "mastery", "mv_out"]
 MAX_INTERACTIONS = 10_000
+MAX_HISTORIES = 256  # rows of one Open Inference Protocol request: each carries its memory in and out
 # Padded steps per run (the manifest's max_cells). A 200-step DKVMN chunk costs about as much per history at
 # batch 1 as at 32 on CPU, so the ASSISTments and STATICS models run one chunk per run (the one-step
 # next-question rows still share runs). Synthetic's 50-step chunks are cheap enough to gain from batching:
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
             "version": args.version,
             "file": onnx_file.name,
             "default": args.default,
-            "limits": {"max_interactions": MAX_INTERACTIONS},
+            "limits": {"max_interactions": MAX_INTERACTIONS, "max_histories": MAX_HISTORIES},
             "batching": {"max_cells": max(result["recipe"]["seqlen"], RUN_STEPS)},
             "metrics": metrics,
             "metadata": {

@@ -45,6 +45,12 @@ def test_protected_paths_need_a_known_key(server, headers):
         assert "Authorization: Bearer" in response.json()["detail"]
 
 
+def test_the_inference_protocol_answers_a_missing_key_in_its_own_error_shape(server):
+    response = httpx.post(f"{server.url}/v2/models/dkvmn-assist2009/infer", json={"inputs": []})
+    assert response.status_code == 401 and response.headers["www-authenticate"].startswith("Bearer")
+    assert set(response.json()) == {"error"} and "Authorization: Bearer" in response.json()["error"]
+
+
 @pytest.mark.parametrize("key", KEYS)
 def test_a_key_from_the_variable_or_the_file_is_accepted(server, key):
     assert httpx.get(f"{server.url}/models", headers=bearer(key)).json() == {"models": []}
@@ -54,7 +60,16 @@ def test_a_key_from_the_variable_or_the_file_is_accepted(server, key):
 
 
 def test_probes_docs_and_the_explorer_page_stay_open(server):
-    for path in ("/health", "/ready", "/docs", "/redoc", "/openapi.json", "/", "/explorer/js/main.js"):
+    for path in (
+        "/health",
+        "/ready",
+        "/v2/health/live",
+        "/docs",
+        "/redoc",
+        "/openapi.json",
+        "/",
+        "/explorer/js/main.js",
+    ):
         assert httpx.get(f"{server.url}{path}").status_code == 200, path
     assert httpx.get(f"{server.url}/explorer/js/missing.js").status_code == 404  # open, but only its own files
     assert httpx.head(f"{server.url}/health").status_code == 200
@@ -84,10 +99,23 @@ def test_cors_preflight_and_responses_for_an_allowed_origin(server):
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
     assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    binary = httpx.options(  # the Open Inference Protocol's binary tensor data, from a browser
+        f"{server.url}/v2/models/x/infer",
+        headers={
+            "Origin": ORIGIN,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "inference-header-content-length, content-type",
+        },
+    )
+    assert (
+        binary.status_code == 200
+        and "inference-header-content-length" in binary.headers["access-control-allow-headers"]
+    )
     denied = httpx.get(f"{server.url}/models", headers={"Origin": ORIGIN})
     assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == ORIGIN
     allowed = httpx.get(f"{server.url}/models", headers={"Origin": ORIGIN, **bearer(KEYS[0])})
-    assert "x-request-id" in allowed.headers["access-control-expose-headers"].lower()
+    exposed = allowed.headers["access-control-expose-headers"].lower()
+    assert "x-request-id" in exposed and "inference-header-content-length" in exposed
 
 
 def test_cors_refuses_other_origins(server):

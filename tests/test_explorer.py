@@ -249,6 +249,32 @@ def test_knowledge_tab_shows_the_dkt_baseline_without_concept_maps(watched: Watc
     watched.assert_clean()
 
 
+def test_a_dkt_student_is_appended_to_once_and_shown_without_concept_maps(watched: Watched, server: str):
+    """DKT's student answers have no mastery: the append is shown, not reported as failed (which invited a retry
+    that stored the answers twice)."""
+    student_id = f"dkt-learner-{time.monotonic_ns()}"
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(DKT_MODEL)
+    expect(page.locator("#kt-model-info")).to_contain_text("no latent concepts")
+    page.get_by_label("Student id").fill(student_id)
+    page.get_by_text("Paste a history").click()
+    page.get_by_label("One answer per line").fill("12 1\n7 0\n12 1")
+    page.get_by_role("button", name="Replace the history").click()
+    page.get_by_role("button", name="Append to student").click()
+    expect(page.locator("#student-summary")).to_have_text(
+        f"Student “{student_id}” under {DKT_MODEL}: 3 answers stored (3 just added)."
+    )
+    expect(page.locator("#kt-error")).to_be_hidden()
+    expect(page.locator("#history li")).to_have_count(0)
+    expect(page.locator("#append-student")).to_be_disabled()
+    expect(page.locator("#prediction-chart circle.point")).to_have_count(3)
+    expect(page.locator("#mastery-map")).to_be_hidden()
+    expect(page.locator("#kt-attention-map")).to_be_hidden()
+    stored = httpx.get(f"{server}/students/{student_id}", params={"model": DKT_MODEL}, timeout=10).json()
+    assert stored["interactions"] == 3
+    watched.assert_clean()
+
+
 def test_errors_are_shown_in_the_page(watched: Watched, server: str):
     too_long = " ".join(["word"] * 80)
     api = httpx.post(f"{server}/similarity", json={"sentence_a": too_long, "sentence_b": "A cat."}, timeout=30)

@@ -142,6 +142,9 @@ def test_every_response_has_a_request_id_and_a_sane_incoming_one_is_kept(toy_cli
     assert len(toy_client.get("/health").headers["x-request-id"]) == 32
     assert toy_client.get("/health", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == "abc-123"
     assert toy_client.get("/health", headers={"X-Request-ID": "x" * 500}).headers["x-request-id"] != "x" * 500
+    for unusable in ("caf\u00e9-42".encode(), b"caf\xe9-42", b"two words", b"id status=200"):  # echoed bytes could
+        echoed = toy_client.get("/health", headers=[(b"x-request-id", unusable)]).headers["x-request-id"]  # differ,
+        assert len(echoed) == 32 and echoed.isalnum()  # or forge an access-line field: a new id instead
     assert toy_client.get("/nope").headers["x-request-id"]
     assert toy_client.post("/toy", json={"x": []}).headers["x-request-id"]
 

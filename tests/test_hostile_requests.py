@@ -135,6 +135,8 @@ BODIES = [
     ("/similarity", sim(sentence_a="a\u0000\u0007\u001b[31m b")),  # escaped control characters
     ("/similarity", sim(sentence_a="!!!", sentence_b="...")),  # no word tokens
     ("/similarity", sim(sentence_a=" \t\n ")),
+    ("/similarity", sim(sentence_a="\u200b\ufeff \u200f\u200e")),  # invisible format characters only
+    ("/embeddings", json.dumps({"sentences": ["\u2060"]}).encode()),
     ("/similarity", sim(sentence_a="word " * 300)),  # over the token limit
     ("/similarity", sim(sentence_a="x" * 1001)),  # over the character limit
     ("/similarity", sim(sentence_a=["a"])),

@@ -292,6 +292,84 @@ def test_malformed_bodies_are_400_in_the_protocol_shape(server: Server) -> None:
     assert gzipped.status_code == 415 and "'gzip' is not supported" in gzipped.json()["error"]
 
 
+def test_the_binary_header_length_must_be_ascii_digits(server: Server) -> None:
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    for value in ("\u00b2".encode("latin-1"), b"9" * 5000, b"+12", b"12x"):
+        response = httpx.post(url, content=b"{}", headers=[(b"inference-header-content-length", value)], timeout=30)
+        assert response.status_code == 400, value
+        assert "Inference-Header-Content-Length" in response.json()["error"], value
+
+
+def step_inputs(rows: int, q: list, r: list | None = None, q_shape: list | None = None) -> dict:
+    """A one-step-per-row KT request with JSON data as given (q's data and shape may be anything)."""
+    return {
+        "inputs": [
+            {"name": "q", "shape": q_shape or [rows, 1], "datatype": "INT64", "data": q},
+            {"name": "r", "shape": [rows, 1], "datatype": "INT64", "data": r if r is not None else [1] * rows},
+            {"name": "len", "shape": [rows], "datatype": "INT64", "data": [1] * rows},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            step_inputs(3, [1, 2, 3], r=[1, False, True]),
+            "input r: element 1 is false; INT64 data must be JSON integers",
+        ),
+        (step_inputs(3, [True, 12, 3]), "input q: element 0 is true"),
+        (step_inputs(3, [1.5, 2, 3]), "input q: element 0 is 1.5"),
+        (step_inputs(3, [2**64, 2, 3]), "INT64 holds -9223372036854775808..9223372036854775807"),
+        (step_inputs(3, [1, 2, 3], q_shape=["3", "1"]), "inputs.0.shape.0"),
+        (step_inputs(3, [1, 2, 3], q_shape=[3.0, 1.0]), "inputs.0.shape.0"),
+        (step_inputs(3, [[[1]], [[2]], [[3]]]), "nested data must follow the shape [3, 1], or be flat"),
+        (step_inputs(3, [[1, 2, 3]]), "nested data must follow the shape [3, 1], or be flat"),
+    ],
+)
+def test_json_tensor_data_must_hold_the_datatype_in_the_shape(server: Server, body: dict, message: str) -> None:
+    response = httpx.post(f"{server.url}/v2/models/{KT_MODEL}/infer", json=body, timeout=30)
+    assert response.status_code == 400 and message in response.json()["error"]
+
+
+def test_json_tensor_data_may_be_flat_or_nested_as_the_shape(server: Server) -> None:
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    flat = httpx.post(url, json=step_inputs(3, [1, 2, 3]), timeout=30).json()
+    nested = httpx.post(url, json=step_inputs(3, [[1], [2], [3]]), timeout=30).json()
+    assert flat["outputs"] == nested["outputs"]
+
+
+def test_more_histories_than_the_model_takes_are_400(server: Server) -> None:
+    """Each row carries a whole memory in and out: 10,000 one-step rows asked for a 470 MB answer."""
+    limit = next(entry for entry in manifest_models(COMMITTED) if entry["name"] == KT_MODEL)["limits"]["max_histories"]
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    refused = httpx.post(url, json=step_inputs(limit + 1, [1] * (limit + 1)), timeout=30)
+    assert refused.status_code == 400
+    assert f"{limit + 1} rows; model {KT_MODEL} accepts at most {limit} histories" in refused.json()["error"]
+    assert httpx.post(url, json=step_inputs(limit, [1] * limit), timeout=60).status_code == 200
+
+
+def test_a_sentence_with_a_control_character_is_400(triton) -> None:
+    inputs = [tensor("sentence_a", np.array(["a dog", "a\x00b"], dtype=object), "BYTES", False)]
+    inputs.append(tensor("sentence_b", np.array(["a cat", "a cat"], dtype=object), "BYTES", False))
+    status, message = status_of(lambda: triton.infer(SIM_MODEL, inputs))
+    assert status == "400" and "sentence_a[1]" in message and "control characters" in message
+
+
+def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
+    """Not only the protocol's routes: FastAPI's 404 and 405 and the body limit's 413 too (tritonclient reads
+    `error` only)."""
+    answers = [
+        httpx.post(f"{server.url}/v2/repository/index", timeout=10),
+        httpx.get(f"{server.url}/v2/models/{KT_MODEL}/config", timeout=10),
+        httpx.get(f"{server.url}/v2/models/{KT_MODEL}/infer", timeout=10),
+        httpx.post(f"{server.url}/v2/models/{KT_MODEL}/infer", content=b"x" * (3 << 20), timeout=30),
+    ]
+    assert [answer.status_code for answer in answers] == [404, 404, 405, 413]
+    assert all(set(answer.json()) == {"error"} and answer.json()["error"] for answer in answers)
+    assert set(httpx.get(f"{server.url}/nope", timeout=10).json()) == {"detail"}  # the task API keeps its own
+
+
 # -- engine states, in-process on the real app ------------------------------------------------------------
 ONE_STEP = {
     "inputs": [
@@ -332,4 +410,5 @@ def test_draining_is_live_not_ready_and_refuses_inference() -> None:
         client.app.state.drain.begin()
         assert client.get("/v2/health/live").status_code == 200
         assert client.get("/v2/health/ready").status_code == 503
-        assert client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP).status_code == 503
+        draining = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
+        assert draining.status_code == 503 and "shutting down" in draining.json()["error"]

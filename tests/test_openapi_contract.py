@@ -93,16 +93,16 @@ def documented_schemas(response: dict) -> set[str]:
 
 
 def protocol_errors(path: str, operation: dict) -> dict[str, set[str]]:
-    """Open Inference Protocol: the protocol's body from the routes, ErrorBody from the middleware."""
-    expected = {"413": {"ErrorBody"}, "503": {"ProtocolErrorBody", "ErrorBody"}}
+    """Open Inference Protocol: the protocol's body for every error, the middlewares' included."""
+    expected = {"413": {"ProtocolErrorBody"}, "503": {"ProtocolErrorBody"}}
     if operation["operationId"] == "oip_ready":
         expected["503"] = {"ServerReadiness"}
     if "{name}" in path:
         expected["404"] = {"ProtocolErrorBody"}
     if "requestBody" in operation:
-        expected |= {"400": {"ProtocolErrorBody"}, "408": {"ErrorBody"}, "415": {"ProtocolErrorBody"}}
+        expected |= {"400": {"ProtocolErrorBody"}, "408": {"ProtocolErrorBody"}, "415": {"ProtocolErrorBody"}}
         expected["504"] = {"ProtocolErrorBody"}
-        expected["429"] = {"ProtocolErrorBody", "ErrorBody"}
+        expected["429"] = {"ProtocolErrorBody"}
     return expected
 
 

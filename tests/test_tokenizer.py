@@ -32,6 +32,8 @@ def tokenize_before_normalisation(text: str) -> list[str]:
         ("\ufb01ne caf\u00e9", ["fine", "café"]),  # a ligature is decomposed, an accented letter kept
         ("x\u00a0y", ["x", "y"]),  # no-break space
         ("\u00bdcup", ["12cup"]),  # NFKC: the fraction becomes 1/2, then the slash is punctuation
+        ("gui\u200btar \ufeffnice\u200f", ["guitar", "nice"]),  # zero-width space, byte order mark, direction mark
+        ("\u200b \u2060", []),  # format characters only: no word
     ],
 )
 def test_typographic_and_compatibility_forms_read_like_ascii(text, tokens):

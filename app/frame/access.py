@@ -23,6 +23,7 @@ DOCS_ASSETS_PREFIX = "/docs-assets/"
 EXPLORER_PATHS = frozenset({"/"})  # the page asks for the key itself (kept in its memory only)
 OPEN_PREFIXES = (DOCS_ASSETS_PREFIX, "/explorer/")
 BEARER_SCHEME = "bearerAuth"
+BINARY_HEADER_LENGTH = "inference-header-content-length"  # the Open Inference Protocol's binary tensor data
 
 
 def split_list(text: str) -> list[str]:
@@ -91,7 +92,7 @@ def add_access_control(app, settings: Settings) -> None:
             CORSMiddleware,
             allow_origins=origins,
             allow_methods=["GET", "HEAD", "POST"],
-            allow_headers=["authorization", "content-type", "x-request-id"],
-            expose_headers=["x-request-id", "retry-after"],
+            allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
+            expose_headers=["x-request-id", "retry-after", BINARY_HEADER_LENGTH],
             max_age=600,
         )

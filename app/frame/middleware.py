@@ -20,6 +20,9 @@ from app.frame.responses import dumps
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
+# An incoming id is kept when it is 1 to 128 visible ASCII characters: echoed byte for byte, and no space or
+# control character that could forge a field of the access line.
+REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 # perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
 # the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
@@ -187,8 +190,8 @@ class RequestContext:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"").decode("latin-1")
-        request_id = incoming if 0 < len(incoming) <= 128 and incoming.isprintable() else os.urandom(16).hex()
+        incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"")
+        request_id = incoming.decode() if REQUEST_ID.fullmatch(incoming) else os.urandom(16).hex()
         started = scope.get(RECEIVED_AT) or time.perf_counter()
         request_arrival.set(started)
         request_connected.set(scope.get(CLIENT_CONNECTED))

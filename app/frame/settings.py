@@ -88,7 +88,9 @@ class Settings(BaseSettings):
     # Access control (app/frame/access.py)
     api_keys: SecretStr | None = Field(None, description="comma-separated API keys; set, Bearer auth is required")
     api_keys_file: Path | None = Field(None, description="file with one API key per line (# comments)")
-    open_paths: str = Field("/health,/ready", description="comma-separated paths that need no API key")
+    open_paths: str = Field(
+        "/health,/ready,/v2/health/live,/v2/health/ready", description="comma-separated paths that need no API key"
+    )
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS (* for any); empty = off")
 
     @field_validator("api_keys_file")

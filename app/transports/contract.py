@@ -9,8 +9,9 @@ Which errors an operation documents follows what the service can answer there:
   stalls), 415 (another content type, a compressed body), 429 (queue full), 504 (deadline); one with a
   model named in its path: 404;
 - a /students operation that reads a stored state: 409 (a state of another model version, or a lost race);
-- the Open Inference Protocol (/v2): its own `{"error": ...}` body (400 bad tensors, 404, 415 a compressed
-  body, 429, 503, 504) beside the middleware's answers in ErrorBody (401, 408, 413, 429 and 503 while draining).
+- the Open Inference Protocol (/v2): its own `{"error": ...}` body for every error (400 bad tensors, 401, 404,
+  408, 413, 415 a compressed body, 429, 503, 504), the middlewares' answers included
+  (app/transports/oip/error_shape.py).
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 
 def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """The errors of an Open Inference Protocol endpoint: the protocol's body from the route, ErrorBody from
-    the middleware in front of it. No 422: the routes read their path and body themselves (400)."""
-    statuses: dict[str, tuple[str, ...]] = {"413": (ERROR_REF,), "503": (PROTOCOL_REF, ERROR_REF)}
+    """The errors of an Open Inference Protocol endpoint, all in the protocol's body. No 422: the routes read
+    their path and body themselves (400)."""
+    statuses: dict[str, tuple[str, ...]] = {"413": (PROTOCOL_REF,), "503": (PROTOCOL_REF,)}
     if operation.get("operationId") == "oip_ready":
         statuses["503"] = (SERVER_READINESS_REF,)  # {"ready": false}; the drain gate lets this path through
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
@@ -142,9 +143,9 @@ def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     if "requestBody" in operation:
         statuses |= {
             "400": (PROTOCOL_REF,),
-            "408": (ERROR_REF,),
+            "408": (PROTOCOL_REF,),
             "415": (PROTOCOL_REF,),
-            "429": (PROTOCOL_REF, ERROR_REF),
+            "429": (PROTOCOL_REF,),
         }
         statuses["504"] = (PROTOCOL_REF,)
     return statuses
@@ -169,7 +170,7 @@ def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dic
                 operation["responses"].pop("422", None)
             errors = _protocol_errors(operation) if protocol else _task_errors(operation)
             if protected is not None and path in protected:
-                errors["401"] = (ERROR_REF,)
+                errors["401"] = (PROTOCOL_REF if protocol else ERROR_REF,)
                 operation["security"] = [{"bearerAuth": []}]
             for status in sorted(errors):
                 operation["responses"][status] = _error(status, errors[status])

@@ -72,6 +72,7 @@ class KnowledgeTraceState:
     n_concepts: int | None  # None: no memory slots (DKT)
     seqlen: int
     max_interactions: int
+    max_histories: int  # rows of one Open Inference Protocol request (each with its state in and out)
     init_memory: np.ndarray  # the state a history starts from: DKVMN [N, d_v], DKT [2, S] float32
     concepts: np.ndarray | None  # [n_questions]: each question's main concept; None without memory slots
     names: tuple[str | None, ...] | None  # question names where the data set has them
@@ -106,6 +107,7 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         "n_questions": n_questions,
         "seqlen": seqlen,
         "max_interactions": positive_int(limits, "max_interactions"),
+        "max_histories": positive_int(limits, "max_histories"),
         "names": names,
     }
     if not family.has_concepts:

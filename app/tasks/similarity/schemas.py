@@ -17,6 +17,8 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from app.tasks.similarity.tokenizer import CONTROL_CHARACTERS, has_control_character
+
 MAX_CHARACTERS = 1000
 MAX_BATCH_PAIRS = 256
 MAX_SENTENCES = 256  # per POST /embeddings; a model's own limit (GET /models: max_sentences) may be lower
@@ -24,18 +26,16 @@ MAX_VECTOR_VALUES = 4096  # any model's sentence vector fits; the model's own si
 MAX_VECTOR_MAGNITUDE = 1e6  # far above what the encoder produces, far below where float32 overflows
 
 
-CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls except tab, newline, return
 ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
 # No control character, and at least one character that is neither whitespace nor ASCII punctuation
 # (the tokenizer deletes those, so a sentence without such a character has no word).
 SENTENCE_PATTERN = rf"^[^{CONTROL_CHARACTERS}]*[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}][^{CONTROL_CHARACTERS}]*$"
-_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 _WORD_CHARACTER = re.compile(rf"[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}]")
 
 
 def _readable_sentence(text: str) -> str:
     """The rules of SENTENCE_PATTERN, each with its own message."""
-    if _CONTROL.search(text):
+    if has_control_character(text):
         raise ValueError("must not contain control characters (other than tab and newline)")
     if not _WORD_CHARACTER.search(text):
         raise ValueError("must contain a word: it is empty, whitespace or punctuation only")

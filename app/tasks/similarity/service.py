@@ -20,7 +20,7 @@ from app.frame.manifest import positive_int
 from app.frame.registry import ServedModel
 from app.runtime.collate import Feeds
 from app.tasks.similarity.attention import combined_map
-from app.tasks.similarity.tokenizer import tokenize
+from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
 Location = tuple[str | int, ...]
@@ -120,9 +120,11 @@ def encode_sentence(model: ServedModel, text: str, location: Location) -> Encode
     field = field_name(location)
     if len(text) > state.max_characters:
         raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
+    if has_control_character(text):
+        raise InvalidInput(location, f"{field} must not contain control characters (other than tab and newline)")
     tokens = tokenize(text)
     if len(tokens) <= 2:
-        raise InvalidInput(location, f"{field} has no words after removing punctuation")
+        raise InvalidInput(location, f"{field} has no words after removing punctuation and invisible characters")
     if len(tokens) > state.max_tokens:
         raise InvalidInput(
             location,

@@ -3,13 +3,16 @@
 Text that is not pure ASCII is first normalised so that typographic variants read like the ASCII the
 models were trained on: Unicode NFKC (full-width letters, digits and punctuation become ASCII,
 ligatures and compatibility forms are decomposed), then curly quotes, primes and dashes become their
-ASCII counterparts. ASCII text (all of SICK) is left exactly as it is, so the trained models see the
-same tokens. Then ASCII punctuation is deleted, text is lowercased and split on whitespace,
-all-digit tokens become `<number>`, and the sentence is wrapped in `<s> ... </s>`.
+ASCII counterparts, and invisible format characters (Unicode category Cf: zero-width spaces and joiners,
+byte order marks, direction marks) are deleted, so "gui\u200btar" reads as "guitar". ASCII text (all
+of SICK) is left exactly as it is, so the trained models see the same tokens. Then ASCII punctuation is
+deleted, text is lowercased and split on whitespace, all-digit tokens become `<number>`, and the sentence
+is wrapped in `<s> ... </s>`.
 """
 
 from __future__ import annotations
 
+import re
 import string
 import unicodedata
 
@@ -19,6 +22,8 @@ NUMBER = "<number>"
 UNKNOWN = "<unk>"
 SPECIAL_TOKENS = (SENTENCE_START, SENTENCE_END, NUMBER, UNKNOWN)
 
+CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls except tab, newline, return
+FORMAT_CATEGORY = "Cf"  # Unicode's invisible format characters: no word is made of them
 _DELETE_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _TYPOGRAPHIC_TO_ASCII = str.maketrans(
     {
@@ -30,11 +35,22 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
 )
 
 
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+
+
+def has_control_character(text: str) -> bool:
+    """True when the text holds a control character other than tab, newline and carriage return (a sentence
+    with one is refused, never tokenized)."""
+    return _CONTROL.search(text) is not None
+
+
 def normalize(text: str) -> str:
-    """Typographic and compatibility forms as ASCII where they have an ASCII equivalent; ASCII unchanged."""
+    """Typographic and compatibility forms as ASCII where they have an ASCII equivalent, invisible format
+    characters (zero-width spaces and joiners, byte order marks, direction marks) deleted; ASCII unchanged."""
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHIC_TO_ASCII)
+    text = unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHIC_TO_ASCII)
+    return "".join(character for character in text if unicodedata.category(character) != FORMAT_CATEGORY)
 
 
 def words(text: str) -> list[str]:

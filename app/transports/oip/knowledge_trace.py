@@ -8,8 +8,9 @@ Outputs: `p` [B,T] and the state (`mv_out` [B,N,d_v] or `state_out` [B,2,S]), fo
 `corr_w` [B,T,N] and `mastery` [B,T+1,N], all FP32; steps past a row's length are 0. Each row runs
 through the task service's `trace`: chunks of `seqlen` steps, each starting from the state the previous
 chunk ended with, in the model's batches, so T may exceed `seqlen`, as on POST /knowledge-trace. B x T
-(padding included: it bounds the size of the outputs too) may be at most the model's `max_interactions`,
-the limit of one POST /knowledge-trace.
+(padding included) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace,
+and B at most its `max_histories`: each row carries a whole state in and out (DKVMN 4,000 numbers, DKT
+400), so without it a 90 KB request of 10,000 one-step rows asked for a 470 MB answer.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
     if len(short):
         row = int(short[0])
         raise ProtocolError(f"input len[{row}] is {int(lengths[row])}; it must be within 1..{steps} (q's T)")
+    if batch > state.max_histories:
+        raise ProtocolError(
+            f"input q has {batch} rows; model {model.name} accepts at most {state.max_histories} histories per request"
+        )
     if batch * steps > state.max_interactions:
         raise ProtocolError(
             f"input q has {batch} x {steps} = {batch * steps} steps (padding included); model {model.name} "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -64,6 +65,7 @@ class Adapter(Protocol):
 
 ADAPTERS: dict[str, Adapter] = {"knowledge-trace": knowledge_trace, "similarity": similarity}
 HEADER_LENGTH = "inference-header-content-length"
+HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 INLINE_BODY_BYTES = 8192
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
@@ -224,6 +226,9 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON header and the binary tensor data that follows it (empty without the extension)."""
     if header_length is None:
         return body, b""
-    if not header_length.isdigit() or int(header_length) > len(body):
-        raise ProtocolError(f"Inference-Header-Content-Length {header_length[:20]!r} does not fit the body")
+    if HEADER_LENGTH_VALUE.fullmatch(header_length) is None or int(header_length) > len(body):
+        raise ProtocolError(
+            f"Inference-Header-Content-Length {header_length[:20]!r} does not fit the body of {len(body)} bytes: "
+            "it must be the JSON header's length in bytes (ASCII digits)"
+        )
     return body[: int(header_length)], body[int(header_length) :]

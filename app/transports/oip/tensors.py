@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt
 
 from app.frame.responses import dumps
 
@@ -45,7 +45,8 @@ ONNX_TYPES = {
     "tensor(double)": "FP64",
     "tensor(string)": "BYTES",
 }
-JSON_KINDS = {"BOOL": "b", "INT8": "iu", "INT16": "iu", "INT32": "iu", "INT64": "iu", "UINT8": "iu"}  # else "iuf"
+INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
+JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
 
 
 class ProtocolError(Exception):
@@ -59,7 +60,7 @@ class ProtocolError(Exception):
 
 class RequestInput(BaseModel):
     name: str = Field(max_length=128)
-    shape: list[int] = Field(max_length=MAX_RANK)
+    shape: list[StrictInt] = Field(max_length=MAX_RANK)
     datatype: str = Field(max_length=16)
     parameters: dict[str, Any] = Field(default_factory=dict)
     data: list[Any] | None = None
@@ -144,25 +145,56 @@ def _check_header(tensor: RequestInput, spec: TensorSpec) -> None:
 
 
 def _from_json(tensor: RequestInput) -> np.ndarray:
-    count = math.prod(tensor.shape)
+    elements = _json_elements(tensor)
     if tensor.datatype == "BYTES":
-        elements = list(_flatten(tensor.data))
         if not all(isinstance(element, str) for element in elements):
             raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
         array = np.empty(len(elements), dtype=object)
         array[:] = elements
-    else:
-        try:
-            array = np.asarray(tensor.data)
-        except (ValueError, OverflowError):
-            raise ProtocolError(f"input {tensor.name}: data must be a flat or evenly nested list of numbers") from None
-        allowed = JSON_KINDS.get(tensor.datatype, "iuf")
-        if array.size and array.dtype.kind not in allowed:
-            raise ProtocolError(f"input {tensor.name}: data must hold {tensor.datatype} values")
-        array = array.astype(NUMPY_TYPES[tensor.datatype])
-    if array.size != count:
-        raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {array.size}")
-    return array.reshape(tensor.shape)
+        return array.reshape(tensor.shape)
+    accepted = JSON_TYPES.get(tensor.datatype, (int, float))
+    wrong = next((index for index, element in enumerate(elements) if type(element) not in accepted), None)
+    if wrong is not None:
+        what = {(bool,): "true or false", (int,): "integers"}.get(accepted, "numbers")
+        raise ProtocolError(
+            f"input {tensor.name}: element {wrong} is {json_text(elements[wrong])}; {tensor.datatype} data must be "
+            f"JSON {what}"
+        )
+    dtype = NUMPY_TYPES[tensor.datatype]
+    if accepted == (int,) and elements:
+        limits = np.iinfo(dtype)
+        low, high = int(limits.min), int(limits.max)
+        outside = next((index for index, element in enumerate(elements) if not low <= element <= high), None)
+        if outside is not None:
+            raise ProtocolError(
+                f"input {tensor.name}: element {outside} is {elements[outside]}; {tensor.datatype} holds {low}..{high}"
+            )
+    return np.array(elements, dtype=dtype).reshape(tensor.shape)
+
+
+def _json_elements(tensor: RequestInput) -> list[Any]:
+    """The elements of JSON `data` in row-major order: a flat list, or lists nested exactly as the shape."""
+    count = math.prod(tensor.shape)
+    data = tensor.data
+    if any(isinstance(element, list) for element in data):
+        if not _nested_as(data, tensor.shape):
+            raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
+        data = list(_flatten(data))
+    if len(data) != count:
+        raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
+    return data
+
+
+def _nested_as(data: Any, shape: Sequence[int]) -> bool:
+    """True when `data` is lists nested exactly as `shape` (at most MAX_RANK deep), with scalars inside."""
+    if not shape:
+        return not isinstance(data, list)
+    return isinstance(data, list) and len(data) == shape[0] and all(_nested_as(item, shape[1:]) for item in data)
+
+
+def json_text(value: Any) -> str:
+    """A JSON value as the client wrote it, cut to 40 characters."""
+    return dumps(value).decode()[:40]
 
 
 def _flatten(data: Any) -> Iterator[Any]:

@@ -205,12 +205,13 @@ async function appendStudent() {
     const history = state.history.map((step) => ({ ...step }));
     const every = Array.from({ length: model.n_questions }, (_, index) => index + 1);
     const answer = await appendToStudent(id, model.name, history, every);
+    state.history = []; // stored now, whatever happens while drawing: appending them again would count them twice
+    drawHistory();
     const before = answer.interactions - history.length;
     showSummary(`Student “${id}” under ${model.name}: ${answer.interactions} answers stored (${history.length} just added).`);
     const { predictions, mastery_steps: mastery, attention, next } = answer;
-    show({ predictions, mastery, attention, next, n_concepts: answer.mastery.length }, history, before);
-    state.history = []; // stored now: appending them again would count them twice
-    drawHistory();
+    // A model without memory slots (DKT) answers mastery as null: no concepts to count.
+    show({ predictions, mastery, attention, next, n_concepts: answer.mastery?.length ?? null }, history, before);
   } catch (error) {
     $("kt-result").hidden = true;
     showError($("kt-error"), `Could not append to the student: ${error.message}`);
