@@ -13,6 +13,7 @@ from app.frame.providers import ProviderUnavailable, resolve_provider
 from app.frame.sessions import preopened
 from app.frame.settings import Settings
 from app.runtime.memory import tune_malloc
+from app.students.factory import check_url
 
 
 def main() -> None:
@@ -27,6 +28,9 @@ def main() -> None:
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
+    problem = startup_problem(settings)
+    if problem:
+        sys.exit(f"mnemo: cannot start: {problem}")
     if settings.workers == 1:
         tune_malloc()  # before any thread starts (serve() repeats it for the other callers)
         preopened.start(settings)  # ONNX sessions open while the web stack imports
@@ -40,6 +44,18 @@ def main() -> None:
         sys.exit(supervise(settings))
     except CannotStart as error:
         sys.exit(f"mnemo: cannot start: {error}")
+
+
+def startup_problem(settings: Settings) -> str | None:
+    """What is wrong with settings that only make sense together with the files and URLs they name."""
+    manifest = settings.artifacts_dir / "manifest.json"
+    if not manifest.is_file():
+        return f"MNEMO_ARTIFACTS_DIR {settings.artifacts_dir} holds no manifest.json"
+    try:
+        check_url(settings.state_url)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.explorer.router import router as explorer_router
-from app.frame.access import add_access_control, api_keys, is_open, open_paths
+from app.frame.access import access_summary, add_access_control, api_keys, is_open, open_paths
 from app.frame.drain import Drain
 from app.frame.errors import install_error_handlers
 from app.frame.failures import CatchUnexpected
@@ -105,6 +105,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             app.version, {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
         )
         logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
+        logger.info(access_summary(settings))
         try:
             yield
         finally:

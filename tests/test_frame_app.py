@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
 from app.tasks import TASKS
 from app.transports.direct_routes import direct_routes
+from tests.helpers import ROOT, free_port
 
 
 def test_both_tasks_are_registered_with_their_routes():
@@ -64,3 +69,25 @@ def test_the_thread_budget_fits_the_cpus():
     assert Settings(provider="cpu", intra_op_threads=cpus).concurrent_runs == 1
     with pytest.raises(ValueError, match="exceeds"):
         Settings(provider="cpu", intra_op_threads=cpus, concurrent_runs=2)
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"MNEMO_API_KEYS": ", ,"}, "MNEMO_API_KEYS: Value error, holds no API key"),  # was: authentication off
+        ({"MNEMO_HOST": ""}, "MNEMO_HOST: String should have at least 1 character"),  # was: every interface
+        ({"MNEMO_PROBE_PORT": "PORT"}, "MNEMO_PROBE_PORT ({port}) must differ from MNEMO_PORT"),
+        ({"MNEMO_STATE_URL": "foo://x"}, "MNEMO_STATE_URL must start with sqlite:// or redis://"),
+        ({"MNEMO_STATE_URL": "sqlite:///tmp/x.db?synchronous=off"}, "option synchronous must be one of full, normal"),
+        ({"MNEMO_STATE_URL": "redis://:secret@127.0.0.1:notaport/0"}, "MNEMO_STATE_URL is not a valid Redis URL: Port"),
+        ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
+    ],
+)
+def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str):
+    port = str(free_port())
+    variables = {name: port if value == "PORT" else value for name, value in variables.items()}
+    env = {**os.environ, "MNEMO_PORT": port, **variables}
+    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("mnemo: cannot start:") and message.format(port=port) in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "secret" not in done.stderr

@@ -38,6 +38,14 @@ def api_keys(settings: Settings) -> list[str]:
     return keys
 
 
+def access_summary(settings: Settings) -> str:
+    """One startup log line: whether API keys are required, and where not."""
+    keys = api_keys(settings)
+    if not keys:
+        return "authentication: off (no MNEMO_API_KEYS or MNEMO_API_KEYS_FILE)"
+    return f"authentication: on ({len(keys)} API key(s)); open paths: {', '.join(sorted(open_paths(settings)))}"
+
+
 def open_paths(settings: Settings) -> frozenset[str]:
     """Paths served without a key: MNEMO_OPEN_PATHS, the documentation and the explorer page."""
     return frozenset(split_list(settings.open_paths)) | DOCS_PATHS | EXPLORER_PATHS

@@ -50,7 +50,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore")
 
     artifacts_dir: Path = Field(DEFAULT_ARTIFACTS_DIR, description="directory holding manifest.json and the models")
-    host: str = Field("127.0.0.1", description="interface to listen on (0.0.0.0 in the container)")
+    host: str = Field(
+        "127.0.0.1", min_length=1, pattern=r"^\S+$", description="interface to listen on (0.0.0.0 in the container)"
+    )
     port: int = Field(8000, ge=1, le=65535)
     probe_port: int | None = Field(
         None, ge=1, le=65535, description="also serve /health and /ready here, from a thread (unset: main port only)"
@@ -93,6 +95,16 @@ class Settings(BaseSettings):
     )
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS (* for any); empty = off")
 
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
+        """Blank is unset (no authentication); anything else must hold a key, never turn authentication off."""
+        if keys is None or not keys.get_secret_value().strip():
+            return None
+        if not any(key.strip() for key in keys.get_secret_value().split(",")):
+            raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
+        return keys
+
     @field_validator("api_keys_file")
     @classmethod
     def _keys_file_has_keys(cls, path: Path | None) -> Path | None:
@@ -105,6 +117,12 @@ class Settings(BaseSettings):
         description="per-student state store: sqlite:///path/to/file.db (default: state/students.db in the "
         "project) or redis://host:port/db",
     )
+
+    @model_validator(mode="after")
+    def _probe_port_is_another_port(self) -> Settings:
+        if self.probe_port is not None and self.probe_port == self.port:
+            raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
+        return self
 
     @model_validator(mode="after")
     def _thread_budget(self) -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from app.students.sqlite_store import SqliteStateStore
+from app.students.sqlite_store import SYNCHRONOUS_MODES, SqliteStateStore
 from app.students.store import StateStore
 
 SQLITE_PREFIX = "sqlite://"
@@ -33,7 +33,28 @@ def open_store(url: str) -> StateStore:
     )
 
 
-def _open_sqlite(path_and_query: str) -> SqliteStateStore:
+def check_url(url: str) -> None:
+    """ValueError naming MNEMO_STATE_URL when the URL is malformed (checked at startup, without connecting)."""
+    if url.startswith(SQLITE_PREFIX):
+        _sqlite_options(url.removeprefix(SQLITE_PREFIX))
+        return
+    scheme = urlsplit(url).scheme
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError(
+            f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"
+        )
+    try:
+        from redis.connection import parse_url
+    except ModuleNotFoundError:
+        return  # open_store says that the redis extra is missing
+    try:
+        parse_url(url)
+    except ValueError as error:  # redis-py's messages name the part, never the password
+        raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: {error}") from None
+
+
+def _sqlite_options(path_and_query: str) -> tuple[Path, str]:
+    """The database file and the synchronous mode of `sqlite://PATH[?synchronous=full|normal]`."""
     path, _, query = path_and_query.partition("?")
     if not path:
         raise ValueError("MNEMO_STATE_URL sqlite:// needs a file path, e.g. sqlite:///var/lib/mnemo/students.db")
@@ -42,4 +63,13 @@ def _open_sqlite(path_and_query: str) -> SqliteStateStore:
     if unknown:
         raise ValueError(f"MNEMO_STATE_URL sqlite:// takes only the option synchronous=full|normal, not {unknown}")
     synchronous = options.get("synchronous", ["full"])[-1].upper()
-    return SqliteStateStore(Path(path).resolve(), synchronous=synchronous)
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise ValueError(
+            f"MNEMO_STATE_URL sqlite:// option synchronous must be one of {', '.join(SYNCHRONOUS_MODES).lower()}"
+        )
+    return Path(path).resolve(), synchronous
+
+
+def _open_sqlite(path_and_query: str) -> SqliteStateStore:
+    path, synchronous = _sqlite_options(path_and_query)
+    return SqliteStateStore(path, synchronous=synchronous)
