@@ -99,6 +99,11 @@ def test_cors_preflight_and_responses_for_an_allowed_origin(server):
     assert preflight.status_code == 200
     assert preflight.headers["access-control-allow-origin"] == ORIGIN
     assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    erase = httpx.options(
+        f"{server.url}/students/learner-1",
+        headers={"Origin": ORIGIN, "Access-Control-Request-Method": "DELETE"},
+    )
+    assert erase.status_code == 200 and "DELETE" in erase.headers["access-control-allow-methods"]
     binary = httpx.options(  # the Open Inference Protocol's binary tensor data, from a browser
         f"{server.url}/v2/models/x/infer",
         headers={

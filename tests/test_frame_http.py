@@ -108,9 +108,12 @@ def test_malformed_bodies_are_422(toy_client, body):
 def test_a_bug_is_logged_and_answered_500_as_last_resort(toy_artifacts, mnemo_logs):
     with TestClient(toy_app(toy_settings(toy_artifacts)), raise_server_exceptions=False) as client:
         response = client.get("/toy/bug")
+        assert client.get("/toy/bug/secret-learner-42").status_code == 500
     assert response.status_code == 500 and response.json() == {"detail": "Internal error; it has been logged."}
     errors = [r for r in mnemo_logs.records if r.name == "mnemo.errors"]
     assert errors and errors[0].exc_info and "deliberate bug" in str(errors[0].exc_info[1])
+    assert "GET /toy/bug/{owner}" in errors[-1].getMessage()  # the route template: ids never reach the log
+    assert not any("secret-learner-42" in record.getMessage() for record in mnemo_logs.records)
 
 
 # -- 413 --------------------------------------------------------------------------------------------

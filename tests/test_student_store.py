@@ -447,6 +447,7 @@ def test_valid_student_ids_are_kept_as_given(student_id: str) -> None:
         ("del\x7f", "character 3 is U+007F"),
         ("lone\ud800", "character 4 is U+D800"),
         ("a/b", "must not contain '/'"),
+        ("bad\ufffdbyte", "valid UTF-8 and must not contain U+FFFD; character 3 is U+FFFD"),
         ("..", "must not be '.' or '..'"),
         (".", "must not be '.' or '..'"),
     ],

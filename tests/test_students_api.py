@@ -248,6 +248,9 @@ def test_bad_student_ids_are_422_naming_the_path_parameter_and_the_rule(
         assert student_id not in error["msg"]
 
 
+ONE_STEP = [{"question": 3, "correct": True}]
+
+
 @pytest.mark.parametrize(
     ("body", "location"),
     [
@@ -257,6 +260,8 @@ def test_bad_student_ids_are_422_naming_the_path_parameter_and_the_rule(
         ({"interactions": [{"question": N_QUESTIONS + 1, "correct": True}]}, ["body", "interactions", 0, "question"]),
         ({"interactions": [{"question": 3, "correct": "yes"}]}, ["body", "interactions", 0, "correct"]),
         ({"interactions": [{"question": 3, "correct": True}], "next_questions": [0]}, ["body", "next_questions", 0]),
+        ({"interactions": ONE_STEP, "next_questions": [2**63]}, ["body", "next_questions", 0]),  # was a 500
+        ({"interactions": ONE_STEP, "next_questions": [-(10**20)]}, ["body", "next_questions", 0]),
         ({"interactions": [{"question": 3, "correct": True}], "history": []}, ["body", "history"]),
     ],
 )
@@ -265,6 +270,14 @@ def test_bad_bodies_are_422_naming_the_field(sqlite_api: httpx.Client, body: dic
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == location
     assert sqlite_api.get("/students/learner-1").status_code == 404  # nothing was stored
+
+
+def test_ids_that_are_not_utf8_are_422_not_one_shared_student(sqlite_api: httpx.Client) -> None:
+    """%FF and %FE both decode to U+FFFD: without the rule they were the same student."""
+    for raw in ("%FF", "%FE", "%ED%A0%80", "ok%FF"):
+        response = sqlite_api.post(f"/students/{raw}/interactions", json={"model": MODEL, "interactions": ONE_STEP})
+        assert response.status_code == 422 and "U+FFFD" in response.json()["detail"][0]["msg"], raw
+    assert sqlite_api.get("/students?after=%FF").status_code == 422
 
 
 def test_unknown_model_is_404_and_bad_paging_is_422(sqlite_api: httpx.Client) -> None:

@@ -194,6 +194,12 @@ async def bug() -> dict:
     raise RuntimeError("a deliberate bug")
 
 
+@toy_router.get("/toy/bug/{owner}")
+async def bug_of(owner: str) -> dict:
+    """The same bug on a path that names someone: the log must not."""
+    raise RuntimeError("a deliberate bug")
+
+
 class ToyTask:
     """A task over the toy graphs; `prepare` may be replaced to observe or fail."""
 

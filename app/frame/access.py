@@ -99,7 +99,7 @@ def add_access_control(app, settings: Settings) -> None:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "HEAD", "POST"],
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],  # DELETE /students/{id} from a browser app too
             allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
             expose_headers=["x-request-id", "retry-after", BINARY_HEADER_LENGTH],
             max_age=600,

@@ -16,6 +16,7 @@ import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.frame.paths import loggable_path
 from app.frame.responses import dumps
 
 logger = logging.getLogger("mnemo.errors")
@@ -76,7 +77,7 @@ class CatchUnexpected:
             logger.error(
                 "unexpected error on %s %s: %s: %s%s",
                 scope["method"],
-                scope["path"],
+                loggable_path(scope),  # the route template: no student id or other client text in the log
                 type(error).__name__,
                 _one_line(str(error)),
                 f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",

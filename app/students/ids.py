@@ -7,6 +7,8 @@ Rules (docs/STUDENTS.md):
   unpaired surrogates.
 - No `/`, and not `.` or `..`: the id is one path segment of `/students/{student_id}`, and clients and
   proxies rewrite those.
+- No U+FFFD: the URL decoding turns every byte sequence that is not UTF-8 into it, so `%FF` and `%FE`
+  would name one student.
 - Compared exactly as given: no trimming, case folding or Unicode normalisation (`é` composed and
   decomposed are two ids).
 
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 MAX_STUDENT_ID_LENGTH = 128
 RESERVED_STUDENT_IDS = frozenset({".", ".."})
+# What the server's URL decoding makes of bytes that are not UTF-8 (%FF, an encoded lone surrogate): refused, or
+# every such id would be the same student.
+REPLACEMENT_CHARACTER = "\ufffd"
 # The rules as far as a JSON Schema regex can state them, for the OpenAPI document: no whitespace, no '/', no
 # C0/C1 control character, not '.' or '..'. "Printable" (no format, unassigned or private-use characters) has
 # no portable regex form: `validate_student_id` is the one check.
 STUDENT_ID_SCHEMA = {
     "minLength": 1,
     "maxLength": MAX_STUDENT_ID_LENGTH,
-    "pattern": r"^(?!\.\.?$)[^\s/\x00-\x1f\x7f-\x9f]+$",
+    "pattern": r"^(?!\.\.?$)[^\s/\x00-\x1f\x7f-\x9f\ufffd]+$",
 }
 
 
@@ -48,6 +53,10 @@ def validate_student_id(student_id: str) -> str:
         if character == "/":
             raise InvalidStudentId(
                 f"student_id must not contain '/' (it is one URL path segment); character {position}"
+            )
+        if character == REPLACEMENT_CHARACTER:
+            raise InvalidStudentId(
+                f"student_id must be valid UTF-8 and must not contain U+FFFD; character {position} is U+FFFD"
             )
     if student_id in RESERVED_STUDENT_IDS:
         raise InvalidStudentId("student_id must not be '.' or '..' (URL path segments)")

@@ -19,6 +19,9 @@ export function studentIdProblem(id) {
       return `student_id must contain only printable characters other than whitespace; character ${position} is ${hex(character)}`;
     }
     if (character === "/") return `student_id must not contain '/' (it is one URL path segment); character ${position}`;
+    if (character === "\ufffd") {
+      return `student_id must be valid UTF-8 and must not contain U+FFFD; character ${position} is U+FFFD`;
+    }
   }
   if (id === "." || id === "..") return "student_id must not be '.' or '..' (URL path segments)";
   return null;
