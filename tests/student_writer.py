@@ -8,7 +8,10 @@ shows in both.
 
 from __future__ import annotations
 
+import asyncio
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +24,24 @@ MODEL_SHA256 = "ab" * 32
 SHAPE = (20, 200)
 
 
+class InlineCalls:
+    """Store calls made right where they are asked for (a writer thread or process has no event loop to spare)."""
+
+    async def read(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    commit = read
+
+
+def update(store: StateStore, student_id: str, compute: Callable, **options: Any) -> tuple[StudentState, Any]:
+    """`update_state` with inline store calls and a plain function as `compute`, run to completion."""
+
+    async def computed(current: StudentState | None) -> NextState:
+        return await asyncio.to_thread(compute, current)  # a thread: `compute` may append itself (a race)
+
+    return asyncio.run(update_state(InlineCalls(), store, MODEL, student_id, MODEL_SHA256, computed, **options))
+
+
 def append_one(store: StateStore, student_id: str, writer: int) -> StudentState:
     """One read-modify-CAS-retry append; returns the state as stored."""
 
@@ -29,7 +50,7 @@ def append_one(store: StateStore, student_id: str, writer: int) -> StudentState:
         memory[writer] += 1
         return NextState(memory, 1 if current is None else current.interactions + 1, None)
 
-    stored, _ = update_state(store, MODEL, student_id, MODEL_SHA256, compute)
+    stored, _ = update(store, student_id, compute)
     return stored
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sqlite3
 import subprocess
@@ -27,7 +28,7 @@ from app.students.store import (
 )
 from app.students.update import NextState, TooManyConflicts, update_state
 from tests.redis_server import RedisServer, require_redis_server
-from tests.student_writer import MODEL, MODEL_SHA256, SHAPE, append_one
+from tests.student_writer import MODEL, MODEL_SHA256, SHAPE, InlineCalls, append_one, update
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITERS = 8
@@ -157,6 +158,10 @@ def test_revisions_are_never_reused_after_an_erasure(store: StateStore) -> None:
         )
 
 
+async def must_not_compute(current: StudentState | None) -> NextState[None]:
+    pytest.fail("must not compute")
+
+
 def test_state_of_another_model_version_is_never_mixed(store: StateStore) -> None:
     stored = create(store, "s1")
     with pytest.raises(StateVersionMismatch) as mismatch:
@@ -170,7 +175,7 @@ def test_state_of_another_model_version_is_never_mixed(store: StateStore) -> Non
         )
     assert mismatch.value.status_code == 409 and "DELETE /students/" in mismatch.value.detail
     with pytest.raises(StateVersionMismatch):
-        update_state(store, MODEL, "s1", "cd" * 32, lambda current: pytest.fail("must not compute"))
+        asyncio.run(update_state(InlineCalls(), store, MODEL, "s1", "cd" * 32, must_not_compute))
     assert store.read(MODEL, "s1").memory.tobytes() == stored.memory.tobytes()
 
 
@@ -185,7 +190,7 @@ def test_update_gives_up_after_losing_every_race(store: StateStore) -> None:
         return NextState(current.memory.copy(), current.interactions + 1, None)
 
     with pytest.raises(TooManyConflicts, match="changed 3 times") as conflict:
-        update_state(store, MODEL, "contested", MODEL_SHA256, compute_while_another_writer_wins, max_attempts=3)
+        update(store, "contested", compute_while_another_writer_wins, max_attempts=3)
     assert conflict.value.status_code == 409
     assert len(attempts) == 3 and attempts == sorted(set(attempts))  # each attempt saw a newer state
     assert store.read(MODEL, "contested").interactions == 3 + 3  # the three winning appends, not the loser's
@@ -409,7 +414,7 @@ def test_sqlite_url_sets_the_synchronous_mode(tmp_path: Path) -> None:
         store.close()
     with pytest.raises(ValueError, match=r"only the option synchronous=full\|normal"):
         open_store(f"sqlite://{tmp_path / 'students.db'}?journal=off")
-    with pytest.raises(ValueError, match="synchronous must be one of FULL, NORMAL"):
+    with pytest.raises(ValueError, match="MNEMO_STATE_URL sqlite:// option synchronous must be one of full, normal"):
         open_store(f"sqlite://{tmp_path / 'students.db'}?synchronous=off")
 
 

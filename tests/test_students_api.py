@@ -430,3 +430,56 @@ def test_an_sqlite_path_that_cannot_be_created_leaves_the_stateless_endpoints_se
         assert "cannot create the state directory" in response.json()["detail"]
         assert client.post("/knowledge-trace", json={"interactions": history(3, seed=0)}).status_code == 200
         assert client.get("/ready").status_code == 200
+
+
+class HeldWriteLock:
+    """Another process's writer holding an SQLite database's write lock (`BEGIN IMMEDIATE`) until released."""
+
+    def __init__(self, path: Path) -> None:
+        self.connection = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
+        self.connection.execute("BEGIN IMMEDIATE")
+
+    def release(self) -> None:
+        self.connection.execute("ROLLBACK")
+        self.connection.close()
+
+
+def test_a_stalled_store_holds_up_the_students_endpoints_only(tmp_path: Path) -> None:
+    """Appends blocked on the store's lock once took the threads that /similarity and /knowledge-trace parse
+    and encode on: those answered 504 after the deadline. Now the store has threads of its own."""
+    database = tmp_path / "students.db"
+    url = f"sqlite://{database}"
+    server_options = {"MNEMO_STATE_URL": url, "MNEMO_REQUEST_TIMEOUT_S": "4"}
+    with running_server(COMMITTED, **server_options) as server, client_of(server) as client:
+        assert append(client, "warm", history(1, seed=9)).status_code == 200  # the database exists
+        lock = HeldWriteLock(database)
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            stalled = [pool.submit(append, client_of(server), f"stalled-{n}", history(2, seed=n)) for n in range(12)]
+            time.sleep(0.5)  # the appends now wait for the lock on the store's threads
+            pair = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
+            assert client.post("/similarity", json=pair).status_code == 200
+            assert client.post("/knowledge-trace", json={"interactions": history(400, seed=9)}).status_code == 200
+            assert client.post("/similarity/batch", json={"pairs": [pair] * 8}).status_code == 200
+            lock.release()
+            statuses = [future.result().status_code for future in stalled]
+        assert set(statuses) <= {200, 503, 504}, statuses
+        for n, status in enumerate(statuses):  # what each was told is what the store holds
+            stored = client.get(student(f"stalled-{n}"))
+            assert (stored.status_code, status) in ((200, 200), (404, 503), (404, 504)), (n, status, stored.text)
+
+
+def test_an_append_whose_write_started_is_answered_with_its_result_not_504(tmp_path: Path) -> None:
+    """The deadline (2 s: a 504 at 1.5 s) passes while the write waits for another writer's lock (3 s): the
+    append was answered 504 "retry later" and stored all the same, so a retry counted it twice."""
+    database = tmp_path / "students.db"
+    server_options = {"MNEMO_STATE_URL": f"sqlite://{database}", "MNEMO_REQUEST_TIMEOUT_S": "2"}
+    with running_server(COMMITTED, **server_options) as server, client_of(server) as client:
+        assert append(client, "warm", history(1, seed=10)).status_code == 200
+        lock = HeldWriteLock(database)
+        releaser = threading.Timer(3.0, lock.release)
+        releaser.start()
+        response = append(client, "late-write", history(2, seed=10))
+        releaser.join()
+        assert response.status_code == 200, response.text
+        assert response.json()["interactions"] == 2
+        assert client.get(student("late-write")).json()["interactions"] == 2

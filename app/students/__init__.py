@@ -6,6 +6,7 @@
 - `sqlite_store.SqliteStateStore` (embedded default) and `redis_store.RedisStateStore` (several replicas).
 - `factory.open_store(url)`: MNEMO_STATE_URL -> a store.
 - `update.update_state`: the read / compute / compare-and-swap / retry loop every append goes through.
+- `io.StoreCalls`: the store's blocking calls on threads of their own (a stalled store holds up /students only).
 
 Design, durability and the chunking semantics: docs/STUDENTS.md.
 """

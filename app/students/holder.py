@@ -12,6 +12,7 @@ import logging
 import threading
 
 from app.students.factory import open_store
+from app.students.io import StoreCalls
 from app.students.store import StateStore, StoreUnavailable
 
 logger = logging.getLogger("mnemo.students")
@@ -24,6 +25,7 @@ class StoreHolder:
         self._url = url
         self._store: StateStore | None = None
         self._lock = threading.Lock()
+        self.calls = StoreCalls()  # every store call of a request runs here, never on the parsing threads
 
     def open(self) -> None:
         """At startup: open and check the store; log (do not raise) if the database is unavailable."""
@@ -42,6 +44,7 @@ class StoreHolder:
             return self._store
 
     def close(self) -> None:
+        self.calls.close()
         with self._lock:
             if self._store is not None:
                 self._store.close()

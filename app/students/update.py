@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -30,12 +30,21 @@ class TooManyConflicts(RevisionConflict):
     """Every attempt lost the compare-and-swap to another writer of the same student: 409, retry later."""
 
 
-def update_state(
+class StoreRunner(Protocol):
+    """How `update_state` calls the store: `StoreCalls` in the service, inline calls in a test writer."""
+
+    async def read(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    async def commit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+async def update_state(
+    calls: StoreRunner,
     store: StateStore,
     model: str,
     student_id: str,
     model_sha256: str,
-    compute: Callable[[StudentState | None], NextState[Result]],
+    compute: Callable[[StudentState | None], Awaitable[NextState[Result]]],
     *,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> tuple[StudentState, Result]:
@@ -45,14 +54,18 @@ def update_state(
     must not have side effects. A state built by another `model_sha256` raises `StateVersionMismatch`
     before `compute` runs. After `max_attempts` lost races it raises `TooManyConflicts`; between attempts
     it sleeps a random, growing delay (at most MAX_BACKOFF_S) so that racing writers spread out.
+
+    Cancelled (deadline, client gone) before a write starts, nothing is stored; once a write has started,
+    its outcome is returned (`StoreRunner.commit`).
     """
     for attempt in range(max_attempts):
-        current = store.read(model, student_id)
+        current = await calls.read(store.read, model, student_id)
         if current is not None and current.model_sha256 != model_sha256:
             raise StateVersionMismatch(model, current.model_sha256, model_sha256)
-        step = compute(current)
+        step = await compute(current)
         try:
-            stored = store.write(
+            stored = await calls.commit(
+                store.write,
                 model,
                 student_id,
                 memory=step.memory,
@@ -61,7 +74,7 @@ def update_state(
                 expected_revision=None if current is None else current.revision,
             )
         except RevisionConflict:
-            time.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))
+            await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))
             continue
         return stored, step.result
     raise TooManyConflicts(

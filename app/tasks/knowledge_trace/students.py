@@ -5,13 +5,15 @@ DKT has no mastery, so its `mastery` fields are null).
 
 An append reads the student's state, runs the new interactions from its memory through the batcher,
 and stores the new memory with a compare-and-swap, retrying on a lost race (`update_state`). Its cost
-depends on the new interactions only, never on the history. The store calls block, so they run on
-worker threads (`offload`); the model runs on the event loop's batcher. Design: docs/STUDENTS.md.
+depends on the new interactions only, never on the history. The store calls block, so they run on the
+store's own threads (`StoreCalls`: a stalled store never holds the threads that parse other requests);
+the model runs in the request's own task, so its deadline and disconnect apply to it as to
+/knowledge-trace. An append cancelled before its write has started stores nothing (504 or 499); once the
+write has started, its result is the answer. Design: docs/STUDENTS.md.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from typing import Annotated, Any
 
@@ -22,6 +24,7 @@ from app.frame.errors import InvalidInput, ServiceError
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
 from app.runtime.offload import offload
+from app.students.holder import StoreHolder
 from app.students.ids import MAX_STUDENT_ID_LENGTH, STUDENT_ID_SCHEMA, InvalidStudentId, validate_student_id
 from app.students.store import MAX_PAGE_SIZE, StateStore, StateVersionMismatch, StudentState
 from app.students.update import NextState, update_state
@@ -54,8 +57,13 @@ def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_i
         raise InvalidInput(location, str(error)) from None
 
 
+def _holder(request: Request) -> StoreHolder:
+    return request.app.state.students
+
+
 async def _store(request: Request) -> StateStore:
-    return await offload(request.app.state.students.get)
+    holder = _holder(request)
+    return await holder.calls.read(holder.get)
 
 
 def _iso(seconds: float) -> str:
@@ -71,6 +79,7 @@ def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.nda
 
 
 async def _append(
+    holder: StoreHolder,
     store: StateStore,
     model: ServedModel,
     student_id: str,
@@ -78,16 +87,15 @@ async def _append(
     body: AppendRequest,
 ) -> dict[str, Any]:
     questions, correct, wanted = arrays
-    loop = asyncio.get_running_loop()
 
-    def compute(current: StudentState | None) -> NextState[service.Trace]:
-        """Run the new interactions from the stored memory (on a worker thread; the model runs on the loop)."""
+    async def compute(current: StudentState | None) -> NextState[service.Trace]:
+        """Run the new interactions from the stored memory."""
         memory = None if current is None else current.memory
-        trace = asyncio.run_coroutine_threadsafe(service.trace(model, questions, correct, memory), loop).result()
+        trace = await service.trace(model, questions, correct, memory)
         seen = 0 if current is None else current.interactions
         return NextState(trace.memory, seen + len(questions), trace)
 
-    state, trace = await offload(update_state, store, model.name, student_id, model.entry.sha256, compute)
+    state, trace = await update_state(holder.calls, store, model.name, student_id, model.entry.sha256, compute)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
     return {
         "model": model.name,
@@ -121,15 +129,16 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     store = await _store(request)
     rows = service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)
     with model.batcher.admit(rows, cells=len(arrays[0]) + len(arrays[2])):
-        return JsonResponse(await complete(request, _append(store, model, student_id, arrays, body), model.name))
+        work = _append(_holder(request), store, model, student_id, arrays, body)
+        return JsonResponse(await complete(request, work, model.name))
 
 
 def _listed(values: np.ndarray | None) -> list[float] | None:
     return None if values is None else values.tolist()
 
 
-async def _describe(store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
-    state = await offload(store.read, model.name, student_id)
+async def _describe(holder: StoreHolder, store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
+    state = await holder.calls.read(store.read, model.name, student_id)
     if state is None:
         raise StudentNotFound(
             f"This student has no state under model {model.name}; "
@@ -161,7 +170,8 @@ async def get_student(
     served = registry(request).get(model, TASK_NAME)
     store = await _store(request)
     with served.batcher.admit(1):
-        return JsonResponse(await complete(request, _describe(store, served, student_id), served.name))
+        work = _describe(_holder(request), store, served, student_id)
+        return JsonResponse(await complete(request, work, served.name))
 
 
 @router.delete("/students/{student_id}", response_model=DeleteResponse, operation_id="delete_student")
@@ -169,7 +179,7 @@ async def delete_student(request: Request, student_id: StudentIdPath) -> JsonRes
     """Erase everything about a student, under every model, at once; answers which states were removed."""
     _checked_id(student_id)
     store = await _store(request)
-    removed = await offload(store.delete, student_id)
+    removed = await _holder(request).calls.commit(store.delete, student_id)
     deleted = [{"model": state.model, "interactions": state.interactions} for state in removed]
     return JsonResponse({"student_id": student_id, "deleted": deleted})
 
@@ -186,5 +196,5 @@ async def list_students(
     if after is not None:
         _checked_id(after, ("query", "after"))
     store = await _store(request)
-    page = await offload(store.list_students, after=after, limit=limit)
+    page = await _holder(request).calls.read(store.list_students, after=after, limit=limit)
     return JsonResponse({"student_ids": page.student_ids, "next_after": page.next_after})
