@@ -27,6 +27,7 @@ from app.transports.connection_guard import ConnectionLimits, guarded_protocol
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
+GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 
 
@@ -71,7 +72,9 @@ class DrainingServer(uvicorn.Server):
         if idle:
             logger.info("drained: no request in flight")
         else:
-            logger.warning("drain timeout: %d request(s) still in flight after %gs", self.drain.in_flight, self.drain_s)
+            given_up = self.drain.give_up()
+            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", given_up, self.drain_s)
+            await self.drain.wait_idle(GIVE_UP_S)  # their 503s (a store write that has started finishes first)
         self.should_exit = True
 
 

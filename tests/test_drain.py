@@ -65,3 +65,22 @@ def test_sigterm_answers_every_admitted_request_refuses_new_ones_and_exits_clean
         assert server.process.wait(timeout=60) == 0
     logged = [json.loads(line) for line in server.output if line.startswith("{")]
     assert any(line["message"] == "drained: no request in flight" for line in logged)
+
+
+def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_service_shape():
+    """Past MNEMO_DRAIN_S the drain gives up on what is left: a JSON 503 with Retry-After, not the bare
+    text/plain 500 that uvicorn's own cancellation at shutdown sends."""
+    with running_server(COMMITTED, MNEMO_DRAIN_S="1", MNEMO_BODY_TIMEOUT_S="60") as server:
+        held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+        deadline = time.monotonic() + 20
+        while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGTERM)
+        while not any("drain timeout" in line for line in server.output):  # the held request is still in flight
+            assert time.monotonic() < deadline + 20, "the drain never timed out"
+            time.sleep(0.02)
+        status, body = held.finish()
+        assert status == 503 and "MNEMO_DRAIN_S" in json.loads(body)["detail"]
+        assert server.process.wait(timeout=30) == 0
+    logged = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
+    assert any(message.startswith("drain timeout: 1 request(s) in flight after 1s, answered 503") for message in logged)

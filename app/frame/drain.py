@@ -1,4 +1,9 @@
-"""Graceful drain: on SIGTERM readiness turns 503, new work is refused with 503, admitted work finishes."""
+"""Graceful drain: on SIGTERM readiness turns 503, new work is refused with 503, admitted work finishes.
+
+Work still in flight when the drain's time is up is given up (`give_up`): its tasks are cancelled, and each
+answers 503 in the service's shape (app/frame/middleware.py, `DrainGate`), rather than the bare 500 that
+uvicorn's own cancellation at shutdown would send.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ class Drain:
 
     def __init__(self) -> None:
         self.draining = False
+        self.gave_up = False
         self.started_at: float | None = None
         self.in_flight = 0
+        self._tasks: set[asyncio.Task] = set()
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
         self._changed: asyncio.Event | None = None
 
@@ -25,16 +32,26 @@ class Drain:
             for listener in self.on_begin:
                 listener()
 
-    def enter(self) -> None:
+    def enter(self, task: asyncio.Task | None = None) -> None:
         self.in_flight += 1
+        if task is not None:
+            self._tasks.add(task)
 
     def alone(self) -> bool:
         """At most one request in flight: called from inside a request, it is the only one."""
         return self.in_flight <= 1
 
-    def leave(self) -> None:
+    def leave(self, task: asyncio.Task | None = None) -> None:
         self.in_flight -= 1
+        self._tasks.discard(task)
         self._notify()
+
+    def give_up(self) -> int:
+        """Cancel the requests still in flight (the drain's time is up); returns how many."""
+        self.gave_up = True
+        for task in self._tasks:
+            task.cancel("the drain's time is up")
+        return len(self._tasks)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when idle."""

@@ -121,7 +121,8 @@ class BodySizeLimit:
 class DrainGate:
     """Refuse new work before reading its body: 503 while draining, 429 while the parse queue is saturated.
 
-    Both answers carry Retry-After; the 503 also Connection: close. Work in flight is counted for the drain.
+    Both answers carry Retry-After; the 503 also Connection: close. Work in flight is counted for the drain;
+    given up by it (`Drain.give_up`), a request not yet answered gets a 503 too.
     """
 
     def __init__(self, app: ASGIApp, drain: Drain, saturated: Callable[[], bool]) -> None:
@@ -141,11 +142,25 @@ class DrainGate:
             detail = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
             await send_json(send, 429, detail, {"Retry-After": "1"})
             return
-        self.drain.enter()
+        task = asyncio.current_task()
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        self.drain.enter(task)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, tracking_send)
+        except asyncio.CancelledError:
+            if not self.drain.gave_up or started or task is None:
+                raise
+            task.uncancel()  # given up by the drain: answered here, in the service's shape
+            detail = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
+            await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
         finally:
-            self.drain.leave()
+            self.drain.leave(task)
 
 
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
