@@ -31,14 +31,21 @@ def main() -> None:
     problem = startup_problem(settings)
     if problem:
         sys.exit(f"mnemo: cannot start: {problem}")
+    from app.supervisor import CannotStart, bind_port, supervise  # it imports neither uvicorn nor the app
+
     if settings.workers == 1:
+        try:  # the addresses first: a port in use or a host that does not resolve stops startup before any model
+            sockets = [bind_port(settings.host, settings.port)]
+            if settings.probe_port is not None:
+                bind_port(settings.host, settings.probe_port, names="MNEMO_HOST:MNEMO_PROBE_PORT").close()
+        except CannotStart as error:
+            sys.exit(f"mnemo: cannot start: {error}")
         tune_malloc()  # before any thread starts (serve() repeats it for the other callers)
         preopened.start(settings)  # ONNX sessions open while the web stack imports
         from app.server import serve
 
-        serve(settings)
+        serve(settings, sockets=sockets)
         return
-    from app.supervisor import CannotStart, supervise  # it imports neither uvicorn nor the app
 
     try:
         sys.exit(supervise(settings))

@@ -69,17 +69,19 @@ class Worker:
         return self.process.pid
 
 
-def bind_shared(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port with SO_REUSEPORT (and SO_REUSEADDR, like uvicorn's), not listening yet."""
+def bind_port(host: str, port: int, *, shared: bool = False, names: str = "MNEMO_HOST:MNEMO_PORT") -> socket.socket:
+    """A TCP socket bound to host:port (SO_REUSEADDR, like uvicorn's; SO_REUSEPORT too when `shared` by
+    workers), not listening yet; `CannotStart` naming the settings (`names`) when the address cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise CannotStart(f"cannot listen on {host}:{port}: {error.strerror}") from None
+        raise CannotStart(f"cannot listen on {host}:{port} ({names}): {error.strerror}") from None
     return sock
 
 
@@ -189,7 +191,7 @@ def supervise(settings: Settings) -> int:
     """Serve with `settings.workers` worker processes until a signal; the exit status."""
     configure_logging(settings.log_level, settings.log_format)
     with metrics_directory() as metrics_dir:
-        port_holder = bind_shared(settings.host, settings.port)
+        port_holder = bind_port(settings.host, settings.port, shared=True)
         logger.info(
             "supervisor %d: %d workers on http://%s:%d, each with %d concurrent run(s) x %d intra-op thread(s) "
             "of the %d CPUs; metrics of every worker in %s",

@@ -22,7 +22,7 @@ import signal
 
 from app.frame.settings import Settings
 from app.server import serve
-from app.supervisor import bind_shared
+from app.supervisor import bind_port
 from app.transports.identity import IdentityHeaders
 
 logger = logging.getLogger("mnemo.worker")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     terminate_with_parent(args.supervisor_pid)
     settings = Settings()  # the supervisor checked these very variables before starting the workers
-    sock = bind_shared(settings.host, settings.port)  # uvicorn calls listen() after the app's startup
+    sock = bind_port(settings.host, settings.port, shared=True)  # uvicorn calls listen() after the app's startup
 
     def started() -> None:
         logger.info(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -91,3 +92,19 @@ def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[st
     assert done.returncode == 1
     assert done.stderr.startswith("mnemo: cannot start:") and message.format(port=port) in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "secret" not in done.stderr
+
+
+@pytest.mark.parametrize("variable", ["MNEMO_PORT", "MNEMO_PROBE_PORT"])
+def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "MNEMO_PORT": str(free_port()), variable: str(port)}
+        done = subprocess.run(
+            [sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 1
+    names = "MNEMO_HOST:MNEMO_PORT" if variable == "MNEMO_PORT" else "MNEMO_HOST:MNEMO_PROBE_PORT"
+    expected = f"cannot listen on 127.0.0.1:{port} ({names}): Address already in use"
+    assert done.stderr.strip() == f"mnemo: cannot start: {expected}"

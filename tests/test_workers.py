@@ -140,7 +140,9 @@ def test_a_port_in_use_stops_the_supervisor_before_any_worker_starts():
         run = [sys.executable, "-m", "app"]
         done = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
-    assert done.stderr.strip() == f"mnemo: cannot start: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert done.stderr.strip() == (
+        f"mnemo: cannot start: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:MNEMO_PORT): Address already in use"
+    )
 
 
 def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path):
