@@ -389,19 +389,20 @@ def test_redis_unavailable_is_a_clear_503_while_the_stateless_endpoints_serve(tm
     redis_server.kill()  # stopped before the service starts: startup must not fail
     try:
         with running_server(COMMITTED, MNEMO_STATE_URL=redis_server.url()) as server, client_of(server) as client:
-            assert_students_unavailable_but_stateless_serve(client)
+            assert_students_unavailable_but_stateless_serve(client, redis_server.port)
             redis_server.start()  # back: the same service serves students without a restart
             assert append(client, "comeback", history(1, seed=8)).json()["interactions"] == 1
             redis_server.kill()  # gone while serving
-            assert_students_unavailable_but_stateless_serve(client)
+            assert_students_unavailable_but_stateless_serve(client, redis_server.port)
             redis_server.start()  # the acknowledged interaction survived in the append-only file
             assert append(client, "comeback", history(1, seed=8)).json()["interactions"] == 2
         assert any("student state store unavailable at startup" in line for line in server.output)
+        assert any(f"Redis state store 127.0.0.1:{redis_server.port}/0 failed" in line for line in server.output)
     finally:
         redis_server.kill()
 
 
-def assert_students_unavailable_but_stateless_serve(client: httpx.Client) -> None:
+def assert_students_unavailable_but_stateless_serve(client: httpx.Client, port: int) -> None:
     for response in (
         append(client, "comeback", history(1, seed=8)),
         client.get(student("comeback")),
@@ -412,6 +413,7 @@ def assert_students_unavailable_but_stateless_serve(client: httpx.Client) -> Non
         assert response.headers["retry-after"] == "1"
         assert "student state store is unavailable" in response.json()["detail"]
         assert "Redis state store" in response.json()["detail"]
+        assert f":{port}" not in response.json()["detail"]  # the log has the address, the client does not
     assert client.post("/knowledge-trace", json={"interactions": history(5, seed=8)}).status_code == 200
     pair = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
     assert client.post("/similarity", json=pair).status_code == 200
@@ -427,7 +429,8 @@ def test_an_sqlite_path_that_cannot_be_created_leaves_the_stateless_endpoints_se
     with TestClient(create_app(settings)) as client:
         response = client.post("/students/learner/interactions", json={"interactions": history(1, seed=0)})
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
-        assert "cannot create the state directory" in response.json()["detail"]
+        assert "cannot create its directory" in response.json()["detail"]
+        assert str(tmp_path) not in response.json()["detail"]
         assert client.post("/knowledge-trace", json={"interactions": history(3, seed=0)}).status_code == 200
         assert client.get("/ready").status_code == 200
 

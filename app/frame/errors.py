@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -38,6 +39,28 @@ logger = logging.getLogger("mnemo.errors")
 LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
 STORE_RETRY_AFTER_S = 1
+STORE_LOG_EVERY_S = 10.0  # an unavailable store is logged (with its location) at most this often
+
+
+class OutageLog:
+    """Logs the first failure, then at most one line per `every_s` with how many were not logged."""
+
+    def __init__(self, every_s: float = STORE_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._last: float | None = None
+        self._unlogged = 0
+
+    def log(self, message: str) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every_s:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
+        logger.warning("student state store unavailable: %s%s", message, more)
+        self._last, self._unlogged = now, 0
+
+
+store_outages = OutageLog()
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
@@ -171,6 +194,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def store_error(request: Request, error: StoreError) -> JsonResponse:
         if isinstance(error, StoreUnavailable):
+            store_outages.log(error.internal)
             detail = (
                 f"The student state store is unavailable ({error.detail}); only the /students endpoints are "
                 "affected, retry later."

@@ -33,7 +33,7 @@ class StoreHolder:
             self.get().check_health()
         except StoreUnavailable as error:
             logger.warning(
-                "student state store unavailable at startup: %s; /students answers 503 until it is back", error.detail
+                "student state store unavailable at startup: %s; /students answers 503 until it is back", error.internal
             )
 
     def get(self) -> StateStore:

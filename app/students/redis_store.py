@@ -164,7 +164,8 @@ class RedisStateStore:
             yield
         except redis.RedisError as error:
             raise StoreUnavailable(
-                f"Redis state store {self._where} failed: {type(error).__name__}: {error}"
+                f"Redis state store failed: {type(error).__name__}",
+                f"Redis state store {self._where} failed: {type(error).__name__}: {error}",
             ) from error
 
 

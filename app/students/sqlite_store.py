@@ -71,11 +71,17 @@ class SqliteStateStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise StoreUnavailable(f"cannot create the state directory {path.parent}: {error.strerror}") from error
+            raise StoreUnavailable(
+                f"SQLite state store: cannot create its directory: {error.strerror}",
+                f"cannot create the state directory {path.parent}: {error.strerror}",
+            ) from error
         with self._errors_as_unavailable():
             connection = self._connection()
             if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
-                raise StoreUnavailable(f"SQLite state file {path} cannot be put in WAL mode")
+                raise StoreUnavailable(
+                    "SQLite state store: its file cannot be put in WAL mode",
+                    f"SQLite state file {path} cannot be put in WAL mode",
+                )
             connection.executescript(SCHEMA)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
@@ -191,7 +197,9 @@ class SqliteStateStore:
         try:
             yield
         except sqlite3.Error as error:
-            raise StoreUnavailable(f"SQLite state store {self.path} failed: {error}") from error
+            raise StoreUnavailable(  # sqlite3's messages name no path ("database is locked", "disk I/O error")
+                f"SQLite state store failed: {error}", f"SQLite state store {self.path} failed: {error}"
+            ) from error
 
 
 def _state_of(row: tuple) -> StudentState:

@@ -54,9 +54,16 @@ class StoreError(Exception):
 
 
 class StoreUnavailable(StoreError):
-    """The database cannot be reached or answered with an error: 503, the stateless endpoints keep working."""
+    """The database cannot be reached or answered with an error: 503, the stateless endpoints keep working.
+
+    `detail` goes to the client and names no path, host or port; `internal` (default: the detail) only to
+    the service's log."""
 
     status_code = 503
+
+    def __init__(self, detail: str, internal: str | None = None) -> None:
+        super().__init__(detail)
+        self.internal = internal or detail
 
 
 class StateVersionMismatch(StoreError):
