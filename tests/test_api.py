@@ -85,3 +85,14 @@ def test_every_request_body_example_in_the_openapi_document_is_answered(client):
                 assert response.status_code == 200, (method, path, response.text[:300])
                 tried.append(path)
     assert {"/similarity", "/similarity/from-embeddings", "/knowledge-trace", "/embeddings"} <= set(tried)
+
+
+def test_head_is_get_without_the_body(client):
+    """RFC 9110: a resource that answers GET answers HEAD, with the same status and headers."""
+    for path in ("/models", "/", "/openapi.json", "/models/dkvmn-assist2009/questions", "/v2/health/live"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-length"] == str(len(got.content)), path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+    refused = client.head("/similarity")  # a POST-only path: 405 naming what it takes
+    assert refused.status_code == 405 and refused.headers["allow"] == "POST" and refused.content == b""
