@@ -68,7 +68,8 @@ def test_schema_error_is_fastapis_422(toy_client):
 def test_invalid_input_is_422_in_the_same_shape(toy_client):
     response = toy_client.post("/toy", json={"x": [[1, 2, 3]] * 2, "k": [1, -4]})
     assert response.json() == {
-        "detail": [{"loc": ["body", "k", 1], "msg": "k must be >= 0, got -4", "type": "value_error"}]
+        "detail": [{"loc": ["body", "k", 1], "msg": "k must be >= 0, got -4", "type": "value_error"}],
+        "error_count": 1,  # as in a schema 422
     }
     too_many = toy_client.post("/toy", json={"x": [[1, 2, 3]] * 65, "k": [1] * 65})
     assert _assert_validation_shape(too_many, ["body", "k"]) == "at most 64 items"

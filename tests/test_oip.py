@@ -283,6 +283,10 @@ def test_malformed_bodies_are_400_in_the_protocol_shape(server: Server) -> None:
         timeout=30,
     )
     assert both.status_code == 400 and "both data and binary_data_size" in both.json()["error"]
+    binary_q = {key: value for key, value in q.items() if key != "data"}
+    no_header = httpx.post(url, json={"inputs": [binary_q]}, timeout=30)
+    assert no_header.status_code == 400
+    assert "send the Inference-Header-Content-Length header" in no_header.json()["error"]
     gzipped = httpx.post(
         url,
         content=gzip.compress(json.dumps({"inputs": [q]}).encode()),
@@ -311,6 +315,13 @@ def step_inputs(rows: int, q: list, r: list | None = None, q_shape: list | None 
     }
 
 
+HUGE = 987654321  # stands for a 4,000-digit integer: the JSON parser takes it, Python's json.dumps would not print it
+
+
+def huge_number(body: dict) -> bytes:
+    return json.dumps(body).replace(str(HUGE), "1" + "0" * 3999).encode()
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -325,10 +336,16 @@ def step_inputs(rows: int, q: list, r: list | None = None, q_shape: list | None 
         (step_inputs(3, [1, 2, 3], q_shape=[3.0, 1.0]), "inputs.0.shape.0"),
         (step_inputs(3, [[[1]], [[2]], [[3]]]), "nested data must follow the shape [3, 1], or be flat"),
         (step_inputs(3, [[1, 2, 3]]), "nested data must follow the shape [3, 1], or be flat"),
+        (huge_number(step_inputs(3, [HUGE, 2, 3])), "element 0 is an integer of about 4000 digits"),
+        (huge_number(step_inputs(3, [1, 2, 3], q_shape=[HUGE, 1])), "inputs.0.shape.0"),
     ],
 )
-def test_json_tensor_data_must_hold_the_datatype_in_the_shape(server: Server, body: dict, message: str) -> None:
-    response = httpx.post(f"{server.url}/v2/models/{KT_MODEL}/infer", json=body, timeout=30)
+def test_json_tensor_data_must_hold_the_datatype_in_the_shape(server: Server, body: dict | bytes, message: str) -> None:
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    if isinstance(body, bytes):
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    else:
+        response = httpx.post(url, json=body, timeout=30)
     assert response.status_code == 400 and message in response.json()["error"]
 
 

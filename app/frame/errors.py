@@ -204,7 +204,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
-        return JsonResponse({"detail": error.detail()}, 422)
+        return JsonResponse({"detail": error.detail(), "error_count": 1}, 422)
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, error: RequestValidationError) -> JsonResponse:
@@ -222,4 +222,4 @@ def install_error_handlers(app: FastAPI) -> None:
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
         message = f"The model rejected the input: {ort_message(error)}"
-        return JsonResponse({"detail": InvalidInput(("body",), message).detail()}, 422)
+        return JsonResponse({"detail": InvalidInput(("body",), message).detail(), "error_count": 1}, 422)

@@ -13,7 +13,7 @@ import math
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
@@ -60,7 +60,7 @@ class ProtocolError(Exception):
 
 class RequestInput(BaseModel):
     name: str = Field(max_length=128)
-    shape: list[StrictInt] = Field(max_length=MAX_RANK)
+    shape: list[Annotated[StrictInt, Field(ge=-(2**63), lt=2**63)]] = Field(max_length=MAX_RANK)
     datatype: str = Field(max_length=16)
     parameters: dict[str, Any] = Field(default_factory=dict)
     data: list[Any] | None = None
@@ -119,8 +119,17 @@ def decode_inputs(
         if size is not None and tensor.data is not None:
             raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
         if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise ProtocolError(f"input {tensor.name}: binary_data_size {size!r} does not fit the binary data")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} must be a count of bytes")
+            if size and not binary:
+                raise ProtocolError(
+                    f"input {tensor.name} has binary_data_size but the request has no binary data: send the "
+                    "Inference-Header-Content-Length header (the JSON header's length in bytes) and the data after it"
+                )
+            if offset + size > len(binary):
+                raise ProtocolError(
+                    f"input {tensor.name}: binary_data_size {json_text(size)} does not fit the binary data"
+                )
             arrays[tensor.name] = _from_binary(tensor, binary[offset : offset + size])
             offset += size
         elif tensor.data is not None:
@@ -167,7 +176,8 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
         outside = next((index for index, element in enumerate(elements) if not low <= element <= high), None)
         if outside is not None:
             raise ProtocolError(
-                f"input {tensor.name}: element {outside} is {elements[outside]}; {tensor.datatype} holds {low}..{high}"
+                f"input {tensor.name}: element {outside} is {json_text(elements[outside])}; {tensor.datatype} holds "
+                f"{low}..{high}"
             )
     return np.array(elements, dtype=dtype).reshape(tensor.shape)
 
@@ -193,7 +203,10 @@ def _nested_as(data: Any, shape: Sequence[int]) -> bool:
 
 
 def json_text(value: Any) -> str:
-    """A JSON value as the client wrote it, cut to 40 characters."""
+    """A JSON value as the client wrote it, cut to 40 characters (a huge integer by its size: writing out
+    thousands of digits is refused by Python and costly)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
     return dumps(value).decode()[:40]
 
 
