@@ -33,13 +33,13 @@ def main() -> None:
         sys.exit(f"mnemo: cannot start: {problem}")
     from app.supervisor import CannotStart, bind_port, supervise  # it imports neither uvicorn nor the app
 
+    try:  # the addresses first: a port in use or a host that does not resolve stops startup before any model
+        if settings.probe_port is not None:
+            bind_port(settings.host, settings.probe_port, names="MNEMO_HOST:MNEMO_PROBE_PORT").close()
+        sockets = [bind_port(settings.host, settings.port)] if settings.workers == 1 else []
+    except CannotStart as error:
+        sys.exit(f"mnemo: cannot start: {error}")
     if settings.workers == 1:
-        try:  # the addresses first: a port in use or a host that does not resolve stops startup before any model
-            sockets = [bind_port(settings.host, settings.port)]
-            if settings.probe_port is not None:
-                bind_port(settings.host, settings.probe_port, names="MNEMO_HOST:MNEMO_PROBE_PORT").close()
-        except CannotStart as error:
-            sys.exit(f"mnemo: cannot start: {error}")
         tune_malloc()  # before any thread starts (serve() repeats it for the other callers)
         preopened.start(settings)  # ONNX sessions open while the web stack imports
         from app.server import serve

@@ -134,8 +134,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
     add_access_control(app, settings)
-    app.add_middleware(HeadAsGet)  # a HEAD goes through every check inside as the GET it stands for
     app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape
+    app.add_middleware(HeadAsGet)  # a HEAD goes through every layer inside as the GET it stands for
     app.add_middleware(RequestContext, metrics=metrics)
     app.direct_paths = frozenset(direct_routes(task_routers))
     app.include_router(operations.router)

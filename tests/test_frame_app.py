@@ -81,6 +81,7 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "foo://x"}, "MNEMO_STATE_URL must start with sqlite:// or redis://"),
         ({"MNEMO_STATE_URL": "sqlite:///tmp/x.db?synchronous=off"}, "option synchronous must be one of full, normal"),
         ({"MNEMO_STATE_URL": "redis://:secret@127.0.0.1:notaport/0"}, "MNEMO_STATE_URL is not a valid Redis URL: Port"),
+        ({"MNEMO_STATE_URL": "redis://user:secret@[::1/0"}, "MNEMO_STATE_URL is not a valid URL: Invalid IPv6 URL"),
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
     ],
 )
@@ -94,13 +95,16 @@ def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[st
     assert len(done.stderr.strip().splitlines()) == 1 and "secret" not in done.stderr
 
 
-@pytest.mark.parametrize("variable", ["MNEMO_PORT", "MNEMO_PROBE_PORT"])
-def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str):
+@pytest.mark.parametrize(
+    ("variable", "workers"), [("MNEMO_PORT", "1"), ("MNEMO_PROBE_PORT", "1"), ("MNEMO_PROBE_PORT", "2")]
+)
+def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, workers: str):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {**os.environ, "MNEMO_PORT": str(free_port()), variable: str(port)}
+        env = {**os.environ, "MNEMO_PORT": str(free_port()), variable: str(port), "MNEMO_WORKERS": workers}
+        env.pop("MNEMO_CONCURRENT_RUNS", None)
         done = subprocess.run(
             [sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
         )

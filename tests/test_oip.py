@@ -318,6 +318,10 @@ def step_inputs(rows: int, q: list, r: list | None = None, q_shape: list | None 
 HUGE = 987654321  # stands for a 4,000-digit integer: the JSON parser takes it, Python's json.dumps would not print it
 
 
+# KT_MODEL's memory (5 slots x 10), its first number past the float range
+MEMORY_OF_HUGE = {"name": "mv_in", "shape": [1, 5, 10], "datatype": "FP32", "data": [10**400] + [0.0] * 49}
+
+
 def huge_number(body: dict) -> bytes:
     return json.dumps(body).replace(str(HUGE), "1" + "0" * 3999).encode()
 
@@ -338,6 +342,8 @@ def huge_number(body: dict) -> bytes:
         (step_inputs(3, [[1, 2, 3]]), "nested data must follow the shape [3, 1], or be flat"),
         (huge_number(step_inputs(3, [HUGE, 2, 3])), "element 0 is an integer of about 4000 digits"),
         (huge_number(step_inputs(3, [1, 2, 3], q_shape=[HUGE, 1])), "inputs.0.shape.0"),
+        (step_inputs(0, [], q_shape=[2**62, 0]), "inputs.0.shape.0: Input should be less than or equal to 2147483647"),
+        ({"inputs": [*step_inputs(1, [1])["inputs"], MEMORY_OF_HUGE]}, "mv_in: element 0 is an integer of about"),
     ],
 )
 def test_json_tensor_data_must_hold_the_datatype_in_the_shape(server: Server, body: dict | bytes, message: str) -> None:
@@ -385,6 +391,9 @@ def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
     assert [answer.status_code for answer in answers] == [404, 404, 405, 413]
     assert all(set(answer.json()) == {"error"} and answer.json()["error"] for answer in answers)
     assert set(httpx.get(f"{server.url}/nope", timeout=10).json()) == {"detail"}  # the task API keeps its own
+    for answer in answers[:3]:  # HEAD: the same status and Content-Length as the reshaped GET, no body
+        head = httpx.head(answer.request.url, timeout=10)
+        assert (head.status_code, head.headers["content-length"]) == (answer.status_code, str(len(answer.content)))
 
 
 # -- engine states, in-process on the real app ------------------------------------------------------------

@@ -38,7 +38,10 @@ def check_url(url: str) -> None:
     if url.startswith(SQLITE_PREFIX):
         _sqlite_options(url.removeprefix(SQLITE_PREFIX))
         return
-    scheme = urlsplit(url).scheme
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError as error:  # e.g. "Invalid IPv6 URL": the message names no part of the URL
+        raise ValueError(f"MNEMO_STATE_URL is not a valid URL: {error}") from None
     if scheme not in REDIS_SCHEMES:
         raise ValueError(
             f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"

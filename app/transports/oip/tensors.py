@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ from pydantic import BaseModel, Field, StrictInt
 from app.frame.responses import dumps
 
 MAX_RANK = 8
+FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
+MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
 NUMPY_TYPES: dict[str, type] = {
     "BOOL": np.bool_,
     "INT8": np.int8,
@@ -60,7 +63,7 @@ class ProtocolError(Exception):
 
 class RequestInput(BaseModel):
     name: str = Field(max_length=128)
-    shape: list[Annotated[StrictInt, Field(ge=-(2**63), lt=2**63)]] = Field(max_length=MAX_RANK)
+    shape: list[Annotated[StrictInt, Field(ge=-MAX_DIM, le=MAX_DIM)]] = Field(max_length=MAX_RANK)
     datatype: str = Field(max_length=16)
     parameters: dict[str, Any] = Field(default_factory=dict)
     data: list[Any] | None = None
@@ -179,7 +182,13 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
                 f"input {tensor.name}: element {outside} is {json_text(elements[outside])}; {tensor.datatype} holds "
                 f"{low}..{high}"
             )
-    return np.array(elements, dtype=dtype).reshape(tensor.shape)
+    try:
+        return np.array(elements, dtype=dtype).reshape(tensor.shape)
+    except OverflowError:  # an integer past the float range (numpy gives infinity for 1e999, not for 10**400)
+        huge = next(index for index, element in enumerate(elements) if abs(element) > FLOAT_MAX)
+        raise ProtocolError(
+            f"input {tensor.name}: element {huge} is {json_text(elements[huge])}; too large for {tensor.datatype}"
+        ) from None
 
 
 def _json_elements(tensor: RequestInput) -> list[Any]:
