@@ -40,6 +40,7 @@ LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
 STORE_RETRY_AFTER_S = 1
 STORE_LOG_EVERY_S = 10.0  # an unavailable store is logged (with its location) at most this often
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class OutageLog:
@@ -61,7 +62,6 @@ class OutageLog:
 
 
 store_outages = OutageLog()
-HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 class ServiceError(Exception):
