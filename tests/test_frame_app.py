@@ -62,6 +62,16 @@ def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("MNEMO_PROVIDER", "gpu")
     with pytest.raises(ValueError, match="provider"):
         Settings()
+    choices = {"PROVIDER": " CPU", "LOG_LEVEL": "INFO", "LOG_FORMAT": "Json", "ON_MODEL_ERROR": "SKIP"}
+    for name, value in choices.items():
+        monkeypatch.setenv(f"MNEMO_{name}", value)  # a choice in any case
+    settings = Settings()
+    assert (settings.provider, settings.log_level, settings.log_format, settings.on_model_error) == (
+        "cpu",
+        "info",
+        "json",
+        "skip",
+    )
 
 
 def test_the_thread_budget_fits_the_cpus():

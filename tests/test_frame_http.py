@@ -144,6 +144,7 @@ def test_body_just_under_the_limit_is_read(toy_client):
 # -- request ids, access log, metrics ----------------------------------------------------------------
 def test_every_response_has_a_request_id_and_a_sane_incoming_one_is_kept(toy_client):
     assert len(toy_client.get("/health").headers["x-request-id"]) == 32
+    assert toy_client.get("/health").headers["x-content-type-options"] == "nosniff"
     assert toy_client.get("/health", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == "abc-123"
     assert toy_client.get("/health", headers={"X-Request-ID": "x" * 500}).headers["x-request-id"] != "x" * 500
     for unusable in ("caf\u00e9-42".encode(), b"caf\xe9-42", b"two words", b"id status=200"):  # echoed bytes could

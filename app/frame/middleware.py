@@ -23,6 +23,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 # An incoming id is kept when it is 1 to 128 visible ASCII characters: echoed byte for byte, and no space or
 # control character that could forge a field of the access line.
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 # perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
 # the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
@@ -217,7 +218,8 @@ def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
 
 
 class RequestContext:
-    """Give every response an X-Request-ID, log one access line and record metrics, both by route template."""
+    """Give every response an X-Request-ID (and `X-Content-Type-Options: nosniff`), log one access line and record
+    metrics, both by route template."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -238,7 +240,7 @@ class RequestContext:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode())]
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
             await send(message)
 
         self.metrics.in_flight.inc()

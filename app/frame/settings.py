@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     )
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS (* for any); empty = off")
 
+    @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
+    @classmethod
+    def _choice_in_any_case(cls, value: object) -> object:
+        """`MNEMO_LOG_LEVEL=INFO` means info: the choices are matched without regard to case or spaces."""
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("api_keys")
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
