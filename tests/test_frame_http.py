@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -9,9 +10,12 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto
+from starlette.requests import Request
 
 from app.frame.integrity import sha256_of
 from app.frame.logging import JsonFormatter
+from app.transports.connection_guard import ON_CLIENT_GONE
+from app.transports.http import ClientGone, complete
 from tests.conftest import toy_settings
 from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
 
@@ -173,6 +177,8 @@ def test_metrics_by_route_template_and_status_and_inference_by_model(toy_client)
     toy_client.post("/toy", json={**GOOD, "model": "toy-b"})
     toy_client.post("/toy", json={**GOOD, "model": "toy-z"})
     toy_client.get("/does-not-exist")
+    for invented in ("PROPFIND", "M-SEARCH", "MKCALENDAR"):  # the HTTP parser takes these: one label, not three
+        toy_client.request(invented, "/toy")
     response = toy_client.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
@@ -180,6 +186,8 @@ def test_metrics_by_route_template_and_status_and_inference_by_model(toy_client)
     assert 'mnemo_http_requests_total{method="POST",route="/toy",status="404"} 1.0' in text
     assert 'mnemo_http_requests_total{method="GET",route="unmatched",status="404"} 1.0' in text
     assert 'mnemo_http_request_duration_seconds_count{method="POST",route="/toy"} 3.0' in text
+    assert 'mnemo_http_requests_total{method="other",route="/toy",status="405"} 3.0' in text
+    assert "PROPFIND" not in text
     assert 'mnemo_inference_duration_seconds_count{model="toy-a"} 1.0' in text
     assert 'mnemo_inference_duration_seconds_count{model="toy-b"} 1.0' in text
 
@@ -200,3 +208,24 @@ def test_json_log_format_writes_one_object_per_line(toy_artifacts, capfd):
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
     assert any(line.get("request_id") == "json-1" and line["status"] == 200 for line in lines)
     assert logging.getLogger("uvicorn.access").disabled  # uvicorn's own access line would be a second one
+
+
+def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(toy_artifacts):
+    """The batcher may see a client leave (TCP_INFO) before the connection guard does and cancel the rows the
+    request awaits: that is a 499 counted as cancelled, not a CancelledError escaping to uvicorn's error log."""
+    app = toy_app(toy_settings(toy_artifacts))
+    scope = {"type": "http", "app": app, "method": "POST", "path": "/toy", "headers": [], "query_string": b""}
+    scope[ON_CLIENT_GONE] = []  # as the connection guard puts it: its client has not left as far as it knows
+
+    async def scenario() -> None:
+        rows = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.01, rows.cancel)  # what `_Item.abandoned` does
+
+        async def work() -> object:
+            return await rows
+
+        with pytest.raises(ClientGone):
+            await complete(Request(scope), work(), "toy-a")
+
+    asyncio.run(scenario())
+    assert 'mnemo_requests_cancelled_total{model="toy-a"} 1.0' in app.state.metrics.render().decode()

@@ -24,6 +24,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 # control character that could forge a field of the access line.
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
+# Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 # perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
 # the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
@@ -249,7 +251,8 @@ class RequestContext:
         finally:
             self.metrics.in_flight.dec()
             seconds = time.perf_counter() - started
-            self.metrics.observe_request(route_label(scope), scope["method"], status, seconds)
+            method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"  # no label per invented method
+            self.metrics.observe_request(route_label(scope), method, status, seconds)
             path = loggable_path(scope)  # the route template: no student ids or other client text in logs
             access_logger.info(
                 "%s %s %d %.1fms id=%s",

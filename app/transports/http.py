@@ -187,6 +187,11 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
         awaiting = True
         return await work
     except asyncio.CancelledError:
+        if not stopped_by and not current.cancelling():
+            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave (TCP_INFO)
+            # before the connection guard did.
+            metrics.cancelled.labels(model_name).inc()
+            raise ClientGone("The client disconnected before the answer.") from None
         if not stopped_by or current.uncancel():  # cancelled by someone else too (the server's shutdown)
             raise
         if stopped_by[0] is DeadlineExceeded:
