@@ -83,7 +83,7 @@ screenshots: $(VENV)/dev.stamp system-deps  ## the README's explorer screenshots
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run
 
-loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 7 minutes) -> BENCHMARKS.md
+loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 5 minutes) -> BENCHMARKS.md
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
 

@@ -96,3 +96,6 @@ def test_head_is_get_without_the_body(client):
         assert head.headers["content-type"] == got.headers["content-type"], path
     refused = client.head("/similarity")  # a POST-only path: 405 naming what it takes
     assert refused.status_code == 405 and refused.headers["allow"] == "POST" and refused.content == b""
+    metrics = client.get("/metrics").text  # a HEAD is counted under the route its GET matched
+    assert 'mnemo_http_requests_total{method="HEAD",route="/models",status="200"}' in metrics
+    assert 'mnemo_http_requests_total{method="HEAD",route="unmatched"' not in metrics

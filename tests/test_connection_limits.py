@@ -64,6 +64,9 @@ def test_an_idle_connection_gets_408_and_is_closed_after_the_header_timeout(serv
         closed, received = closed_within(sock, 5)
     assert closed and status_of(received) == 408
     assert 0.8 < time.monotonic() - started < 3
+    head, body = received.split(b"\r\n\r\n", 1)  # the service's error shape, with a request id, like any answer
+    assert b"content-type: application/json" in head.lower() and b"x-request-id: " in head.lower()
+    assert json.loads(body) == {"detail": "Request headers not received in time (MNEMO_HEADER_TIMEOUT_S)."}
 
 
 def test_slowloris_headers_do_not_extend_the_deadline(server):

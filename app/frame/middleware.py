@@ -185,7 +185,12 @@ class HeadAsGet:
                 return
             await send(message)
 
-        await self.app({**scope, "method": "GET"}, receive, headers_only)
+        as_get = {**scope, "method": "GET"}
+        try:
+            await self.app(as_get, receive, headers_only)
+        finally:
+            if "route" in as_get:  # the route GET matched: the access line and metrics name it, not "unmatched"
+                scope["route"] = as_get["route"]
 
 
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")

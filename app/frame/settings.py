@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     )
     port: int = Field(8000, ge=1, le=65535)
     probe_port: int | None = Field(
-        None, ge=1, le=65535, description="also serve /health and /ready here, from a thread (unset: main port only)"
+        None, ge=1, le=65535, description="also serve /health and /ready here, from a child process (unset: main port)"
     )
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"

@@ -13,7 +13,9 @@
   95% of the parses were wasted that way and almost every admitted request missed its deadline.
 - **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs;
   `run_all` queues several such items of one request at once (the pairs of a batch request, the k-th
-  chunks of several histories), so that they can share runs.
+  chunks of several histories), so that they can share runs. `keep` names the outputs a request reads: the
+  others of each run are freed as soon as it is split (knowledge tracing's next-question rows read only `p`,
+  not a copy of the memory each).
   When a run slot is free and this model has no run in flight, everything queued (up to `max_batch`
   rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
   `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
@@ -52,7 +54,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -143,6 +145,7 @@ class _Item:
     future: asyncio.Future[Feeds] = field(repr=False)
     connected: Callable[[], bool] | None = field(default=None, repr=False)  # is its client still there?
     chain: Chain | None = field(default=None, repr=False)  # run alone, chunk after chunk (see "Chains")
+    keep: frozenset[str] | None = None  # the outputs its request reads (None: all); the others are dropped at once
 
     def wanted(self) -> bool:
         """From any thread: its request still waits for it (not cancelled, client connected)."""
@@ -159,6 +162,11 @@ class _Item:
 def _smoothed(average: float | None, sample: float) -> float:
     """The moving average (weight COST_SMOOTHING for the newest sample); the sample itself before any (None, 0)."""
     return sample if not average else average + COST_SMOOTHING * (sample - average)
+
+
+def _kept(outputs: Feeds, keep: frozenset[str] | None) -> Feeds:
+    """An item's outputs as its request reads them: all, or only those it keeps."""
+    return outputs if keep is None else {name: outputs[name] for name in keep}
 
 
 def _padded_cells(batch: list[_Item]) -> int:
@@ -295,14 +303,18 @@ class ModelBatcher:
         raise Overloaded(f"Model {self.name} is at capacity ({why}); retry after the Retry-After delay.")
 
     # -- submission --------------------------------------------------------------------------------
-    async def run(self, feeds: Feeds, rows: int, length: int) -> Feeds:
-        """Outputs for `rows` rows of one sequence length, run in batches with other requests' rows."""
-        (outputs,) = await self.run_all([(feeds, rows, length)])
+    async def run(self, feeds: Feeds, rows: int, length: int, keep: Collection[str] | None = None) -> Feeds:
+        """Outputs for `rows` rows of one sequence length, run in batches with other requests' rows; with `keep`,
+        only those outputs (the others of each run are freed as soon as it is split)."""
+        (outputs,) = await self.run_all([(feeds, rows, length)], keep)
         return outputs
 
-    async def run_all(self, requests: Sequence[tuple[Feeds, int, int]]) -> list[Feeds]:
+    async def run_all(
+        self, requests: Sequence[tuple[Feeds, int, int]], keep: Collection[str] | None = None
+    ) -> list[Feeds]:
         """Outputs of several `(feeds, rows, length)` at once: queued together, so that they can share runs."""
-        parts = [self._parts(*request) for request in requests]
+        kept = None if keep is None else frozenset(keep)
+        parts = [self._parts(*request, kept) for request in requests]
         items = [item for request_parts in parts for item in request_parts]
         if len(items) == 1 and not self._queue and not self._in_flight and self._may_run_inline(items, slots_held=0):
             await self._slots.semaphore.acquire()  # every slot is free: no wait, no turn of the event loop
@@ -335,7 +347,7 @@ class ModelBatcher:
         self._queue_depth.inc(sum(item.rows for item in items))
         self._wakeup.set()
 
-    def _parts(self, feeds: Feeds, rows: int, length: int) -> list[_Item]:
+    def _parts(self, feeds: Feeds, rows: int, length: int, keep: frozenset[str] | None = None) -> list[_Item]:
         """Queue items for `rows` rows: one, or parts of at most `max_batch` rows (so no run exceeds it)."""
         self._typical_length = _smoothed(self._typical_length, length)
         size = self.config.max_batch
@@ -344,16 +356,24 @@ class ModelBatcher:
                 {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds,
                 min(size, rows - start),
                 length,
+                keep=keep,
             )
             for start in range(0, rows, size)
         ]
 
-    def _item(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None) -> _Item:
+    def _item(
+        self,
+        feeds: Feeds,
+        rows: int,
+        length: int,
+        chain: Chain | None = None,
+        keep: frozenset[str] | None = None,
+    ) -> _Item:
         """A queue item of the current request (its arrival and its client's connection)."""
         now, arrival = time.perf_counter(), request_arrival.get()
         future = asyncio.get_running_loop().create_future()
         arrived = now if arrival is None else arrival
-        return _Item(feeds, rows, length, now, arrived, future, request_connected.get(), chain)
+        return _Item(feeds, rows, length, now, arrived, future, request_connected.get(), chain, keep)
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -541,4 +561,5 @@ class ModelBatcher:
         outputs = self._run_graph(feeds)
         seconds = time.perf_counter() - started
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
-        return parts, seconds, _padded_cells(batch)
+        kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
+        return kept, seconds, _padded_cells(batch)

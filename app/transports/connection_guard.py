@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -48,7 +49,8 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from app.frame.middleware import CLIENT_CONNECTED, RECEIVED_AT
+from app.frame.middleware import CLIENT_CONNECTED, NOSNIFF, RECEIVED_AT
+from app.frame.responses import dumps
 
 logger = logging.getLogger("mnemo.connections")
 # Read at most this much per recv(): uvicorn buffers a request body up to 64 KB before it pauses reading, so
@@ -183,8 +185,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if len(self.connections) > self.limits.max_connections:
             _refusals.note(len(self.connections) - 1)
             few = len(self.connections) <= self.limits.max_connections + REFUSALS_LINGERING_MAX
-            text = b"Too many open connections; retry later.\n"
-            self._answer_and_close(503, text, retry_after=True, linger_s=REFUSAL_LINGER_S if few else 0)
+            detail = "Too many open connections; retry later."
+            self._answer_and_close(503, detail, retry_after=True, linger_s=REFUSAL_LINGER_S if few else 0)
             return
         self._arm_header_timer()
 
@@ -211,8 +213,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _reject_large_headers(self) -> None:
         logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
-        text = b"Request line and headers are too large (MNEMO_MAX_HEADER_BYTES).\n"
-        self._answer_and_close(431, text, linger_s=LINGER_S)  # the client may still be sending them
+        detail = "Request line and headers are too large (MNEMO_MAX_HEADER_BYTES)."
+        self._answer_and_close(431, detail, linger_s=LINGER_S)  # the client may still be sending them
 
     def on_url(self, url: bytes) -> None:
         self._count_header_bytes(len(url))
@@ -312,7 +314,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _headers_timed_out(self) -> None:
         self._header_timer = None
         if self._awaiting_headers and not self.transport.is_closing():
-            self._answer_and_close(408, b"Request headers not received in time (MNEMO_HEADER_TIMEOUT_S).\n")
+            self._answer_and_close(408, "Request headers not received in time (MNEMO_HEADER_TIMEOUT_S).")
 
     def _write_timed_out(self) -> None:
         # Also when the transport is already closing (uvicorn's keep-alive timer closes it after the answer):
@@ -327,15 +329,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 timer.cancel()
         self._header_timer = self._write_timer = self._linger_timer = None
 
-    def _answer_and_close(self, status: int, text: bytes, retry_after: bool = False, linger_s: float = 0) -> None:
-        """Answer and close the connection, at once or (`linger_s` > 0) with a lingering close of that length."""
+    def _answer_and_close(self, status: int, detail: str, retry_after: bool = False, linger_s: float = 0) -> None:
+        """Answer `{"detail": ...}` (with a request id, as every answer has) and close the connection, at once or
+        (`linger_s` > 0) with a lingering close of that length."""
         self._awaiting_headers = False
         self._cancel_timers()
+        text = dumps({"detail": detail})
         head = [
             b"HTTP/1.1 %d %s" % (status, REASONS[status]),
-            b"content-type: text/plain; charset=utf-8",
+            b"content-type: application/json",
             b"content-length: %d" % len(text),
             b"connection: close",
+            b"x-request-id: " + os.urandom(16).hex().encode(),
+            b"%s: %s" % NOSNIFF,
         ]
         if retry_after:
             head.append(b"retry-after: 1")
