@@ -34,6 +34,8 @@ def tokenize_before_normalisation(text: str) -> list[str]:
         ("\u00bdcup", ["12cup"]),  # NFKC: the fraction becomes 1/2, then the slash is punctuation
         ("gui\u200btar \ufeffnice\u200f", ["guitar", "nice"]),  # zero-width space, byte order mark, direction mark
         ("\u200b \u2060", []),  # format characters only: no word
+        ("\u3164 \ufe0f\u034f \U000e0100", []),  # Hangul filler, variation selectors, grapheme joiner: no word
+        ("heart\ufe0f ok", ["heart", "ok"]),
     ],
 )
 def test_typographic_and_compatibility_forms_read_like_ascii(text, tokens):
