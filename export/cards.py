@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from models.cli import model_name, training_run
+
 
 def exporter_parser(description: str, task: str) -> argparse.ArgumentParser:
     """The options every `python -m export.<task>` command takes."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="training run directory (best.pt, result.json)")
-    parser.add_argument("--name", required=True)
+    parser.add_argument("--run", type=training_run, required=True, help="training run directory (best.pt, result.json)")
+    parser.add_argument("--name", type=model_name, required=True, help="the served model's name (and its files' stem)")
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--default", action="store_true", help=f"the default {task} model")
     parser.add_argument("--version", default="1.0.0")

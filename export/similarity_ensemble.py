@@ -52,6 +52,7 @@ from export.similarity import (
     metrics_table,
     pointer_text,
 )
+from models.cli import model_name, positive_int, training_run
 from models.ensemble import EnsemblePairModel
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import ENTAILMENT_LABELS, SPLIT_FILES, read_split
@@ -323,14 +324,20 @@ def latency_lines(labels: list[str], rows: list[dict]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, action="append", required=True, help="a candidate member's run directory")
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--members", type=int, default=None, help="export the best K members (default: by trial)")
+    parser.add_argument(
+        "--run", type=training_run, action="append", required=True, help="a candidate member's run directory"
+    )
+    parser.add_argument("--name", type=model_name, required=True)
+    parser.add_argument(
+        "--members", type=positive_int, default=None, help="export the best K members (default: by trial)"
+    )
     parser.add_argument("--select-only", action="store_true", help="print the selection table, export nothing")
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "sick")
     parser.add_argument("--latency-reference", type=Path, default=None, help="another pair graph to time against")
-    parser.add_argument("--latency-repeats", type=int, default=LATENCY_REPEATS, help="timed runs per graph and batch")
+    parser.add_argument(
+        "--latency-repeats", type=positive_int, default=LATENCY_REPEATS, help="timed runs per graph and batch"
+    )
     parser.add_argument("--default", action="store_true", help="the default similarity model")
     parser.add_argument("--version", default="1.0.0")
     parser.add_argument("--notes", default="", help="free text for the card's Notes section")

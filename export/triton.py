@@ -21,6 +21,7 @@ import onnx
 from app.frame.integrity import sha256_of
 from app.frame.settings import DEFAULT_ARTIFACTS_DIR
 from export.manifest import load_manifest
+from models.cli import non_negative_int
 
 TASK = "knowledge-trace"
 TRITON_DTYPES = {
@@ -110,11 +111,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--artifacts", type=Path, default=DEFAULT_ARTIFACTS_DIR, help="directory with manifest.json")
     parser.add_argument("--max-batch-size", type=int, default=32, help="Triton max_batch_size (default 32)")
     parser.add_argument(
-        "--max-queue-delay-us", type=int, default=5000, help="dynamic batching: longest wait for a batch to fill"
+        "--max-queue-delay-us",
+        type=non_negative_int,
+        default=5000,
+        help="dynamic batching: longest wait for a batch to fill (default 5000)",
     )
     args = parser.parse_args(argv)
     if args.max_batch_size < 1:
         parser.error("--max-batch-size must be at least 1")
+    if not (args.artifacts / "manifest.json").is_file():
+        parser.error(f"--artifacts: {args.artifacts} holds no manifest.json")
     names = export_repository(args.artifacts, args.out, args.max_batch_size, args.max_queue_delay_us)
     print(f"wrote {len(names)} model(s) to {args.out}: {', '.join(names)}")
 

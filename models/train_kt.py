@@ -20,6 +20,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
+from models.cli import kt_dataset, positive_float, positive_int, probability
 from models.dkt import DKT, DKTConfig
 from models.dkvmn import DKVMN, DKVMNConfig
 from models.epoch_loop import StoppingRule, TrainingTask, WeightAverage, run_epochs
@@ -189,28 +190,34 @@ def restore_schedule_and_shuffling(checkpoint: dict, scheduler, generator: torch
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, help="assist2009 | assist2015 | statics | synthetic-vK")
+    parser.add_argument(
+        "--dataset", required=True, type=kt_dataset, help="assist2009 | assist2015 | statics | synthetic-vK"
+    )
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "kt")
     parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/kt/<dataset>)")
-    parser.add_argument("--epochs", type=int, default=None, help="maximum epochs (default per data set)")
-    parser.add_argument("--patience", type=int, default=None, help="epochs without a better valid AUC before stopping")
+    parser.add_argument("--epochs", type=positive_int, default=None, help="maximum epochs (default per data set)")
+    parser.add_argument(
+        "--patience", type=positive_int, default=None, help="epochs without a better valid AUC before stopping"
+    )
     parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam (ours) or sgd (authors')")
-    parser.add_argument("--lr", type=float, default=None, help="default: Adam 3e-3, SGD the authors' rate per data set")
+    parser.add_argument(
+        "--lr", type=positive_float, default=None, help="default: Adam 3e-3, SGD the authors' rate per data set"
+    )
     parser.add_argument(
         "--clip", type=float, default=None, help="gradient-norm clip on the sum/B loss (default: Adam 50, SGD 50/B)"
     )
 
     parser.add_argument("--model", choices=("dkvmn", "dkt"), default="dkvmn", help="dkt: the LSTM baseline")
-    parser.add_argument("--hidden", type=int, default=200, help="DKT: LSTM state size")
-    parser.add_argument("--dropout", type=float, default=0.0, help="dropout before the output layer")
-    parser.add_argument("--memory-size", type=int, default=None, help="concepts N (default per data set)")
-    parser.add_argument("--value-dim", type=int, default=None, help="value size d_v (default per data set)")
+    parser.add_argument("--hidden", type=positive_int, default=200, help="DKT: LSTM state size")
+    parser.add_argument("--dropout", type=probability, default=0.0, help="dropout before the output layer")
+    parser.add_argument("--memory-size", type=positive_int, default=None, help="concepts N (default per data set)")
+    parser.add_argument("--value-dim", type=positive_int, default=None, help="value size d_v (default per data set)")
     parser.add_argument("--paper-head", action="store_true", help="paper predictor (k_t) instead of the code's")
     parser.add_argument(
         "--init-std", type=float, default=DKVMNConfig.init_std, help="DKVMN: std of the N(0, s) initial weights"
     )
     parser.add_argument("--seed", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     parser.add_argument(
         "--average-from",
         type=int,

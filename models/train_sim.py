@@ -28,6 +28,7 @@ from tqdm import tqdm
 from app.frame.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, special_vectors
+from models.cli import positive_float, positive_int, probability
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
@@ -208,21 +209,23 @@ def restore_schedule_and_shuffling(checkpoint: dict, schedule, rng: np.random.Ge
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pointer", choices=("vlmp", "flmp"), default="vlmp")
-    parser.add_argument("--window", type=int, default=5, help="VLMP window w")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-size", type=int, default=32, help="memory width M = heads * head size")
-    parser.add_argument("--fc-dim", type=int, default=512, help="width of the pair classifier layers")
-    parser.add_argument("--dropout-relatedness", type=float, default=0.4, help="dropout in the relatedness head")
-    parser.add_argument("--dropout-entailment", type=float, default=0.25, help="dropout in the entailment head")
+    parser.add_argument("--window", type=positive_int, default=5, help="VLMP window w")
+    parser.add_argument("--heads", type=positive_int, default=8)
+    parser.add_argument("--head-size", type=positive_int, default=32, help="memory width M = heads * head size")
+    parser.add_argument("--fc-dim", type=positive_int, default=512, help="width of the pair classifier layers")
+    parser.add_argument("--dropout-relatedness", type=probability, default=0.4, help="dropout in the relatedness head")
+    parser.add_argument("--dropout-entailment", type=probability, default=0.25, help="dropout in the entailment head")
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "sick")
     parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/sim/<pointer>)")
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--patience", type=int, default=8, help="epochs without a better trial score before stopping")
-    parser.add_argument("--max-minutes", type=float, default=math.inf, help="stop starting epochs after this")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--decay", type=float, default=0.99, help="learning-rate factor per epoch")
-    parser.add_argument("--clip", type=float, default=5.0)
+    parser.add_argument("--epochs", type=positive_int, default=40)
+    parser.add_argument(
+        "--patience", type=positive_int, default=8, help="epochs without a better trial score before stopping"
+    )
+    parser.add_argument("--max-minutes", type=positive_float, default=math.inf, help="stop starting epochs after this")
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--lr", type=positive_float, default=3e-4)
+    parser.add_argument("--decay", type=positive_float, default=0.99, help="learning-rate factor per epoch")
+    parser.add_argument("--clip", type=positive_float, default=5.0)
     parser.add_argument(
         "--swap-relatedness",
         type=float,
@@ -236,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seed of the <s>, </s>, <number>, <unk> vectors (default --seed); ensemble members must share it",
     )
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     parser.add_argument(
         "--average-from",
         type=int,
