@@ -52,6 +52,8 @@ PAPER = {
 def load_model(run_dir: Path) -> tuple[SentencePairModel, np.ndarray]:
     """Best-trial weights and the special-token vectors of a training run."""
     checkpoint = load_checkpoint(run_dir / "best.pt")
+    if "specials" not in checkpoint:  # a knowledge-tracing run (models.train_kt) has no sentence vectors
+        raise SystemExit(f"{run_dir} is not a models.train_sim run; export.similarity exports LSTM_RMC runs")
     model = SentencePairModel(RMCConfig(**checkpoint["config"]))
     model.load_state_dict(checkpoint["model"])
     return model.eval(), np.asarray(checkpoint["specials"], dtype=np.float32)

@@ -65,6 +65,14 @@ def training_run(text: str) -> Path:
     return path
 
 
+def run_directory(text: str) -> Path:
+    """Where a training run writes (created if missing): refused when it is a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a file, not a run directory")
+    return path
+
+
 def _number(kind: type, text: str):
     try:
         return kind(text)

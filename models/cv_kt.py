@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from models import train_kt
+from models.cli import run_directory
 from models.kt_data import CV_FOLDS
 from models.training import command_line, write_json
 
@@ -70,7 +71,7 @@ def summarise(results: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="run directory of this recipe")
+    parser.add_argument("--out", type=run_directory, required=True, help="run directory of this recipe")
     parser.add_argument("--refit", action="store_true", help="refit the median fold on the whole training split")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of models.train_kt")
     args = parser.parse_args(argv)

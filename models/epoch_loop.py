@@ -98,6 +98,7 @@ class WeightAverage:
 def resume_from(task: TrainingTask, out: Path) -> dict[str, Any] | None:
     """Load `<out>/last.pt` into the task if it exists; return that checkpoint (None if there was none)."""
     if not (out / "last.pt").exists():
+        print(f"--resume: no checkpoint in {out} (no last.pt): starting a new run", flush=True)
         return None
     checkpoint = load_checkpoint(out / "last.pt")
     saved_from = checkpoint["state"].get("average_from", 0)

@@ -20,7 +20,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
-from models.cli import kt_dataset, positive_float, positive_int, probability
+from models.cli import kt_dataset, positive_float, positive_int, probability, run_directory
 from models.dkt import DKT, DKTConfig
 from models.dkvmn import DKVMN, DKVMNConfig
 from models.epoch_loop import StoppingRule, TrainingTask, WeightAverage, run_epochs
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dataset", required=True, type=kt_dataset, help="assist2009 | assist2015 | statics | synthetic-vK"
     )
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "kt")
-    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/kt/<dataset>)")
+    parser.add_argument("--out", type=run_directory, default=None, help="run directory (default runs/kt/<dataset>)")
     parser.add_argument("--epochs", type=positive_int, default=None, help="maximum epochs (default per data set)")
     parser.add_argument(
         "--patience", type=positive_int, default=None, help="epochs without a better valid AUC before stopping"

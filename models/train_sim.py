@@ -28,7 +28,7 @@ from tqdm import tqdm
 from app.frame.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, special_vectors
-from models.cli import positive_float, positive_int, probability
+from models.cli import positive_float, positive_int, probability, run_directory
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dropout-relatedness", type=probability, default=0.4, help="dropout in the relatedness head")
     parser.add_argument("--dropout-entailment", type=probability, default=0.25, help="dropout in the entailment head")
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "sick")
-    parser.add_argument("--out", type=Path, default=None, help="run directory (default runs/sim/<pointer>)")
+    parser.add_argument("--out", type=run_directory, default=None, help="run directory (default runs/sim/<pointer>)")
     parser.add_argument("--epochs", type=positive_int, default=40)
     parser.add_argument(
         "--patience", type=positive_int, default=8, help="epochs without a better trial score before stopping"

@@ -61,3 +61,15 @@ def test_exporters_take_only_training_runs_and_model_names(tmp_path: Path, capsy
             parser.parse_args(["--run", str(run), "--name", name])
         assert "is not a model name" in capsys.readouterr().err
     assert parser.parse_args(["--run", str(run), "--name", "dkvmn-new.v2"]).name == "dkvmn-new.v2"
+
+
+def test_a_run_directory_that_is_a_file_is_refused(tmp_path: Path, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for parser, arguments in (
+        (train_kt.build_parser(), ["--dataset", "synthetic-v0", "--out", str(a_file)]),
+        (train_sim.build_parser(), ["--out", str(a_file)]),
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(arguments)
+        assert f"argument --out: {a_file} is a file, not a run directory" in capsys.readouterr().err
