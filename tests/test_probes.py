@@ -25,6 +25,9 @@ def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigter
     command = [sys.executable, "-m", "tests.toy_server"]
     with running_server(artifacts, command, MNEMO_PROBE_PORT=str(probe_port), MNEMO_CONCURRENT_RUNS="1") as server:
         assert httpx.get(f"{probes}/health").json() == {"status": "ok"}
+        deadline = time.monotonic() + 5  # the probe process reads the readiness it is fed on a thread of its own
+        while httpx.get(f"{probes}/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert httpx.get(f"{probes}/ready").json() == {"status": "ready", "models": 1}
         head = httpx.head(f"{probes}/ready")
         assert head.status_code == 200 and head.content == b""

@@ -57,6 +57,7 @@ class ProbeProcess:
         if first.strip() != "listening":
             self._process.kill()
             raise ProbeStartError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
+        self.push()  # the readiness of now, before the main port opens (the feeder's first turn comes later)
         logger.info("probes: /health and /ready also on http://%s:%d (own process)", self.host, self.port)
 
     def push(self) -> None:
