@@ -69,6 +69,9 @@ def summarise(results: list[dict]) -> dict:
     }
 
 
+CHOSEN_BY_CV = frozenset({"--fold", "--out", "--resume", "--refit-full"})  # per fold, set by cv_kt
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=run_directory, required=True, help="run directory of this recipe")
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then the arguments of models.train_kt")
     args = parser.parse_args(argv)
     train_args = [a for a in args.train_args if a != "--"]
+    chosen_here = sorted({a.split("=")[0] for a in train_args} & CHOSEN_BY_CV)
+    if chosen_here:  # each fold gets its own: a value given here would be silently overridden
+        parser.error(f"{', '.join(chosen_here)} after -- : cv_kt chooses these itself (use cv_kt's own --out)")
     results = [fold_result(args.out, fold, train_args) for fold in range(1, CV_FOLDS + 1)]
     cv = summarise(results)
     write_json(args.out / "cv.json", {"train_args": train_args, **cv})

@@ -73,3 +73,14 @@ def test_a_run_directory_that_is_a_file_is_refused(tmp_path: Path, capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(arguments)
         assert f"argument --out: {a_file} is a file, not a run directory" in capsys.readouterr().err
+
+
+def test_cv_kt_refuses_train_kt_options_it_sets_per_fold(tmp_path: Path, capsys):
+    """`--fold 2` or `--out` after `--` were silently replaced by each fold's own."""
+    from models import cv_kt
+
+    for option in (["--fold", "2"], ["--out", str(tmp_path / "elsewhere")], ["--resume"]):
+        with pytest.raises(SystemExit) as stopped:
+            cv_kt.main(["--out", str(tmp_path / "run"), "--", "--dataset", "synthetic-v0", *option])
+        assert stopped.value.code == 2 and f"{option[0]} after --" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before any fold trained
