@@ -20,8 +20,7 @@ class Drain:
         self.draining = False
         self.gave_up = False
         self.started_at: float | None = None
-        self.in_flight = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # the requests in flight (operations endpoints excluded)
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
         self._changed: asyncio.Event | None = None
 
@@ -32,17 +31,18 @@ class Drain:
             for listener in self.on_begin:
                 listener()
 
-    def enter(self, task: asyncio.Task | None = None) -> None:
-        self.in_flight += 1
-        if task is not None:
-            self._tasks.add(task)
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def enter(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
 
     def alone(self) -> bool:
         """At most one request in flight: called from inside a request, it is the only one."""
         return self.in_flight <= 1
 
-    def leave(self, task: asyncio.Task | None = None) -> None:
-        self.in_flight -= 1
+    def leave(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         self._notify()
 

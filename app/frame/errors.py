@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
@@ -31,6 +30,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import Scope
 
+from app.frame.failures import TracebackBudget
 from app.frame.paths import loggable_path
 from app.frame.responses import JsonResponse
 from app.students.store import StoreError, StoreUnavailable
@@ -43,25 +43,7 @@ STORE_LOG_EVERY_S = 10.0  # an unavailable store is logged (with its location) a
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
-class OutageLog:
-    """Logs the first failure, then at most one line per `every_s` with how many were not logged."""
-
-    def __init__(self, every_s: float = STORE_LOG_EVERY_S) -> None:
-        self.every_s = every_s
-        self._last: float | None = None
-        self._unlogged = 0
-
-    def log(self, message: str) -> None:
-        now = time.monotonic()
-        if self._last is not None and now - self._last < self.every_s:
-            self._unlogged += 1
-            return
-        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
-        logger.warning("student state store unavailable: %s%s", message, more)
-        self._last, self._unlogged = now, 0
-
-
-store_outages = OutageLog()
+store_outages = TracebackBudget(STORE_LOG_EVERY_S)  # one log line per distinct failure per window
 
 
 class ServiceError(Exception):
@@ -194,7 +176,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def store_error(request: Request, error: StoreError) -> JsonResponse:
         if isinstance(error, StoreUnavailable):
-            store_outages.log(error.internal)
+            log_now, unlogged = store_outages.admit(error)
+            if log_now:
+                more = f" ({unlogged} more since the last line)" if unlogged else ""
+                logger.warning("student state store unavailable: %s%s", error.internal, more)
             detail = (
                 f"The student state store is unavailable ({error.detail}); only the /students endpoints are "
                 "affected, retry later."

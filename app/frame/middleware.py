@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.frame.drain import Drain
-from app.frame.errors import body_too_large_detail
+from app.frame.errors import HTTP_METHODS, body_too_large_detail
 from app.frame.metrics import Metrics
 from app.frame.paths import loggable_path
 from app.frame.responses import dumps
@@ -25,7 +25,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
 # Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
-KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 # perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
 # the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
@@ -157,7 +157,7 @@ class DrainGate:
         try:
             await self.app(scope, receive, tracking_send)
         except asyncio.CancelledError:
-            if not self.drain.gave_up or started or task is None:
+            if not self.drain.gave_up or started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
             detail = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}

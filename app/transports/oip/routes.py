@@ -21,6 +21,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtIn
 from pydantic import ValidationError
 from starlette.responses import Response
 
+from app.frame.access import BINARY_HEADER_LENGTH
 from app.frame.errors import ServiceError, ort_message
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
@@ -64,7 +65,6 @@ class Adapter(Protocol):
 
 
 ADAPTERS: dict[str, Adapter] = {"knowledge-trace": knowledge_trace, "similarity": similarity}
-HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 INLINE_BODY_BYTES = 8192
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
@@ -195,7 +195,7 @@ async def _model_ready(request: Request, name: str, version: str | None) -> Json
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     model, adapter = _model(request, name, version)
     check_identity_encoding(request)
-    body, binary = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+    body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     try:
         parsed = (
             InferenceRequest.model_validate_json(body)
