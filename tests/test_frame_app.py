@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -93,15 +94,21 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "redis://:secret@127.0.0.1:notaport/0"}, "MNEMO_STATE_URL is not a valid Redis URL: Port"),
         ({"MNEMO_STATE_URL": "redis://user:secret@[::1/0"}, "MNEMO_STATE_URL is not a valid URL: Invalid IPv6 URL"),
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
+        ({"MNEMO_MAX_QUEUE": "10000000"}, "MNEMO_MAX_QUEUE: Input should be less than or equal to 1000000"),
+        ({"MNEMO_MAX_BODY_BYTES": str(1 << 30)}, "MNEMO_MAX_BODY_BYTES: Input should be less than or equal to 6710"),
+        ({"MNEMO_MAX_CONNECTIONS": "FILES"}, "MNEMO_MAX_CONNECTIONS ({files}) needs {needed} open files, past this"),
     ],
 )
 def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str):
     port = str(free_port())
-    variables = {name: port if value == "PORT" else value for name, value in variables.items()}
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 127  # one connection past the open-file limit
+    placeholders = {"PORT": port, "FILES": str(files)}
+    variables = {name: placeholders.get(value, value) for name, value in variables.items()}
     env = {**os.environ, "MNEMO_PORT": port, **variables}
     done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
-    assert done.stderr.startswith("mnemo: cannot start:") and message.format(port=port) in done.stderr
+    expected = message.format(port=port, files=files, needed=files + 128)
+    assert done.stderr.startswith("mnemo: cannot start:") and expected in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "secret" not in done.stderr
 
 

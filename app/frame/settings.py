@@ -26,10 +26,19 @@ def read_keys_file(path: Path) -> list[str]:
     return [line for line in lines if line]
 
 
+RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
+
+
+def open_files_limit() -> int | None:
+    """The soft limit on open files (`ulimit -n`); None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def default_max_connections() -> int:
     """Open connections that leave file handles for models, logs and the listener: the soft limit minus 128."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(16, min(4096, soft - 128)) if soft != resource.RLIM_INFINITY else 4096
+    limit = open_files_limit()
+    return 4096 if limit is None else max(16, min(4096, limit - RESERVED_FILE_HANDLES))
 
 
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
@@ -68,13 +77,15 @@ class Settings(BaseSettings):
     cpu_arena: bool = Field(False, description="ONNX Runtime's CPU memory arena: faster large runs, memory kept")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = "text"
-    max_body_bytes: int = Field(1_048_576, ge=1024, description="larger request bodies get 413")
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, le=67_108_864, description="larger request bodies get 413 (at most 64 MiB)"
+    )
     on_model_error: Literal["exit", "skip"] = Field(
         "exit", description="a missing or tampered model: exit at startup, or skip it and report it not ready"
     )
     max_batch: int = Field(32, ge=1, le=4096, description="rows (pairs, histories) per ONNX run")
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch may wait to fill while busy")
-    max_queue: int = Field(512, ge=1, description="rows a model may hold admitted; beyond it 429")
+    max_queue: int = Field(512, ge=1, le=1_000_000, description="rows a model may hold admitted; beyond it 429")
     request_timeout_s: float = Field(10.0, gt=0, le=3600, description="deadline of a request; past it 504")
     drain_s: float = Field(15.0, ge=0, le=3600, description="on SIGTERM, time to finish admitted requests")
     # Connections (app/transports/connection_guard.py) and logs
@@ -84,7 +95,10 @@ class Settings(BaseSettings):
     write_timeout_s: float = Field(30.0, gt=0, le=3600, description="longest time a client may stop reading")
     max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216, description="request line and headers; beyond 431")
     max_connections: int = Field(
-        default_factory=default_max_connections, ge=1, description="open connections; beyond them a 503 and close"
+        default_factory=default_max_connections,
+        ge=1,
+        le=1_000_000,
+        description="open connections; beyond them a 503 and close (at most the open-file limit minus 128)",
     )
     error_log_window_s: float = Field(60.0, ge=0, description="a distinct error's traceback is logged once per window")
     # Access control (app/frame/access.py)
@@ -128,6 +142,18 @@ class Settings(BaseSettings):
     def _probe_port_is_another_port(self) -> Settings:
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
+        return self
+
+    @model_validator(mode="after")
+    def _connections_fit_the_open_files_limit(self) -> Settings:
+        """Past the open-file limit, accept() fails and new connections wait unanswered instead of a 503."""
+        limit = open_files_limit()
+        chosen = "max_connections" in self.model_fields_set  # the default already fits (at least 16)
+        if chosen and limit is not None and self.max_connections > limit - RESERVED_FILE_HANDLES:
+            raise ValueError(
+                f"MNEMO_MAX_CONNECTIONS ({self.max_connections}) needs {self.max_connections + RESERVED_FILE_HANDLES} "
+                f"open files, past this process's limit of {limit} (ulimit -n): raise the limit or lower the setting"
+            )
         return self
 
     @model_validator(mode="after")
