@@ -501,6 +501,18 @@ def test_the_page_and_its_files_come_from_the_server_with_a_strict_content_secur
         assert answer.status_code == 404, path
 
 
+def test_a_file_the_browser_has_is_answered_304_without_a_body(server: str):
+    for path in ("/", "/explorer/js/main.js"):
+        first = httpx.get(f"{server}{path}", timeout=10)
+        etag = first.headers["etag"]
+        assert first.status_code == 200 and first.headers["cache-control"] == "no-cache"
+        for if_none_match in (etag, f"W/{etag}", f'"other", {etag}', "*"):
+            again = httpx.get(f"{server}{path}", headers={"If-None-Match": if_none_match}, timeout=10)
+            assert (again.status_code, again.content, again.headers["etag"]) == (304, b"", etag), if_none_match
+        changed = httpx.get(f"{server}{path}", headers={"If-None-Match": '"other"'}, timeout=10)
+        assert changed.status_code == 200 and changed.content == first.content
+
+
 def test_every_static_file_ships_in_the_package():
     """pyproject's package-data globs cover every file of app/explorer/static (a wheel or `pip install .` has them)."""
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["app.explorer"]
