@@ -44,6 +44,23 @@ def test_a_huge_invalid_body_gets_a_bounded_422(client):
     assert len(response.content) < 10_000
 
 
+def test_a_422_for_the_models_rules_lists_every_broken_one_not_only_the_first(client):
+    many_tokens = "word " * 100  # within the schema's characters, past the model's 64 tokens
+    pairs = [{"sentence_a": many_tokens, "sentence_b": "fine words"}, {"sentence_a": "ok", "sentence_b": many_tokens}]
+    locations = [error["loc"] for error in client.post("/similarity/batch", json={"pairs": pairs}).json()["detail"]]
+    assert locations == [["body", "pairs", 0, "sentence_a"], ["body", "pairs", 1, "sentence_b"]]
+    sentences = [many_tokens, "fine", many_tokens]
+    embeddings = client.post("/embeddings", json={"model": SIM_MODEL, "sentences": sentences}).json()
+    assert [error["loc"] for error in embeddings["detail"]] == [["body", "sentences", 0], ["body", "sentences", 2]]
+    history = {"interactions": [{"question": 999, "correct": True}] * 30, "next_questions": [1, 999]}
+    response = client.post("/knowledge-trace", json={"model": KT_MODEL, **history})
+    listed = [error["loc"] for error in response.json()["detail"]]
+    assert response.status_code == 422 and response.json()["error_count"] == 31 and len(listed) == 20
+    assert listed[:2] == [["body", "interactions", 0, "question"], ["body", "interactions", 1, "question"]]
+    student = client.post(f"/students/{uuid.uuid4().hex}/interactions", json={"model": KT_MODEL, **history})
+    assert student.status_code == 422 and student.json()["error_count"] == 31
+
+
 def test_a_non_json_content_type_is_415(client):
     response = client.post("/similarity", content=b"sentence_a=x", headers={"content-type": "text/plain"})
     assert response.status_code == 415 and "application/json" in response.json()["detail"]

@@ -3,7 +3,8 @@
 - `ServiceError` subclasses carry a status and one clear sentence: `{"detail": "<sentence>"}`, plus
   headers where the status calls for them (429 and 503 say `Retry-After`).
 - `InvalidInput` is a rule broken by a request body (schema or model-specific); it answers 422 in
-  FastAPI's validation shape, at most `MAX_LISTED_ERRORS` entries and their total count, and never
+  FastAPI's validation shape, at most `MAX_LISTED_ERRORS` entries and their total count (`each_checked`
+  gathers the rules broken by every item of a request, not only the first), and never
   echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
 - The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -41,6 +43,7 @@ MAX_LISTED_ERRORS = 20
 STORE_RETRY_AFTER_S = 1
 STORE_LOG_EVERY_S = 10.0  # an unavailable store is logged (with its location) at most this often
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+T = TypeVar("T")
 
 
 store_outages = TracebackBudget(STORE_LOG_EVERY_S)  # one log line per distinct failure per window
@@ -101,10 +104,33 @@ class InvalidInput(Exception):
             location = ("body", *location)
         self.location: tuple[str | int, ...] = location
         self.message = message
+        self.listed: list[InvalidInput] = [self]  # the rules listed in the 422 (see `joined`), this one first
+        self.count = 1  # the rules broken, listed or not
+
+    @classmethod
+    def joined(cls, errors: Sequence[InvalidInput], count: int | None = None) -> InvalidInput:
+        """One 422 for several broken rules: the first `MAX_LISTED_ERRORS` listed, `count` (default: all) counted."""
+        first = errors[0]
+        first.listed = [listed for error in errors for listed in error.listed][:MAX_LISTED_ERRORS]
+        first.count = sum(error.count for error in errors) if count is None else count
+        return first
 
     def detail(self) -> list[dict]:
         """The `detail` list of FastAPI's 422 body."""
-        return [{"loc": list(self.location), "msg": self.message, "type": "value_error"}]
+        return [{"loc": list(error.location), "msg": error.message, "type": "value_error"} for error in self.listed]
+
+
+def each_checked(checks: Iterable[Callable[[], T]]) -> list[T]:
+    """Every check's result; when some raise InvalidInput, one 422 listing all of them (not only the first)."""
+    results, errors = [], []
+    for check in checks:
+        try:
+            results.append(check())
+        except InvalidInput as error:
+            errors.append(error)
+    if errors:
+        raise InvalidInput.joined(errors)
+    return results
 
 
 class InvalidBody(Exception):
@@ -189,7 +215,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
-        return JsonResponse({"detail": error.detail(), "error_count": 1}, 422)
+        return JsonResponse({"detail": error.detail(), "error_count": error.count}, 422)
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, error: RequestValidationError) -> JsonResponse:

@@ -29,12 +29,11 @@ MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none"
 
 def arrays_of(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Questions, answers and the questions to predict next, checked against the model."""
-    questions, correct = service.history_arrays(model, body.interactions)
     if body.next_questions is None:
         wanted = np.arange(1, model.state.n_questions + 1, dtype=np.int64)
     else:
         wanted = np.array(body.next_questions, dtype=np.int64)
-        service.check_questions(model, wanted, ("body", "next_questions"))
+    questions, correct = service.request_arrays(model, body.interactions, wanted)
     return questions, correct, wanted
 
 

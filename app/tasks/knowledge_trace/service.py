@@ -27,11 +27,12 @@ import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from app.frame.errors import InvalidInput
+from app.frame.errors import MAX_LISTED_ERRORS, InvalidInput, each_checked
 from app.frame.manifest import positive_int
 from app.frame.registry import ServedModel
 from app.runtime.batcher import Chain
@@ -187,15 +188,19 @@ def describe(model: ServedModel) -> dict[str, Any]:
 
 
 def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str, ...]) -> None:
-    """Ids outside 1..n_questions are a 422 naming the first such item and the range."""
+    """Ids outside 1..n_questions are a 422 naming each such item (the first MAX_LISTED_ERRORS) and the range."""
     state: KnowledgeTraceState = model.state
     bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
     if len(bad):
-        index = int(bad[0])
-        raise InvalidInput(
-            (*field, index) if field[-1] == "next_questions" else (*field, index, "question"),
-            f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of model {model.name}",
-        )
+        errors = [
+            InvalidInput(
+                (*field, index) if field[-1] == "next_questions" else (*field, index, "question"),
+                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of model "
+                f"{model.name}",
+            )
+            for index in bad[:MAX_LISTED_ERRORS].tolist()
+        ]
+        raise InvalidInput.joined(errors, count=len(bad))
 
 
 def check_length(model: ServedModel, count: int) -> None:
@@ -219,6 +224,20 @@ def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]
     questions = np.fromiter(map(_QUESTION, interactions), dtype=np.int64, count=count)
     correct = np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
     check_questions(model, questions, ("body", "interactions"))
+    return questions, correct
+
+
+def request_arrays(
+    model: ServedModel, interactions: Sequence[Mapping[str, Any]], wanted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`history_arrays`, with the questions to predict next (body field `next_questions`) checked too: one 422
+    lists the broken rules of both fields."""
+    (questions, correct), _ = each_checked(
+        [
+            partial(history_arrays, model, interactions),
+            partial(check_questions, model, wanted, ("body", "next_questions")),
+        ]
+    )
     return questions, correct
 
 

@@ -72,9 +72,8 @@ def _iso(seconds: float) -> str:
 
 def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Questions, answers and the questions to predict next, checked against the model."""
-    questions, correct = service.history_arrays(model, body.interactions)
     wanted = np.array(body.next_questions or [], dtype=np.int64)
-    service.check_questions(model, wanted, ("body", "next_questions"))
+    questions, correct = service.request_arrays(model, body.interactions, wanted)
     return questions, correct, wanted
 
 

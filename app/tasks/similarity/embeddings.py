@@ -11,10 +11,11 @@ Two graphs of the same weights as the model's pair graph (manifest `graphs`, bui
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
-from app.frame.errors import InvalidInput, UnknownModel
+from app.frame.errors import InvalidInput, UnknownModel, each_checked
 from app.frame.registry import ServedModel
 from app.runtime.collate import Feeds
 from app.tasks.similarity.service import EmbeddingLimits, EncodedSentence, SimilarityState, encode_sentence
@@ -42,7 +43,9 @@ def encode_sentences(model: ServedModel, texts: Sequence[str]) -> list[EncodedSe
             ("body", "sentences"),
             f"sentences has {len(texts)} items; model {model.name} accepts at most {limits.max_sentences} per request",
         )
-    return [encode_sentence(model, text, ("body", "sentences", index)) for index, text in enumerate(texts)]
+    return each_checked(
+        partial(encode_sentence, model, text, ("body", "sentences", index)) for index, text in enumerate(texts)
+    )
 
 
 async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> list[np.ndarray]:
@@ -59,16 +62,21 @@ async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> lis
 def vector_pair(model: ServedModel, embedding_a: Sequence[float], embedding_b: Sequence[float]) -> Feeds:
     """Head feeds for two stored vectors; a vector of the wrong size is a 422 naming the field and the size."""
     dimension = limits_of(model).dimension
-    feeds = {}
-    for field, values in (("embedding_a", embedding_a), ("embedding_b", embedding_b)):
+
+    def vector(field: str, values: Sequence[float]) -> np.ndarray:
         if len(values) != dimension:
             raise InvalidInput(
                 ("body", field),
                 f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {dimension} "
                 "(from POST /embeddings with the same model)",
             )
-        feeds[field] = np.asarray(values, dtype=np.float32)[np.newaxis]
-    return feeds
+        return np.asarray(values, dtype=np.float32)[np.newaxis]
+
+    fields = ("embedding_a", "embedding_b")
+    vectors = each_checked(
+        partial(vector, field, values) for field, values in zip(fields, (embedding_a, embedding_b), strict=True)
+    )
+    return dict(zip(fields, vectors, strict=True))
 
 
 async def score_vectors(model: ServedModel, feeds: Feeds) -> Feeds:

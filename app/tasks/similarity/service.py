@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from app.frame.errors import InvalidInput
+from app.frame.errors import InvalidInput, each_checked
 from app.frame.manifest import positive_int
 from app.frame.registry import ServedModel
 from app.runtime.collate import Feeds
@@ -145,12 +146,12 @@ def encode_pairs(
             ("body", "pairs"),
             f"{len(texts)} pairs; model {model.name} accepts at most {state.max_batch_pairs} per request",
         )
-    return [
-        EncodedPair(
-            encode_sentence(model, a, (*location, "sentence_a")), encode_sentence(model, b, (*location, "sentence_b"))
-        )
+    sentences = each_checked(
+        partial(encode_sentence, model, text, (*location, field))
         for (a, b), location in zip(texts, locations, strict=True)
-    ]
+        for field, text in (("sentence_a", a), ("sentence_b", b))
+    )
+    return [EncodedPair(a, b) for a, b in zip(sentences[::2], sentences[1::2], strict=True)]
 
 
 def pair_feeds(pair: EncodedPair) -> Feeds:
