@@ -396,6 +396,73 @@ def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
         assert (head.status_code, head.headers["content-length"]) == (answer.status_code, str(len(answer.content)))
 
 
+# -- parameters: honoured or refused by name, never ignored ------------------------------------------------
+def test_the_timeout_parameter_shortens_the_deadline(triton) -> None:
+    """Triton's `timeout` (microseconds): 1 us has passed before the work starts; a longer one than the
+    server's deadline, or 0, is the server's deadline."""
+    one = kt_inputs(np.array([[1]]), np.array([[1]]), [1], binary=True)
+    status, message = status_of(lambda: triton.infer(KT_MODEL, one, timeout=1))
+    assert status == "504" and "the request's timeout parameter" in message
+    for timeout in (0, 10**15, 2**63 - 1):
+        assert triton.infer(KT_MODEL, one, timeout=timeout).as_numpy("p").shape == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"sequence_id": 5, "sequence_start": True}, "parameters.sequence_id is 5: the sequence extension"),
+        ({"priority": 3}, "parameters.priority is 3: requests are not prioritised"),
+        ({"parameters": {"my_custom": 1}}, "parameters.my_custom: not a parameter this server knows"),
+    ],
+)
+def test_parameters_that_are_not_honoured_are_400(triton, keywords: dict, message: str) -> None:
+    one = kt_inputs(np.array([[1]]), np.array([[1]]), [1], binary=False)
+    status, error = status_of(lambda: triton.infer(KT_MODEL, one, **keywords))
+    assert status == "400" and message in error
+
+
+def test_a_classification_output_is_400(triton) -> None:
+    one = kt_inputs(np.array([[1]]), np.array([[1]]), [1], binary=False)
+    classes = [httpclient.InferRequestedOutput("p", class_count=2)]
+    status, message = status_of(lambda: triton.infer(KT_MODEL, one, outputs=classes))
+    assert status == "400" and "outputs[0].parameters.classification" in message
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"timeout": "abc"}, 'parameters.timeout is "abc"; it must be an integer count of microseconds'),
+        ({"timeout": -1}, "parameters.timeout is -1"),
+        ({"timeout": 1e30}, "parameters.timeout is 1e+30"),
+        ({"timeout": 1.5}, "parameters.timeout is 1.5"),
+        ({"timeout": True}, "parameters.timeout is true"),
+        ({"timeout": 2**63}, "parameters.timeout is 9223372036854775808"),
+        ({"timeout": HUGE}, "parameters.timeout is an integer of about 4000 digits"),
+        ({"priority": False}, "parameters.priority is false"),
+        ({"sequence_end": True}, "parameters.sequence_end is true"),
+        ({"binary_data_output": "yes"}, 'parameters.binary_data_output is "yes"; it must be true or false'),
+        ({"shared_memory_region": "r"}, "parameters.shared_memory_region: the shared-memory extensions"),
+    ],
+)
+def test_request_parameters_of_the_wrong_type_are_400(server: Server, parameters: dict, message: str) -> None:
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    body = huge_number({**ONE_STEP, "parameters": parameters})
+    response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 400 and message in response.json()["error"]
+
+
+def test_tensor_parameters_are_checked(server: Server) -> None:
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    inputs = [{**ONE_STEP["inputs"][0], "parameters": {"binary_data": True}}, *ONE_STEP["inputs"][1:]]
+    response = httpx.post(url, json={"inputs": inputs}, timeout=30)
+    assert response.status_code == 400 and "inputs[0].parameters.binary_data: not a parameter" in response.text
+    as_text = {**ONE_STEP, "outputs": [{"name": "p", "parameters": {"binary_data": "true"}}]}
+    response = httpx.post(url, json=as_text, timeout=30)
+    assert response.status_code == 400 and "outputs[0].parameters.binary_data is" in response.json()["error"]
+    off = {**ONE_STEP, "parameters": {"priority": 0, "sequence_id": 0, "sequence_start": False, "timeout": 0}}
+    assert httpx.post(url, json=off, timeout=30).status_code == 200
+
+
 # -- engine states, in-process on the real app ------------------------------------------------------------
 ONE_STEP = {
     "inputs": [

@@ -5,12 +5,12 @@
   422. A large body holds, while it is parsed, the room its size predicts in the model it names, and is
   refused (429) before parsing when there is none: under overload the worker threads then parse only requests
   that will run, and the event loop keeps its share of the GIL.
-- `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S,
-  counted from arrival) passes (504), or the client disconnects (499, nothing is sent); in the last
-  two cases the work is cancelled, which drops its rows that have not started. The 504 is sent a margin
-  before the deadline: `DEADLINE_MARGIN_S` plus twice the event loop's recent lag (under overload the loop
-  runs timers late, so a timer set at the deadline itself would answer after it), taken again every
-  `DEADLINE_CHECK_S` while the request waits, since the lag can grow meanwhile.
+- `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S, or
+  a shorter one the client asked for, counted from arrival) passes (504), or the client disconnects (499,
+  nothing is sent); in the last two cases the work is cancelled, which drops its rows that have not
+  started. The 504 is sent a margin before the deadline: `DEADLINE_MARGIN_S` plus twice the event loop's
+  recent lag (under overload the loop runs timers late, so a timer set at the deadline itself would answer
+  after it), taken again every `DEADLINE_CHECK_S` while the request waits, since the lag can grow meanwhile.
 """
 
 from __future__ import annotations
@@ -131,8 +131,12 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
         return None
 
 
-async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: str) -> T:
+async def complete(
+    request: Request, work: Coroutine[Any, Any, T], model_name: str, client_timeout_s: float | None = None
+) -> T:
     """The work's result, unless the deadline passes first (504) or the client leaves (499).
+
+    The deadline is MNEMO_REQUEST_TIMEOUT_S, or `client_timeout_s` (the request's own `timeout`) when shorter.
 
     The work runs in the request's own task (no task of its own: that cost two turns of the event loop).
     A timer at the deadline (less the margin, taken again every DEADLINE_CHECK_S), or the connection guard
@@ -141,6 +145,9 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
     """
     metrics = request.app.state.metrics
     timeout = request.app.state.settings.request_timeout_s
+    source = "MNEMO_REQUEST_TIMEOUT_S"
+    if client_timeout_s is not None and client_timeout_s < timeout:
+        timeout, source = client_timeout_s, "the request's timeout parameter"
     arrival = request_arrival.get()
     deadline = (time.perf_counter() if arrival is None else arrival) + timeout
     current = asyncio.current_task()
@@ -157,9 +164,7 @@ async def complete(request: Request, work: Coroutine[Any, Any, T], model_name: s
 
     def expired() -> DeadlineExceeded:
         metrics.timed_out.labels(model_name).inc()
-        return DeadlineExceeded(
-            f"The request did not complete within {timeout:g} s (MNEMO_REQUEST_TIMEOUT_S); retry later."
-        )
+        return DeadlineExceeded(f"The request did not complete within {timeout:g} s ({source}); retry later.")
 
     loop = asyncio.get_running_loop()
     timer: asyncio.TimerHandle | None = None

@@ -2,7 +2,8 @@
 
 Health and metadata: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{name}[/versions/{v}]
 and .../ready. Inference: POST /v2/models/{name}[/versions/{v}]/infer, admitted by the model's
-batcher (429), bounded by the request deadline (504) and batched with the task API's requests.
+batcher (429), bounded by the request deadline (504) and batched with the task API's requests;
+the request's `parameters` are checked by parameters.py (`timeout` shortens the deadline).
 Every error is the protocol's `{"error": "<sentence>"}`: 400 bad tensors, 404 unknown model or
 version, 429/503/504 from the engine.
 """
@@ -29,6 +30,7 @@ from app.runtime.collate import Feeds
 from app.runtime.offload import offload
 from app.transports.http import check_identity_encoding, complete, json_body
 from app.transports.oip import knowledge_trace, similarity
+from app.transports.oip.parameters import check_parameters
 from app.transports.oip.schemas import (
     InferenceResponse,
     Liveness,
@@ -206,11 +208,12 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         first = error.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise ProtocolError(f"invalid inference request: {where}: {first['msg']}") from None
+    timeout_s = check_parameters(parsed)
     wanted = requested_outputs(parsed, adapter.outputs(model))
     tensors = await offload(decode_inputs, parsed, binary, adapter.inputs(model))
     prepared = await offload(adapter.prepare, model, tensors)
     with model.batcher.admit(prepared.rows):
-        outputs = await complete(request, adapter.infer(model, prepared), model.name)
+        outputs = await complete(request, adapter.infer(model, prepared), model.name, timeout_s)
     header = {"model_name": model.name, "model_version": model.entry.version}
     if parsed.id is not None:
         header["id"] = parsed.id

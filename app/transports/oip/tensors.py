@@ -123,9 +123,7 @@ def decode_inputs(
             raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ProtocolError(
-                    f"input {tensor.name}: binary_data_size {_json_text(size)} must be a count of bytes"
-                )
+                raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} must be a count of bytes")
             if size and not binary:
                 raise ProtocolError(
                     f"input {tensor.name} has binary_data_size but the request has no binary data: send the "
@@ -133,7 +131,7 @@ def decode_inputs(
                 )
             if offset + size > len(binary):
                 raise ProtocolError(
-                    f"input {tensor.name}: binary_data_size {_json_text(size)} does not fit the binary data"
+                    f"input {tensor.name}: binary_data_size {json_text(size)} does not fit the binary data"
                 )
             arrays[tensor.name] = _from_binary(tensor, binary[offset : offset + size])
             offset += size
@@ -171,7 +169,7 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
     if wrong is not None:
         what = {(bool,): "true or false", (int,): "integers"}.get(accepted, "numbers")
         raise ProtocolError(
-            f"input {tensor.name}: element {wrong} is {_json_text(elements[wrong])}; {tensor.datatype} data must be "
+            f"input {tensor.name}: element {wrong} is {json_text(elements[wrong])}; {tensor.datatype} data must be "
             f"JSON {what}"
         )
     dtype = NUMPY_TYPES[tensor.datatype]
@@ -181,7 +179,7 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
         outside = next((index for index, element in enumerate(elements) if not low <= element <= high), None)
         if outside is not None:
             raise ProtocolError(
-                f"input {tensor.name}: element {outside} is {_json_text(elements[outside])}; {tensor.datatype} holds "
+                f"input {tensor.name}: element {outside} is {json_text(elements[outside])}; {tensor.datatype} holds "
                 f"{low}..{high}"
             )
     try:
@@ -189,7 +187,7 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
     except OverflowError:  # an integer past the float range (numpy gives infinity for 1e999, not for 10**400)
         huge = next(index for index, element in enumerate(elements) if abs(element) > FLOAT_MAX)
         raise ProtocolError(
-            f"input {tensor.name}: element {huge} is {_json_text(elements[huge])}; too large for {tensor.datatype}"
+            f"input {tensor.name}: element {huge} is {json_text(elements[huge])}; too large for {tensor.datatype}"
         ) from None
 
 
@@ -213,7 +211,7 @@ def _nested_as(data: Any, shape: Sequence[int]) -> bool:
     return isinstance(data, list) and len(data) == shape[0] and all(_nested_as(item, shape[1:]) for item in data)
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
     """A JSON value as the client wrote it, cut to 40 characters (a huge integer by its size: writing out
     thousands of digits is refused by Python and costly)."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
