@@ -463,6 +463,18 @@ def test_tensor_parameters_are_checked(server: Server) -> None:
     assert httpx.post(url, json=off, timeout=30).status_code == 200
 
 
+def test_outputs_named_twice_are_400_and_an_empty_list_means_all(server: Server) -> None:
+    """Twice (the second, binary, request was dropped without a word) is refused; `outputs: []` returned
+    no outputs at all, where Triton returns every output as when `outputs` is absent."""
+    url = f"{server.url}/v2/models/{KT_MODEL}/infer"
+    twice = {**ONE_STEP, "outputs": [{"name": "p"}, {"name": "p", "parameters": {"binary_data": True}}]}
+    response = httpx.post(url, json=twice, timeout=30)
+    assert response.status_code == 400 and response.json() == {"error": "output p is requested twice"}
+    everything = httpx.post(url, json=ONE_STEP, timeout=30).json()
+    assert httpx.post(url, json={**ONE_STEP, "outputs": []}, timeout=30).json() == everything
+    assert [output["name"] for output in everything["outputs"]] == ["p", "corr_w", "mastery", "mv_out"]
+
+
 # -- engine states, in-process on the real app ------------------------------------------------------------
 ONE_STEP = {
     "inputs": [

@@ -263,15 +263,18 @@ def _split_bytes(name: str, raw: bytes, count: int) -> list[str]:
 
 
 def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) -> dict[str, bool]:
-    """The outputs to return (all when none are named), each with whether it goes as binary data."""
+    """The outputs to return (all when none are named, as `outputs` absent or empty), each with whether it
+    goes as binary data; 400 for an unknown output or one named twice."""
     declared = [spec.name for spec in specs]
     everything_binary = request.parameters.get("binary_data_output") is True
-    if request.outputs is None:
+    if not request.outputs:
         return dict.fromkeys(declared, everything_binary)
     wanted: dict[str, bool] = {}
     for output in request.outputs:
         if output.name not in declared:
             raise ProtocolError(f"unknown output {output.name!r}; the model returns {', '.join(declared)}")
+        if output.name in wanted:
+            raise ProtocolError(f"output {output.name} is requested twice")
         wanted[output.name] = output.parameters.get("binary_data", everything_binary) is True
     return wanted
 
