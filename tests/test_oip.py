@@ -461,6 +461,12 @@ def test_tensor_parameters_are_checked(server: Server) -> None:
     assert response.status_code == 400 and "outputs[0].parameters.binary_data is" in response.json()["error"]
     off = {**ONE_STEP, "parameters": {"priority": 0, "sequence_id": 0, "sequence_start": False, "timeout": 0}}
     assert httpx.post(url, json=off, timeout=30).status_code == 200
+    hinted = [{**tensor, "parameters": {"content_type": "np"}} for tensor in ONE_STEP["inputs"]]
+    mlserver_style = {"inputs": hinted, "parameters": {"content_type": "np"}, "outputs": [{"name": "p"}]}
+    assert httpx.post(url, json=mlserver_style, timeout=30).status_code == 200  # MLServer's codec hints
+    wrong_hint = {**ONE_STEP, "parameters": {"content_type": 1}}
+    response = httpx.post(url, json=wrong_hint, timeout=30)
+    assert response.status_code == 400 and "parameters.content_type is 1; it must be a string" in response.text
 
 
 def test_outputs_named_twice_are_400_and_an_empty_list_means_all(server: Server) -> None:

@@ -4,8 +4,10 @@ Honoured: the binary tensor data extension's `binary_data_output` (request, true
 (input, checked in tensors.py) and `binary_data` (output, true/false), and Triton's `timeout` (request,
 integer microseconds, 0 = none): a deadline shorter than MNEMO_REQUEST_TIMEOUT_S, never longer.
 Accepted at their "off" value only: `priority` 0 and `sequence_id` 0 or "" with `sequence_start` and
-`sequence_end` false. Anything else (a sequence, a priority, classification, shared memory, a custom
-parameter) is a 400 naming it: a client must not believe that a parameter it set was honoured.
+`sequence_end` false. Accepted and not needed: MLServer's codec hint `content_type` (a string, on the
+request, an input or an output), since each tensor's name and datatype already fix how it is read.
+Anything else (a sequence, a priority, classification, shared memory, a custom parameter) is a 400
+naming it: a client must not believe that a parameter it set was honoured.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ NOT_OFFERED = {
     "shared_memory_offset": "the shared-memory extensions are not offered",
 }
 NOT_OFFERED["sequence_start"] = NOT_OFFERED["sequence_end"] = NOT_OFFERED["sequence_id"]
-REQUEST_PARAMETERS = ("timeout", "binary_data_output", *OFF_VALUES)
-INPUT_PARAMETERS = ("binary_data_size",)
-OUTPUT_PARAMETERS = ("binary_data",)
+CODEC_HINT = "content_type"
+REQUEST_PARAMETERS = ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES)
+INPUT_PARAMETERS = ("binary_data_size", CODEC_HINT)
+OUTPUT_PARAMETERS = ("binary_data", CODEC_HINT)
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
@@ -59,6 +62,9 @@ def _check_known(parameters: dict[str, Any], known: tuple[str, ...], where: str)
         if name not in known:
             reason = NOT_OFFERED.get(name, f"not a parameter this server knows; it takes {', '.join(known)}")
             raise ProtocolError(f"{where}.{name[:64]}: {reason}")
+    hint = parameters.get(CODEC_HINT, "")
+    if not isinstance(hint, str):
+        raise ProtocolError(f"{where}.{CODEC_HINT} is {json_text(hint)}; it must be a string")
 
 
 def _check_flag(parameters: dict[str, Any], name: str, where: str) -> None:
