@@ -242,6 +242,44 @@ def assert_no_lost_update(state: StudentState, acknowledged: list[int]) -> None:
 
 
 # -- erasure and paging ---------------------------------------------------------------------------------
+FULL_DISK_DELETE = """
+import numpy as np, sys
+from pathlib import Path
+from app.students.sqlite_store import SqliteStateStore
+from app.students.store import StoreUnavailable
+ballast = Path(sys.argv[1]) / "ballast"
+ballast.write_bytes(bytes(128 * 1024))
+store = SqliteStateStore(Path(sys.argv[1]) / "students.db")
+memory = np.ones((20, 200), dtype=np.float32)
+written = 0
+try:
+    while written < 1000:
+        store.write("m", f"s{written}", memory=memory, interactions=1, model_sha256="x", expected_revision=None)
+        written += 1
+except StoreUnavailable as error:
+    print("full:", error.detail)
+ballast.unlink()  # room for the delete in the WAL, not for the database file to grow to the WAL's pages
+print("deleted:", [state.student_id for state in store.delete("s0")], "left:", store.read("m", "s0"))
+"""
+
+
+def test_a_delete_on_a_full_disk_answers_that_it_deleted(tmp_path: Path) -> None:
+    """The delete commits to the WAL; only the checkpoint after it (the database file must grow) fails. That
+    answered 503 for a student that was gone: the checkpoint is now logged, not raised. A real full disk: a
+    1 MB tmpfs, mounted in a user namespace of its own."""
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"no user namespaces here to mount a small tmpfs: {probe.stderr.decode().strip()}")
+    mount = f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"
+    script = f'{mount} && exec "$0" -c "$1" {tmp_path}'
+    command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, sys.executable, FULL_DISK_DELETE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "full: SQLite state store failed: database or disk is full" in done.stdout
+    assert "deleted: ['s0'] left: None" in done.stdout
+    assert "could not be checkpointed (database or disk is full)" in done.stderr
+
+
 def test_delete_removes_everything_about_a_student(store: StateStore, store_url: str) -> None:
     create(store, "gone", model="model-a", interactions=5)
     create(store, "gone", model="model-b", interactions=9)

@@ -13,6 +13,7 @@ a writer waits for the lock up to `busy_timeout_s`, then the store reports itsel
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -50,6 +51,7 @@ CREATE TABLE IF NOT EXISTS student_state (
 CREATE TABLE IF NOT EXISTS store_counter (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT OR IGNORE INTO store_counter (name, value) VALUES ('revision', 0);
 """
+logger = logging.getLogger("mnemo.students")
 SYNCHRONOUS_MODES = ("FULL", "NORMAL")
 STATE_COLUMNS = (
     "model, student_id, memory, n_concepts, d_v, interactions, model_sha256, created_at, updated_at, revision"
@@ -137,9 +139,22 @@ class SqliteStateStore:
                 f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
             ).fetchall()
         if rows:
-            with self._errors_as_unavailable():
-                self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            self._erase_wal()
         return sorted((_state_of(row) for row in rows), key=lambda state: state.model)
+
+    def _erase_wal(self) -> None:
+        """Checkpoint the WAL into the database and truncate it. A failure (a full disk: the database file cannot
+        grow) is logged, not raised: the delete is committed, and the answer must say so; a later checkpoint
+        (SQLite's automatic one, or the next delete) erases the WAL."""
+        try:
+            self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as error:
+            logger.warning(
+                "student deleted, but the WAL of %s could not be checkpointed (%s): its old pages stay in the WAL "
+                "until a later checkpoint",
+                self.path,
+                error,
+            )
 
     def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
         check_page_size(limit)
