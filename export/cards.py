@@ -20,6 +20,18 @@ def exporter_parser(description: str, task: str) -> argparse.ArgumentParser:
     return parser
 
 
+def duration(seconds: float) -> str:
+    """A training time as a card states it: seconds under two minutes (a short run is not "0.0 min")."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def cpu_threads(*results: dict) -> str:
+    """The torch threads the runs used (`--threads`; 1 for runs recorded before the field existed)."""
+    counts = sorted({result.get("threads", 1) for result in results})
+    text = "-".join(str(count) for count in (counts[0], counts[-1])[: 1 + (len(counts) > 1)])
+    return f"{text} CPU thread{'' if counts == [1] else 's'}"
+
+
 def data_files_table(result: dict) -> list[str]:
     """Markdown table of the data files a run read, with their sha256."""
     return [

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.cards import data_files_table, exporter_parser, notes_section
+from export.cards import cpu_threads, data_files_table, duration, exporter_parser, notes_section
 from export.kt import (
     MAX_HISTORIES,
     MAX_INTERACTIONS,
@@ -132,8 +132,8 @@ def write_card(
         "",
         f"- Command: `{result['command']}`",
         f"- Seed {result['seed']}; {result['epochs_run']} epochs run on fold {result.get('fold', 1)}, best "
-        f"validation AUC at epoch {result['best_epoch']}; wall time {result['wall_seconds'] / 60:.1f} min "
-        "(1 CPU thread).",
+        f"validation AUC at epoch {result['best_epoch']}; wall time {duration(result['wall_seconds'])} "
+        f"({cpu_threads(result)}).",
         f"- Optimiser: {result['optimizer']}; loss: binary cross-entropy summed over valid steps / batch, "
         "as for DKVMN.",
         *_refit_lines(result),

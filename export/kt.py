@@ -14,7 +14,7 @@ import onnxruntime as ort
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from export.cards import data_files_table, exporter_parser, notes_section
+from export.cards import cpu_threads, data_files_table, duration, exporter_parser, notes_section
 from export.kt_cv import section as fold_spread_section
 from export.kt_repeats import audit as repeat_audit
 from export.kt_repeats import onnx_predictions, repeats_section
@@ -201,7 +201,7 @@ def write_card(
         "",
         f"- Command: `{result['command']}`",
         f"- Seed {result['seed']}; {_run_scope(result)}{result['epochs_run']} epochs run, best validation AUC at epoch "
-        f"{result['best_epoch']}; wall time {result['wall_seconds'] / 60:.1f} min (1 CPU thread).",
+        f"{result['best_epoch']}; wall time {duration(result['wall_seconds'])} ({cpu_threads(result)}).",
         f"- Optimiser: {result['optimizer']}; loss: binary cross-entropy summed over valid steps / batch "
         "(the authors' objective)."
         + (
@@ -268,8 +268,9 @@ def _cv_lines(result: dict) -> list[str]:
         f"fold {row['fold']} {row['valid_auc']:.4f} (epoch {row['best_epoch']})" for row in result["cv"]["folds"]
     )
     return [
-        f"Cross-validation on the training split (`python -m models.cv_kt`, {result['cv']['wall_seconds'] / 60:.1f} "
-        f"min for the {len(result['cv']['folds'])} folds at 1 CPU thread), best validation AUC per fold: {folds}.",
+        f"Cross-validation on the training split (`python -m models.cv_kt`, {duration(result['cv']['wall_seconds'])} "
+        f"for the {len(result['cv']['folds'])} folds at {cpu_threads(result['cv'])}), best validation AUC per fold: "
+        f"{folds}.",
         "",
     ]
 

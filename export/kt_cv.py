@@ -17,6 +17,7 @@ import shlex
 import statistics
 from pathlib import Path
 
+from export.cards import cpu_threads, duration
 from models.cv_kt import summarise
 from models.kt_data import CV_FOLDS
 
@@ -84,7 +85,8 @@ def section(cv_dirs: list[Path]) -> list[str]:
         f"Recipe of this model, `{recipe['command']}` ({folds_text}). Best validation AUC per fold: "
         f"{_fold_list(recipe)}; mean {recipe['valid_auc_mean']:.4f}, sample std {recipe['valid_auc_std']:.4f}, "
         f"range {min(r['valid_auc'] for r in recipe['folds']):.4f} to "
-        f"{max(r['valid_auc'] for r in recipe['folds']):.4f}; {recipe['wall_seconds'] / 60:.1f} min at 1 CPU thread.",
+        f"{max(r['valid_auc'] for r in recipe['folds']):.4f}; {duration(recipe['wall_seconds'])} at "
+        f"{cpu_threads(recipe)}.",
     ]
     if finished < CV_FOLDS:
         lines[-1] += f" Only {finished} of the {CV_FOLDS} folds finished in the time available."

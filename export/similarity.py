@@ -17,7 +17,7 @@ import torch
 from app.tasks.similarity.attention import combined_map
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import DEFAULT_VOCABULARY, VOCABULARY_FILE, WordVectors
-from export.cards import data_files_table, exporter_parser, notes_section
+from export.cards import cpu_threads, data_files_table, duration, exporter_parser, notes_section
 from export.manifest import upsert_model
 from export.onnx_export import export_scan_graph, max_abs_diff
 from export.plots import heatmap, training_curve
@@ -182,7 +182,8 @@ def write_card(path: Path, name: str, result: dict, parity: float, example, size
         "",
         f"- Command: `{result['command']}`",
         f"- Seed {result['seed']}; {result['epochs_run']} epochs run, best trial (Pearson r + accuracy) at epoch "
-        f"{result['best_epoch']}; wall time {result['wall_seconds'] / 60:.1f} min (1 CPU thread, shared machine).",
+        f"{result['best_epoch']}; wall time {duration(result['wall_seconds'])} ({cpu_threads(result)}, shared "
+        "machine).",
         f"- Optimiser: {result['optimizer']}. Loss: KL(target || predicted) with the Tai et al. target "
         "distribution (batch mean) + entailment cross-entropy.",
         f"- Sizes: {config['num_heads']} heads x {config['head_size']} = memory width "

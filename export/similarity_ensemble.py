@@ -32,7 +32,7 @@ import torch
 from scipy.special import logsumexp
 
 from app.tasks.similarity.vectors import DEFAULT_VOCABULARY, VOCABULARY_FILE, WordVectors
-from export.cards import data_files_table, notes_section
+from export.cards import cpu_threads, data_files_table, duration, notes_section
 from export.embeddings import add_embedding_graphs
 from export.latency import latency_table
 from export.manifest import upsert_model
@@ -245,8 +245,8 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "1 attention block, 2 distinct MLP layers with ReLU, gate style 'unit', dropout "
         f"{config.dropout_relatedness} (R head) / {config.dropout_entailment} (E head). Special-token vectors "
         f"seeded with {first.get('specials_seed', first['seed'])} for every member (one asset serves them all).",
-        f"- Total training time of the exported members: {sum(m.result['wall_seconds'] for m in members[:k]) / 60:.1f}"
-        " min (1 CPU thread each, on the shared 2-core machine).",
+        f"- Total training time of the exported members: {duration(sum(m.result['wall_seconds'] for m in members[:k]))}"
+        f" ({cpu_threads(*(m.result for m in members[:k]))} each, on the shared 2-core machine).",
         "",
         *data_files_table(first),
         "",

@@ -66,6 +66,7 @@ def summarise(results: list[dict]) -> dict:
         "valid_auc_std": statistics.stdev(aucs) if len(aucs) > 1 else 0.0,
         "best_epoch_median": statistics.median_low(epochs),
         "wall_seconds": round(sum(r["wall_seconds"] for r in results), 1),
+        "threads": max(r.get("threads", 1) for r in results),
     }
 
 

@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
         "best_weights": state.get("best_weights", "raw"),  # "average": the mean of best_averaged_epochs
         "best_averaged_epochs": state.get("best_averaged_epochs"),
         "wall_seconds": round(state["wall_seconds"], 1),
+        "threads": args.threads,
         "weights": "final.pt" if refit else "best.pt",
         "refit": refit,
         "valid": valid,

@@ -354,6 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         "best_weights": state.get("best_weights", "raw"),  # "average": the mean of best_averaged_epochs
         "best_averaged_epochs": state.get("best_averaged_epochs"),
         "wall_seconds": round(state["wall_seconds"], 1),
+        "threads": args.threads,
         "trial": evaluate(model, splits["trial"]),
         "test": evaluate(model, splits["test"]),
         "history": state["history"],
