@@ -25,7 +25,7 @@ from app.frame.logging import configure_logging, write_out_logs
 from app.frame.loop_lag import LoopLag
 from app.frame.metrics import Metrics
 from app.frame.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext
-from app.frame.registry import ModelRegistry
+from app.frame.registry import ModelLoadError, ModelRegistry
 from app.frame.settings import Settings
 from app.frame.tasks import Task
 from app.runtime.engine import Engine
@@ -93,6 +93,9 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         registry = ModelRegistry(settings, tasks, metrics)
         try:
             await offload(registry.load)
+        except ModelLoadError as error:
+            app.state.startup_error = str(error)  # python -m app ends with it in one line (app/server.py)
+            raise
         except Exception as error:
             logger.error("startup failed: %s", error)
             raise
@@ -125,6 +128,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.drain = Drain()
+    app.state.startup_error = None  # why the models could not be loaded
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
     # innermost: the task routes skip FastAPI's router (they are included at the root below)

@@ -14,13 +14,13 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
 
-from app.frame.logging import uvicorn_log_config
+from app.frame.logging import uvicorn_log_config, write_out_logs
 from app.frame.settings import Settings
 from app.runtime.memory import tune_malloc
 from app.transports.connection_guard import ConnectionLimits, guarded_protocol
@@ -38,6 +38,7 @@ class DrainingServer(uvicorn.Server):
         self, config: uvicorn.Config, app: FastAPI, drain_s: float, on_started: Callable[[], None] | None = None
     ) -> None:
         super().__init__(config)
+        self.state = app.state
         self.drain = app.state.drain
         self.drain_s = drain_s
         self.on_started = on_started  # called once the app has started and the server accepts connections
@@ -49,9 +50,20 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.lifespan.send = self._without_model_traceback(self.lifespan.send)
         await super().startup(sockets)
         if self.started and self.on_started is not None:
             self.on_started()
+
+    def _without_model_traceback(self, send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
+        """uvicorn's lifespan `send`, minus the traceback of a model that cannot load: `serve` says it in one line."""
+
+        async def brief_send(message: dict) -> None:
+            if message["type"] == "lifespan.startup.failed" and self.state.startup_error:
+                message = {**message, "message": ""}
+            await send(message)
+
+        return brief_send
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining or self._loop is None:
@@ -113,4 +125,10 @@ def serve(
         loop="asyncio",
         ws="none",  # no WebSocket routes: uvicorn then imports no websocket library (a faster start)
     )
-    DrainingServer(config, app, settings.drain_s, on_started).run(sockets)
+    try:
+        DrainingServer(config, app, settings.drain_s, on_started).run(sockets)
+    except SystemExit:  # uvicorn's status 3 when the lifespan's startup failed
+        if app.state.startup_error:
+            write_out_logs()  # uvicorn's own lines first: this one is the last
+            sys.exit(f"mnemo: cannot start: {app.state.startup_error}")
+        raise

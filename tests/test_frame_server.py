@@ -73,3 +73,16 @@ def test_toy_models_served_by_real_uvicorn_with_one_access_line_per_request(toy_
     access = [json.loads(line) for line in output if '"mnemo.access"' in line]
     assert [line["path"] for line in access if line["request_id"] == "srv-1"] == ["/toy"]
     assert not [line for line in output if '"POST /toy HTTP/1.1"' in line]  # uvicorn's own access line is off
+
+
+def test_a_tampered_model_stops_python_m_app_with_one_line_naming_it(artifacts_copy: Path):
+    with (artifacts_copy / "dkvmn-statics.onnx").open("ab") as model:
+        model.write(b"x")
+    env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts_copy), "MNEMO_PORT": str(free_port())}
+    env.update(MNEMO_PROVIDER="cpu", MNEMO_INTRA_OP_THREADS="1", MNEMO_HOST="127.0.0.1")
+    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mnemo: cannot start: model dkvmn-statics: model file dkvmn-statics.onnx has sha256 ")
+    assert last.endswith("refusing to serve it")
