@@ -1,20 +1,23 @@
 """uvicorn with a graceful drain: what `python -m app` runs.
 
-On the first SIGTERM (or SIGINT) the app starts draining: `/ready` answers 503 at once, new requests
-get a quick 503 (`Retry-After`, `Connection: close`) while the listening socket stays open, so no
-connection waiting to be accepted is reset. Requests already admitted finish; when none is left, or
-after MNEMO_DRAIN_S, uvicorn shuts down as usual (closes the listener and idle connections, runs the
-lifespan shutdown) and the process exits with status 0. A second signal stops waiting.
+On the first SIGTERM (or SIGINT, or SIGHUP: there is no reload) the app starts draining: `/ready`
+answers 503 at once, new requests get a quick 503 (`Retry-After`, `Connection: close`) while the
+listening socket stays open, so no connection waiting to be accepted is reset. Requests already admitted
+finish; when none is left, or after MNEMO_DRAIN_S, uvicorn shuts down as usual (closes the listener and
+idle connections, runs the lifespan shutdown) and the process exits with status 0. A second signal stops
+waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
 
 import uvicorn
@@ -54,6 +57,21 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started and self.on_started is not None:
             self.on_started()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them: a drain, then exit 0 (by
+        default it killed the process with its requests in flight)."""
+        if threading.current_thread() is not threading.main_thread():  # signals are for the main thread
+            with super().capture_signals():
+                yield
+            return
+        previous = signal.signal(signal.SIGHUP, self.handle_exit)
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            signal.signal(signal.SIGHUP, previous)
 
     def _without_model_traceback(self, send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
         """uvicorn's lifespan `send`, minus the traceback of a model that cannot load: `serve` says it in one line."""

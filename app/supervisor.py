@@ -12,10 +12,11 @@ included, so that queue is short. The supervisor binds the port too, without lis
 connections), so a port in use fails before any model loads and no other program takes the port while a
 worker is replaced.
 
-Signals: SIGTERM or SIGINT is passed on to every worker, which drains like a single server (`/ready` 503,
-new requests 503, admitted requests answered, exit 0); a second signal is passed on too and stops the
-waiting. The workers run in their own session, so a terminal's Ctrl-C reaches them only through the
-supervisor, once; if the supervisor dies, each worker gets SIGTERM (app/worker.py).
+Signals: SIGTERM, SIGINT or SIGHUP (no reload: a drain like SIGTERM's) is passed on to every worker,
+which drains like a single server (`/ready` 503, new requests 503, admitted requests answered, exit 0); a
+second signal is passed on too and stops the waiting. The workers run in their own session, so a
+terminal's Ctrl-C reaches them only through the supervisor, once; if the supervisor dies, each worker
+gets SIGTERM (app/worker.py).
 
 Failures: a worker that exits before it serves (a model that fails to load, say) stops the others and the
 supervisor exits with status 1, rather than restarting it in a loop. A worker that dies after serving is
@@ -117,7 +118,7 @@ class Supervisor:
         self.all_ready = False
 
     def run(self) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP's default ended it at once
             signal.signal(signum, self._pass_on)
         self.workers = [self._start() for _ in range(self.settings.workers)]
         while self.workers:

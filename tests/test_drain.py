@@ -84,3 +84,20 @@ def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_se
         assert server.process.wait(timeout=30) == 0
     logged = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
     assert any(message.startswith("drain timeout: 1 request(s) in flight after 1s, answered 503") for message in logged)
+
+
+def test_sighup_drains_like_sigterm_instead_of_killing_the_requests_in_flight():
+    """No reload: SIGHUP (a closed terminal, or `kill -HUP` out of habit) answers what was admitted and exits 0."""
+    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+        held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+        deadline = time.monotonic() + 20
+        while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGHUP)
+        while not any("SIGHUP: draining (1 request(s) in flight" in line for line in server.output):
+            assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-5:]}"
+            assert time.monotonic() < deadline + 20, server.output[-5:]
+            time.sleep(0.02)
+        status, body = held.finish()
+        assert status == 200 and len(json.loads(body)["predictions"]) == 5
+        assert server.process.wait(timeout=30) == 0

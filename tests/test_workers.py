@@ -264,3 +264,24 @@ def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
     assert messages.count("drained: no request in flight") == 2
     assert sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in messages) == 2
     assert not _metrics_dir(messages).exists()
+
+
+def test_sighup_drains_every_worker_and_the_supervisor_removes_its_metrics_directory():
+    with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_BODY_TIMEOUT_S="60") as server:
+        _wait_for_workers(server, 2)
+        held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+        deadline = time.monotonic() + 20
+        while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
+            time.sleep(0.02)
+        server.process.send_signal(signal.SIGHUP)
+        while sum(message.startswith("SIGHUP: draining") for message in _logged(server)) < 2:
+            assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-5:]}"
+            assert time.monotonic() < deadline + 20, server.output[-5:]
+            time.sleep(0.02)
+        status, body = held.finish()
+        assert status == 200 and len(json.loads(body)["predictions"]) == 5
+        assert server.process.wait(timeout=60) == 0
+    messages = _logged(server)
+    assert "SIGHUP: passing it on to 2 worker(s)" in messages
+    assert sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in messages) == 2
+    assert not _metrics_dir(messages).exists()
