@@ -18,9 +18,12 @@ second signal is passed on too and stops the waiting. The workers run in their o
 terminal's Ctrl-C reaches them only through the supervisor, once; if the supervisor dies, each worker
 gets SIGTERM (app/worker.py).
 
-Failures: a worker that exits before it serves (a model that fails to load, say) stops the others and the
-supervisor exits with status 1, rather than restarting it in a loop. A worker that dies after serving is
-replaced. The exit status is 0 when every worker exited 0 after the signal.
+Failures: at startup, a worker that exits before it serves (a model that fails to load, say) stops the
+others and the supervisor exits with status 1, rather than restarting it in a loop. A worker that dies
+after serving is replaced. A replacement that exits before it serves (an artifact changed on disk since
+startup, say) is started again after 1 s, then 2, 4, ... up to 60 s, one line logged per failed attempt,
+while the other workers go on serving; only when no worker is left serving does the supervisor stop the
+others and exit 1. The exit status is 0 when every worker exited 0 after the signal.
 
 Metrics: the workers write them to PROMETHEUS_MULTIPROC_DIR (app/frame/metrics.py): the variable's
 directory if set (its `*.db` files from an earlier run are deleted first), else a temporary directory
@@ -53,6 +56,8 @@ from app.frame.settings import Settings, usable_cpus
 
 logger = logging.getLogger("mnemo.supervisor")
 POLL_S = 0.2
+RETRY_FIRST_S = 1.0  # a replacement that failed to start is started again after this, doubled each time
+RETRY_MAX_S = 60.0
 
 
 class CannotStart(Exception):
@@ -63,6 +68,7 @@ class CannotStart(Exception):
 class Worker:
     process: subprocess.Popen
     ready_pipe: int  # read end: the worker writes one byte once it serves
+    replacement: bool  # started in place of a worker that died while serving
     ready: bool = False
 
     @property
@@ -116,19 +122,22 @@ class Supervisor:
         self.status = 0
         self.started_at = time.monotonic()
         self.all_ready = False
+        self.failed_replacements = 0  # in a row: the backoff's exponent
+        self.retry_at: list[float] = []  # when to start a replacement again (time.monotonic())
 
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP's default ended it at once
             signal.signal(signum, self._pass_on)
-        self.workers = [self._start() for _ in range(self.settings.workers)]
-        while self.workers:
+        self.workers = [self._start(replacement=False) for _ in range(self.settings.workers)]
+        while self.workers or self.retry_at:
             self._wait_for_news()
             for worker in list(self.workers):
                 if worker.process.poll() is not None:
                     self._exited(worker)
+            self._retry_due()
         return self.status
 
-    def _start(self) -> Worker:
+    def _start(self, *, replacement: bool) -> Worker:
         ready_read, ready_write = os.pipe()
         process = subprocess.Popen(
             [sys.executable, "-m", "app.worker", "--ready-fd", str(ready_write), "--supervisor-pid", str(os.getpid())],
@@ -137,7 +146,7 @@ class Supervisor:
             start_new_session=True,  # signals reach the workers through the supervisor only
         )
         os.close(ready_write)
-        return Worker(process, ready_read)
+        return Worker(process, ready_read, replacement)
 
     def _wait_for_news(self) -> None:
         """Wait up to POLL_S for a starting worker to report it serves (a signal may cut the wait short)."""
@@ -147,6 +156,7 @@ class Supervisor:
             worker = starting[pipe]
             if os.read(pipe, 1):
                 worker.ready = True
+                self.failed_replacements = 0 if worker.replacement else self.failed_replacements
                 self._log_ready()
             else:  # end of file before the byte: the worker is exiting
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -166,16 +176,44 @@ class Supervisor:
         if self.stopping:
             logger.info("worker %d exited with status %d", worker.pid, code)
             self.status = self.status or (0 if code == 0 else 1)
-        elif not worker.ready:
+        elif worker.ready:
+            logger.warning("worker %d died (status %d) while serving: starting another", worker.pid, code)
+            self._replace()
+        elif worker.replacement and any(other.ready for other in self.workers):
+            self._retry_later(worker, code)
+        else:
             logger.error("worker %d exited with status %d before it served: stopping the others", worker.pid, code)
             self.status = 1
             self._stop(signal.SIGTERM)
-        else:
-            logger.warning("worker %d died (status %d) while serving: starting another", worker.pid, code)
-            replacement = self._start()
-            self.workers.append(replacement)
-            if self.stopping:  # a signal came while it was being started
-                replacement.process.send_signal(signal.SIGTERM)
+
+    def _replace(self) -> None:
+        replacement = self._start(replacement=True)
+        self.workers.append(replacement)
+        if self.stopping:  # a signal came while it was being started
+            replacement.process.send_signal(signal.SIGTERM)
+
+    def _retry_later(self, worker: Worker, code: int) -> None:
+        """Start the failed replacement again after the backoff; the other workers serve meanwhile."""
+        self.failed_replacements += 1
+        delay_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self.failed_replacements - 1))
+        self.retry_at.append(time.monotonic() + delay_s)
+        logger.error(
+            "replacement worker %d exited with status %d before it served (attempt %d); %d worker(s) serving; "
+            "trying again in %gs",
+            worker.pid,
+            code,
+            self.failed_replacements,
+            sum(other.ready for other in self.workers),
+            delay_s,
+        )
+
+    def _retry_due(self) -> None:
+        """Start the replacements whose backoff is over (none once stopping)."""
+        now = time.monotonic()
+        due = [] if self.stopping else [at for at in self.retry_at if at <= now]
+        self.retry_at = [] if self.stopping else [at for at in self.retry_at if at > now]
+        for _ in due:
+            self._replace()
 
     def _pass_on(self, signum: int, frame: FrameType | None) -> None:
         logger.info("%s: passing it on to %d worker(s)", signal.Signals(signum).name, len(self.workers))

@@ -1,7 +1,8 @@
 """MNEMO_WORKERS: a real `python -m app` supervisor with two worker processes on the committed models, over HTTP.
 
-Both workers answer, `/metrics` adds their counters up whichever worker answers it, SIGTERM drains every
-worker, a worker that dies is replaced, and bad settings or a worker that cannot start stop everything.
+Both workers answer, `/metrics` adds their counters up whichever worker answers it, SIGTERM (or SIGHUP)
+drains every worker, a worker that dies is replaced (a replacement that cannot load is retried while the
+other serves), and bad settings, a worker that cannot start, or no worker left serving stop everything.
 """
 
 from __future__ import annotations
@@ -284,4 +285,59 @@ def test_sighup_drains_every_worker_and_the_supervisor_removes_its_metrics_direc
     messages = _logged(server)
     assert "SIGHUP: passing it on to 2 worker(s)" in messages
     assert sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in messages) == 2
+    assert not _metrics_dir(messages).exists()
+
+
+def _wait_for_message(server: Server, pattern: str, count: int = 1, timeout_s: float = 120) -> list[str]:
+    """Wait until `count` logged messages match `pattern` (a regular expression); those messages."""
+    deadline = time.monotonic() + timeout_s
+    while len(found := [m for m in _logged(server) if re.fullmatch(pattern, m)]) < count:
+        assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-10:]}"
+        assert time.monotonic() < deadline, server.output[-10:]
+        time.sleep(0.1)
+    return found
+
+
+FAILED_REPLACEMENT = (
+    r"replacement worker \d+ exited with status 1 before it served \(attempt (\d)\); (\d) worker\(s\) serving; .*"
+)
+
+
+def test_a_replacement_that_cannot_load_is_retried_while_the_other_worker_serves(artifacts_copy: Path):
+    model = artifacts_copy / "dkvmn-statics.onnx"
+    original = model.read_bytes()
+    with running_server(artifacts_copy, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        answered = asyncio.run(_similarity_until_both_answer(server.url))
+        killed, survivor = sorted(answered)
+        model.write_bytes(original + b"x")  # changed on disk since startup: a new worker refuses it
+        os.kill(int(killed), signal.SIGKILL)
+        failures = _wait_for_message(server, FAILED_REPLACEMENT, count=2)
+        assert [re.fullmatch(FAILED_REPLACEMENT, m).groups() for m in failures] == [("1", "1"), ("2", "1")]
+        assert failures[0].endswith("trying again in 1s") and failures[1].endswith("trying again in 2s")
+        for _ in range(4):  # new connections: whichever is accepted, the survivor answers
+            response = httpx.post(f"{server.url}/similarity", json=PAIR, timeout=30)
+            assert response.status_code == 200 and response.headers["x-mnemo-pid"] == survivor
+        assert server.process.poll() is None
+        model.write_bytes(original)
+        deadline = time.monotonic() + 120
+        while not _serving(server) - set(answered):  # the next attempt serves
+            assert time.monotonic() < deadline, server.output[-10:]
+            time.sleep(0.2)
+    assert server.process.returncode == 0
+
+
+def test_the_supervisor_exits_1_when_no_worker_is_left_serving(artifacts_copy: Path):
+    with running_server(artifacts_copy, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        first, second = sorted(asyncio.run(_similarity_until_both_answer(server.url)))
+        with (artifacts_copy / "dkvmn-statics.onnx").open("ab") as model:
+            model.write(b"x")
+        os.kill(int(first), signal.SIGKILL)
+        _wait_for_message(server, FAILED_REPLACEMENT)
+        os.kill(int(second), signal.SIGKILL)
+        assert server.process.wait(timeout=120) == 1
+    messages = _logged(server)
+    stopped = r"worker \d+ exited with status 1 before it served: stopping the others"
+    assert any(re.fullmatch(stopped, message) for message in messages)
     assert not _metrics_dir(messages).exists()
