@@ -24,6 +24,7 @@ from app.frame.errors import ModelNotReady, UnknownModel
 from app.frame.integrity import sha256_of
 from app.frame.manifest import ModelEntry, confined, read_manifest
 from app.frame.metrics import Metrics
+from app.frame.npy import load_npy
 from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider
 from app.frame.sessions import open_session, preopened
 from app.frame.settings import Settings, usable_cpus
@@ -230,7 +231,7 @@ class ModelRegistry:
         cached = self._asset_cache.get((path, sha256))
         if cached is None:
             _verify(path, name, sha256, f"asset {key}")
-            cached = self._asset_cache[(path, sha256)] = np.load(path, mmap_mode="r", allow_pickle=False)
+            cached = self._asset_cache[(path, sha256)] = load_npy(path)
         return cached
 
     @property

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.frame.npy import load_npy
 from app.tasks.similarity.tokenizer import SPECIAL_TOKENS, UNKNOWN
 
 EMBEDDING_DIM = 50
@@ -40,7 +41,7 @@ def glove_matrix_path() -> Path:
 @lru_cache(maxsize=1)
 def glove_matrix() -> np.ndarray:
     """The packaged GloVe matrix, memory-mapped once per process."""
-    return np.load(glove_matrix_path(), mmap_mode="r")
+    return load_npy(glove_matrix_path())
 
 
 def word_digest(word: str) -> tuple[int, int]:
@@ -83,7 +84,7 @@ class WordVectors:
     @classmethod
     def from_glove(cls, specials: np.ndarray, vocabulary: np.ndarray | None = None) -> WordVectors:
         """The packaged GloVe vectors with these special vectors (the committed vocabulary table by default)."""
-        table = np.load(DEFAULT_VOCABULARY, mmap_mode="r") if vocabulary is None else vocabulary
+        table = load_npy(DEFAULT_VOCABULARY) if vocabulary is None else vocabulary
         return cls(glove_matrix(), table, specials)
 
     def rows_of(self, tokens: list[str]) -> np.ndarray:
