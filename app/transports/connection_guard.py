@@ -26,13 +26,12 @@ This protocol adds, per connection:
   not yet read the close;
 - a response's head goes out with its first body part (`HeadWithBody`): one send() and one TCP segment for
   a small answer instead of two, so the client is woken once;
-- a lingering close, as nginx does it: an answer that closes the connection while the client is still sending
-  its request (a 413 before the body was read, a stalled body's 408, a drain's 503, a 431 for headers over
-  the cap, the cap's 503) sends FIN after the answer, then reads and discards what the client still sends,
-  until the client closes, LINGER_S (REFUSAL_LINGER_S) pass or LINGER_MAX_BYTES arrive. A plain close would
-  leave unread bytes in the socket, so the kernel would answer the client with a reset, and a client that
-  writes its whole request before it reads (urllib, raw sockets) would get "connection reset" instead of the
-  answer.
+- a lingering close, as nginx does it: an answer that closes the connection while the client is still sending its
+  request (a 413 before the body was read, a stalled body's 408, a drain's 503, a malformed request's 400, a 431 for
+  headers over the cap, the cap's 503) sends FIN after the answer, then reads and discards what the client still
+  sends, until the client closes, LINGER_S (REFUSAL_LINGER_S) pass or LINGER_MAX_BYTES arrive. A plain close would
+  leave unread bytes in the socket, so the kernel would answer the client with a reset, and a client that writes its
+  whole request before it reads (urllib, raw sockets) would get "connection reset" instead of the answer.
 
 A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
 """
@@ -60,7 +59,13 @@ READ_CHUNK_BYTES = 64 << 10
 ON_CLIENT_GONE = "mnemo.on_client_gone"  # scope key: the list of callables to call if the client leaves early
 TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux TCP states (tcpi_state, TCP_INFO's first byte): the peer sent FIN or RST
 COALESCE_MAX_BYTES = 64 << 10  # a larger body part is written after the head rather than copied behind it
-REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+MALFORMED_DETAIL = "Malformed HTTP request: its request line, a header or its framing is invalid."
 LINGER_S = 2.0  # a lingering close reads what the client still sends for at most this long,
 LINGER_MAX_BYTES = 16 << 20  # and at most this much
 REFUSAL_LINGER_S = 0.5  # a connection over the cap lingers this long at most (it only needs its request read),
@@ -232,10 +237,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise HeadersTooLarge  # httptools stops parsing; uvicorn answers through send_400_response
 
     def send_400_response(self, msg: str) -> None:
+        """A request the parser refused: 431 if its headers were too large, else a 400 in the service's shape
+        (JSON, request id; uvicorn's is plain text), with a lingering close as the client may still be sending."""
         if self._headers_too_large:
             self._reject_large_headers()
         else:
-            super().send_400_response(msg)
+            self._answer_and_close(400, MALFORMED_DETAIL, linger_s=LINGER_S)
 
     def on_message_begin(self) -> None:
         self._parsed_header_bytes = 0
