@@ -135,7 +135,12 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     task_routers = [task.router for task in tasks.values()]
     app.add_middleware(DirectRoutes, fastapi=app, routers=task_routers)
     app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, stall_timeout_s=settings.body_timeout_s)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        stall_timeout_s=settings.body_timeout_s,
+        deadline_s=settings.request_timeout_s,
+    )
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
     add_access_control(app, settings)
     app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import select
 import socket
 import sys
 import tempfile
@@ -653,6 +654,32 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
             holder.close()
         time.sleep(0.5)
         assert httpx.post(f"{server.url}/toy", json=_toy(1)).status_code == 200  # the budget is given back
+
+
+def _trickle_body(url: str, content_length: int, every_s: float, for_s: float) -> bytes:
+    """POST headers announcing `content_length`, then one byte every `every_s` (never a stall) until the server
+    answers or `for_s` pass; what the server sent (b"" if nothing)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        head = f"POST /toy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {content_length}"
+        connection.sendall(head.encode() + b"\r\n\r\n ")
+        ends = time.monotonic() + for_s
+        while time.monotonic() < ends:
+            readable, _, _ = select.select([connection], [], [], every_s)
+            if readable:
+                return connection.recv(4096)
+            connection.sendall(b" ")
+    return b""
+
+
+def test_a_trickled_body_gets_408_at_the_request_deadline(tmp_path):
+    """A byte every 0.5 s never stalls for MNEMO_BODY_TIMEOUT_S, but the body must be in by the deadline."""
+    with _toy_server(tmp_path, MNEMO_REQUEST_TIMEOUT_S="3", MNEMO_BODY_TIMEOUT_S="2") as server:
+        started = time.monotonic()
+        answer = _trickle_body(server.url, 100_000, every_s=0.5, for_s=15)
+        assert answer.startswith(b"HTTP/1.1 408") and b"MNEMO_REQUEST_TIMEOUT_S" in answer, answer[:300]
+        assert time.monotonic() - started < 5
+        assert httpx.post(f"{server.url}/toy", json=_toy(1)).status_code == 200
 
 
 def test_the_loop_lag_sees_a_blocked_event_loop_and_decays_once_it_keeps_up():

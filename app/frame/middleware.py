@@ -53,7 +53,9 @@ BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, pa
 
 class BodySizeLimit:
     """Reject request bodies over `max_bytes` with 413, whether or not they announce a Content-Length,
-    and bodies that stall (no data for `stall_timeout_s`) with 408.
+    and with 408 bodies that stall (no data for `stall_timeout_s`) or are not complete by the request's
+    deadline (`deadline_s` after it arrived): trickled a byte at a time, a body would hold its connection
+    and its share of the memory budget below for as long as the client likes.
 
     Bodies held in memory at once are bounded too: while the announced bodies (Content-Length) of requests
     in progress add up to `in_memory_bytes`, a new request with a body gets 429 (Retry-After) before it is
@@ -63,11 +65,17 @@ class BodySizeLimit:
     """
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, stall_timeout_s: float, in_memory_bytes: int = BODIES_IN_MEMORY_BYTES
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        stall_timeout_s: float,
+        deadline_s: float,
+        in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.stall_timeout_s = stall_timeout_s
+        self.deadline_s = deadline_s
         self.in_memory_bytes = in_memory_bytes
         self.held_bytes = 0
 
@@ -92,14 +100,15 @@ class BodySizeLimit:
 
     async def _read_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         too_large = {"detail": body_too_large_detail(self.max_bytes)}
+        deadline = (scope.get(RECEIVED_AT) or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, True
         while more:
+            late = deadline - time.perf_counter() < self.stall_timeout_s  # the deadline comes before a stall would
             try:
-                async with asyncio.timeout(self.stall_timeout_s):  # no task per message, unlike wait_for
-                    message = await receive()
+                async with asyncio.timeout(min(self.stall_timeout_s, deadline - time.perf_counter())):
+                    message = await receive()  # (asyncio.timeout: no task per message, unlike wait_for)
             except TimeoutError:
-                stalled = {"detail": f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."}
-                await send_json(send, 408, stalled, {"Connection": "close"})
+                await send_json(send, 408, {"detail": self._timeout_detail(late)}, {"Connection": "close"})
                 return
             if message["type"] == "http.disconnect":
                 return
@@ -119,6 +128,11 @@ class BodySizeLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    def _timeout_detail(self, late: bool) -> str:
+        if late:
+            return f"The request body was not complete within {self.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)."
+        return f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."
 
 
 class DrainGate:
