@@ -633,9 +633,10 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
         return connection
 
     with _toy_server(tmp_path, MNEMO_MAX_BODY_BYTES=str(40 << 20)) as server:
-        holder = post_headers(server.url, 30 << 20)
+        holder = post_headers(server.url, 31 << 20)
         try:
-            time.sleep(0.5)  # the server has read the headers and holds 30 MB of announced body
+            holder.sendall(b" " * (30 << 20))  # 30 MB of its body in, then it stalls
+            time.sleep(1)  # the server holds the 30 MB it has read
             refused = httpx.post(f"{server.url}/toy", content=b"{" + b" " * (4 << 20) + b"}")
             assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
             assert "too many request bodies" in refused.json()["detail"]
@@ -654,6 +655,23 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
             holder.close()
         time.sleep(0.5)
         assert httpx.post(f"{server.url}/toy", json=_toy(1)).status_code == 200  # the budget is given back
+
+
+def test_announced_bodies_that_do_not_arrive_take_none_of_the_in_memory_budget(tmp_path):
+    """40 connections announce 1 MB (40 MB, past the 32 MB budget) and send nothing: other bodies are served."""
+    with _toy_server(tmp_path) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        holders = [socket.create_connection((host, int(port)), timeout=10) for _ in range(40)]
+        try:
+            head = b"POST /toy HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+            for holder in holders:
+                holder.sendall(head)
+            time.sleep(0.5)  # the server has read every announcement
+            answer = httpx.post(f"{server.url}/toy", json=_toy(1))
+            assert answer.status_code == 200, answer.text
+        finally:
+            for holder in holders:
+                holder.close()
 
 
 def _trickle_body(url: str, content_length: int, every_s: float, for_s: float) -> bytes:

@@ -49,6 +49,7 @@ async def send_json(send: Send, status: int, payload: dict, headers: dict[str, s
 
 
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
+BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
 
 
 class BodySizeLimit:
@@ -57,11 +58,13 @@ class BodySizeLimit:
     deadline (`deadline_s` after it arrived): trickled a byte at a time, a body would hold its connection
     and its share of the memory budget below for as long as the client likes.
 
-    Bodies held in memory at once are bounded too: while the announced bodies (Content-Length) of requests
-    in progress add up to `in_memory_bytes`, a new request with a body gets 429 (Retry-After) before it is
-    read. Without it, 1,024 clients sending 160 KB each would hold about 330 MB in bodies alone. The
-    connection stays open (uvicorn skips the unread body): a close would make clients reconnect, and a storm
-    of reconnects queues new connections, such as health probes, behind it.
+    Bodies held in memory at once are bounded too, by the bytes received (not announced: a client announcing
+    1 MB and sending nothing would hold 1 MB of the budget, and 32 such connections would refuse every body):
+    a request whose Content-Length does not fit beside the bodies held gets 429 (Retry-After) before it is
+    read, and one whose bytes push the total past `in_memory_bytes` while it arrives gets it then. Without
+    it, 1,024 clients sending 160 KB each would hold about 330 MB in bodies alone. The connection stays open
+    (uvicorn skips the unread body): a close would make clients reconnect, and a storm of reconnects queues
+    new connections, such as health probes, behind it.
     """
 
     def __init__(
@@ -89,50 +92,58 @@ class BodySizeLimit:
             await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, {"Connection": "close"})
             return
         if declared_bytes and self.held_bytes and self.held_bytes + declared_bytes > self.in_memory_bytes:
-            busy = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
-            await send_json(send, 429, busy, {"Retry-After": "1"})  # keep-alive: uvicorn skips the unread body
+            await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})  # keep-alive: uvicorn skips the unread body
             return
-        self.held_bytes += declared_bytes
-        try:
-            await self._read_and_call(scope, receive, send)
-        finally:
-            self.held_bytes -= declared_bytes
+        await self._read_and_call(scope, receive, send)
 
     async def _read_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        too_large = {"detail": body_too_large_detail(self.max_bytes)}
+        """Read the body (each part counted in `held_bytes` as it arrives, until the answer), then call the app."""
         deadline = (scope.get(RECEIVED_AT) or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, True
-        while more:
-            late = deadline - time.perf_counter() < self.stall_timeout_s  # the deadline comes before a stall would
-            try:
-                async with asyncio.timeout(min(self.stall_timeout_s, deadline - time.perf_counter())):
-                    message = await receive()  # (asyncio.timeout: no task per message, unlike wait_for)
-            except TimeoutError:
-                await send_json(send, 408, {"detail": self._timeout_detail(late)}, {"Connection": "close"})
-                return
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.max_bytes:
-                await send_json(send, 413, too_large, {"Connection": "close"})
-                return
-        body, delivered = b"".join(chunks), False
-
-        async def replay() -> Message:
-            nonlocal delivered
-            if delivered:
-                return await receive()
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        try:
+            while more:
+                late = deadline - time.perf_counter() < self.stall_timeout_s  # the deadline comes before a stall
+                try:
+                    async with asyncio.timeout(min(self.stall_timeout_s, deadline - time.perf_counter())):
+                        message = await receive()  # (asyncio.timeout: no task per message, unlike wait_for)
+                except TimeoutError:
+                    await send_json(send, 408, {"detail": self._timeout_detail(late)}, {"Connection": "close"})
+                    return
+                if message["type"] == "http.disconnect":
+                    return
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                self.held_bytes += len(chunks[-1])
+                more = message.get("more_body", False)
+                if size > self.max_bytes:
+                    too_large = {"detail": body_too_large_detail(self.max_bytes)}
+                    await send_json(send, 413, too_large, {"Connection": "close"})
+                    return
+                if self.held_bytes > self.in_memory_bytes and self.held_bytes > size:  # alone, a body may fill it
+                    await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})
+                    return
+            await self.app(scope, _replay(b"".join(chunks), receive), send)
+        finally:
+            self.held_bytes -= size
 
     def _timeout_detail(self, late: bool) -> str:
         if late:
             return f"The request body was not complete within {self.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)."
         return f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the app the body already read, in one message, then the connection's own."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if delivered:
+            return await receive()
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 class DrainGate:
