@@ -14,6 +14,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -288,3 +289,30 @@ def test_a_connection_over_the_cap_that_sends_a_large_request_at_once_reads_the_
     finally:
         for sock in idle:
             sock.close()
+
+
+def rss_mb(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_pipelined_requests_sent_faster_than_answered_do_not_pile_up_in_memory(server):
+    """2 MB of pipelined GET /health on one connection that reads nothing: uvicorn parsed them all into its queue
+    (113 MB); the guard parses at most PIPELINE_MAX ahead and leaves the rest unread."""
+    before = rss_mb(server.process.pid)
+    with connect(server) as sock:
+        sock.setblocking(False)
+        request, sent, ends = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 60_000, 0, time.monotonic() + 3
+        while sent < len(request) and time.monotonic() < ends:
+            try:
+                sent += sock.send(request[sent : sent + 65536])
+            except BlockingIOError:
+                time.sleep(0.01)
+        time.sleep(1)
+        grown = rss_mb(server.process.pid) - before
+    assert grown < 20, f"the server grew by {grown:.0f} MB"
+    with connect(server) as sock:  # and pipelining still works: every request answered, in order
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 200 + b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers = b""
+        while b"ready" not in answers:
+            answers += sock.recv(65536)
+    assert answers.count(b"HTTP/1.1 200") == 201
