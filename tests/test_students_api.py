@@ -486,3 +486,23 @@ def test_an_append_whose_write_started_is_answered_with_its_result_not_504(tmp_p
         assert response.status_code == 200, response.text
         assert response.json()["interactions"] == 2
         assert client.get(student("late-write")).json()["interactions"] == 2
+
+
+def test_an_append_stored_before_the_deadline_is_not_answered_504_by_its_next_questions(tmp_path: Path) -> None:
+    """The write waits 1.3 s for another writer's lock and is stored before the 504 (due at 1.5 s); the
+    10,000 `next_questions` were predicted after it and were still running at 1.5 s: a 504 "retry later"
+    for a stored append. They are now predicted before the write."""
+    database = tmp_path / "students.db"
+    server_options = {"MNEMO_STATE_URL": f"sqlite://{database}", "MNEMO_REQUEST_TIMEOUT_S": "2"}
+    wanted = [1 + n % N_QUESTIONS for n in range(10_000)]
+    with running_server(COMMITTED, **server_options) as server, client_of(server) as client:
+        assert append(client, "warm", history(1, seed=11), next_questions=wanted).status_code == 200
+        lock = HeldWriteLock(database)
+        releaser = threading.Timer(1.3, lock.release)
+        releaser.start()
+        response = append(client, "late-next", history(2, seed=11), next_questions=wanted)
+        releaser.join()
+        stored = client.get(student("late-next"))
+        assert (stored.status_code, response.status_code) in ((200, 200), (404, 504)), response.text
+        if response.status_code == 200:
+            assert [item["question"] for item in response.json()["next"]] == wanted

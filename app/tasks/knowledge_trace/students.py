@@ -87,15 +87,19 @@ async def _append(
 ) -> dict[str, Any]:
     questions, correct, wanted = arrays
 
-    async def compute(current: StudentState | None) -> NextState[service.Trace]:
-        """Run the new interactions from the stored memory."""
+    async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
+        """Run the new interactions from the stored memory, and predict `next_questions` from the result.
+
+        Both before the write: once it is stored, nothing may be cancelled (a 504 would hide a stored append)."""
         memory = None if current is None else current.memory
         trace = await service.trace(model, questions, correct, memory)
+        next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
         seen = 0 if current is None else current.interactions
-        return NextState(trace.memory, seen + len(questions), trace)
+        return NextState(trace.memory, seen + len(questions), (trace, next_p))
 
-    state, trace = await update_state(holder.calls, store, model.name, student_id, model.entry.sha256, compute)
-    next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+    state, (trace, next_p) = await update_state(
+        holder.calls, store, model.name, student_id, model.entry.sha256, compute
+    )
     return {
         "model": model.name,
         "interactions": state.interactions,
