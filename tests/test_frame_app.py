@@ -92,6 +92,11 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "foo://x"}, "MNEMO_STATE_URL must start with sqlite:// or redis://"),
         ({"MNEMO_STATE_URL": "sqlite:///tmp/x.db?synchronous=off"}, "option synchronous must be one of full, normal"),
         ({"MNEMO_STATE_URL": "redis://:secret@127.0.0.1:notaport/0"}, "MNEMO_STATE_URL is not a valid Redis URL: Port"),
+        (
+            {"MNEMO_STATE_URL": "redis://:secret@127.0.0.1:6379/abc"},
+            "database must be a number (redis://host:port/0), not 'abc'",
+        ),
+        ({"MNEMO_STATE_URL": "redis://127.0.0.1:6379/-1"}, "database must be a number (redis://host:port/0), not '-1'"),
         ({"MNEMO_STATE_URL": "redis://user:secret@[::1/0"}, "MNEMO_STATE_URL is not a valid URL: Invalid IPv6 URL"),
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
         ({"MNEMO_MAX_QUEUE": "10000000"}, "MNEMO_MAX_QUEUE: Input should be less than or equal to 1000000"),

@@ -54,6 +54,10 @@ def check_url(url: str) -> None:
         parse_url(url)
     except ValueError as error:  # redis-py's messages name the part, never the password
         raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: {error}") from None
+    database = urlsplit(url).path.removeprefix("/")
+    if scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
+        raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0), not {database[:32]!r}")
 
 
 def _sqlite_options(path_and_query: str) -> tuple[Path, str]:
