@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -432,6 +433,21 @@ def test_sqlite_locked_by_another_writer_is_unavailable(tmp_path: Path) -> None:
         holder.execute("ROLLBACK")
         holder.close()
     create(store, "s2")
+    store.close()
+
+
+@pytest.mark.parametrize("how", ["directory removed", "file replaced"])
+def test_sqlite_file_deleted_or_replaced_under_the_service_is_unavailable(tmp_path: Path, how: str) -> None:
+    """Writes went on into the unlinked file, answered as stored and lost at the next start."""
+    directory = tmp_path / "state"
+    store = SqliteStateStore(directory / "students.db")
+    create(store, "s1")
+    shutil.rmtree(directory)
+    if how == "file replaced":
+        SqliteStateStore(directory / "students.db").close()  # another file at the same path
+    for call in (lambda: create(store, "s2"), lambda: store.read(MODEL, "s1"), store.check_health):
+        with pytest.raises(StoreUnavailable, match="its file was deleted or replaced while the service ran"):
+            call()
     store.close()
 
 

@@ -9,11 +9,16 @@ acknowledged answer survives a power cut or kernel crash too, the same promise a
 Concurrency: SQLite has one writer at a time. A write runs `BEGIN IMMEDIATE` (takes the write lock before
 reading the revision), so the check and the update are one atomic step across threads and processes;
 a writer waits for the lock up to `busy_timeout_s`, then the store reports itself unavailable.
+
+The file is the one opened at startup: deleted or replaced under the running service (its directory
+removed, say), writes and health checks report the store unavailable. Writes into the unlinked file would
+have been answered 200 and lost at the next start.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -70,6 +75,7 @@ class SqliteStateStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file, once opened
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -85,6 +91,7 @@ class SqliteStateStore:
                     f"SQLite state file {path} cannot be put in WAL mode",
                 )
             connection.executescript(SCHEMA)
+        self._identity = _file_identity(path)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
         with self._errors_as_unavailable():
@@ -181,7 +188,14 @@ class SqliteStateStore:
             self._connections.clear()
 
     def _connection(self) -> sqlite3.Connection:
-        """This thread's connection (sqlite3 connections must not be shared between threads)."""
+        """This thread's connection (sqlite3 connections must not be shared between threads), once the path is
+        checked to name the file opened at startup."""
+        if self._identity is not None and _file_identity(self.path) != self._identity:
+            raise StoreUnavailable(
+                "SQLite state store: its file was deleted or replaced while the service ran",
+                f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
+                "to open the file now there (students written since were kept only in the deleted file)",
+            )
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = sqlite3.connect(
@@ -215,6 +229,15 @@ class SqliteStateStore:
             raise StoreUnavailable(  # sqlite3's messages name no path ("database is locked", "disk I/O error")
                 f"SQLite state store failed: {error}", f"SQLite state store {self.path} failed: {error}"
             ) from error
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`; None when there is none."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _state_of(row: tuple) -> StudentState:
