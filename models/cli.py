@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 KT_DATASET = re.compile(r"assist2009|assist2015|statics|synthetic-v(1?[0-9])")
@@ -71,6 +72,28 @@ def run_directory(text: str) -> Path:
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a file, not a run directory")
     return path
+
+
+def parse_training_arguments(
+    parser: argparse.ArgumentParser, argv: list[str] | None, default_out: Callable[[argparse.Namespace], Path]
+) -> argparse.Namespace:
+    """The arguments, with `out` set (`default_out(args)` when not given); a directory holding an earlier run is
+    an error unless `--resume` continues it or `--overwrite` starts it again (it was overwritten without a word)."""
+    args = parser.parse_args(argv)
+    args.out = args.out or default_out(args)
+    if (args.out / "last.pt").exists() and not (args.resume or args.overwrite):
+        parser.error(
+            f"{args.out} holds an earlier run (last.pt): --resume continues it, --overwrite starts it again, "
+            "or choose another --out"
+        )
+    return args
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """--resume and --overwrite, for a run directory that already holds a run."""
+    runs = parser.add_mutually_exclusive_group()
+    runs.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
+    runs.add_argument("--overwrite", action="store_true", help="start again in an --out that holds an earlier run")
 
 
 def _number(kind: type, text: str):

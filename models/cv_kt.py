@@ -70,7 +70,7 @@ def summarise(results: list[dict]) -> dict:
     }
 
 
-CHOSEN_BY_CV = frozenset({"--fold", "--out", "--resume", "--refit-full"})  # per fold, set by cv_kt
+CHOSEN_BY_CV = frozenset({"--fold", "--out", "--resume", "--overwrite", "--refit-full"})  # per fold, set by cv_kt
 
 
 def main(argv: list[str] | None = None) -> dict:

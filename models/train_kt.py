@@ -20,7 +20,15 @@ import torch
 from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
-from models.cli import kt_dataset, positive_float, positive_int, probability, run_directory
+from models.cli import (
+    add_run_options,
+    kt_dataset,
+    parse_training_arguments,
+    positive_float,
+    positive_int,
+    probability,
+    run_directory,
+)
 from models.dkt import DKT, DKTConfig
 from models.dkvmn import DKVMN, DKVMNConfig
 from models.epoch_loop import StoppingRule, TrainingTask, WeightAverage, run_epochs
@@ -225,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="from this epoch on, also validate the equal-weight mean of the weights at each epoch end and "
         "let selection pick it (stochastic weight averaging; 0: off); a refit averages the same epochs",
     )
-    parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    add_run_options(parser)
     parser.add_argument(
         "--refit-full",
         action="store_true",
@@ -262,9 +270,9 @@ def load_splits(args: argparse.Namespace, recipe: dict) -> tuple[dict[str, Path]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
+    args = parse_training_arguments(build_parser(), argv, lambda args: Path("runs/kt") / args.dataset)
     recipe = recipe_for(args.dataset)
-    out = args.out or Path("runs/kt") / args.dataset
+    out = args.out
     set_threads(args.threads)
     generator = seed_everything(args.seed)
     files, splits = load_splits(args, recipe)

@@ -28,7 +28,14 @@ from tqdm import tqdm
 from app.frame.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, special_vectors
-from models.cli import positive_float, positive_int, probability, run_directory
+from models.cli import (
+    add_run_options,
+    parse_training_arguments,
+    positive_float,
+    positive_int,
+    probability,
+    run_directory,
+)
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SPLIT_FILES, SickPair, read_split, relatedness_target
@@ -266,14 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --teacher-targets, soften the teachers' entailment probabilities to temperature T: "
         "p^(1/T), renormalised (their relatedness distributions are kept: softening would move the expected score)",
     )
-    parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    add_run_options(parser)
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    out = args.out or Path("runs/sim") / args.pointer
+    args = parse_training_arguments(build_parser(), argv, lambda args: Path("runs/sim") / args.pointer)
+    out = args.out
     set_threads(args.threads)
     seed_everything(args.seed)
     rng = np.random.default_rng(args.seed)

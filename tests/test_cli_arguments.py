@@ -75,6 +75,20 @@ def test_a_run_directory_that_is_a_file_is_refused(tmp_path: Path, capsys):
         assert f"argument --out: {a_file} is a file, not a run directory" in capsys.readouterr().err
 
 
+def test_a_run_directory_holding_a_run_needs_resume_or_overwrite(tmp_path: Path, capsys):
+    """Training into it without --resume overwrote the earlier run without a word."""
+    (tmp_path / "last.pt").write_bytes(b"an earlier run")
+    for main, arguments in ((train_kt.main, ["--dataset", "synthetic-v0"]), (train_sim.main, [])):
+        with pytest.raises(SystemExit):
+            main([*arguments, "--out", str(tmp_path)])
+        assert (
+            f"{tmp_path} holds an earlier run (last.pt): --resume continues it, --overwrite" in capsys.readouterr().err
+        )
+        with pytest.raises(SystemExit):
+            main([*arguments, "--out", str(tmp_path), "--resume", "--overwrite"])
+        assert "not allowed with argument" in capsys.readouterr().err
+
+
 def test_cv_kt_refuses_train_kt_options_it_sets_per_fold(tmp_path: Path, capsys):
     """`--fold 2` or `--out` after `--` were silently replaced by each fold's own."""
     from models import cv_kt
