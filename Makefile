@@ -87,11 +87,11 @@ loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (abo
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
 
-train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0
-	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt
+train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0 [ARGS=--resume]
+	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt $(ARGS)
 
-train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp
-	$(BIN)/python -m models.train_sim --pointer $(POINTER) --data-dir $(DATA_DIR)/sick
+train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp [ARGS=--resume]
+	$(BIN)/python -m models.train_sim --pointer $(POINTER) --data-dir $(DATA_DIR)/sick $(ARGS)
 
 export-kt: $(VENV)/dev.stamp  ## make export-kt DATASET=assist2009 NAME=dkvmn-assist2009 [FLAGS=--default]
 	$(BIN)/python -m export.kt --run runs/kt/$(DATASET) --name $(NAME) $(FLAGS)
