@@ -27,6 +27,8 @@ def upsert_model(artifacts_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     entry["sha256"] = sha256_of(artifacts_dir / entry["file"])
     for asset in [*entry.get("assets", {}).values(), *entry.get("graphs", {}).values()]:
         asset["sha256"] = sha256_of(artifacts_dir / asset["file"])
+    if not (artifacts_dir / MANIFEST_NAME).exists():
+        print(f"note: {artifacts_dir} had no {MANIFEST_NAME}: starting a new one, which serves only this model")
     manifest = load_manifest(artifacts_dir)
     models = [m for m in manifest["models"] if m["name"] != entry["name"]]
     models.append(entry)

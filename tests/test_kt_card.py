@@ -9,12 +9,13 @@ from models import train_kt
 from tests.synthetic_data import write_synthetic_kt
 
 
-def test_exported_card_says_which_weights_selection_took(tmp_path):
+def test_exported_card_says_which_weights_selection_took(tmp_path, capsys):
     data = write_synthetic_kt(tmp_path / "kt")
     run = tmp_path / "runs" / "synthetic-v0"
     args = ["--dataset", "synthetic-v0", "--data-dir", str(data), "--epochs", "3", "--average-from", "2"]
     result = train_kt.main([*args, "--optimizer", "sgd", "--out", str(run), "--no-progress", "--threads", "2"])
     export_kt.main(["--run", str(run), "--name", "kt-toy", "--artifacts", str(tmp_path / "artifacts")])
+    assert "had no manifest.json: starting a new one, which serves only this model" in capsys.readouterr().out
     card = (tmp_path / "artifacts" / "kt-toy.md").read_text()
     assert export_kt._average_lines(result)[0] in card.splitlines()
     assert f"wall time {result['wall_seconds']:.0f} s (2 CPU threads)." in card  # was "0.0 min (1 CPU thread)"
