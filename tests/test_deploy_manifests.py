@@ -32,6 +32,7 @@ KSERVE_COMPONENT_FIELDS = {
     "deploymentStrategy",
     "autoScaling",
 }
+IMAGE_PROGRAMS = {"python3", "python3.11"}  # the only programs in the CPU image (scripts/image-rootfs.sh)
 ENGINE_SETTINGS = (
     "MNEMO_MAX_BATCH",
     "MNEMO_MAX_WAIT_MS",
@@ -130,6 +131,31 @@ def assert_hardened(pod: dict[str, Any], container: dict[str, Any], uid: int) ->
         assert "emptyDir" in volumes[mount["name"]], mount
 
 
+def exec_commands(node: Any) -> list[list[str]]:
+    """Every `exec.command` under `node` (probes and lifecycle hooks)."""
+    if isinstance(node, list):
+        return [command for item in node for command in exec_commands(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["exec"]["command"]] if isinstance(node.get("exec"), dict) else []
+    return own + [command for value in node.values() for command in exec_commands(value)]
+
+
+def assert_drains_before_it_is_killed(pod: dict[str, Any], container: dict[str, Any], drain_s: float) -> None:
+    """preStop pauses in the kubelet, and the grace period covers that pause, the drain and the shutdown after it.
+
+    The CPU image (`FROM scratch`, scripts/image-rootfs.sh) holds no shell and no `sleep`: an exec hook or probe
+    must run Python, else it fails at once (a preStop `sleep` let SIGTERM come before the endpoints dropped the
+    pod, so the drain's 503s reached clients).
+    """
+    from app.server import GIVE_UP_S, SHUTDOWN_GRACE_S
+
+    for command in exec_commands(container):
+        assert command[0] in IMAGE_PROGRAMS, command
+    pause_s = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] > pause_s + drain_s + GIVE_UP_S + SHUTDOWN_GRACE_S
+
+
 def test_server_deployment_is_hardened_probed_and_drains_before_it_is_killed(base):
     pod, container = _pod_and_container(base["Deployment", "mnemo"])
     assert_hardened(pod, container, uid=10001)
@@ -145,10 +171,7 @@ def test_server_deployment_is_hardened_probed_and_drains_before_it_is_killed(bas
         "probes"
     }
     assert {"cpu", "memory"} <= set(container["resources"]["requests"]) & set(container["resources"]["limits"])
-    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert pre_stop[0] == "sleep"
-    drain = int(config_map(base)["data"]["MNEMO_DRAIN_S"])
-    assert pod["terminationGracePeriodSeconds"] > int(pre_stop[1]) + drain
+    assert_drains_before_it_is_killed(pod, container, float(config_map(base)["data"]["MNEMO_DRAIN_S"]))
 
 
 def test_service_hpa_and_pdb_select_the_server_pods(base):
@@ -189,7 +212,7 @@ def test_kserve_inference_service_is_a_v2_custom_predictor_whose_pod_spec_valida
     mnemo_env = {key: value for key, value in env.items() if key.startswith("MNEMO_") and key != "MNEMO_PORT"}
     assert mnemo_env == {k: v for k, v in config_map(base)["data"].items() if k != "MNEMO_PORT"}  # same settings
     assert_hardened(predictor, container, uid=10001)
-    assert predictor["terminationGracePeriodSeconds"] > int(env["MNEMO_DRAIN_S"])
+    assert_drains_before_it_is_killed(predictor, container, float(env["MNEMO_DRAIN_S"]))
 
 
 def test_an_invalid_manifest_is_rejected(base):
