@@ -69,6 +69,25 @@ def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
 
 
+def _seconds(duration: str) -> float:
+    """A compose duration such as `25s`, `1m30s` or `500ms`, in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(number) * units[unit] for number, unit in parts)
+
+
+def test_compose_lets_the_drain_finish_before_docker_kills_the_server():
+    """docker stop's default 10 s is shorter than the default drain (15 s): SIGKILL came mid-drain, exit 137."""
+    from app.frame.settings import Settings
+    from app.server import GIVE_UP_S, SHUTDOWN_GRACE_S
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        drain_s = float(service["environment"].get("MNEMO_DRAIN_S", Settings.model_fields["drain_s"].default))
+        assert _seconds(service["stop_grace_period"]) > drain_s + GIVE_UP_S + SHUTDOWN_GRACE_S, name
+
+
 STATE_DIR = "/srv/mnemo/state"
 
 
