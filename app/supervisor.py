@@ -25,6 +25,10 @@ startup, say) is started again after 1 s, then 2, 4, ... up to 60 s, one line lo
 while the other workers go on serving; only when no worker is left serving does the supervisor stop the
 others and exit 1. The exit status is 0 when every worker exited 0 after the signal.
 
+PID 1: in a container the supervisor is the init process, so the kernel makes it the parent of every orphan,
+such as the probe process (MNEMO_PROBE_PORT) of a worker that was killed. It reaps those children too, or
+each would stay a zombie for the container's life.
+
 Metrics: the workers write them to PROMETHEUS_MULTIPROC_DIR (app/frame/metrics.py): the variable's
 directory if set (its `*.db` files from an earlier run are deleted first), else a temporary directory
 that the supervisor removes when it exits. A dead worker's live gauges are removed (`mark_process_dead`).
@@ -92,6 +96,15 @@ def bind_port(host: str, port: int, *, shared: bool = False, names: str = "MNEMO
     return sock
 
 
+def child_pids() -> set[int]:
+    """The pids of this process's children (Linux /proc; empty elsewhere)."""
+    pids: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return pids
+
+
 @contextmanager
 def metrics_directory() -> Iterator[Path]:
     """PROMETHEUS_MULTIPROC_DIR emptied of earlier values, or a temporary directory removed at the end."""
@@ -134,6 +147,7 @@ class Supervisor:
             for worker in list(self.workers):
                 if worker.process.poll() is not None:
                     self._exited(worker)
+            self._reap_orphans()
             self._retry_due()
         return self.status
 
@@ -161,6 +175,13 @@ class Supervisor:
             else:  # end of file before the byte: the worker is exiting
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     worker.process.wait(timeout=1)
+
+    def _reap_orphans(self) -> None:
+        """Reap the exited children that are not workers: orphans the kernel gave this process (PID 1)."""
+        workers = {worker.pid for worker in self.workers}
+        for pid in child_pids() - workers:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
     def _log_ready(self) -> None:
         ready = sum(worker.ready for worker in self.workers)

@@ -208,6 +208,36 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# `python -m app` as PID 1 of a new PID namespace, as in a container (unshare's exit status is its status)
+AS_PID_1 = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM"]
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+
+
+def test_as_pid_1_the_supervisor_reaps_the_probe_process_of_a_killed_worker():
+    """The orphaned probe process becomes the child of PID 1, the supervisor: it was left a zombie for good."""
+    if subprocess.run([*AS_PID_1, "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare cannot make a PID namespace here")
+    command = [*AS_PID_1, sys.executable, "-m", "app"]
+    with running_server(COMMITTED, command, MNEMO_WORKERS="2", MNEMO_PROBE_PORT=str(free_port())) as server:
+        _wait_for_workers(server, 2)
+        (supervisor,) = _children(server.process.pid)
+        worker = _children(supervisor)[0]
+        (probe,) = _children(worker)
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{probe}").exists():
+            assert time.monotonic() < deadline, f"the probe process is still there: {_alive(probe)=}"
+            time.sleep(0.1)
+        _wait_for_message(server, r"worker \d+ serving: .*", count=3)
+        os.kill(supervisor, signal.SIGTERM)  # unshare itself ignores SIGTERM
+        assert server.process.wait(timeout=60) == 0
+
+
 def test_workers_drain_and_exit_when_their_supervisor_is_killed():
     with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
         _wait_for_workers(server, 2)
