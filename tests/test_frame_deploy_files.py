@@ -88,6 +88,16 @@ def test_compose_lets_the_drain_finish_before_docker_kills_the_server():
         assert _seconds(service["stop_grace_period"]) > drain_s + GIVE_UP_S + SHUTDOWN_GRACE_S, name
 
 
+def test_compose_runs_the_cpu_service_hardened_like_the_kubernetes_pod():
+    """Read-only root filesystem with a /tmp tmpfs (PROMETHEUS_MULTIPROC_DIR of MNEMO_WORKERS > 1, HOME), no
+    capabilities, no privilege escalation: the image runs so (`podman run --read-only --cap-drop ALL`)."""
+    service = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["mnemo"]
+    assert service["read_only"] is True
+    assert [mount.split(":")[0] for mount in service["tmpfs"]] == ["/tmp"]
+    assert service["cap_drop"] == ["ALL"] and "cap_add" not in service
+    assert "no-new-privileges:true" in service["security_opt"]
+
+
 STATE_DIR = "/srv/mnemo/state"
 
 
