@@ -93,15 +93,31 @@ def test_uvicorn_cli_with_cuda_exits_non_zero_naming_cuda(tmp_path):
 def test_threads_default_to_the_affinity_mask_capped_by_the_cgroup_quota(tmp_path):
     affinity = len(os.sched_getaffinity(0))
     quota = tmp_path / "cpu.max"
+    no_v1 = tmp_path / "no-v1"
     quota.write_text("100000 100000\n")
-    assert usable_cpus(quota) == 1
+    assert usable_cpus(quota, no_v1) == 1
     quota.write_text("50000 100000\n")
-    assert usable_cpus(quota) == 1  # never below one
+    assert usable_cpus(quota, no_v1) == 1  # never below one
     quota.write_text(f"{(affinity + 4) * 100000} 100000\n")
-    assert usable_cpus(quota) == affinity  # a quota above the mask does not add CPUs
+    assert usable_cpus(quota, no_v1) == affinity  # a quota above the mask does not add CPUs
     quota.write_text("max 100000\n")
-    assert usable_cpus(quota) == affinity
-    assert usable_cpus(tmp_path / "absent") == affinity
+    assert usable_cpus(quota, no_v1) == affinity
+    assert usable_cpus(tmp_path / "absent", no_v1) == affinity
     quota.write_text("garbage\n")
-    assert usable_cpus(quota) == affinity
+    assert usable_cpus(quota, no_v1) == affinity
+
+
+def test_a_cgroup_v1_quota_caps_the_threads_too(tmp_path):
+    """cgroup v1 nodes (docker --cpus 1 there: cpu.cfs_quota_us 100000) were read as unlimited."""
+    affinity = len(os.sched_getaffinity(0))
+    v1 = tmp_path / "cpu"
+    v1.mkdir()
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    assert usable_cpus(tmp_path / "absent", v1) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # unlimited
+    assert usable_cpus(tmp_path / "absent", v1) == affinity
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(tmp_path / "cpu.max", v1) == affinity  # cgroup v2's file wins when present
     assert Settings().concurrent_runs == usable_cpus() or "MNEMO_CONCURRENT_RUNS" in os.environ

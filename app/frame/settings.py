@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
 DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 (older nodes, e.g. Amazon Linux 2): cpu.cfs_quota_us
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -41,15 +42,28 @@ def default_max_connections() -> int:
     return 4096 if limit is None else max(16, min(4096, limit - RESERVED_FILE_HANDLES))
 
 
-def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """CPUs this process may really use: its affinity mask, capped by a cgroup v2 CPU quota."""
-    cpus = len(os.sched_getaffinity(0))
+def cpu_quota(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> float | None:
+    """The cgroup's CPU quota in CPUs: cgroup v2's cpu.max, else v1's cfs quota / period; None when unlimited."""
     try:
         quota, period = cpu_max.read_text().split()
-        if quota != "max":
-            cpus = min(cpus, max(1, math.floor(int(quota) / int(period))))
     except (OSError, ValueError):
-        pass
+        try:
+            quota = (v1_dir / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1_dir / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        return None if quota in ("max", "-1") else int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
+    """CPUs this process may really use: its affinity mask, capped by the cgroup's CPU quota (v2 or v1)."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = cpu_quota(cpu_max, v1_dir)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.floor(quota)))
     return max(1, cpus)
 
 
