@@ -51,7 +51,7 @@ print("knowledge-trace:", post("/knowledge-trace", {"interactions": [{"question"
 print("students:", post("/students/docker-check/interactions", {"interactions": [{"question": 1, "correct": True}]})["interactions"], "interaction stored")
 PY
 podman exec "$name" python3 -c "import os; print('state:', os.listdir('/srv/mnemo/state'), 'owner uid', os.stat('/srv/mnemo/state').st_uid)"
-podman restart -t 20 "$name" >/dev/null
+podman restart -t 25 "$name" >/dev/null
 wait_ready
 python3 - "$port" <<'PY'
 import json, sys, urllib.request
@@ -63,6 +63,6 @@ podman healthcheck run "$name" && echo "healthcheck: healthy"
 podman exec "$name" python3 -c "import os; assert os.getuid() == 10001" && echo "runs as uid 10001"
 podman exec "$name" python3 -c "import importlib.util as u; assert u.find_spec('torch') is None" && echo "no torch in the image"
 podman exec "$name" python3 -c "import redis; print('redis-py', redis.__version__, 'for MNEMO_STATE_URL=redis://')"
-podman stop -t 20 "$name" >/dev/null
+podman stop -t 25 "$name" >/dev/null
 echo "stopped with SIGTERM, exit code $(podman inspect -f '{{.State.ExitCode}}' "$name")"
 podman logs "$name" 2>&1 | tail -n 3
