@@ -140,8 +140,9 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         max_bytes=settings.max_body_bytes,
         stall_timeout_s=settings.body_timeout_s,
         deadline_s=settings.request_timeout_s,
+        metrics=metrics,
     )
-    app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated)
+    app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated, metrics=metrics)
     add_access_control(app, settings)
     app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape
     app.add_middleware(HeadAsGet)  # a HEAD goes through every layer inside as the GET it stands for

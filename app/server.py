@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from types import FrameType
 
 import uvicorn
@@ -129,6 +130,7 @@ def serve(
         header_timeout_s=settings.header_timeout_s,
         max_header_bytes=settings.max_header_bytes,
         write_timeout_s=settings.write_timeout_s,
+        on_refused=partial(app.state.metrics.refused, "connections"),
     )
     config = uvicorn.Config(
         app,

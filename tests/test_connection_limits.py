@@ -115,7 +115,15 @@ def test_headers_over_the_cap_get_431(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def refusals(server: Server) -> float:
+    """mnemo_server_requests_rejected_total{reason="connections"}: the connections answered 503 so far."""
+    wanted = 'mnemo_server_requests_rejected_total{reason="connections"} '
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+    return next(float(line.split()[-1]) for line in lines if line.startswith(wanted))
+
+
 def test_connections_over_the_cap_are_answered_503_not_refused(server):
+    refused_before = refusals(server)
     idle = [connect(server) for _ in range(40)]
     try:
         time.sleep(0.2)
@@ -134,6 +142,7 @@ def test_connections_over_the_cap_are_answered_503_not_refused(server):
             pass
         time.sleep(0.1)
     assert httpx.get(f"{server.url}/health").status_code == 200
+    assert refusals(server) == refused_before + 1
 
 
 def test_a_client_that_never_reads_its_answer_is_disconnected(server):

@@ -51,16 +51,18 @@ def test_sigterm_answers_every_admitted_request_refuses_new_ones_and_exits_clean
             async with httpx.AsyncClient(base_url=server.url, timeout=10) as newcomer:
                 late = await newcomer.post("/knowledge-trace", json=_history(5))
                 ready = await newcomer.get("/ready")
+                metrics = (await newcomer.get("/metrics")).text
             answers = await asyncio.gather(*admitted)
-            return answers, late, ready, await asyncio.to_thread(held.finish)
+            return answers, late, ready, metrics, await asyncio.to_thread(held.finish)
 
     env = {"MNEMO_DRAIN_S": "120", "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_BODY_TIMEOUT_S": "120"}
     with running_server(COMMITTED, **env) as server:
-        answers, late, ready, (held_status, held_body) = asyncio.run(scenario(server))
+        answers, late, ready, metrics, (held_status, held_body) = asyncio.run(scenario(server))
         assert [answer.status_code for answer in answers] == [200] * IN_FLIGHT
         assert all(len(answer.json()["predictions"]) == 1000 for answer in answers)
         assert late.status_code == 503 and late.headers["retry-after"] == "1" and late.headers["connection"] == "close"
         assert ready.status_code == 503
+        assert 'mnemo_server_requests_rejected_total{reason="draining"} 1.0' in metrics.splitlines()
         assert held_status == 200 and len(json.loads(held_body)["predictions"]) == 5
         assert server.process.wait(timeout=60) == 0
     logged = [json.loads(line) for line in server.output if line.startswith("{")]

@@ -655,6 +655,7 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
             holder.close()
         time.sleep(0.5)
         assert httpx.post(f"{server.url}/toy", json=_toy(1)).status_code == 200  # the budget is given back
+        assert _metric(server.url, 'mnemo_server_requests_rejected_total{reason="bodies_in_memory"}') == 2
 
 
 def test_announced_bodies_that_do_not_arrive_take_none_of_the_in_memory_budget(tmp_path):

@@ -396,6 +396,8 @@ def test_redis_unavailable_is_a_clear_503_while_the_stateless_endpoints_serve(tm
             assert_students_unavailable_but_stateless_serve(client, redis_server.port)
             redis_server.start()  # the acknowledged interaction survived in the append-only file
             assert append(client, "comeback", history(1, seed=8)).json()["interactions"] == 2
+            metrics = client.get("/metrics").text.splitlines()
+            assert 'mnemo_server_requests_rejected_total{reason="store_unavailable"} 8.0' in metrics  # 2 x 4 above
         assert any("student state store unavailable at startup" in line for line in server.output)
         assert any(f"Redis state store 127.0.0.1:{redis_server.port}/0 failed" in line for line in server.output)
     finally:

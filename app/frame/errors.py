@@ -35,6 +35,7 @@ from starlette.types import Scope
 from app.frame.failures import TracebackBudget
 from app.frame.paths import loggable_path
 from app.frame.responses import JsonResponse
+from app.students.io import StoreBusy
 from app.students.store import StoreError, StoreUnavailable
 
 logger = logging.getLogger("mnemo.errors")
@@ -202,6 +203,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StoreError)
     async def store_error(request: Request, error: StoreError) -> JsonResponse:
         if isinstance(error, StoreUnavailable):
+            request.app.state.metrics.refused("store_busy" if isinstance(error, StoreBusy) else "store_unavailable")
             log_now, unlogged = store_outages.admit(error)
             if log_now:
                 more = f" ({unlogged} more since the last line)" if unlogged else ""

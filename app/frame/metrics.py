@@ -28,6 +28,17 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Why the server refused a request (429 or 503) before any model was chosen: mnemo_server_requests_rejected_total.
+# The refusals of a model (its queue full, its deadline, not ready) are mnemo_requests_rejected_total{model,reason}.
+SERVER_REJECT_REASONS = (
+    "bodies_in_memory",  # 429: the request bodies held at once would pass 32 MB (app/frame/middleware.py)
+    "parse_queue_full",  # 429: the bodies waiting to be parsed pass 4 MB (app/runtime/offload.py)
+    "draining",  # 503: shutting down, no new requests
+    "drain_timeout",  # 503: given up by the drain after MNEMO_DRAIN_S
+    "connections",  # 503: a connection beyond MNEMO_MAX_CONNECTIONS (app/transports/connection_guard.py)
+    "store_busy",  # the student store's calls waiting pass their limit (app/students/io.py)
+    "store_unavailable",  # 503: the student store cannot be reached or failed
+)
 
 
 class Metrics:
@@ -101,8 +112,19 @@ class Metrics:
             registry=registry,
         )
         self.rejected = Counter(
-            "mnemo_requests_rejected", "requests refused before any work", ["model", "reason"], registry=registry
+            "mnemo_requests_rejected",
+            "requests a model refused before any work (429, or 503 when it is not ready)",
+            ["model", "reason"],
+            registry=registry,
         )
+        self.server_rejected = Counter(
+            "mnemo_server_requests_rejected",
+            "requests the server refused (429 or 503) before any model was chosen",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in SERVER_REJECT_REASONS:  # every reason listed from the start, at 0
+            self.server_rejected.labels(reason)
         self.timed_out = Counter(
             "mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S", ["model"], registry=registry
         )
@@ -139,6 +161,10 @@ class Metrics:
             )
         series[0].inc()
         series[1].observe(seconds)
+
+    def refused(self, reason: str) -> None:
+        """Count a refusal made before any model was chosen (one of SERVER_REJECT_REASONS)."""
+        self.server_rejected.labels(reason).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition: this process's metrics, or every worker's added up."""

@@ -73,9 +73,11 @@ class BodySizeLimit:
         max_bytes: int,
         stall_timeout_s: float,
         deadline_s: float,
+        metrics: Metrics,
         in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
     ) -> None:
         self.app = app
+        self.metrics = metrics
         self.max_bytes = max_bytes
         self.stall_timeout_s = stall_timeout_s
         self.deadline_s = deadline_s
@@ -92,6 +94,7 @@ class BodySizeLimit:
             await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, {"Connection": "close"})
             return
         if declared_bytes and self.held_bytes and self.held_bytes + declared_bytes > self.in_memory_bytes:
+            self.metrics.refused("bodies_in_memory")
             await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})  # keep-alive: uvicorn skips the unread body
             return
         await self._read_and_call(scope, receive, send)
@@ -120,6 +123,7 @@ class BodySizeLimit:
                     await send_json(send, 413, too_large, {"Connection": "close"})
                     return
                 if self.held_bytes > self.in_memory_bytes and self.held_bytes > size:  # alone, a body may fill it
+                    self.metrics.refused("bodies_in_memory")
                     await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})
                     return
             await self.app(scope, _replay(b"".join(chunks), receive), send)
@@ -153,8 +157,9 @@ class DrainGate:
     given up by it (`Drain.give_up`), a request not yet answered gets a 503 too.
     """
 
-    def __init__(self, app: ASGIApp, drain: Drain, saturated: Callable[[], bool]) -> None:
+    def __init__(self, app: ASGIApp, drain: Drain, saturated: Callable[[], bool], metrics: Metrics) -> None:
         self.app = app
+        self.metrics = metrics
         self.drain = drain
         self.saturated = saturated
 
@@ -163,10 +168,12 @@ class DrainGate:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
+            self.metrics.refused("draining")
             detail = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
             await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
             return
         if scope["method"] == "POST" and self.saturated():
+            self.metrics.refused("parse_queue_full")
             detail = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
             await send_json(send, 429, detail, {"Retry-After": "1"})
             return
@@ -185,6 +192,7 @@ class DrainGate:
             if not self.drain.gave_up or started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
+            self.metrics.refused("drain_timeout")
             detail = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
             await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
         finally:

@@ -252,6 +252,7 @@ class ModelRegistry:
             known = ", ".join(sorted(m.name for m in candidates)) or "none"
             raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
         if not model.ready:
+            self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
         return model
 

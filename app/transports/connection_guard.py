@@ -85,6 +85,7 @@ class ConnectionLimits:
     header_timeout_s: float
     max_header_bytes: int
     write_timeout_s: float
+    on_refused: Callable[[], None] = lambda: None  # a connection answered 503 past max_connections (a metric)
 
 
 class HeadWithBody:
@@ -197,6 +198,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._held_back = bytearray()  # bytes read but not parsed while the pipeline is full
         if len(self.connections) > self.limits.max_connections:
             _refusals.note(len(self.connections) - 1)
+            self.limits.on_refused()
             few = len(self.connections) <= self.limits.max_connections + REFUSALS_LINGERING_MAX
             detail = "Too many open connections; retry later."
             self._answer_and_close(503, detail, retry_after=True, linger_s=REFUSAL_LINGER_S if few else 0)

@@ -107,7 +107,7 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
         try:
             return await offload_or_shed(len(body), validate, schema, body)
         except ParseQueueFull:
-            metrics.rejected.labels("", "cpu_busy").inc()
+            metrics.refused("parse_queue_full")
             raise
 
 
