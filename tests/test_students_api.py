@@ -3,6 +3,7 @@ dir and a redis-server started here (AOF, fsync always). Model: the committed dk
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -471,6 +472,36 @@ def test_a_stalled_store_holds_up_the_students_endpoints_only(tmp_path: Path) ->
         for n, status in enumerate(statuses):  # what each was told is what the store holds
             stored = client.get(student(f"stalled-{n}"))
             assert (stored.status_code, status) in ((200, 200), (404, 503), (404, 504)), (n, status, stored.text)
+
+
+def test_a_store_with_too_many_calls_waiting_is_429_busy_not_503_unavailable(tmp_path: Path) -> None:
+    """With 4 store calls running and 64 waiting, the next was answered 503 "the store is unavailable" while
+    the store was only slow: a busy answer the client should retry, 429, saying which limit it hit."""
+    database = tmp_path / "students.db"
+    with running_server(COMMITTED, MNEMO_STATE_URL=f"sqlite://{database}") as server, client_of(server) as client:
+        assert append(client, "warm", history(1, seed=12)).status_code == 200
+        lock = HeldWriteLock(database)  # each write now waits for it: the store's 4 threads and its queue fill
+
+        async def appends() -> list[httpx.Response]:
+            limits = httpx.Limits(max_connections=100)
+            async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as many:
+                body = {"model": MODEL, "interactions": history(1, seed=12)}
+                sent = [many.post(f"{student(f'busy-{n}')}/interactions", json=body) for n in range(90)]
+                return await asyncio.gather(*sent)
+
+        releaser = threading.Timer(2.0, lock.release)
+        releaser.start()
+        answers = asyncio.run(appends())
+        releaser.join()
+        busy = [n for n, answer in enumerate(answers) if answer.status_code == 429]
+        assert busy and {answer.status_code for answer in answers} == {200, 429}
+        for n in busy:
+            assert answers[n].headers["retry-after"] == "1"
+            assert "store is busy: 4 calls running and 64 waiting" in answers[n].json()["detail"]
+            assert client.get(student(f"busy-{n}")).status_code == 404  # refused before anything was stored
+        metrics = client.get("/metrics").text.splitlines()
+        assert f'mnemo_server_requests_rejected_total{{reason="store_busy"}} {float(len(busy))}' in metrics
+        assert 'mnemo_server_requests_rejected_total{reason="store_unavailable"} 0.0' in metrics
 
 
 def test_an_append_whose_write_started_is_answered_with_its_result_not_504(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@
   echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
 - The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
-  `Retry-After` when the database is unavailable, 409 for a model-version mismatch or lost races.
+  `Retry-After` when the database is unavailable, 429 with `Retry-After` when too many of its calls wait
+  (`app.students.io.StoreBusy`: the store is slow, not down), 409 for a model-version mismatch or lost races.
 - A method the path does not take: 405 whose `Allow` lists every method some route takes on that path
   (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
 - Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
@@ -202,8 +203,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, error: StoreError) -> JsonResponse:
+        if isinstance(error, StoreBusy):
+            request.app.state.metrics.refused("store_busy")
+            return JsonResponse({"detail": error.detail}, 429, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
         if isinstance(error, StoreUnavailable):
-            request.app.state.metrics.refused("store_busy" if isinstance(error, StoreBusy) else "store_unavailable")
+            request.app.state.metrics.refused("store_unavailable")
             log_now, unlogged = store_outages.admit(error)
             if log_now:
                 more = f" ({unlogged} more since the last line)" if unlogged else ""

@@ -4,7 +4,9 @@ A stalled database (SQLite waiting up to its busy timeout for another writer's l
 stopped answering) blocks each call for seconds. On the worker threads that parse and render requests
 (app/runtime/offload.py) that took every endpoint down with it: `/similarity` and `/knowledge-trace`
 answered 504 while the store was stalled. Here the store has `STORE_THREADS` threads of its own, and at
-most `MAX_WAITING` calls may wait for one: beyond that a call is refused at once (`StoreBusy`, 503).
+most `MAX_WAITING` calls may wait for one: beyond that a call is refused at once (`StoreBusy`: 429 with
+Retry-After, like the service's other full queues; the store is not down, and a 503 would tell a load
+balancer this replica is).
 
 Two kinds of call:
 - `read` (no side effect): a caller cancelled (deadline, client gone) stops waiting; a call that has not
@@ -24,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import ParamSpec, TypeVar
 
-from app.students.store import StoreUnavailable
+from app.students.store import StoreError
 
 STORE_THREADS = 4  # store calls wait on I/O, not on the GIL
 MAX_WAITING = 64
@@ -32,8 +34,10 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class StoreBusy(StoreUnavailable):
-    """More than MAX_WAITING store calls wait for a thread: the store is stalled or slow (503)."""
+class StoreBusy(StoreError):
+    """More than MAX_WAITING store calls wait for a thread: the store is slow or stalled (429, Retry-After)."""
+
+    status_code = 429
 
 
 class StoreCalls:
@@ -41,6 +45,7 @@ class StoreCalls:
 
     def __init__(self, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-io")
+        self._threads, self._max_waiting = threads, max_waiting
         self._limit = threads + max_waiting
         self._pending = 0
         self._lock = threading.Lock()
@@ -70,7 +75,10 @@ class StoreCalls:
     def _submit(self, call: Callable[[], T]) -> Future[T]:
         with self._lock:
             if self._pending >= self._limit:
-                raise StoreBusy(f"{self._pending} calls are already waiting for it")
+                raise StoreBusy(
+                    f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
+                    "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
+                )
             self._pending += 1
         job = self._executor.submit(call)
         job.add_done_callback(self._finished)

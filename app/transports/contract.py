@@ -28,6 +28,8 @@ PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
 SERVER_READINESS_REF = "#/components/schemas/ServerReadiness"
 PROTOCOL_PREFIX = "/v2"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
+# the /students operations: their store calls may be refused with 429 (too many waiting, app/students/io.py)
+STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}
 
 
 class ErrorBody(BaseModel):
@@ -106,7 +108,7 @@ DESCRIPTIONS = {
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
     "415": "Content-Type is not application/json (task endpoints), or the body is compressed (Content-Encoding)",
     "422": "Invalid input; each error names the field and the rule",
-    "429": "The model's queue is full; retry after Retry-After seconds",
+    "429": "A queue is full (the model's, the server's, or the student store's calls); retry after Retry-After seconds",
     "503": "Not ready: models loading, the model not loaded, the server draining or out of connections",
     "504": "The request did not complete within MNEMO_REQUEST_TIMEOUT_S",
 }
@@ -129,6 +131,8 @@ def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
         statuses.append("404")
     if operation.get("operationId") in STATEFUL_OPERATIONS:
         statuses.append("409")
+    if operation.get("operationId") in STORE_OPERATIONS and "429" not in statuses:
+        statuses.append("429")
     return {status: (VALIDATION_REF if status == "422" else ERROR_REF,) for status in statuses}
 
 
