@@ -106,7 +106,8 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "mnemo_queue_wait_seconds",
-            "time a row waited from submission to the start of its run",
+            "time a queue item (a request's rows, or a part of at most MNEMO_MAX_BATCH of them) waited from "
+            "submission to the start of its run",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
