@@ -24,7 +24,7 @@ from app.frame.failures import CatchUnexpected
 from app.frame.logging import configure_logging, write_out_logs
 from app.frame.loop_lag import LoopLag
 from app.frame.metrics import Metrics
-from app.frame.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext
+from app.frame.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext, SingleHeaders
 from app.frame.registry import ModelLoadError, ModelRegistry
 from app.frame.settings import Settings
 from app.frame.tasks import Task
@@ -144,6 +144,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     )
     app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated, metrics=metrics)
     add_access_control(app, settings)
+    app.add_middleware(SingleHeaders)  # before CORS, the API-key check and every other reader of these headers
     app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape
     app.add_middleware(HeadAsGet)  # a HEAD goes through every layer inside as the GET it stands for
     app.add_middleware(RequestContext, metrics=metrics)

@@ -152,3 +152,31 @@ def test_a_keys_file_without_keys_stops_startup_with_one_line(tmp_path):
     )
     assert result.returncode == 1
     assert "MNEMO_API_KEYS_FILE" in result.stderr and "holds no API key" in result.stderr
+
+
+@pytest.mark.parametrize("order", [("wrong", KEYS[0]), (KEYS[0], "wrong"), (KEYS[0], KEYS[0])])
+def test_a_repeated_authorization_header_is_a_400_naming_it(server, order):
+    """A proxy checking the first copy and the server the last would see different keys: neither is taken."""
+    headers = [("Authorization", f"Bearer {key}") for key in order]
+    for path in ("/models", "/similarity"):
+        response = httpx.post(f"{server.url}{path}", headers=headers, json={})
+        assert response.status_code == 400, (path, response.text)
+        assert "Authorization" in response.json()["detail"] and "www-authenticate" not in response.headers
+    protocol = httpx.post(f"{server.url}/v2/models/x/infer", headers=headers, json={})
+    assert protocol.status_code == 400 and "Authorization" in protocol.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "name", ["Content-Type", "Content-Encoding", "X-Request-ID", "Inference-Header-Content-Length"]
+)
+def test_other_headers_read_as_one_value_may_not_be_repeated(server, name):
+    values = {
+        "Content-Type": ("application/json", "text/plain"),
+        "Content-Encoding": ("identity", "gzip"),
+        "X-Request-ID": ("first-id", "second-id"),
+        "Inference-Header-Content-Length": ("2", "0"),
+    }[name]
+    headers = [*bearer(KEYS[0]).items(), *((name, value) for value in values)]
+    response = httpx.post(f"{server.url}/similarity", headers=headers, content=b"{}")
+    assert response.status_code == 400 and name in response.json()["detail"], response.text
+    assert response.headers["x-request-id"] not in values and response.headers["x-content-type-options"] == "nosniff"

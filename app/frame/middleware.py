@@ -199,6 +199,45 @@ class DrainGate:
             self.drain.leave(task)
 
 
+# Headers read as one value: a second copy (which a proxy may read instead of ours: Starlette reads the first, a dict
+# of the headers the last) is refused with 400 before anything else reads them. RFC 9110 section 5.3 allows
+# repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length the same way.
+SINGLE_HEADERS = {
+    b"authorization": "Authorization",
+    b"content-type": "Content-Type",
+    b"content-encoding": "Content-Encoding",
+    b"content-length": "Content-Length",
+    REQUEST_ID_HEADER: "X-Request-ID",
+    b"inference-header-content-length": "Inference-Header-Content-Length",
+}
+
+
+def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The name of the first header of SINGLE_HEADERS that the request sends more than once, else None."""
+    seen: set[bytes] = set()
+    for name, _ in headers:
+        if name in SINGLE_HEADERS:
+            if name in seen:
+                return SINGLE_HEADERS[name]
+            seen.add(name)
+    return None
+
+
+class SingleHeaders:
+    """400 naming the header when a request repeats one that is read as a single value (SINGLE_HEADERS)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = repeated_header(scope["headers"]) if scope["type"] == "http" else None
+        if name is None:
+            await self.app(scope, receive, send)
+            return
+        detail = f"The header {name} was sent more than once; send it once."
+        await send_json(send, 400, {"detail": detail})
+
+
 class HeadAsGet:
     """HEAD on any path is answered as GET without the body (RFC 9110: a server that serves GET serves HEAD):
     the same status and headers, Content-Length included. The access line and metrics say HEAD."""
@@ -269,8 +308,9 @@ class RequestContext:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER, b"")
-        request_id = incoming.decode() if REQUEST_ID.fullmatch(incoming) else os.urandom(16).hex()
+        incoming = [value for name, value in scope["headers"] if name == REQUEST_ID_HEADER]
+        kept = len(incoming) == 1 and REQUEST_ID.fullmatch(incoming[0])  # two ids (refused with 400): neither
+        request_id = incoming[0].decode() if kept else os.urandom(16).hex()
         started = scope.get(RECEIVED_AT) or time.perf_counter()
         request_arrival.set(started)
         request_connected.set(scope.get(CLIENT_CONNECTED))
