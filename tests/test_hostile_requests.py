@@ -290,3 +290,47 @@ def test_a_malformed_request_is_a_json_400_with_a_request_id(server, request_byt
     assert re.search(rb"(?im)^x-content-type-options: nosniff\r?$", head), head
     assert "Malformed HTTP request" in json.loads(body)["detail"]
     assert_alive(server)
+
+
+KT_TENSOR = {"name": "questions", "shape": [1, 1], "datatype": "INT64", "data": [1]}
+JSON_BODIES = [  # (path, a valid UTF-8 JSON body)
+    ("/similarity", json.dumps(PAIR).encode()),
+    ("/knowledge-trace", json.dumps(HISTORY).encode()),
+    ("/students/learner-charset/interactions", json.dumps(HISTORY).encode()),
+    (KT_INFER, infer(KT_TENSOR)),
+]
+NOT_UTF8 = [  # (how the body is re-encoded, the words the 415 must hold)
+    (lambda body: b"\xef\xbb\xbf" + body, "byte order mark"),
+    (lambda body: body.decode().encode("utf-16"), "byte order mark"),  # BOM + UTF-16LE
+    (lambda body: body.decode().encode("utf-16-le"), "UTF-16 or UTF-32"),
+    (lambda body: body.decode().encode("utf-16-be"), "UTF-16 or UTF-32"),
+    (lambda body: body.decode().encode("utf-32-le"), "UTF-16 or UTF-32"),
+    (lambda body: body.decode().encode("utf-32-be"), "UTF-16 or UTF-32"),
+]
+
+
+def error_text(answer: bytes) -> str:
+    payload = json.loads(answer.partition(b"\r\n\r\n")[2])
+    return payload["error"] if "error" in payload else payload["detail"]  # /v2 answers in its protocol's shape
+
+
+@pytest.mark.parametrize(("path", "body"), JSON_BODIES, ids=lambda value: repr(value)[:30])
+@pytest.mark.parametrize(("encode", "words"), NOT_UTF8)
+def test_a_body_not_in_utf8_or_with_a_bom_is_415_saying_so(server, path, body, encode, words):
+    answer = post_raw_json(server, path, encode(body))
+    assert status_of(answer) == 415, answer[-300:]
+    assert words in error_text(answer) and "UTF-8 JSON" in error_text(answer), answer[-300:]
+
+
+@pytest.mark.parametrize(("path", "body"), JSON_BODIES, ids=lambda value: repr(value)[:30])
+@pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", "utf-16", '"UTF-32"'])
+def test_a_declared_charset_other_than_utf8_is_415(server, path, body, charset):
+    answer = post_raw_json(server, path, body, f"application/json; charset={charset}")
+    assert status_of(answer) == 415, answer[-300:]
+    assert charset.strip('"').lower() in error_text(answer) and "UTF-8 JSON" in error_text(answer)
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8", '"utf-8"'])
+def test_utf8_may_be_declared_in_any_spelling(server, charset):
+    answer = post_raw_json(server, "/similarity", json.dumps(PAIR).encode(), f"application/json;charset={charset}")
+    assert status_of(answer) == 200, answer[-300:]

@@ -6,11 +6,11 @@ Which errors an operation documents follows what the service can answer there:
   models loading, too many connections); 401 when API keys are on and the path is not open;
 - an operation with parameters or a body: 422;
 - an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that
-  stalls), 415 (another content type, a compressed body), 429 (queue full), 504 (deadline); one with a
+  stalls), 415 (another content type, a compressed body, not UTF-8), 429 (queue full), 504 (deadline); one with a
   model named in its path: 404;
 - a /students operation that reads a stored state: 409 (a state of another model version, or a lost race);
 - the Open Inference Protocol (/v2): its own `{"error": ...}` body for every error (400 bad tensors, 401, 404,
-  408, 413, 415 a compressed body, 429, 503, 504), the middlewares' answers included
+  408, 413, 415 a compressed body or not UTF-8, 429, 503, 504), the middlewares' answers included
   (app/transports/oip/error_shape.py).
 """
 
@@ -106,7 +106,10 @@ DESCRIPTIONS = {
     "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S)",
     "409": "The stored state belongs to another version of the model (delete the student and replay), or a lost race",
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
-    "415": "Content-Type is not application/json (task endpoints), or the body is compressed (Content-Encoding)",
+    "415": (
+        "Content-Type is not application/json (task endpoints), the body is compressed (Content-Encoding), or it is "
+        "not UTF-8 (a declared charset, a byte order mark, UTF-16/32)"
+    ),
     "422": "Invalid input; each error names the field and the rule",
     "429": "A queue is full (the model's, the server's, or the student store's calls); retry after Retry-After seconds",
     "503": "Not ready: models loading, the model not loaded, the server draining or out of connections",

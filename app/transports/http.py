@@ -1,10 +1,11 @@
 """What every task route does around its service: read the body off the loop, admit, deadline, disconnect.
 
 - `read_body(request, Schema, task)`: the JSON body validated by pydantic (small bodies inline, large ones
-  on a worker thread); a non-JSON content type or a compressed body is 415; errors are the service's bounded
-  422. A large body holds, while it is parsed, the room its size predicts in the model it names, and is
-  refused (429) before parsing when there is none: under overload the worker threads then parse only requests
-  that will run, and the event loop keeps its share of the GIL.
+  on a worker thread); a non-JSON content type, a compressed body or one not in UTF-8 (a declared charset, a
+  byte order mark, UTF-16/32) is 415; errors are the service's bounded 422. A large body holds, while it is
+  parsed, the room its size predicts in the model it names, and is refused (429) before parsing when there is
+  none: under overload the worker threads then parse only requests that will run, and the event loop keeps its
+  share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S, or
   a shorter one the client asked for, counted from arrival) passes (504), or the client disconnects (499,
   nothing is sent); in the last two cases the work is cancelled, which drops its rows that have not
@@ -42,6 +43,8 @@ DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
 MODEL_VALUE = re.compile(rb'\s*:\s*(null|"[A-Za-z0-9._-]{1,64}")')
+UTF8_NAMES = frozenset({"utf-8", "utf8"})
+UTF8_ONLY = "request bodies must be UTF-8 JSON without a byte order mark (RFC 8259)"
 Body = TypeVar("Body", bound=BaseModel)
 T = TypeVar("T")
 
@@ -80,6 +83,24 @@ def json_content_type(request: Request) -> bool:
     return media_type == "application/json" or media_type.endswith("+json")
 
 
+def check_declared_charset(request: Request) -> None:
+    """A Content-Type declaring a charset other than UTF-8 (`charset=latin-1`, `utf-16`) is 415."""
+    for parameter in request.headers.get("content-type", "").split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in UTF8_NAMES:
+            raise UnsupportedMediaType(f"charset {charset[:32]!r} is not supported: {UTF8_ONLY}.")
+
+
+def check_utf8_body(body: bytes) -> None:
+    """A body starting with a byte order mark, or in UTF-16/32 (a NUL among its first bytes: never in UTF-8 JSON,
+    whose first two characters are ASCII), is 415 saying so, not a 422 "invalid JSON at column 1"."""
+    if body.startswith(b"\xef\xbb\xbf"):
+        raise UnsupportedMediaType(f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
+    if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:4]:
+        raise UnsupportedMediaType(f"The body is in UTF-16 or UTF-32: {UTF8_ONLY}.")
+
+
 def validate(schema: type[Body], body: bytes) -> Body:
     """Parse and validate; a failure carries its bounded 422 payload, built here rather than on the loop."""
     try:
@@ -96,8 +117,10 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
     """
     if not json_content_type(request):
         raise UnsupportedMediaType("Content-Type must be application/json.")
+    check_declared_charset(request)
     check_identity_encoding(request)
     body = await request.body()
+    check_utf8_body(body)
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
     request_body_bytes.set(len(body))

@@ -28,7 +28,13 @@ from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
 from app.runtime.collate import Feeds
 from app.runtime.offload import offload
-from app.transports.http import check_identity_encoding, complete, json_body
+from app.transports.http import (
+    check_declared_charset,
+    check_identity_encoding,
+    check_utf8_body,
+    complete,
+    json_body,
+)
 from app.transports.oip import knowledge_trace, similarity
 from app.transports.oip.parameters import check_parameters
 from app.transports.oip.schemas import (
@@ -196,8 +202,10 @@ async def _model_ready(request: Request, name: str, version: str | None) -> Json
 @_protocol_errors
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     model, adapter = _model(request, name, version)
+    check_declared_charset(request)
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
+    check_utf8_body(body)
     try:
         parsed = (
             InferenceRequest.model_validate_json(body)
