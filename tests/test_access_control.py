@@ -131,6 +131,22 @@ def test_cors_refuses_other_origins(server):
     assert preflight.status_code == 400 and "access-control-allow-origin" not in preflight.headers
 
 
+@pytest.mark.parametrize(
+    ("path", "method", "refused"),
+    [("/similarity", "POST", "origin"), ("/v2/models/x/infer", "POST", "origin"), ("/models", "PUT", "method")],
+)
+def test_a_refused_preflight_is_json_with_a_request_id(server, path, method, refused):
+    origin = "https://evil.example" if refused == "origin" else ORIGIN
+    preflight = httpx.options(
+        f"{server.url}{path}", headers={"Origin": origin, "Access-Control-Request-Method": method}
+    )
+    assert preflight.status_code == 400 and preflight.headers["content-type"] == "application/json"
+    assert len(preflight.headers["x-request-id"]) == 32 and preflight.headers["x-content-type-options"] == "nosniff"
+    payload = preflight.json()
+    message = payload["error"] if path.startswith("/v2") else payload["detail"]  # /v2 answers in its own shape
+    assert f"Disallowed CORS {refused}" in message and "MNEMO_CORS_ORIGINS" in message
+
+
 def test_without_keys_nothing_asks_for_one(tmp_path):
     with running_server(write_empty_manifest(tmp_path / "artifacts")) as live:
         assert httpx.get(f"{live.url}/models").status_code == 200

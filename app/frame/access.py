@@ -5,17 +5,21 @@
   explorer page's static files (GET /, /explorer/...: no data, its API calls need the key) needs
   `Authorization: Bearer <key>`; anything else is a 401 with `WWW-Authenticate: Bearer`. A presented
   key is compared with every configured key in constant time. Keys are never logged.
-- MNEMO_CORS_ORIGINS (comma-separated, `*` for any) turns on Starlette's CORS middleware.
+- MNEMO_CORS_ORIGINS (comma-separated, `*` for any) turns on Starlette's CORS middleware; a preflight it refuses
+  is answered in the service's JSON shape (`{"detail": ...}`), not its plain text.
 """
 
 from __future__ import annotations
 
 import hmac
 
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.frame.middleware import send_json
+from app.frame.responses import JsonResponse
 from app.frame.settings import Settings, read_keys_file
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -89,6 +93,18 @@ def _bearer_token(header: bytes) -> bytes | None:
     return token.strip()
 
 
+class JsonCors(CORSMiddleware):
+    """Starlette's CORS, with a refused preflight answered `{"detail": "Disallowed CORS origin"}` as JSON."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        kept = {key: value for key, value in response.headers.items() if key not in ("content-type", "content-length")}
+        detail = f"{response.body.decode()}: the CORS policy (MNEMO_CORS_ORIGINS) does not allow this request."
+        return JsonResponse({"detail": detail}, response.status_code, headers=kept)
+
+
 def add_access_control(app, settings: Settings) -> None:
     """Install the API-key check (if keys are configured) and CORS (if origins are), CORS outermost."""
     keys = api_keys(settings)
@@ -97,7 +113,7 @@ def add_access_control(app, settings: Settings) -> None:
     origins = split_list(settings.cors_origins)
     if origins:
         app.add_middleware(
-            CORSMiddleware,
+            JsonCors,
             allow_origins=origins,
             allow_methods=["GET", "HEAD", "POST", "DELETE"],  # DELETE /students/{id} from a browser app too
             allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
