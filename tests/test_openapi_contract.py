@@ -159,7 +159,9 @@ def test_labels_are_enums_and_bounds_are_declared(schema):
 def test_a_method_the_path_does_not_take_is_405_listing_every_method_of_the_path(server):
     response = httpx.request("OPTIONS", f"{server.url}/students/learner-9")
     assert response.status_code == 405
-    assert set(response.headers["allow"].split(", ")) == {"DELETE", "GET"}  # two routes share the path
+    assert set(response.headers["allow"].split(", ")) == {"DELETE", "GET", "HEAD"}  # two routes share the path
+    listing = httpx.post(f"{server.url}/models")  # a FastAPI GET route: HEAD is answered there too (HeadAsGet)
+    assert listing.status_code == 405 and listing.headers["allow"] == "GET, HEAD"
     health = httpx.request("PUT", f"{server.url}/health")
     assert health.status_code == 405 and set(health.headers["allow"].split(", ")) == {"GET", "HEAD"}
     task = httpx.get(f"{server.url}/knowledge-trace")  # a route dispatched directly for POST only

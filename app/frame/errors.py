@@ -175,16 +175,19 @@ def ort_message(error: Exception) -> str:
 
 
 def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
-    """The `Allow` header for the scope's path: every method that some route takes there (mounts left out)."""
-    allowed = [
+    """The `Allow` header for the scope's path: every method that some route takes there (mounts left out),
+    and HEAD wherever GET is (HeadAsGet answers it, though FastAPI's GET routes do not declare it)."""
+    allowed = {
         method
         for method in HTTP_METHODS
         if any(
             not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] == Match.FULL
             for route in routes
         )
-    ]
-    return ", ".join(allowed) or None
+    }
+    if "GET" in allowed:
+        allowed.add("HEAD")
+    return ", ".join(method for method in HTTP_METHODS if method in allowed) or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
