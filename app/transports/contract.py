@@ -2,8 +2,9 @@
 the error bodies on every operation, and the Bearer security scheme when API keys are on.
 
 Which errors an operation documents follows what the service can answer there:
-- every operation: 413 (a body over MNEMO_MAX_BODY_BYTES, whatever the method) and 503 (draining,
-  models loading, too many connections); 401 when API keys are on and the path is not open;
+- every operation: 400 (malformed HTTP framing, or a header that must appear once sent twice), 413 (a body
+  over MNEMO_MAX_BODY_BYTES, whatever the method) and 503 (draining, models loading, too many connections);
+  401 when API keys are on and the path is not open;
 - an operation with parameters or a body: 422;
 - an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that
   stalls), 415 (another content type, a compressed body, not UTF-8), 429 (queue full), 504 (deadline); one with a
@@ -100,7 +101,11 @@ class ModelList(BaseModel):
 
 CONTRACT_MODELS = (ErrorBody, ValidationErrorBody, Health, Readiness, ModelInfo, ModelList, ProtocolErrorBody)
 DESCRIPTIONS = {
-    "400": "Tensors the model does not take (name, datatype, shape or values); the message names the input",
+    "400": (
+        "A malformed request: HTTP framing the parser refuses, or a header that must appear once (Authorization, "
+        "Content-Type, Content-Encoding, X-Request-ID, ...) sent twice; on /v2 also tensors the model does not take "
+        "(name, datatype, shape or values; the message names the input)"
+    ),
     "401": "No API key, or an unknown one (only when MNEMO_API_KEYS is set)",
     "404": "Unknown model; the message lists the models that exist",
     "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S)",
@@ -125,7 +130,7 @@ def _error(status: str, references: tuple[str, ...]) -> dict[str, Any]:
 def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """The errors of a task, /students or operations endpoint, all in the service's own error bodies."""
     has_body = "requestBody" in operation
-    statuses = ["413", "503"]
+    statuses = ["400", "413", "503"]
     if has_body or operation.get("parameters"):
         statuses.append("422")
     if has_body:
@@ -142,14 +147,13 @@ def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """The errors of an Open Inference Protocol endpoint, all in the protocol's body. No 422: the routes read
     their path and body themselves (400)."""
-    statuses: dict[str, tuple[str, ...]] = {"413": (PROTOCOL_REF,), "503": (PROTOCOL_REF,)}
+    statuses: dict[str, tuple[str, ...]] = {"400": (PROTOCOL_REF,), "413": (PROTOCOL_REF,), "503": (PROTOCOL_REF,)}
     if operation.get("operationId") == "oip_ready":
         statuses["503"] = (SERVER_READINESS_REF,)  # {"ready": false}; the drain gate lets this path through
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
         statuses["404"] = (PROTOCOL_REF,)
     if "requestBody" in operation:
         statuses |= {
-            "400": (PROTOCOL_REF,),
             "408": (PROTOCOL_REF,),
             "415": (PROTOCOL_REF,),
             "429": (PROTOCOL_REF,),
