@@ -35,7 +35,7 @@ from app.tasks.knowledge_trace import service as kt_service
 from app.tasks.similarity import service as sim_service
 from tests.conftest import COMMITTED, SIM_MODEL
 from tests.helpers import running_server
-from tests.toy_model import build_slow_onnx, toy_entry, write_toy_artifacts
+from tests.toy_model import PICKY_KS, build_slow_onnx, toy_entry, write_toy_artifacts
 
 
 class RecordedRuns:
@@ -519,11 +519,16 @@ def _metric(url: str, line_start: str) -> float:
     return 0.0
 
 
-async def _until_admitted(url: str, rows: int) -> None:
-    """Wait (at most 30 s) until the toy model holds `rows` admitted rows: the slow request has arrived."""
+async def _until(url: str, line_start: str, value: float) -> None:
+    """Wait (at most 30 s) until the metric line starting with `line_start` reaches `value`."""
     deadline = time.monotonic() + 30
-    while _metric(url, 'mnemo_admitted_rows{model="toy-a"}') < rows and time.monotonic() < deadline:
+    while _metric(url, line_start) < value and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
+
+
+async def _until_admitted(url: str, rows: int) -> None:
+    """Wait until the toy model holds `rows` admitted rows: the slow request has arrived."""
+    await _until(url, 'mnemo_admitted_rows{model="toy-a"}', rows)
 
 
 def _toy(spin: int) -> dict:
@@ -585,9 +590,40 @@ def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs
         slow, queued = asyncio.run(scenario(server.url))
         assert slow.status_code == 504 and queued.status_code == 504
         assert "MNEMO_REQUEST_TIMEOUT_S" in queued.json()["detail"]
+        asyncio.run(_until(server.url, 'mnemo_inference_duration_seconds_count{model="toy-a"}', 1))  # slow run done
         time.sleep(0.5)
         assert _metric(server.url, 'mnemo_requests_timed_out_total{model="toy-a"}') == 2
         assert _metric(server.url, 'mnemo_batch_size_rows_count{model="toy-a"}') == 1  # only the slow run ran
+
+
+def test_a_batch_that_fails_in_onnxruntime_fails_only_its_bad_request_and_each_run_is_counted_once(tmp_path):
+    """Three requests queue for toy-b (the picky graph) while toy-a's slow run holds the only run slot, so
+    they run as one batch; the middle one's k fails that run, so each is rerun alone (the batcher's `_isolate`):
+    the good ones get 200, the bad one 422, and the batch-size and inference histograms count the same runs."""
+    entries = [toy_entry("toy-a", default=True), toy_entry("toy-b")]
+    artifacts = write_toy_artifacts(tmp_path / "picky", entries, slow=True, picky=["toy-b"])
+
+    async def scenario(url):
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            slow = asyncio.create_task(client.post("/toy", json=_toy(slow_spin())))
+            await _until_admitted(url, 1)
+            bodies = [{"model": "toy-b", "x": [[1, 2, 3]], "k": [k]} for k in (1, PICKY_KS, 2)]
+            answers = [asyncio.create_task(client.post("/toy", json=body)) for body in bodies]
+            await _until(url, 'mnemo_queue_depth{model="toy-b"}', 3)
+            slot_held = _metric(url, 'mnemo_inference_duration_seconds_count{model="toy-a"}') == 0
+            return slot_held, await slow, await asyncio.gather(*answers)
+
+    with running_server(artifacts, [sys.executable, "-m", "tests.toy_server"], MNEMO_CONCURRENT_RUNS="1") as server:
+        slot_held, slow, (first, bad, last) = asyncio.run(scenario(server.url))
+        assert slot_held  # all three were queued before the slow run ended: they ran as one batch
+        assert slow.status_code == 200
+        assert (first.status_code, first.json()["z"]) == (200, [2])
+        assert (last.status_code, last.json()["z"]) == (200, [3])
+        assert bad.status_code == 422 and "out of data bounds" in bad.json()["detail"][0]["msg"]
+        runs = _metric(server.url, 'mnemo_inference_duration_seconds_count{model="toy-b"}')
+        assert runs == 2  # the two good requests, each rerun alone; the failed batch and the bad one never completed
+        assert _metric(server.url, 'mnemo_batch_size_rows_count{model="toy-b"}') == runs
+        assert _metric(server.url, 'mnemo_batch_size_rows_sum{model="toy-b"}') == 2
 
 
 def test_a_client_that_disconnects_cancels_its_queued_work(tmp_path):

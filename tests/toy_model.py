@@ -7,11 +7,14 @@ models: real onnxruntime sessions, real manifests with real sha256, the real app
 - `toy` graph: y = x * 2 (x float [batch, 3]) and z = k + 1 (k integer [batch]).
 - `slow` graph: the same, plus a Loop of `spin[0]` 128x128 matrix products before y, so a test can
   make one ONNX run take a chosen time (each iteration is tens of microseconds).
+- `picky` graph: the toy graph whose z = k + 1 is looked up in a table of PICKY_KS entries (a Gather), so a
+  run with a k of PICKY_KS or more fails in onnxruntime itself, with the rows of other requests beside it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -33,6 +36,7 @@ WIDTH = 3  # x is [batch, WIDTH]; the width is fixed, so a wrong width is reject
 TOY_TASK = "toy"
 OTHER_TASK = "toy-other"
 SPIN_SIZE = 128
+PICKY_KS = 8  # the picky graph answers k = 0..7; a larger k fails its run (InvalidArgument: out of bounds)
 
 
 def _save(graph: onnx.GraphProto, path: Path) -> Path:
@@ -60,6 +64,27 @@ def build_toy_onnx(path: Path, int_type: int = TensorProto.INT64) -> Path:
         initializer=[
             helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
             helper.make_tensor("one", int_type, [], [1]),
+        ],
+    )
+    return _save(graph, path)
+
+
+def build_picky_onnx(path: Path) -> Path:
+    """The toy graph with z = table[k] (table[k] = k + 1 for k < PICKY_KS): a larger k fails the run."""
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Gather", ["table", "k"], ["z"], axis=0)],
+        "picky",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH]),
+            helper.make_tensor_value_info("k", TensorProto.INT64, ["batch"]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH]),
+            helper.make_tensor_value_info("z", TensorProto.INT64, ["batch"]),
+        ],
+        initializer=[
+            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+            helper.make_tensor("table", TensorProto.INT64, [PICKY_KS], range(1, PICKY_KS + 1)),
         ],
     )
     return _save(graph, path)
@@ -134,12 +159,19 @@ def toy_entry(name: str, task: str = TOY_TASK, default: bool = False, **extra) -
 
 
 def write_toy_artifacts(
-    directory: Path, entries: list[dict], int_type: int = TensorProto.INT64, slow: bool = False
+    directory: Path,
+    entries: list[dict],
+    int_type: int = TensorProto.INT64,
+    slow: bool = False,
+    picky: Collection[str] = (),
 ) -> Path:
-    """Build each entry's ONNX file and asset and list them with their real sha256 (export.manifest)."""
+    """Build each entry's ONNX file and asset and list them with their real sha256 (export.manifest); the
+    entries named in `picky` get the picky graph."""
     directory.mkdir(parents=True, exist_ok=True)
     for entry in entries:
-        if slow:
+        if entry["name"] in picky:
+            build_picky_onnx(directory / entry["file"])
+        elif slow:
             build_slow_onnx(directory / entry["file"])
         else:
             build_toy_onnx(directory / entry["file"], int_type)

@@ -86,7 +86,7 @@ class Metrics:
         )
         self.inference = Histogram(
             "mnemo_inference_duration_seconds",
-            "ONNX Runtime time per run",
+            "ONNX Runtime time per completed run",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -102,7 +102,11 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self.batch_size = Histogram(
-            "mnemo_batch_size_rows", "rows per ONNX run", ["model"], buckets=BATCH_BUCKETS, registry=registry
+            "mnemo_batch_size_rows",
+            "rows per completed ONNX run (the runs mnemo_inference_duration_seconds times)",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=registry,
         )
         self.queue_wait = Histogram(
             "mnemo_queue_wait_seconds",

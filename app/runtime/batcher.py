@@ -471,8 +471,6 @@ class ModelBatcher:
         started = time.perf_counter()
         for item in batch:
             self._queue_wait.observe(started - item.enqueued)
-        if batch[0].chain is None:  # a chain observes each of its runs (`_run_chunk`)
-            self._batch_size.observe(sum(item.rows for item in batch))
         loop = asyncio.get_running_loop()
         try:
             try:
@@ -532,8 +530,9 @@ class ModelBatcher:
 
     def _run_chunk(self, feeds: Feeds) -> Feeds:
         """One run of a chain's chunk (one row), counted in the batch-size metric like any run."""
+        outputs = self._run_graph(feeds)
         self._batch_size.observe(1)
-        return self._run_graph(feeds)
+        return outputs
 
     async def _isolate(self, batch: list[_Item]) -> list[Feeds | BaseException]:
         """A failed batch is rerun item by item, so one bad input fails only its own request."""
@@ -560,6 +559,7 @@ class ModelBatcher:
         started = time.perf_counter()
         outputs = self._run_graph(feeds)
         seconds = time.perf_counter() - started
+        self._batch_size.observe(sum(item.rows for item in batch))  # every completed run, `_isolate` reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
         return kept, seconds, _padded_cells(batch)
