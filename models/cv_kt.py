@@ -2,7 +2,8 @@
 
     python -m models.cv_kt --out runs/kt/statics-n10-cv -- --dataset statics --memory-size 10
 
-Everything after `--` goes to `models.train_kt` unchanged. Trains folds 1..5 (each in `<out>/foldK`,
+Everything after `--` goes to `models.train_kt` unchanged, except what cv_kt sets for each fold itself
+(`--fold`, `--out`, `--resume`, `--overwrite`, `--refit-full`: refused there). Trains folds 1..5 (each in `<out>/foldK`,
 resumable; finished folds are read back, not retrained), writes `<out>/cv.json` with each fold's best
 validation AUC and epoch and their mean and spread. With `--refit`, the fold whose best epoch is the
 median is resumed with `--refit-full` (once; a finished refit is read back): the model is retrained on

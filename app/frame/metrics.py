@@ -36,7 +36,7 @@ SERVER_REJECT_REASONS = (
     "draining",  # 503: shutting down, no new requests
     "drain_timeout",  # 503: given up by the drain after MNEMO_DRAIN_S
     "connections",  # 503: a connection beyond MNEMO_MAX_CONNECTIONS (app/transports/connection_guard.py)
-    "store_busy",  # the student store's calls waiting pass their limit (app/students/io.py)
+    "store_busy",  # 429: the student store's calls waiting pass their limit (app/students/io.py)
     "store_unavailable",  # 503: the student store cannot be reached or failed
 )
 

@@ -1,4 +1,6 @@
-"""Request plumbing: request id, access line and metrics; the drain gate; the body-size limit (413)."""
+"""Request plumbing: request id, access line and metrics; the drain gate; the request body's limits (413 over
+MNEMO_MAX_BODY_BYTES, 408 stalled or not in by the deadline, 429 past the bodies held in memory); 400 for a
+repeated single-valued header; HEAD answered as GET."""
 
 from __future__ import annotations
 

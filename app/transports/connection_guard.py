@@ -35,7 +35,8 @@ This protocol adds, per connection:
   leave unread bytes in the socket, so the kernel would answer the client with a reset, and a client that writes its
   whole request before it reads (urllib, raw sockets) would get "connection reset" instead of the answer.
 
-A stalled request body is the app's concern (`BodySizeLimit`, MNEMO_BODY_TIMEOUT_S, 408).
+A stalled request body, or one not complete by the request's deadline, is the app's concern (`BodySizeLimit`,
+MNEMO_BODY_TIMEOUT_S and MNEMO_REQUEST_TIMEOUT_S, 408).
 """
 
 from __future__ import annotations

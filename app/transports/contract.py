@@ -3,16 +3,17 @@ the error bodies on every operation, and the Bearer security scheme when API key
 
 Which errors an operation documents follows what the service can answer there:
 - every operation: 400 (malformed HTTP framing, or a header that must appear once sent twice), 413 (a body
-  over MNEMO_MAX_BODY_BYTES, whatever the method) and 503 (draining, models loading, too many connections);
-  401 when API keys are on and the path is not open;
+  over MNEMO_MAX_BODY_BYTES, whatever the method) and 503 (draining, models loading, too many connections; on
+  /students also the state store unavailable); 401 when API keys are on and the path is not open;
 - an operation with parameters or a body: 422;
-- an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that
-  stalls), 415 (another content type, a compressed body, not UTF-8), 429 (queue full), 504 (deadline); one with a
-  model named in its path: 404;
+- an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that stalls or is
+  not complete by the request's deadline), 415 (another content type, a compressed body, not UTF-8), 429
+  (queue full), 504 (deadline); one with a model named in its path: 404;
 - a /students operation that reads a stored state: 409 (a state of another model version, or a lost race);
-- the Open Inference Protocol (/v2): its own `{"error": ...}` body for every error (400 bad tensors, 401, 404,
-  408, 413, 415 a compressed body or not UTF-8, 429, 503, 504), the middlewares' answers included
-  (app/transports/oip/error_shape.py).
+  every /students operation: 429 (the store's calls are all taken: the store is busy);
+- the Open Inference Protocol (/v2): its own `{"error": ...}` body for every error (400 bad tensors or
+  parameters, 401, 404, 408, 413, 415 a compressed body or not UTF-8, 429, 503, 504), the middlewares'
+  answers included (app/transports/oip/error_shape.py).
 """
 
 from __future__ import annotations
@@ -104,11 +105,15 @@ DESCRIPTIONS = {
     "400": (
         "A malformed request: HTTP framing the parser refuses, or a header that must appear once (Authorization, "
         "Content-Type, Content-Encoding, X-Request-ID, ...) sent twice; on /v2 also tensors the model does not take "
-        "(name, datatype, shape or values; the message names the input)"
+        "(name, datatype, shape or values; the message names the input), a parameter it refuses (named) or an "
+        "output requested twice"
     ),
     "401": "No API key, or an unknown one (only when MNEMO_API_KEYS is set)",
     "404": "Unknown model; the message lists the models that exist",
-    "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S)",
+    "408": (
+        "The request body stalled (MNEMO_BODY_TIMEOUT_S) or was not complete by the request's deadline "
+        "(MNEMO_REQUEST_TIMEOUT_S)"
+    ),
     "409": "The stored state belongs to another version of the model (delete the student and replay), or a lost race",
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
     "415": (
@@ -117,7 +122,10 @@ DESCRIPTIONS = {
     ),
     "422": "Invalid input; each error names the field and the rule",
     "429": "A queue is full (the model's, the server's, or the student store's calls); retry after Retry-After seconds",
-    "503": "Not ready: models loading, the model not loaded, the server draining or out of connections",
+    "503": (
+        "Not ready: models loading, the model not loaded, the server draining or out of connections; on /students "
+        "also the student state store unavailable"
+    ),
     "504": "The request did not complete within MNEMO_REQUEST_TIMEOUT_S",
 }
 

@@ -4,8 +4,8 @@ Health and metadata: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{nam
 and .../ready. Inference: POST /v2/models/{name}[/versions/{v}]/infer, admitted by the model's
 batcher (429), bounded by the request deadline (504) and batched with the task API's requests;
 the request's `parameters` are checked by parameters.py (`timeout` shortens the deadline).
-Every error is the protocol's `{"error": "<sentence>"}`: 400 bad tensors, 404 unknown model or
-version, 429/503/504 from the engine.
+Every error is the protocol's `{"error": "<sentence>"}`: 400 bad tensors or parameters, 404 unknown
+model or version, 429/503/504 from the engine.
 """
 
 from __future__ import annotations
