@@ -94,6 +94,21 @@ def test_an_idle_keep_alive_connection_is_closed(server):
     assert closed and time.monotonic() - started < 3
 
 
+def test_a_connection_idle_after_the_body_of_an_early_answer_is_closed(server):
+    """A 400 (or 429) answered before the body was read keeps the connection; the body that arrives after the
+    answer cancelled uvicorn's keep-alive timer, and nothing armed it again: the idle connection stayed open."""
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /similarity HTTP/1.1\r\nHost: x\r\nX-Request-ID: a\r\nX-Request-ID: b\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+        )
+        assert status_of(read_response(sock)) == 400
+        sock.sendall(b" " * 100)  # the body, skipped
+        started = time.monotonic()
+        closed, received = closed_within(sock, 5)
+    assert closed and received == b"" and time.monotonic() - started < 3
+
+
 def test_a_stalled_body_gets_408(server):
     with connect(server) as sock:
         sock.sendall(b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")

@@ -286,6 +286,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._answer_and_close(400, MALFORMED_DETAIL, linger_s=LINGER_S)
 
     def on_message_begin(self) -> None:
+        self._unset_keepalive_if_required()  # armed by a body that ended in these same bytes (on_message_complete)
         self._parsed_header_bytes = 0
         self._body_left = 0
         super().on_message_begin()
@@ -317,10 +318,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.flow.pause_reading()
 
     def on_message_complete(self) -> None:
+        """A body ends. If it was answered before it was read (an early 429 or 400), the connection is idle from
+        here: uvicorn's keep-alive timer, armed by the answer and cancelled by every read of the body since, is
+        armed again (else the connection stayed open for good)."""
         self._in_body = False
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
             self._awaiting_headers = True
+            self._unset_keepalive_if_required()
+            idle = self.timeout_keep_alive
+            self.timeout_keep_alive_task = self.loop.call_later(idle, self.timeout_keep_alive_handler)
 
     def _close_after_answer(self) -> None:
         """Close the connection after its answer: at once, or lingering while its request's body is arriving."""
