@@ -257,6 +257,21 @@ def test_head_and_expect_100_continue_are_answered_on_a_kept_alive_connection(se
         assert status_of(answer) == 200 and b'"relatedness"' in answer, answer[:300]
 
 
+def test_an_answer_before_100_continue_closes_the_connection(server):
+    """A client told 400 (or 429) before its 100 Continue may skip the body and send its next request: kept
+    alive, the connection read that request as the body (the GET below was never answered)."""
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /similarity HTTP/1.1\r\nHost: x\r\nX-Request-ID: a\r\nX-Request-ID: b\r\nExpect: 100-continue\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 40\r\n\r\n"
+        )
+        answer = read_response(sock)
+        assert status_of(answer) == 400 and b"connection: close" in answer.lower(), answer
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # no body: discarded by the lingering close
+        closed, received = closed_within(sock, 5)
+    assert closed and received == b""
+
+
 # the server's MNEMO_MAX_BODY_BYTES is 1 MiB; 12 MiB is more than the socket buffers of both ends hold, so a
 # server that closed without reading the rest would reset the connection under the client's writes
 OVER_THE_BODY_LIMIT = 12 << 20

@@ -139,6 +139,20 @@ def _write_head_with_body(cycle: RequestResponseCycle, close: Callable[[], None]
     cycle.transport, cycle.on_response = transport, on_response
 
 
+def _close_if_body_not_sent(cycle: RequestResponseCycle) -> None:
+    """Answer with Connection: close (and a lingering close) a request that asked for 100 Continue and is answered
+    before it got it (a 400, 401 or 429 before the body is read): the client may then skip the body and send its
+    next request, which the connection would read as that body (RFC 9110 10.1.1; Go's server closes too)."""
+    send = cycle.send
+
+    async def send_closing(message: dict) -> None:
+        if message["type"] == "http.response.start" and cycle.waiting_for_100_continue and cycle.more_body:
+            cycle.keep_alive = False
+        await send(message)
+
+    cycle.send = send_closing
+
+
 def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol class with these limits (pass it as `uvicorn.Config(http=...)`)."""
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"limits": limits})
@@ -303,6 +317,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_timer = None
         super().on_headers_complete()
         _write_head_with_body(self.cycle, self._close_after_answer)
+        _close_if_body_not_sent(self.cycle)
 
     def on_response_complete(self) -> None:
         # Next come the headers of a new request (uvicorn's keep-alive timer covers the wait), unless a
