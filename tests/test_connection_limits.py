@@ -272,6 +272,17 @@ def test_an_answer_before_100_continue_closes_the_connection(server):
     assert closed and received == b""
 
 
+def test_a_content_length_with_trailing_spaces_over_the_limit_gets_the_413_before_100_continue(server):
+    """The parser accepts "2000000 " (it keeps the trailing space in the value); isdigit() did not, so the early
+    413 was skipped and the client was told to send its 2 MB body."""
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 2000000 \r\n\r\n"
+        )
+        assert status_of(read_response(sock)) == 413
+
+
 # the server's MNEMO_MAX_BODY_BYTES is 1 MiB; 12 MiB is more than the socket buffers of both ends hold, so a
 # server that closed without reading the rest would reset the connection under the client's writes
 OVER_THE_BODY_LIMIT = 12 << 20

@@ -90,8 +90,8 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        declared_bytes = int(declared) if declared is not None and declared.isdigit() else 0
+        declared = dict(scope["headers"]).get(b"content-length", b"").strip()  # the parser keeps trailing spaces
+        declared_bytes = int(declared) if declared.isdigit() else 0
         if declared_bytes > self.max_bytes:
             await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, {"Connection": "close"})
             return

@@ -276,7 +276,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_header_bytes(len(name) + len(value) + 4)
-        if name.lower() == b"content-length" and value.isdigit():  # another value: the parser refuses it
+        if name.lower() == b"content-length" and value.strip().isdigit():  # (trailing spaces kept) else: refused
             self._body_left = int(value)
         super().on_header(name, value)
 
