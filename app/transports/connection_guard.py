@@ -317,7 +317,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._header_timer = None
         super().on_headers_complete()
         _write_head_with_body(self.cycle, self._close_after_answer)
-        _close_if_body_not_sent(self.cycle)
+        if self.cycle.waiting_for_100_continue:
+            _close_if_body_not_sent(self.cycle)
 
     def on_response_complete(self) -> None:
         # Next come the headers of a new request (uvicorn's keep-alive timer covers the wait), unless a
