@@ -322,8 +322,11 @@ def _wait_for_message(server: Server, pattern: str, count: int = 1, timeout_s: f
     """Wait until `count` logged messages match `pattern` (a regular expression); those messages."""
     deadline = time.monotonic() + timeout_s
     while len(found := [m for m in _logged(server) if re.fullmatch(pattern, m)]) < count:
-        assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-10:]}"
-        assert time.monotonic() < deadline, server.output[-10:]
+        recent = "\n".join(server.output[-40:])  # the whole story: which worker started, failed or retried
+        assert server.process.poll() is None, f"exit {server.process.returncode}:\n{recent}"
+        assert time.monotonic() < deadline, (
+            f"{len(found)} of {count} messages {pattern!r} after {timeout_s} s:\n{recent}"
+        )
         time.sleep(0.1)
     return found
 
