@@ -16,15 +16,20 @@ from app.runtime.memory import tune_malloc
 from app.students.factory import check_url
 
 
+def _problem(error: dict) -> str:
+    """One settings error: `MNEMO_NAME: message`, or a rule across settings (it names them itself) alone."""
+    if not error["loc"]:  # a model validator's ValueError: pydantic prefixes "Value error, "
+        return str(error["msg"]).removeprefix("Value error, ")
+    return f"MNEMO_{'.'.join(map(str, error['loc'])).upper()}: {error['msg']}"
+
+
 def main() -> None:
     """Check the settings and the provider (one clear message and exit 1 if wrong), then serve."""
     try:
         settings = Settings()
         resolve_provider(settings.provider)
     except ValidationError as error:
-        problems = "; ".join(
-            f"MNEMO_{'.'.join(map(str, e['loc'])).upper() or 'SETTINGS'}: {e['msg']}" for e in error.errors()
-        )
+        problems = "; ".join(_problem(e) for e in error.errors())
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")

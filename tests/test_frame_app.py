@@ -114,6 +114,7 @@ def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[st
     assert done.returncode == 1
     expected = message.format(port=port, files=files, needed=files + 128)
     assert done.stderr.startswith("mnemo: cannot start:") and expected in done.stderr
+    assert "MNEMO_SETTINGS" not in done.stderr  # a rule across settings names them itself
     assert len(done.stderr.strip().splitlines()) == 1 and "secret" not in done.stderr
 
 
