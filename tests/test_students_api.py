@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sqlite3
 import threading
@@ -403,6 +404,21 @@ def test_redis_unavailable_is_a_clear_503_while_the_stateless_endpoints_serve(tm
         assert any(f"Redis state store 127.0.0.1:{redis_server.port}/0 failed" in line for line in server.output)
     finally:
         redis_server.kill()
+
+
+def test_a_state_file_deleted_under_the_service_is_503_until_a_restart(tmp_path: Path) -> None:
+    """Appends went into the unlinked file (200, lost at the next start); now 503 without Retry-After, which
+    would invite retries that cannot help, and the log says to restart."""
+    directory = tmp_path / "state"
+    url = f"sqlite://{directory / 'students.db'}"
+    with running_server(COMMITTED, MNEMO_STATE_URL=url) as server, client_of(server) as client:
+        assert append(client, "kept", history(2, seed=3)).status_code == 200
+        shutil.rmtree(directory)
+        for response in (append(client, "lost", history(1, seed=4)), client.get(student("kept"))):
+            assert response.status_code == 503 and "retry-after" not in response.headers
+            assert response.json()["detail"].endswith("affected, until the service is restarted.")
+        assert client.post("/similarity", json={"sentence_a": "a cat", "sentence_b": "a dog"}).status_code == 200
+    assert any("was deleted or replaced while the service ran: restart the service" in line for line in server.output)
 
 
 def assert_students_unavailable_but_stateless_serve(client: httpx.Client, port: int) -> None:

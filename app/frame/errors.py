@@ -215,11 +215,13 @@ def install_error_handlers(app: FastAPI) -> None:
             if log_now:
                 more = f" ({unlogged} more since the last line)" if unlogged else ""
                 logger.warning("student state store unavailable: %s%s", error.internal, more)
-            detail = (
-                f"The student state store is unavailable ({error.detail}); only the /students endpoints are "
-                "affected, retry later."
+            affected = (
+                f"The student state store is unavailable ({error.detail}); only the /students endpoints are affected"
             )
-            return JsonResponse({"detail": detail}, 503, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+            if error.until_restart:  # a retry cannot help: no Retry-After
+                return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
+            headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
+            return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=headers)
         return JsonResponse({"detail": error.detail}, error.status_code)
 
     @app.exception_handler(InvalidInput)

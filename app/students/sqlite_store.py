@@ -195,6 +195,7 @@ class SqliteStateStore:
                 "SQLite state store: its file was deleted or replaced while the service ran",
                 f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
                 "to open the file now there (students written since were kept only in the deleted file)",
+                until_restart=True,
             )
         connection = getattr(self._local, "connection", None)
         if connection is None:

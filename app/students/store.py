@@ -57,13 +57,14 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached or answered with an error: 503, the stateless endpoints keep working.
 
     `detail` goes to the client and names no path, host or port; `internal` (default: the detail) only to
-    the service's log."""
+    the service's log. `until_restart`: retrying will not help until the service is restarted (no Retry-After)."""
 
     status_code = 503
 
-    def __init__(self, detail: str, internal: str | None = None) -> None:
+    def __init__(self, detail: str, internal: str | None = None, *, until_restart: bool = False) -> None:
         super().__init__(detail)
         self.internal = internal or detail
+        self.until_restart = until_restart
 
 
 class StateVersionMismatch(StoreError):
