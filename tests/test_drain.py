@@ -27,6 +27,15 @@ def _in_flight(url: str) -> float:
     )
 
 
+def _hold_one_request(server: Server) -> HeldRequest:
+    """A 5-interaction /knowledge-trace request whose body is held back, once the server counts it in flight."""
+    held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+    deadline = time.monotonic() + 20
+    while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
+        time.sleep(0.02)
+    return held
+
+
 def _draining(server: Server, workers: int = 1) -> bool:
     """Every one of `workers` logged that SIGTERM started its drain."""
     messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
@@ -73,10 +82,8 @@ def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_se
     """Past MNEMO_DRAIN_S the drain gives up on what is left: a JSON 503 with Retry-After, not the bare
     text/plain 500 that uvicorn's own cancellation at shutdown sends."""
     with running_server(COMMITTED, MNEMO_DRAIN_S="1", MNEMO_BODY_TIMEOUT_S="60") as server:
-        held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+        held = _hold_one_request(server)
         deadline = time.monotonic() + 20
-        while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
-            time.sleep(0.02)
         server.process.send_signal(signal.SIGTERM)
         while not any("drain timeout" in line for line in server.output):  # the held request is still in flight
             assert time.monotonic() < deadline + 20, "the drain never timed out"
@@ -91,10 +98,8 @@ def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_se
 def test_sighup_drains_like_sigterm_instead_of_killing_the_requests_in_flight():
     """No reload: SIGHUP (a closed terminal, or `kill -HUP` out of habit) answers what was admitted and exits 0."""
     with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
-        held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+        held = _hold_one_request(server)
         deadline = time.monotonic() + 20
-        while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
-            time.sleep(0.02)
         server.process.send_signal(signal.SIGHUP)
         while not any("SIGHUP: draining (1 request(s) in flight" in line for line in server.output):
             assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-5:]}"

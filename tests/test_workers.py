@@ -28,7 +28,7 @@ from prometheus_client.samples import Sample
 from app.frame.settings import Settings, usable_cpus
 from tests.conftest import COMMITTED
 from tests.helpers import ROOT, HeldRequest, Server, free_port, running_server
-from tests.test_drain import _history, _in_flight
+from tests.test_drain import _history, _hold_one_request, _in_flight
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 BURST = 16  # concurrent requests, each on its own connection, so the kernel spreads them over the workers
@@ -300,10 +300,8 @@ def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
 def test_sighup_drains_every_worker_and_the_supervisor_removes_its_metrics_directory():
     with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_BODY_TIMEOUT_S="60") as server:
         _wait_for_workers(server, 2)
-        held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
+        held = _hold_one_request(server)
         deadline = time.monotonic() + 20
-        while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
-            time.sleep(0.02)
         server.process.send_signal(signal.SIGHUP)
         while sum(message.startswith("SIGHUP: draining") for message in _logged(server)) < 2:
             assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-5:]}"

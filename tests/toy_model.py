@@ -48,11 +48,11 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
     return path
 
 
-def build_toy_onnx(path: Path, int_type: int = TensorProto.INT64) -> Path:
-    """y = x * 2 (x float [batch, 3]) and z = k + 1 (k integer [batch]), opset 17."""
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Add", ["k", "one"], ["z"])],
-        "toy",
+def _doubling_graph(name: str, z_node: onnx.NodeProto, int_type: int, initializers: list) -> onnx.GraphProto:
+    """y = x * 2 (x float [batch, WIDTH]) beside `z_node`, which computes z from k (both `int_type` [batch])."""
+    return helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"]), z_node],
+        name,
         [
             helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH]),
             helper.make_tensor_value_info("k", int_type, ["batch"]),
@@ -61,33 +61,21 @@ def build_toy_onnx(path: Path, int_type: int = TensorProto.INT64) -> Path:
             helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH]),
             helper.make_tensor_value_info("z", int_type, ["batch"]),
         ],
-        initializer=[
-            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
-            helper.make_tensor("one", int_type, [], [1]),
-        ],
+        initializer=[helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]), *initializers],
     )
-    return _save(graph, path)
+
+
+def build_toy_onnx(path: Path, int_type: int = TensorProto.INT64) -> Path:
+    """y = x * 2 (x float [batch, 3]) and z = k + 1 (k integer [batch]), opset 17."""
+    add_one = helper.make_node("Add", ["k", "one"], ["z"])
+    return _save(_doubling_graph("toy", add_one, int_type, [helper.make_tensor("one", int_type, [], [1])]), path)
 
 
 def build_picky_onnx(path: Path) -> Path:
     """The toy graph with z = table[k] (table[k] = k + 1 for k < PICKY_KS): a larger k fails the run."""
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Gather", ["table", "k"], ["z"], axis=0)],
-        "picky",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH]),
-            helper.make_tensor_value_info("k", TensorProto.INT64, ["batch"]),
-        ],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH]),
-            helper.make_tensor_value_info("z", TensorProto.INT64, ["batch"]),
-        ],
-        initializer=[
-            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
-            helper.make_tensor("table", TensorProto.INT64, [PICKY_KS], range(1, PICKY_KS + 1)),
-        ],
-    )
-    return _save(graph, path)
+    look_up = helper.make_node("Gather", ["table", "k"], ["z"], axis=0)
+    table = helper.make_tensor("table", TensorProto.INT64, [PICKY_KS], range(1, PICKY_KS + 1))
+    return _save(_doubling_graph("picky", look_up, TensorProto.INT64, [table]), path)
 
 
 def build_slow_onnx(path: Path) -> Path:
