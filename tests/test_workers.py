@@ -249,7 +249,8 @@ def test_workers_drain_and_exit_when_their_supervisor_is_killed():
             assert time.monotonic() < deadline, "a worker outlived its supervisor"
             time.sleep(0.1)
     messages = _logged(server)
-    assert sum(message.startswith("SIGTERM: draining") for message in messages) == 2
+    drains = sum(message.startswith("SIGTERM: draining") for message in messages)
+    assert drains == 2, "\n".join(server.output[-60:])  # failed once in CI with 3: the whole story, if again
     shutil.rmtree(_metrics_dir(messages))  # a killed supervisor cannot remove its temporary directory
 
 
