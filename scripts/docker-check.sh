@@ -23,7 +23,7 @@ if ((size > ${MAX_IMAGE_MB:-300} * 1000000)); then
   exit 1
 fi
 podman rm -f "$name" >/dev/null 2>&1 || true
-podman run -d --name "$name" -p "127.0.0.1:$port:8000" "$image" >/dev/null
+podman run -d --name "$name" --memory 1g -p "127.0.0.1:$port:8000" "$image" >/dev/null  # compose's mem_limit
 trap 'podman rm -f -v "$name" >/dev/null 2>&1 || true' EXIT
 wait_ready() {
   for _ in $(seq 1 120); do

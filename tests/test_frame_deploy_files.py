@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
+
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,6 +101,7 @@ def test_compose_runs_the_cpu_service_hardened_like_the_kubernetes_pod():
     assert [mount.split(":")[0] for mount in service["tmpfs"]] == ["/tmp"]
     assert service["cap_drop"] == ["ALL"] and "cap_add" not in service
     assert "no-new-privileges:true" in service["security_opt"]
+    assert service["mem_limit"] == "1g"  # as `make docker-check` runs the image (scripts/docker-check.sh)
 
 
 STATE_DIR = "/srv/mnemo/state"
@@ -150,3 +156,38 @@ def test_makefile_targets_install_from_the_lock_files_only_when_they_change():
         assert f"$(PIP) install --require-hashes -r requirements/{lock}" in rule.group(1)
     assert re.search(r"^test: \$\(VENV\)/dev\.stamp system-deps", makefile, re.MULTILINE)
     assert re.search(r"^serve: \$\(VENV\)/serve\.stamp", makefile, re.MULTILINE)
+
+
+def _health_checks() -> dict[str, list[str]]:
+    """The exec-form health check command of compose's services and of both images."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    checks = {f"compose {name}": service["healthcheck"]["test"][1:] for name, service in compose["services"].items()}
+    for stage, lines in _stages().items():
+        for line in lines:
+            if line.startswith("HEALTHCHECK"):
+                checks[f"Dockerfile {stage}"] = json.loads(line.split(" CMD ", 1)[1])
+    return checks
+
+
+def test_every_health_check_asks_the_probe_port_the_service_was_given(tmp_path):
+    """Each check runs as Docker runs it (the container's environment) against a real probe server on a port
+    other than the image's 8001, and fails once that server is gone: compose's check hard-coded 8001."""
+    checks = _health_checks()
+    assert len(checks) == 4, checks
+    port = free_port()
+    command = [sys.executable, "-m", "app.transports.probe_server", "127.0.0.1", str(port)]
+    probe = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    environment = {"PATH": os.environ["PATH"], "MNEMO_PORT": str(free_port()), "MNEMO_PROBE_PORT": str(port)}
+    try:
+        assert probe.stdout.readline().strip() == "listening"
+        probe.stdin.write('[200, {"status": "ready"}]\n')
+        probe.stdin.flush()
+        for name, check in checks.items():
+            assert check[0] == "python3", name
+            result = subprocess.run([sys.executable, *check[1:]], env=environment, capture_output=True, timeout=30)
+            assert result.returncode == 0, (name, result.stderr.decode()[-300:])
+    finally:
+        probe.stdin.close()
+        probe.wait(10)
+    gone = subprocess.run([sys.executable, *checks["compose mnemo"][1:]], env=environment, capture_output=True)
+    assert gone.returncode != 0
