@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,19 @@ def test_an_invalid_manifest_is_rejected(base):
     hpa["spec"]["minReplicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         assert_valid(hpa)
+
+
+def test_every_image_is_pinned_to_a_release_tag(base, redis_overlay):
+    """`latest` with `IfNotPresent` runs whichever image a node pulled first, and a new push never reaches it:
+    every image names a tag, never `latest`, and mnemo's is the package version (pyproject.toml)."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    (kserve,) = [doc for doc in yaml.safe_load_all(KSERVE.read_text()) if doc]
+    deployments = [obj for obj in (*base.values(), *redis_overlay.values()) if obj["kind"] == "Deployment"]
+    images = [container["image"] for obj in deployments for container in _pod_and_container(obj)[1:]]
+    images += [container["image"] for container in kserve["spec"]["predictor"]["containers"]]
+    assert len(images) == 4, images
+    for image in images:
+        name, _, tag = image.rpartition(":")
+        assert name and tag and tag != "latest" and "/" not in tag, image
+        if name.endswith("mnemo"):
+            assert tag == version, image
