@@ -67,6 +67,45 @@ def test_scoring_two_stored_embeddings_equals_the_pair_endpoint(client, model):
             assert stored["entailment"]["probabilities"][label] == pytest.approx(probability, abs=1e-5)
 
 
+def test_embeddings_name_their_encoder_and_scoring_refuses_another_models_vectors(client):
+    vlmp, flmp = embed(client, list(PAIRS[0]), SIM_MODEL), embed(client, list(PAIRS[0]), FLMP_MODEL)
+    info = {m["name"]: m for m in client.get("/models").json()["models"]}
+    assert vlmp["encoder"] == info[SIM_MODEL]["encoder"] and flmp["encoder"] == info[FLMP_MODEL]["encoder"]
+    assert vlmp["encoder"] != flmp["encoder"] and re.fullmatch("[0-9a-f]{16}", vlmp["encoder"])
+    vectors = {"embedding_a": vlmp["results"][0]["embedding"], "embedding_b": vlmp["results"][1]["embedding"]}
+    checked = {**vectors, "encoder_a": vlmp["encoder"], "encoder_b": vlmp["encoder"], "model": SIM_MODEL}
+    assert client.post("/similarity/from-embeddings", json=checked).status_code == 200
+    assert client.post("/similarity/from-embeddings", json=vectors).status_code == 200  # unchecked, as before
+    switched = {**checked, "model": FLMP_MODEL, "encoder_b": None}
+    response = client.post("/similarity/from-embeddings", json=switched)
+    assert response.status_code == 422, response.text
+    (error,) = response.json()["detail"]
+    assert error["loc"] == ["body", "encoder_a"]
+    assert flmp["encoder"] in error["msg"] and FLMP_MODEL in error["msg"]
+    both = client.post("/similarity/from-embeddings", json={**switched, "encoder_b": vlmp["encoder"]})
+    assert [error["loc"] for error in both.json()["detail"]] == [["body", "encoder_a"], ["body", "encoder_b"]]
+    unencodable = client.post(  # a lone surrogate: the message must not echo it (the answer could not be encoded)
+        "/similarity/from-embeddings",
+        content=json.dumps({**switched, "encoder_a": "\ud800"}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert unencodable.status_code == 422 and unencodable.json()["detail"][0]["loc"] == ["body", "encoder_a"]
+    resized = client.post("/similarity/from-embeddings", json={**switched, "embedding_a": [0.5] * (WIDTH // 2)})
+    assert [error["loc"] for error in resized.json()["detail"]] == [["body", "encoder_a"], ["body", "embedding_a"]]
+
+
+def test_the_encoder_follows_the_weights_not_the_name(artifacts_copy):
+    def rename(entry: dict) -> None:
+        if entry["name"] == FLMP_MODEL:
+            entry["name"] = "rmc-flmp-renamed"
+
+    with TestClient(create_app(toy_settings(artifacts_copy))) as client:
+        before = embed(client, [SHORT], FLMP_MODEL)["encoder"]
+    rewrite_manifest(artifacts_copy, rename)
+    with TestClient(create_app(toy_settings(artifacts_copy))) as client:
+        assert embed(client, [SHORT], "rmc-flmp-renamed")["encoder"] == before
+
+
 def batch_sizes(client: TestClient, graph: str) -> tuple[float, float]:
     """(runs, rows) of a graph's batcher so far, from the batch-size histogram in /metrics."""
     metrics = client.get("/metrics").text

@@ -230,7 +230,12 @@ def test_a_generated_client_calls_every_operation(server, schema, tmp_path, monk
     assert vectors.results[0].tokens[:3] == ["<s>", "a", "man"]
     stored = api("similarity.similarity_from_embeddings").sync(
         client=client,
-        body=EmbeddingPairRequest(embedding_a=vectors.results[0].embedding, embedding_b=vectors.results[1].embedding),
+        body=EmbeddingPairRequest(
+            embedding_a=vectors.results[0].embedding,
+            embedding_b=vectors.results[1].embedding,
+            encoder_a=vectors.encoder,
+            encoder_b=vectors.encoder,
+        ),
     )
     assert abs(stored.relatedness - single.relatedness) < 1e-5 and isinstance(stored.entailment.label, EntailmentLabel)
     history = [Interaction(question=12, correct=True), Interaction(question=12, correct=False)]

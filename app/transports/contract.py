@@ -66,7 +66,7 @@ class Batching(BaseModel):
 
 class ModelInfo(BaseModel):
     """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels,
-    embedding_dim, max_sentences; knowledge tracing: family, supports, n_questions, n_concepts, seqlen)."""
+    embedding_dim, max_sentences, encoder; knowledge tracing: family, supports, n_questions, n_concepts, seqlen)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -91,6 +91,7 @@ class ModelInfo(BaseModel):
     )
     embedding_dim: int | None = Field(None, description="size of the sentence vectors of POST /embeddings")
     max_sentences: int | None = Field(None, description="sentences per POST /embeddings request")
+    encoder: str | None = Field(None, description="the `encoder` of POST /embeddings answers; changes with the weights")
     n_questions: int | None = None
     n_concepts: int | None = Field(None, description="knowledge tracing: latent concepts; null for DKT")
     seqlen: int | None = None

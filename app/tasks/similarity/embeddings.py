@@ -59,8 +59,14 @@ async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> lis
     return [output["embedding"][0] for output in outputs]
 
 
-def vector_pair(model: ServedModel, embedding_a: Sequence[float], embedding_b: Sequence[float]) -> Feeds:
-    """Head feeds for two stored vectors; a vector of the wrong size is a 422 naming the field and the size."""
+def vector_pair(
+    model: ServedModel,
+    embedding_a: Sequence[float],
+    embedding_b: Sequence[float],
+    encoders: tuple[str | None, str | None] = (None, None),
+) -> Feeds:
+    """Head feeds for two stored vectors. Whose `encoder_a`/`encoder_b` (the `encoder` of the /embeddings answer that
+    made it, when given) is not this model's, or of the wrong size, is a 422 naming the field (all such fields)."""
     dimension = limits_of(model).dimension
 
     def vector(field: str, values: Sequence[float]) -> np.ndarray:
@@ -73,10 +79,26 @@ def vector_pair(model: ServedModel, embedding_a: Sequence[float], embedding_b: S
         return np.asarray(values, dtype=np.float32)[np.newaxis]
 
     fields = ("embedding_a", "embedding_b")
-    vectors = each_checked(
+    encoder_checks = [
+        partial(check_encoder, model, f"encoder_{side}", encoder) for side, encoder in zip("ab", encoders, strict=True)
+    ]
+    vector_checks = [
         partial(vector, field, values) for field, values in zip(fields, (embedding_a, embedding_b), strict=True)
-    )
+    ]
+    vectors = each_checked([*encoder_checks, *vector_checks])[len(encoder_checks) :]
     return dict(zip(fields, vectors, strict=True))
+
+
+def check_encoder(model: ServedModel, field: str, encoder: str | None) -> None:
+    """A 422 naming `field` when a stored vector's encoder is not the model's (None: the client did not say)."""
+    expected = limits_of(model).encoder
+    if encoder is not None and encoder != expected:
+        raise InvalidInput(
+            ("body", field),
+            f"{field} is not {expected!r}, the encoder of model {model.name}: the vector was made by another model "
+            f"or another version of it, and this model's head would score it as noise; embed the sentence again "
+            f"with POST /embeddings and model {model.name}",
+        )
 
 
 async def score_vectors(model: ServedModel, feeds: Feeds) -> Feeds:

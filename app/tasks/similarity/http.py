@@ -84,16 +84,18 @@ async def similarity_batch(request: Request) -> JsonResponse:
 async def _embeddings_answer(model: ServedModel, texts: list[str]) -> bytes:
     sentences = await offload(embeddings.encode_sentences, model, texts)
     vectors = await embeddings.embed(model, sentences)
-    dimension = embeddings.limits_of(model).dimension
+    limits = embeddings.limits_of(model)
 
     def render() -> bytes:
         results = [
             {"embedding": vector, "tokens": sentence.tokens, "unknown_tokens": list(dict.fromkeys(sentence.unknown))}
             for sentence, vector in zip(sentences, vectors, strict=True)
         ]
-        return dumps({"model": model.name, "embedding_dim": dimension, "results": results})
+        return dumps(
+            {"model": model.name, "encoder": limits.encoder, "embedding_dim": limits.dimension, "results": results}
+        )
 
-    return await offload_if(len(sentences) * dimension > INLINE_RENDER_CELLS, render)
+    return await offload_if(len(sentences) * limits.dimension > INLINE_RENDER_CELLS, render)
 
 
 @router.post(
@@ -113,7 +115,7 @@ async def sentence_embeddings(request: Request) -> JsonResponse:
 
 
 async def _vector_pair_answer(model: ServedModel, body: EmbeddingPairRequest) -> bytes:
-    feeds = embeddings.vector_pair(model, body.embedding_a, body.embedding_b)
+    feeds = embeddings.vector_pair(model, body.embedding_a, body.embedding_b, (body.encoder_a, body.encoder_b))
     return dumps(service.scores(model, await embeddings.score_vectors(model, feeds)))
 
 

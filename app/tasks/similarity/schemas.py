@@ -24,6 +24,7 @@ MAX_BATCH_PAIRS = 256
 MAX_SENTENCES = 256  # per POST /embeddings; a model's own limit (GET /models: max_sentences) may be lower
 MAX_VECTOR_VALUES = 4096  # any model's sentence vector fits; the model's own size is checked by the service
 MAX_VECTOR_MAGNITUDE = 1e6  # far above what the encoder produces, far below where float32 overflows
+MAX_ENCODER_ID_CHARACTERS = 64  # an `encoder` from POST /embeddings is 16; room for a longer form later
 
 
 ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
@@ -140,6 +141,10 @@ class SentenceEmbedding(BaseModel):
 
 class EmbeddingsResponse(BaseModel):
     model: str
+    encoder: str = Field(
+        description="identifies the encoder (weights and word vectors) that made the vectors; store it with them and "
+        "send it as encoder_a/encoder_b to POST /similarity/from-embeddings"
+    )
     embedding_dim: int
     results: list[SentenceEmbedding] = Field(description="one per sentence, in request order")
 
@@ -152,6 +157,9 @@ Vector = Annotated[
 ]
 
 
+EncoderId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ENCODER_ID_CHARACTERS)]
+
+
 class EmbeddingPairRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -160,6 +168,8 @@ class EmbeddingPairRequest(BaseModel):
                 {
                     "embedding_a": [0.1] * EXAMPLE_VECTOR_VALUES,
                     "embedding_b": [0.2] * EXAMPLE_VECTOR_VALUES,
+                    "encoder_a": None,
+                    "encoder_b": None,
                     "model": None,
                 }
             ]
@@ -168,6 +178,12 @@ class EmbeddingPairRequest(BaseModel):
 
     embedding_a: Vector
     embedding_b: Vector
+    encoder_a: EncoderId | None = Field(
+        default=None,
+        description="the `encoder` of the POST /embeddings answer that made embedding_a; a 422 when it is not the "
+        "model's (GET /models: encoder). null: not checked",
+    )
+    encoder_b: EncoderId | None = Field(default=None, description="likewise for embedding_b")
     model: str | None = Field(default=None, description="the similarity model whose /embeddings made both vectors")
 
 

@@ -8,6 +8,7 @@ Each pair is one batch row of length max(len_a, len_b); the batcher pads rows to
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
 Location = tuple[str | int, ...]
+ENCODER_ID_DIGITS = 16
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,12 @@ class SimilarityState:
 
 @dataclass(frozen=True)
 class EmbeddingLimits:
-    """The sentence-vector size and the sentences per POST /embeddings of a model with encoder and head graphs."""
+    """The sentence-vector size, the sentences per POST /embeddings and the encoder's identifier (see
+    `encoder_id`) of a model with encoder and head graphs."""
 
     dimension: int
     max_sentences: int
+    encoder: str
 
 
 @dataclass(frozen=True)
@@ -97,14 +101,28 @@ def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
     output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
     if output_width != dimension:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
-    return EmbeddingLimits(dimension, positive_int(model.limits, "max_sentences"))
+    return EmbeddingLimits(dimension, positive_int(model.limits, "max_sentences"), encoder_id(model))
+
+
+def encoder_id(model: ServedModel) -> str:
+    """16 hex digits of a sha256 over the manifest's sha256 of every file a sentence vector depends on: the
+    encoder graph, the special-token vectors and the vocabulary table. Another model, or new weights under the
+    same name, gives another identifier; renaming a model does not."""
+    entry = model.entry
+    parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:ENCODER_ID_DIGITS]
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
     described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
     if state.embeddings is not None:
-        described |= {"embedding_dim": state.embeddings.dimension, "max_sentences": state.embeddings.max_sentences}
+        limits = state.embeddings
+        described |= {
+            "embedding_dim": limits.dimension,
+            "max_sentences": limits.max_sentences,
+            "encoder": limits.encoder,
+        }
     return described
 
 
