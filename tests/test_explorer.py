@@ -520,3 +520,24 @@ def test_every_static_file_ships_in_the_package():
     files = [path.relative_to(package).as_posix() for path in STATIC_DIR.rglob("*") if path.is_file()]
     covered = [name for name in files if any(fnmatch(name, g) and name.count("/") == g.count("/") for g in globs)]
     assert files and covered == files
+
+
+@pytest.mark.parametrize(("path", "rendered"), [("/docs", ".opblock"), ("/redoc", "[data-section-id]")])
+def test_the_docs_pages_load_nothing_from_elsewhere_and_no_site_can_frame_them(
+    watched: Watched, server: str, path: str, rendered: str
+) -> None:
+    """ReDoc's bundle asks cdn.redoc.ly for its logo: the page's policy refuses it before it leaves the browser."""
+    answer = httpx.get(f"{server}{path}", timeout=10)
+    policy = answer.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy and "img-src 'self' data:" in policy
+    page = watched.page
+    refused_urls: list[str] = []  # Chromium names them as requests, but they never leave it
+    page.on("requestfailed", lambda request: request.failure == "csp" and refused_urls.append(request.url))
+    page.goto(f"{server}{path}")
+    expect(page.locator(rendered).first).to_be_visible(timeout=30_000)  # the page's own inline script ran
+    page.wait_for_timeout(1_000)  # ReDoc asks for its logo after the first render
+    foreign = [url for url in watched.requests if not url.startswith((server + "/", "blob:", "data:"))]
+    assert [url for url in foreign if url not in refused_urls] == []
+    refused = [text for text in watched.console_errors if "Content Security Policy" in text]
+    assert [text for text in watched.console_errors if text not in refused] == []
+    assert all("cdn.redoc.ly" in text for text in refused), refused
