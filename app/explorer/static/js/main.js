@@ -51,8 +51,26 @@ async function start() {
   }
 }
 
-start();
+// One start at a time: two that both succeeded would wire every control twice (each press sent twice).
+let starting = null;
+let startAgain = false;
+
+/** Start, unless the page is ready; a key typed while a start runs starts again after it, if it failed. */
+function startOnce() {
+  if (document.body.dataset.ready) return;
+  if (starting) {
+    startAgain = true;
+    return;
+  }
+  starting = start().finally(() => {
+    starting = null;
+    if (startAgain) {
+      startAgain = false;
+      startOnce();
+    }
+  });
+}
+
+startOnce();
 // With API keys on, /models answers 401 until a key is given: try again once one is typed.
-document.getElementById("api-key").addEventListener("change", () => {
-  if (!document.body.dataset.ready) start();
-});
+document.getElementById("api-key").addEventListener("change", startOnce);
