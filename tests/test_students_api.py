@@ -147,6 +147,22 @@ def test_concurrent_writers_over_http_lose_nothing(api: httpx.Client) -> None:
     np.testing.assert_allclose(state["mastery"], replayed["mastery"][-1], atol=TOLERANCE, rtol=0)
 
 
+def test_a_retried_append_with_expected_interactions_is_never_counted_twice(api: httpx.Client) -> None:
+    """A client whose answer was lost (a 503 after the write, a dropped connection) could only retry blindly,
+    and a stored append was counted twice. With the count it extends, the retry is a 409 and stores nothing."""
+    student_id, steps = unique_id("retried"), history(3, seed=21)
+    assert append(api, student_id, steps[:2], expected_interactions=0).json()["interactions"] == 2
+    retry = append(api, student_id, steps[:2], expected_interactions=0)
+    assert retry.status_code == 409
+    assert "has 2 interactions, not the 0 of expected_interactions: nothing was stored" in retry.json()["detail"]
+    assert append(api, student_id, steps[2:], expected_interactions=2).json()["interactions"] == 3
+    assert append(api, unique_id("new"), steps, expected_interactions=1).status_code == 409  # no state: 0
+    assert api.get(student(student_id)).json()["interactions"] == 3
+    for bad in (-1, True, "2", 1.5):
+        response = append(api, student_id, steps, expected_interactions=bad)
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "expected_interactions"]
+
+
 def test_a_state_of_another_model_version_is_409_saying_how_to_reset(api: httpx.Client, store_url: str) -> None:
     student_id = unique_id("old-version")
     store = open_store(store_url)
@@ -402,6 +418,35 @@ def test_redis_unavailable_is_a_clear_503_while_the_stateless_endpoints_serve(tm
             assert 'mnemo_server_requests_rejected_total{reason="store_unavailable"} 8.0' in metrics  # 2 x 4 above
         assert any("student state store unavailable at startup" in line for line in server.output)
         assert any(f"Redis state store 127.0.0.1:{redis_server.port}/0 failed" in line for line in server.output)
+    finally:
+        redis_server.kill()
+
+
+def test_a_redis_write_answered_503_but_stored_says_so_and_its_retry_is_not_counted_twice(tmp_path: Path) -> None:
+    """Redis frozen between the read and the write of an append: the write waits in the socket, the reply
+    times out (2 s), the client hears 503 "retry later", then Redis wakes and stores it. The 503 now says the
+    append may be stored, and its retry with expected_interactions is a 409, not a second copy."""
+    redis_server = RedisServer(require_redis_server(), tmp_path / "redis")
+    redis_server.start()
+    steps = history(10_000, seed=22)  # its model run (~0.3 s) leaves time to freeze Redis after the read
+    try:
+        with running_server(COMMITTED, MNEMO_STATE_URL=redis_server.url()) as server, client_of(server) as client:
+            assert append(client, "warm", steps).status_code == 200
+            watcher = redis.Redis(port=redis_server.port, socket_timeout=10)
+            with ThreadPoolExecutor(1) as pool, watcher.monitor() as monitor:
+                answer = pool.submit(append, client, "frozen", steps)
+                while b"mnemo:student:frozen" not in monitor.next_command()["command"].encode():
+                    pass  # until the append's read, whose reply Redis sends just after
+                time.sleep(0.1)
+                redis_server.process.send_signal(signal.SIGSTOP)
+                response = answer.result()
+                redis_server.process.send_signal(signal.SIGCONT)
+            assert response.status_code == 503, response.text
+            assert "the append may have been stored all the same" in response.json()["detail"]
+            assert client.get(student("frozen")).json()["interactions"] == 10_000
+            retry = append(client, "frozen", steps, expected_interactions=0)
+            assert retry.status_code == 409, retry.text
+            assert client.get(student("frozen")).json()["interactions"] == 10_000
     finally:
         redis_server.kill()
 

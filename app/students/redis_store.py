@@ -42,6 +42,10 @@ STUDENTS_KEY = b"mnemo:students"
 REVISION_KEY = b"mnemo:revision"
 ATTRIBUTES = ("memory", "shape", "interactions", "sha256", "created", "updated", "revision")
 CONNECT_TIMEOUT_S = 1.0
+# A write sent to a stalled server (busy, paused) runs when it wakes up, after the client gave up on its reply.
+WRITE_OUTCOME_UNKNOWN = (
+    "; the append may have been stored all the same: retry it with expected_interactions, or read the student first"
+)
 REPLY_TIMEOUT_S = 2.0
 
 # KEYS: student hash, id set, revision counter. ARGV: model, expected revision ('' = absent), memory blob,
@@ -111,7 +115,7 @@ class RedisStateStore:
     ) -> StudentState:
         blob, n_concepts, d_v = encode_memory(memory)
         expected = "" if expected_revision is None else str(expected_revision)
-        with self._errors_as_unavailable():
+        with self._errors_as_unavailable(WRITE_OUTCOME_UNKNOWN):
             outcome = self._write_script(
                 keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
                 args=[model, expected, blob, f"{n_concepts},{d_v}", interactions, model_sha256, student_id],
@@ -158,13 +162,14 @@ class RedisStateStore:
         self._client.close()
 
     @contextmanager
-    def _errors_as_unavailable(self) -> Iterator[None]:
-        """Any redis-py error (refused, timed out, an error reply) becomes `StoreUnavailable`."""
+    def _errors_as_unavailable(self, consequence: str = "") -> Iterator[None]:
+        """Any redis-py error (refused, timed out, an error reply) becomes `StoreUnavailable`; `consequence`
+        is appended to what the client is told."""
         try:
             yield
         except redis.RedisError as error:
             raise StoreUnavailable(
-                f"Redis state store failed: {type(error).__name__}",
+                f"Redis state store failed: {type(error).__name__}{consequence}",
                 f"Redis state store {self._where} failed: {type(error).__name__}: {error}",
             ) from error
 

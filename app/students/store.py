@@ -83,6 +83,20 @@ class StateVersionMismatch(StoreError):
         self.served_sha256 = served_sha256
 
 
+class InteractionCountMismatch(StoreError):
+    """The append named the count it extends (`expected_interactions`) and the stored count differs: 409,
+    nothing stored. A retry of an append that was stored although its answer was lost ends here, not twice."""
+
+    status_code = 409
+
+    def __init__(self, model: str, stored: int, expected: int) -> None:
+        super().__init__(
+            f"This student's state under model {model} has {stored} interactions, not the {expected} of "
+            "expected_interactions: nothing was stored. If this was the retry of an append whose answer was lost, "
+            "that append was stored already; else read the student (GET /students/{student_id}) and decide."
+        )
+
+
 class RevisionConflict(StoreError):
     """A compare-and-swap lost: the state changed since it was read. `update_state` retries on it."""
 

@@ -10,7 +10,13 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from app.students.store import RevisionConflict, StateStore, StateVersionMismatch, StudentState
+from app.students.store import (
+    InteractionCountMismatch,
+    RevisionConflict,
+    StateStore,
+    StateVersionMismatch,
+    StudentState,
+)
 
 Result = TypeVar("Result")
 MAX_ATTEMPTS = 100  # 8 processes x 50 appends on one student needed at most 22 (Redis, loaded machine)
@@ -46,13 +52,16 @@ async def update_state(
     model_sha256: str,
     compute: Callable[[StudentState | None], Awaitable[NextState[Result]]],
     *,
+    expected_interactions: int | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> tuple[StudentState, Result]:
     """Apply `compute` to the student's current state (None: a new student) and store what it returns.
 
     `compute` may run more than once (once per lost compare-and-swap), always on the latest state, so it
     must not have side effects. A state built by another `model_sha256` raises `StateVersionMismatch`
-    before `compute` runs. After `max_attempts` lost races it raises `TooManyConflicts`; between attempts
+    before `compute` runs, and so does a stored count other than `expected_interactions` (when given:
+    `InteractionCountMismatch`, checked on the state the write replaces, so a retried append is never
+    applied twice). After `max_attempts` lost races it raises `TooManyConflicts`; between attempts
     it sleeps a random, growing delay (at most MAX_BACKOFF_S) so that racing writers spread out.
 
     Cancelled (deadline, client gone) before a write starts, nothing is stored; once a write has started,
@@ -62,6 +71,7 @@ async def update_state(
         current = await calls.read(store.read, model, student_id)
         if current is not None and current.model_sha256 != model_sha256:
             raise StateVersionMismatch(model, current.model_sha256, model_sha256)
+        _check_count(model, current, expected_interactions)
         step = await compute(current)
         try:
             stored = await calls.commit(
@@ -80,3 +90,10 @@ async def update_state(
     raise TooManyConflicts(
         f"the state of this student changed {max_attempts} times while this update was computed; retry the request"
     )
+
+
+def _check_count(model: str, current: StudentState | None, expected: int | None) -> None:
+    """`InteractionCountMismatch` unless the state holds `expected` interactions (None: any count)."""
+    stored = 0 if current is None else current.interactions
+    if expected is not None and stored != expected:
+        raise InteractionCountMismatch(model, stored, expected)

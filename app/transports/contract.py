@@ -115,7 +115,8 @@ DESCRIPTIONS = {
         "The request body stalled (MNEMO_BODY_TIMEOUT_S) or was not complete by the request's deadline "
         "(MNEMO_REQUEST_TIMEOUT_S)"
     ),
-    "409": "The stored state belongs to another version of the model (delete the student and replay), or a lost race",
+    "409": "The stored state belongs to another version of the model (delete the student and replay), a lost race, "
+    "or (an append) a stored count other than its expected_interactions",
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
     "415": (
         "Content-Type is not application/json (task endpoints), the body is compressed (Content-Encoding), or it is "

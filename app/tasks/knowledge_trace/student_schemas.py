@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from app.tasks.knowledge_trace.schemas import MAX_INTERACTIONS, Interaction, NextPrediction, QuestionId
 
@@ -26,6 +26,12 @@ class AppendRequest(BaseModel):
         default=None,
         max_length=MAX_INTERACTIONS,
         description="question ids to predict after the last new interaction; null or [] = none (the default)",
+    )
+    expected_interactions: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        description="the student's interaction count these extend (0: a new student); another stored count is a "
+        "409 and nothing is stored, so a retried append is never counted twice. null = append to any count",
     )
     return_attention: StrictBool = Field(
         default=False,

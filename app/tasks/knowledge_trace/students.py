@@ -98,7 +98,13 @@ async def _append(
         return NextState(trace.memory, seen + len(questions), (trace, next_p))
 
     state, (trace, next_p) = await update_state(
-        holder.calls, store, model.name, student_id, model.entry.sha256, compute
+        holder.calls,
+        store,
+        model.name,
+        student_id,
+        model.entry.sha256,
+        compute,
+        expected_interactions=body.expected_interactions,
     )
     return {
         "model": model.name,
