@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
@@ -242,3 +243,21 @@ def test_every_image_is_pinned_to_a_release_tag(base, redis_overlay):
         assert name and tag and tag != "latest" and "/" not in tag, image
         if name.endswith("mnemo"):
             assert tag == version, image
+
+
+def test_no_pod_gets_service_link_variables_which_collide_with_the_settings(base, redis_overlay, monkeypatch):
+    """Kubernetes gives every pod `<SERVICE>_PORT=tcp://IP:PORT` for each Service of its namespace: the Service
+    `mnemo` makes that MNEMO_PORT, which the service cannot read (it starts only while mnemo.env sets
+    MNEMO_PORT itself). Every pod spec turns those variables off."""
+    from app.frame.settings import Settings
+
+    monkeypatch.setenv("MNEMO_PORT", "tcp://10.96.0.12:8000")  # what the Service below would inject
+    with pytest.raises(pydantic.ValidationError, match="port"):
+        Settings()
+    assert ("Service", "mnemo") in base
+    (kserve,) = [doc for doc in yaml.safe_load_all(KSERVE.read_text()) if doc]
+    deployments = [obj for obj in (*base.values(), *redis_overlay.values()) if obj["kind"] == "Deployment"]
+    pods = [_pod_and_container(obj)[0] for obj in deployments] + [kserve["spec"]["predictor"]]
+    assert len(pods) == 4
+    for pod in pods:
+        assert pod.get("enableServiceLinks") is False, pod.get("containers", [{}])[0].get("name")
