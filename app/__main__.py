@@ -5,6 +5,7 @@ With MNEMO_WORKERS > 1 a supervisor runs that many server processes on the port 
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from pydantic import ValidationError
@@ -23,8 +24,19 @@ def _problem(error: dict) -> str:
     return f"MNEMO_{'.'.join(map(str, error['loc'])).upper()}: {error['msg']}"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """`--help` prints how to configure; any argument is refused (exit 2): the settings are MNEMO_* variables."""
+    parser = argparse.ArgumentParser(
+        prog="python -m app",
+        description="Serve the models of MNEMO_ARTIFACTS_DIR over HTTP on MNEMO_HOST:MNEMO_PORT.",
+        epilog="It takes no arguments: every setting is an MNEMO_* environment variable (README.md, Configuration).",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
     """Check the settings and the provider (one clear message and exit 1 if wrong), then serve."""
+    parse_args(argv)
     try:
         settings = Settings()
         resolve_provider(settings.provider)

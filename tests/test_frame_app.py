@@ -135,3 +135,16 @@ def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, worke
     names = "MNEMO_HOST:MNEMO_PORT" if variable == "MNEMO_PORT" else "MNEMO_HOST:MNEMO_PROBE_PORT"
     expected = f"cannot listen on 127.0.0.1:{port} ({names}): Address already in use"
     assert done.stderr.strip() == f"mnemo: cannot start: {expected}"
+
+
+@pytest.mark.parametrize(("argument", "code"), [("--help", 0), ("--port=9", 2), ("serve", 2)])
+def test_python_m_app_takes_no_arguments(argument: str, code: int):
+    """`--help` started a server on the default port; `--port=9` was silently ignored."""
+    env = {**os.environ, "MNEMO_PORT": str(free_port())}
+    command = [sys.executable, "-m", "app", argument]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == code
+    if code == 0:
+        assert "every setting is an MNEMO_* environment variable" in done.stdout
+    else:
+        assert f"python -m app: error: unrecognized arguments: {argument}" in done.stderr
