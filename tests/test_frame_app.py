@@ -99,6 +99,7 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "redis://127.0.0.1:6379/-1"}, "database must be a number (redis://host:port/0), not '-1'"),
         ({"MNEMO_STATE_URL": "redis://user:secret@[::1/0"}, "MNEMO_STATE_URL is not a valid URL: Invalid IPv6 URL"),
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
+        ({"MNEMO_INTRA_OP_THREADS": "100000"}, "MNEMO_INTRA_OP_THREADS: Input should be less than or equal to 256"),
         ({"MNEMO_MAX_QUEUE": "10000000"}, "MNEMO_MAX_QUEUE: Input should be less than or equal to 1000000"),
         ({"MNEMO_MAX_BODY_BYTES": str(1 << 30)}, "MNEMO_MAX_BODY_BYTES: Input should be less than or equal to 6710"),
         ({"MNEMO_MAX_CONNECTIONS": "FILES"}, "MNEMO_MAX_CONNECTIONS ({files}) needs {needed} open files, past this"),

@@ -84,7 +84,7 @@ class Settings(BaseSettings):
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
     )
     workers: int = Field(1, ge=1, le=256, description="server processes on the port, each with every model")
-    intra_op_threads: int = Field(1, ge=1, description="ONNX Runtime threads per run")
+    intra_op_threads: int = Field(1, ge=1, le=256, description="ONNX Runtime threads per run (at most 256)")
     concurrent_runs: int | None = Field(
         None, ge=1, description="ONNX runs at once over all models, per worker; default CPUs // (workers x threads)"
     )
