@@ -6,13 +6,14 @@ With MNEMO_WORKERS > 1 a supervisor runs that many server processes on the port 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pydantic import ValidationError
 
 from app.frame.providers import ProviderUnavailable, resolve_provider
 from app.frame.sessions import preopened
-from app.frame.settings import Settings
+from app.frame.settings import Settings, unknown_variables
 from app.runtime.memory import tune_malloc
 from app.students.factory import check_url
 
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
     except ProviderUnavailable as error:
         sys.exit(f"mnemo: cannot start: {error}")
+    for line in unknown_variables(os.environ):
+        print(f"mnemo: warning: {line}", file=sys.stderr)
     problem = startup_problem(settings)
     if problem:
         sys.exit(f"mnemo: cannot start: {problem}")

@@ -149,3 +149,19 @@ def test_python_m_app_takes_no_arguments(argument: str, code: int):
         assert "every setting is an MNEMO_* environment variable" in done.stdout
     else:
         assert f"python -m app: error: unrecognized arguments: {argument}" in done.stderr
+
+
+def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
+    """A typo (MNEMO_MAX_BACTH, MNEMO_API_KEY: authentication off) was ignored without a word."""
+    typos = {"MNEMO_MAX_BACTH": "8", "MNEMO_API_KEY": "a-key"}
+    kubernetes = {"MNEMO_SERVICE_HOST": "10.0.0.1", "MNEMO_PORT_8000_TCP_ADDR": "10.0.0.1"}
+    kubernetes["MNEMO_REDIS_PORT"] = "tcp://10.0.0.2:6379"  # service links, set by Kubernetes, not typos
+    env = {**os.environ, "MNEMO_PORT": str(free_port()), "MNEMO_ARTIFACTS_DIR": "/nonexistent", **typos, **kubernetes}
+    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stderr.splitlines()[:2] == [
+        "mnemo: warning: MNEMO_API_KEY is not a setting (did you mean MNEMO_API_KEYS?): ignored "
+        "(the settings: README.md, Configuration)",
+        "mnemo: warning: MNEMO_MAX_BACTH is not a setting (did you mean MNEMO_MAX_BATCH?): ignored "
+        "(the settings: README.md, Configuration)",
+    ]
+    assert "SERVICE_HOST" not in done.stderr and "_TCP" not in done.stderr and "REDIS" not in done.stderr

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
+import re
 import resource
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +18,11 @@ DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
 DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 (older nodes, e.g. Amazon Linux 2): cpu.cfs_quota_us
+# MNEMO_* variables that are not service settings: training data, tests, compose and image builds
+OTHER_VARIABLES = {"DATA_DIR", "TEST_ARTIFACTS_DIR", "CHROMIUM", "HOST_PORT", "GPU_HOST_PORT", "BASE_IMAGE"}
+# what Kubernetes sets for the Services mnemo and mnemo-redis (service links): MNEMO_SERVICE_HOST, ...
+SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
+SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -25,6 +33,22 @@ def read_keys_file(path: Path) -> list[str]:
         raise ValueError(f"cannot read {path}: {error.strerror}") from None
     lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return [line for line in lines if line]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per MNEMO_* variable that is no setting (a typo such as MNEMO_MAX_BACTH), naming the nearest one."""
+    fields = {name.upper() for name in Settings.model_fields}
+    lines = []
+    for variable, value in sorted(environ.items()):
+        name = variable.upper().removeprefix("MNEMO_")
+        if not variable.upper().startswith("MNEMO_") or name in fields or name in OTHER_VARIABLES:
+            continue
+        if SERVICE_LINK.fullmatch(name) or (name.endswith("PORT") and SERVICE_LINK_URL.match(value)):
+            continue
+        nearest = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+        hint = f" (did you mean MNEMO_{nearest[0]}?)" if nearest else ""
+        lines.append(f"{variable} is not a setting{hint}: ignored (the settings: README.md, Configuration)")
+    return lines
 
 
 RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
