@@ -98,6 +98,8 @@ def test_the_thread_budget_fits_the_cpus():
         ),
         ({"MNEMO_STATE_URL": "redis://127.0.0.1:6379/-1"}, "database must be a number (redis://host:port/0), not '-1'"),
         ({"MNEMO_STATE_URL": "redis://user:secret@[::1/0"}, "MNEMO_STATE_URL is not a valid URL: Invalid IPv6 URL"),
+        ({"MNEMO_STATE_URL": "sqlite:///tmp"}, "MNEMO_STATE_URL names /tmp, a directory: name a database file"),
+        ({"MNEMO_STATE_URL": "NOT_A_DB"}, "pyproject.toml, a file that is not an SQLite database"),  # was: /ready 200
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
         ({"MNEMO_INTRA_OP_THREADS": "100000"}, "MNEMO_INTRA_OP_THREADS: Input should be less than or equal to 256"),
         ({"MNEMO_MAX_QUEUE": "10000000"}, "MNEMO_MAX_QUEUE: Input should be less than or equal to 1000000"),
@@ -108,7 +110,7 @@ def test_the_thread_budget_fits_the_cpus():
 def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str):
     port = str(free_port())
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 127  # one connection past the open-file limit
-    placeholders = {"PORT": port, "FILES": str(files)}
+    placeholders = {"PORT": port, "FILES": str(files), "NOT_A_DB": f"sqlite://{ROOT / 'pyproject.toml'}"}
     variables = {name: placeholders.get(value, value) for name, value in variables.items()}
     env = {**os.environ, "MNEMO_PORT": port, **variables}
     done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -9,6 +9,7 @@ from app.students.sqlite_store import SYNCHRONOUS_MODES, SqliteStateStore
 from app.students.store import StateStore
 
 SQLITE_PREFIX = "sqlite://"
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -36,7 +37,7 @@ def open_store(url: str) -> StateStore:
 def check_url(url: str) -> None:
     """ValueError naming MNEMO_STATE_URL when the URL is malformed (checked at startup, without connecting)."""
     if url.startswith(SQLITE_PREFIX):
-        _sqlite_options(url.removeprefix(SQLITE_PREFIX))
+        _check_sqlite_file(_sqlite_options(url.removeprefix(SQLITE_PREFIX))[0])
         return
     try:
         scheme = urlsplit(url).scheme
@@ -58,6 +59,20 @@ def check_url(url: str) -> None:
     if scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
         raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0), not {database[:32]!r}")
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """ValueError when the path is a directory or a file that is no SQLite database: no restart would mend it."""
+    if path.is_dir():
+        example = path / "students.db"
+        raise ValueError(f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {example}")
+    try:
+        with path.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except OSError:
+        return  # absent (created on opening) or unreadable (opening says why)
+    if header and header != SQLITE_HEADER:
+        raise ValueError(f"MNEMO_STATE_URL names {path}, a file that is not an SQLite database")
 
 
 def _sqlite_options(path_and_query: str) -> tuple[Path, str]:
