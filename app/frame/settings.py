@@ -22,6 +22,7 @@ CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 (older nodes, e.g. Amazo
 OTHER_VARIABLES = {"DATA_DIR", "TEST_ARTIFACTS_DIR", "CHROMIUM", "HOST_PORT", "GPU_HOST_PORT", "BASE_IMAGE"}
 # what Kubernetes sets for the Services mnemo and mnemo-redis (service links): MNEMO_SERVICE_HOST, ...
 SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
+ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
 SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
 
 
@@ -49,6 +50,11 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
         hint = f" (did you mean MNEMO_{nearest[0]}?)" if nearest else ""
         lines.append(f"{variable} is not a setting{hint}: ignored (the settings: README.md, Configuration)")
     return lines
+
+
+def _entries(text: str) -> list[str]:
+    """The non-empty entries of a comma-separated setting."""
+    return [entry.strip() for entry in text.split(",") if entry.strip()]
 
 
 RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
@@ -162,6 +168,24 @@ class Settings(BaseSettings):
         if not any(key.strip() for key in keys.get_secret_value().split(",")):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
         return keys
+
+    @field_validator("open_paths")
+    @classmethod
+    def _paths_are_paths(cls, paths: str) -> str:
+        """An entry without the leading / (`health`) never matched: probes got 401 with authentication on."""
+        wrong = [path for path in _entries(paths) if not path.startswith("/")]
+        if wrong:
+            raise ValueError(f"{wrong[0]!r} is not a path (comma-separated paths such as /health)")
+        return paths
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins_are_origins(cls, origins: str) -> str:
+        """Browsers send scheme://host[:port]: `example.com` or `https://example.com/` never matched, without a word."""
+        wrong = [origin for origin in _entries(origins) if origin != "*" and not ORIGIN.fullmatch(origin)]
+        if wrong:
+            raise ValueError(f"{wrong[0]!r} is not an origin (comma-separated, such as https://example.com:8443, or *)")
+        return origins
 
     @field_validator("api_keys_file")
     @classmethod
