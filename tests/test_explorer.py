@@ -9,6 +9,7 @@ The servers keep their students in an SQLite file of the test's own temporary di
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import time
@@ -546,3 +547,41 @@ def test_the_docs_pages_load_nothing_from_elsewhere_and_no_site_can_frame_them(
     refused = [text for text in watched.console_errors if "Content Security Policy" in text]
     assert [text for text in watched.console_errors if text not in refused] == []
     assert all("cdn.redoc.ly" in text for text in refused), refused
+
+
+def _paste_many(page: Page, count: int, seed: int = 1) -> list[dict]:
+    """`count` random answers over KT_MODEL's 110 questions, put in the paste box and loaded as the history."""
+    rng = random.Random(seed)
+    interactions = [{"question": rng.randint(1, 110), "correct": bool(rng.randint(0, 1))} for _ in range(count)]
+    text = "\n".join(f"{item['question']} {int(item['correct'])}" for item in interactions)
+    page.evaluate("t => { paste.open = true; document.getElementById('paste-text').value = t; }", text)
+    page.get_by_role("button", name="Replace the history").click()
+    expect(page.locator("#history-count")).to_have_text(f"{count} answers", timeout=30_000)
+    return interactions
+
+
+def test_a_5000_step_history_is_drawn_in_seconds_on_a_canvas_that_reads_by_keyboard(watched: Watched, server: str):
+    """5,000 steps x 20 concepts: 200,000 SVG cells took about 12 s to build (the tab frozen); now a canvas."""
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    interactions = _paste_many(page, 5000)
+    pressed = time.monotonic()
+    with page.expect_response("**/knowledge-trace", timeout=120_000) as answer:
+        page.get_by_role("button", name="Trace").click()
+    expect(page.locator("#kt-attention-map .legend")).to_have_count(1, timeout=60_000)
+    drawn = time.monotonic() - pressed  # the server's part is under 1 s
+    assert drawn < 5, f"the answer took {drawn:.1f} s to be drawn"
+    api = answer.value.json()
+    assert page.locator("#kt-result rect.cell").count() == 0
+    mastery = page.locator("#mastery-map canvas.heatmap")
+    expect(mastery).to_have_attribute("aria-label", re.compile(r"5001 by 20 map"))
+    expect(page.locator("#mastery-map")).to_contain_text("too many cells to draw one by one")
+    mastery.focus()  # the values by keyboard, as on a small map
+    for key in ("End", "ArrowRight", "ArrowRight"):
+        page.keyboard.press(key)
+    last = interactions[-1]
+    expect(page.locator("#mastery-map .readout")).to_have_text(
+        re.compile(rf"^after step 5000 · {last['question']} · .*, concept 2: mastery {api['mastery'][5000][2]:.3f}$")
+    )
+    watched.screenshot("knowledge-5000-1280")
+    watched.assert_clean()

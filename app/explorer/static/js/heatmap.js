@@ -1,7 +1,12 @@
 // A heatmap as SVG: one <rect class="cell"> per value, coloured with viridis, the value in each cell's
 // tooltip, a readout line driven by the mouse or the arrow keys, a colour legend and the numbers as a table.
+// A map of more than SVG_CELLS values (a long history) is painted on a <canvas> instead (canvasmap.js):
+// 100,000 SVG cells took 13 s to build and froze the tab.
 import { colour, textColour, legendStops } from "./colormap.js";
 import { html, svg, fixed, shorten, drawToWidth, lazyDetails } from "./dom.js";
+import { drawCanvasMap } from "./canvasmap.js";
+
+const SVG_CELLS = 64 * 64; // a similarity map of two 64-token sentences stays SVG
 
 let figureCount = 0;
 
@@ -13,15 +18,36 @@ let figureCount = 0;
  * Cells shrink to fit the figure's width down to 12 px; below that the map scrolls sideways.
  */
 export function renderHeatmap(figure, options) {
-  drawToWidth(figure, (width) => draw(figure, options, width));
+  const cells = options.matrix.length * (options.matrix[0]?.length ?? 0);
+  if (cells > SVG_CELLS) {
+    drawToWidth(figure, (width) => drawLarge(figure, options, width));
+  } else {
+    drawToWidth(figure, (width) => draw(figure, options, width));
+  }
+}
+
+function drawLarge(figure, options, budget) {
+  const id = `heatmap-${++figureCount}`;
+  const readout = html("p", { class: "readout", id: `${id}-readout`, "aria-live": "polite" }, "\u00a0");
+  const { matrix } = options;
+  const note = html("p", { class: "hint" }, `${matrix.length} rows by ${matrix[0].length}: too many cells to draw `
+    + "one by one, so this map is a picture. Hover it, or focus it and use the arrow keys (Page Up/Down: 10 rows, "
+    + "Home/End: first/last row) to read a value; the numbers are in the table below.");
+  figure.replaceChildren(
+    html("figcaption", {}, options.title),
+    note,
+    drawCanvasMap(options, domainOf(options), budget, readout),
+    readout,
+    legend(...domainOf(options), `${id}-gradient`, options.legendLabel),
+    numbersTable(options),
+  );
 }
 
 function draw(figure, options, budget) {
   const { matrix, rowLabels, colLabels } = options;
   const rows = matrix.length;
   const columns = rows ? matrix[0].length : 0;
-  const high = options.domain ? options.domain[1] : matrix.reduce((most, values) => Math.max(most, ...values), 1e-9);
-  const low = options.domain ? options.domain[0] : 0;
+  const [low, high] = domainOf(options);
   const scaled = (value) => (value - low) / (high - low);
   const labelLength = options.labelLength ?? 14;
   const left = 8 + 6.5 * Math.min(labelLength, Math.max(...rowLabels.map((label) => label.length), 1));
@@ -149,6 +175,11 @@ function numbersTable({ title, matrix, rowLabels, colLabels, rowAxis, colAxis })
 function labelText(label, length) {
   const short = shorten(label, length);
   return short === label ? [label] : [short, svg("title", {}, label)];
+}
+
+/** [low, high] of the colour scale: options.domain, else 0 to the largest value. */
+function domainOf({ domain, matrix }) {
+  return domain ?? [0, matrix.reduce((most, values) => values.reduce((a, b) => Math.max(a, b), most), 1e-9)];
 }
 
 function clamp(value, low, high) {
