@@ -585,3 +585,50 @@ def test_a_5000_step_history_is_drawn_in_seconds_on_a_canvas_that_reads_by_keybo
     )
     watched.screenshot("knowledge-5000-1280")
     watched.assert_clean()
+
+
+def test_a_hung_server_is_said_and_given_up_after_the_timeout(watched: Watched, server: str):
+    """fetch had no timeout: with no answer the page said nothing and its buttons stayed disabled for ever."""
+    page = watched.page
+    page.clock.install()
+    held: list = []  # the server's answer never comes: the request is held in the browser
+    page.route("**/knowledge-trace", lambda route: held.append(route))
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    _paste_many(page, 3)
+    page.get_by_role("button", name="Trace").click()
+    expect(page.locator("#kt-busy")).to_have_text("Tracing: waiting for the server (at most 30 s)…")
+    page.clock.fast_forward(31_000)
+    expect(page.locator("#kt-error")).to_have_text("The server did not answer within 30 s.")
+    expect(page.locator("#kt-busy")).to_be_hidden()
+    expect(page.get_by_role("button", name="Trace")).to_be_enabled()
+    assert len(held) == 1
+    watched.assert_clean()
+
+
+def test_a_slow_trace_answer_never_replaces_a_later_append(watched: Watched, server: str):
+    """Trace and Append could run at once and whichever answered last was drawn: a slow trace overwrote the append."""
+    student_id = f"raced-{time.monotonic_ns()}"
+    stored = [{"question": 12, "correct": True}] * 5
+    body = {"model": KT_MODEL, "interactions": stored}
+    assert httpx.post(f"{server}/students/{student_id}/interactions", json=body, timeout=30).status_code == 200
+    page = watched.page
+    held: list = []
+    page.route("**/knowledge-trace", lambda route: held.append(route))
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    _paste_many(page, 3)
+    page.get_by_role("button", name="Trace").click()
+    while not held:  # the trace is on its way
+        page.wait_for_timeout(50)
+    page.get_by_label("Student id").fill(student_id)
+    page.get_by_role("button", name="Append to student").click()  # the later request, answered first
+    expect(page.locator("#student-summary")).to_contain_text("8 answers stored (3 just added)")
+    with page.expect_response("**/knowledge-trace") as late:
+        held[0].continue_()  # now the real server answers the earlier trace
+    assert late.value.status == 200
+    page.wait_for_timeout(300)
+    expect(page.locator("#student-summary")).to_contain_text("8 answers stored (3 just added)")
+    assert page.locator("#prediction-chart svg text.label").all_text_contents()[5:8] == ["6", "7", "8"]
+    expect(page.locator("#kt-busy")).to_be_hidden()
+    watched.assert_clean()

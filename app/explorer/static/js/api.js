@@ -25,7 +25,13 @@ export function describeError(status, body) {
   return `The server answered ${status} without a message.`;
 }
 
-/** GET (body undefined) or POST JSON to `path`; resolves to the decoded JSON or rejects with ApiError. */
+/** How long the page waits for an answer: past the server's own deadline (10 s by default), then gives up. */
+export const TIMEOUT_SECONDS = 30;
+
+/**
+ * GET (body undefined) or POST JSON to `path`; resolves to the decoded JSON or rejects with ApiError
+ * (status 0: not reached, or no answer within TIMEOUT_SECONDS).
+ */
 export async function request(path, body) {
   const headers = { accept: "application/json" };
   const key = keyInput().value.trim();
@@ -35,13 +41,19 @@ export async function request(path, body) {
     headers["content-type"] = "application/json";
     init.body = JSON.stringify(body);
   }
+  const deadline = new AbortController();
+  const timer = setTimeout(() => deadline.abort(), TIMEOUT_SECONDS * 1000);
   let response;
+  let text;
   try {
-    response = await fetch(path, init);
+    response = await fetch(path, { ...init, signal: deadline.signal });
+    text = await response.text();
   } catch (error) {
+    if (deadline.signal.aborted) throw new ApiError(`The server did not answer within ${TIMEOUT_SECONDS} s.`, 0);
     throw new ApiError(`Could not reach the server (${error.message}).`, 0);
+  } finally {
+    clearTimeout(timer);
   }
-  const text = await response.text();
   let decoded = null;
   try {
     decoded = text ? JSON.parse(text) : null;

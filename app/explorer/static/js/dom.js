@@ -28,6 +28,14 @@ export function showError(box, message) {
   box.hidden = !message;
 }
 
+/** Say `message` in a busy line (and mark `region` aria-busy), or hide the line when message is empty. */
+export function showBusy(line, region, message) {
+  line.textContent = message || "";
+  line.hidden = !message;
+  if (message) region.setAttribute("aria-busy", "true");
+  else region.removeAttribute("aria-busy");
+}
+
 /** A number as a short fixed-point string. */
 export function fixed(value, digits = 3) {
   return Number(value).toFixed(digits);

@@ -1,8 +1,8 @@
 // The knowledge-tracing tab: build a history of answered questions, then see the predicted probability per
 // step, the mastery of each concept over time, the attention per step and the next questions ranked; either for
 // the history alone (POST /knowledge-trace) or appended to a student kept on the server (/students/{id}).
-import { request } from "./api.js";
-import { html, showError, fixed, shorten } from "./dom.js";
+import { request, TIMEOUT_SECONDS } from "./api.js";
+import { html, showError, showBusy, fixed, shorten } from "./dom.js";
 import { renderHeatmap } from "./heatmap.js";
 import { renderLineChart } from "./linechart.js";
 import { parseHistory } from "./history.js";
@@ -12,7 +12,15 @@ const $ = (id) => document.getElementById(id);
 const CATALOG_PAGE = 1000;
 const NEXT_SHOWN = 15;
 
-const state = { models: new Map(), catalogs: new Map(), history: [], showAllNext: false, next: [] };
+const state = { models: new Map(), catalogs: new Map(), history: [], showAllNext: false, next: [], appending: false };
+
+// Each Trace, Load student, Append and model change takes the next turn; an answer to an older turn is not
+// drawn, so a slow answer never replaces a later one. An append (a write) blocks the three buttons until answered.
+let turn = 0;
+
+function busy(message) {
+  showBusy($("kt-busy"), $("kt-result"), message && `${message}: waiting for the server (at most ${TIMEOUT_SECONDS} s)…`);
+}
 
 /** Fill the model picker, load the chosen model's question catalog and wire the controls. */
 export function setUpKnowledge(models) {
@@ -20,6 +28,8 @@ export function setUpKnowledge(models) {
   const picker = $("kt-model");
   picker.replaceChildren(...models.map((model) => html("option", { value: model.name, selected: model.default }, model.name)));
   picker.addEventListener("change", () => {
+    turn += 1; // an answer still on its way is for the other model
+    busy("");
     state.history = [];
     drawHistory();
     $("kt-result").hidden = true;
@@ -124,8 +134,7 @@ function loadPasted() {
 
 function drawHistory() {
   $("history-count").textContent = `${state.history.length} answer${state.history.length === 1 ? "" : "s"}`;
-  $("trace").disabled = state.history.length === 0;
-  $("append-student").disabled = state.history.length === 0;
+  updateActions();
   $("history").replaceChildren(...state.history.map((step, index) => {
     const toggle = html("button", { type: "button", class: step.correct ? "answer right" : "answer wrong", "aria-pressed": String(step.correct),
       "aria-label": `Step ${index + 1} answered ${step.correct ? "right" : "wrong"}; press to change` },
@@ -144,22 +153,31 @@ function drawHistory() {
   }));
 }
 
+/** Trace, Append and Load are usable unless an append is on its way; the first two need a history. */
+function updateActions() {
+  $("trace").disabled = state.history.length === 0 || state.appending;
+  $("append-student").disabled = state.history.length === 0 || state.appending;
+  $("student-load").disabled = state.appending;
+}
+
 async function trace() {
-  const button = $("trace");
+  const mine = ++turn;
   showError($("kt-error"), "");
-  showSummary(""); // this trace is of the history alone, not of a stored student
-  button.disabled = true;
+  busy("Tracing");
   try {
     const history = state.history.map((step) => ({ ...step }));
     const result = await request("/knowledge-trace", {
       model: currentModel().name, interactions: history, next_questions: null, return_attention: true,
     });
+    if (mine !== turn) return;
+    showSummary(""); // this trace is of the history alone, not of a stored student
     show(result, history);
   } catch (error) {
+    if (mine !== turn) return;
     $("kt-result").hidden = true;
     showError($("kt-error"), error.message);
   } finally {
-    button.disabled = state.history.length === 0;
+    if (mine === turn) busy("");
   }
 }
 
@@ -181,42 +199,58 @@ async function loadStudent() {
   const id = checkedStudentId();
   if (id === null) return;
   const model = currentModel().name;
+  const mine = ++turn;
+  busy("Loading the student");
   try {
     const stored = await readStudent(id, model);
+    if (mine !== turn) return;
     showSummary(`Student “${id}” under ${model}: ${stored.interactions} answers stored, last one at ${stored.updated_at}.`);
     showStored(stored);
   } catch (error) {
+    if (mine !== turn) return;
     $("kt-result").hidden = true;
     showSummary("");
     showError($("kt-error"), error.status === 404
       ? `No student “${id}” under ${model} yet (404): add answers below and press “Append to student” to create it.`
       : `Could not load the student: ${error.message}`);
+  } finally {
+    if (mine === turn) busy("");
   }
 }
 
 async function appendStudent() {
-  const button = $("append-student");
   showError($("kt-error"), "");
   const id = checkedStudentId();
   if (id === null) return;
   const model = currentModel();
-  button.disabled = true;
+  const mine = ++turn;
+  const sent = [...state.history];
+  state.appending = true;
+  updateActions();
+  busy("Appending to the student");
   try {
-    const history = state.history.map((step) => ({ ...step }));
+    const history = sent.map((step) => ({ ...step }));
     const every = Array.from({ length: model.n_questions }, (_, index) => index + 1);
     const answer = await appendToStudent(id, model.name, history, every);
-    state.history = []; // stored now, whatever happens while drawing: appending them again would count them twice
+    // stored now, whatever happens while drawing: appending them again would count them twice
+    state.history = state.history.filter((step) => !sent.includes(step));
     drawHistory();
+    if (mine !== turn) return;
     const before = answer.interactions - history.length;
     showSummary(`Student “${id}” under ${model.name}: ${answer.interactions} answers stored (${history.length} just added).`);
     const { predictions, mastery_steps: mastery, attention, next } = answer;
     // A model without memory slots (DKT) answers mastery as null: no concepts to count.
     show({ predictions, mastery, attention, next, n_concepts: answer.mastery?.length ?? null }, history, before);
   } catch (error) {
+    if (mine !== turn) return;
     $("kt-result").hidden = true;
-    showError($("kt-error"), `Could not append to the student: ${error.message}`);
+    const maybe = error.status === 0 ? " The answers may have been stored: press “Load student” to see the count before appending them again." : "";
+    showError($("kt-error"), `Could not append to the student: ${error.message}${maybe}`);
   } finally {
-    button.disabled = state.history.length === 0;
+    state.appending = false;
+    updateActions();
+    if (mine === turn) busy("");
+    if (document.activeElement === document.body) $("question-input").focus(); // the pressed button went disabled
   }
 }
 

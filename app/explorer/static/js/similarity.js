@@ -1,6 +1,6 @@
 // The similarity tab: two sentences in, relatedness, entailment bars and the two attention maps out.
-import { request } from "./api.js";
-import { html, showError, fixed } from "./dom.js";
+import { request, TIMEOUT_SECONDS } from "./api.js";
+import { html, showError, showBusy, fixed } from "./dom.js";
 import { renderHeatmap } from "./heatmap.js";
 
 const $ = (id) => document.getElementById(id);
@@ -19,12 +19,14 @@ export function setUpSimilarity(models) {
   });
 }
 
+// Each Compare takes the next turn; an answer to an older one is not drawn (a slow answer never replaces a later one).
+let turn = 0;
+
 async function compare() {
-  const form = $("similarity-form");
-  const button = form.querySelector("button[type=submit]");
+  const mine = ++turn;
+  const busy = (message) => showBusy($("similarity-busy"), $("similarity-result"), message);
   showError($("similarity-error"), "");
-  button.disabled = true;
-  form.setAttribute("aria-busy", "true");
+  busy(`Comparing: waiting for the server (at most ${TIMEOUT_SECONDS} s)…`);
   try {
     const result = await request("/similarity", {
       sentence_a: $("sentence-a").value,
@@ -32,13 +34,13 @@ async function compare() {
       model: $("similarity-model").value || null,
       return_attention: true,
     });
-    show(result);
+    if (mine === turn) show(result);
   } catch (error) {
+    if (mine !== turn) return;
     $("similarity-result").hidden = true;
     showError($("similarity-error"), error.message);
   } finally {
-    button.disabled = false;
-    form.removeAttribute("aria-busy");
+    if (mine === turn) busy("");
   }
 }
 
