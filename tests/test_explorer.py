@@ -632,3 +632,18 @@ def test_a_slow_trace_answer_never_replaces_a_later_append(watched: Watched, ser
     assert page.locator("#prediction-chart svg text.label").all_text_contents()[5:8] == ["6", "7", "8"]
     expect(page.locator("#kt-busy")).to_be_hidden()
     watched.assert_clean()
+
+
+def test_a_429_says_when_to_try_again(watched: Watched, server: str):
+    """429 and 503 showed the API's message but not its Retry-After (the answer is the server's 429 shape)."""
+    page = watched.page
+    detail = {"detail": "Too many requests queued for this model; try again later."}
+    page.route(
+        "**/similarity",
+        lambda route: route.fulfill(status=429, headers={"Retry-After": "7"}, json=detail),
+    )
+    page = watched.open()
+    page.get_by_role("button", name="Compare").click()
+    expect(page.locator("#similarity-error")).to_have_text(f"429: {detail['detail']} Try again in 7 s.")
+    expect(page.locator("#similarity-busy")).to_be_hidden()
+    watched.assert_clean(expected_statuses=(429,))

@@ -25,6 +25,15 @@ export function describeError(status, body) {
   return `The server answered ${status} without a message.`;
 }
 
+/** " Try again in N s." (or "after <time>") from a Retry-After header (429, 503), or "" without one. */
+export function retryAdvice(retryAfter) {
+  if (!retryAfter) return "";
+  const seconds = Number(retryAfter.trim());
+  if (Number.isInteger(seconds) && seconds >= 0) return ` Try again in ${seconds} s.`;
+  const date = new Date(retryAfter);
+  return Number.isNaN(date.getTime()) ? "" : ` Try again after ${date.toLocaleTimeString()}.`;
+}
+
 /** How long the page waits for an answer: past the server's own deadline (10 s by default), then gives up. */
 export const TIMEOUT_SECONDS = 30;
 
@@ -61,7 +70,8 @@ export async function request(path, body) {
     decoded = null;
   }
   if (!response.ok) {
-    throw new ApiError(`${response.status}: ${describeError(response.status, decoded)}`, response.status);
+    const message = `${response.status}: ${describeError(response.status, decoded)}`;
+    throw new ApiError(message + retryAdvice(response.headers.get("retry-after")), response.status);
   }
   return decoded;
 }
