@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 from collections.abc import Iterator
 
@@ -83,3 +84,30 @@ def test_a_bug_logs_one_line_each_time_and_its_traceback_once(toy_artifacts):
     assert len(errors) == 5 and all("a deliberate bug" in error["message"] for error in errors)
     assert ["exception" in error for error in errors] == [True, False, False, False, False]
     assert sum("Traceback" in line for line in live.output) == 1  # uvicorn logs no second one
+
+
+FORGED_PATH = "/x%0d%0a2026-01-01%2000:00:00,000%20INFO%20mnemo.access:%20GET%20/ok%20200%1b%5b2J%00%e2%80%a8%ff"
+TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
+
+
+def _raw_get(url: str, target: str) -> bytes:
+    """GET `target` sent as is (no client normalises it) on a fresh connection; the whole answer."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        return b"".join(iter(lambda: connection.recv(65536), b""))
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_client_path_cannot_forge_a_log_line_or_send_terminal_escapes(log_format):
+    with running_server(COMMITTED, MNEMO_LOG_FORMAT=log_format) as live:
+        assert _raw_get(live.url, FORGED_PATH).startswith(b"HTTP/1.1 404 ")
+    lines = [line for line in live.output if line.strip()]
+    assert not [line for line in lines if "\x1b" in line or "\x00" in line or "\u2028" in line], lines
+    if log_format == "json":
+        access = [json.loads(line) for line in lines if '"path": "/x' in line]
+        assert [entry["path"][:4] for entry in access] == ["/x\r\n"], access  # JSON escapes it; one line
+    else:
+        assert [line for line in lines if not TEXT_LINE.match(line)] == [], lines  # no line forged
+        access = [line for line in lines if "mnemo.access: GET /x" in line]
+        assert len(access) == 1 and "GET /x\\r\\n2026-01-01 00:00:00,000 INFO" in access[0], access

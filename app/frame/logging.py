@@ -6,6 +6,7 @@ import atexit
 import collections
 import json
 import logging
+import re
 import threading
 import time
 
@@ -32,6 +33,26 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What could end a text line early or rewrite the terminal: C0 and C1 controls (CR, LF, ESC, NUL...), DEL, and
+# the Unicode line and paragraph separators.
+UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(match: re.Match) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, one line per record: control characters in the message (a client's path, say) are written
+    as escapes such as `\\r\\n` or `\\x1b`, so no client can forge a line or colour the operator's terminal.
+    A traceback, when there is one, follows on its own lines as usual."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = UNPRINTABLE.sub(_escaped, record.message)
+        return super().formatMessage(record)
 
 
 def uvicorn_log_config(level: str) -> dict:
@@ -127,7 +148,7 @@ def configure_logging(level: str, fmt: str) -> None:
     """
     _skip_unused_record_fields()
     stream = logging.StreamHandler()
-    stream.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    stream.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     global _writer
     if _writer is not None:
         _writer.stop()
