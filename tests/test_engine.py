@@ -213,6 +213,27 @@ def test_a_cancelled_request_is_dropped_before_it_runs(tmp_path):
     assert runs.batches == [1, 1]  # the slow run and the last request: the cancelled one never ran
 
 
+def test_queue_wait_counts_the_items_given_up_in_the_queue_with_the_time_they_waited(tmp_path):
+    """Requests that time out while queued are the longest waits: left out, the histogram would show only the
+    survivors' waits under overload."""
+    runs = RecordedRuns(tmp_path / "slow.onnx")
+
+    async def scenario(batcher):
+        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
+        await asyncio.sleep(0.1)
+        queued = asyncio.create_task(batcher.run(_feeds(9), 1, 1))
+        await asyncio.sleep(0.3)
+        queued.cancel()  # as its deadline would
+        await slow
+        return batcher._metrics.registry
+
+    registry = _drive(scenario, run=runs)
+    count = registry.get_sample_value("mnemo_queue_wait_seconds_count", {"model": "toy"})
+    below = registry.get_sample_value("mnemo_queue_wait_seconds_bucket", {"model": "toy", "le": "1.0"})
+    assert runs.batches == [1] and count == 2, count  # the slow run's item and the one given up
+    assert below == 2  # the one given up waited its 0.3 s, not until the loop noticed it (after the slow run)
+
+
 def test_rows_of_a_client_that_left_are_skipped_even_before_its_request_is_cancelled(tmp_path):
     runs = RecordedRuns(tmp_path / "slow.onnx")
     client_there = {"gone": True, "here": True}

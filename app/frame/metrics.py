@@ -111,7 +111,7 @@ class Metrics:
         self.queue_wait = Histogram(
             "mnemo_queue_wait_seconds",
             "time a queue item (a request's rows, or a part of at most MNEMO_MAX_BATCH of them) waited from "
-            "submission to the start of its run",
+            "submission to the start of its run, or until it was given up (deadline, client gone, shutdown)",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

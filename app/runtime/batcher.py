@@ -54,7 +54,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -146,6 +146,7 @@ class _Item:
     connected: Callable[[], bool] | None = field(default=None, repr=False)  # is its client still there?
     chain: Chain | None = field(default=None, repr=False)  # run alone, chunk after chunk (see "Chains")
     keep: frozenset[str] | None = None  # the outputs its request reads (None: all); the others are dropped at once
+    waiting: bool = True  # in the queue (or about to run inline), its wait not yet in mnemo_queue_wait_seconds
 
     def wanted(self) -> bool:
         """From any thread: its request still waits for it (not cancelled, client connected)."""
@@ -229,6 +230,7 @@ class ModelBatcher:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
+        self._stop_waiting(self._queue)
         for item in self._queue:
             item.future.cancel()
         self._queue.clear()
@@ -325,6 +327,7 @@ class ModelBatcher:
         try:
             outputs = [await item.future for item in items]
         except BaseException:  # cancelled (deadline, client gone) or failed: the other rows are not wanted
+            self._stop_waiting(items)
             for item in items:
                 item.future.cancel()
             raise
@@ -338,6 +341,7 @@ class ModelBatcher:
         try:
             return await item.future
         except BaseException:
+            self._stop_waiting([item])
             item.future.cancel()
             raise
 
@@ -466,11 +470,19 @@ class ModelBatcher:
             and self._alone()
         )
 
+    def _stop_waiting(self, items: Iterable[_Item]) -> None:
+        """Observe the wait of each item that leaves the queue: to run, or given up (deadline, client gone,
+        shutdown). Under overload the waits given up are the longest ones; left out, the histogram would show
+        only the survivors'."""
+        now = time.perf_counter()
+        for item in items:
+            if item.waiting:
+                item.waiting = False
+                self._queue_wait.observe(now - item.enqueued)
+
     async def _run_batch(self, batch: list[_Item], inline: bool = False) -> None:
         """Run a batch on a run-slot thread, or on the event loop itself when `inline`."""
-        started = time.perf_counter()
-        for item in batch:
-            self._queue_wait.observe(started - item.enqueued)
+        self._stop_waiting(batch)
         loop = asyncio.get_running_loop()
         try:
             try:
@@ -502,7 +514,7 @@ class ModelBatcher:
         if isinstance(outcome, BaseException) or item.chain.done:
             return False
         if not item.abandoned():
-            item.length, item.enqueued = item.chain.cells, time.perf_counter()
+            item.length, item.enqueued, item.waiting = item.chain.cells, time.perf_counter(), True
             self._enqueue([item])
         return True
 
