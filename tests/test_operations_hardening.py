@@ -7,6 +7,7 @@ import json
 import re
 import socket
 import sys
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -111,3 +112,30 @@ def test_a_client_path_cannot_forge_a_log_line_or_send_terminal_escapes(log_form
         assert [line for line in lines if not TEXT_LINE.match(line)] == [], lines  # no line forged
         access = [line for line in lines if "mnemo.access: GET /x" in line]
         assert len(access) == 1 and "GET /x\\r\\n2026-01-01 00:00:00,000 INFO" in access[0], access
+
+
+def _raw_send(url: str, data: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(data)
+        connection.shutdown(socket.SHUT_WR)
+        return b"".join(iter(lambda: connection.recv(65536), b""))
+
+
+def test_a_flood_of_malformed_requests_logs_one_warning_a_second_with_the_count():
+    """Malformed or oversized requests are refused before the app: no access line, but a warning each, which an
+    operator keeping only warnings would see fill the disk at the rate a client sends them."""
+    malformed = b"G\x01T / HTTP/1.1\r\nHost: x\r\n\r\n"
+    oversized = b"GET / HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 70_000 + b"\r\n\r\n"
+    with running_server(COMMITTED, MNEMO_LOG_LEVEL="warning") as live:
+        for _ in range(20):
+            assert _raw_send(live.url, malformed).startswith(b"HTTP/1.1 400 ")
+            assert _raw_send(live.url, oversized).startswith(b"HTTP/1.1 431 ")
+        time.sleep(1.1)
+        _raw_send(live.url, malformed)
+        _raw_send(live.url, oversized)
+    messages = [json.loads(line)["message"] for line in live.output if line.startswith("{")]
+    invalid = [message for message in messages if message.startswith("Invalid HTTP request")]
+    too_large = [message for message in messages if message.startswith("request headers over")]
+    assert len(invalid) <= 3 and len(too_large) <= 3, messages  # the first, perhaps one a second later, the last
+    assert "more since the last line" in invalid[-1] and "more since the last line" in too_large[-1], messages

@@ -55,6 +55,46 @@ class TextFormatter(logging.Formatter):
         return super().formatMessage(record)
 
 
+class EverySecondAtMost(logging.Filter):
+    """Lets through at most one record per `interval_s` for each of `messages` (templates, as logged); the next
+    one let through says how many were held back. For warnings any client can cause once per request without
+    reaching the app (so without an access line): a flood of them would otherwise fill the log at its own rate,
+    whatever level the operator keeps."""
+
+    def __init__(self, messages: frozenset[str], interval_s: float = 1.0) -> None:
+        super().__init__()
+        self.messages = messages
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._held_back: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg not in self.messages:
+            return True
+        now = time.monotonic()
+        if now - self._last.get(record.msg, float("-inf")) < self.interval_s:
+            self._held_back[record.msg] = self._held_back.get(record.msg, 0) + 1
+            return False
+        self._last[record.msg] = now
+        held_back = self._held_back.pop(record.msg, 0)
+        if held_back:
+            record.msg = f"{record.msg} ({held_back} more since the last line)"
+        return True
+
+
+# Per-request warnings of requests refused before the app (app/transports/connection_guard.py; uvicorn's parser).
+CLIENT_CAUSED_WARNINGS = {
+    "uvicorn.error": frozenset({"Invalid HTTP request received."}),
+    "mnemo.connections": frozenset(
+        {
+            "request headers over %d bytes: 431",
+            "client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)",
+        }
+    ),
+}
+_throttles = {name: EverySecondAtMost(messages) for name, messages in CLIENT_CAUSED_WARNINGS.items()}
+
+
 def uvicorn_log_config(level: str) -> dict:
     """uvicorn's `log_config`: its own loggers (startup, shutdown, protocol warnings) go through the service's
     writer (`configure_logging`), in its format and in order with the service's lines."""
@@ -160,6 +200,8 @@ def configure_logging(level: str, fmt: str) -> None:
     logger.setLevel(level.upper())
     logger.propagate = False
     logging.getLogger("uvicorn.access").disabled = True
+    for name, throttle in _throttles.items():
+        logging.getLogger(name).addFilter(throttle)  # once: addFilter skips a filter already there
 
 
 def _skip_unused_record_fields() -> None:
