@@ -11,6 +11,9 @@ from app.students.store import StateStore
 SQLITE_PREFIX = "sqlite://"
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# A password holding one of these cuts the URL early: its rest reads as the port or the database, so the messages
+# about them name no value.
+ENCODE_HINT = "(a password holding / ? # or @ must be percent-encoded)"
 
 
 def open_store(url: str) -> StateStore:
@@ -20,6 +23,7 @@ def open_store(url: str) -> StateStore:
     """
     if url.startswith(SQLITE_PREFIX):
         return _open_sqlite(url.removeprefix(SQLITE_PREFIX))
+    check_url(url)  # also under `uvicorn app.main:app`, where it was not checked at startup
     scheme = urlsplit(url).scheme
     if scheme in REDIS_SCHEMES:
         try:  # redis-py is the optional extra mnemo[redis]: an SQLite-only install does not need it
@@ -52,13 +56,17 @@ def check_url(url: str) -> None:
     except ModuleNotFoundError:
         return  # open_store says that the redis extra is missing
     try:
+        _ = urlsplit(url).port  # parsed on access
+    except ValueError:  # urllib's message quotes the port, which may be a piece of the password
+        raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: its port is not a number {ENCODE_HINT}") from None
+    try:
         parse_url(url)
-    except ValueError as error:  # redis-py's messages name the part, never the password
+    except ValueError as error:  # redis-py's own messages name the part (or query option), not its value
         raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: {error}") from None
     database = urlsplit(url).path.removeprefix("/")
     if scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
-        raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0), not {database[:32]!r}")
+        raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0) {ENCODE_HINT}")
 
 
 def _check_sqlite_file(path: Path) -> None:
