@@ -7,7 +7,7 @@ import threading
 import time
 
 from app.frame import logging as service_logging
-from app.frame.logging import BufferedWriter
+from app.frame.logging import BufferedWriter, TextFormatter
 
 
 class _Collect(logging.Handler):
@@ -60,3 +60,12 @@ def test_a_full_buffer_is_written_out_by_the_thread_that_logs(monkeypatch):
         assert {thread for _, thread in target.lines} == {threading.current_thread().name}
     finally:
         writer.stop()
+
+
+def test_the_text_format_escapes_control_characters_in_a_message_so_it_stays_one_line():
+    message = "model said: bad\r\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\x1b[2J\x00\u2028\x85 é"
+    line = TextFormatter().format(_record(message))
+    assert line.endswith(
+        " INFO mnemo.test: model said: bad\\r\\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200"
+        "\\x1b[2J\\x00\\u2028\\x85 é"
+    ), line

@@ -107,11 +107,11 @@ def test_a_client_path_cannot_forge_a_log_line_or_send_terminal_escapes(log_form
     assert not [line for line in lines if "\x1b" in line or "\x00" in line or "\u2028" in line], lines
     if log_format == "json":
         access = [json.loads(line) for line in lines if '"path": "/x' in line]
-        assert [entry["path"][:4] for entry in access] == ["/x\r\n"], access  # JSON escapes it; one line
+        assert [entry["path"][:8] for entry in access] == ["/x%0D%0A"], access  # one line
     else:
         assert [line for line in lines if not TEXT_LINE.match(line)] == [], lines  # no line forged
         access = [line for line in lines if "mnemo.access: GET /x" in line]
-        assert len(access) == 1 and "GET /x\\r\\n2026-01-01 00:00:00,000 INFO" in access[0], access
+        assert len(access) == 1 and "GET /x%0D%0A2026-01-01%2000:00:00,000%20INFO" in access[0], access
 
 
 def _raw_send(url: str, data: bytes) -> bytes:
@@ -139,3 +139,12 @@ def test_a_flood_of_malformed_requests_logs_one_warning_a_second_with_the_count(
     too_large = [message for message in messages if message.startswith("request headers over")]
     assert len(invalid) <= 3 and len(too_large) <= 3, messages  # the first, perhaps one a second later, the last
     assert "more since the last line" in invalid[-1] and "more since the last line" in too_large[-1], messages
+
+
+def test_an_unmatched_path_is_one_field_of_the_text_access_line():
+    """Spaces in a client's path (sent as %20) would let it add fields: a parser reading the first status and id
+    would take the client's."""
+    with running_server(COMMITTED, MNEMO_LOG_FORMAT="text") as live:
+        assert _raw_get(live.url, "/x%20200%200.1ms%20id=forged").startswith(b"HTTP/1.1 404 ")
+    access = [line for line in live.output if "mnemo.access: GET /x" in line]
+    assert len(access) == 1 and re.search(r"mnemo\.access: GET \S+ 404 [\d.]+ms id=[0-9a-f]{32}$", access[0]), access

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from starlette.types import Scope
 
 MAX_UNMATCHED_PATH = 64
@@ -10,8 +12,9 @@ ID_BEARING_PREFIXES = ("/students/",)
 
 
 def loggable_path(scope: Scope) -> str:
-    """The matched route's template (`/students/{student_id}`); for an unmatched request the raw path,
-    truncated, and cut right after any prefix whose next segment is an id."""
+    """The matched route's template (`/students/{student_id}`); for an unmatched request the path percent-encoded
+    (one field of the access line: no space, control or non-ASCII character), truncated, and cut right after any
+    prefix whose next segment is an id."""
     template = getattr(scope.get("route"), "path", None)
     if template:
         return template
@@ -19,4 +22,5 @@ def loggable_path(scope: Scope) -> str:
     for prefix in ID_BEARING_PREFIXES:
         if path.startswith(prefix):
             return prefix + "…"
+    path = quote(path, safe="/:@!$&'()*+,;=")  # RFC 3986's characters of a path stay as they are
     return path if len(path) <= MAX_UNMATCHED_PATH else path[:MAX_UNMATCHED_PATH] + "…"
