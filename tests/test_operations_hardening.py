@@ -148,3 +148,15 @@ def test_an_unmatched_path_is_one_field_of_the_text_access_line():
         assert _raw_get(live.url, "/x%20200%200.1ms%20id=forged").startswith(b"HTTP/1.1 404 ")
     access = [line for line in live.output if "mnemo.access: GET /x" in line]
     assert len(access) == 1 and re.search(r"mnemo\.access: GET \S+ 404 [\d.]+ms id=[0-9a-f]{32}$", access[0]), access
+
+
+def test_upgrade_requests_log_their_warnings_once_a_second_at_most():
+    """Any request with an Upgrade header (h2c, websocket) made uvicorn log two warnings, one of them telling the
+    operator to install a WebSocket library, which the service does not use."""
+    upgrade = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    with running_server(COMMITTED, MNEMO_LOG_LEVEL="warning") as live:
+        for _ in range(20):
+            assert _raw_send(live.url, upgrade).startswith(b"HTTP/1.1 200 ")
+    messages = [json.loads(line)["message"] for line in live.output if line.startswith("{")]
+    assert sum(message.startswith("Unsupported upgrade request") for message in messages) <= 2, messages
+    assert sum(message.startswith("No supported WebSocket library") for message in messages) <= 2, messages

@@ -84,7 +84,15 @@ class EverySecondAtMost(logging.Filter):
 
 # Per-request warnings of requests refused before the app (app/transports/connection_guard.py; uvicorn's parser).
 CLIENT_CAUSED_WARNINGS = {
-    "uvicorn.error": frozenset({"Invalid HTTP request received."}),
+    "uvicorn.error": frozenset(
+        {
+            "Invalid HTTP request received.",
+            # any request with an Upgrade header (h2c, websocket: the service serves neither)
+            "Unsupported upgrade request.",
+            "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
+            "'websockets' or 'wsproto' manually.",
+        }
+    ),
     "mnemo.connections": frozenset(
         {
             "request headers over %d bytes: 431",
