@@ -56,30 +56,42 @@ class TextFormatter(logging.Formatter):
 
 
 class EverySecondAtMost(logging.Filter):
-    """Lets through at most one record per `interval_s` for each of `messages` (templates, as logged); the next
-    one let through says how many were held back. For warnings any client can cause once per request without
-    reaching the app (so without an access line): a flood of them would otherwise fill the log at its own rate,
-    whatever level the operator keeps."""
+    """Lets through at most one record per `interval_s` for each of `messages` (templates, as logged); those held
+    back meanwhile are counted, and the count is logged (`... (N more since the last line)`) once the interval
+    is over, by a timer, so that the last burst is reported too. For warnings any client can cause once per
+    request without reaching the app (so without an access line): a flood of them would otherwise fill the log
+    at its own rate, whatever level the operator keeps."""
 
     def __init__(self, messages: frozenset[str], interval_s: float = 1.0) -> None:
         super().__init__()
         self.messages = messages
         self.interval_s = interval_s
+        self._lock = threading.Lock()  # records come from the event loop, reports from timer threads
         self._last: dict[str, float] = {}
-        self._held_back: dict[str, int] = {}
+        self._held_back: dict[str, tuple[int, logging.LogRecord]] = {}  # count, and the latest record held back
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg not in self.messages:
             return True
-        now = time.monotonic()
-        if now - self._last.get(record.msg, float("-inf")) < self.interval_s:
-            self._held_back[record.msg] = self._held_back.get(record.msg, 0) + 1
-            return False
-        self._last[record.msg] = now
-        held_back = self._held_back.pop(record.msg, 0)
-        if held_back:
-            record.msg = f"{record.msg} ({held_back} more since the last line)"
-        return True
+        with self._lock:
+            since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
+            if since_last >= self.interval_s:
+                self._last[record.msg] = time.monotonic()
+                return True
+            count, _ = self._held_back.get(record.msg, (0, record))
+            self._held_back[record.msg] = (count + 1, record)
+        if count == 0:  # the first held back in this interval: report them all when it ends
+            timer = threading.Timer(self.interval_s - since_last, self._report, (record.msg,))
+            timer.daemon = True
+            timer.start()
+        return False
+
+    def _report(self, message: str) -> None:
+        with self._lock:
+            count, record = self._held_back.pop(message)
+            self._last[message] = time.monotonic()
+        report = logging.makeLogRecord({**vars(record), "msg": f"{message} ({count} more since the last line)"})
+        logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
 # Per-request warnings of requests refused before the app (app/transports/connection_guard.py; uvicorn's parser).
