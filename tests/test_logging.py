@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -69,3 +70,14 @@ def test_the_text_format_escapes_control_characters_in_a_message_so_it_stays_one
         " INFO mnemo.test: model said: bad\\r\\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200"
         "\\x1b[2J\\x00\\u2028\\x85 é"
     ), line
+
+
+def test_a_traceback_in_the_text_format_is_indented_so_its_message_cannot_start_a_line():
+    try:
+        raise ValueError("student abc\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\x1b[2J")
+    except ValueError:
+        record = logging.LogRecord("mnemo.errors", logging.ERROR, __file__, 0, "bug", None, sys.exc_info())
+    first, *rest = TextFormatter().format(record).split("\n")
+    assert first.endswith(" ERROR mnemo.errors: bug") and rest[0] == "  Traceback (most recent call last):", rest
+    assert all(line.startswith("  ") for line in rest) and "\x1b" not in "".join(rest), rest
+    assert rest[-2:] == ["  ValueError: student abc", "  2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\\x1b[2J"]

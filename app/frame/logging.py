@@ -36,6 +36,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # What could end a text line early or rewrite the terminal: C0 and C1 controls (CR, LF, ESC, NUL...), DEL, and
 # the Unicode line and paragraph separators.
 UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+UNPRINTABLE_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _escaped(match: re.Match) -> str:
@@ -45,7 +46,8 @@ def _escaped(match: re.Match) -> str:
 class TextFormatter(logging.Formatter):
     """TEXT_FORMAT, one line per record: control characters in the message (a client's path, say) are written
     as escapes such as `\\r\\n` or `\\x1b`, so no client can forge a line or colour the operator's terminal.
-    A traceback, when there is one, follows on its own lines as usual."""
+    A traceback follows on lines of its own, each indented (its exception's message may hold client text): only
+    a record's first line starts at the margin, which is also how log shippers tell where a record ends."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
@@ -53,6 +55,10 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = UNPRINTABLE.sub(_escaped, record.message)
         return super().formatMessage(record)
+
+    def formatException(self, ei: tuple) -> str:  # ei: sys.exc_info()
+        text = UNPRINTABLE_BUT_NEWLINE.sub(_escaped, super().formatException(ei))
+        return "\n".join(f"  {line}" for line in text.split("\n"))
 
 
 class EverySecondAtMost(logging.Filter):
