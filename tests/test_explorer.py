@@ -12,6 +12,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import time
 import tomllib
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 from app.explorer.router import STATIC_DIR
-from tests.helpers import running_server
+from tests.helpers import Server, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("MNEMO_TEST_ARTIFACTS_DIR", ROOT / "tmp" / "artifacts")) / "explorer"
@@ -48,10 +49,17 @@ API_KEY = "explorer-test-key-5d1f0a"
 
 
 @contextmanager
-def serving(state_dir: Path, **env: str) -> Iterator[str]:
+def serving_process(state_dir: Path, **env: str) -> Iterator[Server]:
     """`python -m app` on a free port serving artifacts/ (students in `state_dir`), once /ready answers 200."""
     state = f"sqlite://{state_dir / 'students.db'}"
     with running_server(ROOT / "artifacts", ready_timeout_s=STARTUP_SECONDS, MNEMO_STATE_URL=state, **env) as live:
+        yield live
+
+
+@contextmanager
+def serving(state_dir: Path, **env: str) -> Iterator[str]:
+    """The URL of `serving_process`."""
+    with serving_process(state_dir, **env) as live:
         yield live.url
 
 
@@ -584,23 +592,31 @@ def test_a_5000_step_history_is_drawn_on_a_canvas_that_reads_by_keyboard(watched
     watched.assert_clean()
 
 
-def test_a_hung_server_is_said_and_given_up_after_the_timeout(watched: Watched, server: str):
-    """fetch had no timeout: with no answer the page said nothing and its buttons stayed disabled for ever."""
-    page = watched.page
-    page.clock.install()
-    held: list = []  # the server's answer never comes: the request is held in the browser
-    page.route("**/knowledge-trace", lambda route: held.append(route))
-    page = watched.open("#knowledge")
-    page.locator("#kt-model").select_option(KT_MODEL)
-    _paste_many(page, 3)
-    page.get_by_role("button", name="Trace").click()
-    expect(page.locator("#kt-busy")).to_have_text("Tracing: waiting for the server (at most 30 s)…")
-    page.clock.fast_forward(31_000)
-    expect(page.locator("#kt-error")).to_have_text("The server did not answer within 30 s.")
-    expect(page.locator("#kt-busy")).to_be_hidden()
-    expect(page.get_by_role("button", name="Trace")).to_be_enabled()
-    assert len(held) == 1
-    watched.assert_clean()
+def test_a_hung_server_is_said_and_given_up_after_the_timeout(browser: Browser, tmp_path: Path):
+    """fetch had no timeout: with no answer the page said nothing and its buttons stayed disabled for ever.
+
+    A server of the test's own hangs for real (SIGSTOP once the page is loaded: the request reaches its socket and
+    is never answered); the page's clock skips the 30 s. One worker: the process stopped is the one serving.
+    """
+    with serving_process(tmp_path, MNEMO_WORKERS="1") as live, watching(browser, live.url) as watched:
+        page = watched.page
+        page.clock.install()
+        page = watched.open("#knowledge")
+        page.locator("#kt-model").select_option(KT_MODEL)
+        _paste_many(page, 3)
+        live.process.send_signal(signal.SIGSTOP)
+        try:
+            page.get_by_role("button", name="Trace").click()
+            expect(page.locator("#kt-busy")).to_have_text("Tracing: waiting for the server (at most 30 s)…")
+            page.clock.fast_forward(31_000)
+            expect(page.locator("#kt-error")).to_have_text("The server did not answer within 30 s.")
+            expect(page.locator("#kt-busy")).to_be_hidden()
+            expect(page.get_by_role("button", name="Trace")).to_be_enabled()
+            assert Path(f"/proc/{live.process.pid}/stat").read_text().split(") ")[1][0] == "T"  # still stopped
+        finally:
+            live.process.send_signal(signal.SIGCONT)
+        assert [url for url in watched.requests if url.endswith("/knowledge-trace")] == [f"{live.url}/knowledge-trace"]
+        watched.assert_clean()
 
 
 def test_a_slow_trace_answer_never_replaces_a_later_append(watched: Watched, server: str):
