@@ -27,6 +27,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from app.explorer.router import STATIC_DIR
 from tests.helpers import Server, running_server
+from tests.test_drain import _draining, _hold_one_request
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("MNEMO_TEST_ARTIFACTS_DIR", ROOT / "tmp" / "artifacts")) / "explorer"
@@ -647,16 +648,32 @@ def test_a_slow_trace_answer_never_replaces_a_later_append(watched: Watched, ser
     watched.assert_clean()
 
 
-def test_a_429_says_when_to_try_again(watched: Watched, server: str):
-    """429 and 503 showed the API's message but not its Retry-After (the answer is the server's 429 shape)."""
-    page = watched.page
-    detail = {"detail": "Too many requests queued for this model; try again later."}
-    page.route(
-        "**/similarity",
-        lambda route: route.fulfill(status=429, headers={"Retry-After": "7"}, json=detail),
-    )
-    page = watched.open()
-    page.get_by_role("button", name="Compare").click()
-    expect(page.locator("#similarity-error")).to_have_text(f"429: {detail['detail']} Try again in 7 s.")
-    expect(page.locator("#similarity-busy")).to_be_hidden()
-    watched.assert_clean(expected_statuses=(429,))
+def test_a_503_from_a_draining_server_says_when_to_try_again(browser: Browser, tmp_path: Path):
+    """429 and 503 showed the API's message but not its Retry-After.
+
+    A server of the test's own drains (SIGTERM while one request is held in flight) and answers the page's Compare
+    with its real 503 and Retry-After.
+    """
+    env = {"MNEMO_WORKERS": "1", "MNEMO_BODY_TIMEOUT_S": "60", "MNEMO_DRAIN_S": "60"}
+    with serving_process(tmp_path, **env) as live, watching(browser, live.url) as watched:
+        page = watched.open()
+        page.get_by_label("Sentence A").fill("A dog runs in the park.")
+        page.get_by_label("Sentence B").fill("A dog is running outside.")
+        held = _hold_one_request(live)  # keeps the server draining until it is finished
+        live.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while not _draining(live):
+            assert time.monotonic() < deadline, live.output[-5:]
+            time.sleep(0.02)
+        with page.expect_response("**/similarity") as answer:
+            page.get_by_role("button", name="Compare").click()
+        refused = answer.value
+        retry_after = refused.headers["retry-after"]
+        assert refused.status == 503 and retry_after.isdigit()
+        expect(page.locator("#similarity-error")).to_have_text(
+            f"503: {refused.json()['detail']} Try again in {retry_after} s."
+        )
+        expect(page.locator("#similarity-busy")).to_be_hidden()
+        watched.assert_clean(expected_statuses=(503,))
+        assert held.finish()[0] == 200  # the admitted request is answered, then the server exits
+        assert live.process.wait(timeout=30) == 0
