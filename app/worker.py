@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 
+from app.frame.logging import write_out_logs
 from app.frame.settings import Settings
 from app.server import serve
 from app.supervisor import bind_port
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> None:
             settings.concurrent_runs,
             settings.intra_op_threads,
         )
+        write_out_logs()  # this line before the supervisor's "all N workers ready": a worker killed now keeps it
         with contextlib.suppress(OSError):  # the supervisor is gone: its SIGTERM is on the way
             os.write(args.ready_fd, b"1")
             os.close(args.ready_fd)

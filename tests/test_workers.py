@@ -37,12 +37,16 @@ IN_FLIGHT = 16
 
 
 def _wait_for_workers(server: Server, count: int, timeout_s: float = 120) -> None:
-    """Wait until the supervisor logged that all `count` workers serve (running_server waits for one /ready)."""
+    """Wait until the supervisor logged that all `count` workers serve (running_server waits for one /ready);
+    each worker's "serving" line came before it."""
     deadline = time.monotonic() + timeout_s
     while not any(f"all {count} workers ready" in line for line in server.output):
         assert server.process.poll() is None, server.output[-20:]
         assert time.monotonic() < deadline, "the workers never became ready"
         time.sleep(0.1)
+    ready_at = next(i for i, line in enumerate(server.output) if f"all {count} workers ready" in line)
+    before = Server(server.url, server.process, server.output[:ready_at])
+    assert len(_serving(before)) == count, "\n".join(server.output[: ready_at + 1])
 
 
 def _logged(server: Server) -> list[str]:
