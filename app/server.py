@@ -39,13 +39,19 @@ class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first shutdown signal drains the app before the usual graceful shutdown."""
 
     def __init__(
-        self, config: uvicorn.Config, app: FastAPI, drain_s: float, on_started: Callable[[], None] | None = None
+        self,
+        config: uvicorn.Config,
+        app: FastAPI,
+        drain_s: float,
+        on_started: Callable[[], None] | None = None,
+        parent_gone_signal: int | None = None,
     ) -> None:
         super().__init__(config)
         self.state = app.state
         self.drain = app.state.drain
         self.drain_s = drain_s
         self.on_started = on_started  # called once the app has started and the server accepts connections
+        self.parent_gone_signal = parent_gone_signal  # a worker's word from Linux that its supervisor died
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
 
@@ -67,12 +73,15 @@ class DrainingServer(uvicorn.Server):
             with super().capture_signals():
                 yield
             return
-        previous = signal.signal(signal.SIGHUP, self.handle_exit)
+        previous = {signal.SIGHUP: signal.signal(signal.SIGHUP, self.handle_exit)}
+        if self.parent_gone_signal is not None:
+            previous[self.parent_gone_signal] = signal.signal(self.parent_gone_signal, self.handle_parent_gone)
         try:
             with super().capture_signals():
                 yield
         finally:
-            signal.signal(signal.SIGHUP, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def _without_model_traceback(self, send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
         """uvicorn's lifespan `send`, minus the traceback of a model that cannot load: `serve` says it in one line."""
@@ -89,13 +98,27 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True  # a second signal (or no loop yet): stop now
             self.force_exit = self.force_exit or (sig == signal.SIGINT and self.drain.draining)
             return
-        self.drain.begin()
-        self._loop.call_soon_threadsafe(self._start_drain, signal.Signals(sig).name)
+        self._begin_drain(signal.Signals(sig).name)
 
-    def _start_drain(self, signal_name: str) -> None:
-        logger.info(
-            "%s: draining (%d request(s) in flight, up to %gs)", signal_name, self.drain.in_flight, self.drain_s
-        )
+    def handle_parent_gone(self, sig: int, frame: FrameType | None) -> None:
+        """The supervisor died (app/worker.py): drain as on a first SIGTERM. Linux sends the signal again each
+        time the worker is handed to a new parent (another supervisor thread still exiting, a subreaper), so
+        it is no "second signal": repeats are ignored."""
+        if self.drain.draining:
+            return
+        if self._loop is None:  # still starting: stop now
+            self.should_exit = True
+            return
+        self._begin_drain("supervisor gone")
+
+    def _begin_drain(self, reason: str) -> None:
+        self.drain.begin()
+        self._loop.call_soon_threadsafe(self._start_drain, reason)
+
+    def _start_drain(self, reason: str) -> None:
+        if self._drain_task is not None:  # a signal that arrived inside the first one's handler
+            return
+        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, self.drain_s)
         self._drain_task = asyncio.ensure_future(self._finish_drain())
 
     async def _finish_drain(self) -> None:
@@ -114,11 +137,13 @@ def serve(
     app: FastAPI | None = None,
     sockets: list[socket.socket] | None = None,
     on_started: Callable[[], None] | None = None,
+    parent_gone_signal: int | None = None,
 ) -> None:
     """Serve the app (default: `create_app(settings)`) until a signal, draining first.
 
     It listens on MNEMO_HOST:MNEMO_PORT, or on `sockets` already bound (a worker of app/supervisor.py): uvicorn
-    calls listen() on them once the app has started.
+    calls listen() on them once the app has started. `parent_gone_signal` (a worker's) drains once, however
+    often it comes.
     """
     from app.main import create_app
 
@@ -146,7 +171,7 @@ def serve(
         ws="none",  # no WebSocket routes: uvicorn then imports no websocket library (a faster start)
     )
     try:
-        DrainingServer(config, app, settings.drain_s, on_started).run(sockets)
+        DrainingServer(config, app, settings.drain_s, on_started, parent_gone_signal).run(sockets)
     except SystemExit:  # uvicorn's status 3 when the lifespan's startup failed
         if app.state.startup_error:
             write_out_logs()  # uvicorn's own lines first: this one is the last

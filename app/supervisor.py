@@ -16,7 +16,7 @@ Signals: SIGTERM, SIGINT or SIGHUP (no reload: a drain like SIGTERM's) is passed
 which drains like a single server (`/ready` 503, new requests 503, admitted requests answered, exit 0); a
 second signal is passed on too and stops the waiting. The workers run in their own session, so a
 terminal's Ctrl-C reaches them only through the supervisor, once; if the supervisor dies, each worker
-gets SIGTERM (app/worker.py).
+gets SIGUSR1 and drains, once however often it comes (app/worker.py).
 
 Failures: at startup, a worker that exits before it serves (a model that fails to load, say) stops the
 others and the supervisor exits with status 1, rather than restarting it in a loop. A worker that dies

@@ -6,8 +6,9 @@ The worker reads the same MNEMO_* settings as its supervisor, builds its own app
 slots: its share of the thread budget) and serves it with the single-process server (app/server.py,
 graceful drain included) on its own socket bound to MNEMO_HOST:MNEMO_PORT with SO_REUSEPORT; the socket
 listens only once the app has started. Then the worker writes one byte to fd M. Its responses carry
-`X-Mnemo-Pid`. If the supervisor dies, the kernel sends the worker SIGTERM, so it drains and exits
-instead of serving on alone.
+`X-Mnemo-Pid`. If the supervisor dies, the kernel sends the worker PARENT_GONE (SIGUSR1), so it drains
+and exits instead of serving on alone. Not SIGTERM: Linux sends it at each change of parent (the supervisor's
+other thread, then init or a subreaper), and a second SIGTERM would cut the drain short.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ from app.transports.identity import IdentityHeaders
 
 logger = logging.getLogger("mnemo.worker")
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+PARENT_GONE = signal.SIGUSR1  # the supervisor died: drain once, however many times it comes (app/server.py)
 
 
 def terminate_with_parent(parent_pid: int) -> None:
-    """Ask Linux for SIGTERM when the supervisor dies; if it is already gone, stop at once (elsewhere: no-op)."""
+    """Ask Linux for PARENT_GONE when the supervisor dies; if it is already gone, stop at once (elsewhere: no-op)."""
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name, use_errno=True) if name else None
-    if libc is None or not hasattr(libc, "prctl") or libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+    if libc is None or not hasattr(libc, "prctl") or libc.prctl(PR_SET_PDEATHSIG, PARENT_GONE, 0, 0, 0) != 0:
         return
     if os.getppid() != parent_pid:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             settings.intra_op_threads,
         )
         write_out_logs()  # this line before the supervisor's "all N workers ready": a worker killed now keeps it
-        with contextlib.suppress(OSError):  # the supervisor is gone: its SIGTERM is on the way
+        with contextlib.suppress(OSError):  # the supervisor is gone: PARENT_GONE is on the way
             os.write(args.ready_fd, b"1")
             os.close(args.ready_fd)
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
     app = create_app(settings)
     app.add_middleware(IdentityHeaders)
-    serve(settings, app, sockets=[sock], on_started=started)
+    serve(settings, app, sockets=[sock], on_started=started, parent_gone_signal=PARENT_GONE)
 
 
 if __name__ == "__main__":
