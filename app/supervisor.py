@@ -20,10 +20,12 @@ gets SIGUSR1 and drains, once however often it comes (app/worker.py).
 
 Failures: at startup, a worker that exits before it serves (a model that fails to load, say) stops the
 others and the supervisor exits with status 1, rather than restarting it in a loop. A worker that dies
-after serving is replaced. A replacement that exits before it serves (an artifact changed on disk since
-startup, say) is started again after 1 s, then 2, 4, ... up to 60 s, one line logged per failed attempt,
-while the other workers go on serving; only when no worker is left serving does the supervisor stop the
-others and exit 1. The exit status is 0 when every worker exited 0 after the signal.
+after serving is replaced, and so is one whose heartbeat (a byte a second on its ready pipe, from its
+event loop) stops for MNEMO_WORKER_STALL_S: it is killed first. A replacement that exits before it serves
+(an artifact changed on disk since startup, say) is started again after 1 s, then 2, 4, ... up to 60 s,
+one line logged per failed attempt, while the other workers go on serving; only when no worker is left
+serving does the supervisor stop the others and exit 1. The exit status is 0 when every worker exited 0
+after the signal.
 
 PID 1: in a container the supervisor is the init process, so the kernel makes it the parent of every orphan,
 such as the probe process (MNEMO_PROBE_PORT) of a worker that was killed. It reaps those children too, or
@@ -74,6 +76,7 @@ class Worker:
     ready_pipe: int  # read end: the worker writes one byte once it serves
     replacement: bool  # started in place of a worker that died while serving
     ready: bool = False
+    heard_at: float = 0.0  # time.monotonic() of its last byte (one once it serves, then one a second)
 
     @property
     def pid(self) -> int:
@@ -149,6 +152,7 @@ class Supervisor:
                     self._exited(worker)
             self._reap_orphans()
             self._retry_due()
+            self._kill_stalled()
         return self.status
 
     def _start(self, *, replacement: bool) -> Worker:
@@ -163,18 +167,36 @@ class Supervisor:
         return Worker(process, ready_read, replacement)
 
     def _wait_for_news(self) -> None:
-        """Wait up to POLL_S for a starting worker to report it serves (a signal may cut the wait short)."""
-        starting = {worker.ready_pipe: worker for worker in self.workers if not worker.ready}
-        readable, _, _ = select.select(list(starting), [], [], POLL_S)
+        """Wait up to POLL_S for the workers' bytes: the first says it serves, the next that its event loop
+        turns (a signal may cut the wait short)."""
+        by_pipe = {worker.ready_pipe: worker for worker in self.workers}
+        readable, _, _ = select.select(list(by_pipe), [], [], POLL_S)
         for pipe in readable:
-            worker = starting[pipe]
-            if os.read(pipe, 1):
-                worker.ready = True
-                self.failed_replacements = 0 if worker.replacement else self.failed_replacements
-                self._log_ready()
-            else:  # end of file before the byte: the worker is exiting
+            worker = by_pipe[pipe]
+            if os.read(pipe, 4096):
+                worker.heard_at = time.monotonic()
+                if not worker.ready:
+                    worker.ready = True
+                    self.failed_replacements = 0 if worker.replacement else self.failed_replacements
+                    self._log_ready()
+            else:  # end of file: the worker is exiting
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     worker.process.wait(timeout=1)
+
+    def _kill_stalled(self) -> None:
+        """Kill a serving worker silent for MNEMO_WORKER_STALL_S (its event loop stopped): it is replaced. Its
+        socket still took its share of new connections, which waited unanswered."""
+        if self.stopping:
+            return
+        silent_since = time.monotonic() - self.settings.worker_stall_s
+        for worker in self.workers:
+            if worker.ready and worker.heard_at < silent_since and worker.process.poll() is None:
+                logger.error(
+                    "worker %d silent for %gs (its event loop stopped): killing it",
+                    worker.pid,
+                    self.settings.worker_stall_s,
+                )
+                worker.process.kill()
 
     def _reap_orphans(self) -> None:
         """Reap the exited children that are not workers: orphans the kernel gave this process (PID 1)."""

@@ -5,7 +5,9 @@ python -m app.worker --ready-fd M --supervisor-pid P
 The worker reads the same MNEMO_* settings as its supervisor, builds its own app (models, engine, run
 slots: its share of the thread budget) and serves it with the single-process server (app/server.py,
 graceful drain included) on its own socket bound to MNEMO_HOST:MNEMO_PORT with SO_REUSEPORT; the socket
-listens only once the app has started. Then the worker writes one byte to fd M. Its responses carry
+listens only once the app has started. Then the worker writes one byte to fd M, and another every
+HEARTBEAT_S from its event loop: a worker whose loop stops (SIGSTOP, a deadlock) goes silent, and the
+supervisor replaces it after MNEMO_WORKER_STALL_S. Its responses carry
 `X-Mnemo-Pid`. If the supervisor dies, the kernel sends the worker PARENT_GONE (SIGUSR1), so it drains
 and exits instead of serving on alone. Not SIGTERM: Linux sends it at each change of parent (the supervisor's
 other thread, then init or a subreaper), and a second SIGTERM would cut the drain short.
@@ -14,6 +16,7 @@ other thread, then init or a subreaper), and a second SIGTERM would cut the drai
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import ctypes.util
@@ -29,6 +32,7 @@ from app.transports.identity import IdentityHeaders
 
 logger = logging.getLogger("mnemo.worker")
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+HEARTBEAT_S = 1.0
 PARENT_GONE = signal.SIGUSR1  # the supervisor died: drain once, however many times it comes (app/server.py)
 
 
@@ -40,6 +44,13 @@ def terminate_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def beat(fd: int, loop: asyncio.AbstractEventLoop) -> None:
+    """One byte to the supervisor now and every HEARTBEAT_S while the event loop turns."""
+    with contextlib.suppress(OSError):  # the supervisor is gone (PARENT_GONE is on the way) or not reading
+        os.write(fd, b"1")
+    loop.call_later(HEARTBEAT_S, beat, fd, loop)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,9 +74,8 @@ def main(argv: list[str] | None = None) -> None:
             settings.intra_op_threads,
         )
         write_out_logs()  # this line before the supervisor's "all N workers ready": a worker killed now keeps it
-        with contextlib.suppress(OSError):  # the supervisor is gone: PARENT_GONE is on the way
-            os.write(args.ready_fd, b"1")
-            os.close(args.ready_fd)
+        os.set_blocking(args.ready_fd, False)  # a supervisor that stopped reading never blocks the loop
+        beat(args.ready_fd, asyncio.get_running_loop())
 
     from app.main import create_app
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import re
@@ -198,6 +199,27 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
         _check_metrics_add_up(server.url, sum(answered.values()), workers)
     assert server.process.returncode == 0
     assert tmp_path.is_dir()  # a directory the user chose stays
+
+
+def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
+    """A stopped worker (SIGSTOP here; a deadlock alike) kept its socket, so the kernel gave it its share of
+    new connections, which waited unanswered for good, and nothing noticed."""
+    with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_WORKER_STALL_S="2") as server:
+        _wait_for_workers(server, 2)
+        stopped, other = sorted(asyncio.run(_similarity_until_both_answer(server.url)))
+        os.kill(int(stopped), signal.SIGSTOP)
+        try:
+            killed = rf"worker {stopped} silent for 2s \(its event loop stopped\): killing it"
+            _wait_for_message(server, killed, timeout_s=30)
+        finally:  # a stopped process never exits by itself
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stopped), signal.SIGKILL)
+        _wait_for_message(server, rf"worker {stopped} died \(status -9\) while serving: starting another")
+        _wait_for_message(server, r"worker \d+ serving: .*", count=3)
+        (replacement,) = _serving(server) - {stopped, other}
+        answered = asyncio.run(_similarity_until_both_answer(server.url))  # new connections: none waits for good
+        assert set(answered) == {other, replacement}
+    assert server.process.returncode == 0
 
 
 def _exited(server: Server) -> int:

@@ -114,6 +114,9 @@ class Settings(BaseSettings):
         "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
     )
     workers: int = Field(1, ge=1, le=256, description="server processes on the port, each with every model")
+    worker_stall_s: float = Field(
+        30.0, ge=2, le=3600, description="a serving worker silent this long (event loop stuck) is killed and replaced"
+    )
     intra_op_threads: int = Field(1, ge=1, le=256, description="ONNX Runtime threads per run (at most 256)")
     concurrent_runs: int | None = Field(
         None, ge=1, description="ONNX runs at once over all models, per worker; default CPUs // (workers x threads)"
