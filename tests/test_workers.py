@@ -88,6 +88,18 @@ async def _similarity_until_both_answer(url: str) -> collections.Counter[str]:
     return answered
 
 
+def _wait_until_counted(url: str, sent: int) -> None:
+    """Wait until /metrics counts the `sent` /similarity answers: a worker counts a request just after its answer
+    went out, so a worker killed at once could take the last counts with it."""
+    deadline = time.monotonic() + 10
+    while True:
+        requests = _samples(httpx.get(f"{url}/metrics", timeout=30).text, "mnemo_http_requests_total")
+        if sum(s.value for s in requests if s.labels["route"] == "/similarity") == sent:
+            return
+        assert time.monotonic() < deadline, f"/metrics never counted the {sent} answers"
+        time.sleep(0.05)
+
+
 def _check_metrics_add_up(url: str, sent: int, workers: set[str]) -> set[str]:
     """Scrape /metrics on new connections until every worker answered a scrape; each scrape must count `sent`."""
     scraped_by: set[str] = set()
@@ -186,6 +198,7 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
         _wait_for_workers(server, 2)
         assert not (tmp_path / "counter_1.db").exists()  # an earlier run's values are not added to this one's
         answered = asyncio.run(_similarity_until_both_answer(server.url))
+        _wait_until_counted(server.url, sum(answered.values()))
         killed = min(answered)
         os.kill(int(killed), signal.SIGKILL)
         deadline = time.monotonic() + 120
