@@ -5,6 +5,10 @@ With MNEMO_WORKERS > 1 a supervisor runs that many server processes on the port 
 
 from __future__ import annotations
 
+from app.stop_signals import stop_until_serving
+
+stop_until_serving()  # first: the imports below take about half a second (app/stop_signals.py)
+
 import argparse
 import os
 import sys

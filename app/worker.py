@@ -15,6 +15,10 @@ other thread, then init or a subreaper), and a second SIGTERM would cut the drai
 
 from __future__ import annotations
 
+from app.stop_signals import stop_until_serving
+
+stop_until_serving()  # first: the imports below take about half a second (app/stop_signals.py)
+
 import argparse
 import asyncio
 import contextlib

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
 from tests.conftest import COMMITTED
-from tests.helpers import HeldRequest, Server, running_server
+from tests.helpers import HeldRequest, Server, free_port, running_server
 
 IN_FLIGHT = 32
 
@@ -108,3 +113,59 @@ def test_sighup_drains_like_sigterm_instead_of_killing_the_requests_in_flight():
         status, body = held.finish()
         assert status == 200 and len(json.loads(body)["predictions"]) == 5
         assert server.process.wait(timeout=30) == 0
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """The process has a handler for SIGTERM (bit 14 of SigCgt in /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def _onnxruntime_loaded(pid: int) -> bool:
+    return "onnxruntime_pybind11_state" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _starting_server(**env: str) -> subprocess.Popen:
+    environment = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(COMMITTED), "MNEMO_PORT": str(free_port()), **env}
+    command = [sys.executable, "-m", "app"]
+    return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_until_it_catches_sigterm(pids: Callable[[], list[int]], count: int) -> None:
+    """Until `count` processes catch SIGTERM; each must do so before its imports load ONNX Runtime."""
+    deadline = time.monotonic() + 60
+    while len(catching := [pid for pid in pids() if _catches_sigterm(pid)]) < count:
+        assert time.monotonic() < deadline, "no SIGTERM handler after 60 s"
+        time.sleep(0.001)
+    assert not any(_onnxruntime_loaded(pid) for pid in catching), "SIGTERM went unhandled during the imports"
+
+
+def test_sigterm_during_the_imports_stops_the_server_at_once_with_status_0():
+    """PID 1 of a container ignores a signal it has no handler for: a `docker stop` during the imports (about
+    half a second, before uvicorn's handlers) waited for the stop timeout, then SIGKILL. Elsewhere it was 143."""
+    process = _starting_server()
+    try:
+        _wait_until_it_catches_sigterm(lambda: [process.pid], 1)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert "SIGTERM before serving: stopped" in output
+
+
+def test_sigterm_during_the_workers_imports_stops_them_and_the_supervisor_with_status_0():
+    """The supervisor passes SIGTERM on to workers still importing: they died by it (status -15), and the
+    supervisor exited 1 as for a worker that could not start."""
+    process = _starting_server(MNEMO_WORKERS="2")
+    try:
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+        workers = lambda: [int(pid) for pid in children.read_text().split()]  # noqa: E731
+        _wait_until_it_catches_sigterm(workers, 2)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert output.count("SIGTERM before serving: stopped") == 2, output
