@@ -1,5 +1,5 @@
-"""Operations over real HTTP: HEAD probes, local docs assets, route labels, process and build metrics,
-uvicorn's own lines in JSON, and a bug's traceback logged once per window."""
+"""Operations over real HTTP: HEAD probes, local docs assets, route labels, process and build metrics, scrapes
+rendered off the event loop and shared, uvicorn's own lines in JSON, and a bug's traceback logged once per window."""
 
 from __future__ import annotations
 
@@ -7,15 +7,23 @@ import json
 import re
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+from prometheus_client.core import GaugeMetricFamily
 
-from app.main import package_version
+from app.frame.metrics import Metrics
+from app.frame.settings import Settings
+from app.main import create_app, package_version
 from tests.conftest import COMMITTED, manifest_models
-from tests.helpers import Server, running_server
+from tests.helpers import Server, free_port, running_server
+from tests.toy_model import write_empty_manifest
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +69,68 @@ def test_docs_openapi_and_413_answers_are_labelled_by_route(server):
     assert 'mnemo_http_requests_total{method="POST",route="/knowledge-trace",status="422"}' in text  # direct route
     unmatched = [line for line in text.splitlines() if 'route="unmatched"' in line and "_total" in line]
     assert unmatched == ['mnemo_http_requests_total{method="GET",route="unmatched",status="404"} 1.0'], unmatched
+
+
+class HeldCollector:
+    """A collector on the app's registry whose every collect() waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(30)
+        yield GaugeMetricFamily("test_held_collect_calls", "collect() calls so far", value=self.calls)
+
+
+@pytest.fixture
+def held_server(tmp_path: Path) -> Iterator[tuple[str, HeldCollector, Metrics]]:
+    """The app (no models) served by uvicorn in this process, with a HeldCollector on its registry."""
+    app = create_app(Settings(artifacts_dir=write_empty_manifest(tmp_path / "artifacts"), provider="cpu"))
+    held = HeldCollector()
+    app.state.metrics.registry.register(held)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, loop="asyncio", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", held, app.state.metrics
+    finally:
+        held.release.set()
+        server.should_exit = True
+        thread.join(30)
+
+
+def in_flight(metrics: Metrics) -> float:
+    return metrics.in_flight.collect()[0].samples[0].value
+
+
+def test_a_scrape_renders_off_the_event_loop_and_concurrent_scrapes_share_one_render(held_server):
+    url, held, metrics = held_server
+    with ThreadPoolExecutor(6) as clients:
+        first = clients.submit(httpx.get, f"{url}/metrics", timeout=60)
+        assert held.entered.wait(10)  # the first render is in collect(), held
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # the loop still answers (it was blocked)
+        others = [clients.submit(httpx.get, f"{url}/metrics", timeout=60) for _ in range(5)]
+        deadline = time.monotonic() + 10
+        while in_flight(metrics) < 6 and time.monotonic() < deadline:  # all six scrapes are in the server
+            time.sleep(0.01)
+        assert in_flight(metrics) == 6
+        held.release.set()
+        answers = [first.result(), *(other.result() for other in others)]
+    assert [answer.status_code for answer in answers] == [200] * 6
+    assert "test_held_collect_calls 1.0" in answers[0].text
+    assert all("test_held_collect_calls 2.0" in answer.text for answer in answers[1:])  # one render for the five
+    assert held.calls == 2
 
 
 def test_process_and_build_metrics(server):

@@ -59,5 +59,5 @@ async def models(request: Request) -> JsonResponse:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
 )
 async def metrics(request: Request) -> Response:
-    """Prometheus text format."""
-    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus text format, rendered off the event loop (concurrent scrapes share a render)."""
+    return Response(await request.app.state.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
