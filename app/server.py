@@ -156,6 +156,7 @@ def serve(
         max_header_bytes=settings.max_header_bytes,
         write_timeout_s=settings.write_timeout_s,
         on_refused=partial(app.state.metrics.refused, "connections"),
+        on_bad_request=app.state.metrics.bad_request,
     )
     config = uvicorn.Config(
         app,

@@ -2,7 +2,8 @@
 
 Header deadline (idle and slowloris connections), keep-alive idle timeout, stalled bodies, the header
 size cap, the connection cap (503, never a refused accept), the write deadline for a client that
-never reads its 8 MB answer, and the lingering close after an answer sent while the body still arrives.
+never reads its 8 MB answer, the lingering close after an answer sent while the body still arrives, and the
+count of the requests answered before the app (400, 431, 408).
 """
 
 from __future__ import annotations
@@ -130,11 +131,35 @@ def test_headers_over_the_cap_get_431(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def counter(server: Server, series: str) -> float:
+    """The value of one series of /metrics, e.g. 'mnemo_http_bad_requests_total{reason="malformed"}'."""
+    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
+    return next(float(line.split()[-1]) for line in lines if line.startswith(series + " "))
+
+
 def refusals(server: Server) -> float:
     """mnemo_server_requests_rejected_total{reason="connections"}: the connections answered 503 so far."""
-    wanted = 'mnemo_server_requests_rejected_total{reason="connections"} '
-    lines = httpx.get(f"{server.url}/metrics").text.splitlines()
-    return next(float(line.split()[-1]) for line in lines if line.startswith(wanted))
+    return counter(server, 'mnemo_server_requests_rejected_total{reason="connections"}')
+
+
+BAD_REQUESTS = {  # reason: (status, what the client sends)
+    "malformed": (400, b"GET /health HTTP/1.1\r\nHost x\r\n\r\n"),
+    "headers_too_large": (431, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n"),
+    "header_timeout": (408, b"GET /health HTTP/1.1\r\nHost: x\r\n"),  # never ends its headers
+}
+
+
+@pytest.mark.parametrize("reason", BAD_REQUESTS)
+def test_requests_answered_before_the_app_are_counted_by_reason(server, reason):
+    series = {name: f'mnemo_http_bad_requests_total{{reason="{name}"}}' for name in BAD_REQUESTS}
+    before = {name: counter(server, line) for name, line in series.items()}
+    status, request = BAD_REQUESTS[reason]
+    with connect(server) as sock:
+        sock.sendall(request)
+        closed, received = closed_within(sock, 5)
+    assert closed and status_of(received) == status
+    after = {name: counter(server, line) for name, line in series.items()}
+    assert after == {**before, reason: before[reason] + 1}
 
 
 def test_connections_over_the_cap_are_answered_503_not_refused(server):

@@ -87,6 +87,9 @@ class ConnectionLimits:
     max_header_bytes: int
     write_timeout_s: float
     on_refused: Callable[[], None] = lambda: None  # a connection answered 503 past max_connections (a metric)
+    # a request answered here, before the app, for what it sent: "malformed" (400), "headers_too_large" (431) or
+    # "header_timeout" (408) (a metric)
+    on_bad_request: Callable[[str], None] = lambda reason: None
 
 
 class HeadWithBody:
@@ -268,6 +271,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _reject_large_headers(self) -> None:
         logger.warning("request headers over %d bytes: 431", self.limits.max_header_bytes)
         detail = "Request line and headers are too large (MNEMO_MAX_HEADER_BYTES)."
+        self.limits.on_bad_request("headers_too_large")
         self._answer_and_close(431, detail, linger_s=LINGER_S)  # the client may still be sending them
 
     def on_url(self, url: bytes) -> None:
@@ -297,6 +301,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._headers_too_large:
             self._reject_large_headers()
         else:
+            self.limits.on_bad_request("malformed")
             self._answer_and_close(400, MALFORMED_DETAIL, linger_s=LINGER_S)
 
     def on_message_begin(self) -> None:
@@ -391,6 +396,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _headers_timed_out(self) -> None:
         self._header_timer = None
         if self._awaiting_headers and not self.transport.is_closing():
+            self.limits.on_bad_request("header_timeout")
             self._answer_and_close(408, "Request headers not received in time (MNEMO_HEADER_TIMEOUT_S).")
 
     def _write_timed_out(self) -> None:
