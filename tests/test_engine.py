@@ -197,25 +197,9 @@ def test_the_next_batch_flushes_on_time_while_another_run_is_in_flight(tmp_path)
     assert waited >= 0.25 and not slow_done  # held for max_wait to fill, then run beside the slow one
 
 
-def test_a_cancelled_request_is_dropped_before_it_runs(tmp_path):
-    runs = RecordedRuns(tmp_path / "slow.onnx")
-
-    async def scenario(batcher):
-        slow = asyncio.create_task(batcher.run(_feeds(0, slow_spin()), 1, 1))
-        await asyncio.sleep(0.1)
-        queued = asyncio.create_task(batcher.run(_feeds(9), 1, 1))
-        await asyncio.sleep(0.05)
-        queued.cancel()
-        await slow
-        return await batcher.run(_feeds(2), 1, 1)
-
-    _drive(scenario, run=runs)
-    assert runs.batches == [1, 1]  # the slow run and the last request: the cancelled one never ran
-
-
-def test_queue_wait_counts_the_items_given_up_in_the_queue_with_the_time_they_waited(tmp_path):
-    """Requests that time out while queued are the longest waits: left out, the histogram would show only the
-    survivors' waits under overload."""
+def test_a_cancelled_request_is_dropped_before_it_runs_and_its_wait_is_counted(tmp_path):
+    """Requests cancelled while queued (deadline, client gone) are the longest waits: left out of
+    mnemo_queue_wait_seconds, the histogram would show only the survivors' waits under overload."""
     runs = RecordedRuns(tmp_path / "slow.onnx")
 
     async def scenario(batcher):
@@ -225,13 +209,15 @@ def test_queue_wait_counts_the_items_given_up_in_the_queue_with_the_time_they_wa
         await asyncio.sleep(0.3)
         queued.cancel()  # as its deadline would
         await slow
+        await batcher.run(_feeds(2), 1, 1)
         return batcher._metrics.registry
 
     registry = _drive(scenario, run=runs)
+    assert runs.batches == [1, 1]  # the slow run and the last request: the cancelled one never ran
     count = registry.get_sample_value("mnemo_queue_wait_seconds_count", {"model": "toy"})
     below = registry.get_sample_value("mnemo_queue_wait_seconds_bucket", {"model": "toy", "le": "1.0"})
-    assert runs.batches == [1] and count == 2, count  # the slow run's item and the one given up
-    assert below == 2  # the one given up waited its 0.3 s, not until the loop noticed it (after the slow run)
+    assert count == 3, count  # the slow run's item, the one given up and the last one
+    assert below == 3  # the one given up waited its 0.3 s, not until the loop noticed it (after the slow run)
 
 
 def test_rows_of_a_client_that_left_are_skipped_even_before_its_request_is_cancelled(tmp_path):
