@@ -57,8 +57,9 @@ serve: $(VENV)/serve.stamp  ## serve artifacts/ on MNEMO_HOST:MNEMO_PORT (defaul
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app
 
-test: $(VENV)/dev.stamp system-deps  ## ruff + the whole pytest suite
+test: $(VENV)/dev.stamp system-deps  ## ruff (lint and format) + the whole pytest suite
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/dev.stamp

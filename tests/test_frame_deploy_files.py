@@ -133,6 +133,7 @@ def test_ci_runs_the_audit_and_make_test_and_fails_on_any_error():
     assert commands == ["make audit", "make test"]
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^test:.*\n(\t.*\n)*\t\$\(BIN\)/python -m pytest", makefile, re.MULTILINE)
+    assert re.search(r"^test:.*\n(\t.*\n)*\t\$\(BIN\)/ruff format --check \.\n", makefile, re.MULTILINE)
     assert re.search(r"^serve:.*\n(\t.*\n)*\t\$\(BIN\)/python -m app$", makefile, re.MULTILINE)
 
 
