@@ -11,9 +11,10 @@ Two model families (the manifest's `metadata.family`, default `dkvmn`):
 The state (value memory or LSTM state) is the model's only recurrent state, so a history can be cut
 anywhere and resumed from the state output with the same results. A history is run in consecutive
 chunks of at most `seqlen` interactions, each one batch row starting from the state the previous chunk
-ended with. Where a model's chunks share runs well (DKT: `max_cells` of several chunks), the k-th chunks of
-all histories queue as rows together and share runs with other requests' rows. Where they do not (DKVMN:
-`max_cells` of one chunk, since a DKVMN run costs as much per history at batch 32 as at batch 1), a history
+ended with. Where a model's chunks share runs well (`max_cells` of several chunks: DKT, and dkvmn-synthetic,
+whose 50-step chunks share runs of 200 cells), the k-th chunks of all histories queue as rows together and
+share runs with other requests' rows. Where they do not (the other DKVMN models: `max_cells` of one chunk,
+since a DKVMN run costs as much per history at batch 32 as at batch 1), a history
 of one chunk still shares runs, and a longer one runs as a chain on a run slot, chunk after chunk, giving the
 slot back every `CHAIN_SLICE_S` (app/runtime/batcher.py). Either way a long history never holds the model
 while others wait. (The published evaluation instead restarts every chunk from the initial state; for
