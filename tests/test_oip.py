@@ -18,6 +18,7 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 
+from app.frame.errors import Overloaded
 from app.main import create_app
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
 from tests.helpers import Server, running_server
@@ -498,6 +499,53 @@ def test_a_full_queue_is_429(client: TestClient) -> None:
     assert response.status_code == 429 and response.headers["retry-after"]
     assert "at capacity" in response.json()["error"]
     assert client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP).status_code == 200
+
+
+def _hold_all_but(batcher, room: int) -> int:
+    """The most cells that can be held admitted while `room` more still fit before the deadline (a bisection
+    over the batcher's own admission: nothing runs)."""
+    low, high = 0, 10**12
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            with batcher.admit(1, middle), batcher.admit(1, room):
+                low = middle
+        except Overloaded:
+            high = middle - 1
+    return low
+
+
+def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
+    """10,000 steps that do not fit before the deadline are 429 on both endpoints. The protocol counted a history
+    as its chunks times the batcher's typical row length, which next-question rows (one step each) keep near
+    1: 10,000 steps were admitted as about 50, and the work ran on past the deadline."""
+    model = "dkvmn-assist2009"  # 110 questions, chunks of 200 steps
+    questions = np.random.default_rng(0).integers(1, 111, size=10_000)
+    interactions = [{"question": int(question), "correct": True} for question in questions]
+    protocol = {
+        "inputs": [
+            {"name": "q", "shape": [1, 10_000], "datatype": "INT64", "data": questions.tolist()},
+            {"name": "r", "shape": [1, 10_000], "datatype": "INT64", "data": [1] * 10_000},
+            {"name": "len", "shape": [1], "datatype": "INT64", "data": [10_000]},
+        ],
+        "outputs": [{"name": "p"}],
+    }
+    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+
+        def trace(count: int, **body) -> httpx.Response:
+            return client.post("/knowledge-trace", json={"model": model, "interactions": interactions[:count], **body})
+
+        batcher = client.app.state.registry.models[model].batcher
+        assert trace(200, next_questions=[]).status_code == 200  # one run of 200 steps: the cost of a step is learned
+        for _ in range(20):  # a history of one step and its next-question rows, one step each
+            assert trace(1).status_code == 200
+        with batcher.admit(1, _hold_all_but(batcher, 2_000)):
+            task = trace(10_000, next_questions=[])
+            response = client.post(f"/v2/models/{model}/infer", json=protocol)
+            fits = client.post(f"/v2/models/{model}/infer", json=step_inputs(1, [1]))
+    assert task.status_code == 429, task.text
+    assert response.status_code == 429 and "past the deadline" in response.json()["error"], response.text
+    assert fits.status_code == 200, fits.text
 
 
 def test_a_passed_deadline_is_504() -> None:

@@ -39,6 +39,7 @@ class Histories:
     lengths: np.ndarray  # [B]
     memory: np.ndarray | None  # [B,N,d_v] (DKVMN) or [B,2,S] (DKT)
     rows: int  # batch rows the request puts through the graph
+    cells: int  # steps the request runs (padding excluded), as POST /knowledge-trace counts its interactions
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
@@ -86,7 +87,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
     if memory is not None and not np.isfinite(memory).all():
         raise ProtocolError(f"input {state_input} holds NaN or infinite values")
     rows = sum(math.ceil(int(length) / state.seqlen) for length in lengths)
-    return Histories(questions, answers, lengths, memory, rows)
+    return Histories(questions, answers, lengths, memory, rows, cells=int(lengths.sum()))
 
 
 def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what: str) -> None:

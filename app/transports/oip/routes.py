@@ -67,7 +67,8 @@ class Adapter(Protocol):
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
     def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
-        """The checked request (blocking, on a worker thread); its `rows` are admitted by the batcher."""
+        """The checked request (blocking, on a worker thread); its `rows` and `cells` (steps or tokens; None: the
+        batcher's estimate) are admitted by the batcher."""
 
     async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
 
@@ -220,7 +221,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     wanted = requested_outputs(parsed, adapter.outputs(model))
     tensors = await offload(decode_inputs, parsed, binary, adapter.inputs(model))
     prepared = await offload(adapter.prepare, model, tensors)
-    with model.batcher.admit(prepared.rows):
+    with model.batcher.admit(prepared.rows, prepared.cells):
         outputs = await complete(request, adapter.infer(model, prepared), model.name, timeout_s)
     header = {"model_name": model.name, "model_version": model.entry.version}
     if parsed.id is not None:

@@ -39,6 +39,11 @@ class Pairs:
     def rows(self) -> int:
         return len(self.encoded)
 
+    @property
+    def cells(self) -> None:
+        """None, as on POST /similarity: the batcher estimates a pair's cost from the rows it has run."""
+        return None
+
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
     return INPUTS
