@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from app.frame.errors import Overloaded
 from app.main import create_app
+from app.runtime.offload import MAX_QUEUED_BYTES, offload_or_shed
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
 from tests.helpers import Server, running_server
 
@@ -546,6 +548,33 @@ def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
     assert task.status_code == 429, task.text
     assert response.status_code == 429 and "past the deadline" in response.json()["error"], response.text
     assert fits.status_code == 200, fits.text
+
+
+def test_a_large_body_is_429_while_the_parse_queue_is_full() -> None:
+    """A large body waits in the one bounded parse queue, or is 429 before it is parsed when the queue is full, as
+    on the task endpoints (protocol bodies were parsed and decoded outside it: they neither waited in it nor
+    counted in it, so a flood of them held up the parsing of every other request)."""
+    interactions = [{"question": 1, "correct": True}] * 4_000
+    protocol = {  # a body over 8 KB: parsed on a worker thread
+        "inputs": [
+            {"name": "q", "shape": [1, 4_000], "datatype": "INT64", "data": [1] * 4_000},
+            {"name": "r", "shape": [1, 4_000], "datatype": "INT64", "data": [1] * 4_000},
+            {"name": "len", "shape": [1], "datatype": "INT64", "data": [4_000]},
+        ]
+    }
+    release = threading.Event()
+    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+        held = client.portal.start_task_soon(offload_or_shed, MAX_QUEUED_BYTES, release.wait)  # a full queue
+        try:
+            task = client.post("/knowledge-trace", json={"model": KT_MODEL, "interactions": interactions})
+            response = client.post(f"/v2/models/{KT_MODEL}/infer", json=protocol)
+        finally:
+            release.set()
+            held.result()
+        assert client.post(f"/v2/models/{KT_MODEL}/infer", json=protocol).status_code == 200
+    assert task.status_code == 429, task.text
+    assert response.status_code == 429 and response.headers["retry-after"], response.text
+    assert "busy reading other requests" in response.json()["error"]
 
 
 def test_a_passed_deadline_is_504() -> None:

@@ -27,7 +27,7 @@ from app.frame.errors import ServiceError, ort_message
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
 from app.runtime.collate import Feeds
-from app.runtime.offload import offload
+from app.runtime.offload import ParseQueueFull, offload, offload_or_shed
 from app.transports.http import (
     check_declared_charset,
     check_identity_encoding,
@@ -207,11 +207,12 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     check_utf8_body(body)
+    size = len(body) + len(binary)
     try:
         parsed = (
             InferenceRequest.model_validate_json(body)
-            if len(body) <= INLINE_BODY_BYTES
-            else (await offload(InferenceRequest.model_validate_json, body))
+            if size <= INLINE_BODY_BYTES
+            else (await _parse_job(request, size, InferenceRequest.model_validate_json, body))
         )
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
@@ -219,7 +220,12 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         raise ProtocolError(f"invalid inference request: {where}: {first['msg']}") from None
     timeout_s = check_parameters(parsed)
     wanted = requested_outputs(parsed, adapter.outputs(model))
-    tensors = await offload(decode_inputs, parsed, binary, adapter.inputs(model))
+    decode = (parsed, binary, adapter.inputs(model))
+    tensors = await (
+        offload(decode_inputs, *decode)
+        if size <= INLINE_BODY_BYTES
+        else _parse_job(request, size, decode_inputs, *decode)
+    )
     prepared = await offload(adapter.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
         outputs = await complete(request, adapter.infer(model, prepared), model.name, timeout_s)
@@ -232,6 +238,16 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     return Response(
         content, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)}
     )
+
+
+async def _parse_job(request: Request, size: int, function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` on a worker thread for a body of `size` bytes, or 429 while the parse queue is full:
+    large protocol bodies wait in the same bounded queue as those of the task endpoints (`offload_or_shed`)."""
+    try:
+        return await offload_or_shed(size, function, *args)
+    except ParseQueueFull:
+        request.app.state.metrics.refused("parse_queue_full")
+        raise
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
