@@ -382,6 +382,14 @@ def test_a_sentence_with_a_control_character_is_400(triton) -> None:
     assert status == "400" and "sentence_a[1]" in message and "control characters" in message
 
 
+def test_a_sentence_that_only_looks_like_text_is_400(triton) -> None:
+    """Braille blanks and a lone combining mark show nothing: no word, as an empty sentence."""
+    inputs = [tensor("sentence_a", np.array(["a dog", "a dog"], dtype=object), "BYTES", False)]
+    inputs.append(tensor("sentence_b", np.array(["a cat", "\u2800\u2800 \u0301"], dtype=object), "BYTES", False))
+    status, message = status_of(lambda: triton.infer(SIM_MODEL, inputs))
+    assert status == "400" and "sentence_b[1]" in message and "no words" in message
+
+
 def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
     """Not only the protocol's routes: FastAPI's 404 and 405 and the body limit's 413 too (tritonclient reads
     `error` only)."""

@@ -56,6 +56,8 @@ def test_flmp_model_is_selectable_and_its_map_is_diagonal(client):
     [
         ({"sentence_a": "", "sentence_b": "b"}, ["body", "sentence_a"]),
         ({"sentence_a": "a", "sentence_b": "   \t"}, ["body", "sentence_b"]),
+        ({"sentence_a": "\u2800 \u3164\ufe0f", "sentence_b": "b"}, ["body", "sentence_a"]),  # blank-looking
+        ({"sentence_a": "a", "sentence_b": "\u0301 \u20e3"}, ["body", "sentence_b"]),  # marks with no letter
         ({"sentence_a": "a" * 1001, "sentence_b": "b"}, ["body", "sentence_a"]),
         ({"sentence_a": "word " * 63, "sentence_b": "b"}, ["body", "sentence_a"]),  # 65 tokens with markers
         ({"sentence_a": 5, "sentence_b": "b"}, ["body", "sentence_a"]),
@@ -64,8 +66,9 @@ def test_flmp_model_is_selectable_and_its_map_is_diagonal(client):
         ({"sentence_a": "a", "sentence_b": "b", "return_attention": "yes"}, ["body", "return_attention"]),
     ],
 )
-def test_invalid_pairs_are_422_naming_the_field(client, body, location):
-    response = client.post("/similarity", json=body)
+@pytest.mark.parametrize("model", [SIM_MODEL, FLMP_MODEL])
+def test_invalid_pairs_are_422_naming_the_field(client, body, location, model):
+    response = client.post("/similarity", json={**body, "model": model})
     assert response.status_code == 422, response.text
     assert any(error["loc"] == location for error in response.json()["detail"])
 

@@ -36,6 +36,11 @@ def tokenize_before_normalisation(text: str) -> list[str]:
         ("\u200b \u2060", []),  # format characters only: no word
         ("\u3164 \ufe0f\u034f \U000e0100", []),  # Hangul filler, variation selectors, grapheme joiner: no word
         ("heart\ufe0f ok", ["heart", "ok"]),
+        ("\u2800 \u2800\u2800", []),  # braille blank: renders as a space
+        ("a\u2800dog", ["a", "dog"]),
+        ("\u0301 \u0300\u0308 \u20e3", []),  # combining and enclosing marks with no letter: no word
+        ("a \u0301 dog \u00b4", ["a", "dog"]),  # NFKC writes the spacing acute as a space and U+0301
+        ("cafe\u0301 \u0301x", ["café", "\u0301x"]),  # a mark on a letter stays
     ],
 )
 def test_typographic_and_compatibility_forms_read_like_ascii(text, tokens):

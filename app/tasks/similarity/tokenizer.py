@@ -5,10 +5,12 @@ models were trained on: Unicode NFKC (full-width letters, digits and punctuation
 ligatures and compatibility forms are decomposed), then curly quotes, primes and dashes become their
 ASCII counterparts, and invisible characters are deleted (Unicode category Cf: zero-width spaces and joiners,
 byte order marks, direction marks; and the other default-ignorable code points: fillers, variation
-selectors), so "gui\u200btar" reads as "guitar". ASCII text (all
+selectors), so "gui\u200btar" reads as "guitar"; the braille blank (U+2800), which renders as a space, is
+one. ASCII text (all
 of SICK) is left exactly as it is, so the trained models see the same tokens. Then ASCII punctuation is
 deleted, text is lowercased and split on whitespace, all-digit tokens become `<number>`, and the sentence
-is wrapped in `<s> ... </s>`.
+is wrapped in `<s> ... </s>`. A word of combining marks only (an accent with no letter under it) is no word
+and is dropped, so a sentence that looks empty has no word.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
         **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb", '"'),  # curly double quotes, guillemets
         **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212", "-"),  # hyphens, dashes, minus sign
         "\u2044": "/",  # fraction slash (NFKC writes ½ as 1⁄2)
+        "\u2800": " ",  # braille pattern blank: renders as a space, is not Unicode whitespace
     }
 )
 
@@ -81,7 +84,12 @@ def _deletions() -> dict[int, None]:
 def words(text: str) -> list[str]:
     """The words of a sentence, without the `<s>`/`</s>` markers."""
     cleaned = normalize(text).translate(_DELETE_PUNCTUATION).lower()
-    return [NUMBER if word.isdigit() else word for word in cleaned.split()]
+    return [NUMBER if word.isdigit() else word for word in cleaned.split() if not _marks_only(word)]
+
+
+def _marks_only(word: str) -> bool:
+    """True for a word of combining marks alone (category M: accents, enclosing marks), which shows no letter."""
+    return not word.isascii() and all(unicodedata.category(character)[0] == "M" for character in word)
 
 
 def tokenize(text: str) -> list[str]:
