@@ -5,12 +5,11 @@ models were trained on: Unicode NFKC (full-width letters, digits and punctuation
 ligatures and compatibility forms are decomposed), then curly quotes, primes and dashes become their
 ASCII counterparts, and invisible characters are deleted (Unicode category Cf: zero-width spaces and joiners,
 byte order marks, direction marks; and the other default-ignorable code points: fillers, variation
-selectors), so "gui\u200btar" reads as "guitar"; the braille blank (U+2800), which renders as a space, is
-one. ASCII text (all
-of SICK) is left exactly as it is, so the trained models see the same tokens. Then ASCII punctuation is
-deleted, text is lowercased and split on whitespace, all-digit tokens become `<number>`, and the sentence
-is wrapped in `<s> ... </s>`. A word of combining marks only (an accent with no letter under it) is no word
-and is dropped, so a sentence that looks empty has no word.
+selectors), so "gui\u200btar" reads as "guitar"; the braille blank (U+2800), which renders as a space, reads
+as one. ASCII text (all of SICK) is left exactly as it is, so the trained models see the same tokens. Then
+ASCII punctuation is deleted, text is lowercased and split on whitespace, all-digit tokens become `<number>`,
+and the sentence is wrapped in `<s> ... </s>`. A word of combining marks only (an accent with no letter
+under it) is no word and is dropped, so a sentence that looks empty has no word.
 """
 
 from __future__ import annotations
