@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.frame.middleware import send_json
 from app.frame.responses import JsonResponse
-from app.frame.settings import Settings, read_keys_file
+from app.frame.settings import Settings, read_keys_file, split_list
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 DOCS_ASSETS_PREFIX = "/docs-assets/"
@@ -28,10 +28,6 @@ EXPLORER_PATHS = frozenset({"/"})  # the page asks for the key itself (kept in i
 OPEN_PREFIXES = (DOCS_ASSETS_PREFIX, "/explorer/")
 BEARER_SCHEME = "bearerAuth"
 BINARY_HEADER_LENGTH = "inference-header-content-length"  # the Open Inference Protocol's binary tensor data
-
-
-def split_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def api_keys(settings: Settings) -> list[str]:

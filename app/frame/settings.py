@@ -52,7 +52,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _entries(text: str) -> list[str]:
+def split_list(text: str) -> list[str]:
     """The non-empty entries of a comma-separated setting."""
     return [entry.strip() for entry in text.split(",") if entry.strip()]
 
@@ -168,7 +168,7 @@ class Settings(BaseSettings):
         """Blank is unset (no authentication); anything else must hold a key, never turn authentication off."""
         if keys is None or not keys.get_secret_value().strip():
             return None
-        if not any(key.strip() for key in keys.get_secret_value().split(",")):
+        if not split_list(keys.get_secret_value()):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
         return keys
 
@@ -176,7 +176,7 @@ class Settings(BaseSettings):
     @classmethod
     def _paths_are_paths(cls, paths: str) -> str:
         """An entry without the leading / (`health`) never matched: probes got 401 with authentication on."""
-        wrong = [path for path in _entries(paths) if not path.startswith("/")]
+        wrong = [path for path in split_list(paths) if not path.startswith("/")]
         if wrong:
             raise ValueError(f"{wrong[0]!r} is not a path (comma-separated paths such as /health)")
         return paths
@@ -185,7 +185,7 @@ class Settings(BaseSettings):
     @classmethod
     def _origins_are_origins(cls, origins: str) -> str:
         """Browsers send scheme://host[:port]: `example.com` or `https://example.com/` never matched, without a word."""
-        wrong = [origin for origin in _entries(origins) if origin != "*" and not ORIGIN.fullmatch(origin)]
+        wrong = [origin for origin in split_list(origins) if origin != "*" and not ORIGIN.fullmatch(origin)]
         if wrong:
             raise ValueError(f"{wrong[0]!r} is not an origin (comma-separated, such as https://example.com:8443, or *)")
         return origins

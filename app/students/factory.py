@@ -44,9 +44,10 @@ def check_url(url: str) -> None:
         _check_sqlite_file(_sqlite_options(url.removeprefix(SQLITE_PREFIX))[0])
         return
     try:
-        scheme = urlsplit(url).scheme
+        parts = urlsplit(url)
     except ValueError as error:  # e.g. "Invalid IPv6 URL": the message names no part of the URL
         raise ValueError(f"MNEMO_STATE_URL is not a valid URL: {error}") from None
+    scheme = parts.scheme
     if scheme not in REDIS_SCHEMES:
         raise ValueError(
             f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"
@@ -56,14 +57,14 @@ def check_url(url: str) -> None:
     except ModuleNotFoundError:
         return  # open_store says that the redis extra is missing
     try:
-        _ = urlsplit(url).port  # parsed on access
+        _ = parts.port  # parsed on access
     except ValueError:  # urllib's message quotes the port, which may be a piece of the password
         raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: its port is not a number {ENCODE_HINT}") from None
     try:
         parse_url(url)
     except ValueError as error:  # redis-py's own messages name the part (or query option), not its value
         raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: {error}") from None
-    database = urlsplit(url).path.removeprefix("/")
+    database = parts.path.removeprefix("/")
     if scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
         raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0) {ENCODE_HINT}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import fastapi_offline
@@ -39,39 +40,44 @@ def content_security_policy(page: HTMLResponse) -> str:
     )
 
 
-def _with_policy(page: HTMLResponse) -> HTMLResponse:
-    """A fresh answer with `page`'s HTML and its Content-Security-Policy."""
-    return HTMLResponse(page.body, headers={"Content-Security-Policy": content_security_policy(page)})
+def _answering_with_policy(page: HTMLResponse) -> Callable[[], HTMLResponse]:
+    """A maker of fresh answers with `page`'s HTML and its Content-Security-Policy (hashed once, here)."""
+    headers = {"Content-Security-Policy": content_security_policy(page)}
+    return lambda: HTMLResponse(page.body, headers=headers)
 
 
 def install(app: FastAPI) -> None:
     """Mount the assets and add the two documentation pages (not in the OpenAPI schema)."""
     app.mount(DOCS_ASSETS_PREFIX.rstrip("/"), StaticFiles(directory=ASSETS_DIR), name="docs-assets")
-    swagger_page = get_swagger_ui_html(
-        openapi_url=OPENAPI_URL,
-        title=f"{app.title} - Swagger UI",
-        swagger_js_url=f"{DOCS_ASSETS_PREFIX}swagger-ui-bundle.js",
-        swagger_css_url=f"{DOCS_ASSETS_PREFIX}swagger-ui.css",
-        swagger_favicon_url=f"{DOCS_ASSETS_PREFIX}favicon.png",
-        oauth2_redirect_url="/docs/oauth2-redirect",
+    swagger_page = _answering_with_policy(
+        get_swagger_ui_html(
+            openapi_url=OPENAPI_URL,
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{DOCS_ASSETS_PREFIX}swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS_PREFIX}swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS_PREFIX}favicon.png",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+        )
     )
-    redirect_page = get_swagger_ui_oauth2_redirect_html()
-    redoc_page = get_redoc_html(
-        openapi_url=OPENAPI_URL,
-        title=f"{app.title} - ReDoc",
-        redoc_js_url=f"{DOCS_ASSETS_PREFIX}redoc.standalone.js",
-        redoc_favicon_url=f"{DOCS_ASSETS_PREFIX}favicon.png",
-        with_google_fonts=False,
+    redirect_page = _answering_with_policy(get_swagger_ui_oauth2_redirect_html())
+    redoc_page = _answering_with_policy(
+        get_redoc_html(
+            openapi_url=OPENAPI_URL,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{DOCS_ASSETS_PREFIX}redoc.standalone.js",
+            redoc_favicon_url=f"{DOCS_ASSETS_PREFIX}favicon.png",
+            with_google_fonts=False,
+        )
     )
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_ui() -> HTMLResponse:
-        return _with_policy(swagger_page)
+        return swagger_page()
 
     @app.get("/docs/oauth2-redirect", include_in_schema=False)
     async def swagger_ui_redirect() -> HTMLResponse:
-        return _with_policy(redirect_page)
+        return redirect_page()
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc() -> HTMLResponse:
-        return _with_policy(redoc_page)
+        return redoc_page()

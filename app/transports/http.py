@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -47,6 +47,7 @@ UTF8_NAMES = frozenset({"utf-8", "utf8"})
 UTF8_ONLY = "request bodies must be UTF-8 JSON without a byte order mark (RFC 8259)"
 Body = TypeVar("Body", bound=BaseModel)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class UnsupportedMediaType(ServiceError):
@@ -124,14 +125,19 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
     request_body_bytes.set(len(body))
-    metrics = request.app.state.metrics
     model = None if task is None else named_model(request, body, task)
     with contextlib.nullcontext() if model is None else model.batcher.reserve(len(body)):
-        try:
-            return await offload_or_shed(len(body), validate, schema, body)
-        except ParseQueueFull:
-            metrics.refused("parse_queue_full")
-            raise
+        return await parse_off_loop(request, len(body), validate, schema, body)
+
+
+async def parse_off_loop(request: Request, size: int, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`function` (parsing or decoding a body of `size` bytes) on a worker thread, in the bounded parse queue:
+    429 (counted as parse_queue_full) while it is full (`offload_or_shed`)."""
+    try:
+        return await offload_or_shed(size, function, *args, **kwargs)
+    except ParseQueueFull:
+        request.app.state.metrics.refused("parse_queue_full")
+        raise
 
 
 def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:

@@ -27,13 +27,14 @@ from app.frame.errors import ServiceError, ort_message
 from app.frame.registry import ServedModel
 from app.frame.responses import JsonResponse
 from app.runtime.collate import Feeds
-from app.runtime.offload import ParseQueueFull, offload, offload_or_shed
+from app.runtime.offload import offload
 from app.transports.http import (
     check_declared_charset,
     check_identity_encoding,
     check_utf8_body,
     complete,
     json_body,
+    parse_off_loop,
 )
 from app.transports.oip import knowledge_trace, similarity
 from app.transports.oip.parameters import check_parameters
@@ -212,7 +213,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         parsed = (
             InferenceRequest.model_validate_json(body)
             if size <= INLINE_BODY_BYTES
-            else (await _parse_job(request, size, InferenceRequest.model_validate_json, body))
+            else (await parse_off_loop(request, size, InferenceRequest.model_validate_json, body))
         )
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
@@ -224,7 +225,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     tensors = await (
         offload(decode_inputs, *decode)
         if size <= INLINE_BODY_BYTES
-        else _parse_job(request, size, decode_inputs, *decode)
+        else parse_off_loop(request, size, decode_inputs, *decode)
     )
     prepared = await offload(adapter.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
@@ -238,16 +239,6 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     return Response(
         content, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)}
     )
-
-
-async def _parse_job(request: Request, size: int, function: Callable[..., Any], *args: Any) -> Any:
-    """`function(*args)` on a worker thread for a body of `size` bytes, or 429 while the parse queue is full:
-    large protocol bodies wait in the same bounded queue as those of the task endpoints (`offload_or_shed`)."""
-    try:
-        return await offload_or_shed(size, function, *args)
-    except ParseQueueFull:
-        request.app.state.metrics.refused("parse_queue_full")
-        raise
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
