@@ -15,10 +15,10 @@ import sys
 
 from pydantic import ValidationError
 
-from app.frame.providers import ProviderUnavailable, resolve_provider
-from app.frame.sessions import preopened
-from app.frame.settings import Settings, unknown_variables
+from app.core.settings import Settings, unknown_variables
 from app.runtime.memory import tune_malloc
+from app.runtime.providers import ProviderUnavailable, resolve_provider
+from app.runtime.sessions import preopened
 from app.students.factory import check_url
 
 

@@ -16,26 +16,26 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from app.core.drain import Drain
+from app.core.failures import CatchUnexpected
+from app.core.logging import configure_logging, write_out_logs
+from app.core.loop_lag import LoopLag
+from app.core.metrics import Metrics
+from app.core.settings import Settings
 from app.explorer.router import router as explorer_router
-from app.frame.access import access_summary, add_access_control, api_keys, is_open, open_paths
-from app.frame.drain import Drain
-from app.frame.errors import install_error_handlers
-from app.frame.failures import CatchUnexpected
-from app.frame.logging import configure_logging, write_out_logs
-from app.frame.loop_lag import LoopLag
-from app.frame.metrics import Metrics
-from app.frame.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext, SingleHeaders
-from app.frame.registry import ModelLoadError, ModelRegistry
-from app.frame.settings import Settings
-from app.frame.tasks import Task
 from app.runtime.engine import Engine
+from app.runtime.model import Task
 from app.runtime.offload import offload, saturated
+from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations
+from app.transports.access import access_summary, add_access_control, api_keys, is_open, open_paths
 from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
+from app.transports.error_handlers import install_error_handlers
 from app.transports.http import add_body_schemas
+from app.transports.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext, SingleHeaders
 from app.transports.oip.error_shape import ProtocolErrorShape
 from app.transports.probes import ProbeProcess
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.frame.settings import Settings
+from app.core.settings import Settings
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # requests and responses are small; Ray's default is 30% of RAM
 DEPLOYMENT_NAME = "mnemo"

@@ -24,8 +24,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from app.frame.logging import uvicorn_log_config, write_out_logs
-from app.frame.settings import Settings
+from app.core.logging import uvicorn_log_config, write_out_logs
+from app.core.settings import Settings
 from app.runtime.memory import tune_malloc
 from app.transports.connection_guard import ConnectionLimits, guarded_protocol
 
@@ -166,7 +166,7 @@ def serve(
         timeout_keep_alive=settings.keep_alive_s,
         log_level=settings.log_level,
         log_config=uvicorn_log_config(settings.log_level),
-        access_log=False,  # the app writes one access line per request itself (app/frame/middleware.py)
+        access_log=False,  # the app writes one access line per request itself (app/transports/middleware.py)
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         loop="asyncio",
         ws="none",  # no WebSocket routes: uvicorn then imports no websocket library (a faster start)

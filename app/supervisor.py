@@ -31,7 +31,7 @@ PID 1: in a container the supervisor is the init process, so the kernel makes it
 such as the probe process (MNEMO_PROBE_PORT) of a worker that was killed. It reaps those children too, or
 each would stay a zombie for the container's life.
 
-Metrics: the workers write them to PROMETHEUS_MULTIPROC_DIR (app/frame/metrics.py): the variable's
+Metrics: the workers write them to PROMETHEUS_MULTIPROC_DIR (app/core/metrics.py): the variable's
 directory if set (its `*.db` files from an earlier run are deleted first), else a temporary directory
 that the supervisor removes when it exits. A dead worker's live gauges are removed (`mark_process_dead`).
 """
@@ -57,8 +57,8 @@ from types import FrameType
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from app.frame.logging import configure_logging
-from app.frame.settings import Settings, usable_cpus
+from app.core.logging import configure_logging
+from app.core.settings import Settings, usable_cpus
 
 logger = logging.getLogger("mnemo.supervisor")
 POLL_S = 0.2

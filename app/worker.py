@@ -28,8 +28,8 @@ import logging
 import os
 import signal
 
-from app.frame.logging import write_out_logs
-from app.frame.settings import Settings
+from app.core.logging import write_out_logs
+from app.core.settings import Settings
 from app.server import serve
 from app.supervisor import bind_port
 from app.transports.identity import IdentityHeaders

@@ -18,11 +18,11 @@ import sys
 import numpy as np
 import uvicorn
 
-from app.frame.metrics import Metrics
-from app.frame.registry import ModelRegistry
-from app.frame.responses import dumps
-from app.frame.settings import Settings
+from app.core.metrics import Metrics
+from app.core.responses import dumps
+from app.core.settings import Settings
 from app.runtime.memory import tune_malloc
+from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import http as knowledge_http
 from app.tasks.knowledge_trace import service as knowledge

@@ -36,9 +36,9 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 
-from app.frame.sessions import session_options
-from app.frame.settings import Settings
+from app.core.settings import Settings
 from app.runtime.collate import collate
+from app.runtime.sessions import session_options
 from app.tasks.similarity.service import EncodedPair, EncodedSentence, pair_feeds
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from app.frame.settings import Settings, usable_cpus
+from app.core.settings import Settings, usable_cpus
 from benchmarks.common import ARTIFACTS
 from benchmarks.load import PAIR, SIM_MODEL, _kt_body, rss_mb, wrk
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.frame.settings import DEFAULT_ARTIFACTS_DIR
+from app.core.settings import DEFAULT_ARTIFACTS_DIR
 from app.tasks.similarity.vectors import VOCABULARY_FILE, build_vocabulary, glove_matrix_path
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.frame.integrity import sha256_of
+from app.core.integrity import sha256_of
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import onnx
 
-from app.frame.integrity import sha256_of
-from app.frame.settings import DEFAULT_ARTIFACTS_DIR
+from app.core.integrity import sha256_of
+from app.core.settings import DEFAULT_ARTIFACTS_DIR
 from export.manifest import load_manifest
 from models.cli import non_negative_int
 

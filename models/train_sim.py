@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 from tqdm import tqdm
 
-from app.frame.integrity import sha256_of
+from app.core.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, special_vectors
 from models.cli import (

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.frame.integrity import sha256_of
+from app.core.integrity import sha256_of
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
+from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
 from tests.synthetic_data import write_sick, write_synthetic_kt
 from tests.toy_model import OTHER_TASK, toy_entry, write_toy_artifacts

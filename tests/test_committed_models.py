@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
+from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
 
 KT_MODELS = {"dkvmn-assist2009", "dkvmn-assist2015", "dkvmn-statics", "dkvmn-synthetic", "dkt-assist2009"}

@@ -102,7 +102,7 @@ def test_redis_overlay_adds_redis_and_points_the_state_at_it(base, redis_overlay
 
 
 def test_config_map_holds_every_setting_of_the_service(base):
-    from app.frame.settings import Settings
+    from app.core.settings import Settings
 
     settings = config_map(base)["data"]
     derived = {"MNEMO_INTRA_OP_THREADS", "MNEMO_CONCURRENT_RUNS", "MNEMO_MAX_CONNECTIONS"}
@@ -249,7 +249,7 @@ def test_no_pod_gets_service_link_variables_which_collide_with_the_settings(base
     """Kubernetes gives every pod `<SERVICE>_PORT=tcp://IP:PORT` for each Service of its namespace: the Service
     `mnemo` makes that MNEMO_PORT, which the service cannot read (it starts only while mnemo.env sets
     MNEMO_PORT itself). Every pod spec turns those variables off."""
-    from app.frame.settings import Settings
+    from app.core.settings import Settings
 
     monkeypatch.setenv("MNEMO_PORT", "tcp://10.96.0.12:8000")  # what the Service below would inject
     with pytest.raises(pydantic.ValidationError, match="port"):

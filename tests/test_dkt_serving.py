@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.settings import Settings
+from app.core.settings import Settings
 from app.main import create_app
 from tests.conftest import COMMITTED
 from tests.helpers import running_server

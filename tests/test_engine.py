@@ -21,15 +21,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.frame.errors import Overloaded
-from app.frame.loop_lag import LoopLag
-from app.frame.metrics import Metrics
-from app.frame.middleware import request_arrival, request_body_bytes, request_connected
-from app.frame.registry import ModelRegistry
-from app.frame.settings import Settings
+from app.core.errors import Overloaded
+from app.core.loop_lag import LoopLag
+from app.core.metrics import Metrics
+from app.core.request_context import request_arrival, request_body_bytes, request_connected
+from app.core.settings import Settings
 from app.runtime import batcher as batcher_module
 from app.runtime.batcher import MIN_CELLS_TO_LEARN, BatchConfig, Chain, ModelBatcher, RunSlots
 from app.runtime.engine import Engine
+from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import service as kt_service
 from app.tasks.similarity import service as sim_service

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from app.frame.metrics import Metrics
-from app.frame.registry import ModelRegistry
-from app.frame.settings import Settings
+from app.core.metrics import Metrics
+from app.core.settings import Settings
+from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
 from benchmarks.floor_app import knowledge_trace_answer, similarity_answer
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
+from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS

@@ -84,7 +84,7 @@ def _seconds(duration: str) -> float:
 
 def test_compose_lets_the_drain_finish_before_docker_kills_the_server():
     """docker stop's default 10 s is shorter than the default drain (15 s): SIGKILL came mid-drain, exit 137."""
-    from app.frame.settings import Settings
+    from app.core.settings import Settings
     from app.server import GIVE_UP_S, SHUTDOWN_GRACE_S
 
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -138,7 +138,7 @@ def test_ci_runs_the_audit_and_make_test_and_fails_on_any_error():
 
 
 def test_readme_documents_every_setting():
-    from app.frame.settings import Settings
+    from app.core.settings import Settings
 
     readme = (ROOT / "README.md").read_text()
     for name in Settings.model_fields:

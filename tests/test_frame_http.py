@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from onnx import TensorProto
 from starlette.requests import Request
 
-from app.frame.integrity import sha256_of
-from app.frame.logging import JsonFormatter
+from app.core.integrity import sha256_of
+from app.core.logging import JsonFormatter
 from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.http import ClientGone, complete
 from tests.conftest import toy_settings

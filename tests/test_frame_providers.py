@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
-from app.frame.settings import Settings, usable_cpus
+from app.core.settings import Settings, usable_cpus
+from app.runtime.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
 from tests.conftest import toy_settings
 from tests.toy_model import build_toy_onnx, toy_app, write_empty_manifest
 

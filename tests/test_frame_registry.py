@@ -9,12 +9,12 @@ import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto
 
-from app.frame import registry as registry_module
-from app.frame import sessions
-from app.frame.errors import ModelNotReady, UnknownModel
-from app.frame.integrity import sha256_of
-from app.frame.metrics import Metrics
-from app.frame.registry import ModelLoadError, ModelRegistry
+from app.core.errors import ModelNotReady, UnknownModel
+from app.core.integrity import sha256_of
+from app.core.metrics import Metrics
+from app.runtime import registry as registry_module
+from app.runtime import sessions
+from app.runtime.registry import ModelLoadError, ModelRegistry
 from tests.conftest import toy_settings
 from tests.toy_model import (
     OTHER_TASK,

@@ -7,8 +7,8 @@ import sys
 import threading
 import time
 
-from app.frame import logging as service_logging
-from app.frame.logging import BufferedWriter, TextFormatter
+from app.core import logging as service_logging
+from app.core.logging import BufferedWriter, TextFormatter
 
 
 class _Collect(logging.Handler):

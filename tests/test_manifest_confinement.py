@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.integrity import sha256_of
-from app.frame.registry import ModelLoadError
+from app.core.integrity import sha256_of
+from app.runtime.registry import ModelLoadError
 from tests.conftest import toy_settings
 from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
 

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.errors import Overloaded
+from app.core.errors import Overloaded
 from app.main import create_app
 from app.runtime.offload import MAX_QUEUED_BYTES, offload_or_shed
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings

@@ -18,8 +18,8 @@ import pytest
 import uvicorn
 from prometheus_client.core import GaugeMetricFamily
 
-from app.frame.metrics import Metrics
-from app.frame.settings import Settings
+from app.core.metrics import Metrics
+from app.core.settings import Settings
 from app.main import create_app, package_version
 from tests.conftest import COMMITTED, manifest_models
 from tests.helpers import Server, free_port, running_server

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.settings import DEFAULT_ARTIFACTS_DIR, Settings
+from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
 from app.main import create_app
 from tests.helpers import same_answer
 

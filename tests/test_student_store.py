@@ -480,7 +480,7 @@ def test_state_url_must_name_a_known_store() -> None:
 
 
 def test_default_state_url_is_a_file_under_the_project_state_directory() -> None:
-    from app.frame.settings import Settings
+    from app.core.settings import Settings
 
     assert Settings.model_fields["state_url"].default == f"sqlite://{ROOT / 'state' / 'students.db'}"
 

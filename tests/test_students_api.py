@@ -21,7 +21,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app.frame.settings import Settings
+from app.core.settings import Settings
 from app.main import create_app
 from app.students.factory import open_store
 from tests.conftest import COMMITTED

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from app.frame.settings import Settings, usable_cpus
+from app.core.settings import Settings, usable_cpus
 from app.server import SHUTDOWN_GRACE_S
 from tests.conftest import COMMITTED
 from tests.helpers import ROOT, HeldRequest, Server, free_port, running_server

@@ -25,10 +25,10 @@ from fastapi import APIRouter, FastAPI, Request
 from onnx import TensorProto, helper
 from pydantic import BaseModel, Field
 
-from app.frame.errors import InvalidInput
-from app.frame.registry import ServedModel
-from app.frame.settings import Settings
+from app.core.errors import InvalidInput
+from app.core.settings import Settings
 from app.main import create_app
+from app.runtime.model import ServedModel
 from app.transports.http import complete, read_body, registry
 from export.manifest import upsert_model
 

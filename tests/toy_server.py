@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.frame.settings import Settings
+from app.core.settings import Settings
 from app.server import serve
 from tests.toy_model import toy_app
 

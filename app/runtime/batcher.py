@@ -58,9 +58,9 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from app.frame.errors import Overloaded
-from app.frame.metrics import Metrics
-from app.frame.middleware import request_arrival, request_body_bytes, request_connected
+from app.core.errors import Overloaded
+from app.core.metrics import Metrics
+from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
 
 MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch

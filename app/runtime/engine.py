@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from app.frame.metrics import Metrics
-from app.frame.registry import ModelRegistry, ServedModel
-from app.frame.settings import Settings
-from app.frame.tasks import GraphLayout, graph_layouts
+from app.core.metrics import Metrics
+from app.core.settings import Settings
 from app.runtime.batcher import BatchConfig, ModelBatcher, RunSlots
 from app.runtime.memory import release_free_memory
+from app.runtime.model import GraphLayout, ServedModel, graph_layouts
+from app.runtime.registry import ModelRegistry
 
 TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
 

@@ -4,7 +4,7 @@ At most `CPU_THREADS` such jobs run at once: Python work holds the GIL, so more 
 queue for it and starve the event loop, which must keep answering /health and refusing requests.
 Parsing happens before a request is admitted to a model, so its queue is bounded too: while more than
 `MAX_QUEUED_BYTES` of bodies wait for a thread, `saturated()` is true and new request bodies are
-refused with 429 before they are read (app/frame/middleware.py) or parsed (`offload_or_shed`).
+refused with 429 before they are read (app/transports/middleware.py) or parsed (`offload_or_shed`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import ParamSpec, TypeVar
 
-from app.frame.errors import Overloaded
+from app.core.errors import Overloaded
 
 CPU_THREADS = 2
 MAX_QUEUED_BYTES = 4 << 20  # about 0.4 s of parsing for the two threads (pydantic: about 10 MB/s each)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.frame.tasks import Task
+from app.runtime.model import Task
 from app.tasks.knowledge_trace import TASK as KNOWLEDGE_TRACE
 from app.tasks.similarity import TASK as SIMILARITY
 

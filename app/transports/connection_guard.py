@@ -51,8 +51,8 @@ from dataclasses import dataclass
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from app.frame.middleware import CLIENT_CONNECTED, NOSNIFF, RECEIVED_AT
-from app.frame.responses import dumps
+from app.core.responses import dumps
+from app.transports.middleware import CLIENT_CONNECTED, NOSNIFF, RECEIVED_AT
 
 logger = logging.getLogger("mnemo.connections")
 # Read at most this much per recv(): uvicorn buffers a request body up to 64 KB before it pauses reading, so

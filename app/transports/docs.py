@@ -20,7 +20,7 @@ from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagge
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from app.frame.access import DOCS_ASSETS_PREFIX
+from app.transports.access import DOCS_ASSETS_PREFIX
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 OPENAPI_URL = "/openapi.json"

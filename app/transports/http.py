@@ -26,15 +26,16 @@ from typing import Any, ParamSpec, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.frame.errors import (
+from app.core.errors import (
     DeadlineExceeded,
     InvalidBody,
     ServiceError,
     body_errors,
 )
-from app.frame.middleware import request_arrival, request_body_bytes
-from app.frame.registry import ModelRegistry, ServedModel
+from app.core.request_context import request_arrival, request_body_bytes
+from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
+from app.runtime.registry import ModelRegistry
 from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.json_input import parse_body
 

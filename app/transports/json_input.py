@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.frame.errors import InvalidInput
+from app.core.errors import InvalidInput
 
 Body = TypeVar("Body", bound=BaseModel)
 Location = tuple[str | int, ...]

@@ -7,7 +7,7 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import State
 
-from app.frame.responses import JsonResponse
+from app.core.responses import JsonResponse
 from app.transports.contract import Health, ModelList, Readiness
 
 router = APIRouter(tags=["operations"])

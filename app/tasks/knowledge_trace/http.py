@@ -8,8 +8,8 @@ from typing import Annotated
 import numpy as np
 from fastapi import APIRouter, Path, Query, Request
 
-from app.frame.registry import ServedModel
-from app.frame.responses import JsonResponse, dumps
+from app.core.responses import JsonResponse, dumps
+from app.runtime.model import ServedModel
 from app.runtime.offload import offload_if
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.schemas import (

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from app.frame.errors import MAX_LISTED_ERRORS, InvalidInput, each_checked
-from app.frame.manifest import positive_int
-from app.frame.registry import ServedModel
+from app.core.errors import MAX_LISTED_ERRORS, InvalidInput, each_checked
+from app.core.manifest import positive_int
 from app.runtime.batcher import Chain
 from app.runtime.collate import Feeds
+from app.runtime.model import ServedModel
 
 # Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
 # can be labelled by its top skills. Statics names are problem steps, not readable labels.

@@ -20,9 +20,9 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Path, Query, Request
 
-from app.frame.errors import InvalidInput, ServiceError
-from app.frame.registry import ServedModel
-from app.frame.responses import JsonResponse
+from app.core.errors import InvalidInput, ServiceError
+from app.core.responses import JsonResponse
+from app.runtime.model import ServedModel
 from app.runtime.offload import offload
 from app.students.holder import StoreHolder
 from app.students.ids import MAX_STUDENT_ID_LENGTH, STUDENT_ID_SCHEMA, InvalidStudentId, validate_student_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from app.frame.tasks import GraphLayout
+from app.runtime.model import GraphLayout
 from app.tasks.similarity import http, service
 
 

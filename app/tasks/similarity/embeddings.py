@@ -15,9 +15,9 @@ from functools import partial
 
 import numpy as np
 
-from app.frame.errors import InvalidInput, UnknownModel, each_checked
-from app.frame.registry import ServedModel
+from app.core.errors import InvalidInput, UnknownModel, each_checked
 from app.runtime.collate import Feeds
+from app.runtime.model import ServedModel
 from app.tasks.similarity.service import EmbeddingLimits, EncodedSentence, SimilarityState, encode_sentence
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app.frame.registry import ServedModel
-from app.frame.responses import JsonResponse, dumps
+from app.core.responses import JsonResponse, dumps
+from app.runtime.model import ServedModel
 from app.runtime.offload import offload, offload_if
 from app.tasks.similarity import embeddings, service
 from app.tasks.similarity.schemas import (

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from app.frame.errors import InvalidInput, each_checked
-from app.frame.manifest import positive_int
-from app.frame.registry import ServedModel
+from app.core.errors import InvalidInput, each_checked
+from app.core.manifest import positive_int
 from app.runtime.collate import Feeds
+from app.runtime.model import ServedModel
 from app.tasks.similarity.attention import combined_map
 from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors

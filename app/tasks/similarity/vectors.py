@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.frame.npy import load_npy
+from app.core.npy import load_npy
 from app.tasks.similarity.tokenizer import SPECIAL_TOKENS, UNKNOWN
 
 EMBEDDING_DIM = 50

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.frame.responses import dumps
+from app.core.responses import dumps
 
 PREFIX = "/v2"
 

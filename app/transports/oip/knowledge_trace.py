@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from app.frame.registry import ServedModel
 from app.runtime.collate import Feeds
+from app.runtime.model import ServedModel
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.service import KnowledgeTraceState
 from app.transports.oip.tensors import ProtocolError, TensorSpec, onnx_spec

@@ -22,12 +22,12 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtIn
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from app.frame.access import BINARY_HEADER_LENGTH
-from app.frame.errors import ServiceError, ort_message
-from app.frame.registry import ServedModel
-from app.frame.responses import JsonResponse
+from app.core.errors import ServiceError, ort_message
+from app.core.responses import JsonResponse
 from app.runtime.collate import Feeds
+from app.runtime.model import ServedModel
 from app.runtime.offload import offload
+from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import (
     check_declared_charset,
     check_identity_encoding,

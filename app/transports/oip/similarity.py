@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.frame.errors import InvalidInput
-from app.frame.registry import ServedModel
+from app.core.errors import InvalidInput
 from app.runtime.collate import Feeds
+from app.runtime.model import ServedModel
 from app.tasks.similarity import service
 from app.tasks.similarity.service import EncodedPair, SimilarityState
 from app.transports.oip.tensors import ProtocolError, TensorSpec

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
 
-from app.frame.responses import dumps
+from app.core.responses import dumps
 
 MAX_RANK = 8
 FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow

@@ -16,8 +16,8 @@ import traceback
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.frame.paths import loggable_path
-from app.frame.responses import dumps
+from app.core.paths import loggable_path
+from app.core.responses import dumps
 
 logger = logging.getLogger("mnemo.errors")
 INTERNAL_ERROR = {"detail": "Internal error; it has been logged."}

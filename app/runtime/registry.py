@@ -13,111 +13,30 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
-from app.frame.errors import ModelNotReady, UnknownModel
-from app.frame.integrity import sha256_of
-from app.frame.manifest import ModelEntry, confined, read_manifest
-from app.frame.metrics import Metrics
-from app.frame.npy import load_npy
-from app.frame.providers import ProviderUnavailable, check_session_provider, resolve_provider
-from app.frame.sessions import open_session, preopened
-from app.frame.settings import Settings, usable_cpus
-from app.frame.tasks import Task, graph_layouts
+from app.core.errors import ModelNotReady, UnknownModel
+from app.core.integrity import sha256_of
+from app.core.manifest import confined, read_manifest
+from app.core.metrics import Metrics
+from app.core.npy import load_npy
+from app.core.settings import Settings, usable_cpus
+from app.runtime.model import ServedModel, Task, graph_layouts
+from app.runtime.providers import ProviderUnavailable, check_session_provider, resolve_provider
+from app.runtime.sessions import open_session, preopened
 
 if TYPE_CHECKING:
-    from app.runtime.batcher import ModelBatcher
+    pass
 
 logger = logging.getLogger("mnemo.registry")
 
 
 class ModelLoadError(RuntimeError):
     """A model listed in the manifest cannot be served (missing, tampered, or broken)."""
-
-
-@dataclass
-class ServedModel:
-    """One manifest entry and, once loaded, its session, assets, task state and batcher.
-
-    `graphs` holds the entry's extra graphs (manifest `graphs`), each a `ServedModel` of its own (named
-    `<model>.<key>`, with its own session and batcher), loaded and verified with the model.
-    """
-
-    entry: ModelEntry
-    file: Path | None = None
-    assets: dict[str, np.ndarray] = field(default_factory=dict)
-    state: Any = None
-    provider: str | None = None
-    error: str | None = None
-    session: ort.InferenceSession | None = None
-    output_names: list[str] = field(default_factory=list)
-    graphs: dict[str, ServedModel] = field(default_factory=dict)
-    batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
-    observe_inference: Any = lambda seconds: None
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    @property
-    def task(self) -> str:
-        return self.entry.task
-
-    @property
-    def limits(self) -> dict[str, int | float]:
-        return self.entry.limits
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self.entry.metadata
-
-    @property
-    def ready(self) -> bool:
-        return self.session is not None and self.error is None
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the session (blocking; the batcher calls it on an executor thread) and record its time."""
-        if self.session is None:
-            raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
-        started = time.perf_counter()
-        outputs = self.session.run(self.output_names, feeds)
-        self.observe_inference(time.perf_counter() - started)
-        return dict(zip(self.output_names, outputs, strict=True))
-
-    def public_info(self, task: Task | None) -> dict[str, Any]:
-        """What GET /models reports (file names only, never server paths)."""
-        entry = self.entry
-        info: dict[str, Any] = {
-            "name": entry.name,
-            "task": entry.task,
-            "version": entry.version,
-            "sha256": entry.sha256,
-            "provider": self.provider,
-            "default": entry.default,
-            "ready": self.ready,
-            "limits": entry.limits,
-            "metrics": entry.metrics,
-            "metadata": entry.metadata,
-            "card": entry.card,
-        }
-        if self.batcher is not None:
-            config = self.batcher.config
-            info["batching"] = {
-                "max_batch": config.max_batch,
-                "max_wait_ms": config.max_wait_s * 1000,
-                "max_queue": config.max_queue,
-                "max_cells": config.max_cells,
-            }
-        if task is not None and self.ready:
-            info.update(task.describe(self))
-        if self.error:
-            info["error"] = self.error
-        return info
 
 
 # ONNX tensor element types -> numpy dtypes, for the generic warm-up feeds.

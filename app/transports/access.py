@@ -18,9 +18,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.frame.middleware import send_json
-from app.frame.responses import JsonResponse
-from app.frame.settings import Settings, read_keys_file, split_list
+from app.core.responses import JsonResponse
+from app.core.settings import Settings, read_keys_file, split_list
+from app.transports.middleware import send_json
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 DOCS_ASSETS_PREFIX = "/docs-assets/"

@@ -10,15 +10,15 @@ import os
 import re
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.frame.drain import Drain
-from app.frame.errors import HTTP_METHODS, body_too_large_detail
-from app.frame.metrics import Metrics
-from app.frame.paths import loggable_path
-from app.frame.responses import dumps
+from app.core.drain import Drain
+from app.core.errors import HTTP_METHODS, body_too_large_detail
+from app.core.metrics import Metrics
+from app.core.paths import loggable_path
+from app.core.request_context import request_arrival, request_connected
+from app.core.responses import dumps
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -29,17 +29,10 @@ NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer a
 # Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
-# perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
-# the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
-# first bytes were parsed, which under load is well before the app starts on it; else it is when it reached the app.
+# The connection guard puts in the scope when the request's first bytes were parsed (RECEIVED_AT) and a callable
+# telling whether its client is still connected (CLIENT_CONNECTED); RequestContext copies them to the request context.
 RECEIVED_AT = "mnemo.received_at"
-request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
-# scope key of a callable telling whether the request's client is still connected (app/transports/connection_guard.py),
-# and the request's copy of it: the batcher drops the rows of a client that left before it runs them
 CLIENT_CONNECTED = "mnemo.client_connected"
-request_connected: ContextVar[Callable[[], bool] | None] = ContextVar("request_connected", default=None)
-# the size of the request's body when it is parsed off the loop: the batcher learns what such bodies need
-request_body_bytes: ContextVar[int | None] = ContextVar("request_body_bytes", default=None)
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Every error the service returns, and the one place that maps them to HTTP statuses.
+"""The errors the service returns to its clients, each with its status and one clear sentence.
 
 - `ServiceError` subclasses carry a status and one clear sentence: `{"detail": "<sentence>"}`, plus
   headers where the status calls for them (429 and 503 say `Retry-After`).
@@ -7,48 +7,24 @@
   gathers the rules broken by every item of a request, not only the first), and never
   echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
-- The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
-  `Retry-After` when the database is unavailable, 429 with `Retry-After` when too many of its calls wait
-  (`app.students.io.StoreBusy`: the store is slow, not down), 409 for a model-version mismatch or lost races.
-- A method the path does not take: 405 whose `Allow` lists every method some route takes on that path
-  (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
-- Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/frame/failures.py).
+- Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/core/failures.py).
+
+The HTTP answers of these errors are registered by app/transports/error_handlers.py.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar
 
-from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
-from fastapi.exceptions import RequestValidationError
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Match, Mount
-from starlette.types import Scope
 
-from app.frame.failures import TracebackBudget
-from app.frame.paths import loggable_path
-from app.frame.responses import JsonResponse
-from app.students.io import StoreBusy
-from app.students.store import StoreError, StoreUnavailable
-
-logger = logging.getLogger("mnemo.errors")
 LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
-STORE_RETRY_AFTER_S = 1
-STORE_LOG_EVERY_S = 10.0  # an unavailable store is logged (with its location) at most this often
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 T = TypeVar("T")
-
-
-store_outages = TracebackBudget(STORE_LOG_EVERY_S)  # one log line per distinct failure per window
 
 
 class ServiceError(Exception):
@@ -172,76 +148,3 @@ def ort_message(error: Exception) -> str:
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip())
     text = text.replace("Please fix either the inputs/outputs or the model.", "")
     return " ".join(text.split())
-
-
-def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
-    """The `Allow` header for the scope's path: every method that some route takes there (mounts left out),
-    and HEAD wherever GET is (HeadAsGet answers it, though FastAPI's GET routes do not declare it)."""
-    allowed = {
-        method
-        for method in HTTP_METHODS
-        if any(
-            not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] == Match.FULL
-            for route in routes
-        )
-    }
-    if "GET" in allowed:
-        allowed.add("HEAD")
-    return ", ".join(method for method in HTTP_METHODS if method in allowed) or None
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Register the mapping from exceptions to responses."""
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> Response:
-        allowed = allowed_methods(request.app.router.routes, request.scope) if error.status_code == 405 else None
-        if allowed:  # else Starlette's own (a mounted app's 405)
-            error.headers = {**(error.headers or {}), "Allow": allowed}
-        return await http_exception_handler(request, error)
-
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, error: ServiceError) -> JsonResponse:
-        return JsonResponse({"detail": error.detail}, error.status_code, headers=error.headers)
-
-    @app.exception_handler(StoreError)
-    async def store_error(request: Request, error: StoreError) -> JsonResponse:
-        if isinstance(error, StoreBusy):
-            request.app.state.metrics.refused("store_busy")
-            return JsonResponse({"detail": error.detail}, 429, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
-        if isinstance(error, StoreUnavailable):
-            request.app.state.metrics.refused("store_unavailable")
-            log_now, unlogged = store_outages.admit(error)
-            if log_now:
-                more = f" ({unlogged} more since the last line)" if unlogged else ""
-                logger.warning("student state store unavailable: %s%s", error.internal, more)
-            affected = (
-                f"The student state store is unavailable ({error.detail}); only the /students endpoints are affected"
-            )
-            if error.until_restart:  # a retry cannot help: no Retry-After
-                return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
-            headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
-            return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=headers)
-        return JsonResponse({"detail": error.detail}, error.status_code)
-
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
-        return JsonResponse({"detail": error.detail(), "error_count": error.count}, 422)
-
-    @app.exception_handler(RequestValidationError)
-    async def request_validation(request: Request, error: RequestValidationError) -> JsonResponse:
-        return JsonResponse(validation_detail(list(error.errors())), 422)
-
-    @app.exception_handler(ValidationError)
-    async def body_validation(request: Request, error: ValidationError) -> JsonResponse:
-        return JsonResponse(body_errors(error), 422)
-
-    @app.exception_handler(InvalidBody)
-    async def invalid_body(request: Request, error: InvalidBody) -> JsonResponse:
-        return JsonResponse(error.payload, 422)
-
-    @app.exception_handler(OrtInvalidArgument)
-    async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
-        logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
-        message = f"The model rejected the input: {ort_message(error)}"
-        return JsonResponse({"detail": InvalidInput(("body",), message).detail(), "error_count": 1}, 422)

@@ -39,7 +39,7 @@ _render_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-r
 # Why the server refused a request (429 or 503) before any model was chosen: mnemo_server_requests_rejected_total.
 # The refusals of a model (its queue full, its deadline, not ready) are mnemo_requests_rejected_total{model,reason}.
 SERVER_REJECT_REASONS = (
-    "bodies_in_memory",  # 429: the request bodies held at once would pass 32 MB (app/frame/middleware.py)
+    "bodies_in_memory",  # 429: the request bodies held at once would pass 32 MB (app/transports/middleware.py)
     "parse_queue_full",  # 429: the bodies waiting to be parsed pass 4 MB (app/runtime/offload.py)
     "draining",  # 503: shutting down, no new requests
     "drain_timeout",  # 503: given up by the drain after MNEMO_DRAIN_S

@@ -148,7 +148,7 @@ class Settings(BaseSettings):
         description="open connections; beyond them a 503 and close (at most the open-file limit minus 128)",
     )
     error_log_window_s: float = Field(60.0, ge=0, description="a distinct error's traceback is logged once per window")
-    # Access control (app/frame/access.py)
+    # Access control (app/transports/access.py)
     api_keys: SecretStr | None = Field(None, description="comma-separated API keys; set, Bearer auth is required")
     api_keys_file: Path | None = Field(None, description="file with one API key per line (# comments)")
     open_paths: str = Field(

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from app.frame.integrity import sha256_of
-from app.frame.manifest import confined, load_manifest
-from app.frame.providers import resolve_provider, session_providers
-from app.frame.settings import Settings, usable_cpus
+from app.core.integrity import sha256_of
+from app.core.manifest import confined, load_manifest
+from app.core.settings import Settings, usable_cpus
+from app.runtime.providers import resolve_provider, session_providers
 
 SessionKey = tuple[Path, str, str]  # file, sha256, provider
 

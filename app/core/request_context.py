@@ -1,0 +1,17 @@
+"""What the runtime knows of the request it works for, whatever transport carried it.
+
+A transport sets these at the start of a request; the batcher reads them: it serves the earliest arrivals
+first, drops the rows of a client that has left, and learns what room a large body of a given size needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+
+# perf_counter() when the request arrived: its deadline and its logged duration count from it
+request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
+# whether the request's client is still connected (None: the transport cannot tell)
+request_connected: ContextVar[Callable[[], bool] | None] = ContextVar("request_connected", default=None)
+# the size of the request's body when it is parsed off the event loop
+request_body_bytes: ContextVar[int | None] = ContextVar("request_body_bytes", default=None)

@@ -1,0 +1,136 @@
+"""A served model (`ServedModel`) and what the runtime needs from its task family (the `Task` protocol).
+
+A task is registered once (app/tasks/__init__.py). The registry calls `prepare` for every model of
+that task after its session is verified and warmed, and keeps the typed state it returns in
+`model.state`; `describe` adds the task's fields to GET /models. The batcher pads `sequence_inputs`
+along axis 1 and trims `sequence_outputs` back to each item's length (+ the given extra).
+
+A model may carry more graphs of the same weights (the manifest's `graphs`, e.g. a sentence encoder alone):
+its task lists them in `graphs` with their batching layout, and each gets its own session and batcher
+(`model.graphs[key]`). A task without such graphs need not declare `graphs`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import onnxruntime as ort
+from fastapi import APIRouter
+
+from app.core.errors import ModelNotReady
+from app.core.manifest import ModelEntry
+
+if TYPE_CHECKING:
+    from app.runtime.batcher import ModelBatcher
+
+
+@dataclass(frozen=True)
+class GraphLayout:
+    """How the batcher pads the inputs and trims the outputs of one graph (see the module docstring)."""
+
+    sequence_inputs: tuple[str, ...] = ()
+    sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def graph_layouts(task: Task) -> Mapping[str, GraphLayout]:
+    """The extra graphs a model of `task` may carry, by manifest key (none unless the task declares `graphs`)."""
+    return getattr(task, "graphs", MappingProxyType({}))
+
+
+class Task(Protocol):
+    name: str
+    router: APIRouter
+    sequence_inputs: tuple[str, ...]
+    sequence_outputs: Mapping[str, int]
+
+    def prepare(self, model: ServedModel) -> Any:
+        """Check the model's metadata, limits and assets; return the typed state requests need."""
+
+    def describe(self, model: ServedModel) -> dict[str, Any]:
+        """The task's own fields in GET /models."""
+
+
+@dataclass
+class ServedModel:
+    """One manifest entry and, once loaded, its session, assets, task state and batcher.
+
+    `graphs` holds the entry's extra graphs (manifest `graphs`), each a `ServedModel` of its own (named
+    `<model>.<key>`, with its own session and batcher), loaded and verified with the model.
+    """
+
+    entry: ModelEntry
+    file: Path | None = None
+    assets: dict[str, np.ndarray] = field(default_factory=dict)
+    state: Any = None
+    provider: str | None = None
+    error: str | None = None
+    session: ort.InferenceSession | None = None
+    output_names: list[str] = field(default_factory=list)
+    graphs: dict[str, ServedModel] = field(default_factory=dict)
+    batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
+    observe_inference: Any = lambda seconds: None
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def task(self) -> str:
+        return self.entry.task
+
+    @property
+    def limits(self) -> dict[str, int | float]:
+        return self.entry.limits
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.entry.metadata
+
+    @property
+    def ready(self) -> bool:
+        return self.session is not None and self.error is None
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the session (blocking; the batcher calls it on an executor thread) and record its time."""
+        if self.session is None:
+            raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
+        started = time.perf_counter()
+        outputs = self.session.run(self.output_names, feeds)
+        self.observe_inference(time.perf_counter() - started)
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def public_info(self, task: Task | None) -> dict[str, Any]:
+        """What GET /models reports (file names only, never server paths)."""
+        entry = self.entry
+        info: dict[str, Any] = {
+            "name": entry.name,
+            "task": entry.task,
+            "version": entry.version,
+            "sha256": entry.sha256,
+            "provider": self.provider,
+            "default": entry.default,
+            "ready": self.ready,
+            "limits": entry.limits,
+            "metrics": entry.metrics,
+            "metadata": entry.metadata,
+            "card": entry.card,
+        }
+        if self.batcher is not None:
+            config = self.batcher.config
+            info["batching"] = {
+                "max_batch": config.max_batch,
+                "max_wait_ms": config.max_wait_s * 1000,
+                "max_queue": config.max_queue,
+                "max_cells": config.max_cells,
+            }
+        if task is not None and self.ready:
+            info.update(task.describe(self))
+        if self.error:
+            info["error"] = self.error
+        return info
