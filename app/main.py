@@ -1,8 +1,8 @@
 """The FastAPI application: `create_app(settings, tasks)` and the module-level `app` for `uvicorn app.main:app`.
 
-Layers, bottom up: the frame (settings, providers, registry, errors, middleware, metrics, logging),
-the runtime (run slots and a batcher per model), the tasks (a service, schemas and an HTTP adapter
-each; app/tasks/__init__.py registers them) and the transports (operations endpoints).
+Layers, lowest first (docs/ARCHITECTURE.md): core (settings, errors, metrics, logging), the runtime (sessions,
+registry, a batcher per model), students, the tasks (a service and its JSON and tensor codecs each;
+app/tasks/__init__.py registers them), and the transports (REST, the Open Inference Protocol, the explorer).
 Graceful drain on SIGTERM needs `python -m app` (app/server.py).
 """
 
@@ -29,7 +29,7 @@ from app.runtime.offload import offload, saturated
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.students.holder import StoreHolder
 from app.tasks import TASKS
-from app.transports import docs, oip, operations
+from app.transports import docs, oip, operations, students
 from app.transports.access import access_summary, add_access_control, api_keys, is_open, open_paths
 from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
@@ -38,6 +38,7 @@ from app.transports.http import add_body_schemas
 from app.transports.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext, SingleHeaders
 from app.transports.oip.error_shape import ProtocolErrorShape
 from app.transports.probes import ProbeProcess
+from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -132,8 +133,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
     # innermost: the task routes skip FastAPI's router (they are included at the root below)
-    task_routers = [task.router for task in tasks.values()]
-    app.add_middleware(DirectRoutes, fastapi=app, routers=task_routers)
+    task_routes = task_router(tasks.values())
+    app.add_middleware(DirectRoutes, fastapi=app, routers=[task_routes])
     app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
     app.add_middleware(
         BodySizeLimit,
@@ -148,11 +149,11 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape
     app.add_middleware(HeadAsGet)  # a HEAD goes through every layer inside as the GET it stands for
     app.add_middleware(RequestContext, metrics=metrics)
-    app.direct_paths = frozenset(direct_routes(task_routers))
+    app.direct_paths = frozenset(direct_routes([task_routes]))
     app.include_router(operations.router)
     app.include_router(explorer_router)
-    for task in tasks.values():
-        app.include_router(task.router)
+    app.include_router(task_routes)
+    app.include_router(students.router)
     app.include_router(oip.router)
     docs.install(app)
 

@@ -15,6 +15,7 @@ from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS
 from app.transports.direct_routes import direct_routes
+from app.transports.rest import task_router
 from tests.helpers import ROOT, free_port
 
 
@@ -25,9 +26,9 @@ def test_both_tasks_are_registered_with_their_routes():
 
 
 def test_only_the_routes_that_read_their_own_request_are_dispatched_directly():
-    routes = direct_routes(task.router for task in TASKS.values())
+    routes = direct_routes([task_router(TASKS.values())])
     paths = ("/similarity", "/similarity/batch", "/embeddings", "/similarity/from-embeddings", "/knowledge-trace")
-    # not GET /models/{name}/questions (query and path parameters), nor the /students routes (a path parameter)
+    # not GET /models/{name}/questions (query and path parameters)
     assert set(routes) == {("POST", path) for path in paths}
 
 

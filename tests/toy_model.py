@@ -223,7 +223,10 @@ async def bug_of(owner: str) -> dict:
 class ToyTask:
     """A task over the toy graphs; `prepare` may be replaced to observe or fail."""
 
-    router = toy_router
+    tag = "toy"
+    endpoints = ()
+    routes = toy_router
+    tensors = None
     sequence_inputs = ()
     sequence_outputs = MappingProxyType({})
 
@@ -241,7 +244,7 @@ class ToyTask:
 def toy_tasks(prepare=None) -> dict[str, ToyTask]:
     """The toy task (with an optional `prepare(model)`) and a second task for "the other task" cases."""
     other = ToyTask(OTHER_TASK)
-    other.router = APIRouter()
+    other.routes = APIRouter()
     return {TOY_TASK: ToyTask(TOY_TASK, prepare), OTHER_TASK: other}
 
 

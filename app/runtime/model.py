@@ -13,7 +13,7 @@ its task lists them in `graphs` with their batching layout, and each gets its ow
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -22,9 +22,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import onnxruntime as ort
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from app.core.errors import ModelNotReady
 from app.core.manifest import ModelEntry
+from app.runtime.collate import Feeds
+from app.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from app.runtime.batcher import ModelBatcher
@@ -43,9 +46,61 @@ def graph_layouts(task: Task) -> Mapping[str, GraphLayout]:
     return getattr(task, "graphs", MappingProxyType({}))
 
 
-class Task(Protocol):
+@dataclass(frozen=True)
+class Admission:
+    """The room a request takes before it runs: in which batcher, how many rows and cells (None: estimated)."""
+
+    batcher: ModelBatcher
+    rows: int
+    cells: int | None = None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One POST endpoint of a task's JSON API, served by app/transports/rest.py.
+
+    The transport reads and validates the body as `request` (whose `model` field names the model), admits
+    the request as `admit` says, and awaits `answer(model, body, alone)` within the request's deadline;
+    `alone` is true when the server handles no other request (small jobs may then run on the event loop).
+    With `reserve`, a large body holds, while it is parsed, the room its size predicts in the model's batcher
+    (endpoints admitted in another graph's batcher say False).
+    """
+
+    path: str
     name: str
-    router: APIRouter
+    operation_id: str
+    request: type[BaseModel]
+    response: type[BaseModel]
+    description: str
+    admit: Callable[[ServedModel, Any], Admission]
+    answer: Callable[[ServedModel, Any, bool], Awaitable[bytes]]
+    reserve: bool = True  # a large body holds room in its model's own batcher while it is parsed
+
+
+class TensorCodec(Protocol):
+    """What a task provides to serve its models over a tensor protocol."""
+
+    PLATFORM: str
+
+    def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
+
+    def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
+
+    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
+        """The checked request (blocking, on a worker thread); its `rows` and `cells` (steps or tokens; None: the
+        batcher's estimate) are admitted by the batcher."""
+
+    async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
+
+
+class Task(Protocol):
+    """A task family: its service's hooks, and the codecs each transport needs."""
+
+    name: str
+    tag: str  # the OpenAPI tag of its endpoints
+    endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/rest.py)
+    routes: APIRouter  # its other REST routes, which need none of the transport's machinery
+    tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
     sequence_inputs: tuple[str, ...]
     sequence_outputs: Mapping[str, int]
 

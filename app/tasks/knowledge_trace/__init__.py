@@ -1,22 +1,21 @@
-"""The knowledge-tracing task (DKVMN and the DKT baseline): service, schemas, the stateless HTTP adapter and the
-/students endpoints."""
+"""The knowledge-tracing task (DKVMN and the DKT baseline): service, schemas, and its JSON and tensor codecs.
+
+The /students endpoints, which keep each student's state over this task's service, are app/transports/students.py.
+"""
 
 from __future__ import annotations
 
 from types import MappingProxyType
 
-from fastapi import APIRouter
-
-from app.tasks.knowledge_trace import http, service, students
-
-routes = APIRouter()
-routes.include_router(http.router)
-routes.include_router(students.router)
+from app.tasks.knowledge_trace import rest, service, tensors
 
 
 class KnowledgeTraceTask:
-    name = http.TASK_NAME
-    router = routes
+    name = service.TASK_NAME
+    tag = "knowledge tracing"
+    endpoints = rest.ENDPOINTS
+    routes = rest.routes
+    tensors = tensors
     sequence_inputs = ("q", "r")
     sequence_outputs = MappingProxyType({"p": 0, "corr_w": 0, "mastery": 1})
     prepare = staticmethod(service.prepare)

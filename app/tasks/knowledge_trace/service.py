@@ -41,6 +41,7 @@ from app.runtime.model import ServedModel
 
 # Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
 # can be labelled by its top skills. Statics names are problem steps, not readable labels.
+TASK_NAME = "knowledge-trace"
 SKILL_NAMED_DATASETS = frozenset({"assist2009"})
 TOP_SKILLS = 3
 

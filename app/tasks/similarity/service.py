@@ -25,6 +25,7 @@ from app.tasks.similarity.attention import combined_map
 from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
+TASK_NAME = "similarity"
 Location = tuple[str | int, ...]
 ENCODER_ID_DIGITS = 16
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
@@ -24,8 +23,7 @@ from starlette.responses import Response
 
 from app.core.errors import ServiceError, ort_message
 from app.core.responses import JsonResponse
-from app.runtime.collate import Feeds
-from app.runtime.model import ServedModel
+from app.runtime.model import ServedModel, Task, TensorCodec
 from app.runtime.offload import offload
 from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import (
@@ -36,7 +34,6 @@ from app.transports.http import (
     json_body,
     parse_off_loop,
 )
-from app.transports.oip import knowledge_trace, similarity
 from app.transports.oip.parameters import check_parameters
 from app.transports.oip.schemas import (
     InferenceResponse,
@@ -49,7 +46,6 @@ from app.transports.oip.schemas import (
 from app.transports.oip.tensors import (
     InferenceRequest,
     ProtocolError,
-    TensorSpec,
     decode_inputs,
     encode_response,
     requested_outputs,
@@ -58,23 +54,6 @@ from app.transports.oip.tensors import (
 logger = logging.getLogger("mnemo.oip")
 
 
-class Adapter(Protocol):
-    """What a task's protocol module provides (app/transports/oip/knowledge_trace.py, similarity.py)."""
-
-    PLATFORM: str
-
-    def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
-
-    def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
-
-    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
-        """The checked request (blocking, on a worker thread); its `rows` and `cells` (steps or tokens; None: the
-        batcher's estimate) are admitted by the batcher."""
-
-    async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
-
-
-ADAPTERS: dict[str, Adapter] = {"knowledge-trace": knowledge_trace, "similarity": similarity}
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 INLINE_BODY_BYTES = 8192
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
@@ -100,20 +79,29 @@ def _protocol_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..
     return guarded
 
 
-def _model(request: Request, name: str, version: str | None = None) -> tuple[ServedModel, Adapter]:
-    """The named model and its adapter; 404 when unknown (or another version), 503 when not loaded."""
+def _model(request: Request, name: str, version: str | None = None) -> tuple[ServedModel, TensorCodec]:
+    """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
     registry = getattr(request.app.state, "registry", None)
     if registry is None:
         raise ProtocolError("Models are still loading.", 503)
+    codecs = {task: codec for task, codec in _codecs(registry.tasks)}
     model = registry.models.get(name)
-    if model is None or model.task not in ADAPTERS:
-        known = ", ".join(sorted(n for n, m in registry.models.items() if m.task in ADAPTERS)) or "none"
+    if model is None or model.task not in codecs:
+        known = ", ".join(sorted(n for n, m in registry.models.items() if m.task in codecs)) or "none"
         raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
     if version is not None and version != model.entry.version:
         raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
     if not model.ready:
         raise ProtocolError(f"Model {name} is not ready: {model.error}", 503)
-    return model, ADAPTERS[model.task]
+    return model, codecs[model.task]
+
+
+def _codecs(tasks: Mapping[str, Task]) -> Iterator[tuple[str, TensorCodec]]:
+    """The tasks that have a tensor codec, with it."""
+    for name, task in tasks.items():
+        codec = getattr(task, "tensors", None)
+        if codec is not None:
+            yield name, codec
 
 
 @router.get("", operation_id="oip_server_metadata", response_model=ServerMetadata)
@@ -183,14 +171,14 @@ async def infer_version(request: Request, name: str, version: str) -> Response:
 
 @_protocol_errors
 async def _metadata(request: Request, name: str, version: str | None) -> JsonResponse:
-    model, adapter = _model(request, name, version)
+    model, codec = _model(request, name, version)
     return JsonResponse(
         {
             "name": model.name,
             "versions": [model.entry.version],
-            "platform": adapter.PLATFORM,
-            "inputs": [spec.metadata() for spec in adapter.inputs(model)],
-            "outputs": [spec.metadata() for spec in adapter.outputs(model)],
+            "platform": codec.PLATFORM,
+            "inputs": [spec.metadata() for spec in codec.inputs(model)],
+            "outputs": [spec.metadata() for spec in codec.outputs(model)],
         }
     )
 
@@ -203,7 +191,7 @@ async def _model_ready(request: Request, name: str, version: str | None) -> Json
 
 @_protocol_errors
 async def _infer(request: Request, name: str, version: str | None) -> Response:
-    model, adapter = _model(request, name, version)
+    model, codec = _model(request, name, version)
     check_declared_charset(request)
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
@@ -220,20 +208,20 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         where = ".".join(str(part) for part in first["loc"]) or "body"
         raise ProtocolError(f"invalid inference request: {where}: {first['msg']}") from None
     timeout_s = check_parameters(parsed)
-    wanted = requested_outputs(parsed, adapter.outputs(model))
-    decode = (parsed, binary, adapter.inputs(model))
+    wanted = requested_outputs(parsed, codec.outputs(model))
+    decode = (parsed, binary, codec.inputs(model))
     tensors = await (
         offload(decode_inputs, *decode)
         if size <= INLINE_BODY_BYTES
         else parse_off_loop(request, size, decode_inputs, *decode)
     )
-    prepared = await offload(adapter.prepare, model, tensors)
+    prepared = await offload(codec.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
-        outputs = await complete(request, adapter.infer(model, prepared), model.name, timeout_s)
+        outputs = await complete(request, codec.infer(model, prepared), model.name, timeout_s)
     header = {"model_name": model.name, "model_version": model.entry.version}
     if parsed.id is not None:
         header["id"] = parsed.id
-    content, header_length = await offload(encode_response, header, outputs, adapter.outputs(model), wanted)
+    content, header_length = await offload(encode_response, header, outputs, codec.outputs(model), wanted)
     if header_length is None:
         return Response(content, media_type="application/json")
     return Response(

@@ -13,13 +13,13 @@ import math
 import struct
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
 
 from app.core.responses import dumps
+from app.runtime.tensors import ProtocolError, TensorSpec
 
 MAX_RANK = 8
 FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
@@ -36,29 +36,8 @@ NUMPY_TYPES: dict[str, type] = {
     "FP64": np.float64,
     "BYTES": np.object_,
 }
-ONNX_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(uint8)": "UINT8",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
 INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
 JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
-
-
-class ProtocolError(Exception):
-    """A request the protocol adapter refuses: `{"error": message}` with `status` (400 unless said)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 class RequestInput(BaseModel):
@@ -81,27 +60,6 @@ class InferenceRequest(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[RequestInput] = Field(min_length=1, max_length=64)
     outputs: list[RequestOutput] | None = Field(default=None, max_length=64)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A declared input or output: name, datatype and shape (-1 = any size)."""
-
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    optional: bool = False
-
-    def metadata(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
-
-
-def onnx_spec(name: str, onnx_type: str, shape: Sequence[int | str | None]) -> TensorSpec:
-    """The protocol's view of an ONNX graph input or output: symbolic dims become -1."""
-    datatype = ONNX_TYPES.get(onnx_type)
-    if datatype is None:
-        raise ValueError(f"graph tensor {name} has type {onnx_type}, which the protocol adapter does not map")
-    return TensorSpec(name, datatype, tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in shape))
 
 
 def decode_inputs(

@@ -17,9 +17,9 @@ import numpy as np
 from app.core.errors import InvalidInput
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
+from app.runtime.tensors import ProtocolError, TensorSpec
 from app.tasks.similarity import service
 from app.tasks.similarity.service import EncodedPair, SimilarityState
-from app.transports.oip.tensors import ProtocolError, TensorSpec
 
 PLATFORM = "mnemo_similarity"
 INPUTS = [TensorSpec("sentence_a", "BYTES", (-1,)), TensorSpec("sentence_b", "BYTES", (-1,))]

@@ -1,15 +1,18 @@
-"""POST /knowledge-trace and GET /models/{name}/questions: the thin HTTP adapter over the KT service."""
+"""The knowledge-tracing task's JSON API: POST /knowledge-trace, and GET /models/{name}/questions.
+
+POST /knowledge-trace says how its request is admitted and how its answer is computed and rendered; the REST
+transport (app/transports/rest.py) does the rest. The question catalog reads the registry only.
+"""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Annotated
 
 import numpy as np
 from fastapi import APIRouter, Path, Query, Request
 
 from app.core.responses import JsonResponse, dumps
-from app.runtime.model import ServedModel
+from app.runtime.model import Admission, Endpoint, ServedModel
 from app.runtime.offload import offload_if
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.schemas import (
@@ -18,13 +21,17 @@ from app.tasks.knowledge_trace.schemas import (
     KnowledgeTraceResponse,
     QuestionCatalog,
 )
-from app.transports.http import complete, json_body, read_body, registry
 
-TASK_NAME = "knowledge-trace"
 MAX_CATALOG_PAGE = 1000
-router = APIRouter(tags=["knowledge tracing"])
 INLINE_INTERACTIONS = 1000  # shorter histories are converted and rendered on the loop: cheaper than a hop
 MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
+routes = APIRouter(tags=["knowledge tracing"])
+DESCRIPTION = """Predict each interaction from the ones before it, then the next questions; report concept mastery.
+
+Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
+`seqlen`, oldest first, each chunk starting from the memory state the previous one ended with.
+A DKT model (`family` dkt) has no memory slots: its `mastery`, `attention`, `n_concepts` and `next[].concept`
+are null whatever the request asks (GET /models `supports` says which fields a model fills)."""
 
 
 def arrays_of(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -37,15 +44,21 @@ def arrays_of(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarr
     return questions, correct, wanted
 
 
-async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> bytes:
-    questions, correct, wanted = arrays
+def _admission(model: ServedModel, body: KnowledgeTraceRequest) -> Admission:
+    next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
+    rows = service.rows_needed(model, len(body.interactions), next_count > 0)
+    return Admission(model.batcher, rows, cells=len(body.interactions) + next_count)
+
+
+async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) -> bytes:
+    questions, correct, wanted = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, arrays_of, model, body)
     trace = await service.trace(model, questions, correct)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-    render = partial(answer, model, body, trace, wanted, next_p)
-    return await offload_if(len(questions) + len(wanted) > INLINE_INTERACTIONS or body.return_attention, render)
+    inline = len(questions) + len(wanted) <= INLINE_INTERACTIONS and not body.return_attention
+    return await offload_if(not inline, render, model, body, trace, wanted, next_p)
 
 
-def answer(
+def render(
     model: ServedModel, body: KnowledgeTraceRequest, trace: service.Trace, wanted: np.ndarray, next_p: np.ndarray
 ) -> bytes:
     """The response's JSON."""
@@ -62,30 +75,21 @@ def answer(
     )
 
 
-@router.post(
-    "/knowledge-trace",
-    response_model=KnowledgeTraceResponse,
-    openapi_extra=json_body(KnowledgeTraceRequest),
-    operation_id="knowledge_trace",
+ENDPOINTS = (
+    Endpoint(
+        path="/knowledge-trace",
+        name="knowledge_trace",
+        operation_id="knowledge_trace",
+        request=KnowledgeTraceRequest,
+        response=KnowledgeTraceResponse,
+        description=DESCRIPTION,
+        admit=_admission,
+        answer=_answer,
+    ),
 )
-async def knowledge_trace(request: Request) -> JsonResponse:
-    """Predict each interaction from the ones before it, then the next questions; report concept mastery.
-
-    Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
-    `seqlen`, oldest first, each chunk starting from the memory state the previous one ended with.
-    A DKT model (`family` dkt) has no memory slots: its `mastery`, `attention`, `n_concepts` and `next[].concept`
-    are null whatever the request asks (GET /models `supports` says which fields a model fills).
-    """
-    body = await read_body(request, KnowledgeTraceRequest, TASK_NAME)
-    model = registry(request).get(body.model, TASK_NAME)
-    next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
-    rows = service.rows_needed(model, len(body.interactions), next_count > 0)
-    with model.batcher.admit(rows, cells=len(body.interactions) + next_count):
-        arrays = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, arrays_of, model, body)
-        return JsonResponse(await complete(request, _answer(model, body, arrays), model.name))
 
 
-@router.get("/models/{name}/questions", response_model=QuestionCatalog, operation_id="list_questions")
+@routes.get("/models/{name}/questions", response_model=QuestionCatalog, operation_id="list_questions")
 async def questions(
     request: Request,
     name: Annotated[str, Path(max_length=64, description="a knowledge-trace model from GET /models")],
@@ -93,5 +97,5 @@ async def questions(
     limit: Annotated[int, Query(ge=1, le=MAX_CATALOG_PAGE, description="questions per page")] = 100,
 ) -> JsonResponse:
     """A page of the model's question catalog: id, name where the data set has one, main concept."""
-    model = registry(request).get(name, TASK_NAME)
+    model = request.app.state.registry.get(name, service.TASK_NAME)
     return JsonResponse(service.catalog(model, offset, limit))

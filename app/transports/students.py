@@ -29,7 +29,7 @@ from app.students.ids import MAX_STUDENT_ID_LENGTH, STUDENT_ID_SCHEMA, InvalidSt
 from app.students.store import MAX_PAGE_SIZE, StateStore, StateVersionMismatch, StudentState
 from app.students.update import NextState, update_state
 from app.tasks.knowledge_trace import service
-from app.tasks.knowledge_trace.http import TASK_NAME
+from app.tasks.knowledge_trace.service import TASK_NAME
 from app.tasks.knowledge_trace.student_schemas import (
     AppendRequest,
     AppendResponse,

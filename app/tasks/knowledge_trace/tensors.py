@@ -22,9 +22,9 @@ import numpy as np
 
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
+from app.runtime.tensors import ProtocolError, TensorSpec, onnx_spec
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.service import KnowledgeTraceState
-from app.transports.oip.tensors import ProtocolError, TensorSpec, onnx_spec
 
 PLATFORM = "onnxruntime_onnx"
 OPTIONAL_INPUTS = frozenset({service.DKVMN.state_input, service.DKT.state_input})

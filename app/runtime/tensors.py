@@ -1,0 +1,53 @@
+"""The tensor vocabulary shared by the tasks' tensor codecs and the Open Inference Protocol transport.
+
+A task's codec (`TensorCodec` in app/runtime/model.py, e.g. app/tasks/knowledge_trace/tensors.py) declares its
+inputs and outputs as `TensorSpec`s, checks decoded tensors (`prepare`: a `ProtocolError` names the input and
+element), and runs them through the task service (`infer`). The transport decodes and encodes the wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ONNX_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+class ProtocolError(Exception):
+    """A request the protocol adapter refuses: `{"error": message}` with `status` (400 unless said)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A declared input or output: name, datatype and shape (-1 = any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    optional: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def onnx_spec(name: str, onnx_type: str, shape: Sequence[int | str | None]) -> TensorSpec:
+    """The protocol's view of an ONNX graph input or output: symbolic dims become -1."""
+    datatype = ONNX_TYPES.get(onnx_type)
+    if datatype is None:
+        raise ValueError(f"graph tensor {name} has type {onnx_type}, which the protocol adapter does not map")
+    return TensorSpec(name, datatype, tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in shape))

@@ -1,0 +1,50 @@
+"""The tasks' JSON APIs over HTTP: one route per `Endpoint` a task declares, plus the task's own other routes.
+
+Every endpoint's route does the same around the task's code: read and validate the body (`read_body`), pick
+the model it names (404/503), admit the request in that model's batcher (429), and await the answer within the
+request's deadline (504) unless the client leaves (499).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+from fastapi import APIRouter, Request
+
+from app.core.responses import JsonResponse
+from app.runtime.model import Endpoint, Task
+from app.transports.http import alone, complete, json_body, read_body, registry
+
+
+def task_router(tasks: Iterable[Task]) -> APIRouter:
+    """The routes of every task's endpoints, and the tasks' other routes."""
+    router = APIRouter()
+    for task in tasks:
+        for endpoint in task.endpoints:
+            router.add_api_route(
+                endpoint.path,
+                endpoint_route(task.name, endpoint),
+                methods=["POST"],
+                name=endpoint.name,
+                operation_id=endpoint.operation_id,
+                description=endpoint.description,
+                response_model=endpoint.response,
+                openapi_extra=json_body(endpoint.request),
+                tags=[task.tag],
+            )
+        router.include_router(task.routes, tags=[task.tag])
+    return router
+
+
+def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
+    """The route function of one endpoint (it takes only the request: it reads the body itself)."""
+
+    async def route(request: Request) -> JsonResponse:
+        body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)
+        model = registry(request).get(body.model, task_name)
+        admission = endpoint.admit(model, body)
+        with admission.batcher.admit(admission.rows, cells=admission.cells):
+            answer = endpoint.answer(model, body, alone(request))
+            return JsonResponse(await complete(request, answer, model.name))
+
+    return route
