@@ -6,8 +6,8 @@ Runs the model's served recipe (`models/recipes.py`), each step as its own `pyth
 runs under `<out>/runs`, the export under `<out>/artifacts` (default out: `runs/reproduce/<model>`). The
 served artifacts/ is only read, never written. The steps resume (`--resume`), so an interrupted reproduction
 continues where it stopped. At the end every metric of the new manifest entry is printed next to the served
-entry's, and whether the ONNX bytes are the same. `--print` only prints the commands (the card's Reproduce
-section quotes them).
+entry's, and whether the ONNX bytes, the weights and the assets are the same. `--print` only prints the
+commands; `--card` rewrites the generated block of the served card's Reproduce section (after a version bump).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def card_section(name: str, version: str) -> list[str]:
         f"`make reproduce MODEL={name}` (or `python -m export.reproduce {name}`) runs these commands from the "
         f"repository root, into `runs/reproduce/{name}/` (training runs, then the export into its own `artifacts/`; "
         "the served `artifacts/` is only read), then prints each new metric next to this card's and whether the ONNX "
-        f"bytes are the same. The card records {recipe.card_minutes:g} min of training at 1 CPU thread. "
+        f"bytes, the weights and the assets are the same. The card records {recipe.card_minutes:g} min of training at 1 CPU thread. "
         "Data: `../shared/data`, or `DATA_DIR=...` for make, `--data-dir` for python.",
         "",
         "```sh",
@@ -59,6 +59,33 @@ def card_section(name: str, version: str) -> list[str]:
         END,
     ]
     return lines
+
+
+def run_step(step: Command, where: dict[str, str]) -> None:
+    """One command of the recipe, in its own process, announced first."""
+    print(f"==> {step.text(**where)}", flush=True)
+    subprocess.run([sys.executable, "-m", step.module, *step.argv(**where)], check=True)
+
+
+def check_refit(export: Command, train: list[Command], where: dict[str, str]) -> None:
+    """Stop before exporting a run that lacks the refit its recipe asks for: a cross-validation that picked
+    another median fold than the served one holds the refit in that fold's directory."""
+    if not any(flag in step.args for step in train for flag in ("--refit", "--refit-full")):
+        return
+    argv = export.argv(**where)
+    run = Path(argv[argv.index("--run") + 1])
+    if not json.loads((run / "result.json").read_text()).get("refit"):
+        runs = run.parent.glob("*/result.json")
+        found = sorted(str(path.parent) for path in runs if json.loads(path.read_text()).get("refit"))
+        raise SystemExit(f"{run} holds no refit (the refit is in {', '.join(found) or 'no run'}): export that run")
+
+
+def splice(card: str, lines: list[str]) -> str:
+    """The card with its generated Reproduce block replaced by `lines`."""
+    if BEGIN not in card or END not in card:
+        raise SystemExit(f"the card has no {BEGIN} ... {END} block in its Reproduce section")
+    head, rest = card.split(BEGIN, 1)
+    return head + "\n".join(lines) + rest.split(END, 1)[1]
 
 
 def compare(served: dict, new: dict, served_dir: Path, new_dir: Path) -> list[str]:
@@ -120,18 +147,26 @@ def main(argv: list[str] | None = None) -> list[str]:
     parser.add_argument("--data-dir", default=os.environ.get("MNEMO_DATA_DIR", DEFAULT_DATA))
     parser.add_argument("--served", type=Path, default=Path("artifacts"), help="the served artifacts (read only)")
     parser.add_argument("--print", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--card", action="store_true", help="rewrite the served card's Reproduce block, run nothing")
     args = parser.parse_args(argv)
     served = entry(args.served, args.model)
     where = places(args.model, args.out, args.data_dir)
     if Path(where["artifacts"]).resolve() == args.served.resolve():
         parser.error("--out would export into the served artifacts; choose a scratch directory")
     steps = commands(args.model, served["version"])
+    if args.card:
+        card = args.served / served["card"]
+        card.write_text(splice(card.read_text(), card_section(args.model, served["version"])))
+        print(f"{card}: Reproduce block of {args.model} {served['version']}")
+        return []
     if args.print:
         print("\n".join(step.text(**where) for step in steps))
         return []
-    for step in steps:
-        print(f"==> {step.text(**where)}", flush=True)
-        subprocess.run([sys.executable, "-m", step.module, *step.argv(**where)], check=True)
+    *train, export = steps
+    for step in train:
+        run_step(step, where)
+    check_refit(export, train, where)
+    run_step(export, where)
     scratch = Path(where["artifacts"])
     table = compare(served, entry(scratch, args.model), args.served, scratch)
     print(f"\n{args.model} {served['version']}: the card's metrics (artifacts/manifest.json) and this rebuild's")
