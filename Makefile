@@ -109,7 +109,7 @@ export-kt: $(VENV)/dev.stamp  ## make export-kt DATASET=assist2009 NAME=dkvmn-as
 	$(BIN)/python -m export.kt --run runs/kt/$(DATASET) --name $(NAME) $(FLAGS)
 
 export-sim: $(VENV)/dev.stamp  ## make export-sim POINTER=vlmp NAME=rmc-vlmp-sick [FLAGS=--default]
-	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER) --name $(NAME) $(FLAGS)
+	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER)-s$(SEED) --name $(NAME) $(FLAGS)
 	$(BIN)/python -m export.embeddings --name $(NAME)
 
 docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see README, Docker)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,21 @@ def test_make_reproduce_rebuilds_into_a_scratch_folder_and_sets_the_metrics_besi
 def test_a_scratch_folder_that_is_the_served_artifacts_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         reproduce.main(["dkvmn-synthetic", "--out", str(ROOT), "--served", str(ARTIFACTS.parent / "artifacts")])
+
+
+@pytest.mark.skipif(
+    shutil.which("make") is None or not (ROOT / ".venv" / "bin" / "python").exists(), reason="needs make and .venv"
+)
+def test_the_make_targets_run_the_served_recipes_unless_told_otherwise():
+    def dry_run(*arguments: str) -> str:
+        return subprocess.run(
+            ["make", "-n", "-C", str(ROOT), *arguments], capture_output=True, text=True, check=True
+        ).stdout
+
+    served = dry_run("train-kt", "DATASET=synthetic-v3")
+    assert "--dataset synthetic-v3" in served and "--optimizer sgd --epochs 100 --refit-full --seed 1024" in served
+    assert "--optimizer" not in dry_run("train-kt", "DATASET=synthetic-v3", "RECIPE=")
+    member = dry_run("train-sim", "POINTER=flmp", "SEED=102")
+    assert "--out runs/sim/flmp-s102" in member and "--pointer flmp --fc-dim 128" in member
+    assert "--max-minutes 35 --seed 102" in member
+    assert "python -m export.reproduce dkvmn-statics" in dry_run("reproduce", "MODEL=dkvmn-statics")
