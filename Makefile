@@ -7,6 +7,7 @@ PIP := $(BIN)/python -m pip
 DATA_DIR ?= $(or $(MNEMO_DATA_DIR),../shared/data)
 DATASET ?= assist2009
 POINTER ?= vlmp
+SEED ?= 101
 # torch is the one package outside the hashed lock: its exact version from pyproject.toml's train extra, from
 # wherever pip finds it. On a CPU-only machine add PyTorch's CPU index (README, Install):
 #   make venv TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
@@ -16,7 +17,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core
 
-.PHONY: venv serve test lint audit lock system-deps screenshots bench loadtest train-kt train-sim export-kt export-sim docker-check clean FORCE
+.PHONY: venv serve test lint audit lock system-deps screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim docker-check clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -88,17 +89,27 @@ loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (abo
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
 
-train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0 [ARGS=--resume]
-	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt $(ARGS)
+# train-kt and train-sim run the served recipe (models/recipes.py); RECIPE='...' replaces its arguments
+# (RECIPE= for the trainers' plain defaults). train-sim trains one member of the served ensemble (SEED).
+SERVED_RECIPE = $(if $(filter command line,$(origin RECIPE)),$(RECIPE),$(shell $(BIN)/python -m models.recipes $(1)))
 
-train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp [ARGS=--resume]
-	$(BIN)/python -m models.train_sim --pointer $(POINTER) --data-dir $(DATA_DIR)/sick $(ARGS)
+train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-vK [ARGS=--overwrite]
+	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt \
+	  $(call SERVED_RECIPE,train-kt $(DATASET)) --threads 1 --resume $(ARGS)
+
+train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp SEED=101 [ARGS=--overwrite]: one served member
+	$(BIN)/python -m models.train_sim --data-dir $(DATA_DIR)/sick --out runs/sim/$(POINTER)-s$(SEED) \
+	  $(call SERVED_RECIPE,train-sim $(POINTER) --seed $(SEED)) --threads 1 --resume $(ARGS)
+
+reproduce: $(VENV)/dev.stamp  ## make reproduce MODEL=dkvmn-synthetic: rebuild a served model in runs/reproduce/, compare
+	@test -n "$(MODEL)" || { echo "name the model: make reproduce MODEL=<name> (artifacts/manifest.json)"; exit 2; }
+	$(BIN)/python -m export.reproduce $(MODEL) --data-dir $(DATA_DIR)
 
 export-kt: $(VENV)/dev.stamp  ## make export-kt DATASET=assist2009 NAME=dkvmn-assist2009 [FLAGS=--default]
 	$(BIN)/python -m export.kt --run runs/kt/$(DATASET) --name $(NAME) $(FLAGS)
 
 export-sim: $(VENV)/dev.stamp  ## make export-sim POINTER=vlmp NAME=rmc-vlmp-sick [FLAGS=--default]
-	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER) --name $(NAME) $(FLAGS)
+	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER)-s$(SEED) --name $(NAME) $(FLAGS)
 	$(BIN)/python -m export.embeddings --name $(NAME)
 
 docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see README, Docker)
