@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from app.frame.settings import Settings
+from app.frame.settings import Settings, unknown_variables
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "configuration.md"
@@ -40,7 +40,7 @@ An `MNEMO_*` variable that is no setting (a typo such as `MNEMO_MAX_BACTH`) is i
 startup naming the nearest setting:
 
 ```text
-mnemo: warning: MNEMO_MAX_BACTH is not a setting (did you mean MNEMO_MAX_BATCH?): ignored (the settings: docs/configuration.md)
+mnemo: warning: {typo_warning}
 ```
 
 The project's other variables (`MNEMO_DATA_DIR` for training data, `MNEMO_HOST_PORT` for compose, ...) and the
@@ -117,7 +117,8 @@ def render() -> str:
         kind = f"{kind}, {bounds}" if bounds else kind
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{prefix}{name.upper()}` | {kind} | {default_text(field)} | {description} |")
-    return HEADER.format(prefix=prefix) + "\n".join(rows) + "\n" + FOOTER
+    typo_warning = unknown_variables({"MNEMO_MAX_BACTH": "8"})[0]
+    return HEADER.format(prefix=prefix) + "\n".join(rows) + "\n" + FOOTER.format(typo_warning=typo_warning)
 
 
 def main(argv: list[str] | None = None) -> int:
