@@ -15,7 +15,7 @@ from tests.helpers import ROOT, running_server
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 WITH_EXAMPLES = [page for page in PAGES if examples(page)]
-LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)#\s]*)(#[^)]*)?\)")
 
 
 def test_the_readme_is_short():
@@ -51,9 +51,18 @@ def test_the_configuration_page_is_generated_from_the_settings():
     assert committed == config_docs.render(), "docs/configuration.md is stale: run `make docs`"
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors of a markdown page's headings, as GitHub makes them."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
-def test_every_relative_link_points_to_a_file(page: Path):
-    text = page.read_text()
-    for target, _ in LINK.findall(text):
-        if "://" not in target and not target.startswith("mailto:"):
-            assert (page.parent / target).exists(), f"{page.name}: {target}"
+def test_every_relative_link_points_to_a_file_and_heading(page: Path):
+    for target, anchor in LINK.findall(page.read_text()):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        linked = page.parent / target if target else page
+        assert linked.exists(), f"{page.name}: {target}"
+        if anchor and linked.suffix == ".md":
+            assert anchor[1:] in anchors(linked), f"{page.name}: {target}{anchor}"
