@@ -69,7 +69,7 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
 CMD ["python3", "-m", "app"]
 
 # ---- CPU runtime (default): only the builder's /rootfs (Python, the venv, the app, the artifacts) --------
-# No shell and no package manager; see README, Docker (debug with the builder stage: --target builder).
+# No shell and no package manager; see docs/deployment.md (debug with the builder stage: --target builder).
 FROM scratch AS runtime
 COPY --from=builder /rootfs /
 WORKDIR /srv/mnemo

@@ -9,7 +9,7 @@ DATASET ?= assist2009
 POINTER ?= vlmp
 SEED ?= 101
 # torch is the one package outside the hashed lock: its exact version from pyproject.toml's train extra, from
-# wherever pip finds it. On a CPU-only machine add PyTorch's CPU index (README, Install):
+# wherever pip finds it. On a CPU-only machine add PyTorch's CPU index (docs/development.md):
 #   make venv TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
 TORCH_REQUIREMENT = $(shell $(BIN)/python -c 'import tomllib; print(next(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["train"] if r.startswith("torch")))')
 TORCH_PIP_ARGS ?=
@@ -17,7 +17,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core
 
-.PHONY: venv serve test lint audit lock system-deps screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim docker-check clean FORCE
+.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim docker-check clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -44,7 +44,7 @@ $(VENV)/serve.stamp: requirements/serve.txt $(BIN)/python
 $(VENV)/dev.stamp: requirements/dev.txt $(BIN)/python
 	@echo "==> installing the service, test and training tools from requirements/dev.txt into $(VENV) (about 5 minutes the first time)"
 	$(PIP) install --require-hashes -r requirements/dev.txt
-	@echo "==> installing $(TORCH_REQUIREMENT) (outside the hashed lock: README, Install)"
+	@echo "==> installing $(TORCH_REQUIREMENT) (outside the hashed lock: docs/development.md)"
 	$(PIP) install $(TORCH_PIP_ARGS) '$(TORCH_REQUIREMENT)'
 	$(PIP) install --no-deps -e .
 	$(PIP) check
@@ -78,7 +78,10 @@ lock: $(BIN)/python  ## regenerate requirements/*.txt from pyproject.toml (UPGRA
 system-deps:  ## install the Debian packages of SYSTEM_DEPS whose binary is missing
 	@scripts/system-deps.sh $(SYSTEM_DEPS)
 
-screenshots: $(VENV)/dev.stamp system-deps  ## the README's explorer screenshots, from tests/test_explorer.py in Chromium
+docs: $(VENV)/dev.stamp  ## docs/configuration.md from the Settings field descriptions (a test fails while it is stale)
+	$(BIN)/python -m scripts.config_docs
+
+screenshots: $(VENV)/dev.stamp system-deps  ## the explorer screenshots of docs/explorer.md, from tests/test_explorer.py in Chromium
 	MNEMO_TEST_ARTIFACTS_DIR=tmp/artifacts CI=true $(BIN)/python -m pytest -q tests/test_explorer.py
 	$(BIN)/python scripts/readme_screenshots.py tmp/artifacts/explorer docs/screenshots
 
@@ -112,7 +115,7 @@ export-sim: $(VENV)/dev.stamp  ## make export-sim POINTER=vlmp NAME=rmc-vlmp-sic
 	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER)-s$(SEED) --name $(NAME) $(FLAGS)
 	$(BIN)/python -m export.embeddings --name $(NAME)
 
-docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see README, Docker)
+docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see docs/deployment.md)
 	scripts/docker-check.sh
 
 clean:

@@ -175,8 +175,8 @@ def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
     done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stderr.splitlines()[:2] == [
         "mnemo: warning: MNEMO_API_KEY is not a setting (did you mean MNEMO_API_KEYS?): ignored "
-        "(the settings: README.md, Configuration)",
+        "(the settings: docs/configuration.md)",
         "mnemo: warning: MNEMO_MAX_BACTH is not a setting (did you mean MNEMO_MAX_BATCH?): ignored "
-        "(the settings: README.md, Configuration)",
+        "(the settings: docs/configuration.md)",
     ]
     assert "SERVICE_HOST" not in done.stderr and "_TCP" not in done.stderr and "REDIS" not in done.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.frame.settings import Settings
+from app.core.settings import Settings
 from app.main import create_app
 from export import reproduce
 from export.kt import validation_metrics

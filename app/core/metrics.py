@@ -10,8 +10,8 @@ ready in every live worker). Per-process collectors cannot be added up, so `proc
 `mnemo_worker_start_time_seconds{pid}` lists the live workers instead.
 
 A scrape is rendered off the event loop, on a thread of its own (`Metrics.scrape`): the text grows with the
-series (about 320 KB, 40 ms, once every route and method was seen; more with the files of dead workers merged),
-and on the loop it held up every other request. Scrapes that arrive during a render share the next one, so a
+series (every route and method seen, and the files of dead workers merged), and rendered on the loop it would
+hold up every other request. Scrapes that arrive during a render share the next one, so a
 scrape flood runs one render at a time and takes one thread, never the threads that parse requests.
 """
 

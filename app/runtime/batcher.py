@@ -7,10 +7,9 @@
   `DEADLINE_SHARE` of the deadline on the run slots. A request larger than the whole queue is still
   admitted when the model has nothing else admitted, so no valid request is refused forever.
   `reserve(body_bytes)` holds, while a large body is parsed, the room that a body of that size has needed
-  (learned from the admissions of earlier large bodies), or refuses it (429) before any CPU is spent on it.
-  Without it, a flood of large bodies is parsed in full only to be refused at admission, and the parsing
-  takes the CPU from the admitted work: under 256 connections sending 3,000-interaction histories, about
-  95% of the parses were wasted that way and almost every admitted request missed its deadline.
+  (learned from the admissions of earlier large bodies), or refuses it (429) before any CPU is spent on it,
+  so that a flood of large bodies is not parsed in full only to be refused at admission, taking the CPU
+  from the admitted work.
 - **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs;
   `run_all` queues several such items of one request at once (the pairs of a batch request, the k-th
   chunks of several histories), so that they can share runs. `keep` names the outputs a request reads: the
@@ -33,10 +32,9 @@
 - **Chains.** `run_chain` runs a sequence cut into chunks, each chunk starting from the state the one
   before it ended with (knowledge tracing: a DKVMN history longer than `seqlen`). Its chunks run one after another
   on the run slot's thread, never batched with other items and without a turn of the event loop between
-  them: under a flood the loop is busy refusing requests, and chunks that waited for it missed their
-  deadline (256 connections sending 3,000-interaction histories for 15 s: 10 of 35 admitted requests
-  answered, against 26 of 40 as chains). The thread checks between chunks that the request is still
-  wanted (not cancelled, client connected).
+  them: under a flood the loop is busy refusing requests, and chunks that waited for it would miss their
+  deadline. The thread checks between chunks that the request is still wanted (not cancelled, client
+  connected).
 - **Bounded cost.** An item of more than `max_batch` rows runs in parts, and a chain gives its run slot
   back after `CHAIN_SLICE_S` and queues its remaining chunks again (at its request's place: earliest
   first), so no request holds the model while others starve.
