@@ -114,6 +114,11 @@ class Settings(BaseSettings):
         description="Interface to listen on (`0.0.0.0` in the container image).",
     )
     port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
+    models: str = Field(
+        "",
+        description="Comma-separated names of the manifest's models to serve; empty serves every model. A name "
+        "the manifest does not have stops startup, naming the choices.",
+    )
     probe_port: int | None = Field(
         None,
         ge=1,
