@@ -1,10 +1,11 @@
 """Errors under /v2 in the protocol's shape, whoever answers them.
 
-The protocol's endpoints answer `{"error": "<sentence>"}` themselves (routes.py). Other layers answer a
+The protocol's endpoints answer `{"error": "<sentence>"}` themselves (oip/routes.py). Other layers answer a
 /v2 request before or around them in the frame's `{"detail": ...}`: the API-key check (401), FastAPI's
 404 and 405, the body limit (413), the drain gate (503), the busy parser (429). Clients such as
-tritonclient read only `error`, so this middleware rewrites such a JSON error body under the prefix into
-`{"error": ...}`; a list of validation errors becomes one sentence. Other paths pass through untouched.
+tritonclient read only `error`, so the request edge (app/transports/middleware.py) rewrites such a JSON error
+body under the prefix into `{"error": ...}` with `protocol_body`; a list of validation errors becomes one
+sentence. Other paths pass through untouched.
 """
 
 from __future__ import annotations
@@ -12,48 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message
 
 from app.core.responses import dumps
 
 PREFIX = "/v2"
 
 
-class ProtocolErrorShape:
-    """Rewrite `{"detail": ...}` error bodies of requests under PREFIX as `{"error": "<sentence>"}`."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path != PREFIX and not path.startswith(PREFIX + "/"):
-            await self.app(scope, receive, send)
-            return
-        held: Message | None = None  # an error's start, sent once its body is rewritten
-        chunks: list[bytes] = []
-
-        async def reshaping_send(message: Message) -> None:
-            nonlocal held
-            if message["type"] == "http.response.start" and message["status"] >= 400 and _is_json(message):
-                held = message
-                return
-            if held is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            chunks.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            body = protocol_body(b"".join(chunks))
-            headers = [(key, value) for key, value in held.get("headers", []) if key.lower() != b"content-length"]
-            await send({**held, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-
-        await self.app(scope, receive, reshaping_send)
+def is_protocol_path(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
 
 
-def _is_json(start: Message) -> bool:
-    return any(
+def is_json_error(start: Message) -> bool:
+    """Whether a response start is an error (4xx, 5xx) with a JSON body."""
+    return start["status"] >= 400 and any(
         key.lower() == b"content-type" and value.split(b";")[0].strip().lower() == b"application/json"
         for key, value in start.get("headers", [])
     )
