@@ -7,7 +7,9 @@ import logging
 import re
 import subprocess
 import sys
+import time
 
+from app.core import logging as service_logging
 from app.core.logging import JsonFormatter, TextFormatter, configure_logging, write_out_logs
 
 
@@ -23,6 +25,21 @@ def test_logged_records_reach_stderr_in_order_and_all_of_them_once_written_out(c
     write_out_logs()
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(": ", 1)[1] for line in lines if " mnemo.test: " in line] == [f"line {i}" for i in range(500)]
+
+
+def test_a_full_queue_is_written_out_without_waiting_for_the_write_interval(capsys, monkeypatch):
+    monkeypatch.setattr(service_logging, "WRITE_INTERVAL_S", 60)
+    monkeypatch.setattr(service_logging, "MAX_QUEUED_RECORDS", 5)
+    configure_logging("info", "text")
+    logger = logging.getLogger("mnemo.test")
+    for index in range(5):
+        logger.info("queued %d", index)
+    written: list[str] = []
+    deadline = time.monotonic() + 10
+    while len(written) < 5 and time.monotonic() < deadline:
+        written += [line for line in capsys.readouterr().err.splitlines() if " mnemo.test: queued " in line]
+        time.sleep(0.01)
+    assert [line.split(": ", 1)[1] for line in written] == [f"queued {index}" for index in range(5)]
 
 
 def test_a_process_writes_out_every_queued_line_when_it_exits():

@@ -1,5 +1,5 @@
-"""Logging for the service: plain text or one JSON object per line (python-json-logger), written to stderr by
-the standard library's `QueueListener` thread, so that a request that logs only puts its record on a queue."""
+"""Logging for the service: plain text or one JSON object per line (python-json-logger), written to stderr by a
+thread of the standard library's `QueueListener`, so that a request that logs only puts its record on a queue."""
 
 from __future__ import annotations
 
@@ -126,18 +126,52 @@ CLIENT_CAUSED_WARNINGS = {
 _throttles = {name: EverySecondAtMost(messages) for name, messages in CLIENT_CAUSED_WARNINGS.items()}
 
 
-class RecordQueue(QueueHandler):
-    """Puts each record on the queue as it is, for the listener thread of this process to format and write.
+WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
+MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
 
-    (The base class formats the record first and drops its traceback, as a queue to another process needs.)
-    """
+
+class RecordQueue(QueueHandler):
+    """Puts each record on the queue as it is, for the writer thread of this process to format and write; a
+    full queue (`MAX_QUEUED_RECORDS`) wakes the writer at once. (The base class formats the record first and
+    drops its traceback, as a queue to another process needs.)"""
+
+    def __init__(self, records: queue.SimpleQueue, full: threading.Event) -> None:
+        super().__init__(records)
+        self.full = full
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
 
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put_nowait(record)
+        if self.queue.qsize() >= MAX_QUEUED_RECORDS:
+            self.full.set()
+
+
+class IntervalListener(QueueListener):
+    """A `QueueListener` that writes what is queued every `interval_s`, or at once when `wake` is set (a full
+    queue, `stop`), instead of being woken for each record: a request that logs then costs no thread switch."""
+
+    def __init__(self, records: queue.SimpleQueue, target: logging.Handler, wake: threading.Event) -> None:
+        super().__init__(records, target)
+        self.wake = wake
+
+    def dequeue(self, block: bool) -> logging.LogRecord:
+        while True:
+            try:
+                return self.queue.get_nowait()
+            except queue.Empty:
+                self.wake.wait(WRITE_INTERVAL_S)
+                self.wake.clear()
+
+    def enqueue_sentinel(self) -> None:
+        super().enqueue_sentinel()
+        self.wake.set()
+
 
 _records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-_queue_handler = RecordQueue(_records)
+_wake = threading.Event()
+_queue_handler = RecordQueue(_records, _wake)
 _listener: QueueListener | None = None
 _listener_lock = threading.Lock()
 
@@ -150,7 +184,7 @@ def _listen(target: logging.Handler) -> None:
             atexit.register(_stop_listening)  # runs before logging's own exit handler flushes the handlers
         else:
             _listener.stop()
-        _listener = QueueListener(_records, target)
+        _listener = IntervalListener(_records, target, _wake)
         _listener.start()
 
 
