@@ -178,12 +178,11 @@ class RequestEdge:
         self.metrics.in_flight.inc()
         try:
             repeated = repeated_header(scope["headers"])
-            if repeated is None:
-                await self.admitted(inner, receive, answer.send)
+            if repeated is not None:
+                detail = f"The header {repeated} was sent more than once; send it once."
+                await send_json(answer.send, 400, {"detail": detail})
             else:
-                await send_json(
-                    answer.send, 400, {"detail": f"The header {repeated} was sent more than once; send it once."}
-                )
+                await self.admitted(inner, receive, answer.send)
         finally:
             if head and "route" in inner:  # the route GET matched: the access line and metrics name it
                 scope["route"] = inner["route"]
