@@ -3,7 +3,9 @@ of JSON answers up to float noise."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -133,3 +135,28 @@ class HeldRequest:
         chunk = self.sock.recv(65536)
         assert chunk, "the server closed the connection before answering"
         return chunk
+
+
+def metric(url: str, line_start: str) -> float:
+    """The value of the first /metrics line starting with `line_start` (0 when there is none yet)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def until_metric(url: str, line_start: str, value: float) -> None:
+    """Wait (at most 30 s) until the metric line starting with `line_start` reaches `value`."""
+    deadline = time.monotonic() + 30
+    while metric(url, line_start) < value and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def until_admitted(url: str, rows: int, model: str = "toy-a") -> None:
+    """Wait until `model` holds `rows` admitted rows: the requests sent have arrived."""
+    await until_metric(url, f'mnemo_admitted_rows{{model="{model}"}}', rows)
+
+
+def release_held_runs(server: Server) -> None:
+    """Let a toy server's held run (`python -m tests.toy_server`, a row of k == HELD_K) finish."""
+    server.process.send_signal(signal.SIGUSR1)
