@@ -1,5 +1,7 @@
-"""Helpers shared by the tests: a free port, a real `python -m app` (or uvicorn) process on it, and a comparison
-of JSON answers up to float noise."""
+"""Helpers shared by the tests: the one way they start the app (`app_client`: in process, over TestClient;
+`running_server`: a real `python -m app`, uvicorn or toy server process on a free port; `run_app`: a
+`python -m app` expected to exit), waits on a live server's metrics, and a comparison of JSON answers up to
+float noise."""
 
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from fastapi.testclient import TestClient
+
+from app.core.settings import Settings
+from app.main import create_app
+from tests.toy_model import toy_app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +38,29 @@ def same_answer(left: object, right: object, tolerance: float = 1e-5) -> bool:
     if isinstance(left, list) and isinstance(right, list):
         return len(left) == len(right) and all(same_answer(a, b, tolerance) for a, b in zip(left, right, strict=True))
     return left == right
+
+
+def app_settings(artifacts: Path, **overrides) -> Settings:
+    """The settings the tests serve with: the given artifacts, CPU, one intra-op thread; any setting overridden."""
+    return Settings(**{"artifacts_dir": artifacts, "provider": "cpu", "intra_op_threads": 1, **overrides})
+
+
+@contextmanager
+def app_client(
+    artifacts: Path, *, toy: bool = False, raise_server_exceptions: bool = True, **overrides
+) -> Iterator[TestClient]:
+    """The real app, started (its lifespan run) in a TestClient, on `app_settings(artifacts, **overrides)`:
+    serving the real tasks, or the toy tasks of tests/toy_model.py with `toy`."""
+    settings = app_settings(artifacts, **overrides)
+    app = toy_app(settings) if toy else create_app(settings)
+    with TestClient(app, raise_server_exceptions=raise_server_exceptions) as client:
+        yield client
+
+
+def run_app(env: dict[str, str], *arguments: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m app` run to its exit from the checkout, with `env` as its whole environment; output captured."""
+    command = [sys.executable, "-m", "app", *arguments]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def free_port() -> int:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import resource
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -15,7 +13,7 @@ from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS
 from app.transports.direct_routes import direct_routes
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, free_port, run_app
 
 
 def test_both_tasks_are_registered_with_their_routes():
@@ -117,7 +115,7 @@ def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[st
     placeholders = {"PORT": port, "FILES": str(files), "NOT_A_DB": f"sqlite://{ROOT / 'pyproject.toml'}"}
     variables = {name: placeholders.get(value, value) for name, value in variables.items()}
     env = {**os.environ, "MNEMO_PORT": port, **variables}
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env)
     assert done.returncode == 1
     expected = message.format(port=port, files=files, needed=files + 128)
     assert done.stderr.startswith("mnemo: cannot start:") and expected in done.stderr
@@ -143,9 +141,7 @@ def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, worke
         port = taken.getsockname()[1]
         env = {**os.environ, "MNEMO_PORT": str(free_port()), variable: str(port), "MNEMO_WORKERS": workers}
         env.pop("MNEMO_CONCURRENT_RUNS", None)
-        done = subprocess.run(
-            [sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
-        )
+        done = run_app(env)
     assert done.returncode == 1
     names = "MNEMO_HOST:MNEMO_PORT" if variable == "MNEMO_PORT" else "MNEMO_HOST:MNEMO_PROBE_PORT"
     expected = f"cannot listen on 127.0.0.1:{port} ({names}): Address already in use"
@@ -156,8 +152,7 @@ def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, worke
 def test_python_m_app_takes_no_arguments(argument: str, code: int):
     """`--help` started a server on the default port; `--port=9` was silently ignored."""
     env = {**os.environ, "MNEMO_PORT": str(free_port())}
-    command = [sys.executable, "-m", "app", argument]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env, argument)
     assert done.returncode == code
     if code == 0:
         assert "every setting is an MNEMO_* environment variable" in done.stdout
@@ -171,7 +166,7 @@ def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
     kubernetes = {"MNEMO_SERVICE_HOST": "10.0.0.1", "MNEMO_PORT_8000_TCP_ADDR": "10.0.0.1"}
     kubernetes["MNEMO_REDIS_PORT"] = "tcp://10.0.0.2:6379"  # service links, set by Kubernetes, not typos
     env = {**os.environ, "MNEMO_PORT": str(free_port()), "MNEMO_ARTIFACTS_DIR": "/nonexistent", **typos, **kubernetes}
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env)
     assert done.stderr.splitlines()[:2] == [
         "mnemo: warning: MNEMO_API_KEY is not a setting (did you mean MNEMO_API_KEYS?): ignored "
         "(the settings: README.md, Configuration)",
