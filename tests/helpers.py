@@ -26,6 +26,7 @@ from app.main import create_app
 from tests.toy_model import toy_app
 
 ROOT = Path(__file__).resolve().parents[1]
+TOY_SERVER = [sys.executable, "-m", "tests.toy_server"]  # the toy app behind the real server (tests/toy_server.py)
 
 
 def same_answer(left: object, right: object, tolerance: float = 1e-5) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
-import sys
 import time
 
 import httpx
@@ -19,21 +18,29 @@ import numpy as np
 import pytest
 
 from app.core.metrics import Metrics
-from app.core.settings import Settings
 from app.runtime.engine import Engine
 from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import service as kt_service
 from app.tasks.similarity import service as sim_service
 from tests.conftest import COMMITTED, SIM_MODEL
-from tests.helpers import Server, metric, release_held_runs, running_server, until_admitted, until_metric
+from tests.helpers import (
+    TOY_SERVER,
+    Server,
+    app_settings,
+    metric,
+    release_held_runs,
+    running_server,
+    until_admitted,
+    until_metric,
+)
 from tests.toy_model import HELD_TOY, PICKY_KS, toy_body, toy_entry, write_toy_artifacts
 
 
 # -- batch composition never changes a result (the committed models) ---------------------------------
 @pytest.fixture(scope="module")
 def committed_registry() -> ModelRegistry:
-    registry = ModelRegistry(Settings(artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1), TASKS, Metrics())
+    registry = ModelRegistry(app_settings(COMMITTED), TASKS, Metrics())
     registry.load()
     return registry
 
@@ -105,7 +112,7 @@ def test_knowledge_trace_results_do_not_depend_on_the_batch(committed_registry, 
 def _toy_server(tmp_path, **env):
     artifacts = write_toy_artifacts(tmp_path / "toy", [toy_entry("toy-a", default=True)])
     settings = {"MNEMO_CONCURRENT_RUNS": "1", **env}
-    return running_server(artifacts, [sys.executable, "-m", "tests.toy_server"], **settings)
+    return running_server(artifacts, TOY_SERVER, **settings)
 
 
 async def _until_answered(requests: list[asyncio.Task], count: int) -> None:
@@ -198,7 +205,7 @@ def test_a_batch_that_fails_in_onnxruntime_fails_only_its_bad_request_and_each_r
             release_held_runs(server)
             return await held, await asyncio.gather(*answers)
 
-    with running_server(artifacts, [sys.executable, "-m", "tests.toy_server"], MNEMO_CONCURRENT_RUNS="1") as server:
+    with running_server(artifacts, TOY_SERVER, MNEMO_CONCURRENT_RUNS="1") as server:
         held, (first, bad, last) = asyncio.run(scenario(server))
         assert held.status_code == 200
         assert (first.status_code, first.json()["z"]) == (200, [2])

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from tests.helpers import free_port, release_held_runs, running_server, until_admitted
+from tests.helpers import TOY_SERVER, free_port, release_held_runs, running_server, until_admitted
 from tests.toy_model import HELD_TOY, toy_entry, write_toy_artifacts
 
 
@@ -21,8 +21,7 @@ def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigter
     artifacts = write_toy_artifacts(tmp_path / "toy", [toy_entry("toy-a", default=True)])
     probe_port = free_port()
     probes = f"http://127.0.0.1:{probe_port}"
-    command = [sys.executable, "-m", "tests.toy_server"]
-    with running_server(artifacts, command, MNEMO_PROBE_PORT=str(probe_port), MNEMO_CONCURRENT_RUNS="1") as server:
+    with running_server(artifacts, TOY_SERVER, MNEMO_PROBE_PORT=str(probe_port), MNEMO_CONCURRENT_RUNS="1") as server:
         assert httpx.get(f"{probes}/health").json() == {"status": "ok"}
         deadline = time.monotonic() + 5  # the probe process reads the readiness it is fed on a thread of its own
         while httpx.get(f"{probes}/ready").status_code != 200 and time.monotonic() < deadline:
@@ -82,7 +81,5 @@ def test_a_taken_probe_port_stops_startup_with_a_clear_message(tmp_path):
         taken.listen()
         env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), "MNEMO_PORT": str(free_port())}
         env["MNEMO_PROBE_PORT"] = str(taken.getsockname()[1])
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.toy_server"], env=env, capture_output=True, text=True, timeout=60
-        )
+        result = subprocess.run(TOY_SERVER, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "MNEMO_PROBE_PORT" in result.stdout + result.stderr
