@@ -11,6 +11,8 @@ import pytest
 from tests.helpers import Server, run_app, running_server
 from tests.toy_model import write_empty_manifest
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 KEYS = ("key-one-8f3b2c", "key-two-91ad7e")
 ORIGIN = "https://app.example"
 

@@ -21,6 +21,7 @@ def test_derived_folds_hold_out_every_student_exactly_once():
     assert sorted(map(id, held_out)) == sorted(map(id, students))
 
 
+@pytest.mark.slow
 def test_cross_validation_refits_the_median_fold_once(tmp_path):
     data = write_synthetic_kt(tmp_path / "kt")
     write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)

@@ -101,6 +101,7 @@ def dkt_artifacts(tmp_path_factory: pytest.TempPathFactory):
     return run, artifacts
 
 
+@pytest.mark.slow
 def test_export_writes_graph_card_and_manifest_entry(dkt_artifacts):
     run, artifacts = dkt_artifacts
     entry = json.loads((artifacts / "manifest.json").read_text())["models"][0]

@@ -19,6 +19,8 @@ import pytest
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, running_server
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 DKT = "dkt-assist2009"
 DKVMN = "dkvmn-assist2009"
 N_QUESTIONS = 110

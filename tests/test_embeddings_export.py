@@ -22,6 +22,8 @@ import torch
 
 from export import embeddings as export_embeddings
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 
 def export_command(artifacts: Path, data: Path) -> None:
     """`python -m export.embeddings` in its own process, as the cards say (the exporter's node names count up

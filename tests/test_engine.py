@@ -122,6 +122,7 @@ async def _until_answered(requests: list[asyncio.Task], count: int) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_429_with_retry_after_at_once(tmp_path):
     async def scenario(server: Server):
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
@@ -143,6 +144,7 @@ def test_a_full_queue_answers_429_with_retry_after_at_once(tmp_path):
         assert metric(server.url, 'mnemo_requests_rejected_total{model="toy-a",reason="queue_full"}') == 4
 
 
+@pytest.mark.slow
 def test_a_large_body_for_a_model_that_refuses_all_work_is_429_before_it_is_parsed(tmp_path):
     unparsable = b'{"model": "toy-a", "x": [[1, 2, 3]], "k": [1], "pad": "' + b"a" * 9000  # no closing quote
 
@@ -167,6 +169,7 @@ def test_a_large_body_for_a_model_that_refuses_all_work_is_429_before_it_is_pars
         assert metric(server.url, 'mnemo_requests_rejected_total{model="toy-a",reason="before_parsing"}') == 1
 
 
+@pytest.mark.slow
 def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs(tmp_path):
     async def scenario(server: Server):
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
@@ -188,6 +191,7 @@ def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs
         assert metric(server.url, 'mnemo_batch_size_rows_sum{model="toy-a"}') == 2
 
 
+@pytest.mark.slow
 def test_a_batch_that_fails_in_onnxruntime_fails_only_its_bad_request_and_each_run_is_counted_once(tmp_path):
     """Three requests queue for toy-b (the picky graph) while toy-a's held run keeps the only run slot, so
     they run as one batch; the middle one's k fails that run, so each is rerun alone (the batcher's `_isolate`):
@@ -217,6 +221,7 @@ def test_a_batch_that_fails_in_onnxruntime_fails_only_its_bad_request_and_each_r
         assert metric(server.url, 'mnemo_batch_size_rows_sum{model="toy-b"}') == 2
 
 
+@pytest.mark.slow
 def test_a_client_that_disconnects_cancels_its_queued_work(tmp_path):
     async def scenario(server: Server):
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
@@ -238,6 +243,7 @@ def test_a_client_that_disconnects_cancels_its_queued_work(tmp_path):
         assert metric(server.url, 'mnemo_batch_size_rows_sum{model="toy-a"}') == 2
 
 
+@pytest.mark.slow
 def test_health_answers_while_inference_is_saturated(tmp_path):
     """The run slot is held and 15 requests wait for it: /health still answers at once (it never queues
     behind inference, and no run blocks the event loop)."""
@@ -262,6 +268,7 @@ def test_health_answers_while_inference_is_saturated(tmp_path):
         assert statuses == {200} and slowest < 1.0  # generous: a blocked loop would never answer
 
 
+@pytest.mark.slow
 def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path):
     def post_headers(url: str, content_length: int) -> socket.socket:
         host, port = url.removeprefix("http://").split(":")
@@ -296,6 +303,7 @@ def test_bodies_past_the_in_memory_budget_get_429_before_they_are_read(tmp_path)
         assert metric(server.url, 'mnemo_server_requests_rejected_total{reason="bodies_in_memory"}') == 2
 
 
+@pytest.mark.slow
 def test_announced_bodies_that_do_not_arrive_take_none_of_the_in_memory_budget(tmp_path):
     """40 connections announce 1 MB (40 MB, past the 32 MB budget) and send nothing: other bodies are served."""
     with _toy_server(tmp_path) as server:
@@ -329,6 +337,7 @@ def _trickle_body(url: str, content_length: int, every_s: float, for_s: float) -
     return b""
 
 
+@pytest.mark.slow
 def test_a_trickled_body_gets_408_at_the_request_deadline(tmp_path):
     """A byte every 0.5 s never stalls for MNEMO_BODY_TIMEOUT_S, but the body must be in by the deadline."""
     with _toy_server(tmp_path, MNEMO_REQUEST_TIMEOUT_S="3", MNEMO_BODY_TIMEOUT_S="2") as server:

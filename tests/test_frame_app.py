@@ -109,6 +109,7 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_MAX_CONNECTIONS": "FILES"}, "MNEMO_MAX_CONNECTIONS ({files}) needs {needed} open files, past this"),
     ],
 )
+@pytest.mark.slow
 def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str):
     port = str(free_port())
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 127  # one connection past the open-file limit
@@ -134,6 +135,7 @@ def test_opening_a_store_never_echoes_a_password_that_is_not_percent_encoded(url
 @pytest.mark.parametrize(
     ("variable", "workers"), [("MNEMO_PORT", "1"), ("MNEMO_PROBE_PORT", "1"), ("MNEMO_PROBE_PORT", "2")]
 )
+@pytest.mark.slow
 def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, workers: str):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -149,6 +151,7 @@ def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, worke
 
 
 @pytest.mark.parametrize(("argument", "code"), [("--help", 0), ("--port=9", 2), ("serve", 2)])
+@pytest.mark.slow
 def test_python_m_app_takes_no_arguments(argument: str, code: int):
     """`--help` started a server on the default port; `--port=9` was silently ignored."""
     env = {**os.environ, "MNEMO_PORT": str(free_port())}
@@ -160,6 +163,7 @@ def test_python_m_app_takes_no_arguments(argument: str, code: int):
         assert f"python -m app: error: unrecognized arguments: {argument}" in done.stderr
 
 
+@pytest.mark.slow
 def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
     """A typo (MNEMO_MAX_BACTH, MNEMO_API_KEY: authentication off) was ignored without a word."""
     typos = {"MNEMO_MAX_BACTH": "8", "MNEMO_API_KEY": "a-key"}

@@ -70,6 +70,7 @@ def _environment(artifacts: Path, **env: str) -> dict[str, str]:
     return {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), **env}
 
 
+@pytest.mark.slow
 def test_python_m_app_with_cuda_exits_with_one_clear_line(tmp_path):
     result = run_app(_environment(write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda"), timeout=120)
     assert result.returncode == 1
@@ -77,11 +78,13 @@ def test_python_m_app_with_cuda_exits_with_one_clear_line(tmp_path):
     assert "CUDAExecutionProvider" in result.stderr and CPU in result.stderr
 
 
+@pytest.mark.slow
 def test_python_m_app_with_a_bad_setting_exits_naming_it(tmp_path):
     result = run_app(_environment(write_empty_manifest(tmp_path), MNEMO_PROVIDER="gpu"), timeout=120)
     assert result.returncode == 1 and "MNEMO_PROVIDER" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_uvicorn_cli_with_cuda_exits_non_zero_naming_cuda(tmp_path):
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", "0"]
     environment = _environment(write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda")

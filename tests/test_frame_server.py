@@ -17,6 +17,8 @@ import pytest
 from tests.helpers import free_port, run_app
 from tests.toy_model import write_empty_manifest
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -17,6 +17,7 @@ def _body(questions, correct=None, **extra):
     return {"model": KT_MODEL, "interactions": interactions, **extra}
 
 
+@pytest.mark.slow
 def test_real_test_set_student_matches_offline_pytorch_inference(tiny_artifacts):
     torch = pytest.importorskip("torch")
     from export.kt import load_model

@@ -24,6 +24,8 @@ from app.runtime.offload import MAX_QUEUED_BYTES, offload_or_shed
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models
 from tests.helpers import Server, app_client, running_server
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 httpclient = pytest.importorskip("tritonclient.http", reason="the protocol test needs the dev extra (tritonclient)")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 

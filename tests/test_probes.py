@@ -12,9 +12,12 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests.helpers import TOY_SERVER, free_port, release_held_runs, running_server, until_admitted
 from tests.toy_model import HELD_TOY, toy_entry, write_toy_artifacts
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 
 def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigterm(tmp_path):

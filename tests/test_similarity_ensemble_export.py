@@ -17,6 +17,8 @@ from export import similarity_ensemble
 from export.similarity import MAX_CELLS, PAPER
 from models import train_sim
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 NAME = "rmc-vlmp-ensemble"
 TINY = ["--pointer", "vlmp", "--heads", "2", "--head-size", "8", "--fc-dim", "16", "--epochs", "1", "--no-progress"]
 

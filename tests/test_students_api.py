@@ -25,6 +25,8 @@ from tests.conftest import COMMITTED
 from tests.helpers import Server, app_client, running_server
 from tests.redis_server import RedisServer, require_redis_server
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 MODEL = "dkvmn-assist2009"
 OTHER_MODEL = "dkvmn-synthetic"
 N_QUESTIONS = 110

@@ -32,6 +32,8 @@ from tests.conftest import COMMITTED
 from tests.helpers import HeldRequest, Server, free_port, run_app, running_server
 from tests.test_drain import _history, _hold_one_request, _in_flight
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 BURST = 16  # concurrent requests, each on its own connection, so the kernel spreads them over the workers
 MAX_BURSTS = 10
