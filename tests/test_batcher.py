@@ -41,17 +41,20 @@ class Hold:
         self._holding = 0
         self._changed = asyncio.Event()
         self._released = threading.Event()
+        self._lock = threading.Lock()
 
     def take(self) -> bool:
-        """True for each of the first `runs` runs (the caller holds a lock)."""
-        if self._free <= 0:
-            return False
-        self._free -= 1
-        return True
+        """True for each of the first `runs` runs that ask (from their threads): those are held."""
+        with self._lock:
+            if self._free <= 0:
+                return False
+            self._free -= 1
+            return True
 
     def wait(self) -> None:
         """On a run's thread: wait until released."""
-        self._holding += 1
+        with self._lock:
+            self._holding += 1
         self._loop.call_soon_threadsafe(self._changed.set)
         if not self._released.wait(WATCHDOG_S):
             raise TimeoutError("a held run was never released")
