@@ -121,6 +121,7 @@ def test_export_writes_graph_card_and_manifest_entry(dkt_artifacts):
     np.testing.assert_allclose(session.run(["p"], feeds)[0], expected.numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_exported_baseline_serves_long_histories_in_chunks(dkt_artifacts):
     """Through the service (seqlen 200 chunks carrying h and c) the answer equals one ONNX run over it all."""
     _, artifacts = dkt_artifacts
