@@ -20,10 +20,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.errors import Overloaded
-from app.main import create_app
 from app.runtime.offload import MAX_QUEUED_BYTES, offload_or_shed
-from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
-from tests.helpers import Server, running_server
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models
+from tests.helpers import Server, app_client, running_server
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 httpclient = pytest.importorskip("tritonclient.http", reason="the protocol test needs the dev extra (tritonclient)")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -545,7 +546,7 @@ def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
         ],
         "outputs": [{"name": "p"}],
     }
-    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+    with app_client(COMMITTED) as client:
 
         def trace(count: int, **body) -> httpx.Response:
             return client.post("/knowledge-trace", json={"model": model, "interactions": interactions[:count], **body})
@@ -576,7 +577,7 @@ def test_a_large_body_is_429_while_the_parse_queue_is_full() -> None:
         ]
     }
     release = threading.Event()
-    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+    with app_client(COMMITTED) as client:
         held = client.portal.start_task_soon(offload_or_shed, MAX_QUEUED_BYTES, release.wait)  # a full queue
         try:
             task = client.post("/knowledge-trace", json={"model": KT_MODEL, "interactions": interactions})
@@ -591,14 +592,14 @@ def test_a_large_body_is_429_while_the_parse_queue_is_full() -> None:
 
 
 def test_a_passed_deadline_is_504() -> None:
-    with TestClient(create_app(toy_settings(COMMITTED, request_timeout_s=1e-9))) as client:
+    with app_client(COMMITTED, request_timeout_s=1e-9) as client:
         response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
     assert response.status_code == 504 and "MNEMO_REQUEST_TIMEOUT_S" in response.json()["error"]
 
 
 def test_a_model_that_did_not_load_is_503(artifacts_copy: Path) -> None:
     (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
-    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+    with app_client(artifacts_copy, on_model_error="skip") as client:
         assert client.get(f"/v2/models/{KT_MODEL}/ready").status_code == 503
         assert client.get("/v2/health/ready").status_code == 503
         response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
@@ -607,7 +608,7 @@ def test_a_model_that_did_not_load_is_503(artifacts_copy: Path) -> None:
 
 
 def test_draining_is_live_not_ready_and_refuses_inference() -> None:
-    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+    with app_client(COMMITTED) as client:
         client.app.state.drain.begin()
         assert client.get("/v2/health/live").status_code == 200
         assert client.get("/v2/health/ready").status_code == 503

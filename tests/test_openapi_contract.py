@@ -23,6 +23,8 @@ from app.main import package_version
 from tests.conftest import COMMITTED, manifest_models
 from tests.helpers import Server, running_server
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 TESTS = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 

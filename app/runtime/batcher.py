@@ -72,6 +72,7 @@ WALL_COST_TTL_S = 5.0  # the wall time per cell counts this long after the batch
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 RESERVE_SHARE = 0.5  # a body being parsed holds half the rows and cells that its size predicts: a low guess
 RunGraph = Callable[[Feeds], Feeds]
+Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 
 
 @dataclass(frozen=True)
@@ -112,15 +113,18 @@ class Chain:
     state_output: str
     outputs: list[Feeds] = field(default_factory=list)
 
-    def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float) -> None:
-        """Run chunks in order until all are done, `budget_s` has passed, or the request is no longer `wanted`."""
-        started = time.perf_counter()
+    def run(
+        self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock = time.perf_counter
+    ) -> None:
+        """Run chunks in order until all are done, `budget_s` has passed on `clock`, or the request is no longer
+        `wanted`."""
+        started = clock()
         while not self.done and wanted():
             feeds, _ = self.chunks[len(self.outputs)]
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             self.outputs.append(run_graph(feeds))
-            if time.perf_counter() - started >= budget_s:
+            if clock() - started >= budget_s:
                 return
 
     @property
@@ -186,9 +190,13 @@ class ModelBatcher:
         config: BatchConfig,
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
+        clock: Clock = time.perf_counter,
     ) -> None:
-        """`alone()` tells whether the server is handling a single request (see "Alone, inline")."""
+        """`alone()` tells whether the server is handling a single request (see "Alone, inline"). `clock` is
+        the time source of every wait, age and cost the batcher measures; the timeout of its wait for a fuller
+        batch is an event-loop timer, so a test that passes a manual clock runs the loop on it too."""
         self.name = name
+        self._clock = clock
         self.config = config
         self._run_graph = run_graph
         self._sequence_inputs = tuple(sequence_inputs)
@@ -291,7 +299,7 @@ class ModelBatcher:
         if self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         seconds_per_cell = self._cell_seconds / self._slots.runs
-        if time.perf_counter() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
+        if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
             seconds_per_cell = max(seconds_per_cell, self._wall_cell_seconds)
         backlog_s = (self._admitted_cells + cells) * seconds_per_cell
         if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
@@ -372,7 +380,7 @@ class ModelBatcher:
         keep: frozenset[str] | None = None,
     ) -> _Item:
         """A queue item of the current request (its arrival and its client's connection)."""
-        now, arrival = time.perf_counter(), request_arrival.get()
+        now, arrival = self._clock(), request_arrival.get()
         future = asyncio.get_running_loop().create_future()
         arrived = now if arrival is None else arrival
         return _Item(feeds, rows, length, now, arrived, future, request_connected.get(), chain, keep)
@@ -403,7 +411,7 @@ class ModelBatcher:
     async def _fill(self) -> None:
         """While a run is in flight: wait for a full batch, or until the oldest row waited max_wait."""
         while self._in_flight and self._queue and self._queued_rows() < self.config.max_batch:
-            remaining = self._queue[0].enqueued + self.config.max_wait_s - time.perf_counter()
+            remaining = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
             if remaining <= 0:
                 return
             self._wakeup.clear()
@@ -463,7 +471,7 @@ class ModelBatcher:
             _padded_cells(batch) <= INLINE_MAX_CELLS
             and self._small_run_seconds is not None
             and self._small_run_seconds <= INLINE_MAX_RUN_S
-            and time.perf_counter() - min(item.arrival for item in batch) < INLINE_WINDOW_S
+            and self._clock() - min(item.arrival for item in batch) < INLINE_WINDOW_S
             and self._slots.free == self._slots.runs - slots_held  # no other run in progress, for any model
             and self._alone()
         )
@@ -472,7 +480,7 @@ class ModelBatcher:
         """Observe the wait of each item that leaves the queue: to run, or given up (deadline, client gone,
         shutdown). Under overload the waits given up are the longest ones; left out, the histogram would show
         only the survivors'."""
-        now = time.perf_counter()
+        now = self._clock()
         for item in items:
             if item.waiting:
                 item.waiting = False
@@ -512,7 +520,7 @@ class ModelBatcher:
         if isinstance(outcome, BaseException) or item.chain.done:
             return False
         if not item.abandoned():
-            item.length, item.enqueued, item.waiting = item.chain.cells, time.perf_counter(), True
+            item.length, item.enqueued, item.waiting = item.chain.cells, self._clock(), True
             self._enqueue([item])
         return True
 
@@ -526,7 +534,7 @@ class ModelBatcher:
         admits only the work it can finish before the deadline; the wall time only for WALL_COST_TTL_S after
         its last sample, so that a past overload does not refuse the next burst, and it restarts from its
         next sample after that."""
-        now, last_done = time.perf_counter(), self._last_done
+        now, last_done = self._clock(), self._last_done
         self._last_done = now
         if cells <= INLINE_MAX_CELLS:
             self._small_run_seconds = _smoothed(self._small_run_seconds, seconds)
@@ -562,13 +570,13 @@ class ModelBatcher:
         chain = batch[0].chain
         if chain is not None:
             cells = chain.cells
-            started = time.perf_counter()
-            chain.run(self._run_chunk, batch[0].wanted, CHAIN_SLICE_S)
-            return [chain.outputs], time.perf_counter() - started, cells - chain.cells
+            started = self._clock()
+            chain.run(self._run_chunk, batch[0].wanted, CHAIN_SLICE_S, self._clock)
+            return [chain.outputs], self._clock() - started, cells - chain.cells
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
-        started = time.perf_counter()
+        started = self._clock()
         outputs = self._run_graph(feeds)
-        seconds = time.perf_counter() - started
+        seconds = self._clock() - started
         self._batch_size.observe(sum(item.rows for item in batch))  # every completed run, `_isolate` reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
