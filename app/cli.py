@@ -59,9 +59,7 @@ def settings_options(command: Callable) -> Callable:
         kind, is_flag = _click_type(field.annotation)
         declaration = f"{flag_name(name)}/--no-{name.replace('_', '-')}" if is_flag else flag_name(name)
         help_text = f"{field.description} (env MNEMO_{name.upper()}){_default_text(field)}"
-        command = click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)(
-            command
-        )
+        command = click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)(command)
     return command
 
 

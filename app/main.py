@@ -31,12 +31,12 @@ from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
 from app.transports.access import access_summary, api_keys, is_open, open_paths
 from app.transports.contract import document_contract
-from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
+from app.transports.direct_routes import DirectRoutes, ServiceApp
 from app.transports.error_handlers import install_error_handlers
 from app.transports.http import add_body_schemas
 from app.transports.middleware import RequestEdge
 from app.transports.probes import ProbeProcess
-from app.transports.rest import task_router
+from app.transports.rest import direct_routes, task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -132,10 +132,10 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     install_error_handlers(app)
     # innermost: the task routes skip FastAPI's router (they are included at the root below)
     task_routes = task_router(tasks.values())
-    app.add_middleware(DirectRoutes, fastapi=app, routers=[task_routes])
+    app.add_middleware(DirectRoutes, fastapi=app, routes=direct_routes(tasks.values()))
     # outside it: each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
     app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
-    app.direct_paths = frozenset(direct_routes([task_routes]))
+    app.direct_paths = frozenset(direct_routes(tasks.values()))
     app.include_router(operations.router)
     app.include_router(explorer_router)
     app.include_router(task_routes)

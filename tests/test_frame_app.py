@@ -12,8 +12,7 @@ from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS
-from app.transports.direct_routes import direct_routes
-from app.transports.rest import task_router
+from app.transports.rest import direct_routes
 from tests.helpers import ROOT, free_port, run_app
 
 
@@ -23,11 +22,12 @@ def test_both_tasks_are_registered_with_their_routes():
     assert {"/similarity", "/similarity/batch", "/knowledge-trace", "/health", "/ready", "/models", "/metrics"} <= paths
 
 
-def test_only_the_routes_that_read_their_own_request_are_dispatched_directly():
-    routes = direct_routes([task_router(TASKS.values())])
+def test_the_task_endpoints_are_dispatched_directly_and_documented_by_fastapi():
+    routes = direct_routes(TASKS.values())
     paths = ("/similarity", "/similarity/batch", "/embeddings", "/similarity/from-embeddings", "/knowledge-trace")
-    # not GET /models/{name}/questions (query and path parameters)
     assert set(routes) == {("POST", path) for path in paths}
+    documented = create_app(Settings(provider="cpu")).openapi()["paths"]
+    assert all("post" in documented[path] for path in paths)
 
 
 def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
