@@ -394,8 +394,8 @@ def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
     """Not only the protocol's routes: FastAPI's 404 and 405 and the body limit's 413 too (tritonclient reads
     `error` only)."""
     answers = [
-        httpx.post(f"{server.url}/v2/repository/index", timeout=10),
-        httpx.get(f"{server.url}/v2/models/{KT_MODEL}/config", timeout=10),
+        httpx.post(f"{server.url}/v2/repository/models/{KT_MODEL}/load", timeout=10),
+        httpx.get(f"{server.url}/v2/systemsharedmemory/status", timeout=10),
         httpx.get(f"{server.url}/v2/models/{KT_MODEL}/infer", timeout=10),
         httpx.post(f"{server.url}/v2/models/{KT_MODEL}/infer", content=b"x" * (3 << 20), timeout=30),
     ]
