@@ -55,34 +55,42 @@ def is_open(path: str, open_set: frozenset[str]) -> bool:
     return path in open_set or path.startswith(OPEN_PREFIXES)
 
 
-class ApiKeyAuth:
-    """401 unless the request carries `Authorization: Bearer <one of the keys>` (or its path is open)."""
+class KeyCheck:
+    """The configured API keys, each compared in constant time with the one a request presents (REST and gRPC)."""
 
-    def __init__(self, app: ASGIApp, keys: list[str], open_set: frozenset[str]) -> None:
-        self.app = app
+    def __init__(self, keys: list[str]) -> None:
         self.keys = [key.encode() for key in keys]
-        self.open_set = open_set
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or is_open(scope["path"], self.open_set):
-            await self.app(scope, receive, send)
-            return
-        presented = _bearer_token(dict(scope["headers"]).get(b"authorization", b""))
-        if presented is not None and self._known(presented):
-            await self.app(scope, receive, send)
-            return
-        challenge = 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
-        detail = "A valid API key is required: send the header Authorization: Bearer <key>."
-        await send_json(send, 401, {"detail": detail}, {"WWW-Authenticate": challenge})
-
-    def _known(self, presented: bytes) -> bool:
+    def known(self, presented: bytes) -> bool:
         matched = False
         for key in self.keys:  # no early exit: the time does not tell which key, or how much of it, matched
             matched |= hmac.compare_digest(presented, key)
         return matched
 
 
-def _bearer_token(header: bytes) -> bytes | None:
+class ApiKeyAuth:
+    """401 unless the request carries `Authorization: Bearer <one of the keys>` (or its path is open)."""
+
+    def __init__(self, app: ASGIApp, keys: list[str], open_set: frozenset[str]) -> None:
+        self.app = app
+        self.check = KeyCheck(keys)
+        self.open_set = open_set
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_open(scope["path"], self.open_set):
+            await self.app(scope, receive, send)
+            return
+        presented = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+        if presented is not None and self.check.known(presented):
+            await self.app(scope, receive, send)
+            return
+        challenge = 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+        detail = "A valid API key is required: send the header Authorization: Bearer <key>."
+        await send_json(send, 401, {"detail": detail}, {"WWW-Authenticate": challenge})
+
+
+def bearer_token(header: bytes) -> bytes | None:
+    """The key of an `Authorization: Bearer <key>` header (None: another scheme, or none)."""
     scheme, _, token = header.strip().partition(b" ")
     if scheme.lower() != b"bearer" or not token.strip():
         return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+from pydantic import ValidationError
 
 from app.runtime.model import ServedModel, Task, TensorCodec
 from app.runtime.offload import offload
@@ -58,6 +59,13 @@ def tensor_codecs(tasks: Mapping[str, Task]) -> Iterator[tuple[str, TensorCodec]
         codec = getattr(task, "tensors", None)
         if codec is not None:
             yield name, codec
+
+
+def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
+    """A request that does not validate, said as its first error with where it is."""
+    first = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
 def find_model(

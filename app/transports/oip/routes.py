@@ -209,8 +209,7 @@ async def _index(request: Request) -> JsonResponse:
     try:
         ready_only = RepositoryIndexRequest.model_validate_json(body or b"{}").ready
     except ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
-        raise ProtocolError(f"invalid repository index request: {first['msg']}") from None
+        raise inference.invalid_request(error, "repository index request") from None
     index = inference.repository_index(_registry(request))
     return JsonResponse([entry for entry in index if entry["state"] == "READY" or not ready_only])
 
@@ -230,9 +229,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
             else (await parse_off_loop(request, size, InferenceRequest.model_validate_json, body))
         )
     except ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
-        raise ProtocolError(f"invalid inference request: {where}: {first['msg']}") from None
+        raise inference.invalid_request(error) from None
     answer = await inference.infer(
         model,
         codec,
