@@ -314,6 +314,38 @@ def test_a_deadline_shorter_than_the_queue_is_deadline_exceeded_and_drops_the_wo
         client.close()
 
 
+def test_a_cancelled_call_drops_its_queued_work() -> None:
+    """The client cancels a call queued behind a flood: grpc cancels its handler, whose rows leave the queue
+    unrun (the model's executions are the flood's alone) and which the statistics count as failed."""
+    port = free_port()
+    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "60", "MNEMO_MAX_QUEUE": "4096"}
+    with running_server(COMMITTED, **environment) as running:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        before = client.get_inference_statistics(FLOOD_MODEL).model_stats[0]
+        results = flood(client, 8)
+        wait_admitted(running)
+        queued = client.async_infer(
+            FLOOD_MODEL,
+            kt_inputs(grpcclient, *history(1, FLOOD_STEPS, seed=2)),
+            callback=lambda result, error: results.append(error or result),
+        )
+        time.sleep(0.2)  # queued behind the flood
+        queued.cancel()
+        deadline = time.monotonic() + 120
+        while len(results) < 9 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sum(isinstance(result, InferenceServerException) for result in results) == 1, results
+        while metric(running, "mnemo_grpc_requests_total", 'code="CANCELLED",method="ModelInfer"') != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        stats = client.get_inference_statistics(FLOOD_MODEL).model_stats[0]
+        assert stats.inference_stats.success.count == before.inference_stats.success.count + 8
+        assert stats.inference_stats.fail.count == before.inference_stats.fail.count + 1
+        chunks = FLOOD_STEPS // 200
+        assert stats.execution_count == before.execution_count + 8 * chunks
+        client.close()
+
+
 def test_sigterm_answers_the_calls_in_flight_and_refuses_new_ones() -> None:
     port = free_port()
     with running_server(COMMITTED, MNEMO_GRPC_PORT=str(port)) as running:
