@@ -84,9 +84,10 @@ screenshots: $(VENV)/dev.stamp system-deps  ## the README's explorer screenshots
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run
 
-loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 5 minutes) -> BENCHMARKS.md
+loadtest: $(VENV)/dev.stamp  ## the service under load with wrk, and over gRPC, on loopback (about 6 minutes) -> BENCHMARKS.md
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
+	$(BIN)/python -m benchmarks.grpc_load
 
 train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0 [ARGS=--resume]
 	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt $(ARGS)
