@@ -8,8 +8,12 @@ full queue, API keys and hostile messages run on the app in-process, its gRPC se
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -22,7 +26,7 @@ from google.protobuf import json_format
 
 from app.main import create_app
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, toy_settings
-from tests.helpers import HeldRequest, Server, free_port, running_server
+from tests.helpers import ROOT, HeldRequest, Server, free_port, running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="the gRPC test needs the dev extra (tritonclient)")
 import tritonclient.grpc.model_config_pb2 as model_config_pb2  # noqa: E402
@@ -367,3 +371,19 @@ def test_sigterm_answers_the_calls_in_flight_and_refuses_new_ones() -> None:
         held.finish()
         assert running.process.wait(timeout=60) == 0
         client.close()
+
+
+def test_a_grpc_port_in_use_stops_the_start_in_one_line() -> None:
+    """With one worker the port is not shared (no SO_REUSEPORT): a port another process holds is an error."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        environment = {**os.environ, "MNEMO_PORT": str(free_port()), "MNEMO_GRPC_PORT": str(port)}
+        environment.update(MNEMO_ARTIFACTS_DIR=str(COMMITTED), MNEMO_PROVIDER="cpu", MNEMO_HOST="127.0.0.1")
+        done = subprocess.run(
+            [sys.executable, "-m", "app"], env=environment, cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 1
+    expected = f"mnemo: cannot start: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
+    assert done.stderr.strip().splitlines()[-1] == expected

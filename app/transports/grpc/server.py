@@ -1,7 +1,9 @@
 """The gRPC server's life: started in the app's lifespan, on the same event loop as the HTTP app.
 
-So it runs under any process manager that runs the app (uvicorn, gunicorn's workers, granian): each worker
-serves MNEMO_GRPC_PORT too, beside the others (SO_REUSEPORT: the kernel spreads the connections). Messages are
+So it runs under any process manager that runs the app (uvicorn, gunicorn's workers, granian): with
+MNEMO_WORKERS > 1 each worker serves MNEMO_GRPC_PORT too, beside the others (SO_REUSEPORT: the kernel spreads
+the connections); with one worker the port is its own, so a port still held by another process is an error at
+startup rather than a port silently shared with it. Messages are
 bounded by MNEMO_MAX_BODY_BYTES as REST's bodies are: a larger one is RESOURCE_EXHAUSTED, refused by grpc before
 it is read whole. On shutdown, new calls are refused (UNAVAILABLE) and the calls in flight have MNEMO_DRAIN_S to
 finish before they are cancelled; this runs before the engine stops, so their rows still run.
@@ -56,12 +58,16 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
         interceptors=[DecodedByTheServicer(servicer)],
         options=[
             ("grpc.max_receive_message_length", settings.max_body_bytes),
-            ("grpc.so_reuseport", 1),
+            ("grpc.so_reuseport", int(settings.workers > 1)),
         ],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    try:
+        server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    except RuntimeError:
+        app.state.startup_error = f"cannot listen on {host}:{settings.grpc_port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
+        raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
     await server.start()
     logger.info("gRPC (Open Inference Protocol) on %s:%d", host, settings.grpc_port)
     try:
