@@ -296,25 +296,26 @@ def wait_admitted(server: Server) -> None:
 
 def test_a_deadline_shorter_than_the_queue_is_deadline_exceeded_and_drops_the_work() -> None:
     port = free_port()
-    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "60", "MNEMO_MAX_QUEUE": "4096"}
+    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_MAX_QUEUE": "4096"}
     with running_server(COMMITTED, **environment) as running:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
-        results = flood(client, 16)
+        results = flood(client, 12)
         wait_admitted(running)
         questions, answers, lengths = history(1, 3)
         started = time.monotonic()
         status, message = grpc_status(
-            lambda: client.infer(FLOOD_MODEL, kt_inputs(grpcclient, questions, answers, lengths), client_timeout=1.0)
+            lambda: client.infer(FLOOD_MODEL, kt_inputs(grpcclient, questions, answers, lengths), client_timeout=0.5)
         )
         assert status == "StatusCode.DEADLINE_EXCEEDED" and time.monotonic() - started < 1.5
         # the server's answer (before the client's own deadline), counted as its time-outs
-        assert re.search(r"did not complete within [01]\.\d+ s \(the gRPC deadline\)", message), message
+        assert re.search(r"did not complete within 0\.\d+ s \(the gRPC deadline\)", message), message
         assert metric(running, "mnemo_requests_timed_out_total", f'model="{FLOOD_MODEL}"') == 1
-        assert len(results) < 16, "the flood was done before the deadline: it no longer makes a queue"
+        assert len(results) < 12, "the flood was done before the deadline: it no longer makes a queue"
         deadline = time.monotonic() + 120
-        while len(results) < 16 and time.monotonic() < deadline:
+        while len(results) < 12 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert all(not isinstance(result, Exception) for result in results), results
+        errors = [str(result) for result in results if isinstance(result, Exception)]
+        assert not errors, errors
         client.close()
 
 
@@ -322,7 +323,7 @@ def test_a_cancelled_call_drops_its_queued_work() -> None:
     """The client cancels a call queued behind a flood: grpc cancels its handler, whose rows leave the queue
     unrun (the model's executions are the flood's alone) and which the statistics count as failed."""
     port = free_port()
-    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "60", "MNEMO_MAX_QUEUE": "4096"}
+    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_MAX_QUEUE": "4096"}
     with running_server(COMMITTED, **environment) as running:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         before = client.get_inference_statistics(FLOOD_MODEL).model_stats[0]
@@ -352,7 +353,7 @@ def test_a_cancelled_call_drops_its_queued_work() -> None:
 
 def test_sigterm_answers_the_calls_in_flight_and_refuses_new_ones() -> None:
     port = free_port()
-    with running_server(COMMITTED, MNEMO_GRPC_PORT=str(port)) as running:
+    with running_server(COMMITTED, MNEMO_GRPC_PORT=str(port), MNEMO_REQUEST_TIMEOUT_S="120") as running:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         results = flood(client, 6)
         wait_admitted(running)
