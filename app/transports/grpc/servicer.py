@@ -36,7 +36,7 @@ from app.transports.grpc import wire
 from app.transports.oip import inference
 
 logger = logging.getLogger("mnemo.grpc")
-INLINE_MESSAGE_BYTES = 8192  # smaller requests are decoded on the event loop, as REST's small bodies are
+INLINE_MESSAGE_BYTES = 8192  # smaller messages are decoded and encoded on the event loop, as REST's small bodies are
 EXTENSIONS = ["model_configuration", "statistics"]
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -151,7 +151,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             )
         finally:
             drain.leave(task)
-        return wire.inference_response(model.name, model.entry.version, parsed.id, answer)
+        response = (model.name, model.entry.version, parsed.id, answer)
+        if sum(answer.outputs[name].nbytes for name in answer.wanted) <= INLINE_MESSAGE_BYTES:
+            return wire.inference_response(*response)
+        return await offload(wire.inference_response, *response)  # large outputs are copied off the event loop
 
     async def _decode_off_loop(self, size: int, function: Callable[..., Any], *args: Any) -> Any:
         """Decoding on a worker thread in the bounded parse queue, as REST's large bodies (429 while it is full)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -24,7 +24,6 @@ from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.parameters import check_parameters
 from app.transports.oip.tensors import InferenceRequest, decode_inputs, requested_outputs
 
-T = TypeVar("T")
 # how a transport bounds the work: `complete(work, client_timeout_s)` (deadline, client gone)
 Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
 # how a transport runs the decoding of `size` bytes of tensors (on a worker thread, or shed)
@@ -153,9 +152,11 @@ def statistics(registry: ModelRegistry | None, name: str = "", version: str = ""
     """Triton's statistics extension for one model (`name`) or every model served over the protocol."""
     if name:
         models = [find_model(registry, name, version)[0]]
+    elif registry is None:
+        models = []
     else:
-        codecs = dict(tensor_codecs(registry.tasks)) if registry is not None else {}
-        models = [m for m in (registry.models.values() if registry else ()) if m.task in codecs and m.ready]
+        codecs = dict(tensor_codecs(registry.tasks))
+        models = [model for model in registry.models.values() if model.task in codecs and model.ready]
     return {
         "model_stats": [
             {"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models
