@@ -95,6 +95,8 @@ def test_health_metadata_and_config_equal_rest(clients) -> None:
     over_grpc, over_rest = clients
     assert over_grpc.is_server_live() and over_grpc.is_server_ready()
     assert over_grpc.get_server_metadata().name == over_rest.get_server_metadata()["name"] == "mnemo"
+    extensions = set(over_grpc.get_server_metadata().extensions)
+    assert extensions == {"model_configuration", "statistics"} < set(over_rest.get_server_metadata()["extensions"])
     for model in (KT_MODEL, SIM_MODEL):
         assert over_grpc.is_model_ready(model)
         metadata = json_format.ParseDict(over_rest.get_model_metadata(model), service_pb2.ModelMetadataResponse())

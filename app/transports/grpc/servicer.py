@@ -37,7 +37,6 @@ from app.transports.oip import inference
 
 logger = logging.getLogger("mnemo.grpc")
 INLINE_MESSAGE_BYTES = 8192  # smaller messages are decoded and encoded on the event loop, as REST's small bodies are
-EXTENSIONS = ["model_configuration", "statistics"]
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -200,7 +199,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
 
     def _server_metadata(self) -> Message:
-        return service_pb2.ServerMetadataResponse(name=self.app.title, version=self.app.version, extensions=EXTENSIONS)
+        return service_pb2.ServerMetadataResponse(
+            name=self.app.title, version=self.app.version, extensions=inference.EXTENSIONS
+        )
 
     def _model_ready(self, name: str, version: str) -> Message:
         try:

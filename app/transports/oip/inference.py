@@ -40,6 +40,7 @@ TRITON_TYPES = {
     "FP64": "TYPE_FP64",
     "BYTES": "TYPE_STRING",
 }
+EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
 BACKENDS = {"onnxruntime_onnx": "onnxruntime"}  # platforms whose graph the model's tensors are (Triton's backend)
 
 

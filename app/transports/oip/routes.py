@@ -84,7 +84,11 @@ def _registry(request: Request):
 async def server_metadata(request: Request) -> JsonResponse:
     """Server name, version and protocol extensions."""
     return JsonResponse(
-        {"name": request.app.title, "version": request.app.version, "extensions": ["binary_tensor_data"]}
+        {
+            "name": request.app.title,
+            "version": request.app.version,
+            "extensions": ["binary_tensor_data", *inference.EXTENSIONS],
+        }
     )
 
 
