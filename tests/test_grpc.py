@@ -390,3 +390,66 @@ def test_a_grpc_port_in_use_stops_the_start_in_one_line() -> None:
     assert done.returncode == 1
     expected = f"mnemo: cannot start: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
     assert done.stderr.strip().splitlines()[-1] == expected
+
+
+def message(model: str = KT_MODEL, **fields) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest for `model`; `inputs` as (name, datatype, shape, raw bytes) tuples."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=fields.get("id", ""))
+    for name, datatype, shape, raw in fields.get("inputs", ()):
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+        request.raw_input_contents.append(raw)
+    return request
+
+
+def int64s(*values: int) -> bytes:
+    return np.array(values, dtype="<i8").tobytes()
+
+
+ONE_STEP = [("q", "INT64", [1, 1], int64s(1)), ("r", "INT64", [1, 1], int64s(1)), ("len", "INT64", [1], int64s(1))]
+UNSET_PARAMETER = message(inputs=ONE_STEP)
+UNSET_PARAMETER.parameters["priority"].Clear()
+SEQUENCE = message(inputs=ONE_STEP)
+SEQUENCE.parameters["sequence_id"].int64_param = 5
+VALID = message(inputs=ONE_STEP).SerializeToString()
+HOSTILE = [
+    (message(inputs=[("q", "INT64", [2**32, 2**32], b""), *ONE_STEP[1:]]).SerializeToString(), "shape"),
+    (message(inputs=[("q", "INT64", [-1, 1], int64s(1)), *ONE_STEP[1:]]).SerializeToString(), "has shape [-1, 1]"),
+    (message(inputs=[("q", "INT64", [1] * 9, int64s(1)), *ONE_STEP[1:]]).SerializeToString(), "shape"),
+    (message(inputs=[("q", "INT128", [1, 1], int64s(1)), *ONE_STEP[1:]]).SerializeToString(), "datatype INT128"),
+    (
+        message(inputs=[*ONE_STEP, ("mv_in", "FP32", [1, 5, 10], b"\x00\x00\xc0\x7f" * 50)]).SerializeToString(),
+        "NaN",
+    ),
+    (message(inputs=[*ONE_STEP, *[("extra", "INT64", [1], int64s(1))] * 62]).SerializeToString(), "inputs"),
+    (
+        message(
+            SIM_MODEL, inputs=[("sentence_a", "BYTES", [1], b"\x05\x00\x00"), ("sentence_b", "BYTES", [1], b"")]
+        ).SerializeToString(),
+        "truncated BYTES",
+    ),
+    (
+        message(
+            SIM_MODEL,
+            inputs=[
+                ("sentence_a", "BYTES", [1], b"\x01\x00\x00\x00\xff"),
+                ("sentence_b", "BYTES", [1], b"\x01\x00\x00\x00a"),
+            ],
+        ).SerializeToString(),
+        "not UTF-8 text",
+    ),
+    (message(SIM_MODEL, inputs=ONE_STEP).SerializeToString(), "unknown input 'q'"),
+    (UNSET_PARAMETER.SerializeToString(), "parameters.priority holds no value"),
+    (SEQUENCE.SerializeToString(), "the sequence extension is not offered"),
+    (VALID[:-3], "does not parse"),
+    (b"\x1a\x02\xff\xfe" + VALID, "does not parse"),  # the request id (a proto3 string) not in UTF-8
+]
+
+
+@pytest.mark.parametrize(("payload", "words"), HOSTILE, ids=lambda value: repr(value)[:40])
+def test_hostile_messages_are_invalid_argument_and_the_server_lives(server, clients, payload: bytes, words: str):
+    _, address = server
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary(INFER_METHOD)(payload, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert words in caught.value.details()
+    assert clients[0].is_server_ready()
