@@ -148,6 +148,7 @@ def main() -> None:
     port = 19000 + os.getpid() % 1000
     os.environ["MNEMO_GRPC_PORT"] = str(port + 2)  # beside the HTTP port and the probe port (port + 1)
     compile_service()
+    load_average = os.getloadavg()[0]  # the cores are shared: what else ran says how far to trust the figures
     process, _ = start_server(port, Path(tempfile.gettempdir()) / "mnemo-grpc-load-server.log")
     try:
         table, summary = rows(f"127.0.0.1:{port + 2}", args.seconds)
@@ -160,7 +161,8 @@ def main() -> None:
         [
             "## gRPC load (`make loadtest`, `python -m benchmarks.grpc_load`)",
             "",
-            f"Measured {when} on {os.cpu_count()} CPUs: one `python -m app` with MNEMO_GRPC_PORT and the default "
+            f"Measured {when} on {os.cpu_count()} CPUs (load average {load_average:.1f} at the start): one "
+            "`python -m app` with MNEMO_GRPC_PORT and the default "
             f"settings (MNEMO_CONCURRENT_RUNS={settings.concurrent_runs}, MNEMO_MAX_BATCH={settings.max_batch}, "
             f"MNEMO_MAX_WAIT_MS={settings.max_wait_ms:g}); a Python grpc.aio client on the same cores sends one "
             f"ModelInferRequest (one history of {STEPS} interactions, raw INT64 tensors; outputs p and mv_out) for "
