@@ -55,6 +55,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     MNEMO_HOST=0.0.0.0 \
     MNEMO_PORT=8000 \
     MNEMO_PROBE_PORT=8001 \
+    MNEMO_GRPC_PORT=8081 \
     MNEMO_PROVIDER=cuda \
     MNEMO_STATE_URL=sqlite:////srv/mnemo/state/students.db \
     MNEMO_LOG_FORMAT=json \
@@ -63,7 +64,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 # per-student state: a named volume here (docker-compose.yml) keeps it across restarts and upgrades
 VOLUME ["/srv/mnemo/state"]
 USER 10001
-EXPOSE 8000 8001
+EXPOSE 8000 8001 8081
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % (os.environ.get('MNEMO_PROBE_PORT') or os.environ.get('MNEMO_PORT', '8000')), timeout=4)"]
 CMD ["python3", "-m", "app"]
@@ -81,6 +82,7 @@ ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
     MNEMO_HOST=0.0.0.0 \
     MNEMO_PORT=8000 \
     MNEMO_PROBE_PORT=8001 \
+    MNEMO_GRPC_PORT=8081 \
     MNEMO_PROVIDER=cpu \
     MNEMO_STATE_URL=sqlite:////srv/mnemo/state/students.db \
     MNEMO_LOG_FORMAT=json \
@@ -90,7 +92,7 @@ ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
 # per-student state: a named volume here (docker-compose.yml) keeps it across restarts and upgrades
 VOLUME ["/srv/mnemo/state"]
 USER 10001
-EXPOSE 8000 8001
+EXPOSE 8000 8001 8081
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % (os.environ.get('MNEMO_PROBE_PORT') or os.environ.get('MNEMO_PORT', '8000')), timeout=4)"]
 # exec form: python is PID 1 and uvicorn receives SIGTERM for a graceful shutdown

@@ -88,9 +88,10 @@ screenshots: $(VENV)/dev.stamp system-deps  ## the explorer screenshots of docs/
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run
 
-loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 5 minutes) -> BENCHMARKS.md
+loadtest: $(VENV)/dev.stamp  ## the service under load with wrk, and over gRPC, on loopback (about 6 minutes) -> BENCHMARKS.md
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
+	$(BIN)/python -m benchmarks.grpc_load
 
 # train-kt and train-sim run the served recipe (models/recipes.py); RECIPE='...' replaces its arguments
 # (RECIPE= for the trainers' plain defaults). train-sim trains one member of the served ensemble (SEED).

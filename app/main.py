@@ -33,6 +33,7 @@ from app.transports.access import access_summary, api_keys, is_open, open_paths
 from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp
 from app.transports.error_handlers import install_error_handlers
+from app.transports.grpc import serve_grpc
 from app.transports.http import add_body_schemas
 from app.transports.middleware import RequestEdge
 from app.transports.probes import ProbeProcess
@@ -109,7 +110,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
         logger.info(access_summary(settings))
         try:
-            yield
+            async with serve_grpc(app):  # MNEMO_GRPC_PORT; stopped (its calls drained) before the engine
+                yield
         finally:
             await app.state.loop_lag.stop()
             await engine.stop()

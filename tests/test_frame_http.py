@@ -15,7 +15,8 @@ from starlette.requests import Request
 from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter
 from app.transports.connection_guard import ON_CLIENT_GONE
-from app.transports.http import ClientGone, complete
+from app.transports.deadline import ClientGone
+from app.transports.http import complete
 from tests.helpers import app_client, app_settings
 from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
 

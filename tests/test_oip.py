@@ -400,8 +400,8 @@ def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
     """Not only the protocol's routes: FastAPI's 404 and 405 and the body limit's 413 too (tritonclient reads
     `error` only)."""
     answers = [
-        httpx.post(f"{server.url}/v2/repository/index", timeout=10),
-        httpx.get(f"{server.url}/v2/models/{KT_MODEL}/config", timeout=10),
+        httpx.post(f"{server.url}/v2/repository/models/{KT_MODEL}/load", timeout=10),
+        httpx.get(f"{server.url}/v2/systemsharedmemory/status", timeout=10),
         httpx.get(f"{server.url}/v2/models/{KT_MODEL}/infer", timeout=10),
         httpx.post(f"{server.url}/v2/models/{KT_MODEL}/infer", content=b"x" * (3 << 20), timeout=30),
     ]
@@ -614,3 +614,21 @@ def test_draining_is_live_not_ready_and_refuses_inference() -> None:
         assert client.get("/v2/health/ready").status_code == 503
         draining = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
         assert draining.status_code == 503 and "shutting down" in draining.json()["error"]
+
+
+def test_the_repository_index_gives_each_model_its_state(artifacts_copy: Path) -> None:
+    """Triton's repository index: a model that did not load is UNAVAILABLE with the reason; `ready: true` lists
+    the ready ones only; its statistics and config are 503 like its inference."""
+    (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
+    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+        index = {entry["name"]: entry for entry in client.post("/v2/repository/index").json()}
+        assert index[KT_MODEL]["state"] == "UNAVAILABLE" and "sha256" in index[KT_MODEL]["reason"]
+        assert index[SIM_MODEL] == {"name": SIM_MODEL, "version": "1.0.0", "state": "READY", "reason": ""}
+        ready = client.post("/v2/repository/index", json={"ready": True}).json()
+        assert KT_MODEL not in {entry["name"] for entry in ready} and SIM_MODEL in {entry["name"] for entry in ready}
+        refused = client.post("/v2/repository/index", json={"ready": "yes"})
+        assert refused.status_code == 400 and "ready" in refused.json()["error"]
+        assert client.get(f"/v2/models/{KT_MODEL}/stats").status_code == 503
+        assert client.get(f"/v2/models/{KT_MODEL}/config").status_code == 503
+        every = client.get("/v2/models/stats").json()["model_stats"]
+        assert SIM_MODEL in {model["name"] for model in every} and KT_MODEL not in {model["name"] for model in every}

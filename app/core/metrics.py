@@ -95,6 +95,19 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.grpc_requests = Counter(
+            "mnemo_grpc_requests",
+            "gRPC calls (MNEMO_GRPC_PORT) by method and status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.grpc_latency = Histogram(
+            "mnemo_grpc_request_duration_seconds",
+            "gRPC call latency, queueing included",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "mnemo_http_requests_in_flight",
             "HTTP requests being handled",

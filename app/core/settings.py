@@ -127,6 +127,9 @@ class Settings(BaseSettings):
         "own, so probes answer at once while the event loop is overloaded (the image, compose and Kubernetes "
         "files set 8001). Must differ from `MNEMO_PORT`.",
     )
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC on this port (unset: off)"
+    )
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto",
         description="ONNX Runtime execution provider: `auto` is CUDA when onnxruntime offers it, else CPU (the "
@@ -323,6 +326,12 @@ class Settings(BaseSettings):
     def _probe_port_is_another_port(self) -> Settings:
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
+        return self
+
+    @model_validator(mode="after")
+    def _grpc_port_is_another_port(self) -> Settings:
+        if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
+            raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")
         return self
 
     @model_validator(mode="after")

@@ -42,6 +42,8 @@
   items whose future is done are dropped before they run. So are the items of a request whose client has
   closed its connection (`request_connected`, asked as a batch is taken), even before the event loop has
   processed the close.
+- **Statistics.** `stats` (app/runtime/stats.py) counts the admitted requests that succeeded or failed, the
+  queue waits, and each run with its rows and the time spent collating, running and splitting.
 - **Thread budget.** `RunSlots` holds `concurrent_runs` executor threads and a semaphore; each ONNX
   run uses `intra_op_threads`, and the settings check that the product fits the CPUs.
 """
@@ -60,6 +62,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
+from app.runtime.stats import ModelStats
 
 MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
 DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
@@ -209,6 +212,7 @@ class ModelBatcher:
         self._queue_wait = metrics.queue_wait.labels(name)
         self._batch_size = metrics.batch_size.labels(name)
         self._alone = alone
+        self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
         self._admitted_cells = 0.0
@@ -253,9 +257,16 @@ class ModelBatcher:
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
         """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
         cells = rows * self._typical_length if cells is None else cells
-        with self._holding(rows, cells):
-            self._learn_body_size(rows, cells)
-            yield
+        arrival = request_arrival.get()
+        started = time.perf_counter() if arrival is None else arrival
+        try:
+            with self._holding(rows, cells):
+                self._learn_body_size(rows, cells)
+                yield
+        except BaseException:
+            self.stats.request_done(time.perf_counter() - started, succeeded=False)
+            raise
+        self.stats.request_done(time.perf_counter() - started, succeeded=True)
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
@@ -485,6 +496,7 @@ class ModelBatcher:
             if item.waiting:
                 item.waiting = False
                 self._queue_wait.observe(now - item.enqueued)
+                self.stats.waited(now - item.enqueued)
 
     async def _run_batch(self, batch: list[_Item], inline: bool = False) -> None:
         """Run a batch on a run-slot thread, or on the event loop itself when `inline`."""
@@ -548,7 +560,9 @@ class ModelBatcher:
 
     def _run_chunk(self, feeds: Feeds) -> Feeds:
         """One run of a chain's chunk (one row), counted in the batch-size metric like any run."""
+        started = time.perf_counter()
         outputs = self._run_graph(feeds)
+        self.stats.executed(1, 0.0, time.perf_counter() - started, 0.0)
         self._batch_size.observe(1)
         return outputs
 
@@ -573,11 +587,14 @@ class ModelBatcher:
             started = self._clock()
             chain.run(self._run_chunk, batch[0].wanted, CHAIN_SLICE_S, self._clock)
             return [chain.outputs], self._clock() - started, cells - chain.cells
+        collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
         started = self._clock()
         outputs = self._run_graph(feeds)
-        seconds = self._clock() - started
-        self._batch_size.observe(sum(item.rows for item in batch))  # every completed run, `_isolate` reruns too
+        finished = self._clock()
+        rows = sum(item.rows for item in batch)
+        self._batch_size.observe(rows)  # every completed run, `_isolate` reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
-        return kept, seconds, _padded_cells(batch)
+        self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)
+        return kept, finished - started, _padded_cells(batch)

@@ -57,27 +57,34 @@ def is_open(path: str, open_set: frozenset[str]) -> bool:
 API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: Bearer <key>."
 
 
+class KeyCheck:
+    """The configured API keys, each compared in constant time with the one a request presents (REST and gRPC)."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = [key.encode() for key in keys]
+
+    def known(self, presented: bytes) -> bool:
+        matched = False
+        for key in self.keys:  # no early exit: the time does not tell which key, or how much of it, matched
+            matched |= hmac.compare_digest(presented, key)
+        return matched
+
+
 class ApiKeys:
-    """The API-key check: `Authorization: Bearer <one of the keys>`, on every path but the open ones."""
+    """The REST API-key check: `Authorization: Bearer <one of the keys>`, on every path but the open ones."""
 
     def __init__(self, keys: list[str], open_set: frozenset[str]) -> None:
-        self.keys = [key.encode() for key in keys]
+        self.check = KeyCheck(keys)
         self.open_set = open_set
 
     def challenge(self, scope: Scope) -> str | None:
         """None when the request may pass; else the `WWW-Authenticate` value of its 401."""
         if is_open(scope["path"], self.open_set):
             return None
-        presented = _bearer_token(dict(scope["headers"]).get(b"authorization", b""))
-        if presented is not None and self._known(presented):
+        presented = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+        if presented is not None and self.check.known(presented):
             return None
         return 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
-
-    def _known(self, presented: bytes) -> bool:
-        matched = False
-        for key in self.keys:  # no early exit: the time does not tell which key, or how much of it, matched
-            matched |= hmac.compare_digest(presented, key)
-        return matched
 
 
 def api_key_check(settings: Settings) -> ApiKeys | None:
@@ -86,7 +93,8 @@ def api_key_check(settings: Settings) -> ApiKeys | None:
     return ApiKeys(keys, open_paths(settings)) if keys else None
 
 
-def _bearer_token(header: bytes) -> bytes | None:
+def bearer_token(header: bytes) -> bytes | None:
+    """The key of an `Authorization: Bearer <key>` header (None: another scheme, or none)."""
     scheme, _, token = header.strip().partition(b" ")
     if scheme.lower() != b"bearer" or not token.strip():
         return None
