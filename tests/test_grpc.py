@@ -21,12 +21,10 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from google.protobuf import json_format
 
-from app.main import create_app
-from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, toy_settings
-from tests.helpers import ROOT, HeldRequest, Server, free_port, running_server
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL
+from tests.helpers import ROOT, HeldRequest, Server, app_client, free_port, running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="the gRPC test needs the dev extra (tritonclient)")
 import tritonclient.grpc.model_config_pb2 as model_config_pb2  # noqa: E402
@@ -229,8 +227,10 @@ def test_bad_tensors_are_invalid_argument_and_the_server_keeps_serving(server, c
 
 def test_an_oversized_message_is_resource_exhausted_and_the_server_keeps_serving() -> None:
     port = free_port()
-    settings = toy_settings(COMMITTED, grpc_port=port, max_body_bytes=64 * 1024)
-    with TestClient(create_app(settings)), grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+    with (
+        app_client(COMMITTED, grpc_port=port, max_body_bytes=64 * 1024),
+        grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client,
+    ):
         questions, answers, lengths = history(1, 9_000)
         status, message = grpc_status(
             lambda: client.infer(KT_MODEL, kt_inputs(grpcclient, questions, answers, lengths))
@@ -242,8 +242,8 @@ def test_an_oversized_message_is_resource_exhausted_and_the_server_keeps_serving
 
 def test_a_full_queue_is_resource_exhausted_with_retry_after() -> None:
     port = free_port()
-    with TestClient(create_app(toy_settings(COMMITTED, grpc_port=port))) as app_client:
-        batcher = app_client.app.state.registry.models[KT_MODEL].batcher
+    with app_client(COMMITTED, grpc_port=port) as served:
+        batcher = served.app.state.registry.models[KT_MODEL].batcher
         questions, answers, lengths = history(1, 3)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             infer = channel.unary_unary(INFER_METHOD)
@@ -260,8 +260,10 @@ def test_a_full_queue_is_resource_exhausted_with_retry_after() -> None:
 
 def test_api_keys_guard_grpc_as_rest() -> None:
     port = free_port()
-    settings = toy_settings(COMMITTED, grpc_port=port, api_keys="k-one,k-two")
-    with TestClient(create_app(settings)), grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client:
+    with (
+        app_client(COMMITTED, grpc_port=port, api_keys="k-one,k-two"),
+        grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client,
+    ):
         assert client.is_server_live()  # /v2/health/live is an open path
         status, message = grpc_status(lambda: client.get_model_metadata(KT_MODEL))
         assert status == "StatusCode.UNAUTHENTICATED" and "authorization: Bearer <key>" in message

@@ -620,7 +620,7 @@ def test_the_repository_index_gives_each_model_its_state(artifacts_copy: Path) -
     """Triton's repository index: a model that did not load is UNAVAILABLE with the reason; `ready: true` lists
     the ready ones only; its statistics and config are 503 like its inference."""
     (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
-    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+    with app_client(artifacts_copy, on_model_error="skip") as client:
         index = {entry["name"]: entry for entry in client.post("/v2/repository/index").json()}
         assert index[KT_MODEL]["state"] == "UNAVAILABLE" and "sha256" in index[KT_MODEL]["reason"]
         assert index[SIM_MODEL] == {"name": SIM_MODEL, "version": "1.0.0", "state": "READY", "reason": ""}
