@@ -97,13 +97,13 @@ loadtest: $(VENV)/dev.stamp  ## the service under load with wrk, and over gRPC, 
 # (RECIPE= for the trainers' plain defaults). train-sim trains one member of the served ensemble (SEED).
 SERVED_RECIPE = $(if $(filter command line,$(origin RECIPE)),$(RECIPE),$(shell $(BIN)/python -m models.recipes $(1)))
 
-train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-vK [ARGS=--overwrite]
+train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-vK [ARGS=--resume]
 	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt \
-	  $(call SERVED_RECIPE,train-kt $(DATASET)) --threads 1 --resume $(ARGS)
+	  $(call SERVED_RECIPE,train-kt $(DATASET)) $(ARGS)
 
-train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp SEED=101 [ARGS=--overwrite]: one served member
+train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp SEED=101 [ARGS=--resume]: one served member
 	$(BIN)/python -m models.train_sim --data-dir $(DATA_DIR)/sick --out runs/sim/$(POINTER)-s$(SEED) \
-	  $(call SERVED_RECIPE,train-sim $(POINTER) --seed $(SEED)) --threads 1 --resume $(ARGS)
+	  $(call SERVED_RECIPE,train-sim $(POINTER) --seed $(SEED)) $(ARGS)
 
 reproduce: $(VENV)/dev.stamp  ## make reproduce MODEL=dkvmn-synthetic: rebuild a served model in runs/reproduce/, compare
 	@test -n "$(MODEL)" || { echo "name the model: make reproduce MODEL=<name> (artifacts/manifest.json)"; exit 2; }

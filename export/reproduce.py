@@ -50,7 +50,8 @@ def card_section(name: str, version: str) -> list[str]:
         f"`make reproduce MODEL={name}` (or `python -m export.reproduce {name}`) runs these commands from the "
         f"repository root, into `runs/reproduce/{name}/` (training runs, then the export into its own `artifacts/`; "
         "the served `artifacts/` is only read), then prints each new metric next to this card's and whether the ONNX "
-        f"bytes, the weights and the assets are the same. The card records {recipe.card_minutes:g} min of training at 1 CPU thread. "
+        "bytes, the weights and the assets are the same. "
+        f"The card records {recipe.card_minutes:g} min of training at 1 CPU thread. "
         "Data: `../shared/data`, or `DATA_DIR=...` for make, `--data-dir` for python.",
         "",
         "```sh",

@@ -343,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency-repeats", type=positive_int, default=LATENCY_REPEATS, help="timed runs per graph and batch"
     )
     parser.add_argument("--default", action="store_true", help="the default similarity model")
-    parser.add_argument("--version", default="1.0.0")
+    parser.add_argument(
+        "--version", default="1.0.0", help="the model's version: higher than the served one (docs/MODELS.md §5.1)"
+    )
     parser.add_argument("--notes", default="", help="free text for the card's Notes section")
     parser.add_argument("--example-pair", type=int, default=0, help="index of the SICK test pair in the card's figure")
     return parser

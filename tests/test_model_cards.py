@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.settings import Settings
 from app.main import create_app
@@ -28,9 +29,14 @@ SERVED = json.loads((ARTIFACTS / "manifest.json").read_text())["models"]
 
 
 @pytest.fixture(scope="module")
-def listed() -> Iterator[dict[str, dict]]:
+def served() -> Iterator[TestClient]:
     with TestClient(create_app(Settings(provider="cpu", intra_op_threads=1, artifacts_dir=ARTIFACTS))) as client:
-        yield {model["name"]: model for model in client.get("/models").json()["models"]}
+        yield client
+
+
+@pytest.fixture(scope="module")
+def listed(served: TestClient) -> dict[str, dict]:
+    return {model["name"]: model for model in served.get("/models").json()["models"]}
 
 
 def test_every_served_model_has_a_recipe_and_every_recipe_a_served_model():
@@ -46,8 +52,13 @@ def test_card_says_what_saw_the_test_split_and_quotes_the_commands_make_reproduc
     assert card.index("## What saw the test split") < card.index("## Reproduce") < card.index("## Training")
 
 
-def test_get_models_carries_the_versions_and_the_assist2009_caveat_of_both_models(listed):
+def test_get_models_and_the_metrics_carry_the_versions_and_the_assist2009_caveat_of_both_models(served, listed):
     assert {name: model["version"] for name, model in listed.items()} == {e["name"]: e["version"] for e in SERVED}
+    families = text_string_to_metric_families(served.get("/metrics").text)
+    info = next(family for family in families if family.name == "mnemo_model_info")
+    assert sorted((s.labels["model"], s.labels["version"], s.labels["sha256"]) for s in info.samples) == sorted(
+        (entry["name"], entry["version"], entry["sha256"]) for entry in SERVED
+    )
     for name in ("dkvmn-assist2009", "dkt-assist2009"):
         metrics = listed[name]["metrics"]
         assert 0.5 < metrics["test_auc_without_repeated_skill_pairs"] < metrics["test_auc"]
