@@ -23,7 +23,8 @@ from app.transports.http import complete, json_body, read_body, registry
 TASK_NAME = "knowledge-trace"
 MAX_CATALOG_PAGE = 1000
 router = APIRouter(tags=["knowledge tracing"])
-INLINE_INTERACTIONS = 1000  # shorter histories are converted and rendered on the loop: cheaper than a hop
+INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheaper than a hop
+INLINE_RENDER_NUMBERS = 20_000  # cheaper answers (service.answer_numbers) render on the loop: no thread hop
 MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
 
 
@@ -42,7 +43,9 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, arrays) -> by
     trace = await service.trace(model, questions, correct)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
     render = partial(answer, model, body, trace, wanted, next_p)
-    return await offload_if(len(questions) + len(wanted) > INLINE_INTERACTIONS or body.return_attention, render)
+    mastery_rows = {"all": len(trace.predictions) + 1, "last": 1, "none": 0}[body.mastery]
+    numbers = service.answer_numbers(trace, len(wanted), body.return_attention, mastery_rows)
+    return await offload_if(numbers > INLINE_RENDER_NUMBERS, render)
 
 
 def answer(
