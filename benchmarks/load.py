@@ -47,7 +47,7 @@ from benchmarks.floor_app import ANSWERS as FLOOR_PATHS
 from benchmarks.table import write_section
 
 T = TypeVar("T")
-APP_DIR = ARTIFACTS.parent / "app"
+REPO = ARTIFACTS.parent
 LUA = Path(__file__).resolve().parent / "wrk" / "post.lua"
 CONCURRENCY = (1, 8, 32, 256)
 OVERLOAD_CONNECTIONS = (256, 1024)
@@ -90,6 +90,7 @@ class Scenario:
     items: int  # pairs or histories per request
     bare_single: Callable[[], object]
     bare_batch32: Callable[[], object]
+    concurrency: tuple[int, ...] = CONCURRENCY
 
 
 @dataclass
@@ -151,7 +152,7 @@ def _kt_run(session: ort.InferenceSession, histories: int, steps: int, next_ques
     return lambda: (session.run(None, trace), session.run(None, following))
 
 
-def _kt_body(steps: int, next_questions: list[int] | None, attention: bool) -> dict:
+def _kt_body(steps: int, next_questions: list[int] | None, attention: bool, mastery: str = "all") -> dict:
     rng = np.random.default_rng(1)
     interactions = [
         {"question": int(q), "correct": bool(c)}
@@ -162,6 +163,7 @@ def _kt_body(steps: int, next_questions: list[int] | None, attention: bool) -> d
         "interactions": interactions,
         "next_questions": next_questions,
         "return_attention": attention,
+        "mastery": mastery,
     }
 
 
@@ -197,6 +199,25 @@ def scenarios() -> list[Scenario]:
             1,
             _kt_run(knowledge, 1, 200, 2),
             _kt_run(knowledge, 32, 200, 2),
+        ),
+        # the largest answers per ONNX millisecond: what encoding the answer costs shows here
+        Scenario(
+            "/similarity (1 pair, attention on)",
+            "/similarity",
+            {**sentence, "model": SIM_MODEL, "return_attention": True},
+            1,
+            _similarity_run(similarity, [pair]),
+            _similarity_run(similarity, [pair] * 32),
+            concurrency=(1,),
+        ),
+        Scenario(
+            "/knowledge-trace (200 interactions, 2 next, attention on, every mastery row)",
+            "/knowledge-trace",
+            _kt_body(200, [3, 7], attention=True, mastery="all"),
+            1,
+            _kt_run(knowledge, 1, 200, 2),
+            _kt_run(knowledge, 32, 200, 2),
+            concurrency=(1,),
         ),
     ]
 
@@ -267,34 +288,34 @@ def health_probe(url: str) -> Callable[[], float]:
     return probe
 
 
-def compile_service() -> None:
+def compile_service(tree: Path = REPO) -> None:
     """Write the bytecode of the service's modules, as an installed service has it (`make serve` does the same).
 
     Without it, where PYTHONDONTWRITEBYTECODE is set (common in containers, and on the machine these numbers come
     from) every start compiles the ~60 modules of app/ from source again: about 0.1 s of the cold start."""
-    compileall.compile_dir(str(APP_DIR), quiet=1)
+    compileall.compile_dir(str(tree / "app"), quiet=1)
 
 
-def start_server(port: int, log: Path) -> tuple[subprocess.Popen, float]:
-    """`python -m app` on the committed models (probe port: port + 1); the process and its seconds to /ready 200."""
-    env = {
-        **os.environ,
-        "MNEMO_PORT": str(port),
-        "MNEMO_PROBE_PORT": str(port + 1),
-        "MNEMO_HOST": "127.0.0.1",
-        "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS),
-    }
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a process that imports the service from checkout `tree` and serves its committed models."""
+    return {**os.environ, "PYTHONPATH": str(tree), "MNEMO_ARTIFACTS_DIR": str(tree / "artifacts")}
+
+
+def start_server(port: int, log: Path, tree: Path = REPO) -> tuple[subprocess.Popen, float]:
+    """`python -m app` of checkout `tree` on its committed models (probe port: port + 1); the process and its
+    seconds to /ready 200."""
+    env = {**tree_env(tree), "MNEMO_PORT": str(port), "MNEMO_PROBE_PORT": str(port + 1), "MNEMO_HOST": "127.0.0.1"}
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "app"]
+    process = subprocess.Popen(command, cwd=tree, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     _wait_until(process, f"http://127.0.0.1:{port}/ready", 200, log)
     return process, time.perf_counter() - started
 
 
-def start_floor_app(port: int, log: Path) -> subprocess.Popen:
-    """`python -m benchmarks.floor_app` on the committed models, once it answers (its 404 at /)."""
-    env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS)}
+def start_floor_app(port: int, log: Path, tree: Path = REPO) -> subprocess.Popen:
+    """`python -m benchmarks.floor_app` of checkout `tree` on its committed models, once it answers (its 404 at /)."""
     command = [sys.executable, "-m", "benchmarks.floor_app", str(port)]
-    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=tree, env=tree_env(tree), stdout=log.open("w"), stderr=subprocess.STDOUT)
     _wait_until(process, f"http://127.0.0.1:{port}/", 404, log)
     return process
 
@@ -381,7 +402,7 @@ def throughput_table(url: str, floor_url: str, pid: int, seconds: int) -> tuple[
             batch_items_s = 32 / (single_ms / 1000)
         floor_cell = "-" if floor_ms is None else f"{floor_ms:.2f}"
         bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {floor_cell} | {batch_items_s:.0f} |")
-        for concurrency in CONCURRENCY:
+        for concurrency in scenario.concurrency:
             if concurrency == 1:
                 result, peak = alone, alone_peak
             else:
