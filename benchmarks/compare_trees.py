@@ -4,8 +4,9 @@ Both checkouts' `python -m app` and floor apps (benchmarks/floor_app.py) run sid
 models. For each of the load benchmark's scenarios that runs at concurrency 1, every round times bare ONNX
 Runtime at batch 1 and wrk at concurrency 1 against each of the four servers in turn (the order rotates every
 round), so that a drift of the shared machine hits all of them. Reported per scenario and server, as medians over
-the rounds: the p50, the p50 over the bare time taken just before it, the server's CPU time per answer (user +
-system, all its threads, from /proc) and the p50 less the same round's p50 of its tree's floor app.
+the rounds: the p50 and the p10 (less moved by other processes on the cores), each also over the bare time of the
+same percentile taken just before it and less the same round's figure of its tree's floor app, and the server's
+CPU time per answer (user + system, all its threads, from /proc).
 
     git worktree add /tmp/base <commit>
     python -m benchmarks.compare_trees --base /tmp/base --rounds 7 --seconds 3
@@ -25,7 +26,7 @@ from benchmarks.floor_app import ANSWERS as FLOOR_PATHS
 from benchmarks.load import (
     REPO,
     Scenario,
-    bare_ms,
+    bare_timings_ms,
     compile_service,
     scenarios,
     start_floor_app,
@@ -71,29 +72,44 @@ def main() -> None:
 
 def measure(scenario: Scenario, processes: dict, rounds: int, seconds: int) -> None:
     """Print one scenario's medians over `rounds` rounds (servers in rotating order, each run right after a bare
-    ONNX Runtime timing, which its ratio divides by)."""
-    p50s, ratios, cpu_ms, bare = defaultdict(list), defaultdict(list), defaultdict(list), []
+    ONNX Runtime timing, which its ratios divide by)."""
+    runs, cpu_ms, bare = defaultdict(list), defaultdict(list), []
     labels = [label for label in processes if scenario.path in FLOOR_PATHS or not label.endswith("floor")]
     for index in range(rounds):
         for label in labels[index % len(labels) :] + labels[: index % len(labels)]:
             process, url = processes[label]
-            bare.append(bare_ms(scenario.bare_single))
+            bare.append(np.percentile(bare_timings_ms(scenario.bare_single), [50, 10]))
             before = cpu_seconds(process.pid)
             result = wrk(f"{url}{scenario.path}", scenario.body, 1, seconds, 30)
             cpu_ms[label].append((cpu_seconds(process.pid) - before) * 1000 / max(result.requests, 1))
-            p50s[label].append(result.p50_ms)
-            ratios[label].append(result.p50_ms / bare[-1])
-    print(f"\n{scenario.name}: bare ONNX Runtime batch 1, median {np.median(bare):.2f} ms ({len(bare)} timings)")
-    print("| server | p50 ms | p50 / bare (each run's own) | CPU ms per answer | p50 less its floor's, ms |")
-    print("|---|---|---|---|---|")
+            runs[label].append((result.p50_ms, result.p10_ms, *bare[-1]))
+    bare_p50, bare_p10 = np.median(bare, axis=0)
+    print(
+        f"\n{scenario.name}: bare ONNX Runtime batch 1, p50 {bare_p50:.2f} ms, p10 {bare_p10:.2f} ms "
+        f"(medians of {len(bare)} timings)"
+    )
+    print(
+        "| server | p50 ms | p50 / bare | p10 ms | p10 / bare | CPU ms per answer | p50 less the floor's | "
+        "p10 less the floor's |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for label in labels:
-        floor = p50s.get(label.replace("service", "floor")) if label.endswith("service") else None
-        own = "" if floor is None else f"{np.median(np.subtract(p50s[label], floor)):.2f}"
-        print(
-            f"| {label} | {np.median(p50s[label]):.2f} | {np.median(ratios[label]):.2f}x | "
-            f"{np.median(cpu_ms[label]):.2f} | {own} |",
-            flush=True,
-        )
+        p50, p10, bare_run_p50, bare_run_p10 = np.array(runs[label]).T
+        cells = [np.median(p50), np.median(p50 / bare_run_p50), np.median(p10), np.median(p10 / bare_run_p10)]
+        text = [
+            f"{cells[0]:.2f}",
+            f"{cells[1]:.2f}x",
+            f"{cells[2]:.2f}",
+            f"{cells[3]:.2f}x",
+            f"{np.median(cpu_ms[label]):.2f}",
+        ]
+        floor = runs.get(label.replace("service", "floor")) if label.endswith("service") else None
+        if floor is None:
+            text += ["", ""]
+        else:
+            floor_p50, floor_p10, _, _ = np.array(floor).T
+            text += [f"{np.median(p50 - floor_p50):.2f}", f"{np.median(p10 - floor_p10):.2f}"]
+        print(f"| {label} | {' | '.join(text)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ class Scenario:
 class WrkResult:
     statuses: dict[int, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
+    p10_ms: float = 0.0  # on a shared machine, less moved than the p50 by other processes taking the cores
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
@@ -222,7 +223,8 @@ def scenarios() -> list[Scenario]:
     ]
 
 
-def median_ms(call: Callable[[], object], repeats: int) -> float:
+def timings_ms(call: Callable[[], object], repeats: int) -> np.ndarray:
+    """Milliseconds of `repeats` calls, after 3 unmeasured ones."""
     for _ in range(3):
         call()
     samples = []
@@ -230,14 +232,23 @@ def median_ms(call: Callable[[], object], repeats: int) -> float:
         started = time.perf_counter()
         call()
         samples.append(time.perf_counter() - started)
-    return float(np.median(samples) * 1000)
+    return np.array(samples) * 1000
+
+
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    return float(np.median(timings_ms(call, repeats)))
+
+
+def bare_timings_ms(call: Callable[[], object], seconds: float = 1.0) -> np.ndarray:
+    """`timings_ms` of as many runs (10 to 100) as fit in about `seconds`."""
+    started = time.perf_counter()
+    call()
+    return timings_ms(call, int(np.clip(seconds / max(time.perf_counter() - started, 1e-6), 10, 100)))
 
 
 def bare_ms(call: Callable[[], object], seconds: float = 1.0) -> float:
-    """`median_ms` over as many runs (10 to 100) as fit in about `seconds`."""
-    started = time.perf_counter()
-    call()
-    return median_ms(call, int(np.clip(seconds / max(time.perf_counter() - started, 1e-6), 10, 100)))
+    """The median of `bare_timings_ms`."""
+    return float(np.median(bare_timings_ms(call, seconds)))
 
 
 # -- the server, wrk, and what runs beside it ---------------------------------------------------------
@@ -363,6 +374,8 @@ def wrk(url: str, body: dict, connections: int, seconds: int, timeout_s: float) 
             result.statuses[int(parts[2])] = int(parts[3])
         elif line.startswith("MNEMO errors"):
             result.errors = {parts[i]: int(parts[i + 1]) for i in range(2, len(parts), 2)}
+        elif line.startswith("MNEMO latency_low_us"):
+            result.p10_ms = int(parts[3]) / 1000
         elif line.startswith("MNEMO latency_us"):
             result.p50_ms, result.p99_ms, result.max_ms = (int(parts[i]) / 1000 for i in (3, 5, 7))
         elif line.startswith("MNEMO total"):
@@ -460,6 +473,7 @@ def _merged(rounds: list[WrkResult]) -> WrkResult:
     return WrkResult(
         statuses=dict(sum((Counter(result.statuses) for result in rounds), Counter())),
         errors=dict(sum((Counter(result.errors) for result in rounds), Counter())),
+        p10_ms=float(np.median([result.p10_ms for result in rounds])),
         p50_ms=float(np.median([result.p50_ms for result in rounds])),
         p99_ms=float(np.median([result.p99_ms for result in rounds])),
         max_ms=max(result.max_ms for result in rounds),
