@@ -159,17 +159,16 @@ class ModelRegistry:
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
-        candidates = [model for model in self.models.values() if model.task == task]
-        if name is None:
+        model = None if name is None else self.models.get(name)
+        if model is None or model.task != task:  # the named model is looked up directly, the others scanned
+            candidates = [model for model in self.models.values() if model.task == task]
+            if name is not None:
+                known = ", ".join(sorted(m.name for m in candidates)) or "none"
+                raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
             defaults = [model for model in candidates if model.entry.default] or candidates[:1]
             if not defaults:
                 raise UnknownModel(f"No {task} model is configured on this server.")
             model = defaults[0]
-        elif name in self.models and self.models[name].task == task:
-            model = self.models[name]
-        else:
-            known = ", ".join(sorted(m.name for m in candidates)) or "none"
-            raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
         if not model.ready:
             self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
