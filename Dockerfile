@@ -25,6 +25,8 @@ RUN /opt/venv/bin/pip install --no-deps . \
 COPY scripts/image-slim-venv.sh scripts/image_bytecode.py scripts/image-rootfs.sh ./scripts/
 RUN scripts/image-slim-venv.sh /opt/venv
 COPY artifacts /srv/mnemo/artifacts
+# the code's licence and the data sets' terms, which bind the weights (the SICK models: non-commercial)
+COPY LICENSE NOTICE /srv/mnemo/
 # Bytecode only for the modules the service imports: it runs here once and answers every kind of request.
 RUN python3 -B scripts/image_bytecode.py /opt/venv /srv/mnemo/artifacts
 RUN scripts/image-rootfs.sh /rootfs 10001
@@ -47,6 +49,7 @@ RUN groupadd --system --gid 10001 mnemo \
  && install -d -o 10001 -g 10001 -m 0750 /srv/mnemo/state
 WORKDIR /srv/mnemo
 COPY artifacts ./artifacts
+COPY LICENSE NOTICE ./
 # CUDA and cuDNN from the base image, found by onnxruntime-gpu's CUDA provider at run time.
 ENV PATH=/opt/venv/bin:$PATH \
     LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu \
