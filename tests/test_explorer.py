@@ -256,7 +256,7 @@ def test_concept_columns_and_next_questions_carry_the_apis_concept_labels(watche
         assert column_labels == expected
     page.locator("#mastery-map svg.heatmap").focus()
     page.keyboard.press("ArrowRight")
-    expect(page.locator("#mastery-map .readout")).to_contain_text(f"concept {expected[1]}: mastery")
+    expect(page.locator("#mastery-map .readout")).to_contain_text(f"concept 1 ({labels[1]}): mastery")
     first = page.locator("#next-table tbody tr").first.locator("td").nth(2)
     assert first.get_attribute("title") in expected
     watched.assert_clean()
@@ -729,8 +729,10 @@ def test_a_5000_step_history_is_drawn_on_a_canvas_that_reads_by_keyboard(watched
     for key in ("End", "ArrowRight", "ArrowRight"):
         page.keyboard.press(key)
     last = interactions[-1]
+    catalog = httpx.get(f"{server}/models/{KT_MODEL}/questions", params={"limit": 1}, timeout=10).json()
+    concept = re.escape(f"concept 2 ({catalog['concepts'][2]['label']})")
     expect(page.locator("#mastery-map .readout")).to_have_text(
-        re.compile(rf"^after step 5000 · {last['question']} · .*, concept 2: mastery {api['mastery'][5000][2]:.3f}$")
+        re.compile(rf"^after step 5000 · {last['question']} · .*, {concept}: mastery {api['mastery'][5000][2]:.3f}$")
     )
     watched.screenshot("knowledge-5000-1280")
     watched.assert_clean()

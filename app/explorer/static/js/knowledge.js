@@ -104,6 +104,7 @@ function describeCompared() {
   $("kt-compare-about").textContent = other ? `Compared with ${other.name}: ${describeModel(other)}` : "";
   $("kt-compare-about").hidden = !other;
 }
+
 /** The chosen model's questions as a Map id -> {name, concept}, fetched page by page once per model. */
 async function catalog(name) {
   if (!state.catalogs.has(name)) {
@@ -303,14 +304,25 @@ async function appendStudent() {
   }
 }
 
-/** Each concept's label: "6 · Addition Whole Numbers, …" where the model's catalog names it, else "concept 6". */
+/** The chosen model's concept labels (their top skills) from its catalog, by concept; empty where it has none. */
+function conceptLabels() {
+  return new Map((state.concepts.get(currentModel().name) ?? []).map((item) => [item.concept, item.label]));
+}
+
+/** Each concept's column label: "6 · Addition Whole Numbers, …" where the catalog names it, else "concept 6". */
 function conceptNames(count) {
-  const labels = new Map((state.concepts.get(currentModel().name) ?? []).map((item) => [item.concept, item.label]));
+  const labels = conceptLabels();
   return Array.from({ length: count }, (_, concept) => conceptName(concept, labels));
 }
 
 function conceptName(concept, labels) {
   return labels.has(concept) ? `${concept} · ${labels.get(concept)}` : `concept ${concept}`;
+}
+
+/** A concept in a sentence: "concept 6 (Addition Whole Numbers, …)", or "concept 6". */
+function conceptWords(count) {
+  const labels = conceptLabels();
+  return Array.from({ length: count }, (_, concept) => `concept ${concept}${labels.has(concept) ? ` (${labels.get(concept)})` : ""}`);
 }
 
 /** A loaded student: the server keeps the memory, not the answers, so there is the current mastery only. */
@@ -320,12 +332,12 @@ function showStored(stored) {
   const label = `now, after ${stored.interactions}`;
   $("mastery-map").hidden = stored.mastery === null; // DKT keeps no concept mastery
   if (stored.mastery === null) return;
-  const concepts = conceptNames(stored.mastery.length);
+  const words = conceptWords(stored.mastery.length);
   renderHeatmap($("mastery-map"), {
     title: "Mastery per concept, stored for this student", matrix: [stored.mastery], rowLabels: [label],
-    colLabels: concepts, rowAxis: "state", colAxis: "concept", domain: [0, 1], labelLength: 22,
+    colLabels: conceptNames(stored.mastery.length), rowAxis: "state", colAxis: "concept", domain: [0, 1], labelLength: 22,
     legendLabel: "P(right) from that concept alone",
-    describe: (row, concept, value) => `after ${stored.interactions} answers, concept ${concepts[concept]}: mastery ${fixed(value, 3)}`,
+    describe: (row, concept, value) => `after ${stored.interactions} answers, ${words[concept]}: mastery ${fixed(value, 3)}`,
   });
 }
 
@@ -368,19 +380,20 @@ function show(result, history, before = 0, compared = null) {
 
 function showConceptMaps(result, history, before, stepName, verdict) {
   const concepts = conceptNames(result.n_concepts);
+  const words = conceptWords(result.n_concepts);
   const start = before ? `stored (${before})` : "prior";
   const rowLabels = [start, ...history.map((step, i) => `${before + i + 1} ${step.correct ? "✓" : "✗"} ${describeQuestion(step.question)}`)];
   renderHeatmap($("mastery-map"), {
     title: "Mastery per concept, after each step", matrix: result.mastery, rowLabels, colLabels: concepts,
     rowAxis: "after step", colAxis: "concept", domain: [0, 1], labelLength: 22, legendLabel: "P(right) from that concept alone",
     describe: (row, concept, value) =>
-      `${row === 0 ? (before ? `stored, after ${before} answers` : "prior") : `after step ${stepName(row - 1)} (${verdict(row - 1)})`}, concept ${concepts[concept]}: mastery ${fixed(value, 3)}`,
+      `${row === 0 ? (before ? `stored, after ${before} answers` : "prior") : `after step ${stepName(row - 1)} (${verdict(row - 1)})`}, ${words[concept]}: mastery ${fixed(value, 3)}`,
   });
   renderHeatmap($("kt-attention-map"), {
     title: "Attention per step: which concepts each question drew on", matrix: result.attention,
     rowLabels: rowLabels.slice(1), colLabels: concepts, rowAxis: "step", colAxis: "concept", domain: [0, 1],
     labelLength: 22, legendLabel: "correlation weight",
-    describe: (row, concept, value) => `step ${stepName(row)}, concept ${concepts[concept]}: weight ${fixed(value, 3)}`,
+    describe: (row, concept, value) => `step ${stepName(row)}, ${words[concept]}: weight ${fixed(value, 3)}`,
   });
 }
 
@@ -388,7 +401,7 @@ function showConceptMaps(result, history, before, stepName, verdict) {
 function drawNext() {
   const shown = state.showAllNext ? state.next : state.next.slice(0, NEXT_SHOWN);
   const compared = state.nextCompared;
-  const labels = new Map((state.concepts.get(currentModel().name) ?? []).map((item) => [item.concept, item.label]));
+  const labels = conceptLabels();
   const heads = ["#", "Question", "Concept", compared ? `P(right), ${currentModel().name}` : "P(right)"];
   if (compared) heads.push(`P(right), ${compared.name}`);
   $("next-table").tHead.replaceChildren(html("tr", {}, heads.map((head) => html("th", { scope: "col" }, head))));
