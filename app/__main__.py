@@ -1,6 +1,8 @@
-"""`python -m app`: serve with uvicorn on MNEMO_HOST:MNEMO_PORT; bad settings or provider fail before serving.
+"""`python -m app`: serve on MNEMO_HOST:MNEMO_PORT with gunicorn and MNEMO_WORKERS uvicorn workers (app/server.py).
 
-With MNEMO_WORKERS > 1 a supervisor runs that many server processes on the port (app/supervisor.py).
+Bad settings or a port in use fail before gunicorn starts, in one line. This process imports no ONNX Runtime: the
+workers are forked from it, and ONNX Runtime does not survive a fork (a worker aborted at exit); the workers check
+the provider and load the models, and one that cannot stops the server with one line saying why.
 """
 
 from __future__ import annotations
@@ -11,14 +13,12 @@ stop_until_serving()  # first: the imports below take about half a second (app/s
 
 import argparse
 import os
+import socket
 import sys
 
 from pydantic import ValidationError
 
-from app.frame.providers import ProviderUnavailable, resolve_provider
-from app.frame.sessions import preopened
 from app.frame.settings import Settings, unknown_variables
-from app.runtime.memory import tune_malloc
 from app.students.factory import check_url
 
 
@@ -44,37 +44,33 @@ def main(argv: list[str] | None = None) -> None:
     parse_args(argv)
     try:
         settings = Settings()
-        resolve_provider(settings.provider)
     except ValidationError as error:
         problems = "; ".join(_problem(e) for e in error.errors())
         sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
-    except ProviderUnavailable as error:
-        sys.exit(f"mnemo: cannot start: {error}")
     for line in unknown_variables(os.environ):
         print(f"mnemo: warning: {line}", file=sys.stderr)
     problem = startup_problem(settings)
     if problem:
         sys.exit(f"mnemo: cannot start: {problem}")
-    from app.supervisor import CannotStart, bind_port, supervise  # it imports neither uvicorn nor the app
+    for port, names in ((settings.probe_port, "MNEMO_HOST:MNEMO_PROBE_PORT"), (settings.port, "MNEMO_HOST:MNEMO_PORT")):
+        problem = port_problem(settings.host, port, names) if port is not None else None
+        if problem:
+            sys.exit(f"mnemo: cannot start: {problem}")
+    from app.server import serve
 
-    try:  # the addresses first: a port in use or a host that does not resolve stops startup before any model
-        if settings.probe_port is not None:
-            bind_port(settings.host, settings.probe_port, names="MNEMO_HOST:MNEMO_PROBE_PORT").close()
-        sockets = [bind_port(settings.host, settings.port)] if settings.workers == 1 else []
-    except CannotStart as error:
-        sys.exit(f"mnemo: cannot start: {error}")
-    if settings.workers == 1:
-        tune_malloc()  # before any thread starts (serve() repeats it for the other callers)
-        preopened.start(settings)  # ONNX sessions open while the web stack imports
-        from app.server import serve
+    serve(settings)
 
-        serve(settings, sockets=sockets)
-        return
 
-    try:
-        sys.exit(supervise(settings))
-    except CannotStart as error:
-        sys.exit(f"mnemo: cannot start: {error}")
+def port_problem(host: str, port: int, names: str) -> str | None:
+    """Why host:port cannot be listened on (in use, a host that does not resolve), naming the settings; else None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            return f"cannot listen on {host}:{port} ({names}): {error.strerror}"
+    return None
 
 
 def startup_problem(settings: Settings) -> str | None:

@@ -3,7 +3,7 @@
 Layers, bottom up: the frame (settings, providers, registry, errors, middleware, metrics, logging),
 the runtime (run slots and a batcher per model), the tasks (a service, schemas and an HTTP adapter
 each; app/tasks/__init__.py registers them) and the transports (operations endpoints).
-Graceful drain on SIGTERM needs `python -m app` (app/server.py).
+Graceful drain on SIGTERM, worker heartbeats and connection limits need `python -m app` (app/server.py).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
 from app.transports.http import add_body_schemas
 from app.transports.oip.error_shape import ProtocolErrorShape
+from app.server import unprotected_start
 from app.transports.probes import ProbeProcess
 
 logger = logging.getLogger("mnemo")
@@ -72,6 +73,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """The probe process (if MNEMO_PROBE_PORT is set) from before loading until after shutdown."""
+        if warning := unprotected_start():
+            logger.warning(warning)
         probes = None
         if settings.probe_port is not None:
             probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))

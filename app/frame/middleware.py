@@ -29,14 +29,11 @@ NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer a
 # Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
-# perf_counter() when the request being handled arrived: its deadline and its logged duration count from it, and
-# the batcher serves the earliest arrivals first. The connection guard puts in the scope (RECEIVED_AT) when its
-# first bytes were parsed, which under load is well before the app starts on it; else it is when it reached the app.
-RECEIVED_AT = "mnemo.received_at"
+# perf_counter() when the request being handled reached the app: its deadline and its logged duration count from it,
+# and the batcher serves the earliest arrivals first
 request_arrival: ContextVar[float | None] = ContextVar("request_arrival", default=None)
-# scope key of a callable telling whether the request's client is still connected (app/transports/connection_guard.py),
-# and the request's copy of it: the batcher drops the rows of a client that left before it runs them
-CLIENT_CONNECTED = "mnemo.client_connected"
+# whether the request's client is still connected, as the server's receive() last said (app/transports/http.py's
+# `complete` sets it): the batcher drops the rows of a client that left before it runs them
 request_connected: ContextVar[Callable[[], bool] | None] = ContextVar("request_connected", default=None)
 # the size of the request's body when it is parsed off the loop: the batcher learns what such bodies need
 request_body_bytes: ContextVar[int | None] = ContextVar("request_body_bytes", default=None)
@@ -103,7 +100,7 @@ class BodySizeLimit:
 
     async def _read_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the body (each part counted in `held_bytes` as it arrives, until the answer), then call the app."""
-        deadline = (scope.get(RECEIVED_AT) or time.perf_counter()) + self.deadline_s
+        deadline = (request_arrival.get() or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, True
         try:
             while more:
@@ -313,9 +310,8 @@ class RequestContext:
         incoming = [value for name, value in scope["headers"] if name == REQUEST_ID_HEADER]
         kept = len(incoming) == 1 and REQUEST_ID.fullmatch(incoming[0])  # two ids (refused with 400): neither
         request_id = incoming[0].decode() if kept else os.urandom(16).hex()
-        started = scope.get(RECEIVED_AT) or time.perf_counter()
+        started = time.perf_counter()
         request_arrival.set(started)
-        request_connected.set(scope.get(CLIENT_CONNECTED))
         status = 499  # no answer was sent: the client left first (a failure is answered 500 by CatchUnexpected)
 
         async def send_with_id(message: Message) -> None:

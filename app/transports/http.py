@@ -32,10 +32,9 @@ from app.frame.errors import (
     ServiceError,
     body_errors,
 )
-from app.frame.middleware import request_arrival, request_body_bytes
+from app.frame.middleware import request_arrival, request_body_bytes, request_connected
 from app.frame.registry import ModelRegistry, ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
-from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.json_input import parse_body
 
 DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
@@ -168,8 +167,8 @@ async def complete(
     The deadline is MNEMO_REQUEST_TIMEOUT_S, or `client_timeout_s` (the request's own `timeout`) when shorter.
 
     The work runs in the request's own task (no task of its own: that cost two turns of the event loop).
-    A timer at the deadline (less the margin, taken again every DEADLINE_CHECK_S), or the connection guard
-    when the client leaves, cancels that task; the cancellation is taken back here and answered, as
+    A timer at the deadline (less the margin, taken again every DEADLINE_CHECK_S), or the server's receive()
+    saying the client left, cancels that task; the cancellation is taken back here and answered, as
     `asyncio.timeout` does it.
     """
     metrics = request.app.state.metrics
@@ -207,23 +206,19 @@ async def complete(
             timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
 
     watcher = None
-    on_client_gone = request.scope.get(ON_CLIENT_GONE)
     try:
         remaining = _time_left(request, deadline, timeout)
         if remaining <= 0:  # expired before the work started
             raise expired()
-        if on_client_gone is not None:  # the connection guard calls this as the client goes
-            on_client_gone.append(client_left)
-        else:  # another server: its receive() reports the disconnect
-            watcher = asyncio.ensure_future(_disconnected(request))
-            watcher.add_done_callback(client_left)
+        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher.add_done_callback(client_left)
+        request_connected.set(lambda: not watcher.done())
         timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
         awaiting = True
         return await work
     except asyncio.CancelledError:
         if not stopped_by and not current.cancelling():
-            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave (TCP_INFO)
-            # before the connection guard did.
+            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave.
             metrics.cancelled.labels(model_name).inc()
             raise ClientGone("The client disconnected before the answer.") from None
         if not stopped_by or current.uncancel():  # cancelled by someone else too (the server's shutdown)
@@ -239,8 +234,6 @@ async def complete(
             timer.cancel()
         if watcher is not None:
             watcher.cancel()
-        if on_client_gone is not None and client_left in on_client_gone:
-            on_client_gone.remove(client_left)
 
 
 def _time_left(request: Request, deadline: float, timeout: float) -> float:
