@@ -9,7 +9,9 @@ tests/test_http_framing.py; a worker killed with SIGKILL and one stopped with SI
 32 requests in flight. Cells are a few seconds each, so the whole run takes about 10 minutes; the figures of
 one run compare with each other only. Traffic goes to 127.0.0.1 only and every loop is bounded.
 
-    python -m benchmarks.servers [--seconds 3] [--only granian uvicorn] [--output BENCHMARKS.md]
+    python -m benchmarks.servers [--seconds 3] [--only granian uvicorn] [--output BENCHMARKS.md] [--baseline DIR]
+
+`--baseline` serves another checkout first (e.g. the commit before, unpacked with `git archive`).
 
 Candidates whose package is not installed are reported as such.
 """
@@ -54,13 +56,16 @@ class Candidate:
     needs: str | None  # the module that must be importable, None for the tree itself
     command: Callable[[int], list[str]]  # the command line for a port
     env: dict[str, str]
+    project: Path = ROOT  # the checkout it serves (its working directory and first on PYTHONPATH)
 
 
-def candidates() -> list[Candidate]:
+def candidates(baseline: Path | None) -> list[Candidate]:
     python = sys.executable
     app_env = {"MNEMO_WORKERS": str(WORKERS)}
+    before = [Candidate("before (`python -m app` of the baseline)", None, lambda port: [python, "-m", "app"], {}, baseline)]
     return [
-        Candidate("tree (`python -m app`)", None, lambda port: [python, "-m", "app"], {}),
+        *(before if baseline else []),
+        Candidate("this tree (`python -m app`)", "uvicorn_worker", lambda port: [python, "-m", "app"], {}),
         Candidate(
             "gunicorn + uvicorn-worker (h11)",
             "uvicorn_worker",
@@ -117,13 +122,14 @@ class Served:
             "MNEMO_WORKER_STALL_S": str(STALL_S),
             "MNEMO_LOG_LEVEL": "warning",
             "PROMETHEUS_MULTIPROC_DIR": self.metrics_dir,
+            "PYTHONPATH": os.pathsep.join([str(candidate.project), *filter(None, [os.environ.get("PYTHONPATH")])]),
             **candidate.env,
         }
         self.log_path = Path(tempfile.gettempdir()) / f"mnemo-servers-{self.port}.log"
         self.process = subprocess.Popen(
             candidate.command(self.port),
             env=env,
-            cwd=ROOT,
+            cwd=candidate.project,
             stdout=self.log_path.open("w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -346,10 +352,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=3, help="wrk duration per speed cell")
     parser.add_argument("--only", nargs="+", help="candidates whose name contains one of these words")
     parser.add_argument("--output", type=Path, help="write the table into this file's `servers` section")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the tree before the change, served first")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))
-    chosen = [c for c in candidates() if not args.only or any(word in c.name for word in args.only)]
+    chosen = [c for c in candidates(args.baseline) if not args.only or any(word in c.name for word in args.only)]
     rows = [measure(candidate, args.seconds) for candidate in chosen]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     table = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]

@@ -223,13 +223,23 @@ def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 class SingleHeaders:
-    """400 naming the header when a request repeats one that is read as a single value (SINGLE_HEADERS)."""
+    """400 naming the header when a request repeats one that is read as a single value (SINGLE_HEADERS), and 400
+    with a close for a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the server may
+    refuse it, and must close the connection after answering it)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = repeated_header(scope["headers"]) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        names = {name for name, _ in scope["headers"]}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            detail = "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
+            await send_json(send, 400, {"detail": detail}, {"Connection": "close"})
+            return
+        name = repeated_header(scope["headers"])
         if name is None:
             await self.app(scope, receive, send)
             return
