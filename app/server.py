@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
 GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
+# Once idle, the drain still serves this long: requests already sent on accepted connections but not yet read
+# get their answer (a 503) rather than a closed connection.
+SETTLE_S = 1.0
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
 
@@ -86,7 +90,12 @@ class DrainingServer(uvicorn.Server):
             self.drain_task = asyncio.ensure_future(self.finish_drain())
 
     async def finish_drain(self) -> None:
-        if await self.drain.wait_idle(self.drain_s):
+        deadline = time.monotonic() + self.drain_s
+        idle = await self.drain.wait_idle(self.drain_s)
+        if idle:
+            await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
+            idle = await self.drain.wait_idle(max(0.0, deadline - time.monotonic()))
+        if idle:
             logger.info("drained: no request in flight")
         else:
             given_up = self.drain.give_up()
