@@ -30,6 +30,7 @@ from app.frame.settings import Settings
 from app.frame.tasks import Task
 from app.runtime.engine import Engine
 from app.runtime.offload import offload, saturated
+from app.server import unprotected_start
 from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations
@@ -37,7 +38,6 @@ from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
 from app.transports.http import add_body_schemas
 from app.transports.oip.error_shape import ProtocolErrorShape
-from app.server import unprotected_start
 from app.transports.probes import ProbeProcess
 
 logger = logging.getLogger("mnemo")

@@ -54,16 +54,23 @@ SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first shutdown signal drains the app before uvicorn's own graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, settings: Settings) -> None:
         super().__init__(config)
         self.drain = app.state.drain
-        self.drain_s = drain_s
+        self.settings = settings
+        self.drain_s = settings.drain_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self.drain_task: asyncio.Task | None = None
 
     async def serve(self, sockets: list | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            runs, threads = self.settings.concurrent_runs, self.settings.intra_op_threads
+            logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -121,15 +128,25 @@ class Worker(UvicornWorker):
             "timeout_keep_alive": settings.keep_alive_s,
         }
         super().__init__(*args, **kwargs)
-        self.drain_s = settings.drain_s
+        self.settings = settings
+        self.orphaned = False
 
     def run(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         asyncio.run(self.serve())
 
+    async def callback_notify(self) -> None:
+        """The heartbeat gunicorn's master waits for (from the event loop, every MNEMO_WORKER_STALL_S / 2); a worker
+        whose master is gone (killed: it passed no signal on) drains and exits, once, rather than serve alone."""
+        await super().callback_notify()
+        if os.getppid() != self.ppid and not self.orphaned:
+            self.orphaned = True
+            logger.warning("worker %d: gunicorn's master %d is gone", os.getpid(), self.ppid)
+            os.kill(os.getpid(), signal.SIGTERM)
+
     async def serve(self) -> None:
         self.config.app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        server = DrainingServer(self.config, self.wsgi, self.drain_s)
+        server = DrainingServer(self.config, self.wsgi, self.settings)
         await server.serve(sockets=self.sockets)
         if not server.started:
             cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
@@ -157,6 +174,7 @@ class Gunicorn(BaseApplication):
             "logconfig_dict": log_config(settings.log_level, settings.log_format),
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "child_exit": forget_dead_worker,
+            "when_ready": say_where_metrics_are,
         }
         for key, value in options.items():
             self.cfg.set(key, value)
@@ -173,10 +191,16 @@ class Gunicorn(BaseApplication):
         tune_malloc()  # before any thread starts
         preopened.start(self.settings)
         if self.factory is not None:
-            return self.factory(self.settings)
-        from app.main import create_app
+            app = self.factory(self.settings)
+        else:
+            from app.main import create_app
 
-        return create_app(self.settings)
+            app = create_app(self.settings)
+        if self.settings.workers > 1:
+            from app.transports.identity import IdentityHeaders
+
+            app.add_middleware(IdentityHeaders)  # X-Mnemo-Pid: which worker answered
+        return app
 
 
 def cannot_start(reason: str) -> None:
@@ -197,8 +221,18 @@ def log_config(level: str, fmt: str) -> dict:
         "formatters": {"mnemo": {"()": formatter}},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}},
         "root": {"level": "WARNING", "handlers": []},  # replaces gunicorn's default, which names its own handler
-        "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr, "gunicorn.access": quiet, "uvicorn.access": quiet},
+        "loggers": {
+            "gunicorn.error": to_stderr,
+            "uvicorn": to_stderr,
+            "gunicorn.access": quiet,
+            "uvicorn.access": quiet,
+        },
     }
+
+
+def say_where_metrics_are(server: Arbiter) -> None:
+    """gunicorn's when_ready hook: one line naming the directory the workers' metrics are summed from."""
+    server.log.info("metrics of every worker in %s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
 
 
 def forget_dead_worker(server: Arbiter, worker: Any) -> None:

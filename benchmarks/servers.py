@@ -62,7 +62,9 @@ class Candidate:
 def candidates(baseline: Path | None) -> list[Candidate]:
     python = sys.executable
     app_env = {"MNEMO_WORKERS": str(WORKERS)}
-    before = [Candidate("before (`python -m app` of the baseline)", None, lambda port: [python, "-m", "app"], {}, baseline)]
+    before = [
+        Candidate("before (`python -m app` of the baseline)", None, lambda port: [python, "-m", "app"], {}, baseline)
+    ]
     return [
         *(before if baseline else []),
         Candidate("this tree (`python -m app`)", "uvicorn_worker", lambda port: [python, "-m", "app"], {}),
@@ -271,12 +273,15 @@ def worker_faults(served: Served, seconds: int) -> list[str]:
 def accepted(port: int, connections: int) -> bool:
     """At least `connections` connections to `port` are established and none waits in its accept queue."""
     listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True).stdout.split()
-    established = subprocess.run(["ss", "-Htn", "state", "established", f"sport = :{port}"], capture_output=True, text=True)
+    established = subprocess.run(
+        ["ss", "-Htn", "state", "established", f"sport = :{port}"], capture_output=True, text=True
+    )
     return bool(listening) and listening[1] == "0" and len(established.stdout.splitlines()) >= connections
 
 
 def drain(served: Served, in_flight: int = 32) -> str:
-    """SIGTERM once the server has accepted the connections of `in_flight` heavy /knowledge-trace requests and unanswered: their answers and the exit."""
+    """SIGTERM once the server has accepted the connections of `in_flight` heavy /knowledge-trace requests: their
+    answers, and the exit."""
     body = _kt_body(3000, None, attention=True)
 
     async def run() -> tuple[list, float, int]:
@@ -305,7 +310,9 @@ def drain(served: Served, in_flight: int = 32) -> str:
     answered = [o.status_code for o in outcomes if isinstance(o, httpx.Response)]
     failed = len(outcomes) - len(answered)
     counts = {status: answered.count(status) for status in sorted(set(answered))}
-    return f"{counts}, {failed} failed, {before} done before the signal; exit {served.process.returncode}, {seconds:.1f} s"
+    return (
+        f"{counts}, {failed} failed, {before} done before the signal; exit {served.process.returncode}, {seconds:.1f} s"
+    )
 
 
 def measure(candidate: Candidate, seconds: int) -> list[str]:

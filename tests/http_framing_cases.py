@@ -140,7 +140,11 @@ CASES: list[Case] = [
         rejected_or_closed,
     ),
     ("a space before the first header", b"GET /health HTTP/1.1\r\n Host: x\r\n\r\n", rejected),
-    ("a bare LF ending the request line", b"GET /health HTTP/1.1\nHost: x\r\nConnection: close\r\n\r\n", rejected_or_closed),
+    (
+        "a bare LF ending the request line",
+        b"GET /health HTTP/1.1\nHost: x\r\nConnection: close\r\n\r\n",
+        rejected_or_closed,
+    ),
     ("a request line with no version", b"GET /health\r\nHost: x\r\n\r\n", rejected),
     ("an HTTP version that does not exist", b"GET /health HTTP/1.7x\r\nHost: x\r\n\r\n", rejected),
     ("a NUL in a header value", b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n", rejected),

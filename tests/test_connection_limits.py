@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from app.transports.connection_guard import LINGER_MAX_BYTES, LINGER_S, peer_gone
+
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 from tests.test_hostile_requests import read_response, status_of

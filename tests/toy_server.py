@@ -1,4 +1,4 @@
-"""`python -m tests.toy_server`: the toy app (slow toy graphs) served as `python -m app` serves, settings from MNEMO_*."""
+"""`python -m tests.toy_server`: the toy app (slow toy graphs) served as `python -m app` serves it (MNEMO_*)."""
 
 from __future__ import annotations
 

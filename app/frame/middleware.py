@@ -223,9 +223,10 @@ def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 class SingleHeaders:
-    """400 naming the header when a request repeats one that is read as a single value (SINGLE_HEADERS), and 400
-    with a close for a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the server may
-    refuse it, and must close the connection after answering it)."""
+    """400 naming the header when a request repeats one that is read as a single value (SINGLE_HEADERS); 400 with
+    a close for a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the server may refuse
+    it, and must close the connection after answering it), and for an HTTP version other than 1.0 and 1.1 (the
+    parser takes any digit.digit)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -233,6 +234,10 @@ class SingleHeaders:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["http_version"] not in ("1.0", "1.1"):
+            detail = f"HTTP/{scope['http_version']} is not spoken here: send HTTP/1.1."
+            await send_json(send, 400, {"detail": detail}, {"Connection": "close"})
             return
         names = {name for name, _ in scope["headers"]}
         if b"transfer-encoding" in names and b"content-length" in names:

@@ -135,12 +135,10 @@ class Settings(BaseSettings):
     max_queue: int = Field(512, ge=1, le=1_000_000, description="rows a model may hold admitted; beyond it 429")
     request_timeout_s: float = Field(10.0, gt=0, le=3600, description="deadline of a request; past it 504")
     drain_s: float = Field(15.0, ge=0, le=3600, description="on SIGTERM, time to finish admitted requests")
-    # Connections (app/transports/connection_guard.py) and logs
-    header_timeout_s: float = Field(10.0, gt=0, le=600, description="time to receive a request's headers")
+    # Connections (uvicorn's limits, app/server.py; nginx in front has the rest, deploy/nginx/nginx.conf) and logs
     keep_alive_s: float = Field(5.0, gt=0, le=600, description="idle time allowed between requests on a connection")
     body_timeout_s: float = Field(10.0, gt=0, le=600, description="longest pause while a request body arrives")
-    write_timeout_s: float = Field(30.0, gt=0, le=3600, description="longest time a client may stop reading")
-    max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216, description="request line and headers; beyond 431")
+    max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216, description="request line and headers; beyond 400")
     max_connections: int = Field(
         default_factory=default_max_connections,
         ge=1,
