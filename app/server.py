@@ -5,12 +5,13 @@ whose event loop stops notifying it for MNEMO_WORKER_STALL_S (SIGSTOP, a deadloc
 startup too). Each worker is uvicorn with the h11 protocol, which parses one request at a time (a pipelined
 request waits for the answer to the one before) and refuses malformed framing with 400; its limits come from
 Settings: the keep-alive timeout, the header size cap and the connection cap. No in-process server bounds the
-time a client takes to send its headers or to read an answer: deploy/nginx.conf does, in front (BENCHMARKS.md,
-Servers).
+time a client takes to send its headers or to read an answer: deploy/nginx/nginx.conf does, in front
+(BENCHMARKS.md, Servers).
 
-Drain: the first SIGTERM (or SIGINT, or SIGHUP: gunicorn passes each on to its workers) turns `/ready` to 503 and
-answers new requests with a quick 503 while the listening socket stays open; admitted requests finish, for up to
+Drain: SIGTERM to gunicorn's master reaches every worker, whose first signal turns `/ready` to 503 and answers new
+requests with a quick 503 while the listening socket stays open; admitted requests finish, for up to
 MNEMO_DRAIN_S, then the worker shuts down as uvicorn does and exits with status 0. A second signal stops waiting.
+SIGHUP is gunicorn's reload: new workers start and the old ones drain so.
 """
 
 from __future__ import annotations
@@ -74,8 +75,7 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them (gunicorn sends it to the old
-        workers when it reloads)."""
+        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them (a worker is never reloaded)."""
         previous = signal.signal(signal.SIGHUP, self.handle_exit)
         try:
             with super().capture_signals():
@@ -146,10 +146,26 @@ class Worker(UvicornWorker):
 
     async def serve(self) -> None:
         self.config.app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
+        logging.getLogger("uvicorn.error").addFilter(WithoutStartupTraceback(self.wsgi))
         server = DrainingServer(self.config, self.wsgi, self.settings)
-        await server.serve(sockets=self.sockets)
+        try:
+            await server.serve(sockets=self.sockets)
+        except SystemExit:  # uvicorn's own exit when the app's startup failed
+            cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
         if not server.started:
             cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
+
+
+class WithoutStartupTraceback(logging.Filter):
+    """Drops the traceback uvicorn logs for an app that could not start, when the app knows why: a model that cannot
+    load is said in one line (`cannot_start`)."""
+
+    def __init__(self, app: FastAPI) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.app.state.startup_error and record.getMessage().startswith("Traceback"))
 
 
 class Gunicorn(BaseApplication):
@@ -257,10 +273,12 @@ def metrics_directory() -> Iterator[Path]:
         return
     path = Path(tempfile.mkdtemp(prefix="mnemo-metrics-"))
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    owner = os.getpid()
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if os.getpid() == owner:  # not in a worker leaving this block as it exits (it was forked inside it)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
