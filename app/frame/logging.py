@@ -100,7 +100,7 @@ class EverySecondAtMost(logging.Filter):
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-# Per-request warnings of requests refused before the app (app/transports/connection_guard.py; uvicorn's parser).
+# Per-request warnings of requests refused before the app (uvicorn's parser).
 CLIENT_CAUSED_WARNINGS = {
     "uvicorn.error": frozenset(
         {
@@ -111,30 +111,8 @@ CLIENT_CAUSED_WARNINGS = {
             "'websockets' or 'wsproto' manually.",
         }
     ),
-    "mnemo.connections": frozenset(
-        {
-            "request headers over %d bytes: 431",
-            "client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)",
-        }
-    ),
 }
 _throttles = {name: EverySecondAtMost(messages) for name, messages in CLIENT_CAUSED_WARNINGS.items()}
-
-
-def uvicorn_log_config(level: str) -> dict:
-    """uvicorn's `log_config`: its own loggers (startup, shutdown, protocol warnings) go through the service's
-    writer (`configure_logging`), in its format and in order with the service's lines."""
-    quiet = {"handlers": [], "propagate": False}
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "handlers": {"mnemo": {"()": shared_writer}},
-        "loggers": {
-            "uvicorn": {"handlers": ["mnemo"], "level": level.upper(), "propagate": False},
-            "uvicorn.error": {"level": level.upper()},
-            "uvicorn.access": quiet,  # the app writes one access line per request itself
-        },
-    }
 
 
 class BufferedWriter(logging.Handler):
@@ -193,11 +171,6 @@ def write_out_logs() -> None:
     """Write out the buffered records now (when the app stops serving; at exit this happens by itself)."""
     if _writer is not None:
         _writer.write_out()
-
-
-def shared_writer() -> BufferedWriter:
-    """The writer `configure_logging` set up (a plain stderr one if it was not called)."""
-    return _writer or BufferedWriter(logging.StreamHandler())
 
 
 def _stop_writer() -> None:
