@@ -123,7 +123,7 @@ class Worker(UvicornWorker):
             "lifespan": "on",
             "access_log": False,  # the app writes one access line per request itself
             "limit_concurrency": settings.max_connections,  # beyond: 503 and close
-            "h11_max_incomplete_event_size": settings.max_header_bytes,  # beyond: 400 and close
+            "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
             "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
             "timeout_keep_alive": settings.keep_alive_s,
         }
@@ -148,10 +148,8 @@ class Worker(UvicornWorker):
         self.config.app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
         logging.getLogger("uvicorn.error").addFilter(WithoutStartupTraceback(self.wsgi))
         server = DrainingServer(self.config, self.wsgi, self.settings)
-        try:
+        with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
-        except SystemExit:  # uvicorn's own exit when the app's startup failed
-            cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
         if not server.started:
             cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
 
