@@ -245,15 +245,17 @@ def log_config(level: str, fmt: str) -> dict:
 
 
 def say_where_metrics_are(server: Arbiter) -> None:
-    """gunicorn's when_ready hook: one line naming the directory the workers' metrics are summed from."""
-    server.log.info("metrics of every worker in %s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    """gunicorn's when_ready hook: one line naming the directory the workers' metrics are summed from, if any."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        server.log.info("metrics of every worker in %s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
 
 
 def forget_dead_worker(server: Arbiter, worker: Any) -> None:
     """gunicorn's child_exit hook: drop the live gauges of a worker that exited (prometheus multiprocess mode)."""
     from prometheus_client.multiprocess import mark_process_dead  # imported after PROMETHEUS_MULTIPROC_DIR is set
 
-    mark_process_dead(worker.pid)
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        mark_process_dead(worker.pid)
 
 
 @contextlib.contextmanager
@@ -282,7 +284,8 @@ def metrics_directory() -> Iterator[Path]:
 def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
     """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
     os.environ[SERVED_BY] = __name__
-    with metrics_directory():
+    # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
+    with metrics_directory() if settings.workers > 1 else contextlib.nullcontext():
         Gunicorn(settings, factory).run()
 
 
