@@ -310,9 +310,20 @@ def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
     return [(template, pattern(template)) for template in templates]
 
 
+def declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request has a body to read: chunked, or a Content-Length other than 0."""
+    return any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers)
+
+
 class RequestContext:
     """Give every response an X-Request-ID (and `X-Content-Type-Options: nosniff`), log one access line and record
-    metrics, both by route template."""
+    metrics, both by route template.
+
+    An answer that starts before the request's body was read to its end (an early 400, 401, 413 or 429) also says
+    `Connection: close`: kept alive, the connection waited for the rest of the body and then stayed open with no
+    timer, and a client told the answer before its `100 Continue` may skip the body, so its next request was read
+    as that body (RFC 9110 10.1.1).
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -328,17 +339,27 @@ class RequestContext:
         started = time.perf_counter()
         request_arrival.set(started)
         status = 499  # no answer was sent: the client left first (a failure is answered 500 by CatchUnexpected)
+        body_unread = declares_body(scope["headers"])
+
+        async def receive_tracking() -> Message:
+            nonlocal body_unread
+            message = await receive()
+            body_unread = body_unread and message["type"] == "http.request" and message.get("more_body", False)
+            return message
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
+                headers = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
+                if body_unread and not any(name.lower() == b"connection" for name, _ in headers):
+                    headers.append((b"connection", b"close"))
+                message["headers"] = headers
             await send(message)
 
         self.metrics.in_flight.inc()
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_tracking, send_with_id)
         finally:
             self.metrics.in_flight.dec()
             seconds = time.perf_counter() - started
