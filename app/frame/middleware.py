@@ -310,19 +310,20 @@ def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
     return [(template, pattern(template)) for template in templates]
 
 
-def declares_body(headers: list[tuple[bytes, bytes]]) -> bool:
-    """The request has a body to read: chunked, or a Content-Length other than 0."""
-    return any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers)
+def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request announces a body (chunked, or a Content-Length other than 0) and asks for `100 Continue`."""
+    body = any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers)
+    return body and any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
 
 
 class RequestContext:
     """Give every response an X-Request-ID (and `X-Content-Type-Options: nosniff`), log one access line and record
     metrics, both by route template.
 
-    An answer that starts before the request's body was read to its end (an early 400, 401, 413 or 429) also says
-    `Connection: close`: kept alive, the connection waited for the rest of the body and then stayed open with no
-    timer, and a client told the answer before its `100 Continue` may skip the body, so its next request was read
-    as that body (RFC 9110 10.1.1).
+    An answer to a request that asked for `100 Continue`, sent before its body was read to its end (an early 400,
+    401, 413 or 429), also says `Connection: close`: the client may then skip the body, and kept alive, the
+    connection read its next request as that body (RFC 9110 10.1.1). Without `Expect`, the connection is kept
+    and the rest of the body is skipped.
     """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
@@ -339,7 +340,7 @@ class RequestContext:
         started = time.perf_counter()
         request_arrival.set(started)
         status = 499  # no answer was sent: the client left first (a failure is answered 500 by CatchUnexpected)
-        body_unread = declares_body(scope["headers"])
+        body_unread = awaits_continue(scope["headers"])
 
         async def receive_tracking() -> Message:
             nonlocal body_unread
