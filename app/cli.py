@@ -7,6 +7,7 @@ given wins over its environment variable, which wins over the default. `python -
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -20,6 +21,7 @@ import click
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
+from app.core.logging import JsonFormatter, TextFormatter
 from app.core.manifest import ManifestError, chosen, load_manifest
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
 from app.students.factory import check_url
@@ -92,7 +94,11 @@ def start(settings: Settings) -> None:
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
     problem = startup_problem(settings)
-    ports = ((settings.probe_port, "MNEMO_PROBE_PORT"), (settings.port, "MNEMO_PORT"))
+    ports = (
+        (settings.probe_port, "MNEMO_PROBE_PORT"),
+        (settings.grpc_port, "MNEMO_GRPC_PORT"),
+        (settings.port, "MNEMO_PORT"),
+    )
     for port, name in ports if problem is None else ():
         problem = problem or (port_problem(settings.host, port, f"MNEMO_HOST:{name}") if port is not None else None)
     try:
@@ -101,9 +107,12 @@ def start(settings: Settings) -> None:
         problem = problem or str(error)
     if problem is not None:
         sys.exit(f"mnemo: cannot start: {problem}")
-    models = [entry.name for entry in entries]
     grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port else ""
-    click.echo(f"mnemo: serving {', '.join(models)} on http://{settings.host}:{settings.port}{grpc}")
+    where = f"http://{settings.host}:{settings.port}{grpc}"
+    names = ", ".join(entry.name for entry in entries) or "no models"
+    formatter = JsonFormatter() if settings.log_format == "json" else TextFormatter()
+    line = logging.LogRecord("mnemo", logging.INFO, __file__, 0, "serving %s on %s", (names, where), None)
+    click.echo(formatter.format(line), err=True)  # in the log's format: a JSON log stays JSON lines
     from app.server import serve  # gunicorn and uvicorn, once the settings are known to be good
 
     serve(settings)

@@ -189,5 +189,20 @@ async def until_admitted(url: str, rows: int, model: str = "toy-a") -> None:
 
 
 def release_held_runs(server: Server) -> None:
-    """Let a toy server's held run (`python -m tests.toy_server`, a row of k == HELD_K) finish."""
-    server.process.send_signal(signal.SIGUSR1)
+    """Let a toy server's held run (`python -m tests.toy_server`, a row of k == HELD_K) finish: SIGUSR1 to its
+    workers (gunicorn's master passes no signal on once it is stopping)."""
+    for worker in children(server.process.pid):
+        os.kill(worker, signal.SIGUSR1)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (gunicorn's workers, for its master)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process has gone
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found

@@ -77,7 +77,8 @@ def test_serve_with_chosen_models_serves_only_them_and_says_where():
             timeout=10,
         )
         assert answer.status_code == 200 and answer.json()["model"] == KT_MODEL
-    assert f"mnemo: serving {KT_MODEL} on {server.url}" in server.output
+    messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
+    assert f"serving {KT_MODEL} on {server.url}" in messages
 
 
 def test_importing_the_command_imports_neither_onnxruntime_nor_torch():

@@ -26,7 +26,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 
 from app.explorer.router import STATIC_DIR
-from tests.helpers import Server, running_server
+from tests.helpers import Server, children, running_server
 from tests.test_drain import _draining, _hold_one_request
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
@@ -742,7 +742,8 @@ def test_a_hung_server_is_said_and_given_up_after_the_timeout(browser: Browser, 
     """fetch had no timeout: with no answer the page said nothing and its buttons stayed disabled for ever.
 
     A server of the test's own hangs for real (SIGSTOP once the page is loaded: the request reaches its socket and
-    is never answered); the page's clock skips the 30 s. One worker: the process stopped is the one serving.
+    is never answered); the page's clock skips the 30 s. One worker: the process stopped is the one serving
+    (gunicorn's master, which only watches it, would replace it after MNEMO_WORKER_STALL_S).
     """
     with serving_process(tmp_path, MNEMO_WORKERS="1") as live, watching(browser, live.url) as watched:
         page = watched.page
@@ -750,7 +751,8 @@ def test_a_hung_server_is_said_and_given_up_after_the_timeout(browser: Browser, 
         page = watched.open("#knowledge")
         page.locator("#kt-model").select_option(KT_MODEL)
         _paste_many(page, 3)
-        live.process.send_signal(signal.SIGSTOP)
+        [worker] = children(live.process.pid)
+        os.kill(worker, signal.SIGSTOP)
         try:
             page.get_by_role("button", name="Trace").click()
             expect(page.locator("#kt-busy")).to_have_text("Tracing: waiting for the server (at most 30 s)…")
@@ -758,9 +760,9 @@ def test_a_hung_server_is_said_and_given_up_after_the_timeout(browser: Browser, 
             expect(page.locator("#kt-error")).to_have_text("The server did not answer within 30 s.")
             expect(page.locator("#kt-busy")).to_be_hidden()
             expect(page.get_by_role("button", name="Trace")).to_be_enabled()
-            assert Path(f"/proc/{live.process.pid}/stat").read_text().split(") ")[1][0] == "T"  # still stopped
+            assert Path(f"/proc/{worker}/stat").read_text().split(") ")[1][0] == "T"  # still stopped
         finally:
-            live.process.send_signal(signal.SIGCONT)
+            os.kill(worker, signal.SIGCONT)
         assert [url for url in watched.requests if url.endswith("/knowledge-trace")] == [f"{live.url}/knowledge-trace"]
         watched.assert_clean()
 

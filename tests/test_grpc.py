@@ -379,7 +379,7 @@ def test_sigterm_answers_the_calls_in_flight_and_refuses_new_ones() -> None:
 
 
 def test_a_grpc_port_in_use_stops_the_start_in_one_line() -> None:
-    """With one worker the port is not shared (no SO_REUSEPORT): a port another process holds is an error."""
+    """A gRPC port another process holds stops the start before any model loads, in one line."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -390,7 +390,9 @@ def test_a_grpc_port_in_use_stops_the_start_in_one_line() -> None:
             [sys.executable, "-m", "app"], env=environment, cwd=ROOT, capture_output=True, text=True, timeout=120
         )
     assert done.returncode == 1
-    expected = f"mnemo: cannot start: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
+    expected = (
+        f"mnemo: cannot start: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:MNEMO_GRPC_PORT): Address already in use"
+    )
     assert done.stderr.strip().splitlines()[-1] == expected
 
 

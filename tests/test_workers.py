@@ -162,7 +162,8 @@ def test_a_port_in_use_stops_startup_before_any_worker_starts():
 
 def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path):
     """gunicorn stops rather than starting the worker again and again (its status 3: a worker failed to boot)."""
-    (tmp_path / "manifest.json").write_text(json.dumps({"models": [{"name": "missing"}]}))
+    missing = {"name": "missing", "task": "knowledge-trace", "version": "1.0.0", "file": "missing.onnx"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"models": [{**missing, "sha256": "0" * 64}]}))
     env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
     env.update(MNEMO_ARTIFACTS_DIR=str(tmp_path), MNEMO_LOG_FORMAT="json", MNEMO_INTRA_OP_THREADS="1")
     env.pop("MNEMO_CONCURRENT_RUNS", None)
