@@ -225,8 +225,9 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "## What saw the test split",
         "",
         "- Nothing chose anything after seeing an MSRP test number. The protocol (`docs/protocols/rmc-vlmp-msrp.md`: "
-        "validation split, grid, seeds, epochs, selection rule) was committed before this export; the export "
-        "read the test file once, after the choice, and this card reports that one number.",
+        "validation split, grid, seeds, epochs, selection rule) was committed before this export (`git log -- "
+        "docs/protocols/rmc-vlmp-msrp.md` against this card's commit); the export read the test file once, "
+        "after the choice, and this card reports that one number.",
         "- Nothing depends on the paper's number: the grid and the rule were fixed before any run.",
         f"- Inherited: the frozen encoder `{encoder}` is SICK-trained, and its card lists the choices taken after "
         "SICK test numbers. They concern SICK test, not MSRP.",
