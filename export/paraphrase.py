@@ -25,6 +25,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, compose, helper
 
+from app.core.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors
 from export.cards import data_files_table, duration, notes_section
@@ -33,7 +34,7 @@ from export.manifest import load_manifest, upsert_model
 from export.onnx_export import export_graph
 from models.cli import model_name, training_run
 from models.msrp_data import SPLIT_FILES, MsrpPair, read_split, stratified_split
-from models.paraphrase import ParaphraseHead, encoder_session, sentence_vectors
+from models.paraphrase import ParaphraseHead, cpu_session, sentence_vectors
 from models.train_paraphrase import binary_metrics, encoder_files
 from models.training import data_dir_default, data_file_records, load_checkpoint
 
@@ -133,10 +134,10 @@ def check_parity(
 ) -> dict[str, float]:
     """Max abs differences: tapped vectors vs the encoder graph, pair scores vs the encoder model's graph, and
     the appended head vs PyTorch."""
-    session = encoder_session(checked, threads=1)
+    session = cpu_session(checked, threads=1)
     found = pair_runs(session, vectors, pairs, [*SENTENCE_VECTORS, *PAIR_SCORES, HEAD_OUTPUT])
-    reference = pair_runs(encoder_session(pair_graph, threads=1), vectors, pairs, PAIR_SCORES)
-    encoder_graph = encoder_session(encoder, threads=1)
+    reference = pair_runs(cpu_session(pair_graph, threads=1), vectors, pairs, PAIR_SCORES)
+    encoder_graph = cpu_session(encoder, threads=1)
     u = sentence_vectors(encoder_graph, vectors, [pair.sentence_a for pair in pairs])
     v = sentence_vectors(encoder_graph, vectors, [pair.sentence_b for pair in pairs])
     with torch.no_grad():
@@ -155,7 +156,7 @@ def check_parity(
 
 def graph_accuracy(path: Path, vectors: WordVectors, pairs: list[MsrpPair]) -> dict[str, float]:
     """The graph's metrics on `pairs`, and those of always answering PARAPHRASE (the majority class of MSRP)."""
-    logits = pair_runs(encoder_session(path, threads=1), vectors, pairs, [HEAD_OUTPUT])[HEAD_OUTPUT]
+    logits = pair_runs(cpu_session(path, threads=1), vectors, pairs, [HEAD_OUTPUT])[HEAD_OUTPUT]
     labels = np.array([pair.paraphrase for pair in pairs])
     always = binary_metrics(np.zeros(len(labels), dtype=np.float32), labels)
     return {
@@ -311,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     entries = {entry["name"]: entry for entry in load_manifest(args.artifacts)["models"]}
     encoder_entry = entries.get(result["encoder_model"])
     encoder, specials = encoder_files(args.artifacts, result["encoder_model"])
+    if sha256_of(encoder) != result["encoder_sha256"]:
+        raise SystemExit(f"{encoder} has changed since {chosen} was trained on its vectors: train the head again")
     checkpoint = load_checkpoint(chosen / "best.pt")
     head = ParaphraseHead(**checkpoint["config"])
     head.load_state_dict(checkpoint["model"])

@@ -49,7 +49,8 @@ class ParaphraseHead(nn.Module):
         return (self.one_order(embedding_a, embedding_b) + self.one_order(embedding_b, embedding_a)) / 2
 
 
-def encoder_session(path: Path, threads: int) -> ort.InferenceSession:
+def cpu_session(path: Path, threads: int) -> ort.InferenceSession:
+    """An onnxruntime CPU session on `threads` threads (training shares the machine with other jobs)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

@@ -36,7 +36,7 @@ from models.cli import (
 )
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.msrp_data import SPLIT_FILES, read_split, stratified_split
-from models.paraphrase import ParaphraseHead, encoder_session, sentence_vectors
+from models.paraphrase import ParaphraseHead, cpu_session, sentence_vectors
 from models.training import (
     command_line,
     data_dir_default,
@@ -89,7 +89,7 @@ def train_features(out: Path, encoder: Path, specials: Path, pairs: list, thread
             return stored
     started = time.perf_counter()
     vectors = WordVectors.from_glove(np.load(specials))
-    session = encoder_session(encoder, threads)
+    session = cpu_session(encoder, threads)
     u = sentence_vectors(session, vectors, [pair.sentence_a for pair in pairs])
     v = sentence_vectors(session, vectors, [pair.sentence_b for pair in pairs])
     seconds = time.perf_counter() - started

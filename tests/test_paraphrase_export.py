@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
+from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors
 from tests.conftest import SIM_MODEL, toy_settings
 from tests.synthetic_data import write_msrp
@@ -25,7 +26,7 @@ from export import embeddings as export_embeddings
 from export import paraphrase as export_paraphrase
 from models import train_paraphrase
 from models.msrp_data import SPLIT_FILES, read_split
-from models.paraphrase import ParaphraseHead, encoder_session, sentence_vectors
+from models.paraphrase import ParaphraseHead, cpu_session, sentence_vectors
 from models.training import load_checkpoint
 
 MODEL = "rmc-msrp-tiny"
@@ -55,7 +56,7 @@ def pipeline(tiny_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def graph_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = encoder_session(path, threads=1)
+    session = cpu_session(path, threads=1)
     return dict(zip([output.name for output in session.get_outputs()], session.run(None, feeds), strict=True))
 
 
@@ -64,8 +65,8 @@ def test_the_served_graph_is_the_pair_graph_plus_the_head(pipeline):
     sim = entries[SIM_MODEL]
     vectors = WordVectors.from_glove(np.load(artifacts / sim["assets"]["special_vectors"]["file"]))
     pairs = read_split(pipeline["data"] / SPLIT_FILES["test"])[:12]
-    a = [vectors.embed(["<s>", *pair.sentence_a.replace('"', "").rstrip(".").split(), "</s>"])[0] for pair in pairs]
-    b = [vectors.embed(["<s>", *pair.sentence_b.split(), "</s>"])[0] for pair in pairs]
+    a = [vectors.embed(tokenize(pair.sentence_a))[0] for pair in pairs]
+    b = [vectors.embed(tokenize(pair.sentence_b))[0] for pair in pairs]
     feeds_a, feeds_b = export_embeddings.padded(a), export_embeddings.padded(b)
     length = max(feeds_a["emb"].shape[1], feeds_b["emb"].shape[1])
     feeds = {}
@@ -77,7 +78,7 @@ def test_the_served_graph_is_the_pair_graph_plus_the_head(pipeline):
     assert set(served) == {*original, "paraphrase_logits"}
     for name, value in original.items():
         np.testing.assert_allclose(served[name], value, atol=1e-5, err_msg=name)
-    encoder = encoder_session(artifacts / sim["graphs"]["encoder"]["file"], threads=1)
+    encoder = cpu_session(artifacts / sim["graphs"]["encoder"]["file"], threads=1)
     chosen = next(run for run in pipeline["runs"] if run.name in (artifacts / f"{MODEL}.md").read_text())
     checkpoint = load_checkpoint(chosen / "best.pt")
     head = ParaphraseHead(**checkpoint["config"])
