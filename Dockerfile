@@ -25,6 +25,8 @@ RUN /opt/venv/bin/pip install --no-deps . \
 COPY scripts/image-slim-venv.sh scripts/image_bytecode.py scripts/image-rootfs.sh ./scripts/
 RUN scripts/image-slim-venv.sh /opt/venv
 COPY artifacts /srv/mnemo/artifacts
+# the code's licence and the data sets' terms, which bind the weights (the SICK models: non-commercial)
+COPY LICENSE NOTICE /srv/mnemo/
 # Bytecode only for the modules the service imports: it runs here once and answers every kind of request.
 RUN python3 -B scripts/image_bytecode.py /opt/venv /srv/mnemo/artifacts
 RUN scripts/image-rootfs.sh /rootfs 10001
@@ -47,6 +49,7 @@ RUN groupadd --system --gid 10001 mnemo \
  && install -d -o 10001 -g 10001 -m 0750 /srv/mnemo/state
 WORKDIR /srv/mnemo
 COPY artifacts ./artifacts
+COPY LICENSE NOTICE ./
 # CUDA and cuDNN from the base image, found by onnxruntime-gpu's CUDA provider at run time.
 ENV PATH=/opt/venv/bin:$PATH \
     LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu \
@@ -55,6 +58,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     MNEMO_HOST=0.0.0.0 \
     MNEMO_PORT=8000 \
     MNEMO_PROBE_PORT=8001 \
+    MNEMO_GRPC_PORT=8081 \
     MNEMO_PROVIDER=cuda \
     MNEMO_STATE_URL=sqlite:////srv/mnemo/state/students.db \
     MNEMO_LOG_FORMAT=json \
@@ -63,13 +67,13 @@ ENV PATH=/opt/venv/bin:$PATH \
 # per-student state: a named volume here (docker-compose.yml) keeps it across restarts and upgrades
 VOLUME ["/srv/mnemo/state"]
 USER 10001
-EXPOSE 8000 8001
+EXPOSE 8000 8001 8081
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % (os.environ.get('MNEMO_PROBE_PORT') or os.environ.get('MNEMO_PORT', '8000')), timeout=4)"]
 CMD ["python3", "-m", "app"]
 
 # ---- CPU runtime (default): only the builder's /rootfs (Python, the venv, the app, the artifacts) --------
-# No shell and no package manager; see README, Docker (debug with the builder stage: --target builder).
+# No shell and no package manager; see docs/deployment.md (debug with the builder stage: --target builder).
 FROM scratch AS runtime
 COPY --from=builder /rootfs /
 WORKDIR /srv/mnemo
@@ -81,6 +85,7 @@ ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
     MNEMO_HOST=0.0.0.0 \
     MNEMO_PORT=8000 \
     MNEMO_PROBE_PORT=8001 \
+    MNEMO_GRPC_PORT=8081 \
     MNEMO_PROVIDER=cpu \
     MNEMO_STATE_URL=sqlite:////srv/mnemo/state/students.db \
     MNEMO_LOG_FORMAT=json \
@@ -90,7 +95,7 @@ ENV PATH=/opt/venv/bin:/usr/local/bin:/usr/bin:/bin \
 # per-student state: a named volume here (docker-compose.yml) keeps it across restarts and upgrades
 VOLUME ["/srv/mnemo/state"]
 USER 10001
-EXPOSE 8000 8001
+EXPOSE 8000 8001 8081
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % (os.environ.get('MNEMO_PROBE_PORT') or os.environ.get('MNEMO_PORT', '8000')), timeout=4)"]
 # exec form: python is PID 1 and uvicorn receives SIGTERM for a graceful shutdown

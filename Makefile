@@ -7,8 +7,9 @@ PIP := $(BIN)/python -m pip
 DATA_DIR ?= $(or $(MNEMO_DATA_DIR),../shared/data)
 DATASET ?= assist2009
 POINTER ?= vlmp
+SEED ?= 101
 # torch is the one package outside the hashed lock: its exact version from pyproject.toml's train extra, from
-# wherever pip finds it. On a CPU-only machine add PyTorch's CPU index (README, Install):
+# wherever pip finds it. On a CPU-only machine add PyTorch's CPU index (docs/development.md):
 #   make venv TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
 TORCH_REQUIREMENT = $(shell $(BIN)/python -c 'import tomllib; print(next(r for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["train"] if r.startswith("torch")))')
 TORCH_PIP_ARGS ?=
@@ -16,7 +17,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core
 
-.PHONY: venv serve test lint audit lock system-deps screenshots bench loadtest train-kt train-sim export-kt export-sim train-paraphrase export-paraphrase docker-check clean FORCE
+.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -43,7 +44,7 @@ $(VENV)/serve.stamp: requirements/serve.txt $(BIN)/python
 $(VENV)/dev.stamp: requirements/dev.txt $(BIN)/python
 	@echo "==> installing the service, test and training tools from requirements/dev.txt into $(VENV) (about 5 minutes the first time)"
 	$(PIP) install --require-hashes -r requirements/dev.txt
-	@echo "==> installing $(TORCH_REQUIREMENT) (outside the hashed lock: README, Install)"
+	@echo "==> installing $(TORCH_REQUIREMENT) (outside the hashed lock: docs/development.md)"
 	$(PIP) install $(TORCH_PIP_ARGS) '$(TORCH_REQUIREMENT)'
 	$(PIP) install --no-deps -e .
 	$(PIP) check
@@ -77,28 +78,42 @@ lock: $(BIN)/python  ## regenerate requirements/*.txt from pyproject.toml (UPGRA
 system-deps:  ## install the Debian packages of SYSTEM_DEPS whose binary is missing
 	@scripts/system-deps.sh $(SYSTEM_DEPS)
 
-screenshots: $(VENV)/dev.stamp system-deps  ## the README's explorer screenshots, from tests/test_explorer.py in Chromium
+docs: $(VENV)/dev.stamp  ## docs/configuration.md from the Settings field descriptions (a test fails while it is stale)
+	$(BIN)/python -m scripts.config_docs
+
+screenshots: $(VENV)/dev.stamp system-deps  ## the explorer screenshots of docs/explorer.md, from tests/test_explorer.py in Chromium
 	MNEMO_TEST_ARTIFACTS_DIR=tmp/artifacts CI=true $(BIN)/python -m pytest -q tests/test_explorer.py
 	$(BIN)/python scripts/readme_screenshots.py tmp/artifacts/explorer docs/screenshots
 
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md
 	$(BIN)/python -m benchmarks.run
 
-loadtest: $(VENV)/dev.stamp  ## the service under load with wrk on loopback (about 5 minutes) -> BENCHMARKS.md
+loadtest: $(VENV)/dev.stamp  ## the service under load with wrk, and over gRPC, on loopback (about 6 minutes) -> BENCHMARKS.md
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.load
+	$(BIN)/python -m benchmarks.grpc_load
 
-train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-v0 [ARGS=--resume]
-	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt $(ARGS)
+# train-kt and train-sim run the served recipe (models/recipes.py); RECIPE='...' replaces its arguments
+# (RECIPE= for the trainers' plain defaults). train-sim trains one member of the served ensemble (SEED).
+SERVED_RECIPE = $(if $(filter command line,$(origin RECIPE)),$(RECIPE),$(shell $(BIN)/python -m models.recipes $(1)))
 
-train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp [ARGS=--resume]
-	$(BIN)/python -m models.train_sim --pointer $(POINTER) --data-dir $(DATA_DIR)/sick $(ARGS)
+train-kt: $(VENV)/dev.stamp  ## make train-kt DATASET=assist2009|assist2015|statics|synthetic-vK [ARGS=--resume]
+	$(BIN)/python -m models.train_kt --dataset $(DATASET) --data-dir $(DATA_DIR)/kt \
+	  $(call SERVED_RECIPE,train-kt $(DATASET)) $(ARGS)
+
+train-sim: $(VENV)/dev.stamp  ## make train-sim POINTER=vlmp|flmp SEED=101 [ARGS=--resume]: one served member
+	$(BIN)/python -m models.train_sim --data-dir $(DATA_DIR)/sick --out runs/sim/$(POINTER)-s$(SEED) \
+	  $(call SERVED_RECIPE,train-sim $(POINTER) --seed $(SEED)) $(ARGS)
+
+reproduce: $(VENV)/dev.stamp  ## make reproduce MODEL=dkvmn-synthetic: rebuild a served model in runs/reproduce/, compare
+	@test -n "$(MODEL)" || { echo "name the model: make reproduce MODEL=<name> (artifacts/manifest.json)"; exit 2; }
+	$(BIN)/python -m export.reproduce $(MODEL) --data-dir $(DATA_DIR)
 
 export-kt: $(VENV)/dev.stamp  ## make export-kt DATASET=assist2009 NAME=dkvmn-assist2009 [FLAGS=--default]
 	$(BIN)/python -m export.kt --run runs/kt/$(DATASET) --name $(NAME) $(FLAGS)
 
 export-sim: $(VENV)/dev.stamp  ## make export-sim POINTER=vlmp NAME=rmc-vlmp-sick [FLAGS=--default]
-	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER) --name $(NAME) $(FLAGS)
+	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER)-s$(SEED) --name $(NAME) $(FLAGS)
 	$(BIN)/python -m export.embeddings --name $(NAME)
 
 # The MSRP paraphrase head on rmc-vlmp-sick's encoder, by its protocol (docs/protocols/rmc-vlmp-msrp.md): four
@@ -115,7 +130,7 @@ export-paraphrase: $(VENV)/dev.stamp  ## choose on validation, export rmc-vlmp-m
 	$(BIN)/python -m export.paraphrase $(foreach cell,$(PARAPHRASE_GRID),--run $(call paraphrase_run,$(cell))) \
 	  --name rmc-vlmp-msrp --data-dir $(DATA_DIR)/msrp
 
-docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see README, Docker)
+docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see docs/deployment.md)
 	scripts/docker-check.sh
 
 clean:

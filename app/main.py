@@ -17,7 +17,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.core.drain import Drain
-from app.core.failures import CatchUnexpected
 from app.core.logging import configure_logging, write_out_logs
 from app.core.loop_lag import LoopLag
 from app.core.metrics import Metrics
@@ -30,15 +29,15 @@ from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
-from app.transports.access import access_summary, add_access_control, api_keys, is_open, open_paths
+from app.transports.access import access_summary, api_keys, is_open, open_paths
 from app.transports.contract import document_contract
-from app.transports.direct_routes import DirectRoutes, ServiceApp, direct_routes
+from app.transports.direct_routes import DirectRoutes, ServiceApp
 from app.transports.error_handlers import install_error_handlers
+from app.transports.grpc import serve_grpc
 from app.transports.http import add_body_schemas
-from app.transports.middleware import BodySizeLimit, DrainGate, HeadAsGet, RequestContext, SingleHeaders
-from app.transports.oip.error_shape import ProtocolErrorShape
+from app.transports.middleware import RequestEdge
 from app.transports.probes import ProbeProcess
-from app.transports.rest import task_router
+from app.transports.rest import direct_routes, task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -111,7 +110,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
         logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
         logger.info(access_summary(settings))
         try:
-            yield
+            async with serve_grpc(app):  # MNEMO_GRPC_PORT; stopped (its calls drained) before the engine
+                yield
         finally:
             await app.state.loop_lag.stop()
             await engine.stop()
@@ -134,22 +134,10 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     install_error_handlers(app)
     # innermost: the task routes skip FastAPI's router (they are included at the root below)
     task_routes = task_router(tasks.values())
-    app.add_middleware(DirectRoutes, fastapi=app, routers=[task_routes])
-    app.add_middleware(CatchUnexpected, window_s=settings.error_log_window_s)
-    app.add_middleware(
-        BodySizeLimit,
-        max_bytes=settings.max_body_bytes,
-        stall_timeout_s=settings.body_timeout_s,
-        deadline_s=settings.request_timeout_s,
-        metrics=metrics,
-    )
-    app.add_middleware(DrainGate, drain=app.state.drain, saturated=saturated, metrics=metrics)
-    add_access_control(app, settings)
-    app.add_middleware(SingleHeaders)  # before CORS, the API-key check and every other reader of these headers
-    app.add_middleware(ProtocolErrorShape)  # around every layer that can answer a /v2 request in its own shape
-    app.add_middleware(HeadAsGet)  # a HEAD goes through every layer inside as the GET it stands for
-    app.add_middleware(RequestContext, metrics=metrics)
-    app.direct_paths = frozenset(direct_routes([task_routes]))
+    app.add_middleware(DirectRoutes, fastapi=app, routes=direct_routes(tasks.values()))
+    # outside it: each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
+    app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
+    app.direct_paths = frozenset(direct_routes(tasks.values()))
     app.include_router(operations.router)
     app.include_router(explorer_router)
     app.include_router(task_routes)

@@ -24,7 +24,7 @@ from app.core.settings import Settings
 from app.runtime.memory import tune_malloc
 from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
-from app.tasks.knowledge_trace import http as knowledge_http
+from app.tasks.knowledge_trace import rest as knowledge_rest
 from app.tasks.knowledge_trace import service as knowledge
 from app.tasks.knowledge_trace.schemas import KnowledgeTraceRequest
 from app.tasks.similarity import service as similarity
@@ -42,13 +42,13 @@ def similarity_answer(registry: ModelRegistry, body: bytes) -> bytes:
 def knowledge_trace_answer(registry: ModelRegistry, body: bytes) -> bytes:
     request = KnowledgeTraceRequest.model_validate_json(body)
     model = registry.get(request.model, "knowledge-trace")
-    questions, correct, wanted = knowledge_http.arrays_of(model, request)
+    questions, correct, wanted = knowledge_rest.arrays_of(model, request)
     chunks = knowledge.history_chunks(model, questions, correct, None)
     if len(chunks) > 1:
         raise ValueError("the floor app serves histories of one chunk only")
     trace = knowledge.trace_of(model.state.family, [model.run(chunks[0][0])])
     next_p = model.run(knowledge.next_feeds(model, trace.memory, wanted))["p"][:, 0] if len(wanted) else np.zeros(0)
-    return knowledge_http.answer(model, request, trace, wanted, next_p)
+    return knowledge_rest.render(model, request, trace, wanted, next_p)
 
 
 ANSWERS = {"/similarity": similarity_answer, "/knowledge-trace": knowledge_trace_answer}

@@ -47,7 +47,7 @@ from benchmarks.floor_app import ANSWERS as FLOOR_PATHS
 from benchmarks.table import write_section
 
 T = TypeVar("T")
-APP_DIR = ARTIFACTS.parent / "app"
+REPO = ARTIFACTS.parent
 LUA = Path(__file__).resolve().parent / "wrk" / "post.lua"
 CONCURRENCY = (1, 8, 32, 256)
 OVERLOAD_CONNECTIONS = (256, 1024)
@@ -90,12 +90,14 @@ class Scenario:
     items: int  # pairs or histories per request
     bare_single: Callable[[], object]
     bare_batch32: Callable[[], object]
+    concurrency: tuple[int, ...] = CONCURRENCY
 
 
 @dataclass
 class WrkResult:
     statuses: dict[int, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
+    p10_ms: float = 0.0  # on a shared machine, less moved than the p50 by other processes taking the cores
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     max_ms: float = 0.0
@@ -151,7 +153,7 @@ def _kt_run(session: ort.InferenceSession, histories: int, steps: int, next_ques
     return lambda: (session.run(None, trace), session.run(None, following))
 
 
-def _kt_body(steps: int, next_questions: list[int] | None, attention: bool) -> dict:
+def _kt_body(steps: int, next_questions: list[int] | None, attention: bool, mastery: str = "all") -> dict:
     rng = np.random.default_rng(1)
     interactions = [
         {"question": int(q), "correct": bool(c)}
@@ -162,6 +164,7 @@ def _kt_body(steps: int, next_questions: list[int] | None, attention: bool) -> d
         "interactions": interactions,
         "next_questions": next_questions,
         "return_attention": attention,
+        "mastery": mastery,
     }
 
 
@@ -198,10 +201,30 @@ def scenarios() -> list[Scenario]:
             _kt_run(knowledge, 1, 200, 2),
             _kt_run(knowledge, 32, 200, 2),
         ),
+        # the largest answers per ONNX millisecond: what encoding the answer costs shows here
+        Scenario(
+            "/similarity (1 pair, attention on)",
+            "/similarity",
+            {**sentence, "model": SIM_MODEL, "return_attention": True},
+            1,
+            _similarity_run(similarity, [pair]),
+            _similarity_run(similarity, [pair] * 32),
+            concurrency=(1,),
+        ),
+        Scenario(
+            "/knowledge-trace (200 interactions, 2 next, attention on, every mastery row)",
+            "/knowledge-trace",
+            _kt_body(200, [3, 7], attention=True, mastery="all"),
+            1,
+            _kt_run(knowledge, 1, 200, 2),
+            _kt_run(knowledge, 32, 200, 2),
+            concurrency=(1,),
+        ),
     ]
 
 
-def median_ms(call: Callable[[], object], repeats: int) -> float:
+def timings_ms(call: Callable[[], object], repeats: int) -> np.ndarray:
+    """Milliseconds of `repeats` calls, after 3 unmeasured ones."""
     for _ in range(3):
         call()
     samples = []
@@ -209,14 +232,23 @@ def median_ms(call: Callable[[], object], repeats: int) -> float:
         started = time.perf_counter()
         call()
         samples.append(time.perf_counter() - started)
-    return float(np.median(samples) * 1000)
+    return np.array(samples) * 1000
+
+
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    return float(np.median(timings_ms(call, repeats)))
+
+
+def bare_timings_ms(call: Callable[[], object], seconds: float = 1.0) -> np.ndarray:
+    """`timings_ms` of as many runs (10 to 100) as fit in about `seconds`."""
+    started = time.perf_counter()
+    call()
+    return timings_ms(call, int(np.clip(seconds / max(time.perf_counter() - started, 1e-6), 10, 100)))
 
 
 def bare_ms(call: Callable[[], object], seconds: float = 1.0) -> float:
-    """`median_ms` over as many runs (10 to 100) as fit in about `seconds`."""
-    started = time.perf_counter()
-    call()
-    return median_ms(call, int(np.clip(seconds / max(time.perf_counter() - started, 1e-6), 10, 100)))
+    """The median of `bare_timings_ms`."""
+    return float(np.median(bare_timings_ms(call, seconds)))
 
 
 # -- the server, wrk, and what runs beside it ---------------------------------------------------------
@@ -267,34 +299,34 @@ def health_probe(url: str) -> Callable[[], float]:
     return probe
 
 
-def compile_service() -> None:
+def compile_service(tree: Path = REPO) -> None:
     """Write the bytecode of the service's modules, as an installed service has it (`make serve` does the same).
 
     Without it, where PYTHONDONTWRITEBYTECODE is set (common in containers, and on the machine these numbers come
     from) every start compiles the ~60 modules of app/ from source again: about 0.1 s of the cold start."""
-    compileall.compile_dir(str(APP_DIR), quiet=1)
+    compileall.compile_dir(str(tree / "app"), quiet=1)
 
 
-def start_server(port: int, log: Path) -> tuple[subprocess.Popen, float]:
-    """`python -m app` on the committed models (probe port: port + 1); the process and its seconds to /ready 200."""
-    env = {
-        **os.environ,
-        "MNEMO_PORT": str(port),
-        "MNEMO_PROBE_PORT": str(port + 1),
-        "MNEMO_HOST": "127.0.0.1",
-        "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS),
-    }
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment of a process that imports the service from checkout `tree` and serves its committed models."""
+    return {**os.environ, "PYTHONPATH": str(tree), "MNEMO_ARTIFACTS_DIR": str(tree / "artifacts")}
+
+
+def start_server(port: int, log: Path, tree: Path = REPO) -> tuple[subprocess.Popen, float]:
+    """`python -m app` of checkout `tree` on its committed models (probe port: port + 1); the process and its
+    seconds to /ready 200."""
+    env = {**tree_env(tree), "MNEMO_PORT": str(port), "MNEMO_PROBE_PORT": str(port + 1), "MNEMO_HOST": "127.0.0.1"}
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "app"]
+    process = subprocess.Popen(command, cwd=tree, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     _wait_until(process, f"http://127.0.0.1:{port}/ready", 200, log)
     return process, time.perf_counter() - started
 
 
-def start_floor_app(port: int, log: Path) -> subprocess.Popen:
-    """`python -m benchmarks.floor_app` on the committed models, once it answers (its 404 at /)."""
-    env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS)}
+def start_floor_app(port: int, log: Path, tree: Path = REPO) -> subprocess.Popen:
+    """`python -m benchmarks.floor_app` of checkout `tree` on its committed models, once it answers (its 404 at /)."""
     command = [sys.executable, "-m", "benchmarks.floor_app", str(port)]
-    process = subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, cwd=tree, env=tree_env(tree), stdout=log.open("w"), stderr=subprocess.STDOUT)
     _wait_until(process, f"http://127.0.0.1:{port}/", 404, log)
     return process
 
@@ -342,6 +374,8 @@ def wrk(url: str, body: dict, connections: int, seconds: int, timeout_s: float) 
             result.statuses[int(parts[2])] = int(parts[3])
         elif line.startswith("MNEMO errors"):
             result.errors = {parts[i]: int(parts[i + 1]) for i in range(2, len(parts), 2)}
+        elif line.startswith("MNEMO latency_low_us"):
+            result.p10_ms = int(parts[3]) / 1000
         elif line.startswith("MNEMO latency_us"):
             result.p50_ms, result.p99_ms, result.max_ms = (int(parts[i]) / 1000 for i in (3, 5, 7))
         elif line.startswith("MNEMO total"):
@@ -381,7 +415,7 @@ def throughput_table(url: str, floor_url: str, pid: int, seconds: int) -> tuple[
             batch_items_s = 32 / (single_ms / 1000)
         floor_cell = "-" if floor_ms is None else f"{floor_ms:.2f}"
         bare_rows.append(f"| {scenario.name} | {single_ms:.2f} | {floor_cell} | {batch_items_s:.0f} |")
-        for concurrency in CONCURRENCY:
+        for concurrency in scenario.concurrency:
             if concurrency == 1:
                 result, peak = alone, alone_peak
             else:
@@ -439,6 +473,7 @@ def _merged(rounds: list[WrkResult]) -> WrkResult:
     return WrkResult(
         statuses=dict(sum((Counter(result.statuses) for result in rounds), Counter())),
         errors=dict(sum((Counter(result.errors) for result in rounds), Counter())),
+        p10_ms=float(np.median([result.p10_ms for result in rounds])),
         p50_ms=float(np.median([result.p50_ms for result in rounds])),
         p99_ms=float(np.median([result.p99_ms for result in rounds])),
         max_ms=max(result.max_ms for result in rounds),

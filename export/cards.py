@@ -15,7 +15,9 @@ def exporter_parser(description: str, task: str) -> argparse.ArgumentParser:
     parser.add_argument("--name", type=model_name, required=True, help="the served model's name (and its files' stem)")
     parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
     parser.add_argument("--default", action="store_true", help=f"the default {task} model")
-    parser.add_argument("--version", default="1.0.0")
+    parser.add_argument(
+        "--version", default="1.0.0", help="the model's version: higher than the served one (docs/MODELS.md §5.1)"
+    )
     parser.add_argument("--notes", default="", help="free text for the card's Notes section")
     return parser
 

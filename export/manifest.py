@@ -35,3 +35,38 @@ def upsert_model(artifacts_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     manifest["models"] = sorted(models, key=lambda m: (m["task"], m["name"]))
     (artifacts_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     return entry
+
+
+def semantic_version(text: str) -> tuple[int, int, int]:
+    """`MAJOR.MINOR.PATCH` as numbers (ValueError otherwise)."""
+    parts = text.split(".")
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"version {text!r} is not MAJOR.MINOR.PATCH")
+    major, minor, patch = (int(part) for part in parts)
+    return major, minor, patch
+
+
+def file_digests(entry: dict[str, Any]) -> dict[str, str]:
+    """The sha256 of every file an entry serves: its graph, its assets and its other graphs."""
+    digests = {"file": entry["sha256"]}
+    for kind in ("assets", "graphs"):
+        digests |= {f"{kind}.{key}": item["sha256"] for key, item in entry.get(kind, {}).items()}
+    return digests
+
+
+def unversioned_changes(previous: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Entries of `current` whose files changed since `previous` without a higher version (docs/MODELS.md §5:
+    new bytes need a new version, new weights a new minor or major), one line each."""
+    before = {entry["name"]: entry for entry in previous["models"]}
+    problems = []
+    for entry in current["models"]:
+        old = before.get(entry["name"])
+        if old is None or file_digests(old) == file_digests(entry):
+            continue
+        changed = sorted(key for key, digest in file_digests(entry).items() if file_digests(old).get(key) != digest)
+        if semantic_version(entry["version"]) <= semantic_version(old["version"]):
+            problems.append(
+                f"{entry['name']}: {', '.join(changed)} changed but the version went from {old['version']} to "
+                f"{entry['version']}; give it a higher one"
+            )
+    return problems

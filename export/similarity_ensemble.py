@@ -316,9 +316,13 @@ def latency_lines(labels: list[str], rows: list[dict]) -> list[str]:
         ratios[against] = [row["median_ms"][-1] / row["median_ms"][index] for row in rows]
         shown = ", ".join(f"{r:.2f}x at batch {row['batch']}" for r, row in zip(ratios[against], rows, strict=True))
         lines.append(f"- The ensemble against {against}: {shown}.")
-    # The budget is against one model as served: the reference (the model served before) when it is given.
-    verdict = "within" if max(ratios[labels[-2]]) <= LATENCY_BUDGET else "over"
-    lines += ["", f"Against {labels[-2]}: {verdict} the issue's budget of {LATENCY_BUDGET}x one model."]
+    # The budget is stated against every graph timed: a reference (the model served before) can be slower than
+    # one of the ensemble's own members, so a verdict against it alone would flatter the ensemble.
+    verdicts = [
+        f"against {against} {'within' if max(ratios[against]) <= LATENCY_BUDGET else 'over'} it"
+        for against in labels[:-1]
+    ]
+    lines += ["", f"The issue's latency budget is {LATENCY_BUDGET}x one model: " + "; ".join(verdicts) + "."]
     return lines
 
 
@@ -339,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency-repeats", type=positive_int, default=LATENCY_REPEATS, help="timed runs per graph and batch"
     )
     parser.add_argument("--default", action="store_true", help="the default similarity model")
-    parser.add_argument("--version", default="1.0.0")
+    parser.add_argument(
+        "--version", default="1.0.0", help="the model's version: higher than the served one (docs/MODELS.md §5.1)"
+    )
     parser.add_argument("--notes", default="", help="free text for the card's Notes section")
     parser.add_argument("--example-pair", type=int, default=0, help="index of the SICK test pair in the card's figure")
     return parser

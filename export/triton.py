@@ -6,7 +6,7 @@ For each knowledge-trace model: `<name>/1/model.onnx` (the manifest's file, its 
 `<name>/config.pbtxt` (platform onnxruntime_onnx, dynamic batching, the inputs and outputs read from the ONNX
 graph). The graphs' dim 0 is their dynamic batch dimension; Triton's `dims` leave it out, and an input of
 shape [batch] alone becomes `dims: [ 1 ]` reshaped to `[ ]`. The similarity models are not exported: they
-need the tokenizer and the GloVe lookup in front (see the README).
+need the tokenizer and the GloVe lookup in front (docs/deployment.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's explorer screenshots: tests/test_explorer.py's 1280 px ones, reduced to 256 colours.
+"""The explorer screenshots (docs/explorer.md, README): tests/test_explorer.py's 1280 px ones, in 256 colours.
 
 Run by `make screenshots` after the browser tests wrote their screenshots to ARTIFACTS (tmp/artifacts/explorer/).
 Usage: python scripts/readme_screenshots.py ARTIFACTS DOCS
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
-# test screenshot -> the README's file
+# test screenshot -> the docs' file
 SHOTS = {
     "similarity-1280.png": "explorer-similarity.png",
     "knowledge-1280.png": "explorer-knowledge.png",

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
-from app.main import create_app
+from app.core.settings import DEFAULT_ARTIFACTS_DIR
+from tests.helpers import app_client
 from tests.synthetic_data import write_sick, write_synthetic_kt
 from tests.toy_model import OTHER_TASK, toy_entry, write_toy_artifacts
 
@@ -78,8 +78,7 @@ def state_store_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 @pytest.fixture(scope="session")
 def client() -> Iterator[TestClient]:
     """The real app over HTTP (TestClient) on the committed models, CPU provider."""
-    settings = Settings(artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1)
-    with TestClient(create_app(settings)) as test_client:
+    with app_client(COMMITTED) as test_client:
         yield test_client
 
 
@@ -96,11 +95,6 @@ def toy_artifacts(tmp_path: Path) -> Path:
     """toy-a (default) and toy-b of the toy task, toy-kt of the other task; private to the test."""
     entries = [toy_entry("toy-a", default=True), toy_entry("toy-b"), toy_entry("toy-kt", task=OTHER_TASK)]
     return write_toy_artifacts(tmp_path / "toy-artifacts", entries)
-
-
-def toy_settings(artifacts: Path, **overrides) -> Settings:
-    """CPU, one thread, the given artifacts; any setting can be overridden."""
-    return Settings(**{"artifacts_dir": artifacts, "provider": "cpu", "intra_op_threads": 1, **overrides})
 
 
 class _Records(logging.Handler):

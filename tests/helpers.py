@@ -1,9 +1,13 @@
-"""Helpers shared by the tests: a free port, a real `python -m app` (or uvicorn) process on it, and a comparison
-of JSON answers up to float noise."""
+"""Helpers shared by the tests: the one way they start the app (`app_client`: in process, over TestClient;
+`running_server`: a real `python -m app`, uvicorn or toy server process on a free port; `run_app`: a
+`python -m app` expected to exit), waits on a live server's metrics, and a comparison of JSON answers up to
+float noise."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,8 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from fastapi.testclient import TestClient
+
+from app.core.settings import Settings
+from app.main import create_app
+from tests.toy_model import toy_app
 
 ROOT = Path(__file__).resolve().parents[1]
+TOY_SERVER = [sys.executable, "-m", "tests.toy_server"]  # the toy app behind the real server (tests/toy_server.py)
 
 
 def same_answer(left: object, right: object, tolerance: float = 1e-5) -> bool:
@@ -29,6 +39,29 @@ def same_answer(left: object, right: object, tolerance: float = 1e-5) -> bool:
     if isinstance(left, list) and isinstance(right, list):
         return len(left) == len(right) and all(same_answer(a, b, tolerance) for a, b in zip(left, right, strict=True))
     return left == right
+
+
+def app_settings(artifacts: Path, **overrides) -> Settings:
+    """The settings the tests serve with: the given artifacts, CPU, one intra-op thread; any setting overridden."""
+    return Settings(**{"artifacts_dir": artifacts, "provider": "cpu", "intra_op_threads": 1, **overrides})
+
+
+@contextmanager
+def app_client(
+    artifacts: Path, *, toy: bool = False, raise_server_exceptions: bool = True, **overrides
+) -> Iterator[TestClient]:
+    """The real app, started (its lifespan run) in a TestClient, on `app_settings(artifacts, **overrides)`:
+    serving the real tasks, or the toy tasks of tests/toy_model.py with `toy`."""
+    settings = app_settings(artifacts, **overrides)
+    app = toy_app(settings) if toy else create_app(settings)
+    with TestClient(app, raise_server_exceptions=raise_server_exceptions) as client:
+        yield client
+
+
+def run_app(env: dict[str, str], *arguments: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`python -m app` run to its exit from the checkout, with `env` as its whole environment; output captured."""
+    command = [sys.executable, "-m", "app", *arguments]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def free_port() -> int:
@@ -133,3 +166,28 @@ class HeldRequest:
         chunk = self.sock.recv(65536)
         assert chunk, "the server closed the connection before answering"
         return chunk
+
+
+def metric(url: str, line_start: str) -> float:
+    """The value of the first /metrics line starting with `line_start` (0 when there is none yet)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def until_metric(url: str, line_start: str, value: float) -> None:
+    """Wait (at most 30 s) until the metric line starting with `line_start` reaches `value`."""
+    deadline = time.monotonic() + 30
+    while metric(url, line_start) < value and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+async def until_admitted(url: str, rows: int, model: str = "toy-a") -> None:
+    """Wait until `model` holds `rows` admitted rows: the requests sent have arrived."""
+    await until_metric(url, f'mnemo_admitted_rows{{model="{model}"}}', rows)
+
+
+def release_held_runs(server: Server) -> None:
+    """Let a toy server's held run (`python -m tests.toy_server`, a row of k == HELD_K) finish."""
+    server.process.send_signal(signal.SIGUSR1)

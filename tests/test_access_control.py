@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import ROOT, Server, running_server
+from tests.helpers import Server, run_app, running_server
 from tests.toy_model import write_empty_manifest
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 KEYS = ("key-one-8f3b2c", "key-two-91ad7e")
 ORIGIN = "https://app.example"
@@ -158,13 +158,8 @@ def test_without_keys_nothing_asks_for_one(tmp_path):
 def test_a_keys_file_without_keys_stops_startup_with_one_line(tmp_path):
     empty = tmp_path / "keys.txt"
     empty.write_text("# nothing yet\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "app"],
-        env={"MNEMO_API_KEYS_FILE": str(empty), "MNEMO_ARTIFACTS_DIR": str(Path(tmp_path)), "PATH": "/usr/bin"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_app(
+        {"MNEMO_API_KEYS_FILE": str(empty), "MNEMO_ARTIFACTS_DIR": str(Path(tmp_path)), "PATH": "/usr/bin"}
     )
     assert result.returncode == 1
     assert "MNEMO_API_KEYS_FILE" in result.stderr and "holds no API key" in result.stderr

@@ -6,10 +6,9 @@ import json
 import uuid
 
 import pytest
-from fastapi.testclient import TestClient
 
-from app.main import create_app
-from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models
+from tests.helpers import app_client
 
 
 def test_models_lists_every_model_with_task_limits_batching_and_metrics(client):
@@ -68,7 +67,7 @@ def test_a_non_json_content_type_is_415(client):
 
 def test_empty_manifest_is_ready_and_task_endpoints_say_no_model(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"schema_version": 1, "models": []}))
-    with TestClient(create_app(toy_settings(tmp_path))) as client:
+    with app_client(tmp_path) as client:
         assert client.get("/ready").status_code == 200
         assert client.get("/models").json() == {"models": []}
         response = client.post("/similarity", json={"sentence_a": "a", "sentence_b": "b"})

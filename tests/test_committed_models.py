@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
-from app.main import create_app
+from app.core.settings import DEFAULT_ARTIFACTS_DIR
+from tests.helpers import app_client
 
 KT_MODELS = {"dkvmn-assist2009", "dkvmn-assist2015", "dkvmn-statics", "dkvmn-synthetic", "dkt-assist2009"}
 SIMILARITY_MODELS = {"rmc-vlmp-sick", "rmc-flmp-sick", "rmc-vlmp-msrp"}
@@ -19,7 +19,7 @@ MAX_FILE_BYTES = 25 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def committed() -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(provider="cpu", intra_op_threads=1))) as client:
+    with app_client(DEFAULT_ARTIFACTS_DIR) as client:
         yield client
 
 

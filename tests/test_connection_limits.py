@@ -25,6 +25,8 @@ from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 from tests.test_hostile_requests import read_response, status_of
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 LIMITS = {
     "MNEMO_HEADER_TIMEOUT_S": "1",
     "MNEMO_KEEP_ALIVE_S": "1",

@@ -21,6 +21,7 @@ def test_derived_folds_hold_out_every_student_exactly_once():
     assert sorted(map(id, held_out)) == sorted(map(id, students))
 
 
+@pytest.mark.slow
 def test_cross_validation_refits_the_median_fold_once(tmp_path):
     data = write_synthetic_kt(tmp_path / "kt")
     write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)
@@ -37,6 +38,7 @@ def test_cross_validation_refits_the_median_fold_once(tmp_path):
     assert Path(second["data_files"]["full"]["file"]).name == "naive_c5_q50_s4000_v0_train.csv"
 
 
+@pytest.mark.slow
 def test_a_fold_finished_with_another_recipe_is_refused_not_read_back(tmp_path):
     data = write_synthetic_kt(tmp_path / "kt")
     write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)

@@ -75,6 +75,7 @@ def test_soften_is_a_softmax_of_the_log_probabilities_over_the_temperature():
     assert (softened.max(-1) < probabilities.max(-1)).all()
 
 
+@pytest.mark.slow
 def test_teacher_targets_from_a_run_and_its_graph_agree_and_train_a_student(tmp_path):
     pytest.importorskip("onnxruntime")
     from export.similarity import export_pair_model, load_model

@@ -9,13 +9,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from fastapi.testclient import TestClient
 
-from app.main import create_app
 from export import dkt as export_dkt
 from models import train_kt
 from models.dkt import DKT, DKTConfig
-from tests.conftest import toy_settings
+from tests.helpers import app_client
 from tests.synthetic_data import write_kt_students, write_synthetic_kt
 
 
@@ -103,6 +101,7 @@ def dkt_artifacts(tmp_path_factory: pytest.TempPathFactory):
     return run, artifacts
 
 
+@pytest.mark.slow
 def test_export_writes_graph_card_and_manifest_entry(dkt_artifacts):
     run, artifacts = dkt_artifacts
     entry = json.loads((artifacts / "manifest.json").read_text())["models"][0]
@@ -122,6 +121,7 @@ def test_export_writes_graph_card_and_manifest_entry(dkt_artifacts):
     np.testing.assert_allclose(session.run(["p"], feeds)[0], expected.numpy(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_exported_baseline_serves_long_histories_in_chunks(dkt_artifacts):
     """Through the service (seqlen 200 chunks carrying h and c) the answer equals one ONNX run over it all."""
     _, artifacts = dkt_artifacts
@@ -130,7 +130,7 @@ def test_the_exported_baseline_serves_long_histories_in_chunks(dkt_artifacts):
     feeds = {"q": q.numpy(), "r": r.numpy(), "len": np.array([450]), "state_in": np.zeros((1, 2, 16), np.float32)}
     expected = session.run(["p"], feeds)[0][0]
     interactions = [{"question": int(a), "correct": bool(b)} for a, b in zip(q[0], r[0], strict=True)]
-    with TestClient(create_app(toy_settings(artifacts))) as client:
+    with app_client(artifacts) as client:
         body = client.post("/knowledge-trace", json={"interactions": interactions, "next_questions": [2]}).json()
     np.testing.assert_allclose(body["predictions"], expected, atol=1e-5)
     assert body["family"] == "dkt" and body["mastery"] is None and body["attention"] is None

@@ -15,12 +15,11 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
-from fastapi.testclient import TestClient
 
-from app.core.settings import Settings
-from app.main import create_app
 from tests.conftest import COMMITTED
-from tests.helpers import running_server
+from tests.helpers import app_client, running_server
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 DKT = "dkt-assist2009"
 DKVMN = "dkvmn-assist2009"
@@ -223,8 +222,7 @@ def test_a_family_that_does_not_fit_the_graph_leaves_the_model_not_ready(artifac
     entry = next(entry for entry in manifest["models"] if entry["name"] == DKT)
     entry["metadata"]["family"] = family
     (artifacts_copy / "manifest.json").write_text(json.dumps(manifest))
-    settings = Settings(artifacts_dir=artifacts_copy, provider="cpu", intra_op_threads=1, on_model_error="skip")
-    with TestClient(create_app(settings)) as client:
+    with app_client(artifacts_copy, on_model_error="skip") as client:
         listed = {model["name"]: model for model in client.get("/models").json()["models"]}
     assert not listed[DKT]["ready"] and error in listed[DKT]["error"]
     assert listed[DKVMN]["ready"]

@@ -102,6 +102,7 @@ def test_python_loop_and_scan_agree(model):
         torch.testing.assert_close(loop_output, scan_output, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_onnx_graph_matches_pytorch_for_any_batch_and_length(model, tmp_path):
     path = tmp_path / "dkvmn.onnx"
     export_dkvmn(model, path)

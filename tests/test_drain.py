@@ -13,9 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import COMMITTED
 from tests.helpers import HeldRequest, Server, free_port, running_server
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 IN_FLIGHT = 32
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from tests.conftest import COMMITTED, FLMP_MODEL, SIM_MODEL, toy_settings
+from tests.conftest import COMMITTED, FLMP_MODEL, SIM_MODEL
+from tests.helpers import app_client
 
 PAIRS = [
     ("A man is playing a guitar.", "A person plays an instrument."),
@@ -99,10 +99,10 @@ def test_the_encoder_follows_the_weights_not_the_name(artifacts_copy):
         if entry["name"] == FLMP_MODEL:
             entry["name"] = "rmc-flmp-renamed"
 
-    with TestClient(create_app(toy_settings(artifacts_copy))) as client:
+    with app_client(artifacts_copy) as client:
         before = embed(client, [SHORT], FLMP_MODEL)["encoder"]
     rewrite_manifest(artifacts_copy, rename)
-    with TestClient(create_app(toy_settings(artifacts_copy))) as client:
+    with app_client(artifacts_copy) as client:
         assert embed(client, [SHORT], "rmc-flmp-renamed")["encoder"] == before
 
 
@@ -194,7 +194,7 @@ def test_the_manifest_limit_on_sentences_is_enforced(artifacts_copy):
             entry["limits"]["max_sentences"] = 2
 
     rewrite_manifest(artifacts_copy, lower_limit)
-    with TestClient(create_app(toy_settings(artifacts_copy))) as client:
+    with app_client(artifacts_copy) as client:
         assert client.post("/embeddings", json={"sentences": ["a", "b"]}).status_code == 200
         response = client.post("/embeddings", json={"sentences": ["a", "b", "c"]})
     assert response.status_code == 422
@@ -208,7 +208,7 @@ def test_a_model_without_embedding_graphs_answers_404_and_still_serves_pairs(art
             entry.pop("graphs")
 
     rewrite_manifest(artifacts_copy, drop_graphs)
-    with TestClient(create_app(toy_settings(artifacts_copy))) as client:
+    with app_client(artifacts_copy) as client:
         response = client.post("/embeddings", json={"sentences": ["a"], "model": FLMP_MODEL})
         assert response.status_code == 404 and "no sentence encoder" in response.json()["detail"]
         vectors = {"embedding_a": [0.5] * 512, "embedding_b": [0.5] * 512, "model": FLMP_MODEL}
@@ -220,7 +220,7 @@ def test_a_model_without_embedding_graphs_answers_404_and_still_serves_pairs(art
 def test_a_tampered_encoder_graph_is_never_served(artifacts_copy):
     encoder = artifacts_copy / f"{SIM_MODEL}.encoder.onnx"
     encoder.write_bytes(encoder.read_bytes()[:-1] + b"\0")
-    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+    with app_client(artifacts_copy, on_model_error="skip") as client:
         info = {m["name"]: m for m in client.get("/models").json()["models"]}[SIM_MODEL]
         assert not info["ready"] and f"{SIM_MODEL}.encoder.onnx" in info["error"]
         assert client.post("/embeddings", json={"sentences": ["a"]}).status_code == 503
@@ -232,7 +232,7 @@ def test_a_graph_the_task_does_not_use_stops_that_model(artifacts_copy):
             entry["graphs"]["decoder"] = entry["graphs"]["head"]
 
     rewrite_manifest(artifacts_copy, add_unknown_graph)
-    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+    with app_client(artifacts_copy, on_model_error="skip") as client:
         info = {m["name"]: m for m in client.get("/models").json()["models"]}
         assert info[SIM_MODEL]["ready"] and not info[FLMP_MODEL]["ready"]
         assert "'decoder'" in info[FLMP_MODEL]["error"] and "encoder, head" in info[FLMP_MODEL]["error"]

@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from fastapi.testclient import TestClient
 
-from app.main import create_app
-from tests.conftest import SIM_MODEL, toy_settings
-from tests.helpers import ROOT
+from tests.conftest import SIM_MODEL
+from tests.helpers import ROOT, app_client
 
 pytest.importorskip("torch", reason="the exporter needs the train extra")
 
 import torch
 
 from export import embeddings as export_embeddings
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 
 def export_command(artifacts: Path, data: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_second_export_is_identical_and_keeps_one_card_section(exported, tmp_p
 def test_the_served_graphs_score_stored_vectors_like_the_pair_graph(exported):
     artifacts, _ = exported
     pair = {"sentence_a": "a man plays a guitar", "sentence_b": "a woman cuts an onion"}
-    with TestClient(create_app(toy_settings(artifacts))) as client:
+    with app_client(artifacts) as client:
         vectors = client.post("/embeddings", json={"sentences": list(pair.values())}).json()["results"]
         direct = client.post("/similarity", json=pair).json()
         stored = client.post(

@@ -62,6 +62,7 @@ def test_the_ensemble_averages_its_members_distributions_and_attention(pointer):
 
 @pytest.mark.parametrize("pointer", POINTERS)
 @torch.no_grad()
+@pytest.mark.slow
 def test_heads_of_different_widths_and_the_scan_path_give_the_same_numbers(pointer):
     models = [*members(1, pointer=pointer), *members(1, pointer=pointer, fc_dim=24)]
     ensemble = EnsemblePairModel(models).eval()

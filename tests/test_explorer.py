@@ -29,6 +29,8 @@ from app.explorer.router import STATIC_DIR
 from tests.helpers import Server, running_server
 from tests.test_drain import _draining, _hold_one_request
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = Path(os.environ.get("MNEMO_TEST_ARTIFACTS_DIR", ROOT / "tmp" / "artifacts")) / "explorer"
 CHROMIUM = os.environ.get("MNEMO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

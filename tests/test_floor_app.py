@@ -7,16 +7,16 @@ import json
 import pytest
 
 from app.core.metrics import Metrics
-from app.core.settings import Settings
 from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
 from benchmarks.floor_app import knowledge_trace_answer, similarity_answer
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL
+from tests.helpers import app_settings
 
 
 @pytest.fixture(scope="module")
 def registry() -> ModelRegistry:
-    loaded = ModelRegistry(Settings(artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1), TASKS, Metrics())
+    loaded = ModelRegistry(app_settings(COMMITTED), TASKS, Metrics())
     loaded.load()
     return loaded
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import resource
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -14,9 +12,8 @@ from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS
-from app.transports.direct_routes import direct_routes
-from app.transports.rest import task_router
-from tests.helpers import ROOT, free_port
+from app.transports.rest import direct_routes
+from tests.helpers import ROOT, free_port, run_app
 
 
 def test_both_tasks_are_registered_with_their_routes():
@@ -25,11 +22,12 @@ def test_both_tasks_are_registered_with_their_routes():
     assert {"/similarity", "/similarity/batch", "/knowledge-trace", "/health", "/ready", "/models", "/metrics"} <= paths
 
 
-def test_only_the_routes_that_read_their_own_request_are_dispatched_directly():
-    routes = direct_routes([task_router(TASKS.values())])
+def test_the_task_endpoints_are_dispatched_directly_and_documented_by_fastapi():
+    routes = direct_routes(TASKS.values())
     paths = ("/similarity", "/similarity/batch", "/embeddings", "/similarity/from-embeddings", "/knowledge-trace")
-    # not GET /models/{name}/questions (query and path parameters)
     assert set(routes) == {("POST", path) for path in paths}
+    documented = create_app(Settings(provider="cpu")).openapi()["paths"]
+    assert all("post" in documented[path] for path in paths)
 
 
 def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
@@ -112,13 +110,14 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_MAX_CONNECTIONS": "FILES"}, "MNEMO_MAX_CONNECTIONS ({files}) needs {needed} open files, past this"),
     ],
 )
+@pytest.mark.slow
 def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str):
     port = str(free_port())
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 127  # one connection past the open-file limit
     placeholders = {"PORT": port, "FILES": str(files), "NOT_A_DB": f"sqlite://{ROOT / 'pyproject.toml'}"}
     variables = {name: placeholders.get(value, value) for name, value in variables.items()}
     env = {**os.environ, "MNEMO_PORT": port, **variables}
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env)
     assert done.returncode == 1
     expected = message.format(port=port, files=files, needed=files + 128)
     assert done.stderr.startswith("mnemo: cannot start:") and expected in done.stderr
@@ -137,6 +136,7 @@ def test_opening_a_store_never_echoes_a_password_that_is_not_percent_encoded(url
 @pytest.mark.parametrize(
     ("variable", "workers"), [("MNEMO_PORT", "1"), ("MNEMO_PROBE_PORT", "1"), ("MNEMO_PROBE_PORT", "2")]
 )
+@pytest.mark.slow
 def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, workers: str):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -144,9 +144,7 @@ def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, worke
         port = taken.getsockname()[1]
         env = {**os.environ, "MNEMO_PORT": str(free_port()), variable: str(port), "MNEMO_WORKERS": workers}
         env.pop("MNEMO_CONCURRENT_RUNS", None)
-        done = subprocess.run(
-            [sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
-        )
+        done = run_app(env)
     assert done.returncode == 1
     names = "MNEMO_HOST:MNEMO_PORT" if variable == "MNEMO_PORT" else "MNEMO_HOST:MNEMO_PROBE_PORT"
     expected = f"cannot listen on 127.0.0.1:{port} ({names}): Address already in use"
@@ -154,11 +152,11 @@ def test_a_port_in_use_stops_startup_before_any_model_loads(variable: str, worke
 
 
 @pytest.mark.parametrize(("argument", "code"), [("--help", 0), ("--port=9", 2), ("serve", 2)])
+@pytest.mark.slow
 def test_python_m_app_takes_no_arguments(argument: str, code: int):
     """`--help` started a server on the default port; `--port=9` was silently ignored."""
     env = {**os.environ, "MNEMO_PORT": str(free_port())}
-    command = [sys.executable, "-m", "app", argument]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env, argument)
     assert done.returncode == code
     if code == 0:
         assert "every setting is an MNEMO_* environment variable" in done.stdout
@@ -166,17 +164,18 @@ def test_python_m_app_takes_no_arguments(argument: str, code: int):
         assert f"python -m app: error: unrecognized arguments: {argument}" in done.stderr
 
 
+@pytest.mark.slow
 def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
     """A typo (MNEMO_MAX_BACTH, MNEMO_API_KEY: authentication off) was ignored without a word."""
     typos = {"MNEMO_MAX_BACTH": "8", "MNEMO_API_KEY": "a-key"}
     kubernetes = {"MNEMO_SERVICE_HOST": "10.0.0.1", "MNEMO_PORT_8000_TCP_ADDR": "10.0.0.1"}
     kubernetes["MNEMO_REDIS_PORT"] = "tcp://10.0.0.2:6379"  # service links, set by Kubernetes, not typos
     env = {**os.environ, "MNEMO_PORT": str(free_port()), "MNEMO_ARTIFACTS_DIR": "/nonexistent", **typos, **kubernetes}
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env)
     assert done.stderr.splitlines()[:2] == [
         "mnemo: warning: MNEMO_API_KEY is not a setting (did you mean MNEMO_API_KEYS?): ignored "
-        "(the settings: README.md, Configuration)",
+        "(the settings: docs/configuration.md)",
         "mnemo: warning: MNEMO_MAX_BACTH is not a setting (did you mean MNEMO_MAX_BATCH?): ignored "
-        "(the settings: README.md, Configuration)",
+        "(the settings: docs/configuration.md)",
     ]
     assert "SERVICE_HOST" not in done.stderr and "_TCP" not in done.stderr and "REDIS" not in done.stderr

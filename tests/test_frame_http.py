@@ -15,8 +15,9 @@ from starlette.requests import Request
 from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter
 from app.transports.connection_guard import ON_CLIENT_GONE
-from app.transports.http import ClientGone, complete
-from tests.conftest import toy_settings
+from app.transports.deadline import ClientGone
+from app.transports.http import complete
+from tests.helpers import app_client, app_settings
 from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
 
 GOOD = {"x": [[1, 2, 3]], "k": [1]}
@@ -24,7 +25,7 @@ GOOD = {"x": [[1, 2, 3]], "k": [1]}
 
 @pytest.fixture
 def toy_client(toy_artifacts) -> Iterator[TestClient]:
-    with TestClient(toy_app(toy_settings(toy_artifacts, max_body_bytes=4096))) as client:
+    with app_client(toy_artifacts, toy=True, max_body_bytes=4096) as client:
         yield client
 
 
@@ -99,7 +100,7 @@ def test_input_the_graph_rejects_is_422_not_500(toy_client, body, mnemo_logs):
 def test_a_feed_of_the_wrong_dtype_is_422_not_500(tmp_path):
     """The toy router feeds int64; a graph that takes int32 rejects it inside onnxruntime."""
     artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-int32")], int_type=TensorProto.INT32)
-    with TestClient(toy_app(toy_settings(artifacts))) as client:
+    with app_client(artifacts, toy=True) as client:
         response = client.post("/toy", json=GOOD)
     assert response.status_code == 422 and "type" in response.json()["detail"][0]["msg"]
 
@@ -111,7 +112,7 @@ def test_malformed_bodies_are_422(toy_client, body):
 
 
 def test_a_bug_is_logged_and_answered_500_as_last_resort(toy_artifacts, mnemo_logs):
-    with TestClient(toy_app(toy_settings(toy_artifacts)), raise_server_exceptions=False) as client:
+    with app_client(toy_artifacts, toy=True, raise_server_exceptions=False) as client:
         response = client.get("/toy/bug")
         assert client.get("/toy/bug/secret-learner-42").status_code == 500
     assert response.status_code == 500 and response.json() == {"detail": "Internal error; it has been logged."}
@@ -194,8 +195,8 @@ def test_metrics_by_route_template_and_status_and_inference_by_model(toy_client)
 
 def test_each_app_has_its_own_metrics(toy_artifacts):
     with (
-        TestClient(toy_app(toy_settings(toy_artifacts))) as first,
-        TestClient(toy_app(toy_settings(toy_artifacts))) as second,
+        app_client(toy_artifacts, toy=True) as first,
+        app_client(toy_artifacts, toy=True) as second,
     ):
         first.post("/toy", json=GOOD)
         assert 'route="/toy",status="200"} 1.0' in first.get("/metrics").text
@@ -203,7 +204,7 @@ def test_each_app_has_its_own_metrics(toy_artifacts):
 
 
 def test_json_log_format_writes_one_object_per_line(toy_artifacts, capfd):
-    with TestClient(toy_app(toy_settings(toy_artifacts, log_format="json"))) as client:
+    with app_client(toy_artifacts, toy=True, log_format="json") as client:
         client.get("/health", headers={"X-Request-ID": "json-1"})
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
     assert any(line.get("request_id") == "json-1" and line["status"] == 200 for line in lines)
@@ -213,7 +214,7 @@ def test_json_log_format_writes_one_object_per_line(toy_artifacts, capfd):
 def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(toy_artifacts):
     """The batcher may see a client leave (TCP_INFO) before the connection guard does and cancel the rows the
     request awaits: that is a 499 counted as cancelled, not a CancelledError escaping to uvicorn's error log."""
-    app = toy_app(toy_settings(toy_artifacts))
+    app = toy_app(app_settings(toy_artifacts))
     scope = {"type": "http", "app": app, "method": "POST", "path": "/toy", "headers": [], "query_string": b""}
     scope[ON_CLIENT_GONE] = []  # as the connection guard puts it: its client has not left as far as it knows
 

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-from fastapi.testclient import TestClient
 
 from app.core.settings import Settings, usable_cpus
 from app.runtime.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
-from tests.conftest import toy_settings
-from tests.toy_model import build_toy_onnx, toy_app, write_empty_manifest
+from tests.helpers import app_client, run_app
+from tests.toy_model import build_toy_onnx, write_empty_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = "CPUExecutionProvider"
@@ -27,12 +26,12 @@ def test_this_machine_offers_no_gpu_provider():
 
 
 def test_cpu_sessions_report_the_provider_really_in_use(toy_artifacts):
-    with TestClient(toy_app(toy_settings(toy_artifacts, provider="cpu"))) as client:
+    with app_client(toy_artifacts, toy=True, provider="cpu") as client:
         assert {m["provider"] for m in client.get("/models").json()["models"]} == {CPU}
 
 
 def test_auto_chooses_cpu_here_and_logs_the_choice(toy_artifacts, mnemo_logs):
-    with TestClient(toy_app(toy_settings(toy_artifacts, provider="auto"))) as client:
+    with app_client(toy_artifacts, toy=True, provider="auto") as client:
         assert client.get("/ready").status_code == 200
         assert {m["provider"] for m in client.get("/models").json()["models"]} == {CPU}
     assert any(f"auto chose {CPU}" in line for line in mnemo_logs.messages("mnemo.providers"))
@@ -50,8 +49,10 @@ def test_auto_prefers_cuda_when_onnxruntime_offers_it():
 def test_unavailable_provider_fails_startup_naming_it_and_the_available_ones(
     toy_artifacts, provider, named, on_model_error
 ):
-    app = toy_app(toy_settings(toy_artifacts, provider=provider, on_model_error=on_model_error))
-    with pytest.raises(ProviderUnavailable) as raised, TestClient(app):
+    with (
+        pytest.raises(ProviderUnavailable) as raised,
+        app_client(toy_artifacts, toy=True, provider=provider, on_model_error=on_model_error),
+    ):
         pass
     message = str(raised.value)
     assert f"MNEMO_PROVIDER={provider}" in message and named in message and CPU in message
@@ -65,26 +66,29 @@ def test_a_session_on_another_provider_than_asked_is_refused(tmp_path):
         check_session_provider(session, "CUDAExecutionProvider", "toy")
 
 
-def _run(command: list[str], artifacts: Path, **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), **env}
-    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, cwd=ROOT)
+def _environment(artifacts: Path, **env: str) -> dict[str, str]:
+    return {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), **env}
 
 
+@pytest.mark.slow
 def test_python_m_app_with_cuda_exits_with_one_clear_line(tmp_path):
-    result = _run([sys.executable, "-m", "app"], write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda")
+    result = run_app(_environment(write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda"), timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "CUDAExecutionProvider" in result.stderr and CPU in result.stderr
 
 
+@pytest.mark.slow
 def test_python_m_app_with_a_bad_setting_exits_naming_it(tmp_path):
-    result = _run([sys.executable, "-m", "app"], write_empty_manifest(tmp_path), MNEMO_PROVIDER="gpu")
+    result = run_app(_environment(write_empty_manifest(tmp_path), MNEMO_PROVIDER="gpu"), timeout=120)
     assert result.returncode == 1 and "MNEMO_PROVIDER" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_uvicorn_cli_with_cuda_exits_non_zero_naming_cuda(tmp_path):
     command = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", "0"]
-    result = _run(command, write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda")
+    environment = _environment(write_empty_manifest(tmp_path), MNEMO_PROVIDER="cuda")
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode != 0
     assert "startup failed: MNEMO_PROVIDER=cuda asks for CUDAExecutionProvider" in result.stderr
 

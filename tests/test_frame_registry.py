@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from onnx import TensorProto
 
 from app.core.errors import ModelNotReady, UnknownModel
@@ -15,11 +14,10 @@ from app.core.metrics import Metrics
 from app.runtime import registry as registry_module
 from app.runtime import sessions
 from app.runtime.registry import ModelLoadError, ModelRegistry
-from tests.conftest import toy_settings
+from tests.helpers import app_client, app_settings
 from tests.toy_model import (
     OTHER_TASK,
     TOY_TASK,
-    toy_app,
     toy_entry,
     toy_tasks,
     write_empty_manifest,
@@ -28,7 +26,7 @@ from tests.toy_model import (
 
 
 def _registry(artifacts, prepare=None, **overrides) -> ModelRegistry:
-    registry = ModelRegistry(toy_settings(artifacts, **overrides), toy_tasks(prepare), Metrics())
+    registry = ModelRegistry(app_settings(artifacts, **overrides), toy_tasks(prepare), Metrics())
     registry.load()
     return registry
 
@@ -114,10 +112,9 @@ def _tamper(path):
 @pytest.mark.parametrize("target", ["toy-b.onnx", "toy-b.scale.npy"])
 def test_tampered_file_stops_startup_by_default(toy_artifacts, target):
     _tamper(toy_artifacts / target)
-    app = toy_app(toy_settings(toy_artifacts))
     with (
         pytest.raises(ModelLoadError, match=r"toy-b: .*toy-b.* has sha256 \w+, but the manifest says"),
-        TestClient(app),
+        app_client(toy_artifacts, toy=True),
     ):
         pass
 
@@ -125,7 +122,7 @@ def test_tampered_file_stops_startup_by_default(toy_artifacts, target):
 @pytest.mark.parametrize("target", ["toy-b.onnx", "toy-b.scale.npy"])
 def test_tampered_file_in_skip_mode_is_listed_not_ready_and_never_served(toy_artifacts, target):
     _tamper(toy_artifacts / target)
-    with TestClient(toy_app(toy_settings(toy_artifacts, on_model_error="skip"))) as client:
+    with app_client(toy_artifacts, toy=True, on_model_error="skip") as client:
         assert client.get("/health").status_code == 200
         ready = client.get("/ready")
         assert ready.status_code == 503 and ready.json() == {"detail": "Models not ready: toy-b."}
@@ -155,7 +152,7 @@ def test_a_file_that_is_not_onnx_is_a_load_error_not_a_crash(tmp_path):
 
 # -- the manifest itself ----------------------------------------------------------------------------
 def test_empty_manifest_is_valid_and_ready(tmp_path):
-    with TestClient(toy_app(toy_settings(write_empty_manifest(tmp_path)))) as client:
+    with app_client(write_empty_manifest(tmp_path), toy=True) as client:
         assert client.get("/ready").json() == {"status": "ready", "models": 0}
         assert client.get("/models").json() == {"models": []}
         response = client.post("/toy", json={"x": [[1, 2, 3]], "k": [1]})
@@ -196,7 +193,7 @@ def preopening(monkeypatch):
 
 
 def test_the_registry_takes_the_sessions_opened_early_and_drops_the_rest(toy_artifacts, preopening):
-    settings = toy_settings(toy_artifacts)
+    settings = app_settings(toy_artifacts)
     preopening.start(settings)
     registry = ModelRegistry(settings, toy_tasks(), Metrics())
     key = (toy_artifacts / "toy-a.onnx", sha256_of(toy_artifacts / "toy-a.onnx"), "CPUExecutionProvider")
@@ -209,14 +206,14 @@ def test_the_registry_takes_the_sessions_opened_early_and_drops_the_rest(toy_art
 
 def test_a_file_tampered_before_the_early_open_is_still_refused_by_the_registry(toy_artifacts, preopening):
     _tamper(toy_artifacts / "toy-b.onnx")
-    settings = toy_settings(toy_artifacts)
+    settings = app_settings(toy_artifacts)
     preopening.start(settings)
     with pytest.raises(ModelLoadError, match=r"toy-b: .*toy-b.onnx has sha256 \w+, but the manifest says"):
         ModelRegistry(settings, toy_tasks(), Metrics()).load()
 
 
 def test_sessions_opened_early_under_other_settings_are_not_used(toy_artifacts, preopening):
-    preopening.start(toy_settings(toy_artifacts))
-    other = toy_settings(toy_artifacts, cpu_arena=True)
+    preopening.start(app_settings(toy_artifacts))
+    other = app_settings(toy_artifacts, cpu_arena=True)
     path = toy_artifacts / "toy-a.onnx"
     assert preopening.take(path, sha256_of(path), "CPUExecutionProvider", other) is None

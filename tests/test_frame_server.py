@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, run_app
 from tests.toy_model import write_empty_manifest
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +82,7 @@ def test_a_tampered_model_stops_python_m_app_with_one_line_naming_it(artifacts_c
         model.write(b"x")
     env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts_copy), "MNEMO_PORT": str(free_port())}
     env.update(MNEMO_PROVIDER="cpu", MNEMO_INTRA_OP_THREADS="1", MNEMO_HOST="127.0.0.1")
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_app(env, timeout=120)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]

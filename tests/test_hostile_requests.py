@@ -20,6 +20,8 @@ import pytest
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 HISTORY = {"interactions": [{"question": 1, "correct": True}]}
 KT_INFER, SIM_INFER = "/v2/models/dkvmn-assist2009/infer", "/v2/models/rmc-vlmp-sick/infer"

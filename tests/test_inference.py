@@ -52,6 +52,32 @@ def test_flmp_map_is_diagonal_and_self_weight_is_excluded():
     np.testing.assert_allclose(combined_map(weights, weights, "flmp", 5), np.eye(4) * 0.5)
 
 
+def _reference_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
+    """The combined map cell by cell, as MODELS.md states it: at step t, slot k of the memory row read token
+    t-w+k (VLMP, slots 1..w) or token t (FLMP, slot 1); the backward pass read the sentence reversed."""
+    length = len(forward)
+    result = np.zeros((length, length), dtype=np.float64)
+    reads = [(k, k - window) for k in range(1, window + 1)] if pointer == "vlmp" else [(1, 0)]
+    for t in range(length):
+        for slot, offset in reads:
+            token = t + offset
+            if token >= 0:
+                result[t, token] += forward[t, :, slot].mean() / 2
+                result[length - 1 - t, length - 1 - token] += backward[t, :, slot].mean() / 2
+    return result
+
+
+def test_attention_maps_match_the_cell_by_cell_definition():
+    rng = np.random.default_rng(7)
+    for pointer, window in (("vlmp", 1), ("vlmp", 3), ("vlmp", 5), ("flmp", 5)):
+        width = 1 + (window if pointer == "vlmp" else 1)
+        for length in (1, 2, 4, 9):
+            forward, backward = (rng.random((length, 4, width), dtype=np.float32) for _ in range(2))
+            combined = combined_map(forward, backward, pointer, window)
+            assert combined.dtype == np.float32 and combined.flags.c_contiguous
+            np.testing.assert_allclose(combined, _reference_map(forward, backward, pointer, window), atol=1e-6)
+
+
 def test_every_glove_word_gets_its_vector_and_unknown_words_are_reported():
     specials = special_vectors(7)
     vectors = WordVectors.from_glove(specials)

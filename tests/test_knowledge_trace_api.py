@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-from app.main import create_app
-from tests.conftest import KT_MODEL, toy_settings
+from tests.conftest import KT_MODEL
+from tests.helpers import app_client
 
 N_QUESTIONS = 50
 
@@ -18,6 +17,7 @@ def _body(questions, correct=None, **extra):
     return {"model": KT_MODEL, "interactions": interactions, **extra}
 
 
+@pytest.mark.slow
 def test_real_test_set_student_matches_offline_pytorch_inference(tiny_artifacts):
     torch = pytest.importorskip("torch")
     from export.kt import load_model
@@ -25,7 +25,7 @@ def test_real_test_set_student_matches_offline_pytorch_inference(tiny_artifacts)
 
     runs = tiny_artifacts.parent / "runs" / "synthetic-v0"
     student = read_students(tiny_artifacts.parent / "kt" / "synthetic" / "naive_c5_q50_s4000_v0_test.csv")[0]
-    with TestClient(create_app(toy_settings(tiny_artifacts))) as client:
+    with app_client(tiny_artifacts) as client:
         body = _body(student.questions, [bool(r) for r in student.responses])
         response = client.post("/knowledge-trace", json=body)
     assert response.status_code == 200

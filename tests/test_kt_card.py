@@ -3,10 +3,14 @@ threads."""
 
 from __future__ import annotations
 
+import pytest
+
 from export import cards
 from export import kt as export_kt
 from models import train_kt
 from tests.synthetic_data import write_synthetic_kt
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 
 def test_exported_card_says_which_weights_selection_took(tmp_path, capsys):

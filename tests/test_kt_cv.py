@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from export import kt as export_kt
 from export import kt_cv
 from models import cv_kt
@@ -37,6 +39,7 @@ def test_fold_spread_section_reports_each_fold_and_survives_a_second_splice(tmp_
     assert kt_cv.section([tmp_path / "missing-cv"]) == []
 
 
+@pytest.mark.slow
 def test_exported_card_carries_the_fold_spread_of_its_recipe(tmp_path):
     data = write_synthetic_kt(tmp_path / "kt")
     write_kt_students(data / "synthetic" / "naive_c5_q50_s4000_v0_train.csv", 40, 50, 50, seed=5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from export import kt as export_kt
 from export.kt_repeats import repeated_skill_pairs, skill_changes
@@ -23,6 +24,7 @@ def test_alternating_two_skill_blocks_are_flagged_and_other_skill_changes_are_no
     assert np.flatnonzero(skill_changes(data)[0]).tolist() == [1, 2, 3, 4, 5, 7, 8]  # never padding or row 0
 
 
+@pytest.mark.slow
 def test_assist2009_export_writes_the_repeat_caveat_into_card_and_manifest(tmp_path):
     folder = tmp_path / "kt" / "assist2009_updated"
     for split, seed in (("train1", 0), ("valid1", 1)):

@@ -1,66 +1,79 @@
-"""The buffered log writer: records reach stderr in order, from its thread, and all of them when it stops."""
+"""The service's logs: records reach stderr in order, all of them by exit; the text and JSON formats."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import subprocess
 import sys
-import threading
 import time
 
 from app.core import logging as service_logging
-from app.core.logging import BufferedWriter, TextFormatter
-
-
-class _Collect(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[tuple[str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.getMessage(), threading.current_thread().name))
+from app.core.logging import JsonFormatter, TextFormatter, configure_logging, write_out_logs
 
 
 def _record(message: str) -> logging.LogRecord:
     return logging.LogRecord("mnemo.test", logging.INFO, __file__, 0, message, None, None)
 
 
-def test_the_writer_thread_writes_buffered_records_in_order_within_its_interval():
-    target = _Collect()
-    writer = BufferedWriter(target, interval_s=0.2)
+def test_logged_records_reach_stderr_in_order_and_all_of_them_once_written_out(capsys):
+    configure_logging("info", "text")
+    logger = logging.getLogger("mnemo.test")
+    for index in range(500):
+        logger.info("line %d", index)
+    write_out_logs()
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(": ", 1)[1] for line in lines if " mnemo.test: " in line] == [f"line {i}" for i in range(500)]
+
+
+def test_a_full_queue_is_written_out_without_waiting_for_the_write_interval(capsys, monkeypatch):
+    monkeypatch.setattr(service_logging, "WRITE_INTERVAL_S", 60)
+    monkeypatch.setattr(service_logging, "MAX_QUEUED_RECORDS", 5)
+    configure_logging("info", "text")
+    logger = logging.getLogger("mnemo.test")
+    for index in range(5):
+        logger.info("queued %d", index)
+    written: list[str] = []
+    deadline = time.monotonic() + 10
+    while len(written) < 5 and time.monotonic() < deadline:
+        written += [line for line in capsys.readouterr().err.splitlines() if " mnemo.test: queued " in line]
+        time.sleep(0.01)
+    assert [line.split(": ", 1)[1] for line in written] == [f"queued {index}" for index in range(5)]
+
+
+def test_a_process_writes_out_every_queued_line_when_it_exits():
+    program = (
+        "import logging\n"
+        "from app.core.logging import configure_logging\n"
+        "configure_logging('info', 'json')\n"
+        "for index in range(2000):\n"
+        "    logging.getLogger('mnemo.test').info('line %d', index, extra={'request_id': str(index)})\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [line["message"] for line in lines] == [f"line {index}" for index in range(2000)]
+    assert lines[7]["request_id"] == "7" and lines[7]["logger"] == "mnemo.test" and lines[7]["level"] == "info"
+
+
+def test_the_json_format_has_the_documented_fields_one_line_and_no_raw_control_character():
     try:
-        for index in range(100):
-            writer.handle(_record(f"line {index}"))
-        assert len(target.lines) < 100  # logging only buffered them
-        deadline = time.monotonic() + 5
-        while len(target.lines) < 100 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert [message for message, _ in target.lines] == [f"line {index}" for index in range(100)]
-        assert {thread for _, thread in target.lines} == {"mnemo-log-writer"}
-    finally:
-        writer.stop()
-
-
-def test_stop_and_close_write_out_what_is_buffered():
-    target = _Collect()
-    writer = BufferedWriter(target, interval_s=60)
-    writer.handle(_record("before close"))
-    writer.close()  # as logging.config.dictConfig does: the writer keeps working afterwards
-    writer.handle(_record("after close"))
-    writer.stop()
-    assert [message for message, _ in target.lines] == ["before close", "after close"]
-
-
-def test_a_full_buffer_is_written_out_by_the_thread_that_logs(monkeypatch):
-    monkeypatch.setattr(service_logging, "MAX_BUFFERED_RECORDS", 5)
-    target = _Collect()
-    writer = BufferedWriter(target, interval_s=60)
-    try:
-        for index in range(5):
-            writer.handle(_record(f"line {index}"))
-        assert [message for message, _ in target.lines] == [f"line {index}" for index in range(5)]
-        assert {thread for _, thread in target.lines} == {threading.current_thread().name}
-    finally:
-        writer.stop()
+        raise ValueError("student abc\n\x1b[2J")
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord("mnemo.errors", logging.ERROR, __file__, 0, "bug on %s", ("/x\r\n\u2028",), exc_info)
+    record.request_id, record.color_message = "req-1", "\x1b[31mbug\x1b[0m"  # extra fields; uvicorn's colour copy
+    line = JsonFormatter().format(record)
+    assert "\n" not in line and "\x1b" not in line and "\u2028" not in line, line
+    fields = json.loads(line)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", fields.pop("time")), line
+    assert fields.pop("exception").startswith("Traceback (most recent call last):")
+    assert fields == {
+        "level": "error",
+        "logger": "mnemo.errors",
+        "message": "bug on /x\r\n\u2028",
+        "request_id": "req-1",
+    }
 
 
 def test_the_text_format_escapes_control_characters_in_a_message_so_it_stays_one_line():

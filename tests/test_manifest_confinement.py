@@ -11,12 +11,11 @@ import os
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
 from app.core.integrity import sha256_of
 from app.runtime.registry import ModelLoadError
-from tests.conftest import toy_settings
-from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
+from tests.helpers import app_client
+from tests.toy_model import toy_entry, write_toy_artifacts
 
 
 def _artifacts_with(tmp_path: Path, **changes) -> tuple[Path, Path]:
@@ -45,9 +44,9 @@ def _artifacts_with(tmp_path: Path, **changes) -> tuple[Path, Path]:
 def test_paths_out_of_the_artifacts_directory_are_refused(tmp_path, file, message):
     artifacts, outside = _artifacts_with(tmp_path, file=file, sha256=lambda outside: sha256_of(outside))
     os.symlink(outside, artifacts / "link.onnx")
-    with pytest.raises(ModelLoadError, match=message), TestClient(toy_app(toy_settings(artifacts))):
+    with pytest.raises(ModelLoadError, match=message), app_client(artifacts, toy=True):
         pass
-    with TestClient(toy_app(toy_settings(artifacts, on_model_error="skip"))) as client:
+    with app_client(artifacts, toy=True, on_model_error="skip") as client:
         listed = {model["name"]: model for model in client.get("/models").json()["models"]}
         assert listed["toy-b"]["ready"] is False and message in listed["toy-b"]["error"]
         text = client.get("/models").text
@@ -59,7 +58,7 @@ def test_a_limit_of_the_wrong_type_stops_startup_naming_the_field(tmp_path):
     artifacts, _ = _artifacts_with(tmp_path, limits={"max_tokens": "lots"})
     with (
         pytest.raises(ModelLoadError, match=r"models\.1\.limits\.max_tokens.*valid"),
-        TestClient(toy_app(toy_settings(artifacts, on_model_error="skip"))),
+        app_client(artifacts, toy=True, on_model_error="skip"),
     ):
         pass
 
@@ -68,7 +67,7 @@ def test_a_wrong_shaped_manifest_is_one_clear_line(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"models": ["rmc-vlmp-sick.onnx"]}))
     with (
         pytest.raises(ModelLoadError, match=r"models\.0: Input should be a valid dictionary") as error,
-        TestClient(toy_app(toy_settings(tmp_path))),
+        app_client(tmp_path, toy=True),
     ):
         pass
     assert "\n" not in str(error.value)

@@ -20,16 +20,18 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.errors import Overloaded
-from app.main import create_app
 from app.runtime.offload import MAX_QUEUED_BYTES, offload_or_shed
-from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models, toy_settings
-from tests.helpers import Server, running_server
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models
+from tests.helpers import Server, app_client, running_server
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 httpclient = pytest.importorskip("tritonclient.http", reason="the protocol test needs the dev extra (tritonclient)")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 TOLERANCE = 1e-5
 KT_MODELS = [entry["name"] for entry in manifest_models(COMMITTED) if entry["task"] == "knowledge-trace"]
+VERSIONS = {entry["name"]: entry["version"] for entry in manifest_models(COMMITTED)}
 ONNX_DATATYPES = {onnx.TensorProto.INT64: "INT64", onnx.TensorProto.FLOAT: "FP32"}
 PAIRS = [
     ("A man is playing a guitar.", "A person plays the guitar."),
@@ -125,7 +127,7 @@ def test_knowledge_trace_metadata_is_the_onnx_graph(triton, name: str) -> None:
 
 
 def test_similarity_metadata(triton) -> None:
-    metadata = triton.get_model_metadata(SIM_MODEL, "1.0.0")
+    metadata = triton.get_model_metadata(SIM_MODEL, VERSIONS[SIM_MODEL])
     assert metadata["inputs"] == [
         {"name": "sentence_a", "datatype": "BYTES", "shape": [-1]},
         {"name": "sentence_b", "datatype": "BYTES", "shape": [-1]},
@@ -173,7 +175,7 @@ def test_knowledge_trace_resumes_from_the_memory_it_returned(triton) -> None:
     whole = triton.infer(KT_MODEL, kt_inputs(questions, answers, [30], binary=False))
     first = triton.infer(KT_MODEL, kt_inputs(questions[:, :12], answers[:, :12], [12], binary=True))
     second_inputs = kt_inputs(questions[:, 12:], answers[:, 12:], [18], True, memory=first.as_numpy("mv_out"))
-    second = triton.infer(KT_MODEL, second_inputs, model_version="1.0.0")
+    second = triton.infer(KT_MODEL, second_inputs, model_version=VERSIONS[KT_MODEL])
     np.testing.assert_allclose(second.as_numpy("p")[0], whole.as_numpy("p")[0, 12:], atol=TOLERANCE)
     np.testing.assert_allclose(second.as_numpy("mv_out"), whole.as_numpy("mv_out"), atol=TOLERANCE)
     initial = np.load(COMMITTED / f"{KT_MODEL}.mv0.npy")[np.newaxis]
@@ -211,7 +213,11 @@ def test_only_the_requested_outputs_come_back_with_the_request_id(triton) -> Non
     result = triton.infer(SIM_MODEL, inputs, outputs=outputs(["relatedness"], False), request_id="req-7")
     response = result.get_response()
     assert [output["name"] for output in response["outputs"]] == ["relatedness"]
-    assert (response["id"], response["model_name"], response["model_version"]) == ("req-7", SIM_MODEL, "1.0.0")
+    assert (response["id"], response["model_name"], response["model_version"]) == (
+        "req-7",
+        SIM_MODEL,
+        VERSIONS[SIM_MODEL],
+    )
 
 
 # -- errors in the protocol's shape ------------------------------------------------------------------------
@@ -220,8 +226,8 @@ def test_unknown_model_and_version_are_404(triton) -> None:
     status, message = status_of(lambda: triton.infer("no-such-model", one))
     assert status == "404" and "no-such-model" in message and KT_MODEL in message
     assert status_of(lambda: triton.get_model_metadata("no-such-model"))[0] == "404"
-    status, message = status_of(lambda: triton.infer(KT_MODEL, one, model_version="2.0.0"))
-    assert status == "404" and "1.0.0" in message
+    status, message = status_of(lambda: triton.infer(KT_MODEL, one, model_version="99.0.0"))
+    assert status == "404" and f"it serves {VERSIONS[KT_MODEL]}" in message
 
 
 def test_bad_tensors_are_400(triton) -> None:
@@ -394,8 +400,8 @@ def test_every_error_under_v2_is_in_the_protocol_shape(server: Server) -> None:
     """Not only the protocol's routes: FastAPI's 404 and 405 and the body limit's 413 too (tritonclient reads
     `error` only)."""
     answers = [
-        httpx.post(f"{server.url}/v2/repository/index", timeout=10),
-        httpx.get(f"{server.url}/v2/models/{KT_MODEL}/config", timeout=10),
+        httpx.post(f"{server.url}/v2/repository/models/{KT_MODEL}/load", timeout=10),
+        httpx.get(f"{server.url}/v2/systemsharedmemory/status", timeout=10),
         httpx.get(f"{server.url}/v2/models/{KT_MODEL}/infer", timeout=10),
         httpx.post(f"{server.url}/v2/models/{KT_MODEL}/infer", content=b"x" * (3 << 20), timeout=30),
     ]
@@ -540,7 +546,7 @@ def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
         ],
         "outputs": [{"name": "p"}],
     }
-    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+    with app_client(COMMITTED) as client:
 
         def trace(count: int, **body) -> httpx.Response:
             return client.post("/knowledge-trace", json={"model": model, "interactions": interactions[:count], **body})
@@ -571,7 +577,7 @@ def test_a_large_body_is_429_while_the_parse_queue_is_full() -> None:
         ]
     }
     release = threading.Event()
-    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+    with app_client(COMMITTED) as client:
         held = client.portal.start_task_soon(offload_or_shed, MAX_QUEUED_BYTES, release.wait)  # a full queue
         try:
             task = client.post("/knowledge-trace", json={"model": KT_MODEL, "interactions": interactions})
@@ -586,14 +592,14 @@ def test_a_large_body_is_429_while_the_parse_queue_is_full() -> None:
 
 
 def test_a_passed_deadline_is_504() -> None:
-    with TestClient(create_app(toy_settings(COMMITTED, request_timeout_s=1e-9))) as client:
+    with app_client(COMMITTED, request_timeout_s=1e-9) as client:
         response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
     assert response.status_code == 504 and "MNEMO_REQUEST_TIMEOUT_S" in response.json()["error"]
 
 
 def test_a_model_that_did_not_load_is_503(artifacts_copy: Path) -> None:
     (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
-    with TestClient(create_app(toy_settings(artifacts_copy, on_model_error="skip"))) as client:
+    with app_client(artifacts_copy, on_model_error="skip") as client:
         assert client.get(f"/v2/models/{KT_MODEL}/ready").status_code == 503
         assert client.get("/v2/health/ready").status_code == 503
         response = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
@@ -602,9 +608,27 @@ def test_a_model_that_did_not_load_is_503(artifacts_copy: Path) -> None:
 
 
 def test_draining_is_live_not_ready_and_refuses_inference() -> None:
-    with TestClient(create_app(toy_settings(COMMITTED))) as client:
+    with app_client(COMMITTED) as client:
         client.app.state.drain.begin()
         assert client.get("/v2/health/live").status_code == 200
         assert client.get("/v2/health/ready").status_code == 503
         draining = client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP)
         assert draining.status_code == 503 and "shutting down" in draining.json()["error"]
+
+
+def test_the_repository_index_gives_each_model_its_state(artifacts_copy: Path) -> None:
+    """Triton's repository index: a model that did not load is UNAVAILABLE with the reason; `ready: true` lists
+    the ready ones only; its statistics and config are 503 like its inference."""
+    (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
+    with app_client(artifacts_copy, on_model_error="skip") as client:
+        index = {entry["name"]: entry for entry in client.post("/v2/repository/index").json()}
+        assert index[KT_MODEL]["state"] == "UNAVAILABLE" and "sha256" in index[KT_MODEL]["reason"]
+        assert index[SIM_MODEL] == {"name": SIM_MODEL, "version": "1.0.0", "state": "READY", "reason": ""}
+        ready = client.post("/v2/repository/index", json={"ready": True}).json()
+        assert KT_MODEL not in {entry["name"] for entry in ready} and SIM_MODEL in {entry["name"] for entry in ready}
+        refused = client.post("/v2/repository/index", json={"ready": "yes"})
+        assert refused.status_code == 400 and "ready" in refused.json()["error"]
+        assert client.get(f"/v2/models/{KT_MODEL}/stats").status_code == 503
+        assert client.get(f"/v2/models/{KT_MODEL}/config").status_code == 503
+        every = client.get("/v2/models/stats").json()["model_stats"]
+        assert SIM_MODEL in {model["name"] for model in every} and KT_MODEL not in {model["name"] for model in every}

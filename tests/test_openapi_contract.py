@@ -23,6 +23,8 @@ from app.main import package_version
 from tests.conftest import COMMITTED, manifest_models
 from tests.helpers import Server, running_server
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 TESTS = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
@@ -69,6 +71,10 @@ def test_operations_have_readable_ids_and_the_package_version(schema):
         "oip_model_metadata",
         "oip_model_ready",
         "oip_infer",
+        "oip_model_config",
+        "oip_statistics",
+        "oip_model_statistics",
+        "oip_repository_index",
     }
     assert schema["info"]["version"] == package_version() != "0.0.0"
 

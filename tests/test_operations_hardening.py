@@ -25,6 +25,8 @@ from tests.conftest import COMMITTED, manifest_models
 from tests.helpers import Server, free_port, running_server
 from tests.toy_model import write_empty_manifest
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:

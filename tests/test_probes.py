@@ -12,18 +12,19 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from tests.helpers import free_port, running_server
-from tests.test_engine import _toy, _until_admitted, slow_spin
-from tests.toy_model import toy_entry, write_toy_artifacts
+from tests.helpers import TOY_SERVER, free_port, release_held_runs, running_server, until_admitted
+from tests.toy_model import HELD_TOY, toy_entry, write_toy_artifacts
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 
 def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigterm(tmp_path):
-    artifacts = write_toy_artifacts(tmp_path / "slow", [toy_entry("toy-a", default=True)], slow=True)
+    artifacts = write_toy_artifacts(tmp_path / "toy", [toy_entry("toy-a", default=True)])
     probe_port = free_port()
     probes = f"http://127.0.0.1:{probe_port}"
-    command = [sys.executable, "-m", "tests.toy_server"]
-    with running_server(artifacts, command, MNEMO_PROBE_PORT=str(probe_port), MNEMO_CONCURRENT_RUNS="1") as server:
+    with running_server(artifacts, TOY_SERVER, MNEMO_PROBE_PORT=str(probe_port), MNEMO_CONCURRENT_RUNS="1") as server:
         assert httpx.get(f"{probes}/health").json() == {"status": "ok"}
         deadline = time.monotonic() + 5  # the probe process reads the readiness it is fed on a thread of its own
         while httpx.get(f"{probes}/ready").status_code != 200 and time.monotonic() < deadline:
@@ -35,11 +36,11 @@ def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigter
         assert other.status_code == 404 and "only GET /health and GET /ready" in other.json()["detail"]
 
         answers = []
-        slow = threading.Thread(
-            target=lambda: answers.append(httpx.post(f"{server.url}/toy", json=_toy(slow_spin()), timeout=60))
+        held = threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{server.url}/toy", json=HELD_TOY, timeout=60))
         )
-        slow.start()
-        asyncio.run(_until_admitted(server.url, 1))
+        held.start()
+        asyncio.run(until_admitted(server.url, 1))
         server.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
         while httpx.get(f"{probes}/ready").status_code != 503 and time.monotonic() < deadline:
@@ -47,7 +48,8 @@ def test_the_probe_port_answers_health_and_readiness_and_turns_unready_on_sigter
         draining = httpx.get(f"{probes}/ready")
         assert draining.status_code == 503 and "shutting down" in draining.json()["detail"]
         assert httpx.get(f"{probes}/health").status_code == 200  # alive while draining
-        slow.join(60)
+        release_held_runs(server)
+        held.join(60)
         assert answers[0].status_code == 200
         assert server.process.wait(30) == 0
 
@@ -82,7 +84,5 @@ def test_a_taken_probe_port_stops_startup_with_a_clear_message(tmp_path):
         taken.listen()
         env = {**os.environ, "MNEMO_ARTIFACTS_DIR": str(artifacts), "MNEMO_PORT": str(free_port())}
         env["MNEMO_PROBE_PORT"] = str(taken.getsockname()[1])
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.toy_server"], env=env, capture_output=True, text=True, timeout=60
-        )
+        result = subprocess.run(TOY_SERVER, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "MNEMO_PROBE_PORT" in result.stdout + result.stderr

@@ -20,11 +20,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
-from app.main import create_app
-from tests.helpers import same_answer
+from app.core.settings import DEFAULT_ARTIFACTS_DIR
+from tests.helpers import app_client, same_answer
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_SECONDS = 240  # a local Ray instance, Serve and two replicas loading six models on two shared cores
 ROUNDS, CONCURRENCY = 12, 8  # at most 96 requests per endpoint
@@ -106,8 +105,7 @@ def ray_serve(replicas: int) -> Iterator[tuple[str, subprocess.Popen]]:
 
 @pytest.fixture(scope="module")
 def single_process() -> Iterator[TestClient]:
-    settings = Settings(artifacts_dir=DEFAULT_ARTIFACTS_DIR, provider="cpu", intra_op_threads=1)
-    with TestClient(create_app(settings)) as client:
+    with app_client(DEFAULT_ARTIFACTS_DIR) as client:
         yield client
 
 

@@ -11,6 +11,8 @@ from export.similarity import export_pair_model
 from models.rmc import RelationalMemory, RMCConfig, SentencePairModel
 from models.sick_data import relatedness_target
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 SMALL = {"num_heads": 2, "head_size": 8, "fc_dim": 16}
 
 

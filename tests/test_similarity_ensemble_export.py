@@ -7,10 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-from app.main import create_app
-from tests.conftest import toy_settings
+from tests.helpers import app_client
 from tests.synthetic_data import write_sick
 
 pytest.importorskip("torch", reason="the exporter needs the train extra")
@@ -18,6 +16,8 @@ pytest.importorskip("torch", reason="the exporter needs the train extra")
 from export import similarity_ensemble
 from export.similarity import MAX_CELLS, PAPER
 from models import train_sim
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 NAME = "rmc-vlmp-ensemble"
 TINY = ["--pointer", "vlmp", "--heads", "2", "--head-size", "8", "--fc-dim", "16", "--epochs", "1", "--no-progress"]
@@ -64,7 +64,7 @@ def test_members_with_other_special_vectors_are_refused(exported, tmp_path):
 def test_the_service_serves_the_ensemble_and_its_stored_vectors_alike(exported):
     artifacts, _ = exported
     pair = {"sentence_a": "a man plays a guitar", "sentence_b": "a woman cuts an onion"}
-    with TestClient(create_app(toy_settings(artifacts))) as client:
+    with app_client(artifacts) as client:
         direct = client.post("/similarity", json={**pair, "return_attention": True})
         vectors = client.post("/embeddings", json={"sentences": list(pair.values())}).json()["results"]
         stored = client.post(
@@ -113,7 +113,7 @@ def test_an_flmp_ensemble_is_described_as_flmp(exported_flmp):
 
 def test_the_service_serves_the_flmp_ensemble_with_diagonal_maps(exported_flmp):
     pair = {"sentence_a": "a man plays a guitar", "sentence_b": "a woman cuts an onion", "return_attention": True}
-    with TestClient(create_app(toy_settings(exported_flmp))) as client:
+    with app_client(exported_flmp) as client:
         response = client.post("/similarity", json=pair)
     assert response.status_code == 200
     attention = np.array(response.json()["attention"]["sentence_a"])

@@ -14,6 +14,8 @@ from export.similarity import check_parity, export_pair_model
 from models.rmc import RMCConfig, SentencePairModel
 from models.sick_data import SickPair
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 PAIRS = [
     SickPair("A man is playing a guitar", "A person plays an instrument", 4.2, 0),
     SickPair("Two dogs run in the park", "Nobody is running", 1.5, 2),

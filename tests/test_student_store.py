@@ -205,6 +205,7 @@ def test_memory_must_be_two_dimensional_float32(store: StateStore) -> None:
     assert store.read(MODEL, "s1") is None
 
 
+@pytest.mark.slow
 def test_concurrent_writer_threads_lose_nothing(store: StateStore) -> None:
     def writer(index: int) -> list[int]:
         return [append_one(store, "busy", index).interactions for _ in range(APPENDS_PER_WRITER)]
@@ -214,6 +215,7 @@ def test_concurrent_writer_threads_lose_nothing(store: StateStore) -> None:
     assert_no_lost_update(store.read(MODEL, "busy"), acknowledged)
 
 
+@pytest.mark.slow
 def test_concurrent_writer_processes_lose_nothing(store: StateStore, store_url: str) -> None:
     children = [
         subprocess.Popen(
@@ -356,6 +358,7 @@ def assert_acknowledged_state(state: StudentState, last_acknowledged: int) -> No
 
 
 @pytest.mark.parametrize("synchronous", ["full", "normal"])
+@pytest.mark.slow
 def test_sqlite_keeps_every_acknowledged_write_after_sigkill(tmp_path: Path, synchronous: str) -> None:
     """FULL (the default) also survives a power cut; NORMAL survives the death of the process, as shown here."""
     store_url = f"sqlite://{tmp_path / 'students.db'}?synchronous={synchronous}"
@@ -368,6 +371,7 @@ def test_sqlite_keeps_every_acknowledged_write_after_sigkill(tmp_path: Path, syn
     reopened.close()
 
 
+@pytest.mark.slow
 def test_redis_with_aof_always_keeps_every_acknowledged_write_after_sigkill(own_redis_server: RedisServer) -> None:
     child = start_stream(own_redis_server.url())
     seen = wait_for_acknowledged(child, ACKED_BEFORE_KILL)
@@ -408,6 +412,7 @@ def test_redis_stopped_is_unavailable_quickly_then_recovers(own_redis_server: Re
     store.close()
 
 
+@pytest.mark.slow
 def test_redis_frozen_times_out_instead_of_hanging(own_redis_server: RedisServer) -> None:
     store = open_store(own_redis_server.url() + "?socket_timeout=0.5")  # the URL may shorten the 2 s default
     store.check_health()

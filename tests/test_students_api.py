@@ -19,14 +19,13 @@ import httpx
 import numpy as np
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
-from app.core.settings import Settings
-from app.main import create_app
 from app.students.factory import open_store
 from tests.conftest import COMMITTED
-from tests.helpers import Server, running_server
+from tests.helpers import Server, app_client, running_server
 from tests.redis_server import RedisServer, require_redis_server
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 MODEL = "dkvmn-assist2009"
 OTHER_MODEL = "dkvmn-synthetic"
@@ -487,10 +486,7 @@ def assert_students_unavailable_but_stateless_serve(client: httpx.Client, port: 
 def test_an_sqlite_path_that_cannot_be_created_leaves_the_stateless_endpoints_serving(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    settings = Settings(
-        artifacts_dir=COMMITTED, provider="cpu", intra_op_threads=1, state_url=f"sqlite://{blocker / 'students.db'}"
-    )
-    with TestClient(create_app(settings)) as client:
+    with app_client(COMMITTED, state_url=f"sqlite://{blocker / 'students.db'}") as client:
         response = client.post("/students/learner/interactions", json={"interactions": history(1, seed=0)})
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
         assert "cannot create its directory" in response.json()["detail"]

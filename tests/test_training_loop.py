@@ -12,6 +12,8 @@ from models import train_kt, train_sim
 from models.epoch_loop import WeightAverage
 from tests.synthetic_data import write_kt_students, write_sick, write_synthetic_kt
 
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
+
 
 def _final_weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "last.pt", weights_only=False)["model"]

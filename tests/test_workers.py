@@ -29,8 +29,10 @@ from prometheus_client.samples import Sample
 from app.core.settings import Settings, usable_cpus
 from app.server import SHUTDOWN_GRACE_S
 from tests.conftest import COMMITTED
-from tests.helpers import ROOT, HeldRequest, Server, free_port, running_server
+from tests.helpers import HeldRequest, Server, free_port, run_app, running_server
 from tests.test_drain import _history, _hold_one_request, _in_flight
+
+pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 BURST = 16  # concurrent requests, each on its own connection, so the kernel spreads them over the workers
@@ -144,7 +146,7 @@ def test_invalid_workers_stop_startup_with_one_clear_line(workers: str, message:
     env = {**os.environ, "MNEMO_WORKERS": workers, "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
     env.pop("MNEMO_CONCURRENT_RUNS", None)
     env.pop("MNEMO_INTRA_OP_THREADS", None)
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = run_app(env)
     assert done.returncode == 1
     assert done.stderr.startswith("mnemo: cannot start: invalid settings:") and message in done.stderr
 
@@ -156,8 +158,7 @@ def test_a_port_in_use_stops_the_supervisor_before_any_worker_starts():
         port = taken.getsockname()[1]
         env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(port)}
         env.pop("MNEMO_CONCURRENT_RUNS", None)
-        run = [sys.executable, "-m", "app"]
-        done = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        done = run_app(env)
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"mnemo: cannot start: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:MNEMO_PORT): Address already in use"
@@ -169,7 +170,7 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path):
     env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
     env.update(MNEMO_ARTIFACTS_DIR=str(tmp_path), MNEMO_LOG_FORMAT="json", MNEMO_INTRA_OP_THREADS="1")
     env.pop("MNEMO_CONCURRENT_RUNS", None)
-    done = subprocess.run([sys.executable, "-m", "app"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_app(env, timeout=120)
     assert done.returncode == 1
     messages = [json.loads(line)["message"] for line in done.stderr.splitlines() if line.startswith("{")]
     failed = r"worker \d+ exited with status \d+ before it served: stopping the others"

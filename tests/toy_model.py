@@ -5,8 +5,6 @@ admission, deadlines) are tested with these models, so they do not depend on the
 models: real onnxruntime sessions, real manifests with real sha256, the real app over HTTP.
 
 - `toy` graph: y = x * 2 (x float [batch, 3]) and z = k + 1 (k integer [batch]).
-- `slow` graph: the same, plus a Loop of `spin[0]` 128x128 matrix products before y, so a test can
-  make one ONNX run take a chosen time (each iteration is tens of microseconds).
 - `picky` graph: the toy graph whose z = k + 1 is looked up in a table of PICKY_KS entries (a Gather), so a
   run with a k of PICKY_KS or more fails in onnxruntime itself, with the rows of other requests beside it.
 """
@@ -14,6 +12,7 @@ models: real onnxruntime sessions, real manifests with real sha256, the real app
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Collection
 from pathlib import Path
 from types import MappingProxyType
@@ -35,7 +34,8 @@ from export.manifest import upsert_model
 WIDTH = 3  # x is [batch, WIDTH]; the width is fixed, so a wrong width is rejected by onnxruntime
 TOY_TASK = "toy"
 OTHER_TASK = "toy-other"
-SPIN_SIZE = 128
+HELD_K = 0  # with HeldRuns, a run with a row of this k waits until released
+HELD_FOR_AT_MOST_S = 60
 PICKY_KS = 8  # the picky graph answers k = 0..7; a larger k fails its run (InvalidArgument: out of bounds)
 
 
@@ -78,57 +78,6 @@ def build_picky_onnx(path: Path) -> Path:
     return _save(_doubling_graph("picky", look_up, TensorProto.INT64, [table]), path)
 
 
-def build_slow_onnx(path: Path) -> Path:
-    """The toy graph whose run first multiplies a 128x128 matrix by itself `k[0]` times (a Loop)."""
-    body = helper.make_graph(
-        [
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-            helper.make_node("MatMul", ["m_in", "m_in"], ["product"]),
-            helper.make_node("Tanh", ["product"], ["m_out"]),
-        ],
-        "spin",
-        [
-            helper.make_tensor_value_info("i", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("m_in", TensorProto.FLOAT, [SPIN_SIZE, SPIN_SIZE]),
-        ],
-        [
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("m_out", TensorProto.FLOAT, [SPIN_SIZE, SPIN_SIZE]),
-        ],
-    )
-    start = np.full((SPIN_SIZE, SPIN_SIZE), 0.01, dtype=np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Gather", ["k", "zero"], ["iterations"], axis=0),
-            helper.make_node("Loop", ["iterations", "true", "start"], ["spun"], body=body),
-            helper.make_node("ReduceSum", ["spun"], ["total"], keepdims=0),
-            helper.make_node("Mul", ["total", "nothing"], ["offset"]),
-            helper.make_node("Mul", ["x", "two"], ["doubled"]),
-            helper.make_node("Add", ["doubled", "offset"], ["y"]),
-            helper.make_node("Add", ["k", "one"], ["z"]),
-        ],
-        "slow",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH]),
-            helper.make_tensor_value_info("k", TensorProto.INT64, ["batch"]),
-        ],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH]),
-            helper.make_tensor_value_info("z", TensorProto.INT64, ["batch"]),
-        ],
-        initializer=[
-            helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
-            helper.make_tensor("one", TensorProto.INT64, [], [1]),
-            helper.make_tensor("zero", TensorProto.INT64, [], [0]),
-            helper.make_tensor("true", TensorProto.BOOL, [], [True]),
-            helper.make_tensor("nothing", TensorProto.FLOAT, [], [0.0]),
-            helper.make_tensor("start", TensorProto.FLOAT, [SPIN_SIZE, SPIN_SIZE], start.ravel().tolist()),
-        ],
-    )
-    return _save(graph, path)
-
-
 def toy_entry(name: str, task: str = TOY_TASK, default: bool = False, **extra) -> dict:
     """A manifest entry for `<name>.onnx` with a `scale` asset `<name>.scale.npy`."""
     return {
@@ -150,7 +99,6 @@ def write_toy_artifacts(
     directory: Path,
     entries: list[dict],
     int_type: int = TensorProto.INT64,
-    slow: bool = False,
     picky: Collection[str] = (),
 ) -> Path:
     """Build each entry's ONNX file and asset and list them with their real sha256 (export.manifest); the
@@ -159,8 +107,6 @@ def write_toy_artifacts(
     for entry in entries:
         if entry["name"] in picky:
             build_picky_onnx(directory / entry["file"])
-        elif slow:
-            build_slow_onnx(directory / entry["file"])
         else:
             build_toy_onnx(directory / entry["file"], int_type)
         for asset in entry.get("assets", {}).values():
@@ -220,6 +166,42 @@ async def bug_of(owner: str) -> dict:
     raise RuntimeError("a deliberate bug")
 
 
+def toy_body(k: int = 1) -> dict:
+    """A POST /toy body of one row."""
+    return {"x": [[1] * WIDTH], "k": [k]}
+
+
+HELD_TOY = toy_body(HELD_K)  # with HeldRuns (python -m tests.toy_server), its run waits until released
+
+
+def toy_state(model: ServedModel) -> dict[str, float]:
+    """What the toy task prepares from a model: the sum of its `scale` asset."""
+    return {"scale_sum": float(model.assets["scale"].sum())}
+
+
+class HeldRuns:
+    """A `prepare` that makes a model's runs holdable: a run with a row of k == HELD_K waits on its run-slot
+    thread until `release()`, so a test keeps the run slot busy for exactly as long as it needs, whatever the
+    machine's speed (`python -m tests.toy_server` releases on SIGUSR1)."""
+
+    def __init__(self) -> None:
+        self._released = threading.Event()
+
+    def prepare(self, model: ServedModel) -> dict[str, float]:
+        run = model.run
+
+        def held_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            if (feeds["k"] == HELD_K).any() and not self._released.wait(HELD_FOR_AT_MOST_S):
+                raise TimeoutError("a held toy run was never released")
+            return run(feeds)
+
+        model.run = held_run  # the runtime's batcher calls `model.run`: it is bound after prepare
+        return toy_state(model)
+
+    def release(self) -> None:
+        self._released.set()
+
+
 class ToyTask:
     """A task over the toy graphs; `prepare` may be replaced to observe or fail."""
 
@@ -235,7 +217,7 @@ class ToyTask:
         self._prepare = prepare
 
     def prepare(self, model: ServedModel) -> Any:
-        return self._prepare(model) if self._prepare else {"scale_sum": float(model.assets["scale"].sum())}
+        return self._prepare(model) if self._prepare else toy_state(model)
 
     def describe(self, model: ServedModel) -> dict[str, Any]:
         return {"width": model.metadata["width"]}

@@ -1,7 +1,7 @@
 """Graceful drain: on SIGTERM readiness turns 503, new work is refused with 503, admitted work finishes.
 
 Work still in flight when the drain's time is up is given up (`give_up`): its tasks are cancelled, and each
-answers 503 in the service's shape (app/transports/middleware.py, `DrainGate`), rather than the bare 500 that
+answers 503 in the service's shape (app/transports/middleware.py, `RequestEdge`), rather than the bare 500 that
 uvicorn's own cancellation at shutdown would send.
 """
 

@@ -7,7 +7,7 @@
   gathers the rules broken by every item of a request, not only the first), and never
   echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
 - onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
-- Anything else is a bug: answered 500 as a last resort by `CatchUnexpected` (app/core/failures.py).
+- Anything else is a bug: answered 500 as a last resort by the request edge (app/transports/middleware.py).
 
 The HTTP answers of these errors are registered by app/transports/error_handlers.py.
 """

@@ -1,11 +1,10 @@
-"""The last resort for bugs: a 500 with one log line, and a traceback at most once per distinct error per window.
+"""The last resort for bugs: one log line per error, and a traceback at most once per distinct error per window.
 
-Starlette's own 500 handler logs nothing itself but re-raises, so uvicorn logs a second traceback;
-a client repeating a request that hits a bug could then flood the log. `CatchUnexpected` sits inside
-the other middleware (the access line still says 500), answers the 500, and logs one line per error.
-An error is "distinct" by its type and the place it was raised (innermost file and line); its
-traceback is logged the first time and again only once `window_s` has passed, with the number of
-times it happened meanwhile.
+Starlette's own 500 handler logs nothing itself but re-raises, so uvicorn logs a second traceback; a client
+repeating a request that hits a bug could then flood the log. The request edge (app/transports/middleware.py)
+answers the 500 and logs it here. An error is "distinct" by its type and the place it was raised (innermost
+file and line); its traceback is logged the first time and again only once `window_s` has passed, with the
+number of times it happened meanwhile.
 """
 
 from __future__ import annotations
@@ -14,10 +13,9 @@ import logging
 import time
 import traceback
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from app.core.paths import loggable_path
-from app.core.responses import dumps
 
 logger = logging.getLogger("mnemo.errors")
 INTERNAL_ERROR = {"detail": "Internal error; it has been logged."}
@@ -52,42 +50,18 @@ def _signature(error: BaseException) -> tuple[str, str]:
     return type(error).__qualname__, place
 
 
-class CatchUnexpected:
-    """Answer an exception no handler took with a 500 (if nothing was sent yet) and one rate-limited log line."""
-
-    def __init__(self, app: ASGIApp, window_s: float) -> None:
-        self.app = app
-        self.budget = TracebackBudget(window_s)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception as error:
-            with_traceback, repeats = self.budget.admit(error)
-            logger.error(
-                "unexpected error on %s %s: %s: %s%s",
-                scope["method"],
-                loggable_path(scope),  # the route template: no student id or other client text in the log
-                type(error).__name__,
-                _one_line(str(error)),
-                f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
-                exc_info=error if with_traceback else None,
-            )
-            if not started:
-                body = dumps(INTERNAL_ERROR)
-                headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-                await send({"type": "http.response.start", "status": 500, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+def log_unexpected(budget: TracebackBudget, scope: Scope, error: Exception) -> None:
+    """One line for an exception no handler took, with its traceback when `budget` admits it."""
+    with_traceback, repeats = budget.admit(error)
+    logger.error(
+        "unexpected error on %s %s: %s: %s%s",
+        scope["method"],
+        loggable_path(scope),  # the route template: no student id or other client text in the log
+        type(error).__name__,
+        _one_line(str(error)),
+        f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
+        exc_info=error if with_traceback else None,
+    )
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -1,35 +1,40 @@
-"""Logging for the service: plain text or one JSON object per line."""
+"""Logging for the service: plain text or one JSON object per line (python-json-logger), written to stderr by a
+thread of the standard library's `QueueListener`, so that a request that logs only puts its record on a queue."""
 
 from __future__ import annotations
 
 import atexit
-import collections
-import json
 import logging
+import queue
 import re
 import threading
 import time
+from collections.abc import Mapping
+from logging.handlers import QueueHandler, QueueListener
+from typing import Any
 
-WRITE_INTERVAL_S = 0.05  # a buffered log record reaches stderr within this time
-MAX_BUFFERED_RECORDS = 10_000  # past this, the thread that logs writes the buffer out itself (bounded memory)
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record, with any `extra` fields given to the logger."""
+class JsonFormatter(LibraryJsonFormatter):
+    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, any `extra` fields given to the
+    logger, and the traceback as `exception`."""
 
-    EXTRA_FIELDS = ("request_id", "method", "path", "status", "duration_ms", "client")
+    converter = time.gmtime
+    default_time_format = "%Y-%m-%dT%H:%M:%S"
+    default_msec_format = "%s.%03dZ"
 
-    def format(self, record: logging.LogRecord) -> str:
-        payload = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        payload.update({key: getattr(record, key) for key in self.EXTRA_FIELDS if hasattr(record, key)})
-        if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload)
+    def __init__(self) -> None:
+        super().__init__(
+            ["asctime", "levelname", "name", "message"],
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger", "exc_info": "exception"},
+            reserved_attrs=[*RESERVED_ATTRS, "color_message", "taskName"],  # uvicorn's coloured copy of the message
+        )
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        log_data["level"] = log_data["level"].lower()
+        return log_data
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -121,14 +126,99 @@ CLIENT_CAUSED_WARNINGS = {
 _throttles = {name: EverySecondAtMost(messages) for name, messages in CLIENT_CAUSED_WARNINGS.items()}
 
 
+WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
+MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
+
+
+class RecordQueue(QueueHandler):
+    """Puts each record on the queue as it is, for the writer thread of this process to format and write; a
+    full queue (`MAX_QUEUED_RECORDS`) wakes the writer at once. (The base class formats the record first and
+    drops its traceback, as a queue to another process needs.)"""
+
+    def __init__(self, records: queue.SimpleQueue, full: threading.Event) -> None:
+        super().__init__(records)
+        self.full = full
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put_nowait(record)
+        if self.queue.qsize() >= MAX_QUEUED_RECORDS:
+            self.full.set()
+
+
+class IntervalListener(QueueListener):
+    """A `QueueListener` that writes what is queued every `interval_s`, or at once when `wake` is set (a full
+    queue, `stop`), instead of being woken for each record: a request that logs then costs no thread switch."""
+
+    def __init__(self, records: queue.SimpleQueue, target: logging.Handler, wake: threading.Event) -> None:
+        super().__init__(records, target)
+        self.wake = wake
+
+    def dequeue(self, block: bool) -> logging.LogRecord:
+        while True:
+            try:
+                return self.queue.get_nowait()
+            except queue.Empty:
+                self.wake.wait(WRITE_INTERVAL_S)
+                self.wake.clear()
+
+    def enqueue_sentinel(self) -> None:
+        super().enqueue_sentinel()
+        self.wake.set()
+
+
+_records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+_wake = threading.Event()
+_queue_handler = RecordQueue(_records, _wake)
+_listener: QueueListener | None = None
+_listener_lock = threading.Lock()
+
+
+def _listen(target: logging.Handler) -> None:
+    """Write the queued records to `target` from now on (after those already queued, to the previous one)."""
+    global _listener
+    with _listener_lock:
+        if _listener is None:
+            atexit.register(_stop_listening)  # runs before logging's own exit handler flushes the handlers
+        else:
+            _listener.stop()
+        _listener = IntervalListener(_records, target, _wake)
+        _listener.start()
+
+
+def _stop_listening() -> None:
+    global _listener
+    with _listener_lock:
+        if _listener is not None:
+            _listener.stop()  # writes out every record queued before it
+            _listener = None
+
+
+def write_out_logs() -> None:
+    """Write out the queued records now (when the app stops serving, or before a worker reports ready)."""
+    with _listener_lock:
+        if _listener is not None:
+            _listener.stop()
+            _listener.start()
+
+
+def queue_handler() -> QueueHandler:
+    """The handler of the service's loggers (a plain text one to stderr if `configure_logging` was not called)."""
+    if _listener is None:
+        _listen(_stream(TextFormatter()))
+    return _queue_handler
+
+
 def uvicorn_log_config(level: str) -> dict:
     """uvicorn's `log_config`: its own loggers (startup, shutdown, protocol warnings) go through the service's
-    writer (`configure_logging`), in its format and in order with the service's lines."""
+    queue (`configure_logging`), in its format and in order with the service's lines."""
     quiet = {"handlers": [], "propagate": False}
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "handlers": {"mnemo": {"()": shared_writer}},
+        "handlers": {"mnemo": {"()": queue_handler}},
         "loggers": {
             "uvicorn": {"handlers": ["mnemo"], "level": level.upper(), "propagate": False},
             "uvicorn.error": {"level": level.upper()},
@@ -137,92 +227,26 @@ def uvicorn_log_config(level: str) -> dict:
     }
 
 
-class BufferedWriter(logging.Handler):
-    """Keeps records in a buffer that a writer thread formats and writes out every `interval_s` (and at exit).
-
-    A request that logs only appends its record: no formatting, no write(), and no thread wake-up, which
-    cost the request about 45 us after its answer was sent (on a 2-core machine, where a kept-alive client's
-    next request waited for them). The thread writes while the event loop waits or ONNX Runtime runs (both
-    release the GIL). A record reaches stderr at most `interval_s` after it was logged. Should the thread fall
-    behind (a flood of refused requests, each with its access line), the thread that logs the
-    `MAX_BUFFERED_RECORDS`-th buffered record writes them out itself, as an unbuffered handler would.
-    """
-
-    def __init__(self, target: logging.Handler, interval_s: float = WRITE_INTERVAL_S) -> None:
-        super().__init__()
-        self.target = target
-        self._records: collections.deque[logging.LogRecord] = collections.deque()
-        self._writing = threading.Lock()  # one writer at a time keeps the lines in order
-        self._interval_s = interval_s
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._write_until_stopped, name="mnemo-log-writer", daemon=True)
-        self._thread.start()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._records.append(record)
-        if len(self._records) >= MAX_BUFFERED_RECORDS:
-            self.write_out()
-
-    def write_out(self) -> None:
-        """Format and write every buffered record, oldest first."""
-        with self._writing:
-            while self._records:
-                self.target.handle(self._records.popleft())
-
-    def close(self) -> None:
-        """Write out what is buffered. The thread goes on: `logging.config.dictConfig` (uvicorn's log config)
-        closes every handler and keeps using them; at exit `logging.shutdown` closes them last."""
-        self.write_out()
-        super().close()
-
-    def stop(self) -> None:
-        """End the thread and write out what is buffered (when the handler is replaced)."""
-        self._stopping.set()
-        self._thread.join()
-        self.write_out()
-
-    def _write_until_stopped(self) -> None:
-        while not self._stopping.wait(self._interval_s):
-            self.write_out()
-
-
-_writer: BufferedWriter | None = None
-
-
-def write_out_logs() -> None:
-    """Write out the buffered records now (when the app stops serving; at exit this happens by itself)."""
-    if _writer is not None:
-        _writer.write_out()
-
-
-def shared_writer() -> BufferedWriter:
-    """The writer `configure_logging` set up (a plain stderr one if it was not called)."""
-    return _writer or BufferedWriter(logging.StreamHandler())
-
-
-def _stop_writer() -> None:
-    if _writer is not None:
-        _writer.stop()
+def _stream(formatter: logging.Formatter) -> logging.StreamHandler:
+    stream = logging.StreamHandler()
+    stream.setFormatter(formatter)
+    return stream
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Configure the `mnemo` loggers once (later calls replace the handler).
+    """Configure the `mnemo` loggers (a later call replaces the format and level).
 
-    Records go through a `BufferedWriter` to stderr. uvicorn's own access log is switched off: the app
-    writes exactly one access line per request (`mnemo.access`, app/middleware.py), however it is started
-    (`python -m app` or `uvicorn app.main:app`).
+    Records go through a queue to stderr. uvicorn's own access log is switched off: the app writes exactly one
+    access line per request (`mnemo.access`, app/transports/middleware.py), however it is started.
+    The thread, process and multiprocessing fields, which neither format prints, are not collected (the logging
+    HOWTO's "Optimization" switches).
     """
-    _skip_unused_record_fields()
-    stream = logging.StreamHandler()
-    stream.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    global _writer
-    if _writer is not None:
-        _writer.stop()
-    else:  # runs before logging's own exit handler, which would write while the thread may hold a record
-        atexit.register(_stop_writer)
-    _writer = BufferedWriter(stream)
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    _listen(_stream(JsonFormatter() if fmt == "json" else TextFormatter()))
     logger = logging.getLogger("mnemo")
-    logger.handlers[:] = [_writer]
+    logger.handlers[:] = [_queue_handler]
     logger.setLevel(level.upper())
     logger.propagate = False
     logging.getLogger("uvicorn.access").disabled = True
@@ -230,10 +254,8 @@ def configure_logging(level: str, fmt: str) -> None:
         logging.getLogger(name).addFilter(throttle)  # once: addFilter skips a filter already there
 
 
-def _skip_unused_record_fields() -> None:
-    """Do not collect what neither format prints: the caller's file and line (a stack walk), the thread and
-    the process (the logging HOWTO's "Optimization" switches). An access line then costs 25 us, not 65."""
-    logging._srcfile = None
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
+def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fields: Mapping[str, Any]) -> None:
+    """Log `message % args` with `fields` as its extra fields, without looking up the caller's file and line
+    (a walk up the stack that neither format prints), for a line logged on every request."""
+    if logger.isEnabledFor(level):
+        logger.handle(logger.makeRecord(logger.name, level, "", 0, message, args, None, extra=fields))

@@ -10,8 +10,8 @@ ready in every live worker). Per-process collectors cannot be added up, so `proc
 `mnemo_worker_start_time_seconds{pid}` lists the live workers instead.
 
 A scrape is rendered off the event loop, on a thread of its own (`Metrics.scrape`): the text grows with the
-series (about 320 KB, 40 ms, once every route and method was seen; more with the files of dead workers merged),
-and on the loop it held up every other request. Scrapes that arrive during a render share the next one, so a
+series (every route and method seen, and the files of dead workers merged), and rendered on the loop it would
+hold up every other request. Scrapes that arrive during a render share the next one, so a
 scrape flood runs one render at a time and takes one thread, never the threads that parse requests.
 """
 
@@ -92,6 +92,19 @@ class Metrics:
             "mnemo_http_request_duration_seconds",
             "HTTP request latency, queueing included",
             ["route", "method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.grpc_requests = Counter(
+            "mnemo_grpc_requests",
+            "gRPC calls (MNEMO_GRPC_PORT) by method and status code",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.grpc_latency = Histogram(
+            "mnemo_grpc_request_duration_seconds",
+            "gRPC call latency, queueing included",
+            ["method"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )

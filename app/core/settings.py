@@ -48,7 +48,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
             continue
         nearest = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         hint = f" (did you mean MNEMO_{nearest[0]}?)" if nearest else ""
-        lines.append(f"{variable} is not a setting{hint}: ignored (the settings: README.md, Configuration)")
+        lines.append(f"{variable} is not a setting{hint}: ignored (the settings: docs/configuration.md)")
     return lines
 
 
@@ -98,63 +98,181 @@ def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) ->
 
 
 class Settings(BaseSettings):
-    """Every setting of the service; each is documented in the README's configuration table."""
+    """Every setting of the service, each an `MNEMO_*` environment variable (docs/configuration.md, generated)."""
 
     model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore")
 
-    artifacts_dir: Path = Field(DEFAULT_ARTIFACTS_DIR, description="directory holding manifest.json and the models")
-    host: str = Field(
-        "127.0.0.1", min_length=1, pattern=r"^\S+$", description="interface to listen on (0.0.0.0 in the container)"
+    artifacts_dir: Path = Field(
+        DEFAULT_ARTIFACTS_DIR,
+        description="Directory holding `manifest.json`, the ONNX files and their assets; every file is checked "
+        "against its sha256 at startup.",
     )
-    port: int = Field(8000, ge=1, le=65535)
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        pattern=r"^\S+$",
+        description="Interface to listen on (`0.0.0.0` in the container image).",
+    )
+    port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
+    models: str = Field(
+        "",
+        description="Comma-separated names of the manifest's models to serve; empty serves every model. A name "
+        "the manifest does not have stops startup, naming the choices.",
+    )
     probe_port: int | None = Field(
-        None, ge=1, le=65535, description="also serve /health and /ready here, from a child process (unset: main port)"
+        None,
+        ge=1,
+        le=65535,
+        description="Also serve `GET /health` and `GET /ready` on this port, from a small child process of their "
+        "own, so probes answer at once while the event loop is overloaded (the image, compose and Kubernetes "
+        "files set 8001). Must differ from `MNEMO_PORT`.",
+    )
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC on this port (unset: off)"
     )
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
-        "auto", description="ONNX Runtime execution provider; auto = CUDA when available, else CPU"
+        "auto",
+        description="ONNX Runtime execution provider: `auto` is CUDA when onnxruntime offers it, else CPU (the "
+        "choice is logged). An explicit provider that onnxruntime cannot provide stops startup, naming the "
+        "available ones; a session that would silently fall back to another provider is an error too.",
     )
-    workers: int = Field(1, ge=1, le=256, description="server processes on the port, each with every model")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Server processes on the port, each with its own copy of every model. On CPU, workers x "
+        "concurrent runs x intra-op threads may not exceed the CPUs (startup error).",
+    )
     worker_stall_s: float = Field(
-        30.0, ge=2, le=3600, description="a serving worker silent this long (event loop stuck) is killed and replaced"
+        30.0,
+        ge=2,
+        le=3600,
+        description="With several workers, a serving worker whose event loop has not turned for this long "
+        "(stopped, deadlocked) is killed and replaced.",
     )
-    intra_op_threads: int = Field(1, ge=1, le=256, description="ONNX Runtime threads per run (at most 256)")
+    intra_op_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="ONNX Runtime threads per run. These graphs are many small steps, so one thread per run "
+        "leaves the other CPUs to other runs.",
+    )
     concurrent_runs: int | None = Field(
-        None, ge=1, description="ONNX runs at once over all models, per worker; default CPUs // (workers x threads)"
+        None,
+        ge=1,
+        description="ONNX runs at once over all models, per worker. Unset: the CPUs this process may use "
+        "(affinity mask and cgroup v2 or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1.",
     )
-    cpu_arena: bool = Field(False, description="ONNX Runtime's CPU memory arena: faster large runs, memory kept")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = "text"
+    cpu_arena: bool = Field(
+        False,
+        description="ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of "
+        "the largest run for good.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Lowest level logged. Choices match in any case, as for every setting with choices."
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="`text`, or `json` for one JSON object per line (uvicorn's own lines included)."
+    )
     max_body_bytes: int = Field(
-        1_048_576, ge=1024, le=67_108_864, description="larger request bodies get 413 (at most 64 MiB)"
+        1_048_576, ge=1024, le=67_108_864, description="Request bodies larger than this get 413."
     )
     on_model_error: Literal["exit", "skip"] = Field(
-        "exit", description="a missing or tampered model: exit at startup, or skip it and report it not ready"
+        "exit",
+        description="A missing or tampered model file: `exit` stops startup with one line naming the file and the "
+        "problem; `skip` serves the other models and reports that one not ready (`/ready` 503).",
     )
-    max_batch: int = Field(32, ge=1, le=4096, description="rows (pairs, histories) per ONNX run")
-    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="how long a batch may wait to fill while busy")
-    max_queue: int = Field(512, ge=1, le=1_000_000, description="rows a model may hold admitted; beyond it 429")
-    request_timeout_s: float = Field(10.0, gt=0, le=3600, description="deadline of a request; past it 504")
-    drain_s: float = Field(15.0, ge=0, le=3600, description="on SIGTERM, time to finish admitted requests")
-    # Connections (app/transports/connection_guard.py) and logs
-    header_timeout_s: float = Field(10.0, gt=0, le=600, description="time to receive a request's headers")
-    keep_alive_s: float = Field(5.0, gt=0, le=600, description="idle time allowed between requests on a connection")
-    body_timeout_s: float = Field(10.0, gt=0, le=600, description="longest pause while a request body arrives")
-    write_timeout_s: float = Field(30.0, gt=0, le=3600, description="longest time a client may stop reading")
-    max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216, description="request line and headers; beyond 431")
+    max_batch: int = Field(32, ge=1, le=4096, description="Rows (sentence pairs, history chunks) per ONNX run.")
+    max_wait_ms: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description="While a run of the model is in flight, how long the next batch may wait to fill. An idle "
+        "model never waits.",
+    )
+    max_queue: int = Field(
+        512,
+        ge=1,
+        le=1_000_000,
+        description="Rows a model may hold admitted (queued or running); beyond it requests get 429 with "
+        "`Retry-After`.",
+    )
+    request_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="A request's deadline, from its arrival; past it the answer is 504 and its unstarted work is "
+        "dropped.",
+    )
+    drain_s: float = Field(
+        15.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the "
+        "process exits.",
+    )
+    # Connections and logs
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Time for a request's line and headers to arrive (from the connection or the request's first "
+        "byte); else 408 and close.",
+    )
+    keep_alive_s: float = Field(
+        5.0, gt=0, le=600, description="Idle time allowed on a kept-alive connection between requests."
+    )
+    body_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Longest pause while a request body arrives; else 408. The whole body must also be in by the "
+        "request's deadline (`MNEMO_REQUEST_TIMEOUT_S`).",
+    )
+    write_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="How long a client may leave its answer unread (socket buffer full) before the connection is "
+        "aborted.",
+    )
+    max_header_bytes: int = Field(
+        65_536, ge=1024, le=16_777_216, description="Request line and headers; larger get 431."
+    )
     max_connections: int = Field(
         default_factory=default_max_connections,
         ge=1,
         le=1_000_000,
-        description="open connections; beyond them a 503 and close (at most the open-file limit minus 128)",
+        description="Open connections; a new one beyond them is answered 503 and closed. Default: the open-file "
+        "limit (`ulimit -n`) minus 128, at most 4096; a value past that limit minus 128 stops startup.",
     )
-    error_log_window_s: float = Field(60.0, ge=0, description="a distinct error's traceback is logged once per window")
+    error_log_window_s: float = Field(
+        60.0,
+        ge=0,
+        description="A distinct unexpected error's traceback is logged once per window; each occurrence still "
+        "logs one line.",
+    )
     # Access control (app/transports/access.py)
-    api_keys: SecretStr | None = Field(None, description="comma-separated API keys; set, Bearer auth is required")
-    api_keys_file: Path | None = Field(None, description="file with one API key per line (# comments)")
-    open_paths: str = Field(
-        "/health,/ready,/v2/health/live,/v2/health/ready", description="comma-separated paths that need no API key"
+    api_keys: SecretStr | None = Field(
+        None,
+        description="Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths "
+        "needs `Authorization: Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup "
+        "rather than turn authentication off.",
     )
-    cors_origins: str = Field("", description="comma-separated origins allowed by CORS (* for any); empty = off")
+    api_keys_file: Path | None = Field(
+        None,
+        description="File with one API key per line (`#` comments); a file without keys stops startup.",
+    )
+    open_paths: str = Field(
+        "/health,/ready,/v2/health/live,/v2/health/ready",
+        description="Comma-separated paths served without an API key; each starts with `/`. The docs and the "
+        "explorer page's own files are always open; add `/metrics` for a scraper without a key.",
+    )
+    cors_origins: str = Field(
+        "",
+        description="Comma-separated origins allowed by CORS, `*` for any, each as browsers send it "
+        "(`scheme://host[:port]`, no path or trailing `/`); empty turns CORS off.",
+    )
 
     @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
     @classmethod
@@ -199,14 +317,21 @@ class Settings(BaseSettings):
 
     state_url: str = Field(
         DEFAULT_STATE_URL,
-        description="per-student state store: sqlite:///path/to/file.db (default: state/students.db in the "
-        "project) or redis://host:port/db",
+        description="Per-student state store: `sqlite:///path/to/file.db` (embedded; `?synchronous=normal` trades "
+        "power-cut durability for write rate) or `redis://host:port/db` (several replicas; needs the `redis` "
+        "extra and a server with `appendonly yes`, `appendfsync always`). See docs/students.md.",
     )
 
     @model_validator(mode="after")
     def _probe_port_is_another_port(self) -> Settings:
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
+        return self
+
+    @model_validator(mode="after")
+    def _grpc_port_is_another_port(self) -> Settings:
+        if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
+            raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")
         return self
 
     @model_validator(mode="after")

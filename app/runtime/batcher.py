@@ -7,10 +7,9 @@
   `DEADLINE_SHARE` of the deadline on the run slots. A request larger than the whole queue is still
   admitted when the model has nothing else admitted, so no valid request is refused forever.
   `reserve(body_bytes)` holds, while a large body is parsed, the room that a body of that size has needed
-  (learned from the admissions of earlier large bodies), or refuses it (429) before any CPU is spent on it.
-  Without it, a flood of large bodies is parsed in full only to be refused at admission, and the parsing
-  takes the CPU from the admitted work: under 256 connections sending 3,000-interaction histories, about
-  95% of the parses were wasted that way and almost every admitted request missed its deadline.
+  (learned from the admissions of earlier large bodies), or refuses it (429) before any CPU is spent on it,
+  so that a flood of large bodies is not parsed in full only to be refused at admission, taking the CPU
+  from the admitted work.
 - **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs;
   `run_all` queues several such items of one request at once (the pairs of a batch request, the k-th
   chunks of several histories), so that they can share runs. `keep` names the outputs a request reads: the
@@ -33,10 +32,9 @@
 - **Chains.** `run_chain` runs a sequence cut into chunks, each chunk starting from the state the one
   before it ended with (knowledge tracing: a DKVMN history longer than `seqlen`). Its chunks run one after another
   on the run slot's thread, never batched with other items and without a turn of the event loop between
-  them: under a flood the loop is busy refusing requests, and chunks that waited for it missed their
-  deadline (256 connections sending 3,000-interaction histories for 15 s: 10 of 35 admitted requests
-  answered, against 26 of 40 as chains). The thread checks between chunks that the request is still
-  wanted (not cancelled, client connected).
+  them: under a flood the loop is busy refusing requests, and chunks that waited for it would miss their
+  deadline. The thread checks between chunks that the request is still wanted (not cancelled, client
+  connected).
 - **Bounded cost.** An item of more than `max_batch` rows runs in parts, and a chain gives its run slot
   back after `CHAIN_SLICE_S` and queues its remaining chunks again (at its request's place: earliest
   first), so no request holds the model while others starve.
@@ -44,6 +42,8 @@
   items whose future is done are dropped before they run. So are the items of a request whose client has
   closed its connection (`request_connected`, asked as a batch is taken), even before the event loop has
   processed the close.
+- **Statistics.** `stats` (app/runtime/stats.py) counts the admitted requests that succeeded or failed, the
+  queue waits, and each run with its rows and the time spent collating, running and splitting.
 - **Thread budget.** `RunSlots` holds `concurrent_runs` executor threads and a semaphore; each ONNX
   run uses `intra_op_threads`, and the settings check that the product fits the CPUs.
 """
@@ -62,6 +62,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
+from app.runtime.stats import ModelStats
 
 MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
 DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
@@ -74,6 +75,7 @@ WALL_COST_TTL_S = 5.0  # the wall time per cell counts this long after the batch
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 RESERVE_SHARE = 0.5  # a body being parsed holds half the rows and cells that its size predicts: a low guess
 RunGraph = Callable[[Feeds], Feeds]
+Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 
 
 @dataclass(frozen=True)
@@ -114,15 +116,18 @@ class Chain:
     state_output: str
     outputs: list[Feeds] = field(default_factory=list)
 
-    def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float) -> None:
-        """Run chunks in order until all are done, `budget_s` has passed, or the request is no longer `wanted`."""
-        started = time.perf_counter()
+    def run(
+        self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock = time.perf_counter
+    ) -> None:
+        """Run chunks in order until all are done, `budget_s` has passed on `clock`, or the request is no longer
+        `wanted`."""
+        started = clock()
         while not self.done and wanted():
             feeds, _ = self.chunks[len(self.outputs)]
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             self.outputs.append(run_graph(feeds))
-            if time.perf_counter() - started >= budget_s:
+            if clock() - started >= budget_s:
                 return
 
     @property
@@ -188,9 +193,13 @@ class ModelBatcher:
         config: BatchConfig,
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
+        clock: Clock = time.perf_counter,
     ) -> None:
-        """`alone()` tells whether the server is handling a single request (see "Alone, inline")."""
+        """`alone()` tells whether the server is handling a single request (see "Alone, inline"). `clock` is
+        the time source of every wait, age and cost the batcher measures; the timeout of its wait for a fuller
+        batch is an event-loop timer, so a test that passes a manual clock runs the loop on it too."""
         self.name = name
+        self._clock = clock
         self.config = config
         self._run_graph = run_graph
         self._sequence_inputs = tuple(sequence_inputs)
@@ -203,6 +212,7 @@ class ModelBatcher:
         self._queue_wait = metrics.queue_wait.labels(name)
         self._batch_size = metrics.batch_size.labels(name)
         self._alone = alone
+        self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
         self._admitted_cells = 0.0
@@ -247,9 +257,16 @@ class ModelBatcher:
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
         """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
         cells = rows * self._typical_length if cells is None else cells
-        with self._holding(rows, cells):
-            self._learn_body_size(rows, cells)
-            yield
+        arrival = request_arrival.get()
+        started = time.perf_counter() if arrival is None else arrival
+        try:
+            with self._holding(rows, cells):
+                self._learn_body_size(rows, cells)
+                yield
+        except BaseException:
+            self.stats.request_done(time.perf_counter() - started, succeeded=False)
+            raise
+        self.stats.request_done(time.perf_counter() - started, succeeded=True)
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
@@ -293,7 +310,7 @@ class ModelBatcher:
         if self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         seconds_per_cell = self._cell_seconds / self._slots.runs
-        if time.perf_counter() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
+        if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
             seconds_per_cell = max(seconds_per_cell, self._wall_cell_seconds)
         backlog_s = (self._admitted_cells + cells) * seconds_per_cell
         if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
@@ -374,7 +391,7 @@ class ModelBatcher:
         keep: frozenset[str] | None = None,
     ) -> _Item:
         """A queue item of the current request (its arrival and its client's connection)."""
-        now, arrival = time.perf_counter(), request_arrival.get()
+        now, arrival = self._clock(), request_arrival.get()
         future = asyncio.get_running_loop().create_future()
         arrived = now if arrival is None else arrival
         return _Item(feeds, rows, length, now, arrived, future, request_connected.get(), chain, keep)
@@ -405,7 +422,7 @@ class ModelBatcher:
     async def _fill(self) -> None:
         """While a run is in flight: wait for a full batch, or until the oldest row waited max_wait."""
         while self._in_flight and self._queue and self._queued_rows() < self.config.max_batch:
-            remaining = self._queue[0].enqueued + self.config.max_wait_s - time.perf_counter()
+            remaining = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
             if remaining <= 0:
                 return
             self._wakeup.clear()
@@ -465,7 +482,7 @@ class ModelBatcher:
             _padded_cells(batch) <= INLINE_MAX_CELLS
             and self._small_run_seconds is not None
             and self._small_run_seconds <= INLINE_MAX_RUN_S
-            and time.perf_counter() - min(item.arrival for item in batch) < INLINE_WINDOW_S
+            and self._clock() - min(item.arrival for item in batch) < INLINE_WINDOW_S
             and self._slots.free == self._slots.runs - slots_held  # no other run in progress, for any model
             and self._alone()
         )
@@ -474,11 +491,12 @@ class ModelBatcher:
         """Observe the wait of each item that leaves the queue: to run, or given up (deadline, client gone,
         shutdown). Under overload the waits given up are the longest ones; left out, the histogram would show
         only the survivors'."""
-        now = time.perf_counter()
+        now = self._clock()
         for item in items:
             if item.waiting:
                 item.waiting = False
                 self._queue_wait.observe(now - item.enqueued)
+                self.stats.waited(now - item.enqueued)
 
     async def _run_batch(self, batch: list[_Item], inline: bool = False) -> None:
         """Run a batch on a run-slot thread, or on the event loop itself when `inline`."""
@@ -514,7 +532,7 @@ class ModelBatcher:
         if isinstance(outcome, BaseException) or item.chain.done:
             return False
         if not item.abandoned():
-            item.length, item.enqueued, item.waiting = item.chain.cells, time.perf_counter(), True
+            item.length, item.enqueued, item.waiting = item.chain.cells, self._clock(), True
             self._enqueue([item])
         return True
 
@@ -528,7 +546,7 @@ class ModelBatcher:
         admits only the work it can finish before the deadline; the wall time only for WALL_COST_TTL_S after
         its last sample, so that a past overload does not refuse the next burst, and it restarts from its
         next sample after that."""
-        now, last_done = time.perf_counter(), self._last_done
+        now, last_done = self._clock(), self._last_done
         self._last_done = now
         if cells <= INLINE_MAX_CELLS:
             self._small_run_seconds = _smoothed(self._small_run_seconds, seconds)
@@ -542,7 +560,9 @@ class ModelBatcher:
 
     def _run_chunk(self, feeds: Feeds) -> Feeds:
         """One run of a chain's chunk (one row), counted in the batch-size metric like any run."""
+        started = time.perf_counter()
         outputs = self._run_graph(feeds)
+        self.stats.executed(1, 0.0, time.perf_counter() - started, 0.0)
         self._batch_size.observe(1)
         return outputs
 
@@ -564,14 +584,17 @@ class ModelBatcher:
         chain = batch[0].chain
         if chain is not None:
             cells = chain.cells
-            started = time.perf_counter()
-            chain.run(self._run_chunk, batch[0].wanted, CHAIN_SLICE_S)
-            return [chain.outputs], time.perf_counter() - started, cells - chain.cells
+            started = self._clock()
+            chain.run(self._run_chunk, batch[0].wanted, CHAIN_SLICE_S, self._clock)
+            return [chain.outputs], self._clock() - started, cells - chain.cells
+        collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
-        started = time.perf_counter()
+        started = self._clock()
         outputs = self._run_graph(feeds)
-        seconds = time.perf_counter() - started
-        self._batch_size.observe(sum(item.rows for item in batch))  # every completed run, `_isolate` reruns too
+        finished = self._clock()
+        rows = sum(item.rows for item in batch)
+        self._batch_size.observe(rows)  # every completed run, `_isolate` reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
-        return kept, seconds, _padded_cells(batch)
+        self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)
+        return kept, finished - started, _padded_cells(batch)

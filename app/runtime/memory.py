@@ -7,8 +7,8 @@ caps the arenas at startup (`tune_malloc`), and the engine asks glibc to return 
 
 `tune_malloc` also keeps freed buffers of up to 32 MB in the heap instead of unmapping them. By default
 glibc serves large blocks with a fresh mmap and unmaps them on free, so every ONNX run (its arena is off)
-page-faults its buffers in again: a 200-step DKVMN request took about 2,500 page faults and twice the time
-of the same run in a fresh process. The idle trim gives the memory back instead.
+would page-fault its buffers in again, which costs as much as the run itself. The idle trim gives the
+memory back instead.
 """
 
 from __future__ import annotations

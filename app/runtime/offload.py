@@ -19,7 +19,7 @@ from typing import ParamSpec, TypeVar
 from app.core.errors import Overloaded
 
 CPU_THREADS = 2
-MAX_QUEUED_BYTES = 4 << 20  # about 0.4 s of parsing for the two threads (pydantic: about 10 MB/s each)
+MAX_QUEUED_BYTES = 4 << 20  # a fraction of a second of parsing for the two threads: more would only wait
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -59,5 +59,5 @@ async def offload_or_shed(size: int, function: Callable[P, T], *args: P.args, **
 
 
 async def offload_if(heavy: bool, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`offload` a heavy job; a light one runs inline, which is cheaper than the thread hop (about 0.1 ms)."""
+    """`offload` a heavy job; a light one runs inline, which is cheaper than the thread hop."""
     return await offload(function, *args, **kwargs) if heavy else function(*args, **kwargs)

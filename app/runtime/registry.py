@@ -21,10 +21,10 @@ import onnxruntime as ort
 
 from app.core.errors import ModelNotReady, UnknownModel
 from app.core.integrity import sha256_of
-from app.core.manifest import confined, read_manifest
+from app.core.manifest import ModelEntry, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.npy import load_npy
-from app.core.settings import Settings, usable_cpus
+from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.model import ServedModel, Task, graph_layouts
 from app.runtime.providers import ProviderUnavailable, check_session_provider, resolve_provider
 from app.runtime.sessions import open_session, preopened
@@ -82,7 +82,7 @@ class ModelRegistry:
         self.provider = resolve_provider(self.settings.provider)
         artifacts = Path(self.settings.artifacts_dir)
         try:
-            entries = read_manifest(artifacts, set(self.tasks))
+            entries = chosen(read_manifest(artifacts, set(self.tasks)), split_list(self.settings.models))
         except Exception as error:
             raise ModelLoadError(str(error)) from None
         self.models = {entry.name: ServedModel(entry) for entry in entries}
@@ -159,17 +159,16 @@ class ModelRegistry:
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
-        candidates = [model for model in self.models.values() if model.task == task]
-        if name is None:
+        model = None if name is None else self.models.get(name)
+        if model is None or model.task != task:  # the named model is looked up directly, the others scanned
+            candidates = [model for model in self.models.values() if model.task == task]
+            if name is not None:
+                known = ", ".join(sorted(m.name for m in candidates)) or "none"
+                raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
             defaults = [model for model in candidates if model.entry.default] or candidates[:1]
             if not defaults:
                 raise UnknownModel(f"No {task} model is configured on this server.")
             model = defaults[0]
-        elif name in self.models and self.models[name].task == task:
-            model = self.models[name]
-        else:
-            known = ", ".join(sorted(m.name for m in candidates)) or "none"
-            raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
         if not model.ready:
             self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
@@ -184,3 +183,17 @@ def _verify(path: Path, name: str, expected: str, what: str) -> None:
         raise ModelLoadError(
             f"{what} {name} has sha256 {actual}, but the manifest says {expected}; refusing to serve it"
         )
+
+
+def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
+    """The entries named in MNEMO_MODELS (all when it is empty); an unknown name is an error naming the choices."""
+    if not names:
+        return entries
+    known = {entry.name for entry in entries}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ModelLoadError(
+            f"MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
+            f"its models: {', '.join(sorted(known))}"
+        )
+    return [entry for entry in entries if entry.name in names]

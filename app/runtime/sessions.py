@@ -26,9 +26,8 @@ SessionKey = tuple[Path, str, str]  # file, sha256, provider
 def session_options(settings: Settings) -> ort.SessionOptions:
     """Threads from the budget, no spinning (the CPUs are shared with request handling), the CPU arena off.
 
-    The arena grows to the largest run and keeps that memory for good. Measured: a 32 x 200-step
-    dkvmn-assist2009 batch held +617 MB with it (+43 MB without), and ran 1.7x faster with it.
-    MNEMO_CPU_ARENA=true trades that memory for the speed.
+    The arena grows to the largest run and keeps that memory for good; it makes large runs faster
+    (BENCHMARKS.md). MNEMO_CPU_ARENA=true trades that memory for the speed.
     """
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads

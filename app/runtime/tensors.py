@@ -23,6 +23,8 @@ ONNX_TYPES = {
     "tensor(double)": "FP64",
     "tensor(string)": "BYTES",
 }
+
+
 class ProtocolError(Exception):
     """A request the protocol adapter refuses: `{"error": message}` with `status` (400 unless said)."""
 

@@ -1,4 +1,4 @@
-"""Per-student knowledge-tracing state kept server-side (issue 9): ids, the store interface, two stores.
+"""Per-student knowledge-tracing state kept server-side: ids, the store interface, two stores.
 
 - `ids`: `validate_student_id` (the id rules).
 - `store`: `StateStore` (the interface), `StudentState`, `StudentPage`, and the errors
@@ -8,5 +8,5 @@
 - `update.update_state`: the read / compute / compare-and-swap / retry loop every append goes through.
 - `io.StoreCalls`: the store's blocking calls on threads of their own (a stalled store holds up /students only).
 
-Design, durability and the chunking semantics: docs/STUDENTS.md.
+Design, durability and the chunking semantics: docs/students.md.
 """

@@ -23,7 +23,7 @@ def open_store(url: str) -> StateStore:
     """
     if url.startswith(SQLITE_PREFIX):
         return _open_sqlite(url.removeprefix(SQLITE_PREFIX))
-    check_url(url)  # also under `uvicorn app.main:app`, where it was not checked at startup
+    check_url(url)  # here too: started as `uvicorn app.main:app`, nothing checks it at startup
     scheme = urlsplit(url).scheme
     if scheme in REDIS_SCHEMES:
         try:  # redis-py is the optional extra mnemo[redis]: an SQLite-only install does not need it

@@ -1,6 +1,6 @@
 """Student ids: opaque strings chosen by the client, validated before they reach a store or a URL.
 
-Rules (docs/STUDENTS.md):
+Rules (docs/students.md):
 - 1 to 128 characters (Unicode code points, so at most 512 bytes of UTF-8).
 - Every character printable (`str.isprintable`: letters, marks, numbers, punctuation, symbols of any
   script) and none of them whitespace: no spaces, tabs, newlines, control or format characters, no

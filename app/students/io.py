@@ -2,11 +2,10 @@
 
 A stalled database (SQLite waiting up to its busy timeout for another writer's lock, a Redis server that
 stopped answering) blocks each call for seconds. On the worker threads that parse and render requests
-(app/runtime/offload.py) that took every endpoint down with it: `/similarity` and `/knowledge-trace`
-answered 504 while the store was stalled. Here the store has `STORE_THREADS` threads of its own, and at
-most `MAX_WAITING` calls may wait for one: beyond that a call is refused at once (`StoreBusy`: 429 with
-Retry-After, like the service's other full queues; the store is not down, and a 503 would tell a load
-balancer this replica is).
+(app/runtime/offload.py) it would take every endpoint down with it. Here the store has `STORE_THREADS`
+threads of its own, and at most `MAX_WAITING` calls may wait for one: beyond that a call is refused at once
+(`StoreBusy`: 429 with Retry-After, like the service's other full queues; the store is not down, and a 503
+would tell a load balancer this replica is).
 
 Two kinds of call:
 - `read` (no side effect): a caller cancelled (deadline, client gone) stops waiting; a call that has not

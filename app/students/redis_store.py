@@ -11,7 +11,7 @@ A script runs atomically on the server, so the revision check, the counter and t
 (no WATCH round trips). Times come from the server's clock, shared by every replica.
 
 Durability is the server's: run it with `appendonly yes` and `appendfsync always` so that a write is on
-disk before Redis replies (docs/STUDENTS.md). Timeouts are bounded (connect 1 s, reply 2 s unless the
+disk before Redis replies (docs/students.md). Timeouts are bounded (connect 1 s, reply 2 s unless the
 URL sets `socket_connect_timeout`/`socket_timeout`) and a failed command is not retried by the client: a
 write whose reply was lost might have been applied, so it is reported as unavailable, never applied twice.
 """

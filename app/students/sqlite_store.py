@@ -4,7 +4,7 @@ Durability: in WAL mode a commit appends to the -wal file. With synchronous=NORM
 the OS page cache, which already survives the death of the process (SIGKILL) but not of the machine;
 with synchronous=FULL (the default) every commit is also fsync'ed before `write` returns, so an
 acknowledged answer survives a power cut or kernel crash too, the same promise as Redis with
-`appendfsync always`. NORMAL (`?synchronous=normal` in the URL) trades that for about 8x the write rate.
+`appendfsync always`. NORMAL (`?synchronous=normal` in the URL) trades that for a much higher write rate.
 
 Concurrency: SQLite has one writer at a time. A write runs `BEGIN IMMEDIATE` (takes the write lock before
 reading the revision), so the check and the update are one atomic step across threads and processes;

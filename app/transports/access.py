@@ -16,11 +16,10 @@ import hmac
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
 from app.core.responses import JsonResponse
 from app.core.settings import Settings, read_keys_file, split_list
-from app.transports.middleware import send_json
 
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 DOCS_ASSETS_PREFIX = "/docs-assets/"
@@ -55,34 +54,47 @@ def is_open(path: str, open_set: frozenset[str]) -> bool:
     return path in open_set or path.startswith(OPEN_PREFIXES)
 
 
-class ApiKeyAuth:
-    """401 unless the request carries `Authorization: Bearer <one of the keys>` (or its path is open)."""
+API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: Bearer <key>."
 
-    def __init__(self, app: ASGIApp, keys: list[str], open_set: frozenset[str]) -> None:
-        self.app = app
+
+class KeyCheck:
+    """The configured API keys, each compared in constant time with the one a request presents (REST and gRPC)."""
+
+    def __init__(self, keys: list[str]) -> None:
         self.keys = [key.encode() for key in keys]
-        self.open_set = open_set
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or is_open(scope["path"], self.open_set):
-            await self.app(scope, receive, send)
-            return
-        presented = _bearer_token(dict(scope["headers"]).get(b"authorization", b""))
-        if presented is not None and self._known(presented):
-            await self.app(scope, receive, send)
-            return
-        challenge = 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
-        detail = "A valid API key is required: send the header Authorization: Bearer <key>."
-        await send_json(send, 401, {"detail": detail}, {"WWW-Authenticate": challenge})
-
-    def _known(self, presented: bytes) -> bool:
+    def known(self, presented: bytes) -> bool:
         matched = False
         for key in self.keys:  # no early exit: the time does not tell which key, or how much of it, matched
             matched |= hmac.compare_digest(presented, key)
         return matched
 
 
-def _bearer_token(header: bytes) -> bytes | None:
+class ApiKeys:
+    """The REST API-key check: `Authorization: Bearer <one of the keys>`, on every path but the open ones."""
+
+    def __init__(self, keys: list[str], open_set: frozenset[str]) -> None:
+        self.check = KeyCheck(keys)
+        self.open_set = open_set
+
+    def challenge(self, scope: Scope) -> str | None:
+        """None when the request may pass; else the `WWW-Authenticate` value of its 401."""
+        if is_open(scope["path"], self.open_set):
+            return None
+        presented = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+        if presented is not None and self.check.known(presented):
+            return None
+        return 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+
+
+def api_key_check(settings: Settings) -> ApiKeys | None:
+    """The API-key check, if keys are configured."""
+    keys = api_keys(settings)
+    return ApiKeys(keys, open_paths(settings)) if keys else None
+
+
+def bearer_token(header: bytes) -> bytes | None:
+    """The key of an `Authorization: Bearer <key>` header (None: another scheme, or none)."""
     scheme, _, token = header.strip().partition(b" ")
     if scheme.lower() != b"bearer" or not token.strip():
         return None
@@ -101,18 +113,16 @@ class JsonCors(CORSMiddleware):
         return JsonResponse({"detail": detail}, response.status_code, headers=kept)
 
 
-def add_access_control(app, settings: Settings) -> None:
-    """Install the API-key check (if keys are configured) and CORS (if origins are), CORS outermost."""
-    keys = api_keys(settings)
-    if keys:
-        app.add_middleware(ApiKeyAuth, keys=keys, open_set=open_paths(settings))
+def with_cors(app: ASGIApp, settings: Settings) -> ASGIApp:
+    """`app` behind Starlette's CORS if MNEMO_CORS_ORIGINS names origins, else `app` itself."""
     origins = split_list(settings.cors_origins)
-    if origins:
-        app.add_middleware(
-            JsonCors,
-            allow_origins=origins,
-            allow_methods=["GET", "HEAD", "POST", "DELETE"],  # DELETE /students/{id} from a browser app too
-            allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
-            expose_headers=["x-request-id", "retry-after", BINARY_HEADER_LENGTH],
-            max_age=600,
-        )
+    if not origins:
+        return app
+    return JsonCors(
+        app,
+        allow_origins=origins,
+        allow_methods=["GET", "HEAD", "POST", "DELETE"],  # DELETE /students/{id} from a browser app too
+        allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
+        expose_headers=["x-request-id", "retry-after", BINARY_HEADER_LENGTH],
+        max_age=600,
+    )

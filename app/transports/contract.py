@@ -13,7 +13,7 @@ Which errors an operation documents follows what the service can answer there:
   every /students operation: 429 (the store's calls are all taken: the store is busy);
 - the Open Inference Protocol (/v2): its own `{"error": ...}` body for every error (400 bad tensors or
   parameters, 401, 404, 408, 413, 415 a compressed body or not UTF-8, 429, 503, 504), the middlewares'
-  answers included (app/transports/oip/error_shape.py).
+  answers included (app/transports/oip_errors.py).
 """
 
 from __future__ import annotations

@@ -1,30 +1,23 @@
-"""Direct dispatch of the routes that read their own request, before FastAPI's router.
+"""Direct dispatch of the task endpoints (app/transports/rest.py), before FastAPI's router.
 
-FastAPI's routing (matching the path against every included router, then its request and response
-wrappers and inner middlewares) costs about 0.13 ms a request on a 2-core machine: 5% of a /similarity
-run at batch 1. The task routes take nothing from FastAPI but the `Request`: they read and validate their
-own bodies (`app.transports.http.read_body`). This layer calls such an endpoint directly for its one method
-and exact path, and turns its errors into responses with the app's exception handlers, as FastAPI would.
-Every other request, and any other method on those paths, goes to FastAPI unchanged; FastAPI also
-documents these routes in OpenAPI.
-
-`ServiceApp` goes one step further for the same requests: it hands them straight to the app's own
-middlewares (request id and access line, access control, drain gate, body limit, error catcher), without
-the middlewares FastAPI puts around those (its server-error handler, OpenTelemetry hook and body limit: the
-app's own error catcher and body limit do those jobs here): about 15 us a request.
+The task endpoints take nothing from FastAPI but the `Request`: they read and validate their own bodies. FastAPI's
+routing and the wrappers around each route cost a share of a small request's time that the service's latency
+budget does not have (benchmarks/asgi_overhead.py measures it). `DirectRoutes` calls such an endpoint for its
+one method and exact path and turns its errors into responses with the app's exception handlers, as FastAPI
+would; every other request goes to FastAPI, which also documents these routes in OpenAPI. `ServiceApp` hands the
+same requests straight to the app's own middleware, without the ones FastAPI adds around it.
 """
 
 from __future__ import annotations
 
-import inspect
-import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
-from fastapi import APIRouter, FastAPI
-from fastapi.routing import APIRoute
+from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+RequestHandler = Callable[[Request], Awaitable[Response]]
 
 
 class ServiceApp(FastAPI):
@@ -47,75 +40,24 @@ class ServiceApp(FastAPI):
         await self._own_middlewares(scope, receive, send)
 
 
-def takes_only_the_request(route: APIRoute) -> bool:
-    """True for a one-method route without path parameters whose endpoint is a coroutine function taking only
-    the Request and returning a Response."""
-    dependant = route.dependant
-    params = (
-        dependant.path_params,
-        dependant.query_params,
-        dependant.header_params,
-        dependant.cookie_params,
-        dependant.body_params,
-        dependant.dependencies,
-        route.dependencies,
-    )
-    return (
-        len(route.methods) == 1
-        and not route.param_convertors
-        and dependant.request_param_name is not None
-        and not any(params)
-        and inspect.iscoroutinefunction(route.endpoint)
-        and _returns_a_response(route.endpoint)
-    )
-
-
-def _returns_a_response(endpoint) -> bool:
-    returned = typing.get_type_hints(endpoint).get("return")
-    return isinstance(returned, type) and issubclass(returned, Response)
-
-
-def direct_routes(routers: Iterable[APIRouter]) -> dict[tuple[str, str], APIRoute]:
-    """(method, path) -> route, for every route of these routers that `takes_only_the_request`."""
-    return {
-        (next(iter(route.methods)), route.path): route
-        for router in routers
-        for route in _api_routes(router)
-        if takes_only_the_request(route)
-    }
-
-
-def _api_routes(router: APIRouter) -> Iterator[APIRoute]:
-    """The router's routes, and those of the routers it includes without a prefix or dependencies (recent
-    FastAPI keeps an included router as one entry; older versions copy its routes in)."""
-    for route in router.routes:
-        if isinstance(route, APIRoute):
-            yield route
-        context = getattr(route, "include_context", None)
-        if context is not None and not context.prefix and not context.dependencies:
-            yield from _api_routes(route.original_router)
-
-
 class DirectRoutes:
-    """Call the endpoints of `direct_routes(routers)` without FastAPI's router (see the module docstring).
+    """Call the `routes` ((method, path) -> a function of the request) without FastAPI's router (see the module
+    docstring); FastAPI must serve the same functions at the same paths, which documents them."""
 
-    The routers must be included in `fastapi` at the root: without a prefix or dependencies.
-    """
-
-    def __init__(self, app: ASGIApp, fastapi: FastAPI, routers: Iterable[APIRouter]) -> None:
+    def __init__(self, app: ASGIApp, fastapi: FastAPI, routes: Mapping[tuple[str, str], RequestHandler]) -> None:
         self.app = app
         self.fastapi = fastapi
-        self.routes: Mapping[tuple[str, str], APIRoute] = direct_routes(routers)
+        self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = self.routes.get((scope.get("method", ""), scope.get("path", ""))) if scope["type"] == "http" else None
         if route is None:
             await self.app(scope, receive, send)
             return
-        scope["route"], scope["endpoint"] = route, route.endpoint
+        scope["endpoint"] = route
         request = Request(scope, receive)
         try:
-            response = await route.endpoint(request)
+            response = await route(request)
         except Exception as error:
             handler = self._handler_for(error)
             if handler is None:

@@ -48,7 +48,7 @@ store_outages = TracebackBudget(STORE_LOG_EVERY_S)  # one log line per distinct 
 
 def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
     """The `Allow` header for the scope's path: every method that some route takes there (mounts left out),
-    and HEAD wherever GET is (HeadAsGet answers it, though FastAPI's GET routes do not declare it)."""
+    and HEAD wherever GET is (the request edge answers it as GET, though FastAPI's GET routes do not declare it)."""
     allowed = {
         method
         for method in HTTP_METHODS

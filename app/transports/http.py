@@ -8,39 +8,30 @@
   share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S, or
   a shorter one the client asked for, counted from arrival) passes (504), or the client disconnects (499,
-  nothing is sent); in the last two cases the work is cancelled, which drops its rows that have not
-  started. The 504 is sent a margin before the deadline: `DEADLINE_MARGIN_S` plus twice the event loop's
-  recent lag (under overload the loop runs timers late, so a timer set at the deadline itself would answer
-  after it), taken again every `DEADLINE_CHECK_S` while the request waits, since the lag can grow meanwhile.
+  nothing is sent): app/transports/deadline.py, with the connection guard telling when the client goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.core.errors import (
-    DeadlineExceeded,
-    InvalidBody,
-    ServiceError,
-    body_errors,
-)
+from app.core.errors import InvalidBody, ServiceError, body_errors
 from app.core.request_context import request_arrival, request_body_bytes
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.runtime.registry import ModelRegistry
 from app.transports.connection_guard import ON_CLIENT_GONE
+from app.transports.deadline import Deadline, within_deadline
 from app.transports.json_input import parse_body
 
-DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
-DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
 MODEL_VALUE = re.compile(rb'\s*:\s*(null|"[A-Za-z0-9._-]{1,64}")')
@@ -53,12 +44,6 @@ P = ParamSpec("P")
 
 class UnsupportedMediaType(ServiceError):
     status_code = 415
-
-
-class ClientGone(ServiceError):
-    """The client disconnected; nobody reads this answer (logged as 499)."""
-
-    status_code = 499
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -164,90 +149,36 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
 async def complete(
     request: Request, work: Coroutine[Any, Any, T], model_name: str, client_timeout_s: float | None = None
 ) -> T:
-    """The work's result, unless the deadline passes first (504) or the client leaves (499).
+    """The work's result, unless the deadline passes first (504) or the client leaves (499): `within_deadline`
+    (app/transports/deadline.py) with MNEMO_REQUEST_TIMEOUT_S, or `client_timeout_s` (the request's own
+    `timeout`) when shorter, counted from the request's arrival."""
+    state = request.app.state
+    deadline = Deadline(
+        model_name,
+        state.metrics,
+        state.loop_lag,
+        state.settings.request_timeout_s,
+        request_arrival.get(),
+        client_timeout_s,
+        watch_client=functools.partial(_watch_client, request),
+    )
+    return await within_deadline(work, deadline)
 
-    The deadline is MNEMO_REQUEST_TIMEOUT_S, or `client_timeout_s` (the request's own `timeout`) when shorter.
 
-    The work runs in the request's own task (no task of its own: that cost two turns of the event loop).
-    A timer at the deadline (less the margin, taken again every DEADLINE_CHECK_S), or the connection guard
-    when the client leaves, cancels that task; the cancellation is taken back here and answered, as
-    `asyncio.timeout` does it.
-    """
-    metrics = request.app.state.metrics
-    timeout = request.app.state.settings.request_timeout_s
-    source = "MNEMO_REQUEST_TIMEOUT_S"
-    if client_timeout_s is not None and client_timeout_s < timeout:
-        timeout, source = client_timeout_s, "the request's timeout parameter"
-    arrival = request_arrival.get()
-    deadline = (time.perf_counter() if arrival is None else arrival) + timeout
-    current = asyncio.current_task()
-    stopped_by: list[type[ServiceError]] = []
-    awaiting = False  # the task is cancelled only while it awaits the work, never after
-
-    def stop(error: type[ServiceError]) -> None:
-        if awaiting and not stopped_by:
-            stopped_by.append(error)
-            current.cancel()
-
-    def client_left(*_: object) -> None:
-        stop(ClientGone)
-
-    def expired() -> DeadlineExceeded:
-        metrics.timed_out.labels(model_name).inc()
-        return DeadlineExceeded(f"The request did not complete within {timeout:g} s ({source}); retry later.")
-
-    loop = asyncio.get_running_loop()
-    timer: asyncio.TimerHandle | None = None
-
-    def check_deadline() -> None:
-        nonlocal timer
-        remaining = _time_left(request, deadline, timeout)
-        if remaining <= 0:
-            stop(DeadlineExceeded)
-        else:
-            timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
-
-    watcher = None
+def _watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call `callback` when the client leaves; returns how to stop watching."""
     on_client_gone = request.scope.get(ON_CLIENT_GONE)
-    try:
-        remaining = _time_left(request, deadline, timeout)
-        if remaining <= 0:  # expired before the work started
-            raise expired()
-        if on_client_gone is not None:  # the connection guard calls this as the client goes
-            on_client_gone.append(client_left)
-        else:  # another server: its receive() reports the disconnect
-            watcher = asyncio.ensure_future(_disconnected(request))
-            watcher.add_done_callback(client_left)
-        timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
-        awaiting = True
-        return await work
-    except asyncio.CancelledError:
-        if not stopped_by and not current.cancelling():
-            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave (TCP_INFO)
-            # before the connection guard did.
-            metrics.cancelled.labels(model_name).inc()
-            raise ClientGone("The client disconnected before the answer.") from None
-        if not stopped_by or current.uncancel():  # cancelled by someone else too (the server's shutdown)
-            raise
-        if stopped_by[0] is DeadlineExceeded:
-            raise expired() from None
-        metrics.cancelled.labels(model_name).inc()
-        raise ClientGone("The client disconnected before the answer.") from None
-    finally:
-        awaiting = False
-        work.close()  # a coroutine that never started (the deadline had passed) is closed, not left unawaited
-        if timer is not None:
-            timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
-        if on_client_gone is not None and client_left in on_client_gone:
-            on_client_gone.remove(client_left)
+    if on_client_gone is not None:  # the connection guard calls this as the client goes
+        on_client_gone.append(callback)
 
+        def unsubscribe() -> None:
+            if callback in on_client_gone:
+                on_client_gone.remove(callback)
 
-def _time_left(request: Request, deadline: float, timeout: float) -> float:
-    """Seconds until the 504 must be sent: the deadline less a margin for the event loop's current lag."""
-    margin = min(DEADLINE_MARGIN_S + 2 * request.app.state.loop_lag.recent_s, timeout / 2)
-    return deadline - margin - time.perf_counter()
+        return unsubscribe
+    watcher = asyncio.ensure_future(_disconnected(request))  # another server: its receive() reports the disconnect
+    watcher.add_done_callback(lambda _: callback())
+    return watcher.cancel
 
 
 async def _disconnected(request: Request) -> None:

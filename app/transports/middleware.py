@@ -1,6 +1,7 @@
-"""Request plumbing: request id, access line and metrics; the drain gate; the request body's limits (413 over
-MNEMO_MAX_BODY_BYTES, 408 stalled or not in by the deadline, 429 past the bodies held in memory); 400 for a
-repeated single-valued header; HEAD answered as GET."""
+"""The request edge: one ASGI layer around the app that gives every request its id, access line and metrics,
+answers HEAD as GET, puts /v2 errors in the protocol's shape, refuses a repeated single-valued header (400),
+checks the API key (401), gates on the drain (503) and the parse queue (429), bounds the request body (413,
+408, 429) and answers an exception no handler took with a 500."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
 from app.core.errors import HTTP_METHODS, body_too_large_detail
+from app.core.failures import INTERNAL_ERROR, TracebackBudget, log_unexpected
+from app.core.logging import log_fields
 from app.core.metrics import Metrics
 from app.core.paths import loggable_path
 from app.core.request_context import request_arrival, request_connected
 from app.core.responses import dumps
+from app.core.settings import Settings
+from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
+from app.transports.oip_errors import is_json_error, is_protocol_path, protocol_body
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -29,10 +35,26 @@ NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer a
 # Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
-# The connection guard puts in the scope when the request's first bytes were parsed (RECEIVED_AT) and a callable
-# telling whether its client is still connected (CLIENT_CONNECTED); RequestContext copies them to the request context.
+# A server may put in the scope when the request's first bytes were parsed (RECEIVED_AT) and a callable telling
+# whether its client is still connected (CLIENT_CONNECTED); the edge copies them to the request context.
 RECEIVED_AT = "mnemo.received_at"
 CLIENT_CONNECTED = "mnemo.client_connected"
+BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
+BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
+DRAINING = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
+PARSER_BUSY = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
+GIVEN_UP = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
+# Headers read as one value: a second copy (which a proxy may read instead of ours: Starlette reads the first, a dict
+# of the headers the last) is refused with 400 before anything else reads them. RFC 9110 section 5.3 allows
+# repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length the same way.
+SINGLE_HEADERS = {
+    b"authorization": "Authorization",
+    b"content-type": "Content-Type",
+    b"content-encoding": "Content-Encoding",
+    b"content-length": "Content-Length",
+    REQUEST_ID_HEADER: "X-Request-ID",
+    b"inference-header-content-length": "Inference-Header-Content-Length",
+}
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
@@ -43,46 +65,202 @@ async def send_json(send: Send, status: int, payload: dict, headers: dict[str, s
     await send({"type": "http.response.body", "body": body})
 
 
-BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
-BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
+def request_id(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's X-Request-ID if it sent one usable id, else a new random one."""
+    incoming = [value for name, value in headers if name == REQUEST_ID_HEADER]
+    kept = len(incoming) == 1 and REQUEST_ID.fullmatch(incoming[0])  # two ids (refused with 400): neither
+    return incoming[0].decode() if kept else os.urandom(16).hex()
 
 
-class BodySizeLimit:
-    """Reject request bodies over `max_bytes` with 413, whether or not they announce a Content-Length,
-    and with 408 bodies that stall (no data for `stall_timeout_s`) or are not complete by the request's
-    deadline (`deadline_s` after it arrived): trickled a byte at a time, a body would hold its connection
-    and its share of the memory budget below for as long as the client likes.
+def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The name of the first header of SINGLE_HEADERS that the request sends more than once, else None."""
+    seen: set[bytes] = set()
+    for name, _ in headers:
+        if name in SINGLE_HEADERS:
+            if name in seen:
+                return SINGLE_HEADERS[name]
+            seen.add(name)
+    return None
 
-    Bodies held in memory at once are bounded too, by the bytes received (not announced: a client announcing
-    1 MB and sending nothing would hold 1 MB of the budget, and 32 such connections would refuse every body):
-    a request whose Content-Length does not fit beside the bodies held gets 429 (Retry-After) before it is
-    read, and one whose bytes push the total past `in_memory_bytes` while it arrives gets it then. Without
-    it, 1,024 clients sending 160 KB each would hold about 330 MB in bodies alone. The connection stays open
-    (uvicorn skips the unread body): a close would make clients reconnect, and a storm of reconnects queues
-    new connections, such as health probes, behind it.
+
+class Answer:
+    """The `send` of one request as the edge shapes it: every answer gets the request's id and nosniff; an
+    answer to HEAD loses its body, keeping its status and headers, Content-Length included (RFC 9110: a server
+    that serves GET serves HEAD); a JSON error under /v2 has its body rewritten in the protocol's shape."""
+
+    def __init__(self, send: Send, request_id: str, head: bool, protocol: bool) -> None:
+        self._send = send
+        self._headers = [(REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
+        self._head = head
+        self._protocol = protocol
+        self._held: Message | None = None  # a /v2 error's start, sent once its body is rewritten
+        self._chunks: list[bytes] = []
+        self.status = 499  # no answer was sent: the client left first
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if self._protocol and is_json_error(message):
+                self._held = message
+                return
+            await self._start(message)
+            return
+        if message["type"] != "http.response.body":
+            await self._send(message)
+            return
+        if self._held is not None:
+            self._chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = protocol_body(b"".join(self._chunks))
+            start, self._held = self._held, None
+            headers = [(key, value) for key, value in start.get("headers", []) if key.lower() != b"content-length"]
+            await self._start({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+            message = {"type": "http.response.body", "body": body}
+        if self._head:
+            if message.get("more_body", False):
+                return
+            message = {"type": "http.response.body", "body": b""}
+        await self._send(message)
+
+    async def _start(self, message: Message) -> None:
+        self.status = message["status"]
+        message["headers"] = [*message.get("headers", []), *self._headers]
+        await self._send(message)
+
+
+class RequestEdge:
+    """Everything the service does at the edge of a request, outermost first:
+
+    - an X-Request-ID on every answer (the client's, if usable), one access line and the request metrics, by
+      route template; HEAD answered as GET; /v2 errors in the protocol's shape (`Answer`);
+    - 400 naming a header of SINGLE_HEADERS sent twice, before anything reads it;
+    - CORS (Starlette's, if MNEMO_CORS_ORIGINS is set), then the API-key check;
+    - the drain gate, before the body is read (operations paths excepted): 503 while draining, 429 while the
+      parse queue is saturated, both with Retry-After; work in flight is counted for the drain, and a request
+      the drain gave up (`Drain.give_up`) before its answer started gets a 503;
+    - the body limits (`_read_body_and_call`);
+    - a 500 for an exception no handler took, logged once per request, with its traceback rate-limited.
     """
 
     def __init__(
         self,
         app: ASGIApp,
-        max_bytes: int,
-        stall_timeout_s: float,
-        deadline_s: float,
+        settings: Settings,
         metrics: Metrics,
+        drain: Drain,
+        saturated: Callable[[], bool],
         in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
     ) -> None:
         self.app = app
         self.metrics = metrics
-        self.max_bytes = max_bytes
-        self.stall_timeout_s = stall_timeout_s
-        self.deadline_s = deadline_s
+        self.drain = drain
+        self.saturated = saturated
+        self.api_keys = api_key_check(settings)
+        self.admitted = with_cors(self._admit, settings)
+        self.max_bytes = settings.max_body_bytes
+        self.stall_timeout_s = settings.body_timeout_s
+        self.deadline_s = settings.request_timeout_s
         self.in_memory_bytes = in_memory_bytes
         self.held_bytes = 0
+        self.tracebacks = TracebackBudget(settings.error_log_window_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        rid = request_id(scope["headers"])
+        arrived = scope.get(RECEIVED_AT) or time.perf_counter()
+        request_arrival.set(arrived)
+        request_connected.set(scope.get(CLIENT_CONNECTED))
+        head = scope["method"] == "HEAD"
+        answer = Answer(send, rid, head, is_protocol_path(scope["path"]))
+        inner = {**scope, "method": "GET"} if head else scope
+        self.metrics.in_flight.inc()
+        try:
+            repeated = repeated_header(scope["headers"])
+            if repeated is not None:
+                detail = f"The header {repeated} was sent more than once; send it once."
+                await send_json(answer.send, 400, {"detail": detail})
+            else:
+                await self.admitted(inner, receive, answer.send)
+        finally:
+            if head and "route" in inner:  # the route GET matched: the access line and metrics name it
+                scope["route"] = inner["route"]
+            self.metrics.in_flight.dec()
+            self._record(scope, rid, answer.status, time.perf_counter() - arrived)
+
+    def _record(self, scope: Scope, rid: str, status: int, seconds: float) -> None:
+        """The request's metrics and access line."""
+        method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"  # no label per invented method
+        self.metrics.observe_request(route_label(scope), method, status, seconds)
+        path = loggable_path(scope)  # the route template: no student ids or other client text in logs
+        fields = {
+            "request_id": rid,
+            "method": scope["method"],
+            "path": path,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 2),
+        }
+        line_args = (scope["method"], path, status, seconds * 1000, rid)
+        log_fields(access_logger, logging.INFO, "%s %s %d %.1fms id=%s", line_args, fields)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The API-key check, the drain gate, then the body and the app, with the 500 of last resort."""
+        if self.api_keys is not None:
+            challenge = self.api_keys.challenge(scope)
+            if challenge is not None:
+                await send_json(send, 401, {"detail": API_KEY_REQUIRED}, {"WWW-Authenticate": challenge})
+                return
+        gated = scope["path"] not in OPERATIONS_PATHS
+        if gated and self.drain.draining:
+            self.metrics.refused("draining")
+            await send_json(send, 503, DRAINING, {"Retry-After": "1", "Connection": "close"})
+            return
+        if gated and scope["method"] == "POST" and self.saturated():
+            self.metrics.refused("parse_queue_full")
+            await send_json(send, 429, PARSER_BUSY, {"Retry-After": "1"})
+            return
+        task = asyncio.current_task()
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        if gated:
+            self.drain.enter(task)
+        try:
+            await self._read_body_and_call(scope, receive, tracking_send)
+        except asyncio.CancelledError:
+            if not (gated and self.drain.gave_up) or started:
+                raise
+            task.uncancel()  # given up by the drain: answered here, in the service's shape
+            self.metrics.refused("drain_timeout")
+            await send_json(send, 503, GIVEN_UP, {"Retry-After": "1", "Connection": "close"})
+        except Exception as error:
+            log_unexpected(self.tracebacks, scope, error)
+            if not started:
+                await send_json(send, 500, INTERNAL_ERROR)
+        finally:
+            if gated:
+                self.drain.leave(task)
+
+    async def _read_body_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body, then call the app with it.
+
+        A body over `max_bytes` is refused with 413, whether or not it announces a Content-Length, and with 408
+        one that stalls (no data for `stall_timeout_s`) or is not complete by the request's deadline
+        (`deadline_s` after it arrived): trickled a byte at a time, a body would hold its connection and its
+        share of the memory budget for as long as the client likes.
+
+        Bodies held in memory at once are bounded too, by the bytes received (not announced: a client
+        announcing 1 MB and sending nothing would hold 1 MB of the budget): a request whose Content-Length does
+        not fit beside the bodies held gets 429 (Retry-After) before it is read, and one whose bytes push the
+        total past `in_memory_bytes` while it arrives gets it then. The connection stays open (the server skips
+        the unread body): a close would make clients reconnect, and a storm of reconnects queues new
+        connections, such as health probes, behind it.
+        """
         declared = dict(scope["headers"]).get(b"content-length", b"").strip()  # the parser keeps trailing spaces
         declared_bytes = int(declared) if declared.isdigit() else 0
         if declared_bytes > self.max_bytes:
@@ -90,12 +268,8 @@ class BodySizeLimit:
             return
         if declared_bytes and self.held_bytes and self.held_bytes + declared_bytes > self.in_memory_bytes:
             self.metrics.refused("bodies_in_memory")
-            await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})  # keep-alive: uvicorn skips the unread body
+            await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})
             return
-        await self._read_and_call(scope, receive, send)
-
-    async def _read_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body (each part counted in `held_bytes` as it arrives, until the answer), then call the app."""
         deadline = (scope.get(RECEIVED_AT) or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, True
         try:
@@ -145,121 +319,6 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-class DrainGate:
-    """Refuse new work before reading its body: 503 while draining, 429 while the parse queue is saturated.
-
-    Both answers carry Retry-After; the 503 also Connection: close. Work in flight is counted for the drain;
-    given up by it (`Drain.give_up`), a request not yet answered gets a 503 too.
-    """
-
-    def __init__(self, app: ASGIApp, drain: Drain, saturated: Callable[[], bool], metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.drain = drain
-        self.saturated = saturated
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPERATIONS_PATHS:
-            await self.app(scope, receive, send)
-            return
-        if self.drain.draining:
-            self.metrics.refused("draining")
-            detail = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
-            await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
-            return
-        if scope["method"] == "POST" and self.saturated():
-            self.metrics.refused("parse_queue_full")
-            detail = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
-            await send_json(send, 429, detail, {"Retry-After": "1"})
-            return
-        task = asyncio.current_task()
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        self.drain.enter(task)
-        try:
-            await self.app(scope, receive, tracking_send)
-        except asyncio.CancelledError:
-            if not self.drain.gave_up or started:
-                raise
-            task.uncancel()  # given up by the drain: answered here, in the service's shape
-            self.metrics.refused("drain_timeout")
-            detail = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
-            await send_json(send, 503, detail, {"Retry-After": "1", "Connection": "close"})
-        finally:
-            self.drain.leave(task)
-
-
-# Headers read as one value: a second copy (which a proxy may read instead of ours: Starlette reads the first, a dict
-# of the headers the last) is refused with 400 before anything else reads them. RFC 9110 section 5.3 allows
-# repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length the same way.
-SINGLE_HEADERS = {
-    b"authorization": "Authorization",
-    b"content-type": "Content-Type",
-    b"content-encoding": "Content-Encoding",
-    b"content-length": "Content-Length",
-    REQUEST_ID_HEADER: "X-Request-ID",
-    b"inference-header-content-length": "Inference-Header-Content-Length",
-}
-
-
-def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The name of the first header of SINGLE_HEADERS that the request sends more than once, else None."""
-    seen: set[bytes] = set()
-    for name, _ in headers:
-        if name in SINGLE_HEADERS:
-            if name in seen:
-                return SINGLE_HEADERS[name]
-            seen.add(name)
-    return None
-
-
-class SingleHeaders:
-    """400 naming the header when a request repeats one that is read as a single value (SINGLE_HEADERS)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        name = repeated_header(scope["headers"]) if scope["type"] == "http" else None
-        if name is None:
-            await self.app(scope, receive, send)
-            return
-        detail = f"The header {name} was sent more than once; send it once."
-        await send_json(send, 400, {"detail": detail})
-
-
-class HeadAsGet:
-    """HEAD on any path is answered as GET without the body (RFC 9110: a server that serves GET serves HEAD):
-    the same status and headers, Content-Length included. The access line and metrics say HEAD."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "HEAD":
-            await self.app(scope, receive, send)
-            return
-
-        async def headers_only(message: Message) -> None:
-            if message["type"] == "http.response.body":
-                if not message.get("more_body", False):
-                    await send({"type": "http.response.body", "body": b""})
-                return
-            await send(message)
-
-        as_get = {**scope, "method": "GET"}
-        try:
-            await self.app(as_get, receive, headers_only)
-        finally:
-            if "route" in as_get:  # the route GET matched: the access line and metrics name it, not "unmatched"
-                scope["route"] = as_get["route"]
-
-
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
 
 
@@ -289,56 +348,3 @@ def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
         return re.compile(regex)
 
     return [(template, pattern(template)) for template in templates]
-
-
-class RequestContext:
-    """Give every response an X-Request-ID (and `X-Content-Type-Options: nosniff`), log one access line and record
-    metrics, both by route template."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        incoming = [value for name, value in scope["headers"] if name == REQUEST_ID_HEADER]
-        kept = len(incoming) == 1 and REQUEST_ID.fullmatch(incoming[0])  # two ids (refused with 400): neither
-        request_id = incoming[0].decode() if kept else os.urandom(16).hex()
-        started = scope.get(RECEIVED_AT) or time.perf_counter()
-        request_arrival.set(started)
-        request_connected.set(scope.get(CLIENT_CONNECTED))
-        status = 499  # no answer was sent: the client left first (a failure is answered 500 by CatchUnexpected)
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
-            await send(message)
-
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            self.metrics.in_flight.dec()
-            seconds = time.perf_counter() - started
-            method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"  # no label per invented method
-            self.metrics.observe_request(route_label(scope), method, status, seconds)
-            path = loggable_path(scope)  # the route template: no student ids or other client text in logs
-            access_logger.info(
-                "%s %s %d %.1fms id=%s",
-                scope["method"],
-                path,
-                status,
-                seconds * 1000,
-                request_id,
-                extra={
-                    "request_id": request_id,
-                    "method": scope["method"],
-                    "path": path,
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 2),
-                },
-            )

@@ -1,10 +1,10 @@
 """/health and /ready on a port of their own (MNEMO_PROBE_PORT), served by a small child process.
 
 Under overload the event loop handles every open connection's request in turn, so with a thousand busy
-connections a request on the main port waits one or more turns of the loop: hundreds of milliseconds
-(BENCHMARKS.md). A thread of this process would wait for the GIL instead. The child process
-(app/transports/probe_server.py) answers from the readiness this process feeds it every FEED_INTERVAL_S
-from the event loop, and at once when a drain begins. The same two routes stay on the main port.
+connections a request on the main port waits one or more turns of the loop (BENCHMARKS.md). A thread of
+this process would wait for the GIL instead. The child process (app/transports/probe_server.py) answers
+from the readiness this process feeds it every FEED_INTERVAL_S from the event loop, and at once when a drain
+begins. The same two routes stay on the main port.
 """
 
 from __future__ import annotations

@@ -36,6 +36,13 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
     return router
 
 
+def direct_routes(tasks: Iterable[Task]) -> dict[tuple[str, str], Callable[[Request], Awaitable[JsonResponse]]]:
+    """(method, path) -> route function of every task endpoint, for the direct dispatch (direct_routes.py)."""
+    return {
+        ("POST", endpoint.path): endpoint_route(task.name, endpoint) for task in tasks for endpoint in task.endpoints
+    }
+
+
 def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
     """The route function of one endpoint (it takes only the request: it reads the body itself)."""
 

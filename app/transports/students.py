@@ -9,7 +9,7 @@ depends on the new interactions only, never on the history. The store calls bloc
 store's own threads (`StoreCalls`: a stalled store never holds the threads that parse other requests);
 the model runs in the request's own task, so its deadline and disconnect apply to it as to
 /knowledge-trace. An append cancelled before its write has started stores nothing (504 or 499); once the
-write has started, its result is the answer. Design: docs/STUDENTS.md.
+write has started, its result is the answer. Design: docs/students.md.
 """
 
 from __future__ import annotations

@@ -32,5 +32,6 @@ function done(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("MNEMO errors connect %d read %d write %d timeout %d\n", e.connect, e.read, e.write, e.timeout))
   io.write(string.format("MNEMO latency_us p50 %d p99 %d max %d\n", latency:percentile(50), latency:percentile(99), latency.max))
+  io.write(string.format("MNEMO latency_low_us p10 %d\n", latency:percentile(10)))
   io.write(string.format("MNEMO total requests %d duration_us %d\n", summary.requests, summary.duration))
 end

@@ -23,7 +23,8 @@ from app.tasks.knowledge_trace.schemas import (
 )
 
 MAX_CATALOG_PAGE = 1000
-INLINE_INTERACTIONS = 1000  # shorter histories are converted and rendered on the loop: cheaper than a hop
+INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheaper than a hop
+INLINE_RENDER_NUMBERS = 20_000  # cheaper answers (service.answer_numbers) render on the loop: no thread hop
 MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
 routes = APIRouter(tags=["knowledge tracing"])
 DESCRIPTION = """Predict each interaction from the ones before it, then the next questions; report concept mastery.
@@ -54,8 +55,9 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) 
     questions, correct, wanted = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, arrays_of, model, body)
     trace = await service.trace(model, questions, correct)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-    inline = len(questions) + len(wanted) <= INLINE_INTERACTIONS and not body.return_attention
-    return await offload_if(not inline, render, model, body, trace, wanted, next_p)
+    mastery_rows = {"all": len(trace.predictions) + 1, "last": 1, "none": 0}[body.mastery]
+    numbers = service.answer_numbers(trace, len(wanted), body.return_attention, mastery_rows)
+    return await offload_if(numbers > INLINE_RENDER_NUMBERS, render, model, body, trace, wanted, next_p)
 
 
 def render(

@@ -44,6 +44,7 @@ from app.runtime.model import ServedModel
 TASK_NAME = "knowledge-trace"
 SKILL_NAMED_DATASETS = frozenset({"assist2009"})
 TOP_SKILLS = 3
+NEXT_ITEM_NUMBERS = 10  # a `next` item (a dict) takes about as long to build and render as 10 array numbers
 
 
 @dataclass(frozen=True)
@@ -376,15 +377,24 @@ def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndar
     """The `next` list: question, p_correct, its main concept (None without memory slots) and its name where
     the data set has one."""
     state: KnowledgeTraceState = model.state
+    ids = questions.tolist()
+    concepts = [None] * len(ids) if state.concepts is None else state.concepts[questions - 1].tolist()
+    names = [state.names[question - 1] for question in ids] if state.names else [None] * len(ids)
     return [
-        {
-            "question": int(question),
-            "p_correct": float(p),
-            "concept": main_concept(state, question),
-            "name": state.names[question - 1] if state.names else None,
-        }
-        for question, p in zip(questions.tolist(), probabilities.tolist(), strict=True)
+        {"question": question, "p_correct": p, "concept": concept, "name": name}
+        for question, p, concept, name in zip(ids, probabilities.tolist(), concepts, names, strict=True)
     ]
+
+
+def answer_numbers(trace: Trace, next_count: int, attention: bool, mastery_rows: int) -> int:
+    """What rendering an answer costs, in numbers of its arrays: the predictions, the mastery rows wanted, the
+    attention when wanted, and NEXT_ITEM_NUMBERS per `next` item (a dict built and rendered one by one)."""
+    numbers = len(trace.predictions) + next_count * NEXT_ITEM_NUMBERS
+    if trace.mastery is not None:
+        numbers += mastery_rows * trace.mastery.shape[1]
+    if attention and trace.attention is not None:
+        numbers += trace.attention.size
+    return numbers
 
 
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:

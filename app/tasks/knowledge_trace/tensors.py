@@ -9,8 +9,8 @@ Outputs: `p` [B,T] and the state (`mv_out` [B,N,d_v] or `state_out` [B,2,S]), fo
 through the task service's `trace`: chunks of `seqlen` steps, each starting from the state the previous
 chunk ended with, in the model's batches, so T may exceed `seqlen`, as on POST /knowledge-trace. B x T
 (padding included) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace,
-and B at most its `max_histories`: each row carries a whole state in and out (DKVMN 4,000 numbers, DKT
-400), so without it a 90 KB request of 10,000 one-step rows asked for a 470 MB answer.
+and B at most its `max_histories`: each row carries a whole state in and out, so a small request of many
+one-step rows could otherwise ask for an answer thousands of times its size.
 """
 
 from __future__ import annotations

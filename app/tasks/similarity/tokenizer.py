@@ -73,7 +73,8 @@ def normalize(text: str) -> str:
 @functools.cache
 def _deletions() -> dict[int, None]:
     """A str.translate table deleting every invisible character (built once, on the first non-ASCII text: the
-    scan of planes 0 and 1 for category Cf takes about 10 ms; the tags of plane 14 are in DEFAULT_IGNORABLE)."""
+    scan of planes 0 and 1 for category Cf is too slow to repeat or to pay at import; the tags of plane 14 are
+    in DEFAULT_IGNORABLE)."""
     table: dict[int, None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
     for low, high in DEFAULT_IGNORABLE:
         table.update(dict.fromkeys(range(low, high + 1)))

@@ -1,9 +1,12 @@
 """The Open Inference Protocol (KServe v2) REST endpoints over the task services.
 
 Health and metadata: GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{name}[/versions/{v}]
-and .../ready. Inference: POST /v2/models/{name}[/versions/{v}]/infer, admitted by the model's
+and .../ready. Triton's extensions that its tools read: GET .../config (the model configuration), GET
+/v2/models/stats and .../stats (statistics), POST /v2/repository/index.
+Inference: POST /v2/models/{name}[/versions/{v}]/infer, admitted by the model's
 batcher (429), bounded by the request deadline (504) and batched with the task API's requests;
-the request's `parameters` are checked by parameters.py (`timeout` shortens the deadline).
+the request's `parameters` are checked by parameters.py (`timeout` shortens the deadline); what it does
+over the task services is inference.py, which the gRPC transport shares.
 Every error is the protocol's `{"error": "<sentence>"}`: 400 bad tensors or parameters, 404 unknown
 model or version, 429/503/504 from the engine.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,7 +26,6 @@ from starlette.responses import Response
 
 from app.core.errors import ServiceError, ort_message
 from app.core.responses import JsonResponse
-from app.runtime.model import ServedModel, Task, TensorCodec
 from app.runtime.offload import offload
 from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import (
@@ -34,22 +36,17 @@ from app.transports.http import (
     json_body,
     parse_off_loop,
 )
-from app.transports.oip.parameters import check_parameters
+from app.transports.oip import inference
 from app.transports.oip.schemas import (
     InferenceResponse,
     Liveness,
     ModelMetadata,
     ModelReadiness,
+    RepositoryIndexRequest,
     ServerMetadata,
     ServerReadiness,
 )
-from app.transports.oip.tensors import (
-    InferenceRequest,
-    ProtocolError,
-    decode_inputs,
-    encode_response,
-    requested_outputs,
-)
+from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response
 
 logger = logging.getLogger("mnemo.oip")
 
@@ -79,36 +76,19 @@ def _protocol_errors(handler: Callable[..., Awaitable[Response]]) -> Callable[..
     return guarded
 
 
-def _model(request: Request, name: str, version: str | None = None) -> tuple[ServedModel, TensorCodec]:
-    """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
-    registry = getattr(request.app.state, "registry", None)
-    if registry is None:
-        raise ProtocolError("Models are still loading.", 503)
-    codecs = {task: codec for task, codec in _codecs(registry.tasks)}
-    model = registry.models.get(name)
-    if model is None or model.task not in codecs:
-        known = ", ".join(sorted(n for n, m in registry.models.items() if m.task in codecs)) or "none"
-        raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
-    if version is not None and version != model.entry.version:
-        raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
-    if not model.ready:
-        raise ProtocolError(f"Model {name} is not ready: {model.error}", 503)
-    return model, codecs[model.task]
-
-
-def _codecs(tasks: Mapping[str, Task]) -> Iterator[tuple[str, TensorCodec]]:
-    """The tasks that have a tensor codec, with it."""
-    for name, task in tasks.items():
-        codec = getattr(task, "tensors", None)
-        if codec is not None:
-            yield name, codec
+def _registry(request: Request):
+    return getattr(request.app.state, "registry", None)
 
 
 @router.get("", operation_id="oip_server_metadata", response_model=ServerMetadata)
 async def server_metadata(request: Request) -> JsonResponse:
     """Server name, version and protocol extensions."""
     return JsonResponse(
-        {"name": request.app.title, "version": request.app.version, "extensions": ["binary_tensor_data"]}
+        {
+            "name": request.app.title,
+            "version": request.app.version,
+            "extensions": ["binary_tensor_data", *inference.EXTENSIONS],
+        }
     )
 
 
@@ -124,6 +104,13 @@ async def ready(request: Request) -> JsonResponse:
     registry = getattr(request.app.state, "registry", None)
     is_ready = not request.app.state.drain.draining and registry is not None and registry.ready
     return JsonResponse({"ready": is_ready}, 200 if is_ready else 503)
+
+
+@router.get("/models/stats", operation_id="oip_statistics")
+async def all_statistics(request: Request) -> Response:
+    """Triton's statistics extension for every model: success/fail counts, queue and compute durations (ns),
+    inference and execution counts, from each model's batcher in this worker."""
+    return await _statistics(request, "", "")
 
 
 @router.get("/models/{name}", operation_id="oip_model_metadata", response_model=ModelMetadata)
@@ -146,6 +133,36 @@ async def model_ready(request: Request, name: str) -> Response:
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
 async def model_version_ready(request: Request, name: str, version: str) -> Response:
     return await _model_ready(request, name, version)
+
+
+@router.get("/models/{name}/config", operation_id="oip_model_config")
+async def model_config(request: Request, name: str) -> Response:
+    """Triton's model configuration: inputs and outputs (dims without the batch dimension, -1 = any size),
+    `max_batch_size` and the dynamic batching in force."""
+    return await _config(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
+async def model_version_config(request: Request, name: str, version: str) -> Response:
+    return await _config(request, name, version)
+
+
+@router.get("/models/{name}/stats", operation_id="oip_model_statistics")
+async def model_statistics(request: Request, name: str) -> Response:
+    """Triton's statistics extension for one model."""
+    return await _statistics(request, name, "")
+
+
+@router.get("/models/{name}/versions/{version}/stats", include_in_schema=False)
+async def model_version_statistics(request: Request, name: str, version: str) -> Response:
+    return await _statistics(request, name, version)
+
+
+@router.post("/repository/index", operation_id="oip_repository_index")
+async def repository_index(request: Request) -> Response:
+    """Triton's repository index: every model with its state (READY, or UNAVAILABLE with the reason); the body
+    `{"ready": true}` (optional) lists the ready ones only."""
+    return await _index(request)
 
 
 @router.post(
@@ -171,27 +188,39 @@ async def infer_version(request: Request, name: str, version: str) -> Response:
 
 @_protocol_errors
 async def _metadata(request: Request, name: str, version: str | None) -> JsonResponse:
-    model, codec = _model(request, name, version)
-    return JsonResponse(
-        {
-            "name": model.name,
-            "versions": [model.entry.version],
-            "platform": codec.PLATFORM,
-            "inputs": [spec.metadata() for spec in codec.inputs(model)],
-            "outputs": [spec.metadata() for spec in codec.outputs(model)],
-        }
-    )
+    return JsonResponse(inference.metadata(*inference.find_model(_registry(request), name, version)))
 
 
 @_protocol_errors
 async def _model_ready(request: Request, name: str, version: str | None) -> JsonResponse:
-    model, _ = _model(request, name, version)
+    model, _ = inference.find_model(_registry(request), name, version)
     return JsonResponse({"name": model.name, "ready": True})
 
 
 @_protocol_errors
+async def _config(request: Request, name: str, version: str | None) -> JsonResponse:
+    return JsonResponse(inference.model_config(*inference.find_model(_registry(request), name, version)))
+
+
+@_protocol_errors
+async def _statistics(request: Request, name: str, version: str) -> JsonResponse:
+    return JsonResponse(inference.statistics(_registry(request), name, version))
+
+
+@_protocol_errors
+async def _index(request: Request) -> JsonResponse:
+    body = await request.body()
+    try:
+        ready_only = RepositoryIndexRequest.model_validate_json(body or b"{}").ready
+    except ValidationError as error:
+        raise inference.invalid_request(error, "repository index request") from None
+    index = inference.repository_index(_registry(request))
+    return JsonResponse([entry for entry in index if entry["state"] == "READY" or not ready_only])
+
+
+@_protocol_errors
 async def _infer(request: Request, name: str, version: str | None) -> Response:
-    model, codec = _model(request, name, version)
+    model, codec = inference.find_model(_registry(request), name, version)
     check_declared_charset(request)
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
@@ -204,24 +233,19 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
             else (await parse_off_loop(request, size, InferenceRequest.model_validate_json, body))
         )
     except ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
-        raise ProtocolError(f"invalid inference request: {where}: {first['msg']}") from None
-    timeout_s = check_parameters(parsed)
-    wanted = requested_outputs(parsed, codec.outputs(model))
-    decode = (parsed, binary, codec.inputs(model))
-    tensors = await (
-        offload(decode_inputs, *decode)
-        if size <= INLINE_BODY_BYTES
-        else parse_off_loop(request, size, decode_inputs, *decode)
+        raise inference.invalid_request(error) from None
+    answer = await inference.infer(
+        model,
+        codec,
+        parsed,
+        binary,
+        offload if size <= INLINE_BODY_BYTES else functools.partial(parse_off_loop, request, size),
+        lambda work, timeout_s: complete(request, work, model.name, timeout_s),
     )
-    prepared = await offload(codec.prepare, model, tensors)
-    with model.batcher.admit(prepared.rows, prepared.cells):
-        outputs = await complete(request, codec.infer(model, prepared), model.name, timeout_s)
     header = {"model_name": model.name, "model_version": model.entry.version}
     if parsed.id is not None:
         header["id"] = parsed.id
-    content, header_length = await offload(encode_response, header, outputs, codec.outputs(model), wanted)
+    content, header_length = await offload(encode_response, header, answer.outputs, answer.specs, answer.wanted)
     if header_length is None:
         return Response(content, media_type="application/json")
     return Response(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 
 class ProtocolErrorBody(BaseModel):
@@ -61,3 +61,11 @@ class InferenceResponse(BaseModel):
     model_version: str
     id: str | None = Field(None, description="the request's id, when it had one")
     outputs: list[ResponseOutput]
+
+
+class RepositoryIndexRequest(BaseModel):
+    """The optional body of POST /v2/repository/index."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: StrictBool = Field(False, description="true: only the models that are ready")

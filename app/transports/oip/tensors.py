@@ -250,7 +250,7 @@ def encode_response(
         array, datatype = outputs[name], datatypes[name]
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if as_binary:
-            blobs.append(_to_binary(array, datatype))
+            blobs.append(tensor_bytes(array, datatype))
             tensor["parameters"] = {"binary_data_size": len(blobs[-1])}
         else:
             tensor["data"] = array.ravel().tolist() if datatype == "BYTES" else array.ravel()
@@ -261,7 +261,8 @@ def encode_response(
     return body + b"".join(blobs), len(body)
 
 
-def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """The tensor's raw bytes as the protocol sends them: little-endian, BYTES as 4-byte lengths and the bytes."""
     if datatype == "BYTES":
         encoded = [str(element).encode("utf-8") for element in array.ravel()]
         return b"".join(struct.pack("<I", len(element)) + element for element in encoded)

@@ -1,0 +1,142 @@
+"""The `mnemo` command: `mnemo serve` (every setting a flag) and `mnemo models` (what a manifest holds).
+
+Each flag of `mnemo serve` is one field of `Settings`, named after it (`--max-batch` is `MNEMO_MAX_BATCH`); a flag
+given wins over its environment variable, which wins over the default. `python -m app` is `mnemo serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+
+from app.core.manifest import load_manifest
+from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _click_type(annotation: Any) -> tuple[Any, bool]:
+    """The click type of a settings field, and whether it is a boolean flag."""
+    arguments = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(arguments) == 1:
+        annotation = arguments[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return click.Choice([str(choice) for choice in typing.get_args(annotation)], case_sensitive=False), False
+    if annotation is bool:
+        return bool, True
+    if annotation is Path:
+        return click.Path(path_type=Path), False
+    if annotation in (int, float):
+        return annotation, False
+    return str, False  # str, SecretStr
+
+
+def _default_text(field: FieldInfo) -> str:
+    if field.default_factory is not None or isinstance(field.default, SecretStr):
+        return ""
+    if field.default in (None, ""):
+        return ""
+    return f" [default: {field.default}]"
+
+
+def settings_options(command: Callable) -> Callable:
+    """Decorate `command` with one option per settings field (none of them given = the environment decides)."""
+    for name, field in reversed(Settings.model_fields.items()):
+        kind, is_flag = _click_type(field.annotation)
+        declaration = f"{flag_name(name)}/--no-{name.replace('_', '-')}" if is_flag else flag_name(name)
+        help_text = f"{field.description} (env MNEMO_{name.upper()}){_default_text(field)}"
+        command = click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)(command)
+    return command
+
+
+def settings_from(flags: dict[str, Any]) -> Settings:
+    """Settings from the given flags over the environment; an invalid value exits 2 naming its flag."""
+    given = {name: value for name, value in flags.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as error:
+        problems = []
+        for problem in error.errors():
+            where = flag_name(str(problem["loc"][0])) if problem["loc"] else "settings"
+            problems.append(f"{where}: {str(problem['msg']).removeprefix('Value error, ')}")
+        raise click.UsageError("; ".join(problems)) from None
+
+
+@click.group(context_settings=CONTEXT)
+def cli() -> None:
+    """Serve memory-augmented models (LSTM_RMC similarity, DKVMN knowledge tracing) with ONNX Runtime."""
+
+
+@cli.command(context_settings=CONTEXT)
+@settings_options
+def serve(**flags: Any) -> None:
+    """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
+    settings = settings_from(flags)
+    from app.__main__ import start  # the web stack, once the settings are known to be valid
+
+    start(settings)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.option(
+    "--artifacts-dir",
+    "--artifacts",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_ARTIFACTS_DIR,
+    show_default=True,
+    help="Directory holding manifest.json.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON instead of a table.")
+def models(artifacts_dir: Path, as_json: bool) -> None:
+    """The models of a manifest: name, task, version, default, metrics and file size."""
+    try:
+        manifest = load_manifest(artifacts_dir)
+    except Exception as error:
+        raise click.ClickException(str(error)) from None
+    if as_json:
+        click.echo(json.dumps([entry.model_dump(mode="json") for entry in manifest.models], indent=2))
+        return
+    rows = [_model_row(artifacts_dir, entry) for entry in manifest.models]
+    headers = ["name", "task", "version", "default", "size", "metrics"]
+    table = [[str(row[key]) for key in headers] for row in rows]
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *table, strict=True)]
+    for line in (headers, *table):
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _model_row(artifacts_dir: Path, entry: Any) -> dict[str, Any]:
+    files = [entry.file, *(graph.file for graph in entry.graphs.values())]
+    files += [asset.file for asset in entry.assets.values()]
+    size = sum((artifacts_dir / name).stat().st_size for name in files if (artifacts_dir / name).is_file())
+    tested = [(key, value) for key, value in entry.metrics.items() if key.startswith("test_")][:MAX_METRICS]
+    metrics = ", ".join(f"{key.removeprefix('test_')} {value:.4g}" for key, value in tested)
+    return {
+        "name": entry.name,
+        "task": entry.task,
+        "version": entry.version,
+        "default": "yes" if entry.default else "",
+        "size": f"{size / 1e6:.1f} MB",
+        "metrics": metrics,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="mnemo")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
