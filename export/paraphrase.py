@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -28,10 +29,12 @@ from onnx import TensorProto, compose, helper
 from app.core.integrity import sha256_of
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors
+from export import reproduce
 from export.cards import data_files_table, duration, notes_section
 from export.embeddings import padded
 from export.manifest import load_manifest, upsert_model
 from export.onnx_export import export_graph
+from models import recipes
 from models.cli import model_name, training_run
 from models.msrp_data import SPLIT_FILES, MsrpPair, read_split, stratified_split
 from models.paraphrase import ParaphraseHead, cpu_session, sentence_vectors
@@ -51,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=training_run, action="append", required=True, help="a train_paraphrase run")
     parser.add_argument("--name", type=model_name, required=True, help="the served model's name (and file stem)")
-    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"))
+    parser.add_argument("--artifacts", type=Path, default=Path("artifacts"), help="where the model is written")
+    parser.add_argument(
+        "--encoder-artifacts", type=Path, default=None, help="where the runs' encoder model is (default: --artifacts)"
+    )
     parser.add_argument("--data-dir", type=Path, default=data_dir_default() / "msrp")
     parser.add_argument("--version", default="1.0.0")
     parser.add_argument("--notes", default="", help="free text for the card's Notes section")
@@ -199,6 +205,13 @@ def manifest_entry(args: argparse.Namespace, encoder_entry: dict, result: dict, 
     }
 
 
+def reproduce_block(name: str, version: str) -> list[str]:
+    """The card's generated Reproduce block (`export.reproduce`) for a served recipe; else the export alone."""
+    if name in recipes.SERVED:
+        return reproduce.card_section(name, version)
+    return [reproduce.BEGIN, f"No served recipe of {name} in models/recipes.py.", reproduce.END]
+
+
 def write_card(path: Path, name: str, context: dict, notes: str) -> None:
     result, test, valid, checks = context["result"], context["test"], context["valid"], context["checks"]
     encoder = result["encoder_model"]
@@ -242,11 +255,19 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         "docs/protocols/rmc-vlmp-msrp.md` against this card's commit); the export read the test file once, "
         "after the choice, and this card reports that one number.",
         "- Nothing depends on the paper's number: the grid and the rule were fixed before any run.",
-        "- After the first test evaluation (accuracy 0.6986) the card's text gained the majority-class row and the "
-        "note on validation optimism, and the export ran again to write them: same run, epoch, weights and test "
-        "number.",
+        "- After the first test evaluation (accuracy 0.6986) the card's text gained the majority-class row, the "
+        "note on validation optimism and the generated Reproduce block, and the export ran again to write them: "
+        "same run, epoch, weights and test number.",
         f"- Inherited: the frozen encoder `{encoder}` is SICK-trained, and its card lists the choices taken after "
         "SICK test numbers. They concern SICK test, not MSRP.",
+        "",
+        "## Reproduce",
+        "",
+        *reproduce_block(name, context["version"]),
+        "",
+        "`make train-paraphrase && make export-paraphrase` is the same grid into `runs/msrp/` and the served "
+        "`artifacts/` (how this model was built). Every step runs on one CPU thread and reads the served "
+        f"`{encoder}` graphs.",
         "",
         "## Selection (validation only)",
         "",
@@ -289,15 +310,6 @@ def write_card(path: Path, name: str, context: dict, notes: str) -> None:
         f"- No `/embeddings` of its own: `{encoder}` serves the same sentence vectors.",
         f"- Command: `{context['command']}`",
         "",
-        "## Reproduce",
-        "",
-        "```",
-        "make train-paraphrase   # the four validation-only runs of the protocol's grid",
-        "make export-paraphrase  # choose on validation, export, evaluate test once; rewrites this card",
-        "```",
-        "",
-        "Both steps run on one CPU thread; the export also needs the committed `rmc-vlmp-sick` graphs.",
-        "",
         *notes_section(notes),
     ]
     path.write_text("\n".join(lines).rstrip("\n") + "\n")
@@ -309,9 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     chosen, results = choose_run(args.run)
     result = results[args.run.index(chosen)]
-    entries = {entry["name"]: entry for entry in load_manifest(args.artifacts)["models"]}
-    encoder_entry = entries.get(result["encoder_model"])
-    encoder, specials = encoder_files(args.artifacts, result["encoder_model"])
+    source = args.encoder_artifacts or args.artifacts
+    encoder, specials = encoder_files(source, result["encoder_model"])
+    encoder_entry = next(entry for entry in load_manifest(source)["models"] if entry["name"] == result["encoder_model"])
     if sha256_of(encoder) != result["encoder_sha256"]:
         raise SystemExit(f"{encoder} has changed since {chosen} was trained on its vectors: train the head again")
     checkpoint = load_checkpoint(chosen / "best.pt")
@@ -323,7 +335,11 @@ def main(argv: list[str] | None = None) -> None:
     labels = np.array([pair.paraphrase for pair in pairs])
     _, valid_rows = stratified_split(labels, result["valid_fraction"], result["split_seed"])
     valid_pairs = [pairs[row] for row in valid_rows]
-    pair_graph = args.artifacts / encoder_entry["file"]
+    pair_graph = source / encoder_entry["file"]
+    args.artifacts.mkdir(parents=True, exist_ok=True)
+    for asset in encoder_entry["assets"].values():  # the word vectors it shares with the encoder model
+        if not (args.artifacts / asset["file"]).exists():
+            shutil.copyfile(source / asset["file"], args.artifacts / asset["file"])
     width = result["config"]["width"]
     with tempfile.TemporaryDirectory() as scratch:
         head_graph, checked = Path(scratch) / "head.onnx", Path(scratch) / "checked.onnx"
@@ -351,6 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         "test_file": data_file_records({"test": test_file}),
         "size_mb": served.stat().st_size / 1e6,
         "command": command,
+        "version": args.version,
     }
     write_card(args.artifacts / entry["card"], args.name, context, args.notes)
     print(
