@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-from app.main import create_app
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors
-from tests.conftest import SIM_MODEL, toy_settings
+from tests.conftest import SIM_MODEL
+from tests.helpers import app_client
 from tests.synthetic_data import write_msrp
 
 pytest.importorskip("torch", reason="the exporter needs the train extra")
@@ -117,7 +116,7 @@ def test_manifest_entry_and_card(pipeline):
 
 def test_served_by_name_with_a_paraphrase_field_and_the_other_models_unchanged(pipeline):
     artifacts = pipeline["artifacts"]
-    with TestClient(create_app(toy_settings(artifacts))) as client:
+    with app_client(artifacts) as client:
         models = {model["name"]: model for model in client.get("/models").json()["models"]}
         answer = client.post("/similarity", json={**PAIR, "model": MODEL, "return_attention": False}).json()
         plain = client.post("/similarity", json={**PAIR, "model": SIM_MODEL, "return_attention": False}).json()
