@@ -98,5 +98,6 @@ USER 10001
 EXPOSE 8000 8001 8081
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
   CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % (os.environ.get('MNEMO_PROBE_PORT') or os.environ.get('MNEMO_PORT', '8000')), timeout=4)"]
-# exec form: python is PID 1 and uvicorn receives SIGTERM for a graceful shutdown
+# exec form: gunicorn's master (python -m app) is PID 1: it passes SIGTERM on to the workers, which drain, and
+# reaps every child. Connection limits that no Python server has come from nginx in front (docker-compose.yml).
 CMD ["python3", "-m", "app"]

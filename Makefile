@@ -15,7 +15,7 @@ TORCH_REQUIREMENT = $(shell $(BIN)/python -c 'import tomllib; print(next(r for r
 TORCH_PIP_ARGS ?=
 # Debian packages the tests need, one BINARY=PACKAGE word each: `make system-deps` (a prerequisite of
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
-SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core
+SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core nginx=nginx
 
 .PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check clean FORCE
 

@@ -7,6 +7,8 @@ given wins over its environment variable, which wins over the default. `python -
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 import types
 import typing
@@ -18,8 +20,9 @@ import click
 from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
-from app.core.manifest import load_manifest
-from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings
+from app.core.manifest import ManifestError, chosen, load_manifest
+from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
+from app.students.factory import check_url
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
@@ -64,16 +67,70 @@ def settings_options(command: Callable) -> Callable:
 
 
 def settings_from(flags: dict[str, Any]) -> Settings:
-    """Settings from the given flags over the environment; an invalid value exits 2 naming its flag."""
+    """Settings from the given flags over the environment: a flag's invalid value exits 2 naming the flag, a
+    variable's exits 1 naming the variable."""
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         return Settings(**given)
     except ValidationError as error:
-        problems = []
-        for problem in error.errors():
-            where = flag_name(str(problem["loc"][0])) if problem["loc"] else "settings"
-            problems.append(f"{where}: {str(problem['msg']).removeprefix('Value error, ')}")
-        raise click.UsageError("; ".join(problems)) from None
+        flagged = [problem for problem in error.errors() if problem["loc"] and problem["loc"][0] in given]
+        if flagged:
+            raise click.UsageError("; ".join(_problem(problem, flag_name) for problem in flagged)) from None
+        problems = "; ".join(_problem(problem, lambda name: f"MNEMO_{name.upper()}") for problem in error.errors())
+        sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
+
+
+def _problem(error: Any, named: Callable[[str], str]) -> str:
+    """One settings error: `name: message`, or a rule across settings (it names them itself) alone."""
+    message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's prefix of a validator's ValueError
+    return f"{named('.'.join(map(str, error['loc'])))}: {message}" if error["loc"] else message
+
+
+def start(settings: Settings) -> None:
+    """Check what the settings name (files, URLs, ports, models: one line and exit 1 if wrong), say where the
+    service listens, then serve. This process imports no ONNX Runtime: gunicorn forks the workers from it."""
+    for line in unknown_variables(os.environ):
+        click.echo(f"mnemo: warning: {line}", err=True)
+    problem = startup_problem(settings)
+    ports = ((settings.probe_port, "MNEMO_PROBE_PORT"), (settings.port, "MNEMO_PORT"))
+    for port, name in ports if problem is None else ():
+        problem = problem or (port_problem(settings.host, port, f"MNEMO_HOST:{name}") if port is not None else None)
+    try:
+        entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
+    except ManifestError as error:
+        problem = problem or str(error)
+    if problem is not None:
+        sys.exit(f"mnemo: cannot start: {problem}")
+    models = [entry.name for entry in entries]
+    grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port else ""
+    click.echo(f"mnemo: serving {', '.join(models)} on http://{settings.host}:{settings.port}{grpc}")
+    from app.server import serve  # gunicorn and uvicorn, once the settings are known to be good
+
+    serve(settings)
+
+
+def port_problem(host: str, port: int, names: str) -> str | None:
+    """Why host:port cannot be listened on (in use, a host that does not resolve), naming the settings; else None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            return f"cannot listen on {host}:{port} ({names}): {error.strerror}"
+    return None
+
+
+def startup_problem(settings: Settings) -> str | None:
+    """What is wrong with settings that only make sense together with the files and URLs they name."""
+    manifest = settings.artifacts_dir / "manifest.json"
+    if not manifest.is_file():
+        return f"MNEMO_ARTIFACTS_DIR {settings.artifacts_dir} holds no manifest.json"
+    try:
+        check_url(settings.state_url)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 @click.group(context_settings=CONTEXT)
@@ -85,10 +142,7 @@ def cli() -> None:
 @settings_options
 def serve(**flags: Any) -> None:
     """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
-    settings = settings_from(flags)
-    from app.__main__ import start  # the web stack, once the settings are known to be valid
-
-    start(settings)
+    start(settings_from(flags))
 
 
 @cli.command(context_settings=CONTEXT)
@@ -135,6 +189,7 @@ def _model_row(artifacts_dir: Path, entry: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `mnemo` console script."""
     cli.main(args=argv, prog_name="mnemo")
 
 

@@ -3,7 +3,7 @@
 Layers, lowest first (docs/ARCHITECTURE.md): core (settings, errors, metrics, logging), the runtime (sessions,
 registry, a batcher per model), students, the tasks (a service and its JSON and tensor codecs each;
 app/tasks/__init__.py registers them), and the transports (REST, the Open Inference Protocol, the explorer).
-Graceful drain on SIGTERM needs `python -m app` (app/server.py).
+Graceful drain on SIGTERM, worker heartbeats and connection limits need `python -m app` (app/server.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from app.runtime.engine import Engine
 from app.runtime.model import Task
 from app.runtime.offload import offload, saturated
 from app.runtime.registry import ModelLoadError, ModelRegistry
+from app.server import unprotected_start
 from app.students.holder import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
@@ -72,6 +73,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """The probe process (if MNEMO_PROBE_PORT is set) from before loading until after shutdown."""
+        if warning := unprotected_start():
+            logger.warning(warning)
         probes = None
         if settings.probe_port is not None:
             probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))

@@ -1,11 +1,17 @@
-"""uvicorn with a graceful drain: what `python -m app` runs.
+"""What `python -m app` runs: gunicorn's process manager with uvicorn workers (h11), configured from Settings.
 
-On the first SIGTERM (or SIGINT, or SIGHUP: there is no reload) the app starts draining: `/ready`
-answers 503 at once, new requests get a quick 503 (`Retry-After`, `Connection: close`) while the
-listening socket stays open, so no connection waiting to be accepted is reset. Requests already admitted
-finish; when none is left, or after MNEMO_DRAIN_S, uvicorn shuts down as usual (closes the listener and
-idle connections, runs the lifespan shutdown) and the process exits with status 0. A second signal stops
-waiting.
+gunicorn starts MNEMO_WORKERS workers on one listening socket, replaces one that dies, and kills and replaces one
+whose event loop stops notifying it for MNEMO_WORKER_STALL_S (SIGSTOP, a deadlock; the bound covers a worker's
+startup too). Each worker is uvicorn with the h11 protocol, which parses one request at a time (a pipelined
+request waits for the answer to the one before) and refuses malformed framing with 400; its limits come from
+Settings: the keep-alive timeout, the header size cap and the connection cap. No in-process server bounds the
+time a client takes to send its headers or to read an answer: deploy/nginx/nginx.conf does, in front
+(BENCHMARKS.md, Servers).
+
+Drain: SIGTERM to gunicorn's master reaches every worker, whose first signal turns `/ready` to 503 and answers new
+requests with a quick 503 while the listening socket stays open; admitted requests finish, for up to
+MNEMO_DRAIN_S, then the worker shuts down as uvicorn does and exits with status 0. A second signal stops waiting.
+SIGHUP is gunicorn's reload: new workers start and the old ones drain so.
 """
 
 from __future__ import annotations
@@ -13,116 +19,89 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import os
+import shutil
 import signal
-import socket
 import sys
-import threading
-from collections.abc import Awaitable, Callable, Iterator
-from functools import partial
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
-from fastapi import FastAPI
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from uvicorn_worker import UvicornWorker
 
-from app.core.logging import uvicorn_log_config, write_out_logs
 from app.core.settings import Settings
 from app.runtime.memory import tune_malloc
-from app.transports.connection_guard import ConnectionLimits, guarded_protocol
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
 GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
+# Once idle, the drain still serves this long: requests already sent on accepted connections but not yet read
+# get their answer (a 503) rather than a closed connection.
+SETTLE_S = 1.0
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
+SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
 
 
 class DrainingServer(uvicorn.Server):
-    """A uvicorn server whose first shutdown signal drains the app before the usual graceful shutdown."""
+    """A uvicorn server whose first shutdown signal drains the app before uvicorn's own graceful shutdown."""
 
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        app: FastAPI,
-        drain_s: float,
-        on_started: Callable[[], None] | None = None,
-        parent_gone_signal: int | None = None,
-    ) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, settings: Settings) -> None:
         super().__init__(config)
-        self.state = app.state
         self.drain = app.state.drain
-        self.drain_s = drain_s
-        self.on_started = on_started  # called once the app has started and the server accepts connections
-        self.parent_gone_signal = parent_gone_signal  # a worker's word from Linux that its supervisor died
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._drain_task: asyncio.Task | None = None
+        self.settings = settings
+        self.drain_s = settings.drain_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.drain_task: asyncio.Task | None = None
 
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
+    async def serve(self, sockets: list | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self.lifespan.send = self._without_model_traceback(self.lifespan.send)
+    async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
-        if self.started and self.on_started is not None:
-            self.on_started()
+        if self.started:
+            runs, threads = self.settings.concurrent_runs, self.settings.intra_op_threads
+            logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them: a drain, then exit 0 (by
-        default it killed the process with its requests in flight)."""
-        if threading.current_thread() is not threading.main_thread():  # signals are for the main thread
-            with super().capture_signals():
-                yield
-            return
-        previous = {signal.SIGHUP: signal.signal(signal.SIGHUP, self.handle_exit)}
-        if self.parent_gone_signal is not None:
-            previous[self.parent_gone_signal] = signal.signal(self.parent_gone_signal, self.handle_parent_gone)
+        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them (a worker is never reloaded)."""
+        previous = signal.signal(signal.SIGHUP, self.handle_exit)
         try:
             with super().capture_signals():
                 yield
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-
-    def _without_model_traceback(self, send: Callable[[dict], Awaitable[None]]) -> Callable[[dict], Awaitable[None]]:
-        """uvicorn's lifespan `send`, minus the traceback of a model that cannot load: `serve` says it in one line."""
-
-        async def brief_send(message: dict) -> None:
-            if message["type"] == "lifespan.startup.failed" and self.state.startup_error:
-                message = {**message, "message": ""}
-            await send(message)
-
-        return brief_send
+            signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain.draining or self._loop is None:
+        if self.drain.draining or self.loop is None:
             self.should_exit = True  # a second signal (or no loop yet): stop now
             self.force_exit = self.force_exit or (sig == signal.SIGINT and self.drain.draining)
             return
-        self._begin_drain(signal.Signals(sig).name)
-
-    def handle_parent_gone(self, sig: int, frame: FrameType | None) -> None:
-        """The supervisor died (app/worker.py): drain as on a first SIGTERM. Linux sends the signal again each
-        time the worker is handed to a new parent (another supervisor thread still exiting, a subreaper), so
-        it is no "second signal": repeats are ignored."""
-        if self.drain.draining:
-            return
-        if self._loop is None:  # still starting: stop now
-            self.should_exit = True
-            return
-        self._begin_drain("supervisor gone")
-
-    def _begin_drain(self, reason: str) -> None:
         self.drain.begin()
-        self._loop.call_soon_threadsafe(self._start_drain, reason)
+        self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
 
-    def _start_drain(self, reason: str) -> None:
-        if self._drain_task is not None:  # a signal that arrived inside the first one's handler
-            return
-        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, self.drain_s)
-        self._drain_task = asyncio.ensure_future(self._finish_drain())
+    def start_drain(self, reason: str) -> None:
+        if self.drain_task is None:  # else a signal that arrived inside the first one's handler
+            logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, self.drain_s)
+            self.drain_task = asyncio.ensure_future(self.finish_drain())
 
-    async def _finish_drain(self) -> None:
+    async def finish_drain(self) -> None:
+        deadline = time.monotonic() + self.drain_s
         idle = await self.drain.wait_idle(self.drain_s)
+        if idle:
+            await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
+            idle = await self.drain.wait_idle(max(0.0, deadline - time.monotonic()))
         if idle:
             logger.info("drained: no request in flight")
         else:
@@ -132,49 +111,189 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(
-    settings: Settings,
-    app: FastAPI | None = None,
-    sockets: list[socket.socket] | None = None,
-    on_started: Callable[[], None] | None = None,
-    parent_gone_signal: int | None = None,
-) -> None:
-    """Serve the app (default: `create_app(settings)`) until a signal, draining first.
+class Worker(UvicornWorker):
+    """One gunicorn worker: the app on uvicorn (h11) with the limits of Settings, draining on its first signal."""
 
-    It listens on MNEMO_HOST:MNEMO_PORT, or on `sockets` already bound (a worker of app/supervisor.py): uvicorn
-    calls listen() on them once the app has started. `parent_gone_signal` (a worker's) drains once, however
-    often it comes.
-    """
-    from app.main import create_app
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        settings = Settings()
+        self.CONFIG_KWARGS = {
+            "loop": "asyncio",
+            "http": "h11",
+            "ws": "none",  # no WebSocket routes: uvicorn then imports no websocket library
+            "lifespan": "on",
+            "access_log": False,  # the app writes one access line per request itself
+            "limit_concurrency": settings.max_connections,  # beyond: 503 and close
+            "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
+            "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+            "timeout_keep_alive": settings.keep_alive_s,
+        }
+        super().__init__(*args, **kwargs)
+        self.settings = settings
+        self.orphaned = False
 
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    tune_malloc()
-    app = app or create_app(settings)
-    limits = ConnectionLimits(
-        max_connections=settings.max_connections,
-        header_timeout_s=settings.header_timeout_s,
-        max_header_bytes=settings.max_header_bytes,
-        write_timeout_s=settings.write_timeout_s,
-        on_refused=partial(app.state.metrics.refused, "connections"),
-        on_bad_request=app.state.metrics.bad_request,
-    )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        http=guarded_protocol(limits),
-        timeout_keep_alive=settings.keep_alive_s,
-        log_level=settings.log_level,
-        log_config=uvicorn_log_config(settings.log_level),
-        access_log=False,  # the app writes one access line per request itself (app/transports/middleware.py)
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        loop="asyncio",
-        ws="none",  # no WebSocket routes: uvicorn then imports no websocket library (a faster start)
-    )
+    def run(self) -> None:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        asyncio.run(self.serve())
+
+    async def callback_notify(self) -> None:
+        """The heartbeat gunicorn's master waits for (from the event loop, every MNEMO_WORKER_STALL_S / 2); a worker
+        whose master is gone (killed: it passed no signal on) drains and exits, once, rather than serve alone."""
+        await super().callback_notify()
+        if os.getppid() != self.ppid and not self.orphaned:
+            self.orphaned = True
+            logger.warning("worker %d: gunicorn's master %d is gone", os.getpid(), self.ppid)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def serve(self) -> None:
+        self.config.app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
+        logging.getLogger("uvicorn.error").addFilter(WithoutStartupTraceback(self.wsgi))
+        server = DrainingServer(self.config, self.wsgi, self.settings)
+        with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
+            await server.serve(sockets=self.sockets)
+        if not server.started:
+            cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
+
+
+class WithoutStartupTraceback(logging.Filter):
+    """Drops the traceback uvicorn logs for an app that could not start, when the app knows why: a model that cannot
+    load is said in one line (`cannot_start`)."""
+
+    def __init__(self, app: FastAPI) -> None:
+        super().__init__()
+        self.app = app
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.app.state.startup_error and record.getMessage().startswith("Traceback"))
+
+
+class Gunicorn(BaseApplication):
+    """gunicorn configured from Settings, loading `factory(settings)` (default: `create_app`) in each worker."""
+
+    def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
+        self.settings = settings
+        self.factory = factory
+        super().__init__()
+
+    def load_config(self) -> None:
+        settings = self.settings
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        options = {
+            "bind": [f"{host}:{settings.port}"],
+            "workers": settings.workers,
+            "worker_class": f"{Worker.__module__}.{Worker.__qualname__}",
+            "timeout": math.ceil(settings.worker_stall_s),  # gunicorn takes whole seconds
+            "graceful_timeout": math.ceil(settings.drain_s + SHUTDOWN_GRACE_S + GIVE_UP_S) + 1,
+            "loglevel": settings.log_level,
+            "accesslog": None,
+            "logconfig_dict": log_config(settings.log_level, settings.log_format),
+            "control_socket_disable": True,  # no runtime control of the workers from outside
+            "child_exit": forget_dead_worker,
+            "when_ready": say_where_metrics_are,
+        }
+        for key, value in options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> FastAPI:
+        """In each worker: the ONNX sessions start opening while the web stack imports (app/runtime/sessions.py)."""
+        from app.runtime.providers import ProviderUnavailable, resolve_provider
+        from app.runtime.sessions import preopened
+
+        try:
+            resolve_provider(self.settings.provider)
+        except ProviderUnavailable as error:
+            cannot_start(str(error))
+        tune_malloc()  # before any thread starts
+        preopened.start(self.settings)
+        if self.factory is not None:
+            app = self.factory(self.settings)
+        else:
+            from app.main import create_app
+
+            app = create_app(self.settings)
+        if self.settings.workers > 1:
+            from app.transports.identity import IdentityHeaders
+
+            app.add_middleware(IdentityHeaders)  # X-Mnemo-Pid: which worker answered
+        return app
+
+
+def cannot_start(reason: str) -> None:
+    """A worker that cannot serve: one line saying why, and the status that makes gunicorn stop (not retry)."""
+    print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
+    sys.exit(Arbiter.WORKER_BOOT_ERROR)
+
+
+def log_config(level: str, fmt: str) -> dict:
+    """gunicorn's and uvicorn's own lines (startup, worker exits, protocol warnings) in the service's format, on
+    stderr; their access logs off (the app writes one line per request)."""
+    formatter = "app.core.logging.JsonFormatter" if fmt == "json" else "app.core.logging.TextFormatter"
+    to_stderr = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
+    quiet = {"handlers": [], "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"mnemo": {"()": formatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}},
+        "root": {"level": "WARNING", "handlers": []},  # replaces gunicorn's default, which names its own handler
+        "loggers": {
+            "gunicorn.error": to_stderr,
+            "uvicorn": to_stderr,
+            "gunicorn.access": quiet,
+            "uvicorn.access": quiet,
+        },
+    }
+
+
+def say_where_metrics_are(server: Arbiter) -> None:
+    """gunicorn's when_ready hook: one line naming the directory the workers' metrics are summed from, if any."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        server.log.info("metrics of every worker in %s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
+
+
+def forget_dead_worker(server: Arbiter, worker: Any) -> None:
+    """gunicorn's child_exit hook: drop the live gauges of a worker that exited (prometheus multiprocess mode)."""
+    from prometheus_client.multiprocess import mark_process_dead  # imported after PROMETHEUS_MULTIPROC_DIR is set
+
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        mark_process_dead(worker.pid)
+
+
+@contextlib.contextmanager
+def metrics_directory() -> Iterator[Path]:
+    """PROMETHEUS_MULTIPROC_DIR emptied of earlier values, or a temporary directory removed at the end: the
+    workers' metrics are summed from its files, whichever worker answers /metrics."""
+    chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if chosen:
+        path = Path(chosen)
+        if not path.is_dir():
+            sys.exit(f"mnemo: cannot start: PROMETHEUS_MULTIPROC_DIR={chosen} is not a directory")
+        for stale in path.glob("*.db"):  # an earlier run's counters would be added to this run's
+            stale.unlink()
+        yield path
+        return
+    path = Path(tempfile.mkdtemp(prefix="mnemo-metrics-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    owner = os.getpid()
     try:
-        DrainingServer(config, app, settings.drain_s, on_started, parent_gone_signal).run(sockets)
-    except SystemExit:  # uvicorn's status 3 when the lifespan's startup failed
-        if app.state.startup_error:
-            write_out_logs()  # uvicorn's own lines first: this one is the last
-            sys.exit(f"mnemo: cannot start: {app.state.startup_error}")
-        raise
+        yield path
+    finally:
+        if os.getpid() == owner:  # not in a worker leaving this block as it exits (it was forked inside it)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
+    """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
+    os.environ[SERVED_BY] = __name__
+    # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
+    with metrics_directory() if settings.workers > 1 else contextlib.nullcontext():
+        Gunicorn(settings, factory).run()
+
+
+def unprotected_start() -> str | None:
+    """The startup warning of an app not served by `serve` (`uvicorn app.main:app`, say), else None."""
+    if os.environ.get(SERVED_BY) == __name__:
+        return None
+    return (
+        "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and "
+        "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
+    )

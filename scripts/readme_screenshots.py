@@ -16,6 +16,7 @@ SHOTS = {
     "similarity-1280.png": "explorer-similarity.png",
     "knowledge-1280.png": "explorer-knowledge.png",
     "student-1280.png": "explorer-student.png",
+    "compare-1280.png": "explorer-compare.png",
 }
 COLOURS = 256
 

@@ -233,6 +233,147 @@ def test_knowledge_tab_builds_a_five_step_history_by_question_name(watched: Watc
     watched.assert_clean()
 
 
+def _paste_history(page: Page, lines: str) -> None:
+    page.get_by_text("Paste a history").click()
+    page.get_by_label("One answer per line").fill(lines)
+    page.get_by_role("button", name="Replace the history").click()
+
+
+def test_concept_columns_and_next_questions_carry_the_apis_concept_labels(watched: Watched, server: str):
+    catalog = httpx.get(f"{server}/models/{KT_MODEL}/questions", params={"limit": 1}, timeout=10).json()
+    labels = {item["concept"]: item["label"] for item in catalog["concepts"]}
+    expected = [f"{concept} · {labels[concept]}" for concept in range(len(labels))]
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    _paste_history(page, "1 1\n2 0\n3 1")
+    page.get_by_role("button", name="Trace").click()
+    expect(page.locator("#mastery-map rect.cell")).to_have_count(4 * len(labels))
+    full_labels = (
+        "ts => ts.map(t => (t.querySelector('title') ?? t).textContent)"  # a cut label keeps it whole as a tooltip
+    )
+    for figure in ("#mastery-map", "#kt-attention-map"):
+        column_labels = page.locator(f"{figure} svg.heatmap text.label").evaluate_all(full_labels)[-len(labels) :]
+        assert column_labels == expected
+    page.locator("#mastery-map svg.heatmap").focus()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#mastery-map .readout")).to_contain_text(f"concept 1 ({labels[1]}): mastery")
+    first = page.locator("#next-table tbody tr").first.locator("td").nth(2)
+    assert first.get_attribute("title") in expected
+    watched.assert_clean()
+
+
+def test_a_second_model_traces_the_same_history_side_by_side(watched: Watched, server: str):
+    """Switching the model keeps the history (same data set); "Compare with" runs it through a second model too."""
+    steps = "12 1\n7 0\n12 1\n30 1\n7 0"
+    interactions = [{"question": int(q), "correct": c == "1"} for q, c in (line.split() for line in steps.split("\n"))]
+    answers = {
+        name: httpx.post(
+            f"{server}/knowledge-trace", json={"model": name, "interactions": interactions}, timeout=30
+        ).json()
+        for name in (KT_MODEL, DKT_MODEL)
+    }
+    page = watched.open("#knowledge")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    _paste_history(page, steps)
+    page.locator("#kt-model").select_option(DKT_MODEL)
+    expect(page.locator("#kt-model-about")).to_contain_text("DKT")
+    page.locator("#kt-model").select_option(KT_MODEL)
+    expect(page.locator("#history li")).to_have_count(5)  # the history survived both switches
+    expect(page.locator("#history-note")).to_be_hidden()
+    page.get_by_label("Compare with").select_option(DKT_MODEL)
+    expect(page.locator("#kt-compare-about")).to_contain_text(f"Compared with {DKT_MODEL}: DKT")
+    page.get_by_role("button", name="Trace").click()
+    expect(page.locator("#kt-result")).to_be_visible()
+
+    values = "ps => ps.map(p => Number(p.dataset.value))"
+    assert page.locator("#prediction-chart circle.point").evaluate_all(values) == answers[KT_MODEL]["predictions"]
+    assert (
+        page.locator("#prediction-chart rect.compare-point").evaluate_all(values) == answers[DKT_MODEL]["predictions"]
+    )
+    expect(page.locator("#prediction-chart .legend")).to_contain_text(f"{KT_MODEL}{DKT_MODEL}")
+    heads = page.locator("#next-table thead th").all_inner_texts()
+    assert heads[-2:] == [f"P(right), {KT_MODEL}", f"P(right), {DKT_MODEL}"]
+    first_row = page.locator("#next-table tbody tr").first.locator("td")
+    question = int(first_row.nth(1).inner_text().split(" · ")[0])
+    dkt_p = next(item["p_correct"] for item in answers[DKT_MODEL]["next"] if item["question"] == question)
+    assert first_row.nth(4).inner_text().strip() == f"{dkt_p:.3f}"
+    expect(page.locator("#mastery-map")).to_be_visible()  # the first model's concept maps stay
+    watched.screenshot("compare-1280")
+
+    page.locator("#kt-model").select_option("dkvmn-statics")  # another data set: its question ids mean others
+    expect(page.locator("#history li")).to_have_count(0)
+    expect(page.locator("#history-note")).to_contain_text("History cleared: dkvmn-statics is trained on statics")
+    expect(page.get_by_label("Compare with")).to_be_disabled()
+    watched.assert_clean()
+
+
+def test_the_two_attention_maps_of_one_answer_share_one_colour_scale(watched: Watched, server: str):
+    pair = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
+    api = httpx.post(f"{server}/similarity", json={**pair, "return_attention": True}, timeout=30).json()
+    largest = {key: max(max(row) for row in api["attention"][f"sentence_{key}"]) for key in ("a", "b")}
+    assert f"{largest['a']:.2f}" != f"{largest['b']:.2f}"  # else this pair could not tell one scale from two
+    page = watched.open()
+    page.get_by_role("button", name="Compare").click()
+    expect(page.locator("#similarity-result")).to_be_visible()
+    top = max(largest.values())
+    for key in ("a", "b"):
+        assert page.locator(f"#attention-{key} .legend > span").all_inner_texts()[:2] == ["0.00", f"{top:.2f}"]
+    fill = "(cells, value) => cells.find(c => Number(c.dataset.value) === value).getAttribute('fill')"
+    lower = min(largest, key=largest.get)
+    viridis_top = "rgb(253, 231, 37)"
+    assert page.locator(f"#attention-{lower} rect.cell").evaluate_all(fill, largest[lower]) != viridis_top
+    higher = max(largest, key=largest.get)
+    assert page.locator(f"#attention-{higher} rect.cell").evaluate_all(fill, largest[higher]) == viridis_top
+    watched.assert_clean()
+
+
+def _contrast(foreground: str, background: str) -> float:
+    """WCAG 2 contrast ratio of two opaque CSS rgb() colours."""
+
+    def luminance(colour: str) -> float:
+        channels = [int(part) / 255 for part in re.findall(r"\d+", colour)[:3]]
+        linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    light, dark = sorted((luminance(foreground), luminance(background)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_a_hovered_tab_keeps_its_text_readable(watched: Watched, server: str):
+    page = watched.open()
+    for name in ("Similarity", "Knowledge tracing"):  # the active tab, then the other one
+        tab = page.get_by_role("tab", name=name)
+        tab.hover()
+        colours = tab.evaluate("t => { const s = getComputedStyle(t); return [s.color, s.backgroundColor]; }")
+        assert not colours[1].startswith("rgba"), colours  # opaque, so the ratio below is the one on screen
+        assert _contrast(*colours) >= 4.5, (name, colours)
+    watched.assert_clean()
+
+
+def test_each_model_is_described_in_one_line_with_a_link_to_the_api_docs(watched: Watched, server: str):
+    models = {model["name"]: model for model in httpx.get(f"{server}/models", timeout=10).json()["models"]}
+    page = watched.open()
+    similarity = next(model for model in models.values() if model["task"] == "similarity" and model["default"])
+    about = page.locator("#similarity-model-about")
+    expect(about).to_contain_text(
+        f"trained on SICK for relatedness (1..5) and entailment: test Pearson r "
+        f"{similarity['metrics']['test_pearson']:.3f}"
+    )
+    page.get_by_role("tab", name="Knowledge tracing").click()
+    for name, family in ((KT_MODEL, "DKVMN, a key-value memory network"), (DKT_MODEL, "DKT, the LSTM baseline")):
+        page.locator("#kt-model").select_option(name)
+        expect(page.locator("#kt-model-about")).to_contain_text(family)
+        text = page.locator("#kt-model-about").inner_text()
+        assert text.startswith(family) and text.endswith(
+            f"trained on ASSISTments 2009 (maths): test AUC {models[name]['metrics']['test_auc']:.3f}."
+        )
+    links = page.locator("#panel-knowledge a[href='/docs']")
+    expect(links).to_have_count(1)
+    links.click()
+    expect(page.locator(".opblock").first).to_be_visible()  # Swagger UI, from this server
+    watched.assert_clean()
+
+
 def test_knowledge_tab_shows_the_dkt_baseline_without_concept_maps(watched: Watched, server: str):
     """DKT has no memory slots: the page shows its predictions and next questions, and no mastery or attention."""
     interactions = [
@@ -588,8 +729,10 @@ def test_a_5000_step_history_is_drawn_on_a_canvas_that_reads_by_keyboard(watched
     for key in ("End", "ArrowRight", "ArrowRight"):
         page.keyboard.press(key)
     last = interactions[-1]
+    catalog = httpx.get(f"{server}/models/{KT_MODEL}/questions", params={"limit": 1}, timeout=10).json()
+    concept = re.escape(f"concept 2 ({catalog['concepts'][2]['label']})")
     expect(page.locator("#mastery-map .readout")).to_have_text(
-        re.compile(rf"^after step 5000 · {last['question']} · .*, concept 2: mastery {api['mastery'][5000][2]:.3f}$")
+        re.compile(rf"^after step 5000 · {last['question']} · .*, {concept}: mastery {api['mastery'][5000][2]:.3f}$")
     )
     watched.screenshot("knowledge-5000-1280")
     watched.assert_clean()

@@ -63,7 +63,7 @@ def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     service = compose["services"]["mnemo"]
     assert service["build"]["target"] == "runtime"
-    assert any(port.endswith(":8000") for port in service["ports"])
+    assert any(port.endswith(":8080") for port in service["ports"])  # nginx's port, in this service's network
     assert service["restart"] == "unless-stopped"
     assert "/ready" in " ".join(service["healthcheck"]["test"])
     assert service["environment"]["MNEMO_PROVIDER"] == "cpu"
@@ -72,6 +72,20 @@ def test_compose_runs_the_service_with_healthcheck_restart_and_a_gpu_profile():
     assert gpu["profiles"] == ["gpu"] and gpu["build"]["target"] == "runtime-gpu"
     device = gpu["deploy"]["resources"]["reservations"]["devices"][0]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+
+
+def mnemo_services(compose: dict) -> list[tuple[str, dict]]:
+    """The services that run the service itself (not nginx in front)."""
+    return [(name, service) for name, service in compose["services"].items() if name.startswith("mnemo")]
+
+
+def test_compose_puts_nginx_with_the_deployment_config_in_front_of_the_service():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    edge = compose["services"]["edge"]
+    assert edge["network_mode"] == "service:mnemo" and edge["depends_on"] == ["mnemo"]
+    assert "./deploy/nginx/nginx.conf:/etc/nginx/nginx.conf:ro" in edge["volumes"]
+    config = (ROOT / "deploy" / "nginx" / "nginx.conf").read_text()
+    assert "listen 8080" in config and "server 127.0.0.1:8000;" in config
 
 
 def _seconds(duration: str) -> float:
@@ -88,7 +102,7 @@ def test_compose_lets_the_drain_finish_before_docker_kills_the_server():
     from app.server import GIVE_UP_S, SHUTDOWN_GRACE_S
 
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    for name, service in compose["services"].items():
+    for name, service in mnemo_services(compose):
         drain_s = float(service["environment"].get("MNEMO_DRAIN_S", Settings.model_fields["drain_s"].default))
         assert _seconds(service["stop_grace_period"]) > drain_s + GIVE_UP_S + SHUTDOWN_GRACE_S, name
 
@@ -119,7 +133,7 @@ def test_both_images_keep_student_state_in_a_volume_the_service_user_owns():
     rootfs = (ROOT / "scripts" / "image-rootfs.sh").read_text()
     assert 'install -d -o "$uid" -g "$uid" -m 0750 "$root/srv/mnemo/state"' in rootfs
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    for name, service in compose["services"].items():
+    for name, service in mnemo_services(compose):
         state_url = service["environment"]["MNEMO_STATE_URL"]
         assert state_url.startswith(f"sqlite:///{STATE_DIR}/"), name
         volume = next(v for v in service["volumes"] if v.endswith(f":{STATE_DIR}"))
@@ -163,7 +177,7 @@ def test_makefile_targets_install_from_the_lock_files_only_when_they_change():
 def _health_checks() -> dict[str, list[str]]:
     """The exec-form health check command of compose's services and of both images."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    checks = {f"compose {name}": service["healthcheck"]["test"][1:] for name, service in compose["services"].items()}
+    checks = {f"compose {name}": service["healthcheck"]["test"][1:] for name, service in mnemo_services(compose)}
     for stage, lines in _stages().items():
         for line in lines:
             if line.startswith("HEALTHCHECK"):

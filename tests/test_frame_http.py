@@ -14,7 +14,6 @@ from starlette.requests import Request
 
 from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter
-from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.deadline import ClientGone
 from app.transports.http import complete
 from tests.helpers import app_client, app_settings
@@ -212,11 +211,14 @@ def test_json_log_format_writes_one_object_per_line(toy_artifacts, capfd):
 
 
 def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(toy_artifacts):
-    """The batcher may see a client leave (TCP_INFO) before the connection guard does and cancel the rows the
-    request awaits: that is a 499 counted as cancelled, not a CancelledError escaping to uvicorn's error log."""
+    """The batcher may cancel the rows a request awaits (their client is gone) before the request's own task
+    learns it: that is a 499 counted as cancelled, not a CancelledError escaping to uvicorn's error log."""
     app = toy_app(app_settings(toy_artifacts))
     scope = {"type": "http", "app": app, "method": "POST", "path": "/toy", "headers": [], "query_string": b""}
-    scope[ON_CLIENT_GONE] = []  # as the connection guard puts it: its client has not left as far as it knows
+
+    async def connected() -> dict:  # receive() of a client that has not left, as far as the server knows
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
 
     async def scenario() -> None:
         rows = asyncio.get_running_loop().create_future()
@@ -226,7 +228,7 @@ def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(
             return await rows
 
         with pytest.raises(ClientGone):
-            await complete(Request(scope), work(), "toy-a")
+            await complete(Request(scope, receive=connected), work(), "toy-a")
 
     asyncio.run(scenario())
     assert 'mnemo_requests_cancelled_total{model="toy-a"} 1.0' in app.state.metrics.render().decode()

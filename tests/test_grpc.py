@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL
+from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models
 from tests.helpers import ROOT, HeldRequest, Server, app_client, free_port, running_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="the gRPC test needs the dev extra (tritonclient)")
@@ -163,7 +163,7 @@ def test_statistics_count_the_engine_work_and_equal_rest(clients) -> None:
         over_rest.get_inference_statistics(KT_MODEL), service_pb2.ModelStatisticsResponse()
     )
     stats = after.model_stats[0]
-    assert (stats.name, stats.version) == (KT_MODEL, "1.0.0")
+    assert (stats.name, stats.version) == (KT_MODEL, manifest_version(KT_MODEL))
     assert stats.inference_stats.success.count == before.inference_stats.success.count + 3
     assert stats.inference_stats.success.ns > before.inference_stats.success.ns
     assert stats.inference_count >= before.inference_count + 6  # two rows per request
@@ -455,3 +455,7 @@ def test_hostile_messages_are_invalid_argument_and_the_server_lives(server, clie
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     assert words in caught.value.details()
     assert clients[0].is_server_ready()
+
+
+def manifest_version(name: str) -> str:
+    return next(model["version"] for model in manifest_models(COMMITTED) if model["name"] == name)

@@ -29,7 +29,7 @@ KT_INFER, SIM_INFER = "/v2/models/dkvmn-assist2009/infer", "/v2/models/rmc-vlmp-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    with running_server(COMMITTED, MNEMO_HEADER_TIMEOUT_S="2", MNEMO_BODY_TIMEOUT_S="2") as live:
+    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="2") as live:
         yield live
     errors = [line[:300] for line in live.output if '"level": "error"' in line]
     assert not errors, errors
@@ -271,27 +271,6 @@ def test_no_answer_echoes_an_undecodable_value(server):
     answer = httpx.post(f"{server.url}/similarity", content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 422 and "s3cr3t" not in answer.text
     json.loads(answer.content.decode("utf-8"))
-
-
-MALFORMED = [
-    b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",  # obsolete line folding
-    b"get /health HTTP/1.1\r\nHost: x\r\n\r\n",  # lowercase method
-    b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-    b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
-    b"POST /similarity HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-]
-
-
-@pytest.mark.parametrize("request_bytes", MALFORMED, ids=lambda value: repr(value)[:40])
-def test_a_malformed_request_is_a_json_400_with_a_request_id(server, request_bytes):
-    """The parser's refusal has the service's shape: JSON `detail`, X-Request-ID, nosniff (not uvicorn's text)."""
-    head, _, body = raw(server, request_bytes).partition(b"\r\n\r\n")
-    assert status_of(head) == 400, head
-    assert re.search(rb"(?im)^content-type: application/json\r?$", head), head
-    assert re.search(rb"(?im)^x-request-id: [0-9a-f]{32}\r?$", head), head
-    assert re.search(rb"(?im)^x-content-type-options: nosniff\r?$", head), head
-    assert "Malformed HTTP request" in json.loads(body)["detail"]
-    assert_alive(server)
 
 
 KT_TENSOR = {"name": "questions", "shape": [1, 1], "datatype": "INT64", "data": [1]}

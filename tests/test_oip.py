@@ -623,7 +623,8 @@ def test_the_repository_index_gives_each_model_its_state(artifacts_copy: Path) -
     with app_client(artifacts_copy, on_model_error="skip") as client:
         index = {entry["name"]: entry for entry in client.post("/v2/repository/index").json()}
         assert index[KT_MODEL]["state"] == "UNAVAILABLE" and "sha256" in index[KT_MODEL]["reason"]
-        assert index[SIM_MODEL] == {"name": SIM_MODEL, "version": "1.0.0", "state": "READY", "reason": ""}
+        version = next(model["version"] for model in manifest_models(COMMITTED) if model["name"] == SIM_MODEL)
+        assert index[SIM_MODEL] == {"name": SIM_MODEL, "version": version, "state": "READY", "reason": ""}
         ready = client.post("/v2/repository/index", json={"ready": True}).json()
         assert KT_MODEL not in {entry["name"] for entry in ready} and SIM_MODEL in {entry["name"] for entry in ready}
         refused = client.post("/v2/repository/index", json={"ready": "yes"})

@@ -1,8 +1,8 @@
-"""MNEMO_WORKERS: a real `python -m app` supervisor with two worker processes on the committed models, over HTTP.
+"""MNEMO_WORKERS: a real `python -m app` (gunicorn and two uvicorn workers) on the committed models, over HTTP.
 
-Both workers answer, `/metrics` adds their counters up whichever worker answers it, SIGTERM (or SIGHUP)
-drains every worker, a worker that dies is replaced (a replacement that cannot load is retried while the
-other serves), and bad settings, a worker that cannot start, or no worker left serving stop everything.
+Both workers answer, `/metrics` adds their counters up whichever worker answers it, SIGTERM drains every worker,
+a worker that dies or whose event loop stops is replaced, workers whose master is killed drain and exit, and bad
+settings or a worker that cannot start stop everything.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from app.core.settings import Settings, usable_cpus
-from app.server import SHUTDOWN_GRACE_S
 from tests.conftest import COMMITTED
 from tests.helpers import HeldRequest, Server, free_port, run_app, running_server
-from tests.test_drain import _history, _hold_one_request, _in_flight
+from tests.test_drain import _history, _in_flight
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
@@ -41,16 +40,12 @@ IN_FLIGHT = 16
 
 
 def _wait_for_workers(server: Server, count: int, timeout_s: float = 120) -> None:
-    """Wait until the supervisor logged that all `count` workers serve (running_server waits for one /ready);
-    each worker's "serving" line came before it."""
+    """Wait until `count` workers logged that they serve (running_server waits for one /ready)."""
     deadline = time.monotonic() + timeout_s
-    while not any(f"all {count} workers ready" in line for line in server.output):
+    while len(_serving(server)) < count:
         assert server.process.poll() is None, server.output[-20:]
         assert time.monotonic() < deadline, "the workers never became ready"
         time.sleep(0.1)
-    ready_at = next(i for i, line in enumerate(server.output) if f"all {count} workers ready" in line)
-    before = Server(server.url, server.process, server.output[:ready_at])
-    assert len(_serving(before)) == count, "\n".join(server.output[: ready_at + 1])
 
 
 def _logged(server: Server) -> list[str]:
@@ -72,7 +67,7 @@ def _parent_pid(pid: int) -> int:
 
 
 def _metrics_dir(messages: list[str]) -> Path:
-    """The directory the supervisor logged it keeps the workers' metrics in."""
+    """The directory gunicorn's master logged it keeps the workers' metrics in."""
     return Path(next(re.search(r"metrics of every worker in (\S+)", m)[1] for m in messages if "metrics of" in m))
 
 
@@ -151,7 +146,7 @@ def test_invalid_workers_stop_startup_with_one_clear_line(workers: str, message:
     assert done.stderr.startswith("mnemo: cannot start: invalid settings:") and message in done.stderr
 
 
-def test_a_port_in_use_stops_the_supervisor_before_any_worker_starts():
+def test_a_port_in_use_stops_startup_before_any_worker_starts():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -165,18 +160,18 @@ def test_a_port_in_use_stops_the_supervisor_before_any_worker_starts():
     )
 
 
-def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path):
+def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path):
+    """gunicorn stops rather than starting the worker again and again (its status 3: a worker failed to boot)."""
     (tmp_path / "manifest.json").write_text(json.dumps({"models": [{"name": "missing"}]}))
     env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
     env.update(MNEMO_ARTIFACTS_DIR=str(tmp_path), MNEMO_LOG_FORMAT="json", MNEMO_INTRA_OP_THREADS="1")
     env.pop("MNEMO_CONCURRENT_RUNS", None)
     done = run_app(env, timeout=120)
-    assert done.returncode == 1
+    assert done.returncode == 3
+    assert any(line.startswith("mnemo: cannot start: ") for line in done.stderr.splitlines())
     messages = [json.loads(line)["message"] for line in done.stderr.splitlines() if line.startswith("{")]
-    failed = r"worker \d+ exited with status \d+ before it served: stopping the others"
-    assert any(re.fullmatch(failed, message) for message in messages)
-    assert not any("starting another" in message for message in messages)
-    assert not _metrics_dir(messages).exists()  # the supervisor's temporary directory is removed
+    assert "Reason: Worker failed to boot." in messages
+    assert not any(re.fullmatch(r"worker \d+ serving: .*", message) for message in messages)
 
 
 def test_two_workers_both_answer_and_metrics_add_up_whichever_worker_is_scraped():
@@ -184,7 +179,7 @@ def test_two_workers_both_answer_and_metrics_add_up_whichever_worker_is_scraped(
         _wait_for_workers(server, 2)
         answered = asyncio.run(_similarity_until_both_answer(server.url))
         assert len(answered) == 2, answered
-        assert all(_parent_pid(int(pid)) == server.process.pid for pid in answered)  # the supervisor's workers
+        assert all(_parent_pid(int(pid)) == server.process.pid for pid in answered)  # gunicorn's workers
         scraped_by = _check_metrics_add_up(server.url, sum(answered.values()), set(answered))
         assert scraped_by == set(answered)
         metrics_dir = _metrics_dir(_logged(server))
@@ -206,7 +201,7 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
         while not _serving(server) - set(answered):  # the replacement
             assert time.monotonic() < deadline, server.output[-20:]
             time.sleep(0.2)
-        assert f"worker {killed} died (status -9) while serving: starting another" in _logged(server)
+        assert f"Worker (pid:{killed}) was sent SIGKILL! Perhaps out of memory?" in _logged(server)
         workers = _serving(server) - {killed}
         assert len(workers) == 2
         # the dead worker's requests still count; its live gauges are gone
@@ -223,12 +218,10 @@ def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
         stopped, other = sorted(asyncio.run(_similarity_until_both_answer(server.url)))
         os.kill(int(stopped), signal.SIGSTOP)
         try:
-            killed = rf"worker {stopped} silent for 2s \(its event loop stopped\): killing it"
-            _wait_for_message(server, killed, timeout_s=30)
-        finally:  # a stopped process never exits by itself
+            _wait_for_message(server, rf"WORKER TIMEOUT \(pid:{stopped}\)", timeout_s=30)
+        finally:  # a stopped process never exits by itself (gunicorn's SIGABRT waits; its SIGKILL comes next)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(stopped), signal.SIGKILL)
-        _wait_for_message(server, rf"worker {stopped} died \(status -9\) while serving: starting another")
         _wait_for_message(server, r"worker \d+ serving: .*", count=3)
         (replacement,) = _serving(server) - {stopped, other}
         answered = asyncio.run(_similarity_until_both_answer(server.url))  # new connections: none waits for good
@@ -237,8 +230,8 @@ def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
 
 
 def _exited(server: Server) -> int:
-    """How many workers the supervisor logged as exited with status 0."""
-    return sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in _logged(server))
+    """How many workers logged that they exit."""
+    return sum(bool(re.fullmatch(r"Worker exiting \(pid: \d+\)", message)) for message in _logged(server))
 
 
 def _alive(pid: int) -> bool:
@@ -259,8 +252,8 @@ def _children(pid: int) -> list[int]:
     ]
 
 
-def test_as_pid_1_the_supervisor_reaps_the_probe_process_of_a_killed_worker():
-    """The orphaned probe process becomes the child of PID 1, the supervisor: it was left a zombie for good."""
+def test_as_pid_1_gunicorn_reaps_the_probe_process_of_a_killed_worker():
+    """The orphaned probe process becomes the child of PID 1, gunicorn's master, which reaps every child."""
     if subprocess.run([*AS_PID_1, "true"], capture_output=True).returncode != 0:
         pytest.skip("unshare cannot make a PID namespace here")
     command = [*AS_PID_1, sys.executable, "-m", "app"]
@@ -279,60 +272,24 @@ def test_as_pid_1_the_supervisor_reaps_the_probe_process_of_a_killed_worker():
         assert server.process.wait(timeout=60) == 0
 
 
-def test_workers_drain_and_exit_when_their_supervisor_is_killed():
-    with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
+def test_workers_drain_and_exit_when_their_master_is_killed():
+    with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_WORKER_STALL_S="2") as server:
         _wait_for_workers(server, 2)
         workers = [int(pid) for pid in _serving(server)]
-        server.process.kill()  # no signal to pass on: the kernel tells each worker (PR_SET_PDEATHSIG)
+        server.process.kill()  # no signal to pass on: each worker sees its parent change at its next heartbeat
         server.process.wait()
         deadline = time.monotonic() + 60
         while any(_alive(pid) for pid in workers):
             assert time.monotonic() < deadline, "a worker outlived its supervisor"
             time.sleep(0.1)
     messages = _logged(server)
-    drains = sum(message.startswith("supervisor gone: draining") for message in messages)
+    drains = sum(message.startswith("SIGTERM: draining") for message in messages)
     assert drains == 2, "\n".join(server.output[-60:])
-    shutil.rmtree(_metrics_dir(messages))  # a killed supervisor cannot remove its temporary directory
+    assert sum(bool(re.fullmatch(r"worker \d+: gunicorn's master \d+ is gone", m)) for m in messages) == 2
+    shutil.rmtree(_metrics_dir(messages))  # a killed master cannot remove its temporary directory
 
 
-# `python -m app` under a child subreaper: when the supervisor dies its workers go to this process, and when
-# this process dies they go on to the next one up, and Linux sends their parent-death signal each time
-UNDER_SUBREAPER = [
-    sys.executable,
-    "-c",
-    "import ctypes, subprocess, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); sys.exit(subprocess.call(sys.argv[1:]))",
-    sys.executable,
-    "-m",
-    "app",
-]
-
-
-def test_a_worker_whose_supervisor_died_drains_once_however_often_linux_says_so():
-    """The second parent-death signal (a new parent dying too) was taken as an operator's second SIGTERM: the
-    worker stopped waiting and cut its request in flight. It failed in CI as 3 drain lines for 2 workers."""
-    env = {"MNEMO_WORKERS": "2", "MNEMO_DRAIN_S": "60", "MNEMO_BODY_TIMEOUT_S": "60", "MNEMO_REQUEST_TIMEOUT_S": "60"}
-    with running_server(COMMITTED, UNDER_SUBREAPER, **env) as server:
-        _wait_for_workers(server, 2)
-        workers = [int(pid) for pid in _serving(server)]
-        held = _hold_one_request(server)
-        (supervisor,) = _children(server.process.pid)
-        os.kill(supervisor, signal.SIGKILL)  # the workers go to the subreaper: first signal
-        _wait_for_message(server, r".*: draining .*", count=2)
-        server.process.kill()  # the subreaper dies too: second signal
-        time.sleep(SHUTDOWN_GRACE_S + 1)  # a worker that took it as "stop waiting" has cut the request by now
-        status, body = held.finish()
-        assert status == 200 and len(json.loads(body)["predictions"]) == 5
-        deadline = time.monotonic() + 60
-        while any(_alive(pid) for pid in workers):
-            assert time.monotonic() < deadline, "a worker outlived its supervisor"
-            time.sleep(0.1)
-    messages = _logged(server)
-    assert sum(message.startswith("supervisor gone: draining") for message in messages) == 2, messages[-20:]
-    assert messages.count("drained: no request in flight") == 2
-    shutil.rmtree(_metrics_dir(messages))
-
-
-def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
+def test_sigterm_drains_every_worker_and_the_server_exits_cleanly():
     """The held request keeps one worker draining after the other has finished and exited, so the newcomers
     meet a draining worker (503) however fast the machine is, rather than a closed port."""
 
@@ -363,35 +320,17 @@ def test_sigterm_drains_every_worker_and_the_supervisor_exits_cleanly():
         answers, late, ready, (held_status, _) = asyncio.run(scenario(server))
         assert [answer.status_code for answer in answers] == [200] * IN_FLIGHT
         assert all(len(answer.json()["predictions"]) == 1000 for answer in answers)
-        assert len({answer.headers["x-mnemo-pid"] for answer in answers}) == 2  # both workers had requests in flight
+        # one socket for both workers: a burst may all go to the worker that wakes first, so one or both answered
+        assert 1 <= len({answer.headers["x-mnemo-pid"] for answer in answers}) <= 2
         assert all(response.status_code == 503 and response.headers["connection"] == "close" for response in late)
         assert ready.status_code == 503
         assert held_status == 200
         assert server.process.wait(timeout=120) == 0
     messages = _logged(server)
-    assert "SIGTERM: passing it on to 2 worker(s)" in messages
+    assert "Handling signal: term" in messages
     assert sum(message.startswith("SIGTERM: draining") for message in messages) == 2
     assert messages.count("drained: no request in flight") == 2
-    assert sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in messages) == 2
-    assert not _metrics_dir(messages).exists()
-
-
-def test_sighup_drains_every_worker_and_the_supervisor_removes_its_metrics_directory():
-    with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_BODY_TIMEOUT_S="60") as server:
-        _wait_for_workers(server, 2)
-        held = _hold_one_request(server)
-        deadline = time.monotonic() + 20
-        server.process.send_signal(signal.SIGHUP)
-        while sum(message.startswith("SIGHUP: draining") for message in _logged(server)) < 2:
-            assert server.process.poll() is None, f"exit {server.process.returncode}: {server.output[-5:]}"
-            assert time.monotonic() < deadline + 20, server.output[-5:]
-            time.sleep(0.02)
-        status, body = held.finish()
-        assert status == 200 and len(json.loads(body)["predictions"]) == 5
-        assert server.process.wait(timeout=60) == 0
-    messages = _logged(server)
-    assert "SIGHUP: passing it on to 2 worker(s)" in messages
-    assert sum(bool(re.fullmatch(r"worker \d+ exited with status 0", message)) for message in messages) == 2
+    assert sum(bool(re.fullmatch(r"Worker exiting \(pid: \d+\)", message)) for message in messages) == 2
     assert not _metrics_dir(messages).exists()
 
 
@@ -406,48 +345,3 @@ def _wait_for_message(server: Server, pattern: str, count: int = 1, timeout_s: f
         )
         time.sleep(0.1)
     return found
-
-
-FAILED_REPLACEMENT = (
-    r"replacement worker \d+ exited with status 1 before it served \(attempt (\d)\); (\d) worker\(s\) serving; .*"
-)
-
-
-def test_a_replacement_that_cannot_load_is_retried_while_the_other_worker_serves(artifacts_copy: Path):
-    model = artifacts_copy / "dkvmn-statics.onnx"
-    original = model.read_bytes()
-    with running_server(artifacts_copy, MNEMO_WORKERS="2") as server:
-        _wait_for_workers(server, 2)
-        answered = asyncio.run(_similarity_until_both_answer(server.url))
-        killed, survivor = sorted(answered)
-        model.write_bytes(original + b"x")  # changed on disk since startup: a new worker refuses it
-        os.kill(int(killed), signal.SIGKILL)
-        failures = _wait_for_message(server, FAILED_REPLACEMENT, count=2)
-        assert [re.fullmatch(FAILED_REPLACEMENT, m).groups() for m in failures] == [("1", "1"), ("2", "1")]
-        assert failures[0].endswith("trying again in 1s") and failures[1].endswith("trying again in 2s")
-        for _ in range(4):  # new connections: whichever is accepted, the survivor answers
-            response = httpx.post(f"{server.url}/similarity", json=PAIR, timeout=30)
-            assert response.status_code == 200 and response.headers["x-mnemo-pid"] == survivor
-        assert server.process.poll() is None
-        model.write_bytes(original)
-        deadline = time.monotonic() + 120
-        while not _serving(server) - set(answered):  # the next attempt serves
-            assert time.monotonic() < deadline, server.output[-10:]
-            time.sleep(0.2)
-    assert server.process.returncode == 0
-
-
-def test_the_supervisor_exits_1_when_no_worker_is_left_serving(artifacts_copy: Path):
-    with running_server(artifacts_copy, MNEMO_WORKERS="2") as server:
-        _wait_for_workers(server, 2)
-        first, second = sorted(asyncio.run(_similarity_until_both_answer(server.url)))
-        with (artifacts_copy / "dkvmn-statics.onnx").open("ab") as model:
-            model.write(b"x")
-        os.kill(int(first), signal.SIGKILL)
-        _wait_for_message(server, FAILED_REPLACEMENT)
-        os.kill(int(second), signal.SIGKILL)
-        assert server.process.wait(timeout=120) == 1
-    messages = _logged(server)
-    stopped = r"worker \d+ exited with status 1 before it served: stopping the others"
-    assert any(re.fullmatch(stopped, message) for message in messages)
-    assert not _metrics_dir(messages).exists()

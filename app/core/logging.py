@@ -105,7 +105,7 @@ class EverySecondAtMost(logging.Filter):
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-# Per-request warnings of requests refused before the app (app/transports/connection_guard.py; uvicorn's parser).
+# Per-request warnings of requests refused before the app (uvicorn's parser).
 CLIENT_CAUSED_WARNINGS = {
     "uvicorn.error": frozenset(
         {
@@ -114,12 +114,6 @@ CLIENT_CAUSED_WARNINGS = {
             "Unsupported upgrade request.",
             "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
             "'websockets' or 'wsproto' manually.",
-        }
-    ),
-    "mnemo.connections": frozenset(
-        {
-            "request headers over %d bytes: 431",
-            "client stopped reading for %gs: aborted (MNEMO_WRITE_TIMEOUT_S)",
         }
     ),
 }
@@ -202,29 +196,6 @@ def write_out_logs() -> None:
         if _listener is not None:
             _listener.stop()
             _listener.start()
-
-
-def queue_handler() -> QueueHandler:
-    """The handler of the service's loggers (a plain text one to stderr if `configure_logging` was not called)."""
-    if _listener is None:
-        _listen(_stream(TextFormatter()))
-    return _queue_handler
-
-
-def uvicorn_log_config(level: str) -> dict:
-    """uvicorn's `log_config`: its own loggers (startup, shutdown, protocol warnings) go through the service's
-    queue (`configure_logging`), in its format and in order with the service's lines."""
-    quiet = {"handlers": [], "propagate": False}
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "handlers": {"mnemo": {"()": queue_handler}},
-        "loggers": {
-            "uvicorn": {"handlers": ["mnemo"], "level": level.upper(), "propagate": False},
-            "uvicorn.error": {"level": level.upper()},
-            "uvicorn.access": quiet,  # the app writes one access line per request itself
-        },
-    }
 
 
 def _stream(formatter: logging.Formatter) -> logging.StreamHandler:

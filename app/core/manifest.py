@@ -116,3 +116,17 @@ def confined(artifacts: Path, name: str) -> Path:
     if not path.is_relative_to(root):
         raise ManifestError(f"file {name!r} leads outside the artifacts directory")
     return path
+
+
+def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
+    """The entries named in MNEMO_MODELS (all when it is empty); an unknown name is an error naming the choices."""
+    if not names:
+        return entries
+    known = {entry.name for entry in entries}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ManifestError(
+            f"MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
+            f"its models: {', '.join(sorted(known))}"
+        )
+    return [entry for entry in entries if entry.name in names]

@@ -2,7 +2,7 @@
 
 Names follow Prometheus conventions: `_total` counters, `_seconds` durations, base units.
 
-With several workers (MNEMO_WORKERS > 1, app/supervisor.py) each worker process writes its values to
+With several workers (MNEMO_WORKERS > 1, app/server.py) each worker process writes its values to
 files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and `/metrics`, whichever worker
 answers it, adds up every worker's files: counters and histograms sum, the gauges follow their
 `multiprocess_mode` (rows and requests in flight sum over the live workers, a model is ready when it is
@@ -43,16 +43,8 @@ SERVER_REJECT_REASONS = (
     "parse_queue_full",  # 429: the bodies waiting to be parsed pass 4 MB (app/runtime/offload.py)
     "draining",  # 503: shutting down, no new requests
     "drain_timeout",  # 503: given up by the drain after MNEMO_DRAIN_S
-    "connections",  # 503: a connection beyond MNEMO_MAX_CONNECTIONS (app/transports/connection_guard.py)
     "store_busy",  # 429: the student store's calls waiting pass their limit (app/students/io.py)
     "store_unavailable",  # 503: the student store cannot be reached or failed
-)
-# Why a request was answered by the connection (app/transports/connection_guard.py) before it reached the app:
-# mnemo_http_bad_requests_total. These have no route or method, so they are not in mnemo_http_requests_total.
-BAD_REQUEST_REASONS = (
-    "malformed",  # 400: the request line, a header or the framing does not parse
-    "headers_too_large",  # 431: request line and headers over MNEMO_MAX_HEADER_BYTES
-    "header_timeout",  # 408: request line and headers not in within MNEMO_HEADER_TIMEOUT_S
 )
 
 
@@ -160,14 +152,6 @@ class Metrics:
         )
         for reason in SERVER_REJECT_REASONS:  # every reason listed from the start, at 0
             self.server_rejected.labels(reason)
-        self.bad_requests = Counter(
-            "mnemo_http_bad_requests",
-            "requests answered 400, 408 or 431 before they reached the app, as they could not be read",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in BAD_REQUEST_REASONS:
-            self.bad_requests.labels(reason)
         self.timed_out = Counter(
             "mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S", ["model"], registry=registry
         )
@@ -208,10 +192,6 @@ class Metrics:
     def refused(self, reason: str) -> None:
         """Count a refusal made before any model was chosen (one of SERVER_REJECT_REASONS)."""
         self.server_rejected.labels(reason).inc()
-
-    def bad_request(self, reason: str) -> None:
-        """Count a request answered before the app (one of BAD_REQUEST_REASONS)."""
-        self.bad_requests.labels(reason).inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition: this process's metrics, or every worker's added up."""

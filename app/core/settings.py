@@ -19,7 +19,10 @@ DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 (older nodes, e.g. Amazon Linux 2): cpu.cfs_quota_us
 # MNEMO_* variables that are not service settings: training data, tests, compose and image builds
-OTHER_VARIABLES = {"DATA_DIR", "TEST_ARTIFACTS_DIR", "CHROMIUM", "HOST_PORT", "GPU_HOST_PORT", "BASE_IMAGE"}
+OTHER_VARIABLES = {
+    *("DATA_DIR", "TEST_ARTIFACTS_DIR", "CHROMIUM", "BASE_IMAGE"),
+    *("HOST_PORT", "GPU_HOST_PORT", "GRPC_HOST_PORT", "GPU_GRPC_HOST_PORT"),
+}
 # what Kubernetes sets for the Services mnemo and mnemo-redis (service links): MNEMO_SERVICE_HOST, ...
 SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
 ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
@@ -128,7 +131,10 @@ class Settings(BaseSettings):
         "files set 8001). Must differ from `MNEMO_PORT`.",
     )
     grpc_port: int | None = Field(
-        None, ge=1, le=65535, description="also serve the Open Inference Protocol over gRPC on this port (unset: off)"
+        None,
+        ge=1,
+        le=65535,
+        description="Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off.",
     )
     provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
         "auto",
@@ -147,8 +153,8 @@ class Settings(BaseSettings):
         30.0,
         ge=2,
         le=3600,
-        description="With several workers, a serving worker whose event loop has not turned for this long "
-        "(stopped, deadlocked) is killed and replaced.",
+        description="A worker whose event loop has not reported to gunicorn's master for this long (stopped, "
+        "deadlocked, or still starting) is killed and replaced.",
     )
     intra_op_threads: int = Field(
         1,
@@ -211,14 +217,7 @@ class Settings(BaseSettings):
         description="On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the "
         "process exits.",
     )
-    # Connections and logs
-    header_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="Time for a request's line and headers to arrive (from the connection or the request's first "
-        "byte); else 408 and close.",
-    )
+    # Connections (uvicorn's limits, app/server.py; nginx in front has the rest, deploy/nginx/nginx.conf) and logs
     keep_alive_s: float = Field(
         5.0, gt=0, le=600, description="Idle time allowed on a kept-alive connection between requests."
     )
@@ -229,15 +228,8 @@ class Settings(BaseSettings):
         description="Longest pause while a request body arrives; else 408. The whole body must also be in by the "
         "request's deadline (`MNEMO_REQUEST_TIMEOUT_S`).",
     )
-    write_timeout_s: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="How long a client may leave its answer unread (socket buffer full) before the connection is "
-        "aborted.",
-    )
     max_header_bytes: int = Field(
-        65_536, ge=1024, le=16_777_216, description="Request line and headers; larger get 431."
+        65_536, ge=1024, le=16_777_216, description="Request line and headers; larger get 400 and a close."
     )
     max_connections: int = Field(
         default_factory=default_max_connections,

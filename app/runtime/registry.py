@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from app.core.errors import ModelNotReady, UnknownModel
 from app.core.integrity import sha256_of
-from app.core.manifest import ModelEntry, confined, read_manifest
+from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.npy import load_npy
 from app.core.settings import Settings, split_list, usable_cpus
@@ -183,17 +183,3 @@ def _verify(path: Path, name: str, expected: str, what: str) -> None:
         raise ModelLoadError(
             f"{what} {name} has sha256 {actual}, but the manifest says {expected}; refusing to serve it"
         )
-
-
-def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
-    """The entries named in MNEMO_MODELS (all when it is empty); an unknown name is an error naming the choices."""
-    if not names:
-        return entries
-    known = {entry.name for entry in entries}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise ModelLoadError(
-            f"MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
-            f"its models: {', '.join(sorted(known))}"
-        )
-    return [entry for entry in entries if entry.name in names]

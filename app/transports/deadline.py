@@ -111,7 +111,7 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
         return await work
     except asyncio.CancelledError:
         if not stopped_by and not current.cancelling():
-            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave (TCP_INFO)
+            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave
             # before the transport did.
             metrics.cancelled.labels(model_name).inc()
             raise ClientGone("The client disconnected before the answer.") from None

@@ -8,7 +8,7 @@
   share of the GIL.
 - `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S, or
   a shorter one the client asked for, counted from arrival) passes (504), or the client disconnects (499,
-  nothing is sent): app/transports/deadline.py, with the connection guard telling when the client goes.
+  nothing is sent): app/transports/deadline.py, the server's receive() telling when the client goes.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.core.errors import InvalidBody, ServiceError, body_errors
-from app.core.request_context import request_arrival, request_body_bytes
+from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.runtime.registry import ModelRegistry
-from app.transports.connection_guard import ON_CLIENT_GONE
 from app.transports.deadline import Deadline, within_deadline
 from app.transports.json_input import parse_body
 
@@ -166,18 +165,11 @@ async def complete(
 
 
 def _watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` when the client leaves; returns how to stop watching."""
-    on_client_gone = request.scope.get(ON_CLIENT_GONE)
-    if on_client_gone is not None:  # the connection guard calls this as the client goes
-        on_client_gone.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in on_client_gone:
-                on_client_gone.remove(callback)
-
-        return unsubscribe
-    watcher = asyncio.ensure_future(_disconnected(request))  # another server: its receive() reports the disconnect
+    """Call `callback` when the server's receive() says the client left (the body has been read, so it only
+    reports that), and tell the batcher whether the client is still there; returns how to stop watching."""
+    watcher = asyncio.ensure_future(_disconnected(request))
     watcher.add_done_callback(lambda _: callback())
+    request_connected.set(lambda: not watcher.done())
     return watcher.cancel
 
 

@@ -1,4 +1,4 @@
-"""Which process answered: `X-Mnemo-Pid` on every response of a worker (app/worker.py) or Ray Serve replica."""
+"""Which process answered: `X-Mnemo-Pid` on every response of a gunicorn worker (app/server.py) or Ray Serve replica."""
 
 from __future__ import annotations
 

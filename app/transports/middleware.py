@@ -20,7 +20,7 @@ from app.core.failures import INTERNAL_ERROR, TracebackBudget, log_unexpected
 from app.core.logging import log_fields
 from app.core.metrics import Metrics
 from app.core.paths import loggable_path
-from app.core.request_context import request_arrival, request_connected
+from app.core.request_context import request_arrival
 from app.core.responses import dumps
 from app.core.settings import Settings
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
@@ -35,10 +35,6 @@ NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer a
 # Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
-# A server may put in the scope when the request's first bytes were parsed (RECEIVED_AT) and a callable telling
-# whether its client is still connected (CLIENT_CONNECTED); the edge copies them to the request context.
-RECEIVED_AT = "mnemo.received_at"
-CLIENT_CONNECTED = "mnemo.client_connected"
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
 BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
 DRAINING = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
@@ -72,6 +68,24 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return incoming[0].decode() if kept else os.urandom(16).hex()
 
 
+def framing_problem(scope: Scope) -> str | None:
+    """Why the request must be refused with 400 and a close: an HTTP version other than 1.0 and 1.1 (the parser
+    takes any digit.digit), or a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the
+    server may refuse it, and must close the connection after answering)."""
+    if scope["http_version"] not in ("1.0", "1.1"):
+        return f"HTTP/{scope['http_version']} is not spoken here: send HTTP/1.1."
+    names = {name for name, _ in scope["headers"]}
+    if b"transfer-encoding" in names and b"content-length" in names:
+        return "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
+    return None
+
+
+def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The request announces a body (chunked, or a Content-Length other than 0) and asks for `100 Continue`."""
+    body = any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers)
+    return body and any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+
+
 def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
     """The name of the first header of SINGLE_HEADERS that the request sends more than once, else None."""
     seen: set[bytes] = set()
@@ -88,7 +102,7 @@ class Answer:
     answer to HEAD loses its body, keeping its status and headers, Content-Length included (RFC 9110: a server
     that serves GET serves HEAD); a JSON error under /v2 has its body rewritten in the protocol's shape."""
 
-    def __init__(self, send: Send, request_id: str, head: bool, protocol: bool) -> None:
+    def __init__(self, send: Send, request_id: str, head: bool, protocol: bool, body_unread: bool) -> None:
         self._send = send
         self._headers = [(REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
         self._head = head
@@ -96,6 +110,13 @@ class Answer:
         self._held: Message | None = None  # a /v2 error's start, sent once its body is rewritten
         self._chunks: list[bytes] = []
         self.status = 499  # no answer was sent: the client left first
+        self.body_unread = body_unread  # a `100 Continue` request whose body has not been read to its end
+
+    async def receive_tracking(self, receive: Receive) -> Message:
+        """`receive`, noting when the body has been read to its end."""
+        message = await receive()
+        self.body_unread = self.body_unread and message["type"] == "http.request" and message.get("more_body", False)
+        return message
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -123,8 +144,15 @@ class Answer:
         await self._send(message)
 
     async def _start(self, message: Message) -> None:
+        """The answer's head with the edge's headers. An answer sent before the body of a `100 Continue` request
+        was read to its end (an early 400, 401, 413 or 429) also says `Connection: close`: the client may then
+        skip the body, and kept alive, the connection would read its next request as that body (RFC 9110
+        10.1.1)."""
         self.status = message["status"]
-        message["headers"] = [*message.get("headers", []), *self._headers]
+        headers = [*message.get("headers", []), *self._headers]
+        if self.body_unread and not any(name.lower() == b"connection" for name, _ in headers):
+            headers.append((b"connection", b"close"))
+        message["headers"] = headers
         await self._send(message)
 
 
@@ -133,7 +161,8 @@ class RequestEdge:
 
     - an X-Request-ID on every answer (the client's, if usable), one access line and the request metrics, by
       route template; HEAD answered as GET; /v2 errors in the protocol's shape (`Answer`);
-    - 400 naming a header of SINGLE_HEADERS sent twice, before anything reads it;
+    - 400 and a close for ambiguous framing or an HTTP version other than 1.x (`framing_problem`); 400 naming a
+      header of SINGLE_HEADERS sent twice, before anything reads it;
     - CORS (Starlette's, if MNEMO_CORS_ORIGINS is set), then the API-key check;
     - the drain gate, before the body is read (operations paths excepted): 503 while draining, 429 while the
       parse queue is saturated, both with Retry-After; work in flight is counted for the drain, and a request
@@ -169,20 +198,22 @@ class RequestEdge:
             await self.app(scope, receive, send)
             return
         rid = request_id(scope["headers"])
-        arrived = scope.get(RECEIVED_AT) or time.perf_counter()
+        arrived = time.perf_counter()
         request_arrival.set(arrived)
-        request_connected.set(scope.get(CLIENT_CONNECTED))
         head = scope["method"] == "HEAD"
-        answer = Answer(send, rid, head, is_protocol_path(scope["path"]))
+        answer = Answer(send, rid, head, is_protocol_path(scope["path"]), awaits_continue(scope["headers"]))
         inner = {**scope, "method": "GET"} if head else scope
         self.metrics.in_flight.inc()
         try:
+            framing = framing_problem(scope)
             repeated = repeated_header(scope["headers"])
-            if repeated is not None:
+            if framing is not None:
+                await send_json(answer.send, 400, {"detail": framing}, {"Connection": "close"})
+            elif repeated is not None:
                 detail = f"The header {repeated} was sent more than once; send it once."
                 await send_json(answer.send, 400, {"detail": detail})
             else:
-                await self.admitted(inner, receive, answer.send)
+                await self.admitted(inner, lambda: answer.receive_tracking(receive), answer.send)
         finally:
             if head and "route" in inner:  # the route GET matched: the access line and metrics name it
                 scope["route"] = inner["route"]
@@ -270,7 +301,7 @@ class RequestEdge:
             self.metrics.refused("bodies_in_memory")
             await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})
             return
-        deadline = (scope.get(RECEIVED_AT) or time.perf_counter()) + self.deadline_s
+        deadline = (request_arrival.get() or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, True
         try:
             while more:

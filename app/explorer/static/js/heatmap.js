@@ -179,7 +179,12 @@ function labelText(label, length) {
 
 /** [low, high] of the colour scale: options.domain, else 0 to the largest value. */
 function domainOf({ domain, matrix }) {
-  return domain ?? [0, matrix.reduce((most, values) => values.reduce((a, b) => Math.max(a, b), most), 1e-9)];
+  return domain ?? [0, largest(matrix)];
+}
+
+/** The largest value of `matrix` (at least 1e-9, so that a scale from 0 to it is never empty). */
+export function largest(matrix) {
+  return matrix.reduce((most, values) => values.reduce((a, b) => Math.max(a, b), most), 1e-9);
 }
 
 function clamp(value, low, high) {

@@ -1,16 +1,19 @@
 // A line chart of one probability per step as SVG: a <circle class="point"> per step (filled when the answer
 // was right, hollow when wrong), a tooltip per point, a readout driven by the mouse or the arrow keys, and a table.
+// A second model's values on the same steps can be drawn over it: a dashed line with a <rect class="compare-point">
+// per step.
 import { html, svg, fixed, drawToWidth, lazyDetails } from "./dom.js";
 
 /**
  * Draw `values` (0..1, one per step) into `figure`; describe(step) says what a point means in one sentence.
- * The axis numbers the steps from firstStep (default 1).
+ * The axis numbers the steps from firstStep (default 1). With `compare` ({name, values}), that model's values are
+ * drawn too and the legend names both lines (`name` is the first one's model).
  */
 export function renderLineChart(figure, options) {
   drawToWidth(figure, (width) => draw(figure, options, width));
 }
 
-function draw(figure, { title, values, firstStep = 1, correct, describe, tableHeads, tableRow }, width) {
+function draw(figure, { title, name, values, compare, firstStep = 1, correct, describe, tableHeads, tableRow }, width) {
   const count = values.length;
   const height = width < 500 ? 200 : 240;
   const [left, right, top, bottom] = [44, 16, 12, 34];
@@ -41,6 +44,7 @@ function draw(figure, { title, values, firstStep = 1, correct, describe, tableHe
     }, svg("title", {}, describe(step))));
   });
   chart.append(points);
+  if (compare) drawCompared(chart, compare.values, x, y, describe);
   const focus = svg("circle", { class: "focus", r: 9, visibility: "hidden" });
   chart.append(focus);
 
@@ -71,6 +75,10 @@ function draw(figure, { title, values, firstStep = 1, correct, describe, tableHe
     html("p", { class: "legend" }, [
       html("span", { class: "swatch right", "aria-hidden": "true" }), "answered right",
       html("span", { class: "swatch wrong", "aria-hidden": "true" }), "answered wrong",
+      ...(compare ? [
+        html("span", { class: "line-swatch", "aria-hidden": "true" }), name,
+        html("span", { class: "line-swatch compare", "aria-hidden": "true" }), compare.name,
+      ] : []),
     ]),
     lazyDetails(`${title}: the numbers`, () => html("div", { class: "scroll" }, html("table", {}, [
       html("thead", {}, html("tr", {}, tableHeads.map((head) => html("th", { scope: "col" }, head)))),
@@ -78,4 +86,14 @@ function draw(figure, { title, values, firstStep = 1, correct, describe, tableHe
         html(column ? "td" : "th", column ? { class: Number.isNaN(Number(cell)) ? "text" : null } : { scope: "row" }, cell))))),
     ]))),
   );
+}
+
+/** The second model's line (dashed) and a square per step, each with the step's sentence as its tooltip. */
+function drawCompared(chart, values, x, y, describe) {
+  chart.append(svg("polyline", { class: "line compare", points: values.map((value, step) => `${x(step)},${y(value)}`).join(" ") }));
+  const side = values.length > 60 ? 5 : 8;
+  chart.append(svg("g", {}, values.map((value, step) => svg("rect", {
+    class: "compare-point", x: x(step) - side / 2, y: y(value) - side / 2, width: side, height: side,
+    "data-step": step, "data-value": value,
+  }, svg("title", {}, describe(step))))));
 }

@@ -1,7 +1,8 @@
 // The similarity tab: two sentences in, relatedness, entailment bars and the two attention maps out.
 import { request, TIMEOUT_SECONDS } from "./api.js";
 import { html, showError, showBusy, fixed } from "./dom.js";
-import { renderHeatmap } from "./heatmap.js";
+import { renderHeatmap, largest } from "./heatmap.js";
+import { describeModel } from "./models.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -9,6 +10,13 @@ const $ = (id) => document.getElementById(id);
 export function setUpSimilarity(models) {
   const picker = $("similarity-model");
   picker.replaceChildren(...models.map((model) => html("option", { value: model.name, selected: model.default }, model.name)));
+  const byName = new Map(models.map((model) => [model.name, model]));
+  const describe = () => {
+    const model = byName.get(picker.value);
+    $("similarity-model-about").textContent = model ? describeModel(model) : "";
+  };
+  picker.addEventListener("change", describe);
+  describe();
   const form = $("similarity-form");
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -70,17 +78,20 @@ function show(result) {
   note.textContent = unknown.size
     ? `Words without a word vector, read as <unk> (marked ? in the maps): ${[...unknown].join(", ")}`
     : "";
+  // One colour scale for both maps, so that the same colour is the same weight in either sentence.
+  const domain = [0, Math.max(largest(result.attention.sentence_a), largest(result.attention.sentence_b))];
   for (const [key, tokens, title] of [["a", result.tokens_a, "Sentence A"], ["b", result.tokens_b, "Sentence B"]]) {
-    drawAttention($(`attention-${key}`), `${title}: attention while reading`, tokens, result.attention[`sentence_${key}`], unknown);
+    drawAttention($(`attention-${key}`), `${title}: attention while reading`, tokens, result.attention[`sentence_${key}`], unknown, domain);
   }
 }
 
-function drawAttention(figure, title, tokens, matrix, unknown) {
+function drawAttention(figure, title, tokens, matrix, unknown, domain) {
   const labels = tokens.map((token) => (unknown.has(token) ? `${token} ?` : token));
   const marked = new Set(tokens.flatMap((token, i) => (unknown.has(token) ? [i] : [])));
   renderHeatmap(figure, {
     title, matrix, rowLabels: labels, colLabels: labels, rowAxis: "reading", colAxis: "attended",
-    markedRows: marked, markedColumns: marked, square: true, legendLabel: "attention weight",
+    markedRows: marked, markedColumns: marked, square: true, domain,
+    legendLabel: "attention weight (one scale for both sentences)",
     describe: (row, column, value) =>
       `reading “${tokens[row]}” (${row + 1}), attended to “${tokens[column]}” (${column + 1}): ${fixed(value, 4)}`,
   });

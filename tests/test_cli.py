@@ -1,0 +1,86 @@
+"""The `mnemo` command (app/cli.py): every setting a flag of `mnemo serve`, chosen models, `mnemo models`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from app.cli import cli, flag_name
+from app.core.settings import Settings
+from tests.conftest import COMMITTED, KT_MODEL, manifest_models
+from tests.helpers import ROOT, free_port, run_app, running_server
+
+
+def test_serve_help_lists_a_flag_and_its_variable_for_every_setting():
+    shown = CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200)
+    assert shown.exit_code == 0
+    for name in Settings.model_fields:
+        assert flag_name(name) in shown.output, name
+        assert f"MNEMO_{name.upper()}" in shown.output, name
+
+
+def test_mnemo_help_lists_the_commands():
+    shown = CliRunner().invoke(cli, ["--help"])
+    assert shown.exit_code == 0 and "serve" in shown.output and "models" in shown.output
+
+
+def test_models_prints_every_manifest_entry_with_its_version():
+    listed = CliRunner().invoke(cli, ["models", "--artifacts", str(COMMITTED)])
+    assert listed.exit_code == 0
+    lines = listed.output.splitlines()
+    assert lines[0].split() == ["name", "task", "version", "default", "size", "metrics"]
+    for model in manifest_models(COMMITTED):
+        [line] = [line for line in lines[1:] if line.split()[0] == model["name"]]
+        assert line.split()[1:3] == [model["task"], model["version"]]
+    as_json = CliRunner().invoke(cli, ["models", "--artifacts", str(COMMITTED), "--json"])
+    assert [entry["name"] for entry in json.loads(as_json.output)] == [m["name"] for m in manifest_models(COMMITTED)]
+
+
+def test_models_of_a_directory_without_a_manifest_is_one_line_and_status_1(tmp_path):
+    listed = CliRunner().invoke(cli, ["models", "--artifacts", str(tmp_path)])
+    assert listed.exit_code == 1
+    assert listed.output.strip() == f"Error: no manifest.json in {tmp_path} (set MNEMO_ARTIFACTS_DIR)"
+
+
+def test_a_flag_wins_over_its_variable_and_a_bad_flag_is_named():
+    env = {**os.environ, "MNEMO_PORT": "not-a-port", "MNEMO_ARTIFACTS_DIR": "/nonexistent"}
+    done = run_app(env, "--port", str(free_port()))
+    assert done.returncode == 1  # the port flag was taken: the next problem is the artifacts directory
+    assert done.stderr.strip() == "mnemo: cannot start: MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"
+    done = run_app({**os.environ}, "--port", "99999")
+    assert done.returncode == 2 and "--port: Input should be less than or equal to 65535" in done.stderr
+
+
+def test_an_unknown_model_stops_startup_naming_the_choices():
+    done = run_app({**os.environ, "MNEMO_PORT": str(free_port())}, "--models", "dkvmn-nope")
+    assert done.returncode == 1
+    names = ", ".join(sorted(model["name"] for model in manifest_models(COMMITTED)))
+    expected = f"MNEMO_MODELS names dkvmn-nope, which the manifest does not have; its models: {names}"
+    assert done.stderr.strip() == f"mnemo: cannot start: {expected}"
+
+
+@pytest.mark.slow
+def test_serve_with_chosen_models_serves_only_them_and_says_where():
+    command = [sys.executable, "-m", "app.cli", "serve", "--port", "{port}", "--models", KT_MODEL]
+    with running_server(COMMITTED, command=command) as server:
+        served = httpx.get(f"{server.url}/models", timeout=10).json()["models"]
+        assert [model["name"] for model in served] == [KT_MODEL]
+        answer = httpx.post(
+            f"{server.url}/knowledge-trace",
+            json={"interactions": [{"question": 1, "correct": True}], "next_questions": [2]},
+            timeout=10,
+        )
+        assert answer.status_code == 200 and answer.json()["model"] == KT_MODEL
+    assert f"mnemo: serving {KT_MODEL} on {server.url}" in server.output
+
+
+def test_importing_the_command_imports_neither_onnxruntime_nor_torch():
+    code = "import sys, app.cli; print(sorted({'onnxruntime', 'torch'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]"
