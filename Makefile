@@ -17,7 +17,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core nginx=nginx
 
-.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim docker-check clean FORCE
+.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -115,6 +115,20 @@ export-kt: $(VENV)/dev.stamp  ## make export-kt DATASET=assist2009 NAME=dkvmn-as
 export-sim: $(VENV)/dev.stamp  ## make export-sim POINTER=vlmp NAME=rmc-vlmp-sick [FLAGS=--default]
 	$(BIN)/python -m export.similarity --run runs/sim/$(POINTER)-s$(SEED) --name $(NAME) $(FLAGS)
 	$(BIN)/python -m export.embeddings --name $(NAME)
+
+# The MSRP paraphrase head on rmc-vlmp-sick's encoder, by its protocol (docs/protocols/rmc-vlmp-msrp.md): four
+# validation-only runs (dropout x learning rate), then the export chooses one on validation and evaluates test once.
+PARAPHRASE_GRID := 0.25,1e-3 0.25,1e-4 0.5,1e-3 0.5,1e-4
+paraphrase_run = runs/msrp/d$(word 1,$(subst $(comma), ,$(1)))-lr$(word 2,$(subst $(comma), ,$(1)))
+comma := ,
+train-paraphrase: $(VENV)/dev.stamp  ## the 4 validation-only runs of the MSRP paraphrase head [ARGS=--resume]
+	$(foreach cell,$(PARAPHRASE_GRID),$(BIN)/python -m models.train_paraphrase --data-dir $(DATA_DIR)/msrp \
+	  --out $(call paraphrase_run,$(cell)) --dropout $(word 1,$(subst $(comma), ,$(cell))) \
+	  --lr $(word 2,$(subst $(comma), ,$(cell))) $(ARGS) &&) true
+
+export-paraphrase: $(VENV)/dev.stamp  ## choose on validation, export rmc-vlmp-msrp, evaluate MSRP test once
+	$(BIN)/python -m export.paraphrase $(foreach cell,$(PARAPHRASE_GRID),--run $(call paraphrase_run,$(cell))) \
+	  --name rmc-vlmp-msrp --data-dir $(DATA_DIR)/msrp
 
 docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see docs/deployment.md)
 	scripts/docker-check.sh

@@ -97,6 +97,36 @@ def _sim_recipe(pointer: str, name: str, card_minutes: float, *flags: str) -> Re
     return Recipe(train, export, card_minutes)
 
 
+# The grid of docs/protocols/rmc-vlmp-msrp.md: (dropout, learning rate) of each validation-only run.
+PARAPHRASE_GRID = (("0.25", "1e-3"), ("0.25", "1e-4"), ("0.5", "1e-3"), ("0.5", "1e-4"))
+
+
+def _paraphrase_recipe(name: str, card_minutes: float) -> Recipe:
+    """The MSRP head's four runs on the served rmc-vlmp-sick encoder (read from artifacts/), then the export
+    that chooses one on validation and evaluates MSRP test once."""
+    runs = [f"{{runs}}/d{dropout}-lr{lr}" for dropout, lr in PARAPHRASE_GRID]
+    train = tuple(
+        Command(
+            "models.train_paraphrase",
+            (
+                *("--encoder-model", "rmc-vlmp-sick", "--artifacts", "artifacts", "--data-dir", "{data}/msrp"),
+                *("--out", run, "--dropout", dropout, "--lr", lr, "--seed", "1234", "--split-seed", "1234"),
+                *("--threads", "1", "--resume"),
+            ),
+        )
+        for run, (dropout, lr) in zip(runs, PARAPHRASE_GRID, strict=True)
+    )
+    export = Command(
+        "export.paraphrase",
+        (
+            *(arg for run in runs for arg in ("--run", run)),
+            *("--name", name, "--artifacts", "{artifacts}", "--encoder-artifacts", "artifacts"),
+            *("--data-dir", "{data}/msrp"),
+        ),
+    )
+    return Recipe(train, export, card_minutes)
+
+
 # Per served model. The KT recipes are models.train_kt's defaults of the data set plus the arguments shown.
 SERVED: dict[str, Recipe] = {
     "dkvmn-synthetic": Recipe(
@@ -139,6 +169,7 @@ SERVED: dict[str, Recipe] = {
     ),
     "rmc-vlmp-sick": _sim_recipe("vlmp", "rmc-vlmp-sick", 74.2, "--default"),
     "rmc-flmp-sick": _sim_recipe("flmp", "rmc-flmp-sick", 50.8),
+    "rmc-vlmp-msrp": _paraphrase_recipe("rmc-vlmp-msrp", 21.6),
 }
 
 # `make train-kt DATASET=...`: the served recipe of each data set (synthetic-vK: any version).

@@ -28,6 +28,7 @@ collect_ignore = [] if importlib.util.find_spec("torch") else ["test_dkvmn.py", 
 KT_MODEL = "dkvmn-synthetic"
 SIM_MODEL = "rmc-vlmp-sick"
 FLMP_MODEL = "rmc-flmp-sick"
+MSRP_MODEL = "rmc-vlmp-msrp"
 COMMITTED = DEFAULT_ARTIFACTS_DIR
 
 

@@ -37,6 +37,29 @@ def write_sick(directory: Path, sizes: tuple[int, int, int] = (48, 16, 16), seed
     return directory
 
 
+MSRP_HEADER = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\r\n"
+
+
+def write_msrp(directory: Path, sizes: tuple[int, int] = (60, 20), seed: int = 0) -> Path:
+    """msr_paraphrase_train/test files (byte-order mark, CRLF, a stray quote) labelled 1 where the two sentences
+    differ in at most one part."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    names = ("msr_paraphrase_train.txt", "msr_paraphrase_test.txt")
+    for name, size in zip(names, sizes, strict=True):
+        rows = [MSRP_HEADER]
+        for index in range(size):
+            a, b = _sentence(rng), _sentence(rng)
+            if rng.random() < 0.5:
+                b = (*a[:2], b[2])
+            label = int(sum(x == y for x, y in zip(a, b, strict=True)) >= 2)
+            text_a = f'{_SUBJECTS[a[0]]} "{_VERBS[a[1]]} {_OBJECTS[a[2]]}.'
+            text_b = f"{_SUBJECTS[b[0]]} {_VERBS[b[1]]} {_OBJECTS[b[2]]}"
+            rows.append(f"{label}\t{2 * index}\t{2 * index + 1}\t{text_a}\t{text_b}\r\n")
+        (directory / name).write_bytes("".join(rows).encode())
+    return directory
+
+
 def write_kt_students(path: Path, n_students: int, n_questions: int, max_len: int, seed: int = 0) -> Path:
     """A three-line CSV: each student has a skill level; harder (higher-id) questions fail more often."""
     rng = random.Random(seed)

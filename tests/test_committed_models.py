@@ -13,7 +13,7 @@ from app.core.settings import DEFAULT_ARTIFACTS_DIR
 from tests.helpers import app_client
 
 KT_MODELS = {"dkvmn-assist2009", "dkvmn-assist2015", "dkvmn-statics", "dkvmn-synthetic", "dkt-assist2009"}
-SIMILARITY_MODELS = {"rmc-vlmp-sick", "rmc-flmp-sick"}
+SIMILARITY_MODELS = {"rmc-vlmp-sick", "rmc-flmp-sick", "rmc-vlmp-msrp"}
 MAX_FILE_BYTES = 25 * 1024 * 1024
 
 

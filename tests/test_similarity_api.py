@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import FLMP_MODEL, KT_MODEL, SIM_MODEL
+from tests.conftest import FLMP_MODEL, KT_MODEL, MSRP_MODEL, SIM_MODEL
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument, qzxqzx!"}
 
@@ -27,6 +27,33 @@ def test_one_pair_returns_scores_tokens_and_attention(client):
         matrix = np.array(body["attention"][key])
         assert matrix.shape == (len(tokens), len(tokens))
         assert matrix.min() >= 0 and np.all(matrix.sum(1) <= 1 + 1e-6)
+
+
+def test_the_msrp_model_answers_paraphrase_next_to_its_encoder_models_scores(client):
+    same = {"sentence_a": "The company said its profit rose 10 percent.", "sentence_b": "Its profit rose 10 percent."}
+    unrelated = {"sentence_a": "A man is playing a guitar.", "sentence_b": "Shares fell sharply in Tokyo on Monday."}
+    for pair, label in ((same, "PARAPHRASE"), (unrelated, "NOT_PARAPHRASE")):
+        msrp = client.post("/similarity", json={**pair, "model": MSRP_MODEL}).json()
+        sick = client.post("/similarity", json={**pair, "model": SIM_MODEL}).json()
+        assert msrp["model"] == MSRP_MODEL and msrp["paraphrase"]["label"] == label
+        assert (msrp["paraphrase"]["probability"] >= 0.5) == (label == "PARAPHRASE")
+        assert msrp["relatedness"] == pytest.approx(sick["relatedness"], abs=1e-5)
+        assert msrp["entailment"]["label"] == sick["entailment"]["label"]
+        assert msrp["tokens_a"] == sick["tokens_a"] and msrp["unknown_tokens"] == sick["unknown_tokens"]
+        np.testing.assert_allclose(msrp["attention"]["sentence_b"], sick["attention"]["sentence_b"], atol=1e-5)
+    batch = client.post("/similarity/batch", json={"pairs": [same, unrelated], "model": MSRP_MODEL}).json()
+    assert [result["paraphrase"]["label"] for result in batch["results"]] == ["PARAPHRASE", "NOT_PARAPHRASE"]
+
+
+def test_only_the_msrp_model_has_paraphrase(client):
+    listed = {model["name"]: model for model in client.get("/models").json()["models"]}
+    assert listed[MSRP_MODEL]["metadata"]["dataset"] == "msrp"
+    assert listed[MSRP_MODEL]["paraphrase_labels"] == ["NOT_PARAPHRASE", "PARAPHRASE"]
+    for model in (SIM_MODEL, FLMP_MODEL):
+        assert "paraphrase_labels" not in listed[model]
+        assert "paraphrase" not in client.post("/similarity", json={**PAIR, "model": model}).json()
+        batch = client.post("/similarity/batch", json={"pairs": [PAIR], "model": model}).json()
+        assert "paraphrase" not in batch["results"][0]
 
 
 def test_attention_can_be_left_out(client):

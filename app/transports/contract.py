@@ -66,7 +66,8 @@ class Batching(BaseModel):
 
 class ModelInfo(BaseModel):
     """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels,
-    embedding_dim, max_sentences, encoder; knowledge tracing: family, supports, n_questions, n_concepts, seqlen)."""
+    embedding_dim, max_sentences, encoder, paraphrase_labels; knowledge tracing: family, supports, n_questions,
+    n_concepts, seqlen)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -92,6 +93,9 @@ class ModelInfo(BaseModel):
     embedding_dim: int | None = Field(None, description="size of the sentence vectors of POST /embeddings")
     max_sentences: int | None = Field(None, description="sentences per POST /embeddings request")
     encoder: str | None = Field(None, description="the `encoder` of POST /embeddings answers; changes with the weights")
+    paraphrase_labels: list[str] | None = Field(
+        None, description="similarity: the labels of `paraphrase` in its answers; only a model with a paraphrase head"
+    )
     n_questions: int | None = None
     n_concepts: int | None = Field(None, description="knowledge tracing: latent concepts; null for DKT")
     seqlen: int | None = None

@@ -102,6 +102,16 @@ class Entailment(BaseModel):
     probabilities: EntailmentProbabilities
 
 
+class ParaphraseLabel(StrEnum):
+    NOT_PARAPHRASE = "NOT_PARAPHRASE"
+    PARAPHRASE = "PARAPHRASE"
+
+
+class Paraphrase(BaseModel):
+    label: ParaphraseLabel = Field(description="PARAPHRASE when probability is 0.5 or more")
+    probability: Probability = Field(description="the probability that the two sentences are paraphrases")
+
+
 class Attention(BaseModel):
     sentence_a: list[list[float]] = Field(description="len(tokens_a) x len(tokens_a); see the model card")
     sentence_b: list[list[float]]
@@ -112,6 +122,11 @@ class SimilarityResponse(BaseModel):
     relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
     similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
     entailment: Entailment
+    paraphrase: Paraphrase | None = Field(
+        default=None,
+        description="only from a model with a paraphrase head (GET /models: paraphrase_labels; metadata.dataset "
+        "msrp); absent from the others' answers",
+    )
     tokens_a: list[str] = Field(description="tokens the model read, with the <s> and </s> markers")
     tokens_b: list[str]
     unknown_tokens: list[str] = Field(description="tokens without a word vector (read as <unk>)")

@@ -2,7 +2,8 @@
 
 Graph inputs: emb_a, emb_b [B,T,50] float32 (both padded to one T), len_a, len_b [B] int64.
 Outputs: relatedness_log_probs [B,5], relatedness [B], entailment_logits [B,3] and the memory-row
-attention of the four encoder passes attn_{a,b}_{fwd,bwd} [B,T,H,K] (see attention.py).
+attention of the four encoder passes attn_{a,b}_{fwd,bwd} [B,T,H,K] (see attention.py); the graph of a model
+with a paraphrase head (export/paraphrase.py) also outputs paraphrase_logits [B].
 Each pair is one batch row of length max(len_a, len_b); the batcher pads rows to one T.
 """
 
@@ -28,6 +29,8 @@ from app.tasks.similarity.vectors import WordVectors
 TASK_NAME = "similarity"
 Location = tuple[str | int, ...]
 ENCODER_ID_DIGITS = 16
+PARAPHRASE_OUTPUT = "paraphrase_logits"
+PARAPHRASE_LABELS = ("NOT_PARAPHRASE", "PARAPHRASE")  # the label of a logit below 0, of a logit from 0 up
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class SimilarityState:
     pointer: str
     window: int
     embeddings: EmbeddingLimits | None  # None: the model has no encoder and head graphs
+    paraphrase: bool  # its graph outputs PARAPHRASE_OUTPUT: its answers carry `paraphrase`
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ def prepare(model: ServedModel) -> SimilarityState:
         pointer=pointer,
         window=positive_int(metadata, "window"),
         embeddings=_embedding_limits(model),
+        paraphrase=PARAPHRASE_OUTPUT in model.output_names,
     )
 
 
@@ -124,6 +129,8 @@ def describe(model: ServedModel) -> dict[str, Any]:
             "max_sentences": limits.max_sentences,
             "encoder": limits.encoder,
         }
+    if state.paraphrase:
+        described["paraphrase_labels"] = list(PARAPHRASE_LABELS)
     return described
 
 
@@ -211,6 +218,14 @@ def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
     }
 
 
+def paraphrase(outputs: Feeds) -> dict[str, Any]:
+    """The first pair's paraphrase label and the probability that its sentences are paraphrases."""
+    logit = float(outputs[PARAPHRASE_OUTPUT][0])
+    exponential = math.exp(-abs(logit))  # never overflows
+    probability = 1 / (1 + exponential) if logit >= 0 else exponential / (1 + exponential)
+    return {"label": PARAPHRASE_LABELS[logit >= 0], "probability": probability}
+
+
 def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attention: bool) -> dict[str, Any]:
     """The response fields of one pair (numpy arrays where the response has matrices)."""
     state: SimilarityState = model.state
@@ -227,6 +242,7 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
         }
     return {
         **scores(model, outputs),
+        **({"paraphrase": paraphrase(outputs)} if state.paraphrase else {}),
         "tokens_a": pair.a.tokens,
         "tokens_b": pair.b.tokens,
         "unknown_tokens": list(dict.fromkeys(pair.a.unknown + pair.b.unknown)),

@@ -4,7 +4,8 @@ The ONNX graph reads GloVe embeddings, so the protocol tensors are the task's, n
 inputs `sentence_a` and `sentence_b`, BYTES [B] (UTF-8 text, one element per pair); outputs
 `relatedness` FP32 [B] (1..5), `entailment_probabilities` FP32 [B,3] (in the order of the model's
 `entailment_labels`, GET /models) and `tokens_a` / `tokens_b` BYTES [B,L] (the tokens the model read,
-`<s>` ... `</s>`, padded with empty strings to the longest sentence of the request). The pairs go
+`<s>` ... `</s>`, padded with empty strings to the longest sentence of the request); a model with a
+paraphrase head also outputs `paraphrase_probability` FP32 [B] (as POST /similarity's). The pairs go
 through the similarity service (limits, tokenizer, batcher) exactly as on POST /similarity/batch.
 """
 
@@ -29,6 +30,7 @@ OUTPUTS = [
     TensorSpec("tokens_a", "BYTES", (-1, -1)),
     TensorSpec("tokens_b", "BYTES", (-1, -1)),
 ]
+PARAPHRASE = TensorSpec("paraphrase_probability", "FP32", (-1,))
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def inputs(model: ServedModel) -> list[TensorSpec]:
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
-    return OUTPUTS
+    state: SimilarityState = model.state
+    return [*OUTPUTS, PARAPHRASE] if state.paraphrase else OUTPUTS
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
@@ -78,7 +81,7 @@ async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
         service.decode(model, pair, output, return_attention=False)
         for pair, output in zip(pairs.encoded, graph_outputs, strict=True)
     ]
-    return {
+    tensors = {
         "relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32),
         "entailment_probabilities": np.array(
             [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results],
@@ -87,6 +90,10 @@ async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
         "tokens_a": _padded([result["tokens_a"] for result in results]),
         "tokens_b": _padded([result["tokens_b"] for result in results]),
     }
+    if state.paraphrase:
+        probabilities = [result["paraphrase"]["probability"] for result in results]
+        tensors[PARAPHRASE.name] = np.array(probabilities, dtype=np.float32)
+    return tensors
 
 
 def _padded(token_lists: list[list[str]]) -> np.ndarray:
