@@ -247,25 +247,22 @@ def train_kt(
     ONNX (parity-checked) with its card, and add it to ARTIFACTS/manifest.json. Serve it with
     `MNEMO_ARTIFACTS_DIR=ARTIFACTS mnemo serve`; requests use the CSV's own question ids."""
     try:
+        from models.answer_log import AnswerLogError, read_answer_log  # numpy only: a bad CSV is told before torch
+    except ImportError as error:
+        raise click.ClickException(f"training needs the project's models/ package: {error}") from None
+    try:
+        log = read_answer_log(csv_file)
+    except AnswerLogError as error:
+        raise click.ClickException(str(error)) from None
+    try:
         from export.own_kt import export_run  # torch loads only when a model trains
-        from models.answer_log import AnswerLogError, read_answer_log
         from models.train_own_kt import OwnRun, held_out_test_sequences
         from models.train_own_kt import train as train_model
     except ImportError as error:
         raise click.ClickException(f"training needs the `train` extra (pip install 'mnemo[train]'): {error}") from None
     run = OwnRun(csv_file, run_dir or Path("runs/own") / name, kind, epochs, seed, threads, resume, not no_progress)
-    given = {
-        "--csv": csv_file,
-        "--artifacts": artifacts,
-        "--name": name,
-        "--epochs": epochs,
-        "--seed": seed,
-        "--model": kind,
-    }
-    command = shlex.join(["mnemo", "train", "kt", *(f"{flag}={value}" for flag, value in given.items())])
     try:
-        log = read_answer_log(csv_file)
-        result = train_model(run, log, command)
+        result = train_model(run, log, _train_command(csv_file, artifacts, name, epochs, seed, kind))
     except AnswerLogError as error:
         raise click.ClickException(str(error)) from None
     except KeyboardInterrupt:
@@ -275,6 +272,14 @@ def train_kt(
         f"{name}: test AUC {result['test']['auc']:.4f} (per-question-mean baseline {result['baseline_test_auc']:.4f}); "
         f"wrote {artifacts / entry['file']} and {artifacts / 'manifest.json'}; serve it with "
         f"MNEMO_ARTIFACTS_DIR={artifacts} mnemo serve"
+    )
+
+
+def _train_command(csv_file: Path, artifacts: Path, name: str, epochs: int, seed: int, kind: str) -> str:
+    """The command line that reproduces a training run, for its card."""
+    given = {"--csv": csv_file, "--artifacts": artifacts, "--name": name, "--epochs": epochs, "--seed": seed}
+    return shlex.join(
+        ["mnemo", "train", "kt", *(f"{flag}={value}" for flag, value in {**given, "--model": kind}.items())]
     )
 
 
