@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt, WithJsonSchema, with_config
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict  # pydantic needs it (not typing's) before Python 3.12
 
 MAX_INTERACTIONS = 10_000
@@ -18,7 +19,33 @@ MAX_QUESTION_TEXT = 200  # characters of a string question id (a model trained o
 QuestionId = Annotated[StrictInt, Field(ge=1, le=MAX_QUESTION_ID)]
 # A question as requests name it: the built-in models' ids are integers 1..n_questions; a model trained with
 # `mnemo train kt` takes the CSV's own ids, integers or strings (GET /models/{name}/questions lists them).
-QuestionKey = QuestionId | Annotated[StrictStr, Field(min_length=1, max_length=MAX_QUESTION_TEXT)]
+QUESTION_KEY_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_QUESTION_ID},
+        {"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_TEXT},
+    ]
+}
+
+
+def question_key(value: object) -> int | str:
+    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is (no coercion).
+
+    One validator, not a union of the two types: a union's errors carry each member's name in their location
+    (`question.constrained-int`) and come in pairs, so a 422 would no longer name the field alone."""
+    if type(value) is int:
+        if value < 1:
+            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to 1")
+        if value > MAX_QUESTION_ID:
+            raise PydanticCustomError("less_than_equal", f"Input should be less than or equal to {MAX_QUESTION_ID}")
+        return value
+    if type(value) is str:
+        if not 1 <= len(value) <= MAX_QUESTION_TEXT:
+            raise PydanticCustomError("string_length", f"A string id should have 1 to {MAX_QUESTION_TEXT} characters")
+        return value
+    raise PydanticCustomError("question_type", "Input should be an integer or a string")
+
+
+QuestionKey = Annotated[int | str, PlainValidator(question_key), WithJsonSchema(QUESTION_KEY_SCHEMA)]
 QUESTION_HELP = "the question's id: 1..n_questions, or the model's own ids (GET /models/{name}/questions)"
 
 _EXAMPLE = {
