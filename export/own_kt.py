@@ -14,7 +14,7 @@ import numpy as np
 from export import dkt as dkt_export
 from export import kt as dkvmn_export
 from export.cards import cpu_threads, duration
-from export.manifest import upsert_model
+from export.manifest import load_manifest, upsert_model
 from models.dkt import DKT
 from models.dkvmn import DKVMN
 from models.kt_data import Sequences
@@ -66,7 +66,7 @@ def export_run(run_dir: Path, result: dict, test: Sequences, artifacts: Path, na
             "task": "knowledge-trace",
             "version": VERSION,
             "file": onnx_file.name,
-            "default": False,
+            "default": is_first_of_its_task(artifacts, name),
             "limits": {
                 "max_interactions": dkvmn_export.MAX_INTERACTIONS,
                 "max_histories": dkvmn_export.MAX_HISTORIES,
@@ -85,6 +85,13 @@ def export_run(run_dir: Path, result: dict, test: Sequences, artifacts: Path, na
             "card": f"{name}.md",
         },
     )
+
+
+def is_first_of_its_task(artifacts: Path, name: str) -> bool:
+    """Whether the manifest has no other knowledge-trace default: then this model becomes the default one (a
+    request without `model` gets it), else the default stays as it is."""
+    others = [entry for entry in load_manifest(artifacts)["models"] if entry["name"] != name]
+    return not any(entry["task"] == "knowledge-trace" and entry.get("default") for entry in others)
 
 
 def card(name: str, result: dict, parity: dict[str, float], onnx_file: Path) -> str:

@@ -147,6 +147,7 @@ def test_train_export_serve_and_answer_with_the_csvs_own_ids(tmp_path):
 
     entries = {entry["name"]: entry for entry in json.loads((artifacts / "manifest.json").read_text())["models"]}
     assert set(entries) == {KT_MODEL, "mine"}
+    assert entries["mine"]["default"] is not builtin["default"]  # the first knowledge-trace default of the dir
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert entries["mine"]["metrics"]["test_auc"] == round(result["test"]["auc"], 4)
     card = (artifacts / "mine.md").read_text()
@@ -167,6 +168,9 @@ def test_train_export_serve_and_answer_with_the_csvs_own_ids(tmp_path):
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["predictions"]) == 30
         assert [item["question"] for item in answer.json()["next"]] == own_ids[:3]
+        if entries["mine"]["default"]:
+            without_model = client.post("/knowledge-trace", json={key: body[key] for key in body if key != "model"})
+            assert without_model.json()["model"] == "mine"
 
         unknown = client.post("/knowledge-trace", json={**body, "next_questions": [own_ids[0], "item-0", 7]})
         assert unknown.status_code == 422
