@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -186,3 +187,22 @@ def test_train_export_serve_and_answer_with_the_csvs_own_ids(tmp_path):
         assert as_text.status_code == 422
         assert as_text.json()["detail"][0]["loc"] == ["body", "next_questions", 0]
         assert "is a string; the questions of model dkvmn-synthetic are integers" in as_text.json()["detail"][0]["msg"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_path):
+    pytest.importorskip("torch", reason="training needs the train extra")
+    from models.train_own_kt import OwnRun, train
+
+    log = read_answer_log(write_answer_log(tmp_path / "answers.csv", students=30))
+    run = OwnRun(tmp_path / "answers.csv", tmp_path / "run", "dkt", epochs=2, seed=0, progress=False)
+    first = train(run, log, "test")
+    assert first["epochs_run"] == 2
+    (run.run_dir / "result.json").unlink()  # as if stopped after its last checkpoint, before the test evaluation
+    with pytest.raises(AnswerLogError, match="holds an unfinished run: pass --resume"):
+        train(run, log, "test")
+    with pytest.raises(AnswerLogError, match=r"--resume: .* was written for other data or settings"):
+        train(replace(run, resume=True, seed=1), log, "test")
+    resumed = train(replace(run, resume=True), log, "test")
+    assert resumed["epochs_run"] == 2 and resumed["history"] == first["history"]
+    assert resumed["test"] == first["test"]
