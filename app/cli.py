@@ -208,7 +208,7 @@ def _model_name(context: click.Context, parameter: click.Parameter, value: str) 
     "--csv",
     "csv_file",
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),
     help="Answer log with a header: student, question, correct (0/1/true/false); optional order or timestamp, "
     "question_name, skill.",
 )

@@ -65,6 +65,8 @@ class Row:
 
 def read_answer_log(path: Path) -> AnswerLog:
     """Parse and validate the CSV at `path`."""
+    if path.is_dir():
+        raise AnswerLogError(f"{path}: a directory, not a CSV file")
     if not path.is_file():
         raise AnswerLogError(f"{path}: no such file")
     try:
@@ -76,6 +78,8 @@ def read_answer_log(path: Path) -> AnswerLog:
         raise AnswerLogError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except csv.Error as error:
         raise AnswerLogError(f"{path}: not a readable CSV ({error})") from None
+    except OSError as error:
+        raise AnswerLogError(f"{path}: cannot read it ({error.strerror})") from None
     if not rows:
         raise AnswerLogError(f"{path}: the header has no rows under it")
     return _assemble(rows)

@@ -55,6 +55,8 @@ def test_importing_the_cli_and_its_train_help_loads_no_torch():
     ("text", "expected"),
     [
         (None, "answers.csv: no such file"),
+        ("a directory", "answers.csv: a directory, not a CSV file"),
+        (b"student,question,correct\ns1,q\xe9,1\n", "answers.csv: not UTF-8 text"),
         ("", "answers.csv: the file is empty (expected a header: student, question, correct)"),
         (HEADER, "answers.csv: the header has no rows under it"),
         ("student,item,correct\ns1,q1,1\n", "answers.csv:1: missing column 'question'"),
@@ -71,7 +73,13 @@ def test_importing_the_cli_and_its_train_help_loads_no_torch():
     ],
 )
 def test_bad_csvs_get_one_line_naming_the_problem(tmp_path, text, expected):
-    path = tmp_path / "answers.csv" if text is None else write(tmp_path, text)
+    path = tmp_path / "answers.csv"
+    if text == "a directory":
+        path.mkdir()
+    elif isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
+        write(tmp_path, text)
     assert expected in train_error("--csv", str(path))
 
 
