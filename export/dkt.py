@@ -88,8 +88,12 @@ def training_parity(model: DKT, data: Sequences) -> float:
 def check_parity(model: DKT, path: Path, test_file: Path, seqlen: int) -> dict[str, float]:
     """Parity on random sequences and on the first 64 real test sequences, and of the step loop against the
     trained LSTM on the latter; raises above the tolerance."""
+    return check_parity_on(model, path, parity_batches(model.config.n_questions, test_file, seqlen))
+
+
+def check_parity_on(model: DKT, path: Path, batches: dict[str, Sequences]) -> dict[str, float]:
+    """`check_parity` on the given batches (`random` and `real_test_sequences`)."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    batches = parity_batches(model.config.n_questions, test_file, seqlen)
     result = {key: parity(model, session, b.q, b.r, b.lengths) for key, b in batches.items()}
     return within_tolerance({**result, "trained_lstm": training_parity(model, batches["real_test_sequences"])})
 

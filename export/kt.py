@@ -77,18 +77,26 @@ def parity(model: DKVMN, session: ort.InferenceSession, q: np.ndarray, r: np.nda
 
 def check_parity(model: DKVMN, path: Path, test_file: Path, seqlen: int) -> dict[str, float]:
     """Parity on random sequences and on the first 64 real test sequences; raises above the tolerance."""
+    return check_parity_on(model, path, parity_batches(model.config.n_questions, test_file, seqlen))
+
+
+def check_parity_on(model: DKVMN, path: Path, batches: dict[str, Sequences]) -> dict[str, float]:
+    """Parity on each of `batches`; raises above the tolerance."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    batches = parity_batches(model.config.n_questions, test_file, seqlen)
     return within_tolerance({key: parity(model, session, b.q, b.r, b.lengths) for key, b in batches.items()})
 
 
 def parity_batches(n_questions: int, test_file: Path, seqlen: int) -> dict[str, Sequences]:
     """What a knowledge-tracing graph's parity is checked on: 8 random sequences of 1 to 57 steps (padded to
     57), and the first 64 real test sequences."""
+    return parity_batches_of(n_questions, to_sequences(read_students(test_file)[:64], seqlen))
+
+
+def parity_batches_of(n_questions: int, real: Sequences) -> dict[str, Sequences]:
+    """8 random sequences of 1 to 57 steps (padded to 57), and the first 64 of `real`."""
     rng = np.random.default_rng(0)
     q = rng.integers(1, n_questions + 1, (8, 57)).astype(np.int64)
     r = rng.integers(0, 2, (8, 57)).astype(np.int64)
-    real = to_sequences(read_students(test_file)[:64], seqlen)
     return {
         "random": Sequences(q, r, rng.integers(1, 58, 8).astype(np.int64)),
         "real_test_sequences": Sequences(real.q[:64], real.r[:64], real.lengths[:64]),

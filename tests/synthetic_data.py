@@ -84,3 +84,21 @@ def write_synthetic_kt(data_dir: Path, n_questions: int = 50, seed: int = 0) -> 
     clusters = [q % 5 for q in range(n_questions)]
     (data_dir / "synthetic" / "cluster_info_0").write_text(str(clusters) + "\n")
     return data_dir
+
+
+def write_answer_log(path: Path, students: int = 60, questions: int = 12, answers: int = 25, seed: int = 0) -> Path:
+    """A `mnemo train kt` CSV: sparse string question ids (`item-<n>`), names, timestamps out of file order, and
+    answers drawn from a student ability against a question difficulty (so the order of answers carries signal)."""
+    rng = random.Random(seed)
+    ids = [f"item-{rng.randrange(10_000, 99_999)}" for _ in range(questions)]
+    difficulty = {question: rng.gauss(0, 1) for question in ids}
+    rows = ["student,question,correct,timestamp,question_name"]
+    for student in range(students):
+        ability = rng.gauss(0, 1)
+        for step in rng.sample(range(answers), answers):  # file order is not answer order
+            question = rng.choice(ids)
+            p = 1 / (1 + 2.718281828 ** (difficulty[question] - ability - 0.05 * step))
+            correct = rng.choice(["true", "1"]) if rng.random() < p else rng.choice(["false", "0"])
+            rows.append(f"s{student},{question},{correct},{1_700_000_000 + 60 * step},Question {question[5:]}")
+    path.write_text("\n".join(rows) + "\n")
+    return path

@@ -156,9 +156,14 @@ def test_labels_are_enums_and_bounds_are_declared(schema):
     assert components["EntailmentLabel"]["enum"] == ["ENTAILMENT", "NEUTRAL", "CONTRADICTION"]
     relatedness = components["SimilarityResponse"]["properties"]["relatedness"]
     assert (relatedness["minimum"], relatedness["maximum"]) == (1, 5)
-    assert components["Interaction"]["properties"]["question"]["minimum"] == 1
-    next_ids = components["KnowledgeTraceRequest"]["properties"]["next_questions"]["anyOf"][0]["items"]
-    assert next_ids["minimum"] == 1
+    # a question id: an integer 1.. (the built-in models) or a string of a model trained on your own CSV
+    for question in (
+        components["Interaction"]["properties"]["question"],
+        components["KnowledgeTraceRequest"]["properties"]["next_questions"]["anyOf"][0]["items"],
+    ):
+        integer, text = question["anyOf"]
+        assert (integer["type"], integer["minimum"], integer["maximum"]) == ("integer", 1, 2**31 - 1)
+        assert (text["type"], text["minLength"], text["maxLength"]) == ("string", 1, 200)
     assert "pattern" in components["SentencePair"]["properties"]["sentence_a"]
 
 

@@ -72,9 +72,7 @@ def _iso(seconds: float) -> str:
 
 def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Questions, answers and the questions to predict next, checked against the model."""
-    wanted = np.array(body.next_questions or [], dtype=np.int64)
-    questions, correct = service.request_arrays(model, body.interactions, wanted)
-    return questions, correct, wanted
+    return service.request_arrays(model, body.interactions, body.next_questions or [])
 
 
 async def _append(

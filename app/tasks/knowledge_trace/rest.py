@@ -36,13 +36,8 @@ are null whatever the request asks (GET /models `supports` says which fields a m
 
 
 def arrays_of(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Questions, answers and the questions to predict next, checked against the model."""
-    if body.next_questions is None:
-        wanted = np.arange(1, model.state.n_questions + 1, dtype=np.int64)
-    else:
-        wanted = np.array(body.next_questions, dtype=np.int64)
-    questions, correct = service.request_arrays(model, body.interactions, wanted)
-    return questions, correct, wanted
+    """Questions, answers and the questions to predict next, as the graph numbers them, checked against the model."""
+    return service.request_arrays(model, body.interactions, body.next_questions)
 
 
 def _admission(model: ServedModel, body: KnowledgeTraceRequest) -> Admission:

@@ -9,12 +9,44 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt, WithJsonSchema, with_config
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict  # pydantic needs it (not typing's) before Python 3.12
 
 MAX_INTERACTIONS = 10_000
 MAX_QUESTION_ID = 2**31 - 1  # ids are int64 in the graph; each model's own range (n_questions) is checked after
+MAX_QUESTION_TEXT = 200  # characters of a string question id (a model trained on your own CSV may have them)
 QuestionId = Annotated[StrictInt, Field(ge=1, le=MAX_QUESTION_ID)]
+# A question as requests name it: the built-in models' ids are integers 1..n_questions; a model trained with
+# `mnemo train kt` takes the CSV's own ids, integers or strings (GET /models/{name}/questions lists them).
+QUESTION_KEY_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_QUESTION_ID},
+        {"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_TEXT},
+    ]
+}
+
+
+def question_key(value: object) -> int | str:
+    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is (no coercion).
+
+    One validator, not a union of the two types: a union's errors carry each member's name in their location
+    (`question.constrained-int`) and come in pairs, so a 422 would no longer name the field alone."""
+    if type(value) is int:
+        if value < 1:
+            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to 1")
+        if value > MAX_QUESTION_ID:
+            raise PydanticCustomError("less_than_equal", f"Input should be less than or equal to {MAX_QUESTION_ID}")
+        return value
+    if type(value) is str:
+        if not 1 <= len(value) <= MAX_QUESTION_TEXT:
+            raise PydanticCustomError("string_length", f"A string id should have 1 to {MAX_QUESTION_TEXT} characters")
+        return value
+    raise PydanticCustomError("question_type", "Input should be an integer or a string")
+
+
+QuestionKey = Annotated[int | str, PlainValidator(question_key), WithJsonSchema(QUESTION_KEY_SCHEMA)]
+QUESTION_HELP = "the question's id: 1..n_questions, or the model's own ids (GET /models/{name}/questions)"
 
 _EXAMPLE = {
     "model": "dkvmn-assist2009",
@@ -26,11 +58,11 @@ _EXAMPLE = {
 
 @with_config(ConfigDict(extra="forbid"))
 class Interaction(TypedDict):
-    """One answered question; `question` is the model's 1-based id (1..n_questions in GET /models).
+    """One answered question; `question` is its id (1..n_questions, or the ids of a model trained on your own CSV).
 
     A TypedDict, not a model: no object per item, so long histories validate faster."""
 
-    question: Annotated[QuestionId, Field(description="1-based question id, at most the model's n_questions")]
+    question: Annotated[QuestionKey, Field(description=QUESTION_HELP)]
     correct: StrictBool
 
 
@@ -39,7 +71,7 @@ class KnowledgeTraceRequest(BaseModel):
 
     model: str | None = Field(default=None, description="a knowledge-trace model from GET /models; null = default")
     interactions: list[Interaction] = Field(min_length=1, max_length=MAX_INTERACTIONS, description="oldest first")
-    next_questions: list[QuestionId] | None = Field(
+    next_questions: list[QuestionKey] | None = Field(
         default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
     )
     return_attention: StrictBool = Field(
@@ -54,7 +86,7 @@ class KnowledgeTraceRequest(BaseModel):
 
 
 class NextPrediction(BaseModel):
-    question: int = Field(ge=1)
+    question: Annotated[int, Field(ge=1)] | str = Field(description=QUESTION_HELP)
     p_correct: float = Field(ge=0, le=1)
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
@@ -84,7 +116,7 @@ class KnowledgeTraceResponse(BaseModel):
 
 
 class CatalogQuestion(BaseModel):
-    question: int = Field(ge=1)
+    question: Annotated[int, Field(ge=1)] | str = Field(description=QUESTION_HELP)
     name: str | None = Field(description="the question's name where the data set has one")
     concept: int | None = Field(description="the latent concept this question weighs most; null for DKT")
 

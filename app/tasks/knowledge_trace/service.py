@@ -38,6 +38,7 @@ from app.core.manifest import positive_int
 from app.runtime.batcher import Chain
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
+from app.tasks.knowledge_trace.question_ids import QuestionIds, QuestionKey, item_location
 
 # Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
 # can be labelled by its top skills. Statics names are problem steps, not readable labels.
@@ -81,6 +82,7 @@ class KnowledgeTraceState:
     concepts: np.ndarray | None  # [n_questions]: each question's main concept; None without memory slots
     names: tuple[str | None, ...] | None  # question names where the data set has them
     concept_skills: tuple[tuple[str, ...], ...] | None  # per concept: top skill names (skill-named data sets)
+    question_ids: QuestionIds | None = None  # the user's own ids (`mnemo train kt`); None: ids are 1..n_questions
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,9 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
     names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
     if names is not None and len(names) != n_questions:
         raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
+    raw_ids = model.assets.get("question_ids")
     common = {
+        "question_ids": None if raw_ids is None else QuestionIds.from_asset(np.asarray(raw_ids), n_questions),
         "family": family,
         "n_questions": n_questions,
         "seqlen": seqlen,
@@ -197,7 +201,7 @@ def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str,
     if len(bad):
         errors = [
             InvalidInput(
-                (*field, index) if field[-1] == "next_questions" else (*field, index, "question"),
+                item_location(field, index),
                 f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of model "
                 f"{model.name}",
             )
@@ -224,24 +228,48 @@ def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]
     count = len(interactions)
     check_length(model, count)
     # map(itemgetter) runs in C: a third of the time of a generator expression
-    questions = np.fromiter(map(_QUESTION, interactions), dtype=np.int64, count=count)
+    questions = question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
     correct = np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
-    check_questions(model, questions, ("body", "interactions"))
     return questions, correct
+
+
+def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: tuple[str, ...]) -> np.ndarray:
+    """The graph's question numbers (1..n_questions) of the ids in a request: through the model's own ids where it
+    has them, else the ids themselves, integers in range. A wrong id is a 422 naming its item."""
+    state: KnowledgeTraceState = model.state
+    if state.question_ids is not None:
+        return state.question_ids.numbers_of(values, field, model.name)
+    if str in set(map(type, values)):
+        strings = [index for index, value in enumerate(values) if isinstance(value, str)]
+        errors = [
+            InvalidInput(
+                item_location(field, index),
+                f"question {values[index]!r} is a string; the questions of model {model.name} are integers 1.."
+                f"{state.n_questions}",
+            )
+            for index in strings[:MAX_LISTED_ERRORS]
+        ]
+        raise InvalidInput.joined(errors, count=len(strings))
+    questions = np.fromiter(values, dtype=np.int64, count=len(values))
+    check_questions(model, questions, field)
+    return questions
 
 
 def request_arrays(
-    model: ServedModel, interactions: Sequence[Mapping[str, Any]], wanted: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """`history_arrays`, with the questions to predict next (body field `next_questions`) checked too: one 422
-    lists the broken rules of both fields."""
-    (questions, correct), _ = each_checked(
+    model: ServedModel, interactions: Sequence[Mapping[str, Any]], next_questions: Sequence[QuestionKey] | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`history_arrays`, and the numbers of the questions to predict next (body field `next_questions`; None:
+    every question), checked too: one 422 lists the broken rules of both fields."""
+    every = np.arange(1, model.state.n_questions + 1, dtype=np.int64)
+    (questions, correct), wanted = each_checked(
         [
             partial(history_arrays, model, interactions),
-            partial(check_questions, model, wanted, ("body", "next_questions")),
+            (lambda: every)
+            if next_questions is None
+            else partial(question_numbers, model, next_questions, ("body", "next_questions")),
         ]
     )
-    return questions, correct
+    return questions, correct, wanted
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
@@ -380,9 +408,10 @@ def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndar
     ids = questions.tolist()
     concepts = [None] * len(ids) if state.concepts is None else state.concepts[questions - 1].tolist()
     names = [state.names[question - 1] for question in ids] if state.names else [None] * len(ids)
+    shown = ids if state.question_ids is None else [state.question_ids.ids[question - 1] for question in ids]
     return [
         {"question": question, "p_correct": p, "concept": concept, "name": name}
-        for question, p, concept, name in zip(ids, probabilities.tolist(), concepts, names, strict=True)
+        for question, p, concept, name in zip(shown, probabilities.tolist(), concepts, names, strict=True)
     ]
 
 
@@ -409,7 +438,7 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
         "limit": limit,
         "questions": [
             {
-                "question": question,
+                "question": question_id(state, question),
                 "name": state.names[question - 1] if state.names else None,
                 "concept": main_concept(state, question),
             }
@@ -417,6 +446,11 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
         ],
         "concepts": None if state.concept_skills is None else concept_labels(state),
     }
+
+
+def question_id(state: KnowledgeTraceState, question: int) -> QuestionKey:
+    """The id requests and answers use for question number `question`: the model's own, else the number."""
+    return question if state.question_ids is None else state.question_ids.ids[question - 1]
 
 
 def main_concept(state: KnowledgeTraceState, question: int) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from app.tasks.knowledge_trace.schemas import MAX_INTERACTIONS, Interaction, NextPrediction, QuestionId
+from app.tasks.knowledge_trace.schemas import MAX_INTERACTIONS, Interaction, NextPrediction, QuestionKey
 
 _EXAMPLE = {
     "model": "dkvmn-assist2009",
@@ -22,7 +22,7 @@ class AppendRequest(BaseModel):
     interactions: list[Interaction] = Field(
         min_length=1, max_length=MAX_INTERACTIONS, description="the new interactions, oldest first"
     )
-    next_questions: list[QuestionId] | None = Field(
+    next_questions: list[QuestionKey] | None = Field(
         default=None,
         max_length=MAX_INTERACTIONS,
         description="question ids to predict after the last new interaction; null or [] = none (the default)",

@@ -1,0 +1,60 @@
+"""A model's own question ids: the asset `question_ids` of a model trained with `mnemo train kt` on a user's CSV.
+
+The graph numbers questions 1..n_questions; the asset holds the user's id of question k at index k-1 (int64 when
+every id in the CSV was an integer, else strings). Requests name questions by those ids and answers echo them.
+Models without the asset (the built-in ones) use the numbers themselves as ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.core.errors import MAX_LISTED_ERRORS, InvalidInput
+
+QuestionKey = int | str
+
+
+def item_location(field: tuple[str, ...], index: int) -> tuple[str | int, ...]:
+    """Where item `index` of a question field is: `next_questions[i]`, or `interactions[i].question`."""
+    return (*field, index) if field[-1] == "next_questions" else (*field, index, "question")
+
+
+@dataclass(frozen=True)
+class QuestionIds:
+    """The user's id of each question number (`ids[k - 1]`), and the number of each id."""
+
+    ids: tuple[QuestionKey, ...]
+    numbers: dict[QuestionKey, int]
+
+    @classmethod
+    def from_asset(cls, asset: np.ndarray, n_questions: int) -> QuestionIds:
+        """Check the asset: one unique id per question, all integers or all strings."""
+        if asset.shape != (n_questions,):
+            raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
+        if asset.dtype.kind not in "iU":
+            raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
+        ids = tuple(asset.tolist())
+        numbers = {question: number for number, question in enumerate(ids, start=1)}
+        if len(numbers) != len(ids):
+            raise ValueError("question_ids repeats an id")
+        return cls(ids, numbers)
+
+    def numbers_of(self, values: Sequence[QuestionKey], field: tuple[str, ...], model: str) -> np.ndarray:
+        """The question numbers of `values`; unknown ids are a 422 naming each item (the first MAX_LISTED_ERRORS)."""
+        numbers = [self.numbers.get(value, 0) for value in values]
+        unknown = [index for index, number in enumerate(numbers) if number == 0]
+        if unknown:
+            kind = "integers" if isinstance(self.ids[0], int) else "strings"
+            errors = [
+                InvalidInput(
+                    item_location(field, index),
+                    f"question {values[index]!r} is not a question of model {model} (its question ids are {kind}; "
+                    f"GET /models/{model}/questions lists them)",
+                )
+                for index in unknown[:MAX_LISTED_ERRORS]
+            ]
+            raise InvalidInput.joined(errors, count=len(unknown))
+        return np.array(numbers, dtype=np.int64)
