@@ -81,8 +81,8 @@ system-deps:  ## install the Debian packages of SYSTEM_DEPS whose binary is miss
 docs: $(VENV)/dev.stamp  ## docs/configuration.md from the Settings field descriptions (a test fails while it is stale)
 	$(BIN)/python -m scripts.config_docs
 
-screenshots: $(VENV)/dev.stamp system-deps  ## the explorer screenshots of docs/explorer.md, from tests/test_explorer.py in Chromium
-	MNEMO_TEST_ARTIFACTS_DIR=tmp/artifacts CI=true $(BIN)/python -m pytest -q tests/test_explorer.py
+screenshots: $(VENV)/dev.stamp system-deps  ## the explorer screenshots of docs/explorer.md, from tests/integration/test_explorer.py in Chromium
+	MNEMO_TEST_ARTIFACTS_DIR=tmp/artifacts CI=true $(BIN)/python -m pytest -q tests/integration/test_explorer.py
 	$(BIN)/python scripts/readme_screenshots.py tmp/artifacts/explorer docs/screenshots
 
 bench: $(VENV)/dev.stamp  ## latency table of the committed models -> BENCHMARKS.md

@@ -5,9 +5,9 @@ deployment files probe), then, one after the other: concurrency 1 p50 and concur
 /similarity and /knowledge-trace (bare ONNX Runtime at batch 1 and 32 measured beside them); /health p99 on the
 probe port and the main port during the overload mix (256 connections of 3,000-interaction histories);
 slowloris and idle sockets (benchmarks/connection_abuse.py's clients); the HTTP framing cases of
-tests/test_http_framing.py; a worker killed with SIGKILL and one stopped with SIGSTOP under load; SIGTERM with
-32 requests in flight. Cells are a few seconds each, so the whole run takes about 10 minutes; the figures of
-one run compare with each other only. Traffic goes to 127.0.0.1 only and every loop is bounded.
+tests/integration/test_http_framing.py; a worker killed with SIGKILL and one stopped with SIGSTOP under load;
+SIGTERM with 32 requests in flight. Cells are a few seconds each, so the whole run takes about 10 minutes; the
+figures of one run compare with each other only. Traffic goes to 127.0.0.1 only and every loop is bounded.
 
     python -m benchmarks.servers [--seconds 3] [--only granian uvicorn] [--output BENCHMARKS.md] [--baseline DIR]
 
@@ -229,7 +229,7 @@ def abuse(served: Served, seconds: float) -> list[str]:
 
 
 def framing(served: Served) -> str:
-    """How many of the framing cases (tests/test_http_framing.py) get a 400 and close, nothing else run."""
+    """How many of the framing cases (tests/integration/test_http_framing.py) get a 400 and close, nothing else run."""
     from tests.http_framing_cases import CASES, exchange
 
     failed = [name for name, request, check in CASES if not check(exchange(HOST, served.port, request))]

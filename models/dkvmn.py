@@ -11,7 +11,7 @@ length) when the exporter passes `use_scan=True`. `tests/` asserts that both agr
 
 Training (`training_logits`) runs the same operations with fewer autograd nodes per step (the reshapes are
 done once for all steps, and for small memories the write's factors `1 - w e^T` and `w a^T` too), so its
-logits and gradients equal the serving step's bit for bit (tests/test_dkvmn.py). A synthetic training epoch
+logits and gradients equal the serving step's bit for bit (tests/training/test_dkvmn.py). A synthetic training epoch
 (N=5) takes 0.56 s instead of 1.05 s at one thread.
 """
 

@@ -1,7 +1,7 @@
 """The served recipes: the exact commands that built each model in artifacts/, as data.
 
 `export.reproduce` runs a model's commands into a scratch directory; each card's "Reproduce" section quotes
-them (tests/test_recipes.py checks the quote); `make train-kt` and `make train-sim` take their default
+them (tests/training/test_model_cards.py checks the quote); `make train-kt` and `make train-sim` take their default
 arguments from here (docs/MODELS.md §5):
 
     python -m models.recipes train-kt synthetic-v3      # the served recipe's models.train_kt arguments

@@ -20,7 +20,7 @@ def unroll(
     """Apply `step(carry, inputs_t) -> (carry, outputs_t)` for t = 0..T-1.
 
     `inputs` are batch-major `[B,T,...]` tensors; returns the final carry and each output stacked to
-    `[B,T,...]`. The loop and the scan give the same numbers (tests/test_rmc.py, tests/test_dkvmn.py).
+    `[B,T,...]`. The loop and the scan give the same numbers (tests/training/test_rmc.py, tests/training/test_dkvmn.py).
     """
     if use_scan:
         return _scan(step, carry, inputs)

@@ -1,4 +1,4 @@
-"""The explorer screenshots (docs/explorer.md, README): tests/test_explorer.py's 1280 px ones, in 256 colours.
+"""The explorer screenshots (docs/explorer.md, README): tests/integration/test_explorer.py's 1280 px ones, 256 colours.
 
 Run by `make screenshots` after the browser tests wrote their screenshots to ARTIFACTS (tmp/artifacts/explorer/).
 Usage: python scripts/readme_screenshots.py ARTIFACTS DOCS
@@ -31,7 +31,9 @@ def reduce(source: Path, target: Path) -> None:
 def main(artifacts: Path, docs: Path) -> None:
     missing = [name for name in SHOTS if not (artifacts / name).is_file()]
     if missing:
-        sys.exit(f"no {', '.join(missing)} in {artifacts}: run tests/test_explorer.py first (make screenshots)")
+        sys.exit(
+            f"no {', '.join(missing)} in {artifacts}: run tests/integration/test_explorer.py first (make screenshots)"
+        )
     docs.mkdir(parents=True, exist_ok=True)
     for name, readme_name in SHOTS.items():
         reduce(artifacts / name, docs / readme_name)

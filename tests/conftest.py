@@ -23,7 +23,7 @@ from tests.synthetic_data import write_sick, write_synthetic_kt
 from tests.toy_model import OTHER_TASK, toy_entry, write_toy_artifacts
 
 # The training tests import torch at module level: without the train extra they are not collected.
-collect_ignore = [] if importlib.util.find_spec("torch") else ["test_dkvmn.py", "test_rmc.py"]
+collect_ignore = [] if importlib.util.find_spec("torch") else ["training/test_dkvmn.py", "training/test_rmc.py"]
 
 KT_MODEL = "dkvmn-synthetic"
 SIM_MODEL = "rmc-vlmp-sick"

@@ -1,6 +1,6 @@
 """HTTP/1.1 framing cases (RFC 9112) as raw bytes, with what a conforming server must answer.
 
-Shared by tests/test_http_framing.py (a real server on loopback) and benchmarks/servers.py (the candidates).
+Shared by tests/integration/test_http_framing.py (a real server on loopback) and benchmarks/servers.py (the candidates).
 Each case is a name, the bytes a client sends at once, and a check of the `Exchange`: everything the server
 sent back before it closed the connection (or `READ_S` passed).
 """

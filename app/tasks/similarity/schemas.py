@@ -165,7 +165,7 @@ class EmbeddingsResponse(BaseModel):
 
 
 VectorValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]
-EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/test_api.py posts every example)
+EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/api/test_api.py posts every example)
 Vector = Annotated[
     list[VectorValue],
     Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),

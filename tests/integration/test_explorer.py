@@ -27,11 +27,11 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from app.explorer.router import STATIC_DIR
 from tests.helpers import Server, children, running_server
-from tests.test_drain import _draining, _hold_one_request
+from tests.integration.test_drain import _draining, _hold_one_request
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("MNEMO_TEST_ARTIFACTS_DIR", ROOT / "tmp" / "artifacts")) / "explorer"
 CHROMIUM = os.environ.get("MNEMO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [

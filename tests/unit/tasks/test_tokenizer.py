@@ -11,7 +11,7 @@ import pytest
 from app.tasks.similarity.tokenizer import NUMBER, tokenize
 from models.sick_data import read_split
 
-SICK_DIR = Path(os.environ.get("MNEMO_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data")) / "sick"
+SICK_DIR = Path(os.environ.get("MNEMO_DATA_DIR", Path(__file__).resolve().parents[4] / "shared" / "data")) / "sick"
 SICK_FILES = ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt")
 
 

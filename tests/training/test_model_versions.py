@@ -17,7 +17,7 @@ import pytest
 
 from export.manifest import semantic_version, unversioned_changes
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "artifacts" / "manifest.json"
 
 

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 KSERVE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
 KUBERNETES_VERSION = "1.32.0"  # the oldest minor the manifests promise to fit; also checked on the newest shipped

@@ -249,7 +249,7 @@ def test_a_full_queue_is_resource_exhausted_with_retry_after() -> None:
             infer = channel.unary_unary(INFER_METHOD)
             tensors = [("q", [1, 3], questions), ("r", [1, 3], answers), ("len", [1], np.array(lengths))]
             request = raw_request(KT_MODEL, tensors)
-            # the queue filled as tests/test_oip.py fills it
+            # the queue filled as tests/integration/test_oip.py fills it
             with batcher.admit(batcher.config.max_queue), pytest.raises(grpc.RpcError) as caught:
                 infer(request.SerializeToString(), timeout=10)
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("audit_newest", ROOT / "scripts" / "audit_newest.py")
 audit = sys.modules["audit_newest"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(audit)

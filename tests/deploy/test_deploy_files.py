@@ -13,7 +13,7 @@ import yaml
 
 from tests.helpers import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stages() -> dict[str, list[str]]:

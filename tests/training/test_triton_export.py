@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 
 from app.core.integrity import sha256_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 ORT_TO_TRITON = {"tensor(float)": "TYPE_FP32", "tensor(int64)": "TYPE_INT64"}
 NUMPY_OF = {"TYPE_FP32": np.float32, "TYPE_INT64": np.int64}

@@ -20,7 +20,7 @@ from tests.toy_model import write_empty_manifest
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager

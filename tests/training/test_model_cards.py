@@ -23,7 +23,7 @@ from export.kt import validation_metrics
 from models import recipes
 from tests.synthetic_data import write_synthetic_kt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 SERVED = json.loads((ARTIFACTS / "manifest.json").read_text())["models"]
 

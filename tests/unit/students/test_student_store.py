@@ -31,7 +31,7 @@ from app.students.update import NextState, TooManyConflicts, update_state
 from tests.redis_server import RedisServer, require_redis_server
 from tests.student_writer import MODEL, MODEL_SHA256, SHAPE, InlineCalls, append_one, update
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 WRITERS = 8
 APPENDS_PER_WRITER = 50
 ACKED_BEFORE_KILL = 100
@@ -276,7 +276,7 @@ def test_a_delete_on_a_full_disk_answers_that_it_deleted(tmp_path: Path) -> None
     mount = f"mount -t tmpfs -o size=1m tmpfs {tmp_path}"
     script = f'{mount} && exec "$0" -c "$1" {tmp_path}'
     command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, sys.executable, FULL_DISK_DELETE]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr
     assert "full: SQLite state store failed: database or disk is full" in done.stdout
     assert "deleted: ['s0'] left: None" in done.stdout

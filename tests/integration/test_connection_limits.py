@@ -2,7 +2,7 @@
 
 Keep-alive idle timeout, stalled bodies, the header size cap, the connection cap, HEAD and 100-continue, the
 early 413, and pipelined requests that do not pile up. The header deadline, the write deadline and the lingering
-close are nginx's, in front (tests/test_nginx_front.py).
+close are nginx's, in front (tests/deploy/test_nginx_front.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
-from tests.test_hostile_requests import read_response, status_of
+from tests.integration.test_hostile_requests import read_response, status_of
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 

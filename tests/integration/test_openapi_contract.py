@@ -25,7 +25,7 @@ from tests.helpers import Server, running_server
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 

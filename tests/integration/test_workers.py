@@ -29,7 +29,7 @@ from prometheus_client.samples import Sample
 from app.core.settings import Settings, usable_cpus
 from tests.conftest import COMMITTED
 from tests.helpers import HeldRequest, Server, free_port, run_app, running_server
-from tests.test_drain import _history, _in_flight
+from tests.integration.test_drain import _history, _in_flight
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 

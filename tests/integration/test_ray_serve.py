@@ -24,7 +24,7 @@ from app.core.settings import DEFAULT_ARTIFACTS_DIR
 from tests.helpers import app_client, same_answer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STARTUP_SECONDS = 240  # a local Ray instance, Serve and two replicas loading six models on two shared cores
 ROUNDS, CONCURRENCY = 12, 8  # at most 96 requests per endpoint
 SIMILARITY = [

@@ -15,7 +15,7 @@ from app.runtime.providers import ProviderUnavailable, check_session_provider, r
 from tests.helpers import app_client, run_app
 from tests.toy_model import build_toy_onnx, write_empty_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CPU = "CPUExecutionProvider"
 
 
