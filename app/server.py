@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.errors import HaltServer
 from uvicorn_worker import UvicornWorker
 
 from app.core.settings import Settings
@@ -192,6 +193,12 @@ class Gunicorn(BaseApplication):
         }
         for key, value in options.items():
             self.cfg.set(key, value)
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except HaltServer as error:  # a second worker that failed to boot, reaped while gunicorn halts for the first
+            sys.exit(error.exit_status)
 
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions start opening while the web stack imports (app/runtime/sessions.py)."""
