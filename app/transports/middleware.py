@@ -70,13 +70,16 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
 
 def framing_problem(scope: Scope) -> str | None:
     """Why the request must be refused with 400 and a close: an HTTP version other than 1.0 and 1.1 (the parser
-    takes any digit.digit), or a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the
-    server may refuse it, and must close the connection after answering)."""
-    if scope["http_version"] not in ("1.0", "1.1"):
+    takes any digit.digit), a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the
+    server may refuse it, and must close the connection after answering), or an HTTP/1.1 request without exactly
+    one Host header (RFC 9112 3.2)."""
+    if scope.get("http_version", "1.1") not in ("1.0", "1.1"):
         return f"HTTP/{scope['http_version']} is not spoken here: send HTTP/1.1."
-    names = {name for name, _ in scope["headers"]}
+    names = [name for name, _ in scope["headers"]]
     if b"transfer-encoding" in names and b"content-length" in names:
         return "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
+    if scope.get("http_version", "1.1") == "1.1" and names.count(b"host") != 1:
+        return "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2)."
     return None
 
 
