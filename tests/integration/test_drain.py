@@ -118,7 +118,10 @@ def test_sighup_replaces_the_workers_and_the_old_one_drains_its_requests_in_flig
         while sum("serving:" in line for line in server.output) < 2:  # the new worker
             assert time.monotonic() < deadline + 60, server.output[-5:]
             time.sleep(0.05)
-        assert httpx.get(f"{server.url}/ready").status_code == 200
+        # the old worker answers 503 to what it still accepts until its drain ends; then only the new one serves
+        while httpx.get(f"{server.url}/ready").status_code != 200:
+            assert time.monotonic() < deadline + 60, server.output[-5:]
+            time.sleep(0.05)
         assert server.process.poll() is None
 
 
