@@ -7,8 +7,9 @@ Models without the asset (the built-in ones) use the numbers themselves as ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
@@ -20,6 +21,12 @@ QuestionKey = int | str
 def item_location(field: tuple[str, ...], index: int) -> tuple[str | int, ...]:
     """Where item `index` of a question field is: `next_questions[i]`, or `interactions[i].question`."""
     return (*field, index) if field[-1] == "next_questions" else (*field, index, "question")
+
+
+def refuse_items(field: tuple[str, ...], indexes: Sequence[int], message: Callable[[int], str]) -> NoReturn:
+    """One 422 naming each refused item of a question field (the first MAX_LISTED_ERRORS) and counting all."""
+    errors = [InvalidInput(item_location(field, index), message(index)) for index in indexes[:MAX_LISTED_ERRORS]]
+    raise InvalidInput.joined(errors, count=len(indexes))
 
 
 @dataclass(frozen=True)
@@ -48,13 +55,12 @@ class QuestionIds:
         unknown = [index for index, number in enumerate(numbers) if number == 0]
         if unknown:
             kind = "integers" if isinstance(self.ids[0], int) else "strings"
-            errors = [
-                InvalidInput(
-                    item_location(field, index),
-                    f"question {values[index]!r} is not a question of model {model} (its question ids are {kind}; "
-                    f"GET /models/{model}/questions lists them)",
-                )
-                for index in unknown[:MAX_LISTED_ERRORS]
-            ]
-            raise InvalidInput.joined(errors, count=len(unknown))
+            refuse_items(
+                field,
+                unknown,
+                lambda index: (
+                    f"question {values[index]!r} is not a question of model {model} (its question ids are "
+                    f"{kind}; GET /models/{model}/questions lists them)"
+                ),
+            )
         return np.array(numbers, dtype=np.int64)

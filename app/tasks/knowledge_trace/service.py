@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from app.core.errors import MAX_LISTED_ERRORS, InvalidInput, each_checked
+from app.core.errors import InvalidInput, each_checked
 from app.core.manifest import positive_int
 from app.runtime.batcher import Chain
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
-from app.tasks.knowledge_trace.question_ids import QuestionIds, QuestionKey, item_location
+from app.tasks.knowledge_trace.question_ids import QuestionIds, QuestionKey, refuse_items
 
 # Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
 # can be labelled by its top skills. Statics names are problem steps, not readable labels.
@@ -199,15 +199,14 @@ def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str,
     state: KnowledgeTraceState = model.state
     bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
     if len(bad):
-        errors = [
-            InvalidInput(
-                item_location(field, index),
-                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of model "
-                f"{model.name}",
-            )
-            for index in bad[:MAX_LISTED_ERRORS].tolist()
-        ]
-        raise InvalidInput.joined(errors, count=len(bad))
+        refuse_items(
+            field,
+            bad.tolist(),
+            lambda index: (
+                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of "
+                f"model {model.name}"
+            ),
+        )
 
 
 def check_length(model: ServedModel, count: int) -> None:
@@ -240,16 +239,14 @@ def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: t
     if state.question_ids is not None:
         return state.question_ids.numbers_of(values, field, model.name)
     if str in set(map(type, values)):
-        strings = [index for index, value in enumerate(values) if isinstance(value, str)]
-        errors = [
-            InvalidInput(
-                item_location(field, index),
-                f"question {values[index]!r} is a string; the questions of model {model.name} are integers 1.."
-                f"{state.n_questions}",
-            )
-            for index in strings[:MAX_LISTED_ERRORS]
-        ]
-        raise InvalidInput.joined(errors, count=len(strings))
+        refuse_items(
+            field,
+            [index for index, value in enumerate(values) if isinstance(value, str)],
+            lambda index: (
+                f"question {values[index]!r} is a string; the questions of model {model.name} are "
+                f"integers 1..{state.n_questions}"
+            ),
+        )
     questions = np.fromiter(values, dtype=np.int64, count=len(values))
     check_questions(model, questions, field)
     return questions
@@ -260,11 +257,10 @@ def request_arrays(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`history_arrays`, and the numbers of the questions to predict next (body field `next_questions`; None:
     every question), checked too: one 422 lists the broken rules of both fields."""
-    every = np.arange(1, model.state.n_questions + 1, dtype=np.int64)
     (questions, correct), wanted = each_checked(
         [
             partial(history_arrays, model, interactions),
-            (lambda: every)
+            partial(np.arange, 1, model.state.n_questions + 1, dtype=np.int64)
             if next_questions is None
             else partial(question_numbers, model, next_questions, ("body", "next_questions")),
         ]

@@ -10,14 +10,14 @@ statistics and repository index) are dicts in the protocol's JSON form; gRPC rea
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
-from app.runtime.model import ServedModel, Task, TensorCodec
+from app.runtime.model import ServedModel, TensorCodec
 from app.runtime.offload import offload
 from app.runtime.registry import ModelRegistry
 from app.runtime.tensors import ProtocolError, TensorSpec
@@ -53,12 +53,9 @@ class Answer:
     specs: list[TensorSpec]
 
 
-def tensor_codecs(tasks: Mapping[str, Task]) -> Iterator[tuple[str, TensorCodec]]:
-    """The tasks that have a tensor codec, with it."""
-    for name, task in tasks.items():
-        codec = getattr(task, "tensors", None)
-        if codec is not None:
-            yield name, codec
+def codec_of(registry: ModelRegistry, model: ServedModel) -> TensorCodec | None:
+    """The tensor codec of the model's task; None when the task is not served over the protocol."""
+    return registry.tasks[model.task].tensors
 
 
 def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
@@ -74,16 +71,16 @@ def find_model(
     """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
     if registry is None:
         raise ProtocolError("Models are still loading.", 503)
-    codecs = dict(tensor_codecs(registry.tasks))
     model = registry.models.get(name)
-    if model is None or model.task not in codecs:
-        known = ", ".join(sorted(n for n, m in registry.models.items() if m.task in codecs)) or "none"
+    codec = None if model is None else codec_of(registry, model)
+    if codec is None:
+        known = ", ".join(sorted(n for n, m in registry.models.items() if codec_of(registry, m))) or "none"
         raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
     if version and version != model.entry.version:
         raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
     if not model.ready:
         raise ProtocolError(f"Model {name} is not ready: {model.error}", 503)
-    return model, codecs[model.task]
+    return model, codec
 
 
 async def infer(
@@ -156,8 +153,7 @@ def statistics(registry: ModelRegistry | None, name: str = "", version: str = ""
     elif registry is None:
         models = []
     else:
-        codecs = dict(tensor_codecs(registry.tasks))
-        models = [model for model in registry.models.values() if model.task in codecs and model.ready]
+        models = [model for model in registry.models.values() if codec_of(registry, model) and model.ready]
     return {
         "model_stats": [
             {"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models
@@ -169,10 +165,9 @@ def repository_index(registry: ModelRegistry | None) -> list[dict[str, str]]:
     """Every model served over the protocol with its state: READY, or UNAVAILABLE with the reason."""
     if registry is None:
         return []
-    codecs = dict(tensor_codecs(registry.tasks))
     index = []
     for model in sorted(registry.models.values(), key=lambda model: model.name):
-        if model.task not in codecs:
+        if codec_of(registry, model) is None:
             continue
         entry = {"name": model.name, "version": model.entry.version, "state": "READY" if model.ready else "UNAVAILABLE"}
         entry["reason"] = "" if model.ready else str(model.error or "not loaded")
