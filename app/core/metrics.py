@@ -155,6 +155,12 @@ class Metrics:
         self.timed_out = Counter(
             "mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S", ["model"], registry=registry
         )
+        self.oom_splits = Counter(
+            "mnemo_oom_splits",
+            "batches the device could not hold, split in halves and run again (docs/gpu.md)",
+            ["model"],
+            registry=registry,
+        )
         self.cancelled = Counter(
             "mnemo_requests_cancelled", "requests whose client left before the answer", ["model"], registry=registry
         )

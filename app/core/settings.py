@@ -174,6 +174,34 @@ class Settings(BaseSettings):
         description="ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of "
         "the largest run for good.",
     )
+    # The CUDA provider's options (app/runtime/providers.py; docs/gpu.md)
+    cuda_device_id: str = Field(
+        "0",
+        description="CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of "
+        "`MNEMO_WORKERS`) runs on the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0).",
+    )
+    cuda_tf32: bool = Field(
+        False,
+        description="TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`). Measured on an H100: with TF32 the "
+        "RMC graphs' outputs differ from CPU by up to 2.2e-2; without, by at most 1.5e-6.",
+    )
+    cuda_mem_limit_mb: int | None = Field(
+        None,
+        ge=1,
+        description="Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is "
+        "split (docs/gpu.md). Unset: the device's memory. Every model's session has its own arena: budget the "
+        "device's memory / (sessions x workers on it).",
+    )
+    cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = Field(
+        "kSameAsRequested",
+        description="How the CUDA arena grows: by what a run asks (`kSameAsRequested`, keeps the least memory) or "
+        "in powers of two (ONNX Runtime's default, fewer but larger allocations).",
+    )
+    cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = Field(
+        "HEURISTIC",
+        description="cuDNN's choice of convolution algorithm (`cudnn_conv_algo_search`): `EXHAUSTIVE` benchmarks "
+        "every algorithm on each new input shape, which batches of varying size pay again and again.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Lowest level logged. Choices match in any case, as for every setting with choices."
     )
@@ -299,6 +327,13 @@ class Settings(BaseSettings):
         if wrong:
             raise ValueError(f"{wrong[0]!r} is not an origin (comma-separated, such as https://example.com:8443, or *)")
         return origins
+
+    @field_validator("cuda_device_id")
+    @classmethod
+    def _device_ids_are_ids(cls, ids: str) -> str:
+        if not split_list(ids) or not all(entry.isdecimal() for entry in split_list(ids)):
+            raise ValueError(f"{ids!r} is not a CUDA device id (an integer such as 0, or comma-separated: 0,1)")
+        return ids
 
     @field_validator("api_keys_file")
     @classmethod

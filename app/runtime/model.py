@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from app.core.errors import ModelNotReady
 from app.core.manifest import ModelEntry
 from app.runtime.collate import Feeds
+from app.runtime.oom import BatchSplitter
 from app.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class ServedModel:
     graphs: dict[str, ServedModel] = field(default_factory=dict)
     batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
     observe_inference: Any = lambda seconds: None
+    memory: BatchSplitter = field(default_factory=BatchSplitter)  # its max_rows: what the device was seen to hold
 
     @property
     def name(self) -> str:
@@ -156,9 +158,12 @@ class ServedModel:
         if self.session is None:
             raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
         started = time.perf_counter()
-        outputs = self.session.run(self.output_names, feeds)
+        outputs = self.memory.run(self._run_session, feeds, self.name)
         self.observe_inference(time.perf_counter() - started)
-        return dict(zip(self.output_names, outputs, strict=True))
+        return outputs
+
+    def _run_session(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.output_names, self.session.run(self.output_names, feeds), strict=True))
 
     def public_info(self, task: Task | None) -> dict[str, Any]:
         """What GET /models reports (file names only, never server paths)."""

@@ -6,6 +6,8 @@ import logging
 
 import onnxruntime as ort
 
+from app.core.settings import Settings, split_list
+
 logger = logging.getLogger("mnemo.providers")
 
 PROVIDER_NAMES = {
@@ -13,6 +15,9 @@ PROVIDER_NAMES = {
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
 }
+
+
+ProviderChoice = tuple[str, dict[str, str]]  # a provider and its options, as InferenceSession takes them
 
 
 class ProviderUnavailable(RuntimeError):
@@ -37,13 +42,36 @@ def resolve_provider(requested: str, available: list[str] | None = None) -> str:
     return chosen
 
 
-def session_providers(chosen: str) -> list[str]:
-    """Providers to pass to a session: the chosen one first; CPU after it for the nodes a GPU cannot run."""
+def session_providers(chosen: str, settings: Settings) -> list[ProviderChoice]:
+    """Providers to pass to a session: the chosen one first, with its options; CPU after it for the nodes a GPU
+    cannot run (TensorRT: CUDA, then CPU)."""
+    cpu = (PROVIDER_NAMES["cpu"], {})
     if chosen == PROVIDER_NAMES["cpu"]:
-        return [chosen]
+        return [cpu]
+    cuda = (PROVIDER_NAMES["cuda"], cuda_options(settings))
     if chosen == PROVIDER_NAMES["tensorrt"]:
-        return [chosen, PROVIDER_NAMES["cuda"], PROVIDER_NAMES["cpu"]]
-    return [chosen, PROVIDER_NAMES["cpu"]]
+        return [(chosen, {"device_id": cuda[1]["device_id"]}), cuda, cpu]
+    return [cuda, cpu]
+
+
+def cuda_options(settings: Settings) -> dict[str, str]:
+    """The CUDA provider's options from the MNEMO_CUDA_* settings (on this process's device: `for_worker`)."""
+    options = {
+        "device_id": split_list(settings.cuda_device_id)[0],
+        "use_tf32": "1" if settings.cuda_tf32 else "0",
+        "arena_extend_strategy": settings.cuda_arena_extend_strategy,
+        "cudnn_conv_algo_search": settings.cuda_conv_algo_search,
+        "do_copy_in_default_stream": "1",  # 0 can race (onnxruntime issue 4829)
+    }
+    if settings.cuda_mem_limit_mb is not None:
+        options["gpu_mem_limit"] = str(settings.cuda_mem_limit_mb * 1024 * 1024)
+    return options
+
+
+def for_worker(settings: Settings, worker: int) -> Settings:
+    """The settings of gunicorn's `worker`-th worker: on the device MNEMO_CUDA_DEVICE_ID gives it (round robin)."""
+    ids = split_list(settings.cuda_device_id)
+    return settings.model_copy(update={"cuda_device_id": ids[worker % len(ids)]})
 
 
 def check_session_provider(session: ort.InferenceSession, chosen: str, model_name: str) -> str:

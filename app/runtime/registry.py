@@ -142,6 +142,7 @@ class ModelRegistry:
         session.run(None, _warm_up_feeds(session))
         model.output_names = [output.name for output in session.get_outputs()]
         model.observe_inference = self.metrics.inference.labels(model.name).observe
+        model.memory.on_split = self.metrics.oom_splits.labels(model.name).inc
         model.session = session
 
     def _asset(self, artifacts: Path, name: str, sha256: str, key: str) -> np.ndarray:

@@ -39,7 +39,8 @@ def session_options(settings: Settings) -> ort.SessionOptions:
 
 
 def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), session_options(settings), providers=session_providers(provider))
+    """The one place a session is created: the thread budget's options, the provider's options from settings."""
+    return ort.InferenceSession(str(path), session_options(settings), providers=session_providers(provider, settings))
 
 
 class PreopenedSessions:

@@ -8,10 +8,18 @@ import sys
 from pathlib import Path
 
 import onnxruntime as ort
+import pydantic
 import pytest
 
 from app.core.settings import Settings, usable_cpus
-from app.runtime.providers import ProviderUnavailable, check_session_provider, resolve_provider, session_providers
+from app.runtime.providers import (
+    ProviderUnavailable,
+    check_session_provider,
+    cuda_options,
+    for_worker,
+    resolve_provider,
+    session_providers,
+)
 from tests.helpers import app_client, run_app
 from tests.toy_model import build_toy_onnx, write_empty_manifest
 
@@ -39,7 +47,8 @@ def test_auto_chooses_cpu_here_and_logs_the_choice(toy_artifacts, mnemo_logs):
 
 def test_auto_prefers_cuda_when_onnxruntime_offers_it():
     assert resolve_provider("auto", ["CUDAExecutionProvider", CPU]) == "CUDAExecutionProvider"
-    assert session_providers("CUDAExecutionProvider") == ["CUDAExecutionProvider", CPU]
+    chosen = session_providers("CUDAExecutionProvider", Settings())
+    assert [name for name, _ in chosen] == ["CUDAExecutionProvider", CPU]
 
 
 @pytest.mark.parametrize(
@@ -64,6 +73,78 @@ def test_a_session_on_another_provider_than_asked_is_refused(tmp_path):
     assert check_session_provider(session, CPU, "toy") == CPU
     with pytest.raises(ProviderUnavailable, match=f"toy: asked for CUDAExecutionProvider but .* on {CPU}"):
         check_session_provider(session, "CUDAExecutionProvider", "toy")
+
+
+# -- the CUDA provider's options, from the MNEMO_CUDA_* settings -------------------------------------------------
+def test_cuda_options_default_to_tf32_off_and_an_arena_that_grows_by_what_runs_ask():
+    assert cuda_options(Settings()) == {
+        "device_id": "0",
+        "use_tf32": "0",
+        "arena_extend_strategy": "kSameAsRequested",
+        "cudnn_conv_algo_search": "HEURISTIC",
+        "do_copy_in_default_stream": "1",
+    }
+
+
+def test_cuda_options_follow_each_setting(monkeypatch):
+    monkeypatch.setenv("MNEMO_CUDA_TF32", "true")
+    monkeypatch.setenv("MNEMO_CUDA_DEVICE_ID", "2")
+    monkeypatch.setenv("MNEMO_CUDA_MEM_LIMIT_MB", "1536")
+    monkeypatch.setenv("MNEMO_CUDA_ARENA_EXTEND_STRATEGY", "kNextPowerOfTwo")
+    monkeypatch.setenv("MNEMO_CUDA_CONV_ALGO_SEARCH", "EXHAUSTIVE")
+    options = cuda_options(Settings())
+    assert options["use_tf32"] == "1" and options["device_id"] == "2"
+    assert options["gpu_mem_limit"] == str(1536 * 1024 * 1024)
+    assert options["arena_extend_strategy"] == "kNextPowerOfTwo"
+    assert options["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+
+
+def test_the_options_go_to_the_gpu_providers_only():
+    settings = Settings(cuda_device_id="1", cuda_mem_limit_mb=64)
+    assert session_providers(CPU, settings) == [(CPU, {})]
+    assert session_providers("CUDAExecutionProvider", settings) == [
+        ("CUDAExecutionProvider", cuda_options(settings)),
+        (CPU, {}),
+    ]
+    tensorrt = session_providers("TensorrtExecutionProvider", settings)
+    assert tensorrt == [
+        ("TensorrtExecutionProvider", {"device_id": "1"}),
+        ("CUDAExecutionProvider", cuda_options(settings)),
+        (CPU, {}),
+    ]
+
+
+def test_workers_are_spread_over_the_listed_devices_round_robin():
+    settings = Settings(cuda_device_id="0, 1")
+    assert [cuda_options(for_worker(settings, worker))["device_id"] for worker in range(5)] == ["0", "1", "0", "1", "0"]
+    assert for_worker(Settings(cuda_device_id="3"), 7).cuda_device_id == "3"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("MNEMO_CUDA_DEVICE_ID", "0,gpu1", "is not a CUDA device id"),
+        ("MNEMO_CUDA_DEVICE_ID", "-1", "is not a CUDA device id"),
+        ("MNEMO_CUDA_DEVICE_ID", ",", "is not a CUDA device id"),
+        ("MNEMO_CUDA_MEM_LIMIT_MB", "0", "greater than or equal to 1"),
+        ("MNEMO_CUDA_ARENA_EXTEND_STRATEGY", "kDouble", "kSameAsRequested"),
+        ("MNEMO_CUDA_CONV_ALGO_SEARCH", "fast", "HEURISTIC"),
+        ("MNEMO_CUDA_TF32", "maybe", "valid boolean"),
+    ],
+)
+def test_an_invalid_cuda_setting_is_an_error_naming_it(monkeypatch, variable, value, says):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(pydantic.ValidationError) as raised:
+        Settings()
+    message = str(raised.value)
+    assert variable.removeprefix("MNEMO_").lower() in message and says in message
+
+
+@pytest.mark.slow
+def test_python_m_app_with_an_invalid_cuda_setting_exits_naming_it(tmp_path):
+    environment = _environment(write_empty_manifest(tmp_path), MNEMO_CUDA_DEVICE_ID="cuda:0")
+    result = run_app(environment, timeout=120)
+    assert result.returncode == 1 and "MNEMO_CUDA_DEVICE_ID" in result.stderr and "Traceback" not in result.stderr
 
 
 def _environment(artifacts: Path, **env: str) -> dict[str, str]:

@@ -1,0 +1,65 @@
+"""A batch the device cannot hold: split in halves along the batch axis and run again, down to one row.
+
+ONNX Runtime's memory arena (BFCArena, the CUDA provider's as well as the CPU's) fails a run that needs more than
+its bound (`MNEMO_CUDA_MEM_LIMIT_MB`) or than the device has; the session stays usable. A batch that failed so
+is run again as two halves, each split again if it fails, and the outputs are joined (every graph input and
+output is batched on axis 0, app/runtime/collate.py). A single row that still does not fit answers 503. After a
+split, `max_rows` is the most rows known to fit, so the batcher stops forming batches that fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from app.core.errors import ServiceError
+from app.runtime.collate import Feeds, concatenate
+
+# What onnxruntime says when an allocation fails: its arena past its bound, or CUDA, cuBLAS or cuDNN out of memory
+OUT_OF_MEMORY_MESSAGES = (
+    "Failed to allocate memory",
+    "is smaller than requested bytes",
+    "out of memory",
+    "STATUS_ALLOC_FAILED",
+)
+
+
+class DeviceOutOfMemory(ServiceError):
+    """One row of the batch does not fit in the device's memory (or the arena's bound)."""
+
+    status_code = 503
+    headers = MappingProxyType({"Retry-After": "1"})
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    """True for onnxruntime's allocation failures (its Python exceptions differ by build: the message is the same)."""
+    message = str(error)
+    return any(part in message for part in OUT_OF_MEMORY_MESSAGES)
+
+
+@dataclass
+class BatchSplitter:
+    """Runs batches through `run`, splitting those the device cannot hold; `on_split` counts each split."""
+
+    on_split: Callable[[], None] = lambda: None
+    max_rows: int | None = None  # None until a run failed for memory
+
+    def run(self, run: Callable[[Feeds], Feeds], feeds: Feeds, model: str) -> Feeds:
+        rows = len(next(iter(feeds.values())))
+        try:
+            return run(feeds)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            if rows <= 1:
+                raise DeviceOutOfMemory(
+                    f"Model {model}: one row of this request does not fit in the device's memory; retry later "
+                    "or send a shorter input."
+                ) from error
+        half = (rows + 1) // 2
+        self.max_rows = half if self.max_rows is None else min(self.max_rows, half)
+        self.on_split()
+        first = {name: value[:half] for name, value in feeds.items()}
+        second = {name: value[half:] for name, value in feeds.items()}
+        return concatenate([self.run(run, first, model), self.run(run, second, model)])
