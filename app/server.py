@@ -115,6 +115,8 @@ class DrainingServer(uvicorn.Server):
 class Worker(UvicornWorker):
     """One gunicorn worker: the app on uvicorn (h11) with the limits of Settings, draining on its first signal."""
 
+    number = 0  # from 0 to MNEMO_WORKERS - 1, set by `number_worker`
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         settings = Settings()
         self.CONFIG_KWARGS = {
@@ -190,6 +192,8 @@ class Gunicorn(BaseApplication):
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "child_exit": forget_dead_worker,
             "when_ready": say_where_metrics_are,
+            "pre_fork": number_worker,
+            "post_fork": place_on_device,
         }
         for key, value in options.items():
             self.cfg.set(key, value)
@@ -255,6 +259,23 @@ def say_where_metrics_are(server: Arbiter) -> None:
     """gunicorn's when_ready hook: one line naming the directory the workers' metrics are summed from, if any."""
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         server.log.info("metrics of every worker in %s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
+
+
+def number_worker(server: Arbiter, worker: Worker) -> None:
+    """gunicorn's pre_fork hook: the lowest number no live worker has, so a replacement takes the dead one's."""
+    taken = {other.number for other in server.WORKERS.values()}
+    worker.number = min(set(range(len(taken) + 1)) - taken)
+
+
+def place_on_device(server: Arbiter, worker: Worker) -> None:
+    """gunicorn's post_fork hook, in the new worker: its CUDA device, the worker number's of MNEMO_CUDA_DEVICE_ID."""
+    from app.runtime.providers import for_worker
+
+    listed = worker.app.settings.cuda_device_id
+    worker.app.settings = for_worker(worker.app.settings, worker.number)
+    device = worker.app.settings.cuda_device_id
+    if device != listed:  # several ids: say which one this worker got
+        logger.info("worker %d is number %d: CUDA device %s", os.getpid(), worker.number, device)
 
 
 def forget_dead_worker(server: Arbiter, worker: Any) -> None:
