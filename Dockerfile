@@ -6,7 +6,8 @@
 # Both hold redis-py (the `redis` extra) for MNEMO_STATE_URL=redis://...; by default the state is an SQLite file
 # in /srv/mnemo/state, a volume owned by the service user (uid 10001).
 ARG PYTHON_IMAGE=python:3.11-slim
-ARG CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04
+# onnxruntime-gpu 1.31 links CUDA 13 and cuDNN 9
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 
 # ---- builder: the serving venv from the lock, the app, and the CPU image's whole file system in /rootfs -----
 FROM ${PYTHON_IMAGE} AS builder
@@ -20,8 +21,7 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --require-hashes -r requirements/serve.txt
 COPY pyproject.toml README.md ./
 COPY app ./app
-RUN /opt/venv/bin/pip install --no-deps . \
- && /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels .
+RUN /opt/venv/bin/pip install --no-deps .
 COPY scripts/image-slim-venv.sh scripts/image_bytecode.py scripts/image-rootfs.sh ./scripts/
 RUN scripts/image-slim-venv.sh /opt/venv
 COPY artifacts /srv/mnemo/artifacts
@@ -38,11 +38,13 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY requirements/gpu.txt /tmp/requirements-gpu.txt
-COPY --from=builder /wheels /wheels
+# The app from its sources (not the CPU builder's wheel: that stage installs the CPU onnxruntime lock)
+COPY pyproject.toml README.md /tmp/src/
+COPY app /tmp/src/app
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --require-hashes -r /tmp/requirements-gpu.txt \
- && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
- && rm -rf /wheels /tmp/requirements-gpu.txt
+ && /opt/venv/bin/pip install --no-deps /tmp/src \
+ && rm -rf /tmp/src /tmp/requirements-gpu.txt
 # The service user and its state directory (MNEMO_STATE_URL's SQLite file), as in the CPU image
 RUN groupadd --system --gid 10001 mnemo \
  && useradd --system --uid 10001 --gid 10001 --no-create-home mnemo \

@@ -17,7 +17,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core nginx=nginx
 
-.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check clean FORCE
+.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check docker-check-gpu gpu-bench clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -93,6 +93,10 @@ loadtest: $(VENV)/dev.stamp  ## the service under load with wrk, and over gRPC, 
 	$(BIN)/python -m benchmarks.load
 	$(BIN)/python -m benchmarks.grpc_load
 
+GPU_PYTHON ?= python3
+gpu-bench:  ## on a GPU machine, in an environment of requirements/gpu.txt (GPU_PYTHON): CUDA vs CPU, bare and served -> BENCHMARKS.md
+	$(GPU_PYTHON) -m benchmarks.gpu
+
 # train-kt and train-sim run the served recipe (models/recipes.py); RECIPE='...' replaces its arguments
 # (RECIPE= for the trainers' plain defaults). train-sim trains one member of the served ensemble (SEED).
 SERVED_RECIPE = $(if $(filter command line,$(origin RECIPE)),$(RECIPE),$(shell $(BIN)/python -m models.recipes $(1)))
@@ -130,8 +134,12 @@ export-paraphrase: $(VENV)/dev.stamp  ## choose on validation, export rmc-vlmp-m
 	$(BIN)/python -m export.paraphrase $(foreach cell,$(PARAPHRASE_GRID),--run $(call paraphrase_run,$(cell))) \
 	  --name rmc-vlmp-msrp --data-dir $(DATA_DIR)/msrp
 
-docker-check:  ## opt-in: build the CPU image with podman, print its size, run and probe it (see docs/deployment.md)
+docker-check:  ## opt-in: build the CPU and the GPU image with podman, print their sizes, run and probe them (see docs/deployment.md)
 	scripts/docker-check.sh
+	DOCKER_CHECK_TARGET=runtime-gpu scripts/docker-check.sh
+
+docker-check-gpu:  ## opt-in: the GPU image alone (onnxruntime-gpu on the stand-in base here: served on CPU without a GPU)
+	DOCKER_CHECK_TARGET=runtime-gpu scripts/docker-check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

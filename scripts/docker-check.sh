@@ -4,6 +4,9 @@
 # image's HEALTHCHECK, call both endpoints and a /students endpoint (state written to the image's volume, still
 # there after a restart), stop it with SIGTERM. DOCKER_CHECK_IMAGE, DOCKER_CHECK_NAME and DOCKER_CHECK_PORT
 # override the image tag, the container name and the host port (default: a free one).
+# DOCKER_CHECK_TARGET=runtime-gpu checks the GPU image instead, built on the same stand-in (which has no CUDA
+# libraries): without a GPU, its default MNEMO_PROVIDER=cuda must refuse to start, naming CUDA, and the checks
+# then run it with MNEMO_PROVIDER=cpu (onnxruntime-gpu's CPU provider); with nvidia-smi, on the GPU.
 # Needs ../shared/tools/container-base (this workplace's machines); elsewhere use docker directly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,19 +14,41 @@ base_tool=${CONTAINER_BASE_TOOL:-../shared/tools/container-base}
 "$base_tool" >/dev/null
 # shellcheck disable=SC1091
 source /tmp/mnemo-containers/env
+target=${DOCKER_CHECK_TARGET:-runtime}
+build_args=(--target "$target" --build-arg "PYTHON_IMAGE=$MNEMO_BASE_IMAGE")
+run_args=()
+max_mb=${MAX_IMAGE_MB:-300}
 image=${DOCKER_CHECK_IMAGE:-mnemo:local}
 name=${DOCKER_CHECK_NAME:-mnemo-check}
+if [ "$target" = runtime-gpu ]; then
+  build_args+=(--build-arg "CUDA_IMAGE=$MNEMO_BASE_IMAGE")
+  max_mb=${MAX_IMAGE_MB:-1200}  # onnxruntime-gpu is 255 MB packed; the CUDA base adds its libraries elsewhere
+  image=${DOCKER_CHECK_IMAGE:-mnemo:gpu-local}
+  name=${DOCKER_CHECK_NAME:-mnemo-gpu-check}
+fi
 port=${DOCKER_CHECK_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
-podman build --format docker --build-arg "PYTHON_IMAGE=$MNEMO_BASE_IMAGE" \
+podman build --format docker "${build_args[@]}" \
   -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro -t "$image" .
 size=$(podman image inspect -f '{{.Size}}' "$image")
 echo "image size: $((size / 1000000)) MB ($size bytes; podman image inspect)"
-if ((size > ${MAX_IMAGE_MB:-300} * 1000000)); then
-  echo "the image is over ${MAX_IMAGE_MB:-300} MB" >&2
+if ((size > max_mb * 1000000)); then
+  echo "the image is over $max_mb MB" >&2
   exit 1
 fi
+if [ "$target" = runtime-gpu ]; then
+  podman run --rm "$image" python3 -c "import importlib.metadata as m, onnxruntime as o; print('onnxruntime-gpu', m.version('onnxruntime-gpu'), o.get_available_providers())"
+  if command -v nvidia-smi >/dev/null; then
+    run_args+=(--device nvidia.com/gpu=all)
+  else
+    refusal=$(timeout 120 podman run --rm "$image" 2>&1 || true)
+    grep -m 1 -o 'asked for CUDAExecutionProvider but onnxruntime created the session on [A-Za-z]*' <<<"$refusal" \
+      || { echo "without a GPU, MNEMO_PROVIDER=cuda did not refuse to start naming CUDA" >&2; exit 1; }
+    echo "without a GPU the image's MNEMO_PROVIDER=cuda refuses to start (above); the checks below run it on CPU"
+    run_args+=(-e MNEMO_PROVIDER=cpu)
+  fi
+fi
 podman rm -f "$name" >/dev/null 2>&1 || true
-podman run -d --name "$name" --memory 1g -p "127.0.0.1:$port:8000" "$image" >/dev/null  # compose's mem_limit
+podman run -d --name "$name" --memory 1g -p "127.0.0.1:$port:8000" "${run_args[@]}" "$image" >/dev/null  # compose's mem_limit
 trap 'podman rm -f -v "$name" >/dev/null 2>&1 || true' EXIT
 wait_ready() {
   for _ in $(seq 1 120); do
