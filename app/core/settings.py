@@ -328,6 +328,12 @@ class Settings(BaseSettings):
             raise ValueError(f"{wrong[0]!r} is not an origin (comma-separated, such as https://example.com:8443, or *)")
         return origins
 
+    @field_validator("cuda_mem_limit_mb", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        """`MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) leaves the arena unbounded."""
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("cuda_device_id")
     @classmethod
     def _device_ids_are_ids(cls, ids: str) -> str:

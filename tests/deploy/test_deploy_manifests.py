@@ -17,6 +17,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 KSERVE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
+KSERVE_GPU = ROOT / "deploy" / "kserve-gpu"
+GPU_SETTINGS = {"MNEMO_PROVIDER", "MNEMO_CUDA_MEM_LIMIT_MB"}  # what the GPU variants change, and nothing else
 KUBERNETES_VERSION = "1.32.0"  # the oldest minor the manifests promise to fit; also checked on the newest shipped
 # Fields of KServe's ComponentExtensionSpec that sit beside the inlined PodSpec in a predictor.
 KSERVE_COMPONENT_FIELDS = {
@@ -71,6 +73,11 @@ def base() -> dict[tuple[str, str], dict[str, Any]]:
 @pytest.fixture(scope="module")
 def redis_overlay() -> dict[tuple[str, str], dict[str, Any]]:
     return by_kind(render(K8S / "overlays" / "redis"))
+
+
+@pytest.fixture(scope="module")
+def gpu_overlay() -> dict[tuple[str, str], dict[str, Any]]:
+    return by_kind(render(K8S / "overlays" / "gpu"))
 
 
 def config_map(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
@@ -234,15 +241,18 @@ def test_every_image_is_pinned_to_a_release_tag(base, redis_overlay):
     every image names a tag, never `latest`, and mnemo's is the package version (pyproject.toml)."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     (kserve,) = [doc for doc in yaml.safe_load_all(KSERVE.read_text()) if doc]
+    (kserve_gpu,) = render(KSERVE_GPU)
     deployments = [obj for obj in (*base.values(), *redis_overlay.values()) if obj["kind"] == "Deployment"]
     images = [container["image"] for obj in deployments for container in _pod_and_container(obj)[1:]]
     images += [container["image"] for container in kserve["spec"]["predictor"]["containers"]]
     assert len(images) == 4, images
-    for image in images:
+    gpu_images = [_pod_and_container(by_kind(render(K8S / "overlays" / "gpu"))["Deployment", "mnemo"])[1]["image"]]
+    gpu_images += [container["image"] for container in kserve_gpu["spec"]["predictor"]["containers"]]
+    for image in images + gpu_images:
         name, _, tag = image.rpartition(":")
         assert name and tag and tag != "latest" and "/" not in tag, image
         if name.endswith("mnemo"):
-            assert tag == version, image
+            assert tag == (f"{version}-gpu" if image in gpu_images else version), image
 
 
 def test_no_pod_gets_service_link_variables_which_collide_with_the_settings(base, redis_overlay, monkeypatch):
@@ -261,3 +271,71 @@ def test_no_pod_gets_service_link_variables_which_collide_with_the_settings(base
     assert len(pods) == 4
     for pod in pods:
         assert pod.get("enableServiceLinks") is False, pod.get("containers", [{}])[0].get("name")
+
+
+# -- the GPU variants: the base and the InferenceService on one NVIDIA GPU ----------------------------------------
+def assert_on_one_gpu(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """One nvidia.com/gpu (an extended resource: a limit, which is also the request), the GPU taint tolerated."""
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in container["resources"].get("requests", {})
+    tolerations = pod["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def test_gpu_overlay_requests_one_gpu_and_serves_on_cuda(base, gpu_overlay):
+    for obj in gpu_overlay.values():
+        assert_valid(obj)
+    assert {kind for kind, _ in gpu_overlay} == {kind for kind, _ in base}
+    pod, container = _pod_and_container(gpu_overlay["Deployment", "mnemo"])
+    assert_on_one_gpu(pod, container)
+    assert_hardened(pod, container, uid=10001)
+    assert container["image"].endswith("-gpu")
+    settings = config_map(gpu_overlay)["data"]
+    assert settings["MNEMO_PROVIDER"] == "cuda" and settings["MNEMO_CUDA_TF32"] == "false"
+    assert {k: v for k, v in settings.items() if k not in GPU_SETTINGS} == {
+        k: v for k, v in config_map(base)["data"].items() if k not in GPU_SETTINGS
+    }
+    from app.core.settings import Settings
+    from app.runtime.providers import cuda_options
+
+    known = {key.removeprefix("MNEMO_").lower(): value for key, value in settings.items()}
+    options = cuda_options(Settings(**{name: value for name, value in known.items() if name in Settings.model_fields}))
+    assert (
+        options["use_tf32"] == "0" and int(options["gpu_mem_limit"]) == int(settings["MNEMO_CUDA_MEM_LIMIT_MB"]) << 20
+    )
+    assert pod["containers"][0]["envFrom"][0]["configMapRef"]["name"] == config_map(gpu_overlay)["metadata"]["name"]
+
+
+def test_kserve_gpu_variant_is_the_inference_service_on_one_gpu(base):
+    (service,) = render(KSERVE_GPU)
+    (cpu_service,) = [doc for doc in yaml.safe_load_all(KSERVE.read_text()) if doc]
+    predictor = dict(service["spec"]["predictor"])
+    for key in KSERVE_COMPONENT_FIELDS:
+        predictor.pop(key, None)
+    assert_valid({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mnemo-predictor"}, "spec": predictor})
+    container = predictor["containers"][0]
+    assert_on_one_gpu(predictor, container)
+    assert_hardened(predictor, container, uid=10001)
+    assert container["image"].endswith("-gpu")
+    env = {item["name"]: item["value"] for item in container["env"]}
+    cpu_env = {item["name"]: item["value"] for item in cpu_service["spec"]["predictor"]["containers"][0]["env"]}
+    assert env["MNEMO_PROVIDER"] == "cuda" and int(env["MNEMO_CUDA_MEM_LIMIT_MB"]) > 0
+    assert {k: v for k, v in env.items() if k not in GPU_SETTINGS} == {
+        k: v for k, v in cpu_env.items() if k not in GPU_SETTINGS
+    }
+
+
+def test_kserve_gpu_patches_fail_the_render_when_the_env_list_is_reordered(tmp_path):
+    """The JSON patches replace env entries by position; their `test` ops make a reordered list an error, not a
+    silently wrong setting."""
+    shutil.copytree(ROOT / "deploy" / "kserve", tmp_path / "kserve")
+    shutil.copytree(KSERVE_GPU, tmp_path / "kserve-gpu")
+    manifest = tmp_path / "kserve" / "inferenceservice.yaml"
+    (service,) = [doc for doc in yaml.safe_load_all(manifest.read_text()) if doc]
+    env = service["spec"]["predictor"]["containers"][0]["env"]
+    env.insert(0, env.pop(next(i for i, item in enumerate(env) if item["name"] == "MNEMO_PROVIDER")))
+    manifest.write_text(yaml.safe_dump(service))
+    rendered = subprocess.run(
+        [shutil.which("kubectl"), "kustomize", str(tmp_path / "kserve-gpu")], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode != 0 and "test" in rendered.stderr.lower()
