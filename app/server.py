@@ -275,7 +275,7 @@ def place_on_device(server: Arbiter, worker: Worker) -> None:
     worker.app.settings = for_worker(worker.app.settings, worker.number)
     device = worker.app.settings.cuda_device_id
     if device != listed:  # several ids: say which one this worker got
-        logger.info("worker %d is number %d: CUDA device %s", os.getpid(), worker.number, device)
+        server.log.info("worker %d is number %d: CUDA device %s", os.getpid(), worker.number, device)
 
 
 def forget_dead_worker(server: Arbiter, worker: Any) -> None:

@@ -99,6 +99,12 @@ def test_cuda_options_follow_each_setting(monkeypatch):
     assert options["cudnn_conv_algo_search"] == "EXHAUSTIVE"
 
 
+def test_a_blank_memory_limit_leaves_the_arena_unbounded(monkeypatch):
+    """A config map's `MNEMO_CUDA_MEM_LIMIT_MB=` (deploy/k8s/base/mnemo.env) is unset, not an error."""
+    monkeypatch.setenv("MNEMO_CUDA_MEM_LIMIT_MB", "")
+    assert Settings().cuda_mem_limit_mb is None and "gpu_mem_limit" not in cuda_options(Settings())
+
+
 def test_the_options_go_to_the_gpu_providers_only():
     settings = Settings(cuda_device_id="1", cuda_mem_limit_mb=64)
     assert session_providers(CPU, settings) == [(CPU, {})]
