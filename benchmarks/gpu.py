@@ -3,9 +3,12 @@
 1. Bare ONNX Runtime, every committed graph, on CUDA (with and without IO binding) and on CPU, at batches 1, 32
    and 256: the median ms per run. Sessions are the service's (app/runtime/sessions.py: MNEMO_CUDA_* defaults,
    TF32 off); the CPU sessions use every CPU this process may use.
-2. Parity: each graph's largest output difference from CPU at batch 32, with TF32 off (the service's default)
+2. Memory: the GPU memory this process holds after runs of growing batches on a fresh session (nvidia-smi; the
+   arena grows by what runs ask, kSameAsRequested), the bytes per row from its slope, and the rows per run that
+   fit MNEMO_CUDA_MEM_LIMIT_MB (or the default 4096 MiB of deploy/k8s/overlays/gpu).
+3. Parity: each graph's largest output difference from CPU at batch 32, with TF32 off (the service's default)
    and on.
-3. The service (`python -m app` on 127.0.0.1) with MNEMO_PROVIDER `cuda`, `cpu` and `cuda,cpu`, at concurrency
+4. The service (`python -m app` on 127.0.0.1) with MNEMO_PROVIDER `cuda`, `cpu` and `cuda,cpu`, at concurrency
    1, 32 and 256 on /similarity and /knowledge-trace: answers/s, p50 and p99, and any non-2xx statuses.
 
 The table replaces the gpu section of BENCHMARKS.md. Without CUDA it exits 2 with one line saying what is
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -46,6 +50,8 @@ SERVICE_PROVIDERS = ("cuda", "cpu", "cuda,cpu")
 KT_MODEL, SIM_MODEL = "dkvmn-assist2009", "rmc-vlmp-sick"
 TOKENS = 12  # per sentence of a similarity graph's input
 PARITY_BATCH = 32
+MEMORY_BATCHES = (1, 64, 128, 256)
+OVERLAY_MEM_LIMIT_MB = 4096  # deploy/k8s/overlays/gpu
 PAIR = {"sentence_a": "A man is playing a guitar on the stage.", "sentence_b": "A person plays an instrument."}
 CUDA, CPU = PROVIDER_NAMES["cuda"], PROVIDER_NAMES["cpu"]
 
@@ -158,6 +164,46 @@ def bare_table(providers: list[str], batches: tuple[int, ...], seconds: float) -
             ]
         lines.append(f"| {graph} | " + " | ".join(f"{ms:,.1f}" for ms in cells) + " |")
         print(lines[-1], flush=True)
+    return lines
+
+
+def gpu_memory_bytes(pid: int) -> int | None:
+    """The GPU memory `pid` holds, as nvidia-smi reports it; None without nvidia-smi or where it lists no such
+    process (in a container, another PID namespace)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    listed = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+    used = [int(mib) for line in listed.splitlines() for owner, mib in [line.split(",")] if int(owner) == pid]
+    return used[0] * 1024 * 1024 if used else None
+
+
+def rows_within(limit_bytes: int, bytes_per_row: float) -> int:
+    """Rows per run that fit an arena of `limit_bytes` at `bytes_per_row` (at least 1; the weights are a few MB)."""
+    return max(1, int(limit_bytes // max(bytes_per_row, 1.0)))
+
+
+def memory_table() -> list[str]:
+    """Per graph: GPU memory after each batch of MEMORY_BATCHES on a fresh session, the slope, the rows that fit."""
+    limit_mb = Settings().cuda_mem_limit_mb or OVERLAY_MEM_LIMIT_MB
+    lines = [
+        f"| graph | MB held after b{' / b'.join(map(str, MEMORY_BATCHES))} | MB per row | rows per run in "
+        f"{limit_mb} MiB |",
+        "|---|---|---|---|",
+    ]
+    for graph, path in committed_graphs().items():
+        session = open_session(path, Settings(), CUDA)
+        held = []
+        for batch in MEMORY_BATCHES:
+            session.run(None, feeds_for(session, graph, batch))
+            held.append(gpu_memory_bytes(os.getpid()))
+        del session
+        if None in held:
+            lines.append(f"| {graph} | nvidia-smi lists no memory for this process | | |")
+            continue
+        per_row = np.polyfit(MEMORY_BATCHES, held, 1)[0]
+        rows = rows_within(limit_mb * 1024 * 1024, per_row)
+        lines.append(f"| {graph} | {' / '.join(f'{b / 1e6:,.0f}' for b in held)} | {per_row / 1e6:.2f} | {rows:,} |")
     return lines
 
 

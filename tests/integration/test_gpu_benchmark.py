@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu import committed_graphs
+from benchmarks.gpu import committed_graphs, rows_within
 
 ROOT = Path(__file__).resolve().parents[2]
 WITHOUT_DEV_PACKAGES = (
@@ -43,3 +43,10 @@ def test_the_cpu_dry_run_measures_every_graph_and_writes_its_section(tmp_path):
         assert f"| {graph} | " in text
     parity = text.split("Largest output difference")[1]
     assert all(f"| {graph} | 0.0e+00 |" in parity for graph in committed_graphs())  # CPU against CPU
+
+
+def test_rows_per_run_follow_the_measured_bytes_per_row_and_the_limit():
+    """The issue's measurement: about 23 MB per 200-step DKVMN history; 5.9 GB held 256 of them."""
+    assert rows_within(4096 * 2**20, 23e6) == 186
+    assert rows_within(int(5.9e9), 23e6) == 256
+    assert rows_within(10 * 2**20, 23e6) == 1  # never below one row: a row that does not fit is split to a 503
