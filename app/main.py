@@ -27,7 +27,7 @@ from app.runtime.model import Task
 from app.runtime.offload import offload, saturated
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.server import unprotected_start
-from app.students.holder import StoreHolder
+from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
 from app.transports.access import access_summary, api_keys, is_open, open_paths

@@ -1,19 +1,9 @@
 """The store for several replicas: one Redis database (redis-py), compare-and-swap in Lua scripts.
 
-Keys (all under `mnemo:`):
-- `mnemo:student:<id>`: a hash holding every model's state of that student, fields `<attribute>:<model>`
-  (memory, shape, interactions, sha256, created, updated, revision). One key per student, so an erasure is
-  one DEL.
-- `mnemo:students`: a sorted set of the ids (all scores 0), paged in byte order with ZRANGEBYLEX.
-- `mnemo:revision`: the store-wide write counter that gives each write its revision.
-
-A script runs atomically on the server, so the revision check, the counter and the update are one step
-(no WATCH round trips). Times come from the server's clock, shared by every replica.
-
-Durability is the server's: run it with `appendonly yes` and `appendfsync always` so that a write is on
-disk before Redis replies (docs/students.md). Timeouts are bounded (connect 1 s, reply 2 s unless the
-URL sets `socket_connect_timeout`/`socket_timeout`) and a failed command is not retried by the client: a
-write whose reply was lost might have been applied, so it is reported as unavailable, never applied twice.
+One hash per student (`mnemo:student:<id>`, fields `<attribute>:<model>`), so an erasure is one DEL; the ids in
+the sorted set `mnemo:students`; the store-wide revision counter `mnemo:revision`. Times are the server's clock.
+A failed command is not retried by the client: a write whose reply was lost may have been applied, so it is
+reported unavailable, never applied twice (durability and timeouts: docs/students.md).
 """
 
 from __future__ import annotations
@@ -35,6 +25,7 @@ from app.students.store import (
     check_page_size,
     decode_memory,
     encode_memory,
+    page_of,
 )
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
@@ -151,8 +142,7 @@ class RedisStateStore:
         low = b"-" if after is None else b"(" + after.encode()
         with self._errors_as_unavailable():
             members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=limit + 1)
-        ids = [member.decode() for member in members[:limit]]
-        return StudentPage(ids, ids[-1] if len(members) > limit else None)
+        return page_of([member.decode() for member in members], limit)
 
     def check_health(self) -> None:
         with self._errors_as_unavailable():

@@ -1,18 +1,6 @@
-"""The embedded store: one SQLite file, WAL mode, synchronous=FULL by default, one connection per thread.
-
-Durability: in WAL mode a commit appends to the -wal file. With synchronous=NORMAL that append sits in
-the OS page cache, which already survives the death of the process (SIGKILL) but not of the machine;
-with synchronous=FULL (the default) every commit is also fsync'ed before `write` returns, so an
-acknowledged answer survives a power cut or kernel crash too, the same promise as Redis with
-`appendfsync always`. NORMAL (`?synchronous=normal` in the URL) trades that for a much higher write rate.
-
-Concurrency: SQLite has one writer at a time. A write runs `BEGIN IMMEDIATE` (takes the write lock before
-reading the revision), so the check and the update are one atomic step across threads and processes;
-a writer waits for the lock up to `busy_timeout_s`, then the store reports itself unavailable.
-
-The file is the one opened at startup: deleted or replaced under the running service (its directory
-removed, say), writes and health checks report the store unavailable. Writes into the unlinked file would
-have been answered 200 and lost at the next start.
+"""The embedded store: one SQLite file in WAL mode, one connection per thread, compare-and-swap under
+`BEGIN IMMEDIATE` (durability and concurrency: docs/students.md). A file deleted or replaced under the running
+service makes it unavailable: writes into the unlinked file would be lost at the next start.
 """
 
 from __future__ import annotations
@@ -37,6 +25,7 @@ from app.students.store import (
     check_page_size,
     decode_memory,
     encode_memory,
+    page_of,
 )
 
 SCHEMA = """
@@ -57,18 +46,16 @@ CREATE TABLE IF NOT EXISTS store_counter (name TEXT PRIMARY KEY, value INTEGER N
 INSERT OR IGNORE INTO store_counter (name, value) VALUES ('revision', 0);
 """
 logger = logging.getLogger("mnemo.students")
-SYNCHRONOUS_MODES = ("FULL", "NORMAL")
 STATE_COLUMNS = (
     "model, student_id, memory, n_concepts, d_v, interactions, model_sha256, created_at, updated_at, revision"
 )
 
 
 class SqliteStateStore:
-    """`StateStore` over one SQLite file (created with its parent directory if missing)."""
+    """`StateStore` over one SQLite file (created with its parent directory if missing); `synchronous` is FULL
+    (every commit fsync'ed) or NORMAL."""
 
     def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
-        if synchronous not in SYNCHRONOUS_MODES:
-            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, got {synchronous!r}")
         self.path = path
         self.synchronous = synchronous
         self._busy_timeout_s = busy_timeout_s
@@ -94,14 +81,9 @@ class SqliteStateStore:
         self._identity = _file_identity(path)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
+        query = f"SELECT {STATE_COLUMNS} FROM student_state WHERE student_id = ? AND model = ?"
         with self._errors_as_unavailable():
-            row = (
-                self._connection()
-                .execute(
-                    f"SELECT {STATE_COLUMNS} FROM student_state WHERE student_id = ? AND model = ?", (student_id, model)
-                )
-                .fetchone()
-            )
+            row = self._connection().execute(query, (student_id, model)).fetchone()
         return None if row is None else _state_of(row)
 
     def write(
@@ -150,9 +132,8 @@ class SqliteStateStore:
         return sorted((_state_of(row) for row in rows), key=lambda state: state.model)
 
     def _erase_wal(self) -> None:
-        """Checkpoint the WAL into the database and truncate it. A failure (a full disk: the database file cannot
-        grow) is logged, not raised: the delete is committed, and the answer must say so; a later checkpoint
-        (SQLite's automatic one, or the next delete) erases the WAL."""
+        """Checkpoint the WAL into the database and truncate it; a failure (a full disk) is logged, not raised:
+        the delete is committed, and the answer must say so."""
         try:
             self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error as error:
@@ -165,17 +146,10 @@ class SqliteStateStore:
 
     def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
         check_page_size(limit)
+        query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"
         with self._errors_as_unavailable():
-            rows = (
-                self._connection()
-                .execute(
-                    "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?",
-                    ("" if after is None else after, limit + 1),
-                )
-                .fetchall()
-            )
-        ids = [row[0] for row in rows[:limit]]
-        return StudentPage(ids, ids[-1] if len(rows) > limit else None)
+            rows = self._connection().execute(query, ("" if after is None else after, limit + 1)).fetchall()
+        return page_of([row[0] for row in rows], limit)
 
     def check_health(self) -> None:
         with self._errors_as_unavailable():
@@ -188,8 +162,7 @@ class SqliteStateStore:
             self._connections.clear()
 
     def _connection(self) -> sqlite3.Connection:
-        """This thread's connection (sqlite3 connections must not be shared between threads), once the path is
-        checked to name the file opened at startup."""
+        """This thread's connection, once the path is checked to name the file opened at startup."""
         if self._identity is not None and _file_identity(self.path) != self._identity:
             raise StoreUnavailable(
                 "SQLite state store: its file was deleted or replaced while the service ran",

@@ -21,13 +21,15 @@ from app.students.factory import open_store
 from app.students.ids import InvalidStudentId, validate_student_id
 from app.students.sqlite_store import SqliteStateStore
 from app.students.store import (
+    NextState,
     RevisionConflict,
     StateStore,
     StateVersionMismatch,
     StoreUnavailable,
     StudentState,
+    TooManyConflicts,
+    update_state,
 )
-from app.students.update import NextState, TooManyConflicts, update_state
 from tests.redis_server import RedisServer, require_redis_server
 from tests.student_writer import MODEL, MODEL_SHA256, SHAPE, InlineCalls, append_one, update
 
