@@ -11,21 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.students.store import (
     RevisionConflict,
+    StateStore,
     StateVersionMismatch,
     StoreUnavailable,
-    StudentPage,
     StudentState,
-    check_page_size,
-    decode_memory,
-    encode_memory,
-    page_of,
+    state_of,
 )
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
@@ -70,7 +66,7 @@ return fields
 """
 
 
-class RedisStateStore:
+class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
 
     def __init__(self, url: str) -> None:
@@ -94,22 +90,21 @@ class RedisStateStore:
             return None
         return _state_of(model, student_id, dict(zip(ATTRIBUTES, values, strict=True)))
 
-    def write(
+    def _swap(
         self,
         model: str,
         student_id: str,
-        *,
-        memory: np.ndarray,
+        blob: bytes,
+        shape: tuple[int, int],
         interactions: int,
         model_sha256: str,
         expected_revision: int | None,
-    ) -> StudentState:
-        blob, n_concepts, d_v = encode_memory(memory)
+    ) -> tuple[float, float, int]:
         expected = "" if expected_revision is None else str(expected_revision)
         with self._errors_as_unavailable(WRITE_OUTCOME_UNKNOWN):
             outcome = self._write_script(
                 keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
-                args=[model, expected, blob, f"{n_concepts},{d_v}", interactions, model_sha256, student_id],
+                args=[model, expected, blob, f"{shape[0]},{shape[1]}", interactions, model_sha256, student_id],
             )
         if outcome[0] == 0:
             current = outcome[1].decode() or None
@@ -117,16 +112,7 @@ class RedisStateStore:
         if outcome[0] == -1:
             raise StateVersionMismatch(model, outcome[1].decode(), model_sha256)
         _, revision, created, updated = outcome
-        return StudentState(
-            model,
-            student_id,
-            decode_memory(blob, n_concepts, d_v),
-            interactions,
-            model_sha256,
-            float(created),
-            float(updated),
-            int(revision),
-        )
+        return float(created), float(updated), int(revision)
 
     def delete(self, student_id: str) -> list[StudentState]:
         with self._errors_as_unavailable():
@@ -137,12 +123,11 @@ class RedisStateStore:
             by_model.setdefault(model, {})[attribute] = value
         return [_state_of(model, student_id, by_model[model]) for model in sorted(by_model)]
 
-    def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
-        check_page_size(limit)
+    def _ids_after(self, after: str | None, count: int) -> list[str]:
         low = b"-" if after is None else b"(" + after.encode()
         with self._errors_as_unavailable():
-            members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=limit + 1)
-        return page_of([member.decode() for member in members], limit)
+            members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=count)
+        return [member.decode() for member in members]
 
     def check_health(self) -> None:
         with self._errors_as_unavailable():
@@ -169,14 +154,7 @@ def _student_key(student_id: str) -> bytes:
 
 
 def _state_of(model: str, student_id: str, values: dict[str, bytes]) -> StudentState:
-    n_concepts, d_v = (int(size) for size in values["shape"].split(b","))
-    return StudentState(
-        model,
-        student_id,
-        decode_memory(values["memory"], n_concepts, d_v),
-        int(values["interactions"]),
-        values["sha256"].decode(),
-        float(values["created"]),
-        float(values["updated"]),
-        int(values["revision"]),
-    )
+    rows, columns = (int(size) for size in values["shape"].split(b","))
+    counts = int(values["interactions"]), values["sha256"].decode()
+    written = float(values["created"]), float(values["updated"]), int(values["revision"])
+    return state_of(model, student_id, values["memory"], rows, columns, *counts, *written)

@@ -14,18 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from app.students.store import (
     RevisionConflict,
+    StateStore,
     StateVersionMismatch,
     StoreUnavailable,
-    StudentPage,
     StudentState,
-    check_page_size,
-    decode_memory,
-    encode_memory,
-    page_of,
+    state_of,
 )
 
 SCHEMA = """
@@ -51,7 +46,7 @@ STATE_COLUMNS = (
 )
 
 
-class SqliteStateStore:
+class SqliteStateStore(StateStore):
     """`StateStore` over one SQLite file (created with its parent directory if missing); `synchronous` is FULL
     (every commit fsync'ed) or NORMAL."""
 
@@ -84,24 +79,21 @@ class SqliteStateStore:
         query = f"SELECT {STATE_COLUMNS} FROM student_state WHERE student_id = ? AND model = ?"
         with self._errors_as_unavailable():
             row = self._connection().execute(query, (student_id, model)).fetchone()
-        return None if row is None else _state_of(row)
+        return None if row is None else state_of(*row)
 
-    def write(
+    def _swap(
         self,
         model: str,
         student_id: str,
-        *,
-        memory: np.ndarray,
+        blob: bytes,
+        shape: tuple[int, int],
         interactions: int,
         model_sha256: str,
         expected_revision: int | None,
-    ) -> StudentState:
-        blob, n_concepts, d_v = encode_memory(memory)
+    ) -> tuple[float, float, int]:
+        query = "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?"
         with self._errors_as_unavailable(), self._transaction() as connection:
-            current = connection.execute(
-                "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?",
-                (student_id, model),
-            ).fetchone()
+            current = connection.execute(query, (student_id, model)).fetchone()
             current_revision = None if current is None else current[0]
             if current_revision != expected_revision:
                 raise RevisionConflict(f"state revision is {current_revision}, expected {expected_revision}")
@@ -114,11 +106,9 @@ class SqliteStateStore:
             created_at = now if current is None else current[2]
             connection.execute(
                 f"INSERT OR REPLACE INTO student_state ({STATE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (model, student_id, blob, n_concepts, d_v, interactions, model_sha256, created_at, now, revision),
+                (model, student_id, blob, *shape, interactions, model_sha256, created_at, now, revision),
             )
-        return _state_of(
-            (model, student_id, blob, n_concepts, d_v, interactions, model_sha256, created_at, now, revision)
-        )
+        return created_at, now, revision
 
     def delete(self, student_id: str) -> list[StudentState]:
         """Delete the rows (zeroed on their pages: secure_delete), then copy the WAL into the database and
@@ -129,7 +119,7 @@ class SqliteStateStore:
             ).fetchall()
         if rows:
             self._erase_wal()
-        return sorted((_state_of(row) for row in rows), key=lambda state: state.model)
+        return sorted((state_of(*row) for row in rows), key=lambda state: state.model)
 
     def _erase_wal(self) -> None:
         """Checkpoint the WAL into the database and truncate it; a failure (a full disk) is logged, not raised:
@@ -144,12 +134,11 @@ class SqliteStateStore:
                 error,
             )
 
-    def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
-        check_page_size(limit)
+    def _ids_after(self, after: str | None, count: int) -> list[str]:
         query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"
         with self._errors_as_unavailable():
-            rows = self._connection().execute(query, ("" if after is None else after, limit + 1)).fetchall()
-        return page_of([row[0] for row in rows], limit)
+            rows = self._connection().execute(query, ("" if after is None else after, count)).fetchall()
+        return [row[0] for row in rows]
 
     def check_health(self) -> None:
         with self._errors_as_unavailable():
@@ -212,9 +201,3 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return status.st_dev, status.st_ino
-
-
-def _state_of(row: tuple) -> StudentState:
-    """A StudentState from a row in STATE_COLUMNS order."""
-    model, student_id, blob, n_concepts, d_v, *rest = row
-    return StudentState(model, student_id, decode_memory(blob, n_concepts, d_v), *rest)

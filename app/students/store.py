@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -102,10 +103,11 @@ class TooManyConflicts(RevisionConflict):
     """Every attempt lost the compare-and-swap to another writer of the same student: 409, retry later."""
 
 
-class StateStore(Protocol):
+class StateStore(ABC):
     """Per-student state (SQLite embedded, Redis for several replicas); synchronous and thread-safe, and a
     database that cannot be reached raises `StoreUnavailable` within a bounded time."""
 
+    @abstractmethod
     def read(self, model: str, student_id: str) -> StudentState | None: ...
 
     def write(
@@ -120,41 +122,62 @@ class StateStore(Protocol):
     ) -> StudentState:
         """Store the state if the current revision is `expected_revision` (None: absent), durably, else raise
         `RevisionConflict`; `StateVersionMismatch` if the stored state has another `model_sha256`."""
-        ...
+        if memory.dtype != np.float32 or memory.ndim != 2:
+            raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
+        blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
+        stored = self._swap(model, student_id, blob, memory.shape, interactions, model_sha256, expected_revision)
+        return state_of(model, student_id, blob, *memory.shape, interactions, model_sha256, *stored)
 
+    @abstractmethod
+    def _swap(
+        self,
+        model: str,
+        student_id: str,
+        blob: bytes,
+        shape: tuple[int, int],
+        interactions: int,
+        model_sha256: str,
+        expected_revision: int | None,
+    ) -> tuple[float, float, int]:
+        """`write` of the encoded memory in the database: its (created_at, updated_at, revision)."""
+
+    @abstractmethod
     def delete(self, student_id: str) -> list[StudentState]:
         """Remove everything about `student_id`, under every model, atomically; return what was removed."""
-        ...
 
     def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
         """Up to `limit` (1..MAX_PAGE_SIZE) ids with a state, in ascending order, each greater than `after`."""
-        ...
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise ValueError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
+        ids = self._ids_after(after, limit + 1)
+        return StudentPage(ids[:limit], ids[limit - 1] if len(ids) > limit else None)
 
+    @abstractmethod
+    def _ids_after(self, after: str | None, count: int) -> list[str]:
+        """Up to `count` ids in ascending order, each greater than `after` (None: from the first)."""
+
+    @abstractmethod
     def check_health(self) -> None: ...
 
+    @abstractmethod
     def close(self) -> None: ...
 
 
-def encode_memory(memory: np.ndarray) -> tuple[bytes, int, int]:
-    """The float32 blob and shape of a value memory; anything but a 2-D float32 array is a caller bug."""
-    if memory.dtype != np.float32 or memory.ndim != 2:
-        raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
-    return memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C"), memory.shape[0], memory.shape[1]
-
-
-def decode_memory(blob: bytes, rows: int, columns: int) -> np.ndarray:
-    """The read-only float32 [rows, columns] array of a blob, bit for bit."""
-    return np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
-
-
-def check_page_size(limit: int) -> None:
-    if not 1 <= limit <= MAX_PAGE_SIZE:
-        raise ValueError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
-
-
-def page_of(ids: list[str], limit: int) -> StudentPage:
-    """The page of `ids`, fetched as up to `limit + 1` ids: one more means there is a next page."""
-    return StudentPage(ids[:limit], ids[limit - 1] if len(ids) > limit else None)
+def state_of(
+    model: str,
+    student_id: str,
+    blob: bytes,
+    rows: int,
+    columns: int,
+    interactions: int,
+    model_sha256: str,
+    created_at: float,
+    updated_at: float,
+    revision: int,
+) -> StudentState:
+    """A StudentState from its stored fields; the memory read-only, bit for bit."""
+    memory = np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
+    return StudentState(model, student_id, memory, interactions, model_sha256, created_at, updated_at, revision)
 
 
 @dataclass(frozen=True)
