@@ -119,17 +119,14 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.startup_error = None  # why the models could not be loaded
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
-    # innermost: the task routes skip FastAPI's router (they are included at the root below)
-    task_routes = task_router(tasks.values())
-    app.add_middleware(DirectRoutes, fastapi=app, routes=direct_routes(tasks.values()))
+    # innermost: the task routes skip FastAPI's router (they are included below, for the docs)
+    routes = direct_routes(tasks.values())
+    app.add_middleware(DirectRoutes, fastapi=app, routes=routes)
+    app.direct_paths = frozenset(routes)
     # outside it: each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
     app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
-    app.direct_paths = frozenset(direct_routes(tasks.values()))
-    app.include_router(operations.router)
-    app.include_router(explorer_router)
-    app.include_router(task_routes)
-    app.include_router(students.router)
-    app.include_router(oip.router)
+    for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
+        app.include_router(router)
     docs.install(app)
 
     def openapi() -> dict:

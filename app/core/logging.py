@@ -161,24 +161,18 @@ _listener: QueueListener | None = None
 _listener_lock = threading.Lock()
 
 
-def _listen(target: logging.Handler) -> None:
-    """Write the queued records to `target` from now on (after those already queued, to the previous one)."""
-    global _listener
-    with _listener_lock:
-        if _listener is None:
-            atexit.register(_stop_listening)  # runs before logging's own exit handler flushes the handlers
-        else:
-            _listener.stop()
-        _listener = IntervalListener(_records, target, _wake)
-        _listener.start()
-
-
-def _stop_listening() -> None:
+def _listen(target: logging.Handler | None) -> None:
+    """Write out what is queued, then write to `target` from now on (None: stop writing)."""
     global _listener
     with _listener_lock:
         if _listener is not None:
             _listener.stop()  # writes out every record queued before it
-            _listener = None
+        _listener = None if target is None else IntervalListener(_records, target, _wake)
+        if _listener is not None:
+            _listener.start()
+
+
+atexit.register(_listen, None)  # registered after logging's own exit handler, so it runs before it
 
 
 def write_out_logs() -> None:
