@@ -92,7 +92,8 @@ class SqliteStateStore(StateStore):
         expected_revision: int | None,
     ) -> tuple[float, float, int]:
         query = "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?"
-        with self._errors_as_unavailable(), self._transaction() as connection:
+        with self._errors_as_unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
+            connection.execute("BEGIN IMMEDIATE")  # the write lock before the revision is read
             current = connection.execute(query, (student_id, model)).fetchone()
             current_revision = None if current is None else current[0]
             if current_revision != expected_revision:
@@ -113,7 +114,8 @@ class SqliteStateStore(StateStore):
     def delete(self, student_id: str) -> list[StudentState]:
         """Delete the rows (zeroed on their pages: secure_delete), then copy the WAL into the database and
         truncate it, so the erased bytes do not linger in the WAL either (unless a reader holds it open)."""
-        with self._errors_as_unavailable(), self._transaction() as connection:
+        with self._errors_as_unavailable(), self._connection() as connection:
+            connection.execute("BEGIN IMMEDIATE")
             rows = connection.execute(
                 f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
             ).fetchall()
@@ -170,19 +172,6 @@ class SqliteStateStore(StateStore):
             with self._connections_lock:
                 self._connections.append(connection)
         return connection
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT (durable on return), rolled back on any exception."""
-        connection = self._connection()
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            yield connection
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-        connection.execute("COMMIT")
 
     @contextmanager
     def _errors_as_unavailable(self) -> Iterator[None]:
