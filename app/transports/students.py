@@ -58,45 +58,6 @@ def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-async def _append(
-    calls: StoreCalls,
-    store: StateStore,
-    model: ServedModel,
-    student_id: str,
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
-    body: AppendRequest,
-) -> dict[str, Any]:
-    questions, correct, wanted = arrays
-
-    async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
-        """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
-        the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
-        memory = None if current is None else current.memory
-        trace = await service.trace(model, questions, correct, memory)
-        next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-        seen = 0 if current is None else current.interactions
-        return NextState(trace.memory, seen + len(questions), (trace, next_p))
-
-    state, (trace, next_p) = await update_state(
-        calls,
-        store,
-        model.name,
-        student_id,
-        model.entry.sha256,
-        compute,
-        expected_interactions=body.expected_interactions,
-    )
-    return {
-        "model": model.name,
-        "interactions": state.interactions,
-        "predictions": trace.predictions.tolist(),
-        "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
-        "next": service.next_items(model, wanted, next_p),
-        "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
-        "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
-    }
-
-
 @router.post(
     "/students/{student_id}/interactions",
     response_model=AppendResponse,
@@ -114,12 +75,42 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     _checked_id(student_id)
     body = await read_body(request, AppendRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
-    arrays = await offload(service.request_arrays, model, body.interactions, body.next_questions or [])
+    questions, correct, wanted = await offload(
+        service.request_arrays, model, body.interactions, body.next_questions or []
+    )
     calls, store = await _store(request)
-    rows = service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)
-    with model.batcher.admit(rows, cells=len(arrays[0]) + len(arrays[2])):
-        work = _append(calls, store, model, student_id, arrays, body)
-        return JsonResponse(await complete(request, work, model.name))
+
+    async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
+        """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
+        the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
+        trace = await service.trace(model, questions, correct, None if current is None else current.memory)
+        next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+        seen = 0 if current is None else current.interactions
+        return NextState(trace.memory, seen + len(questions), (trace, next_p))
+
+    async def append() -> dict[str, Any]:
+        state, (trace, next_p) = await update_state(
+            calls,
+            store,
+            model.name,
+            student_id,
+            model.entry.sha256,
+            compute,
+            expected_interactions=body.expected_interactions,
+        )
+        return {
+            "model": model.name,
+            "interactions": state.interactions,
+            "predictions": trace.predictions.tolist(),
+            "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
+            "next": service.next_items(model, wanted, next_p),
+            "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
+            "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
+        }
+
+    rows = service.rows_needed(model, len(questions), len(wanted) > 0)
+    with model.batcher.admit(rows, cells=len(questions) + len(wanted)):
+        return JsonResponse(await complete(request, append(), model.name))
 
 
 def _listed(values: np.ndarray | None) -> list[float] | None:
