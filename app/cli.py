@@ -127,13 +127,9 @@ def startup_problem(settings: Settings) -> str | None:
         check_url(settings.state_url)
     except ValueError as error:
         return str(error)
-    ports = {
-        "MNEMO_PROBE_PORT": settings.probe_port,
-        "MNEMO_GRPC_PORT": settings.grpc_port,
-        "MNEMO_PORT": settings.port,
-    }
-    for name, port in ports.items():
-        if port is not None and (problem := port_problem(settings.host, port, f"MNEMO_HOST:MNEMO_{name}")):
+    for name in ("probe_port", "grpc_port", "port"):
+        port = getattr(settings, name)
+        if port is not None and (problem := port_problem(settings.host, port, f"MNEMO_HOST:MNEMO_{name.upper()}")):
             return problem
     return None
 
