@@ -33,8 +33,7 @@ class StoreCalls:
     def __init__(self, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-io")
         self._threads, self._max_waiting = threads, max_waiting
-        self._pending = 0
-        self._lock = threading.Lock()
+        self._room = threading.Semaphore(threads + max_waiting)  # calls running or waiting
 
     async def read(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on a store thread; a cancelled caller drops its result."""
@@ -59,20 +58,14 @@ class StoreCalls:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def _submit(self, call: Callable[[], T]) -> Future[T]:
-        with self._lock:
-            if self._pending >= self._threads + self._max_waiting:
-                raise StoreBusy(
-                    f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
-                    "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
-                )
-            self._pending += 1
+        if not self._room.acquire(blocking=False):
+            raise StoreBusy(
+                f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
+                "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
+            )
         job = self._executor.submit(call)
-        job.add_done_callback(self._finished)
+        job.add_done_callback(lambda _: self._room.release())
         return job
-
-    def _finished(self, _: Future) -> None:
-        with self._lock:
-            self._pending -= 1
 
 
 class StoreHolder:
