@@ -16,7 +16,6 @@ from app.core.errors import InvalidInput, ServiceError
 from app.core.responses import JsonResponse
 from app.runtime.model import ServedModel
 from app.runtime.offload import offload
-from app.students.ids import MAX_STUDENT_ID_LENGTH, STUDENT_ID_SCHEMA, InvalidStudentId, validate_student_id
 from app.students.io import StoreCalls, StoreHolder
 from app.students.store import MAX_PAGE_SIZE, NextState, StateStore, StateVersionMismatch, StudentState, update_state
 from app.tasks.knowledge_trace import service
@@ -31,8 +30,15 @@ from app.tasks.knowledge_trace.student_schemas import (
 from app.transports.http import complete, json_body, read_body, registry
 
 router = APIRouter(tags=["students"])
+MAX_STUDENT_ID_LENGTH = 128
+# The id rules as far as a JSON Schema regex can state them, for the OpenAPI document ("printable" has no portable
+# form): `student_id_problem` is the one check.
+STUDENT_ID_SCHEMA = {
+    "minLength": 1,
+    "maxLength": MAX_STUDENT_ID_LENGTH,
+    "pattern": r"^(?!\.\.?$)[^\s/\x00-\x1f\x7f-\x9f\ufffd]+$",
+}
 STUDENT_ID_DESCRIPTION = f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces"
-# documented in the schema; checked by `_checked_id`, whose 422 names the rule broken
 StudentIdPath = Annotated[str, Path(description=STUDENT_ID_DESCRIPTION, json_schema_extra=STUDENT_ID_SCHEMA)]
 
 
@@ -40,12 +46,30 @@ class StudentNotFound(ServiceError):
     status_code = 404
 
 
-def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_id")) -> str:
-    """The id if it follows the rules, else a 422 naming the parameter and the rule (never the id)."""
-    try:
-        return validate_student_id(student_id)
-    except InvalidStudentId as error:
-        raise InvalidInput(location, str(error)) from None
+def student_id_problem(student_id: str) -> str | None:
+    """The rule a student id breaks (docs/students.md), named without echoing the id; None for a valid id, which is
+    then compared exactly as given (no trimming, case folding or normalisation)."""
+    if not 1 <= len(student_id) <= MAX_STUDENT_ID_LENGTH:
+        return f"student_id must be 1 to {MAX_STUDENT_ID_LENGTH} characters long; it has {len(student_id)}"
+    for position, character in enumerate(student_id):
+        if character.isspace() or not character.isprintable():
+            return (
+                "student_id must contain only printable characters other than whitespace; "
+                f"character {position} is U+{ord(character):04X}"
+            )
+        if character == "/":
+            return f"student_id must not contain '/' (it is one URL path segment); character {position}"
+        if character == "\ufffd":  # what URL decoding makes of any byte that is not UTF-8: such ids would be one
+            return f"student_id must be valid UTF-8 and must not contain U+FFFD; character {position} is U+FFFD"
+    if student_id in (".", ".."):
+        return "student_id must not be '.' or '..' (URL path segments)"
+    return None
+
+
+def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_id")) -> None:
+    """A 422 naming the parameter and the rule when the id breaks one."""
+    if problem := student_id_problem(student_id):
+        raise InvalidInput(location, problem)
 
 
 async def _store(request: Request) -> tuple[StoreCalls, StateStore]:
