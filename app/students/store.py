@@ -163,21 +163,11 @@ class StateStore(ABC):
     def close(self) -> None: ...
 
 
-def state_of(
-    model: str,
-    student_id: str,
-    blob: bytes,
-    rows: int,
-    columns: int,
-    interactions: int,
-    model_sha256: str,
-    created_at: float,
-    updated_at: float,
-    revision: int,
-) -> StudentState:
-    """A StudentState from its stored fields; the memory read-only, bit for bit."""
+def state_of(model: str, student_id: str, blob: bytes, rows: int, columns: int, *stored: Any) -> StudentState:
+    """A StudentState from its stored fields in StudentState's order, the memory as a blob and its shape: the
+    memory read-only, bit for bit."""
     memory = np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
-    return StudentState(model, student_id, memory, interactions, model_sha256, created_at, updated_at, revision)
+    return StudentState(model, student_id, memory, *stored)
 
 
 @dataclass(frozen=True)
