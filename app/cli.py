@@ -107,18 +107,6 @@ def start(settings: Settings) -> None:
     serve(settings)
 
 
-def port_problem(host: str, port: int, names: str) -> str | None:
-    """Why host:port cannot be listened on (in use, a host that does not resolve), naming the settings; else None."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            return f"cannot listen on {host}:{port} ({names}): {error.strerror}"
-    return None
-
-
 def startup_problem(settings: Settings) -> str | None:
     """What is wrong with settings that only make sense together with the files, URLs and ports they name."""
     if not (settings.artifacts_dir / "manifest.json").is_file():
@@ -129,8 +117,14 @@ def startup_problem(settings: Settings) -> str | None:
         return str(error)
     for name in ("probe_port", "grpc_port", "port"):
         port = getattr(settings, name)
-        if port is not None and (problem := port_problem(settings.host, port, f"MNEMO_HOST:MNEMO_{name.upper()}")):
-            return problem
+        with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
+            try:
+                if port is not None:
+                    sock.bind((settings.host, port))
+            except OSError as error:  # in use, or a host that does not resolve
+                where = f"{settings.host}:{port} (MNEMO_HOST:MNEMO_{name.upper()})"
+                return f"cannot listen on {where}: {error.strerror}"
     return None
 
 

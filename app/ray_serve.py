@@ -13,8 +13,8 @@ import threading
 from typing import Any
 
 import click
-from pydantic import ValidationError
 
+from app.cli import settings_from
 from app.core.settings import Settings
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # requests and responses are small; Ray's default is 30% of RAM
@@ -98,12 +98,8 @@ def main(
     """Check the settings, start Ray and Serve, deploy, then serve until SIGINT or SIGTERM."""
     if max_replicas is not None and max_replicas < replicas:
         raise click.BadParameter("must be at least --replicas", param_hint="--max-replicas")
-    try:
-        # a replica is one process running its reserved CPUs as ONNX Runtime threads, one run at a time
-        settings = Settings(intra_op_threads=cpus_per_replica, concurrent_runs=1, workers=1)
-    except ValidationError as error:
-        problems = "; ".join(f"MNEMO_{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in error.errors())
-        sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
+    # a replica is one process running its reserved CPUs as ONNX Runtime threads, one run at a time
+    settings = settings_from({"intra_op_threads": cpus_per_replica, "concurrent_runs": 1, "workers": 1})
     if importlib.util.find_spec("ray") is None:
         sys.exit("mnemo: Ray Serve is not installed: pip install -e '.[ray]'")
 
