@@ -15,6 +15,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from app.core.errors import ServiceError
+
 MAX_PAGE_SIZE = 1000
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
 MAX_ATTEMPTS = 100  # 8 processes x 50 appends on one student needed at most 22 (Redis, loaded machine)
@@ -44,14 +46,8 @@ class StudentPage:
     next_after: str | None
 
 
-class StoreError(Exception):
-    """A store error with an HTTP status and one sentence for the client."""
-
-    status_code = 500
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+class StoreError(ServiceError):
+    """A store error, answered with its status and sentence (app/transports/error_handlers.py)."""
 
 
 class StoreUnavailable(StoreError):
