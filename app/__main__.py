@@ -4,9 +4,7 @@ from app.stop_signals import stop_until_serving
 
 stop_until_serving()  # first: the imports below take about half a second (app/stop_signals.py)
 
-import sys
-
 from app.cli import serve
 
 if __name__ == "__main__":
-    serve.main(args=sys.argv[1:], prog_name="python -m app")
+    serve.main(prog_name="python -m app")  # the arguments: sys.argv[1:]

@@ -21,10 +21,9 @@ from typing import Any
 
 import click
 from pydantic import SecretStr, ValidationError
-from pydantic.fields import FieldInfo
 
 from app.core.logging import JsonFormatter, TextFormatter
-from app.core.manifest import ManifestError, chosen, load_manifest
+from app.core.manifest import ManifestError, ModelEntry, chosen, load_manifest
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
 from app.students.factory import check_url
 
@@ -52,21 +51,16 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
     return str, False  # str, SecretStr
 
 
-def _default_text(field: FieldInfo) -> str:
-    if field.default_factory is not None or isinstance(field.default, SecretStr):
-        return ""
-    if field.default in (None, ""):
-        return ""
-    return f" [default: {field.default}]"
-
-
 def settings_options(command: Callable) -> Callable:
     """Decorate `command` with one option per settings field (none of them given = the environment decides)."""
     for name, field in reversed(Settings.model_fields.items()):
         kind, is_flag = _click_type(field.annotation)
         declaration = f"{flag_name(name)}/--no-{name.replace('_', '-')}" if is_flag else flag_name(name)
-        help_text = f"{field.description} (env MNEMO_{name.upper()}){_default_text(field)}"
-        command = click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)(command)
+        default = field.default
+        hidden = field.default_factory is not None or default in (None, "") or isinstance(default, SecretStr)
+        help_text = f"{field.description} (env MNEMO_{name.upper()})" + ("" if hidden else f" [default: {default}]")
+        option = click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)
+        command = option(command)
     return command
 
 
@@ -95,15 +89,8 @@ def start(settings: Settings) -> None:
     service listens, then serve. This process imports no ONNX Runtime: gunicorn forks the workers from it."""
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
-    problem = startup_problem(settings)
-    ports = (
-        (settings.probe_port, "MNEMO_PROBE_PORT"),
-        (settings.grpc_port, "MNEMO_GRPC_PORT"),
-        (settings.port, "MNEMO_PORT"),
-    )
-    for port, name in ports if problem is None else ():
-        problem = problem or (port_problem(settings.host, port, f"MNEMO_HOST:{name}") if port is not None else None)
     try:
+        problem = startup_problem(settings)
         entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
     except ManifestError as error:
         problem = problem or str(error)
@@ -120,27 +107,24 @@ def start(settings: Settings) -> None:
     serve(settings)
 
 
-def port_problem(host: str, port: int, names: str) -> str | None:
-    """Why host:port cannot be listened on (in use, a host that does not resolve), naming the settings; else None."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
-        try:
-            sock.bind((host, port))
-        except OSError as error:
-            return f"cannot listen on {host}:{port} ({names}): {error.strerror}"
-    return None
-
-
 def startup_problem(settings: Settings) -> str | None:
-    """What is wrong with settings that only make sense together with the files and URLs they name."""
-    manifest = settings.artifacts_dir / "manifest.json"
-    if not manifest.is_file():
+    """What is wrong with settings that only make sense together with the files, URLs and ports they name."""
+    if not (settings.artifacts_dir / "manifest.json").is_file():
         return f"MNEMO_ARTIFACTS_DIR {settings.artifacts_dir} holds no manifest.json"
     try:
         check_url(settings.state_url)
     except ValueError as error:
         return str(error)
+    for name in ("probe_port", "grpc_port", "port"):
+        port = getattr(settings, name)
+        with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
+            try:
+                if port is not None:
+                    sock.bind((settings.host, port))
+            except OSError as error:  # in use, or a host that does not resolve
+                where = f"{settings.host}:{port} (MNEMO_HOST:MNEMO_{name.upper()})"
+                return f"cannot listen on {where}: {error.strerror}"
     return None
 
 
@@ -175,28 +159,20 @@ def models(artifacts_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([entry.model_dump(mode="json") for entry in manifest.models], indent=2))
         return
-    rows = [_model_row(artifacts_dir, entry) for entry in manifest.models]
-    headers = ["name", "task", "version", "default", "size", "metrics"]
-    table = [[str(row[key]) for key in headers] for row in rows]
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *table, strict=True)]
-    for line in (headers, *table):
+    table = [["name", "task", "version", "default", "size", "metrics"]]
+    table += [_model_row(artifacts_dir, entry) for entry in manifest.models]
+    widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
+    for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
 
 
-def _model_row(artifacts_dir: Path, entry: Any) -> dict[str, Any]:
+def _model_row(artifacts_dir: Path, entry: ModelEntry) -> list[str]:
     files = [entry.file, *(graph.file for graph in entry.graphs.values())]
     files += [asset.file for asset in entry.assets.values()]
     size = sum((artifacts_dir / name).stat().st_size for name in files if (artifacts_dir / name).is_file())
     tested = [(key, value) for key, value in entry.metrics.items() if key.startswith("test_")][:MAX_METRICS]
     metrics = ", ".join(f"{key.removeprefix('test_')} {value:.4g}" for key, value in tested)
-    return {
-        "name": entry.name,
-        "task": entry.task,
-        "version": entry.version,
-        "default": "yes" if entry.default else "",
-        "size": f"{size / 1e6:.1f} MB",
-        "metrics": metrics,
-    }
+    return [entry.name, entry.task, entry.version, "yes" if entry.default else "", f"{size / 1e6:.1f} MB", metrics]
 
 
 @cli.group(context_settings=CONTEXT)

@@ -1,16 +1,11 @@
-"""The FastAPI application: `create_app(settings, tasks)` and the module-level `app` for `uvicorn app.main:app`.
-
-Layers, lowest first (docs/ARCHITECTURE.md): core (settings, errors, metrics, logging), the runtime (sessions,
-registry, a batcher per model), students, the tasks (a service and its JSON and tensor codecs each;
-app/tasks/__init__.py registers them), and the transports (REST, the Open Inference Protocol, the explorer).
-Graceful drain on SIGTERM, worker heartbeats and connection limits need `python -m app` (app/server.py).
-"""
+"""The FastAPI application: `create_app(settings, tasks)`, and the module-level `app` for `uvicorn app.main:app`
+(which lacks the drain, the worker heartbeats and the connection limits of `python -m app`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
@@ -27,7 +22,7 @@ from app.runtime.model import Task
 from app.runtime.offload import offload, saturated
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.server import unprotected_start
-from app.students.holder import StoreHolder
+from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
 from app.transports.access import access_summary, api_keys, is_open, open_paths
@@ -72,53 +67,42 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        """The probe process (if MNEMO_PROBE_PORT is set) from before loading until after shutdown."""
+        """The probe process (if MNEMO_PROBE_PORT is set), models, student store, engine and gRPC while serving."""
         if warning := unprotected_start():
             logger.warning(warning)
-        probes = None
-        if settings.probe_port is not None:
-            probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
-            probes.spawn()
-            app.state.drain.on_begin.append(probes.push)
-        try:
-            async with serving(app):
-                if probes is not None:
-                    await probes.start()
-                yield
-        finally:
+        async with AsyncExitStack() as stack:
+            stack.callback(write_out_logs)
+            probes = None
+            if settings.probe_port is not None:
+                probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
+                probes.spawn()
+                stack.push_async_callback(probes.stop)
+                app.state.drain.on_begin.append(probes.push)
+            registry = ModelRegistry(settings, tasks, metrics)
+            try:
+                await offload(registry.load)
+            except ModelLoadError as error:
+                app.state.startup_error = str(error)  # python -m app ends with it in one line (app/server.py)
+                raise
+            except Exception as error:
+                logger.error("startup failed: %s", error)
+                raise
+            app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
+            stack.push_async_callback(offload, app.state.students.close)
+            await offload(app.state.students.open)
+            engine = Engine(registry, settings, metrics, alone=app.state.drain.alone)
+            stack.push_async_callback(engine.stop)
+            app.state.loop_lag.start()
+            stack.push_async_callback(app.state.loop_lag.stop)
+            app.state.registry = registry
+            models = {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
+            metrics.record_build(app.version, models)
+            logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
+            logger.info(access_summary(settings))
+            await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
             if probes is not None:
-                await probes.stop()
-            write_out_logs()
-
-    @asynccontextmanager
-    async def serving(app: FastAPI) -> AsyncIterator[None]:
-        """Models, student store and engine, for as long as the app serves."""
-        registry = ModelRegistry(settings, tasks, metrics)
-        try:
-            await offload(registry.load)
-        except ModelLoadError as error:
-            app.state.startup_error = str(error)  # python -m app ends with it in one line (app/server.py)
-            raise
-        except Exception as error:
-            logger.error("startup failed: %s", error)
-            raise
-        app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
-        await offload(app.state.students.open)
-        engine = Engine(registry, settings, metrics, alone=app.state.drain.alone)
-        app.state.loop_lag.start()
-        app.state.registry = registry
-        metrics.record_build(
-            app.version, {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
-        )
-        logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
-        logger.info(access_summary(settings))
-        try:
-            async with serve_grpc(app):  # MNEMO_GRPC_PORT; stopped (its calls drained) before the engine
-                yield
-        finally:
-            await app.state.loop_lag.stop()
-            await engine.stop()
-            await offload(app.state.students.close)
+                await probes.start()
+            yield
 
     app = ServiceApp(
         title="mnemo",
@@ -135,17 +119,14 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.startup_error = None  # why the models could not be loaded
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
-    # innermost: the task routes skip FastAPI's router (they are included at the root below)
-    task_routes = task_router(tasks.values())
-    app.add_middleware(DirectRoutes, fastapi=app, routes=direct_routes(tasks.values()))
+    # innermost: the task routes skip FastAPI's router (they are included below, for the docs)
+    routes = direct_routes(tasks.values())
+    app.add_middleware(DirectRoutes, fastapi=app, routes=routes)
+    app.direct_paths = frozenset(routes)
     # outside it: each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
     app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
-    app.direct_paths = frozenset(direct_routes(tasks.values()))
-    app.include_router(operations.router)
-    app.include_router(explorer_router)
-    app.include_router(task_routes)
-    app.include_router(students.router)
-    app.include_router(oip.router)
+    for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
+        app.include_router(router)
     docs.install(app)
 
     def openapi() -> dict:

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from app.students.factory import open_store
-from app.students.store import StateStore, StudentState
-from app.students.update import NextState, update_state
+from app.students.store import NextState, StateStore, StudentState, update_state
 
 MODEL = "dkvmn-test"
 MODEL_SHA256 = "ab" * 32

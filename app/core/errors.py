@@ -1,15 +1,6 @@
-"""The errors the service returns to its clients, each with its status and one clear sentence.
-
-- `ServiceError` subclasses carry a status and one clear sentence: `{"detail": "<sentence>"}`, plus
-  headers where the status calls for them (429 and 503 say `Retry-After`).
-- `InvalidInput` is a rule broken by a request body (schema or model-specific); it answers 422 in
-  FastAPI's validation shape, at most `MAX_LISTED_ERRORS` entries and their total count (`each_checked`
-  gathers the rules broken by every item of a request, not only the first), and never
-  echoes the offending value back (it may not even be encodable: lone surrogates, NaN).
-- onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
-- Anything else is a bug: answered 500 as a last resort by the request edge (app/transports/middleware.py).
-
-The HTTP answers of these errors are registered by app/transports/error_handlers.py.
+"""The errors the service returns to its clients, each with its status and one clear sentence, never echoing the
+offending value. Their HTTP answers are registered by app/transports/error_handlers.py; any other exception is a
+bug, answered 500 by the request edge.
 """
 
 from __future__ import annotations
@@ -69,11 +60,8 @@ def body_too_large_detail(max_bytes: int) -> str:
 
 
 class InvalidInput(Exception):
-    """A request that breaks a rule: 422 in FastAPI's shape.
-
-    `field` is a body field name (`"sentence_a"`) or a full location (`("body", "interactions", 3, "question")`);
-    a location that does not start with body/query/path/header is taken as relative to the body.
-    """
+    """A request that breaks a rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location
+    (`("body", "interactions", 3, "question")`; relative to the body unless it starts with body/query/path/header)."""
 
     def __init__(self, field: str | Sequence[str | int], message: str) -> None:
         super().__init__(message)

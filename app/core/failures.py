@@ -1,10 +1,5 @@
-"""The last resort for bugs: one log line per error, and a traceback at most once per distinct error per window.
-
-Starlette's own 500 handler logs nothing itself but re-raises, so uvicorn logs a second traceback; a client
-repeating a request that hits a bug could then flood the log. The request edge (app/transports/middleware.py)
-answers the 500 and logs it here. An error is "distinct" by its type and the place it was raised (innermost
-file and line); its traceback is logged the first time and again only once `window_s` has passed, with the
-number of times it happened meanwhile.
+"""The last resort for bugs: one log line per error, and its traceback at most once per distinct error (type and
+innermost file and line) per window, so that a client repeating a request that hits a bug cannot flood the log.
 """
 
 from __future__ import annotations

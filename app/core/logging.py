@@ -49,10 +49,8 @@ def _escaped(match: re.Match) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """TEXT_FORMAT, one line per record: control characters in the message (a client's path, say) are written
-    as escapes such as `\\r\\n` or `\\x1b`, so no client can forge a line or colour the operator's terminal.
-    A traceback follows on lines of its own, each indented (its exception's message may hold client text): only
-    a record's first line starts at the margin, which is also how log shippers tell where a record ends."""
+    """TEXT_FORMAT with control characters escaped (`\\r\\n`, `\\x1b`) and a traceback indented, so that no client
+    text can forge a line or colour the terminal: only a record's first line starts at the margin."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
@@ -67,11 +65,8 @@ class TextFormatter(logging.Formatter):
 
 
 class EverySecondAtMost(logging.Filter):
-    """Lets through at most one record per `interval_s` for each of `messages` (templates, as logged); those held
-    back meanwhile are counted, and the count is logged (`... (N more since the last line)`) once the interval
-    is over, by a timer, so that the last burst is reported too. For warnings any client can cause once per
-    request without reaching the app (so without an access line): a flood of them would otherwise fill the log
-    at its own rate, whatever level the operator keeps."""
+    """At most one record per `interval_s` for each of `messages` (templates); those held back are counted and
+    the count logged by a timer when the interval ends. For warnings any client can cause once per request."""
 
     def __init__(self, messages: frozenset[str], interval_s: float = 1.0) -> None:
         super().__init__()
@@ -105,19 +100,17 @@ class EverySecondAtMost(logging.Filter):
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-# Per-request warnings of requests refused before the app (uvicorn's parser).
-CLIENT_CAUSED_WARNINGS = {
-    "uvicorn.error": frozenset(
+# uvicorn's warnings for requests refused before the app (bad framing; an Upgrade header: h2c, websocket)
+_client_caused_warnings = EverySecondAtMost(
+    frozenset(
         {
             "Invalid HTTP request received.",
-            # any request with an Upgrade header (h2c, websocket: the service serves neither)
             "Unsupported upgrade request.",
             "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
             "'websockets' or 'wsproto' manually.",
         }
-    ),
-}
-_throttles = {name: EverySecondAtMost(messages) for name, messages in CLIENT_CAUSED_WARNINGS.items()}
+    )
+)
 
 
 WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
@@ -125,9 +118,7 @@ MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bound
 
 
 class RecordQueue(QueueHandler):
-    """Puts each record on the queue as it is, for the writer thread of this process to format and write; a
-    full queue (`MAX_QUEUED_RECORDS`) wakes the writer at once. (The base class formats the record first and
-    drops its traceback, as a queue to another process needs.)"""
+    """Queues each record as it is (unformatted: the writer thread formats it) and wakes the writer when full."""
 
     def __init__(self, records: queue.SimpleQueue, full: threading.Event) -> None:
         super().__init__(records)
@@ -143,8 +134,8 @@ class RecordQueue(QueueHandler):
 
 
 class IntervalListener(QueueListener):
-    """A `QueueListener` that writes what is queued every `interval_s`, or at once when `wake` is set (a full
-    queue, `stop`), instead of being woken for each record: a request that logs then costs no thread switch."""
+    """Writes what is queued every WRITE_INTERVAL_S, or at once when `wake` is set (a full queue, `stop`), instead
+    of being woken for each record: a request that logs then costs no thread switch."""
 
     def __init__(self, records: queue.SimpleQueue, target: logging.Handler, wake: threading.Event) -> None:
         super().__init__(records, target)
@@ -170,24 +161,18 @@ _listener: QueueListener | None = None
 _listener_lock = threading.Lock()
 
 
-def _listen(target: logging.Handler) -> None:
-    """Write the queued records to `target` from now on (after those already queued, to the previous one)."""
-    global _listener
-    with _listener_lock:
-        if _listener is None:
-            atexit.register(_stop_listening)  # runs before logging's own exit handler flushes the handlers
-        else:
-            _listener.stop()
-        _listener = IntervalListener(_records, target, _wake)
-        _listener.start()
-
-
-def _stop_listening() -> None:
+def _listen(target: logging.Handler | None) -> None:
+    """Write out what is queued, then write to `target` from now on (None: stop writing)."""
     global _listener
     with _listener_lock:
         if _listener is not None:
             _listener.stop()  # writes out every record queued before it
-            _listener = None
+        _listener = None if target is None else IntervalListener(_records, target, _wake)
+        if _listener is not None:
+            _listener.start()
+
+
+atexit.register(_listen, None)  # registered after logging's own exit handler, so it runs before it
 
 
 def write_out_logs() -> None:
@@ -198,35 +183,25 @@ def write_out_logs() -> None:
             _listener.start()
 
 
-def _stream(formatter: logging.Formatter) -> logging.StreamHandler:
-    stream = logging.StreamHandler()
-    stream.setFormatter(formatter)
-    return stream
-
-
 def configure_logging(level: str, fmt: str) -> None:
-    """Configure the `mnemo` loggers (a later call replaces the format and level).
-
-    Records go through a queue to stderr. uvicorn's own access log is switched off: the app writes exactly one
-    access line per request (`mnemo.access`, app/transports/middleware.py), however it is started.
-    The thread, process and multiprocessing fields, which neither format prints, are not collected (the logging
-    HOWTO's "Optimization" switches).
-    """
+    """Configure the `mnemo` loggers (a later call replaces the format and level). uvicorn's access log is off: the
+    app writes one access line per request; the fields neither format prints are not collected."""
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    _listen(_stream(JsonFormatter() if fmt == "json" else TextFormatter()))
+    stderr = logging.StreamHandler()
+    stderr.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    _listen(stderr)
     logger = logging.getLogger("mnemo")
     logger.handlers[:] = [_queue_handler]
     logger.setLevel(level.upper())
     logger.propagate = False
     logging.getLogger("uvicorn.access").disabled = True
-    for name, throttle in _throttles.items():
-        logging.getLogger(name).addFilter(throttle)  # once: addFilter skips a filter already there
+    logging.getLogger("uvicorn.error").addFilter(_client_caused_warnings)  # once: addFilter skips one already there
 
 
 def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fields: Mapping[str, Any]) -> None:
-    """Log `message % args` with `fields` as its extra fields, without looking up the caller's file and line
-    (a walk up the stack that neither format prints), for a line logged on every request."""
+    """Log `message % args` with `fields` as extra fields, without the walk up the stack for the caller's file and
+    line that neither format prints (for the line logged on every request)."""
     if logger.isEnabledFor(level):
         logger.handle(logger.makeRecord(logger.name, level, "", 0, message, args, None, extra=fields))

@@ -1,41 +1,35 @@
-"""`open_store(url)`: the one place that turns MNEMO_STATE_URL into a store."""
+"""`open_store(url)` and `check_url(url)`: MNEMO_STATE_URL to a store. Messages never echo the URL (a password)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from app.students.sqlite_store import SYNCHRONOUS_MODES, SqliteStateStore
+from app.students.sqlite_store import SqliteStateStore
 from app.students.store import StateStore
 
 SQLITE_PREFIX = "sqlite://"
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+SYNCHRONOUS_MODES = ("full", "normal")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-# A password holding one of these cuts the URL early: its rest reads as the port or the database, so the messages
-# about them name no value.
+# A password holding one of these cuts the URL early: its rest reads as the port or the database.
 ENCODE_HINT = "(a password holding / ? # or @ must be percent-encoded)"
 
 
 def open_store(url: str) -> StateStore:
-    """`sqlite:///abs/path.db[?synchronous=full|normal]` (a relative path after `sqlite://` is taken from the
-    working directory) or `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options
-    such as `socket_timeout`). The URL is never echoed: it may hold a password.
-    """
+    """`sqlite://PATH[?synchronous=full|normal]` (a relative PATH is taken from the working directory) or
+    `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options such as `socket_timeout`)."""
     if url.startswith(SQLITE_PREFIX):
-        return _open_sqlite(url.removeprefix(SQLITE_PREFIX))
+        path, synchronous = _sqlite_options(url.removeprefix(SQLITE_PREFIX))
+        return SqliteStateStore(path, synchronous=synchronous)
     check_url(url)  # here too: started as `uvicorn app.main:app`, nothing checks it at startup
-    scheme = urlsplit(url).scheme
-    if scheme in REDIS_SCHEMES:
-        try:  # redis-py is the optional extra mnemo[redis]: an SQLite-only install does not need it
-            from app.students.redis_store import RedisStateStore
-        except ModuleNotFoundError as error:
-            raise ValueError(
-                "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
-            ) from error
-        return RedisStateStore(url)
-    raise ValueError(
-        f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"
-    )
+    try:  # redis-py is the optional extra mnemo[redis]
+        from app.students.redis_store import RedisStateStore
+    except ModuleNotFoundError as error:
+        raise ValueError(
+            "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
+        ) from error
+    return RedisStateStore(url)
 
 
 def check_url(url: str) -> None:
@@ -47,11 +41,9 @@ def check_url(url: str) -> None:
         parts = urlsplit(url)
     except ValueError as error:  # e.g. "Invalid IPv6 URL": the message names no part of the URL
         raise ValueError(f"MNEMO_STATE_URL is not a valid URL: {error}") from None
-    scheme = parts.scheme
-    if scheme not in REDIS_SCHEMES:
-        raise ValueError(
-            f"MNEMO_STATE_URL must start with sqlite:// or redis:// (also rediss://, unix://); got scheme {scheme!r}"
-        )
+    if parts.scheme not in REDIS_SCHEMES:
+        schemes = "sqlite:// or redis:// (also rediss://, unix://)"
+        raise ValueError(f"MNEMO_STATE_URL must start with {schemes}; got scheme {parts.scheme!r}")
     try:
         from redis.connection import parse_url
     except ModuleNotFoundError:
@@ -65,7 +57,7 @@ def check_url(url: str) -> None:
     except ValueError as error:  # redis-py's own messages name the part (or query option), not its value
         raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: {error}") from None
     database = parts.path.removeprefix("/")
-    if scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
         raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0) {ENCODE_HINT}")
 
@@ -90,17 +82,9 @@ def _sqlite_options(path_and_query: str) -> tuple[Path, str]:
     if not path:
         raise ValueError("MNEMO_STATE_URL sqlite:// needs a file path, e.g. sqlite:///var/lib/mnemo/students.db")
     options = parse_qs(query, keep_blank_values=True)
-    unknown = sorted(set(options) - {"synchronous"})
-    if unknown:
+    if unknown := sorted(set(options) - {"synchronous"}):
         raise ValueError(f"MNEMO_STATE_URL sqlite:// takes only the option synchronous=full|normal, not {unknown}")
-    synchronous = options.get("synchronous", ["full"])[-1].upper()
+    synchronous = options.get("synchronous", ["full"])[-1].lower()
     if synchronous not in SYNCHRONOUS_MODES:
-        raise ValueError(
-            f"MNEMO_STATE_URL sqlite:// option synchronous must be one of {', '.join(SYNCHRONOUS_MODES).lower()}"
-        )
-    return Path(path).resolve(), synchronous
-
-
-def _open_sqlite(path_and_query: str) -> SqliteStateStore:
-    path, synchronous = _sqlite_options(path_and_query)
-    return SqliteStateStore(path, synchronous=synchronous)
+        raise ValueError(f"MNEMO_STATE_URL sqlite:// option synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+    return Path(path).resolve(), synchronous.upper()

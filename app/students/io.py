@@ -1,61 +1,47 @@
-"""`StoreCalls`: the store's blocking calls, off the event loop, on threads of their own.
-
-A stalled database (SQLite waiting up to its busy timeout for another writer's lock, a Redis server that
-stopped answering) blocks each call for seconds. On the worker threads that parse and render requests
-(app/runtime/offload.py) it would take every endpoint down with it. Here the store has `STORE_THREADS`
-threads of its own, and at most `MAX_WAITING` calls may wait for one: beyond that a call is refused at once
-(`StoreBusy`: 429 with Retry-After, like the service's other full queues; the store is not down, and a 503
-would tell a load balancer this replica is).
-
-Two kinds of call:
-- `read` (no side effect): a caller cancelled (deadline, client gone) stops waiting; a call that has not
-  started never runs.
-- `commit` (a write): cancelled before it starts, it never runs; cancelled once it runs, the caller waits
-  for it and returns its result, so that what the client is told is what the store holds (a 504 never hides
-  a write that happened). A store call is bounded in time by its store (SQLite's busy timeout, Redis's reply
-  timeout), so such an answer comes at most that late.
-"""
+"""The service's one store (`StoreHolder`) and its blocking calls on threads of their own (`StoreCalls`), so that a
+stalled database holds up the /students endpoints only, never the threads that parse other requests."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import ParamSpec, TypeVar
 
-from app.students.store import StoreError
+from app.students.factory import open_store
+from app.students.store import StateStore, StoreError, StoreUnavailable
 
 STORE_THREADS = 4  # store calls wait on I/O, not on the GIL
 MAX_WAITING = 64
 P = ParamSpec("P")
 T = TypeVar("T")
+logger = logging.getLogger("mnemo.students")
 
 
 class StoreBusy(StoreError):
-    """More than MAX_WAITING store calls wait for a thread: the store is slow or stalled (429, Retry-After)."""
+    """More than MAX_WAITING store calls wait for a thread: the store is slow, not down (429, Retry-After)."""
 
     status_code = 429
 
 
 class StoreCalls:
-    """Runs store calls on `threads` threads, with at most `max_waiting` waiting for one."""
+    """Runs store calls on `threads` threads, with at most `max_waiting` waiting for one (then `StoreBusy`)."""
 
     def __init__(self, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-io")
         self._threads, self._max_waiting = threads, max_waiting
-        self._limit = threads + max_waiting
-        self._pending = 0
-        self._lock = threading.Lock()
+        self._room = threading.Semaphore(threads + max_waiting)  # calls running or waiting
 
     async def read(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on a store thread; a cancelled caller drops its result."""
         return await asyncio.wrap_future(self._submit(partial(function, *args, **kwargs)))
 
     async def commit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`function(*args, **kwargs)` on a store thread; once it has started, its caller gets its result even
-        when cancelled meanwhile (see the module docstring)."""
+        """A write: cancelled before it starts, it never runs; once started, its caller gets its result even when
+        cancelled meanwhile, so a 504 never hides a write that happened (the store bounds how long it takes)."""
         job = self._submit(partial(function, *args, **kwargs))
         outcome = asyncio.wrap_future(job)
         try:
@@ -72,17 +58,46 @@ class StoreCalls:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def _submit(self, call: Callable[[], T]) -> Future[T]:
-        with self._lock:
-            if self._pending >= self._limit:
-                raise StoreBusy(
-                    f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
-                    "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
-                )
-            self._pending += 1
+        if not self._room.acquire(blocking=False):
+            raise StoreBusy(
+                f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
+                "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
+            )
         job = self._executor.submit(call)
-        job.add_done_callback(self._finished)
+        job.add_done_callback(lambda _: self._room.release())
         return job
 
-    def _finished(self, _: Future) -> None:
+
+class StoreHolder:
+    """The store of `url`, opened on first need (again after a failed open), closed on shutdown; thread-safe.
+
+    A database unreachable at startup does not stop the service: /students answers 503 until it is back."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._store: StateStore | None = None
+        self._lock = threading.Lock()
+        self.calls = StoreCalls()  # every store call of a request runs here, never on the parsing threads
+
+    def open(self) -> None:
+        """At startup: open and check the store; log (do not raise) if the database is unavailable."""
+        try:
+            self.get().check_health()
+        except StoreUnavailable as error:
+            logger.warning(
+                "student state store unavailable at startup: %s; /students answers 503 until it is back", error.internal
+            )
+
+    def get(self) -> StateStore:
+        """The open store (blocking: call it off the event loop); `StoreUnavailable` if it cannot be opened."""
         with self._lock:
-            self._pending -= 1
+            if self._store is None:
+                self._store = open_store(self._url)
+            return self._store
+
+    def close(self) -> None:
+        self.calls.close()
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None

@@ -1,19 +1,9 @@
 """The store for several replicas: one Redis database (redis-py), compare-and-swap in Lua scripts.
 
-Keys (all under `mnemo:`):
-- `mnemo:student:<id>`: a hash holding every model's state of that student, fields `<attribute>:<model>`
-  (memory, shape, interactions, sha256, created, updated, revision). One key per student, so an erasure is
-  one DEL.
-- `mnemo:students`: a sorted set of the ids (all scores 0), paged in byte order with ZRANGEBYLEX.
-- `mnemo:revision`: the store-wide write counter that gives each write its revision.
-
-A script runs atomically on the server, so the revision check, the counter and the update are one step
-(no WATCH round trips). Times come from the server's clock, shared by every replica.
-
-Durability is the server's: run it with `appendonly yes` and `appendfsync always` so that a write is on
-disk before Redis replies (docs/students.md). Timeouts are bounded (connect 1 s, reply 2 s unless the
-URL sets `socket_connect_timeout`/`socket_timeout`) and a failed command is not retried by the client: a
-write whose reply was lost might have been applied, so it is reported as unavailable, never applied twice.
+One hash per student (`mnemo:student:<id>`, fields `<attribute>:<model>`), so an erasure is one DEL; the ids in
+the sorted set `mnemo:students`; the store-wide revision counter `mnemo:revision`. Times are the server's clock.
+A failed command is not retried by the client: a write whose reply was lost may have been applied, so it is
+reported unavailable, never applied twice (durability and timeouts: docs/students.md).
 """
 
 from __future__ import annotations
@@ -21,20 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.students.store import (
     RevisionConflict,
+    StateStore,
     StateVersionMismatch,
     StoreUnavailable,
-    StudentPage,
     StudentState,
-    check_page_size,
-    decode_memory,
-    encode_memory,
+    state_of,
 )
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
@@ -79,7 +66,7 @@ return fields
 """
 
 
-class RedisStateStore:
+class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
 
     def __init__(self, url: str) -> None:
@@ -103,22 +90,21 @@ class RedisStateStore:
             return None
         return _state_of(model, student_id, dict(zip(ATTRIBUTES, values, strict=True)))
 
-    def write(
+    def _swap(
         self,
         model: str,
         student_id: str,
-        *,
-        memory: np.ndarray,
+        blob: bytes,
+        shape: tuple[int, int],
         interactions: int,
         model_sha256: str,
         expected_revision: int | None,
-    ) -> StudentState:
-        blob, n_concepts, d_v = encode_memory(memory)
+    ) -> tuple[float, float, int]:
         expected = "" if expected_revision is None else str(expected_revision)
         with self._errors_as_unavailable(WRITE_OUTCOME_UNKNOWN):
             outcome = self._write_script(
                 keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
-                args=[model, expected, blob, f"{n_concepts},{d_v}", interactions, model_sha256, student_id],
+                args=[model, expected, blob, f"{shape[0]},{shape[1]}", interactions, model_sha256, student_id],
             )
         if outcome[0] == 0:
             current = outcome[1].decode() or None
@@ -126,16 +112,7 @@ class RedisStateStore:
         if outcome[0] == -1:
             raise StateVersionMismatch(model, outcome[1].decode(), model_sha256)
         _, revision, created, updated = outcome
-        return StudentState(
-            model,
-            student_id,
-            decode_memory(blob, n_concepts, d_v),
-            interactions,
-            model_sha256,
-            float(created),
-            float(updated),
-            int(revision),
-        )
+        return float(created), float(updated), int(revision)
 
     def delete(self, student_id: str) -> list[StudentState]:
         with self._errors_as_unavailable():
@@ -146,13 +123,11 @@ class RedisStateStore:
             by_model.setdefault(model, {})[attribute] = value
         return [_state_of(model, student_id, by_model[model]) for model in sorted(by_model)]
 
-    def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
-        check_page_size(limit)
+    def _ids_after(self, after: str | None, count: int) -> list[str]:
         low = b"-" if after is None else b"(" + after.encode()
         with self._errors_as_unavailable():
-            members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=limit + 1)
-        ids = [member.decode() for member in members[:limit]]
-        return StudentPage(ids, ids[-1] if len(members) > limit else None)
+            members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=count)
+        return [member.decode() for member in members]
 
     def check_health(self) -> None:
         with self._errors_as_unavailable():
@@ -179,14 +154,7 @@ def _student_key(student_id: str) -> bytes:
 
 
 def _state_of(model: str, student_id: str, values: dict[str, bytes]) -> StudentState:
-    n_concepts, d_v = (int(size) for size in values["shape"].split(b","))
-    return StudentState(
-        model,
-        student_id,
-        decode_memory(values["memory"], n_concepts, d_v),
-        int(values["interactions"]),
-        values["sha256"].decode(),
-        float(values["created"]),
-        float(values["updated"]),
-        int(values["revision"]),
-    )
+    rows, columns = (int(size) for size in values["shape"].split(b","))
+    counts = int(values["interactions"]), values["sha256"].decode()
+    written = float(values["created"]), float(values["updated"]), int(values["revision"])
+    return state_of(model, student_id, values["memory"], rows, columns, *counts, *written)

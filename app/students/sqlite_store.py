@@ -1,18 +1,6 @@
-"""The embedded store: one SQLite file, WAL mode, synchronous=FULL by default, one connection per thread.
-
-Durability: in WAL mode a commit appends to the -wal file. With synchronous=NORMAL that append sits in
-the OS page cache, which already survives the death of the process (SIGKILL) but not of the machine;
-with synchronous=FULL (the default) every commit is also fsync'ed before `write` returns, so an
-acknowledged answer survives a power cut or kernel crash too, the same promise as Redis with
-`appendfsync always`. NORMAL (`?synchronous=normal` in the URL) trades that for a much higher write rate.
-
-Concurrency: SQLite has one writer at a time. A write runs `BEGIN IMMEDIATE` (takes the write lock before
-reading the revision), so the check and the update are one atomic step across threads and processes;
-a writer waits for the lock up to `busy_timeout_s`, then the store reports itself unavailable.
-
-The file is the one opened at startup: deleted or replaced under the running service (its directory
-removed, say), writes and health checks report the store unavailable. Writes into the unlinked file would
-have been answered 200 and lost at the next start.
+"""The embedded store: one SQLite file in WAL mode, one connection per thread, compare-and-swap under
+`BEGIN IMMEDIATE` (durability and concurrency: docs/students.md). A file deleted or replaced under the running
+service makes it unavailable: writes into the unlinked file would be lost at the next start.
 """
 
 from __future__ import annotations
@@ -26,17 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from app.students.store import (
     RevisionConflict,
+    StateStore,
     StateVersionMismatch,
     StoreUnavailable,
-    StudentPage,
     StudentState,
-    check_page_size,
-    decode_memory,
-    encode_memory,
+    state_of,
 )
 
 SCHEMA = """
@@ -57,18 +41,16 @@ CREATE TABLE IF NOT EXISTS store_counter (name TEXT PRIMARY KEY, value INTEGER N
 INSERT OR IGNORE INTO store_counter (name, value) VALUES ('revision', 0);
 """
 logger = logging.getLogger("mnemo.students")
-SYNCHRONOUS_MODES = ("FULL", "NORMAL")
 STATE_COLUMNS = (
     "model, student_id, memory, n_concepts, d_v, interactions, model_sha256, created_at, updated_at, revision"
 )
 
 
-class SqliteStateStore:
-    """`StateStore` over one SQLite file (created with its parent directory if missing)."""
+class SqliteStateStore(StateStore):
+    """`StateStore` over one SQLite file (created with its parent directory if missing); `synchronous` is FULL
+    (every commit fsync'ed) or NORMAL."""
 
     def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
-        if synchronous not in SYNCHRONOUS_MODES:
-            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, got {synchronous!r}")
         self.path = path
         self.synchronous = synchronous
         self._busy_timeout_s = busy_timeout_s
@@ -94,32 +76,25 @@ class SqliteStateStore:
         self._identity = _file_identity(path)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
+        query = f"SELECT {STATE_COLUMNS} FROM student_state WHERE student_id = ? AND model = ?"
         with self._errors_as_unavailable():
-            row = (
-                self._connection()
-                .execute(
-                    f"SELECT {STATE_COLUMNS} FROM student_state WHERE student_id = ? AND model = ?", (student_id, model)
-                )
-                .fetchone()
-            )
-        return None if row is None else _state_of(row)
+            row = self._connection().execute(query, (student_id, model)).fetchone()
+        return None if row is None else state_of(*row)
 
-    def write(
+    def _swap(
         self,
         model: str,
         student_id: str,
-        *,
-        memory: np.ndarray,
+        blob: bytes,
+        shape: tuple[int, int],
         interactions: int,
         model_sha256: str,
         expected_revision: int | None,
-    ) -> StudentState:
-        blob, n_concepts, d_v = encode_memory(memory)
-        with self._errors_as_unavailable(), self._transaction() as connection:
-            current = connection.execute(
-                "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?",
-                (student_id, model),
-            ).fetchone()
+    ) -> tuple[float, float, int]:
+        query = "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?"
+        with self._errors_as_unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
+            connection.execute("BEGIN IMMEDIATE")  # the write lock before the revision is read
+            current = connection.execute(query, (student_id, model)).fetchone()
             current_revision = None if current is None else current[0]
             if current_revision != expected_revision:
                 raise RevisionConflict(f"state revision is {current_revision}, expected {expected_revision}")
@@ -132,27 +107,25 @@ class SqliteStateStore:
             created_at = now if current is None else current[2]
             connection.execute(
                 f"INSERT OR REPLACE INTO student_state ({STATE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (model, student_id, blob, n_concepts, d_v, interactions, model_sha256, created_at, now, revision),
+                (model, student_id, blob, *shape, interactions, model_sha256, created_at, now, revision),
             )
-        return _state_of(
-            (model, student_id, blob, n_concepts, d_v, interactions, model_sha256, created_at, now, revision)
-        )
+        return created_at, now, revision
 
     def delete(self, student_id: str) -> list[StudentState]:
         """Delete the rows (zeroed on their pages: secure_delete), then copy the WAL into the database and
         truncate it, so the erased bytes do not linger in the WAL either (unless a reader holds it open)."""
-        with self._errors_as_unavailable(), self._transaction() as connection:
+        with self._errors_as_unavailable(), self._connection() as connection:
+            connection.execute("BEGIN IMMEDIATE")
             rows = connection.execute(
                 f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
             ).fetchall()
         if rows:
             self._erase_wal()
-        return sorted((_state_of(row) for row in rows), key=lambda state: state.model)
+        return sorted((state_of(*row) for row in rows), key=lambda state: state.model)
 
     def _erase_wal(self) -> None:
-        """Checkpoint the WAL into the database and truncate it. A failure (a full disk: the database file cannot
-        grow) is logged, not raised: the delete is committed, and the answer must say so; a later checkpoint
-        (SQLite's automatic one, or the next delete) erases the WAL."""
+        """Checkpoint the WAL into the database and truncate it; a failure (a full disk) is logged, not raised:
+        the delete is committed, and the answer must say so."""
         try:
             self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error as error:
@@ -163,19 +136,11 @@ class SqliteStateStore:
                 error,
             )
 
-    def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
-        check_page_size(limit)
+    def _ids_after(self, after: str | None, count: int) -> list[str]:
+        query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"
         with self._errors_as_unavailable():
-            rows = (
-                self._connection()
-                .execute(
-                    "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?",
-                    ("" if after is None else after, limit + 1),
-                )
-                .fetchall()
-            )
-        ids = [row[0] for row in rows[:limit]]
-        return StudentPage(ids, ids[-1] if len(rows) > limit else None)
+            rows = self._connection().execute(query, ("" if after is None else after, count)).fetchall()
+        return [row[0] for row in rows]
 
     def check_health(self) -> None:
         with self._errors_as_unavailable():
@@ -188,8 +153,7 @@ class SqliteStateStore:
             self._connections.clear()
 
     def _connection(self) -> sqlite3.Connection:
-        """This thread's connection (sqlite3 connections must not be shared between threads), once the path is
-        checked to name the file opened at startup."""
+        """This thread's connection, once the path is checked to name the file opened at startup."""
         if self._identity is not None and _file_identity(self.path) != self._identity:
             raise StoreUnavailable(
                 "SQLite state store: its file was deleted or replaced while the service ran",
@@ -210,19 +174,6 @@ class SqliteStateStore:
         return connection
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE ... COMMIT (durable on return), rolled back on any exception."""
-        connection = self._connection()
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            yield connection
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-        connection.execute("COMMIT")
-
-    @contextmanager
     def _errors_as_unavailable(self) -> Iterator[None]:
         try:
             yield
@@ -239,9 +190,3 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return status.st_dev, status.st_ino
-
-
-def _state_of(row: tuple) -> StudentState:
-    """A StudentState from a row in STATE_COLUMNS order."""
-    model, student_id, blob, n_concepts, d_v, *rest = row
-    return StudentState(model, student_id, decode_memory(blob, n_concepts, d_v), *rest)

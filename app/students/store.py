@@ -1,29 +1,32 @@
-"""The student-state store interface: what the HTTP layer needs, whatever the database.
+"""The student-state store interface, its errors, and `update_state`: the compare-and-swap loop of every append.
 
-A state is keyed by (model name, student id). `revision` is a store-wide write sequence number: every
-successful write takes the next one, and a number is never reused, not even after a student is deleted
-and created again. So a compare-and-swap on it can never confuse a recreated student with the state a
-writer read before the erasure (no ABA), and no erased data is ever written back.
-
-All methods are synchronous (the service calls them from worker threads) and safe to call from several
-threads at once. A database that cannot be reached raises `StoreUnavailable` within a bounded time.
+`revision` is a store-wide write sequence number, never reused (not even after an erasure), so a
+compare-and-swap on it cannot confuse a recreated student with an erased one (docs/students.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from app.core.errors import ServiceError
+
 MAX_PAGE_SIZE = 1000
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
+MAX_ATTEMPTS = 100  # 8 processes x 50 appends on one student needed at most 22 (Redis, loaded machine)
+MAX_BACKOFF_S = 0.05
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True, eq=False)  # no field-wise ==: comparing numpy arrays has no single truth value
 class StudentState:
-    """One student's recurrent state under one model. `memory` is read-only float32: DKVMN's value memory
-    [n_concepts, d_v], or DKT's LSTM state [2, S]."""
+    """One student's recurrent state under one model; `memory` is read-only float32 (DKVMN [N, d_v], DKT [2, S])."""
 
     model: str
     student_id: str
@@ -43,21 +46,13 @@ class StudentPage:
     next_after: str | None
 
 
-class StoreError(Exception):
-    """A store error with an HTTP status and one sentence for the client (the shape of app errors)."""
-
-    status_code = 500
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+class StoreError(ServiceError):
+    """A store error, answered with its status and sentence (app/transports/error_handlers.py)."""
 
 
 class StoreUnavailable(StoreError):
-    """The database cannot be reached or answered with an error: 503, the stateless endpoints keep working.
-
-    `detail` goes to the client and names no path, host or port; `internal` (default: the detail) only to
-    the service's log. `until_restart`: retrying will not help until the service is restarted (no Retry-After)."""
+    """The database cannot be reached or failed: 503. `detail` names no path, host or port; `internal` (default:
+    the detail) goes to the log only. `until_restart`: no retry helps before a restart (no Retry-After)."""
 
     status_code = 503
 
@@ -78,14 +73,11 @@ class StateVersionMismatch(StoreError):
             f"(sha256 {stored_sha256[:12]}..., served {served_sha256[:12]}...). Delete the student "
             f"(DELETE /students/{{student_id}}) and send the history again to rebuild it with the served version."
         )
-        self.model = model
-        self.stored_sha256 = stored_sha256
-        self.served_sha256 = served_sha256
 
 
 class InteractionCountMismatch(StoreError):
-    """The append named the count it extends (`expected_interactions`) and the stored count differs: 409,
-    nothing stored. A retry of an append that was stored although its answer was lost ends here, not twice."""
+    """The stored count is not the append's `expected_interactions`: 409, nothing stored (a retry is never
+    applied twice)."""
 
     status_code = 409
 
@@ -103,12 +95,16 @@ class RevisionConflict(StoreError):
     status_code = 409
 
 
-class StateStore(Protocol):
-    """Per-student DKVMN state behind one small interface (SQLite embedded, Redis for several replicas)."""
+class TooManyConflicts(RevisionConflict):
+    """Every attempt lost the compare-and-swap to another writer of the same student: 409, retry later."""
 
-    def read(self, model: str, student_id: str) -> StudentState | None:
-        """The state of `student_id` under `model`, or None if there is none."""
-        ...
+
+class StateStore(ABC):
+    """Per-student state (SQLite embedded, Redis for several replicas); synchronous and thread-safe, and a
+    database that cannot be reached raises `StoreUnavailable` within a bounded time."""
+
+    @abstractmethod
+    def read(self, model: str, student_id: str) -> StudentState | None: ...
 
     def write(
         self,
@@ -120,43 +116,112 @@ class StateStore(Protocol):
         model_sha256: str,
         expected_revision: int | None,
     ) -> StudentState:
-        """Compare-and-swap: store the state if the current revision is `expected_revision` (None: absent).
+        """Store the state if the current revision is `expected_revision` (None: absent), durably, else raise
+        `RevisionConflict`; `StateVersionMismatch` if the stored state has another `model_sha256`."""
+        if memory.dtype != np.float32 or memory.ndim != 2:
+            raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
+        blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
+        stored = self._swap(model, student_id, blob, memory.shape, interactions, model_sha256, expected_revision)
+        return state_of(model, student_id, blob, *memory.shape, interactions, model_sha256, *stored)
 
-        Raises `RevisionConflict` if it is not, and `StateVersionMismatch` if the stored state belongs to
-        another `model_sha256`. Returns the state as stored, with its new revision. Durable on return.
-        """
-        ...
+    @abstractmethod
+    def _swap(
+        self,
+        model: str,
+        student_id: str,
+        blob: bytes,
+        shape: tuple[int, int],
+        interactions: int,
+        model_sha256: str,
+        expected_revision: int | None,
+    ) -> tuple[float, float, int]:
+        """`write` of the encoded memory in the database: its (created_at, updated_at, revision)."""
 
+    @abstractmethod
     def delete(self, student_id: str) -> list[StudentState]:
         """Remove everything about `student_id`, under every model, atomically; return what was removed."""
-        ...
 
     def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
         """Up to `limit` (1..MAX_PAGE_SIZE) ids with a state, in ascending order, each greater than `after`."""
-        ...
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise ValueError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
+        ids = self._ids_after(after, limit + 1)
+        return StudentPage(ids[:limit], ids[limit - 1] if len(ids) > limit else None)
 
-    def check_health(self) -> None:
-        """Return if the database answers, else raise `StoreUnavailable`."""
-        ...
+    @abstractmethod
+    def _ids_after(self, after: str | None, count: int) -> list[str]:
+        """Up to `count` ids in ascending order, each greater than `after` (None: from the first)."""
 
-    def close(self) -> None:
-        """Release connections; the store is not used afterwards."""
-        ...
+    @abstractmethod
+    def check_health(self) -> None: ...
 
-
-def encode_memory(memory: np.ndarray) -> tuple[bytes, int, int]:
-    """The float32 blob and shape of a value memory; anything but a 2-D float32 array is a caller bug."""
-    if memory.dtype != np.float32 or memory.ndim != 2:
-        raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
-    return memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C"), memory.shape[0], memory.shape[1]
+    @abstractmethod
+    def close(self) -> None: ...
 
 
-def decode_memory(blob: bytes, rows: int, columns: int) -> np.ndarray:
-    """The read-only float32 [rows, columns] array of a blob, bit for bit."""
-    return np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
+def state_of(model: str, student_id: str, blob: bytes, rows: int, columns: int, *stored: Any) -> StudentState:
+    """A StudentState from its stored fields in StudentState's order, the memory as a blob and its shape: the
+    memory read-only, bit for bit."""
+    memory = np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
+    return StudentState(model, student_id, memory, *stored)
 
 
-def check_page_size(limit: int) -> None:
-    """Reject a page size outside 1..MAX_PAGE_SIZE (the HTTP layer validates it first)."""
-    if not 1 <= limit <= MAX_PAGE_SIZE:
-        raise ValueError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
+@dataclass(frozen=True)
+class NextState(Generic[Result]):
+    """What an update computed from the current state: the new memory and count, and a result to return."""
+
+    memory: np.ndarray
+    interactions: int
+    result: Result
+
+
+class StoreRunner(Protocol):
+    """How `update_state` calls the store: `StoreCalls` in the service, inline calls in a test writer."""
+
+    async def read(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+    async def commit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+async def update_state(
+    calls: StoreRunner,
+    store: StateStore,
+    model: str,
+    student_id: str,
+    model_sha256: str,
+    compute: Callable[[StudentState | None], Awaitable[NextState[Result]]],
+    *,
+    expected_interactions: int | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> tuple[StudentState, Result]:
+    """Apply `compute` (side-effect free: it reruns on the latest state after each lost race) to the student's
+    state and store the result by compare-and-swap, after a random growing delay between attempts.
+
+    Before `compute`: `StateVersionMismatch` for another model version, `InteractionCountMismatch` for a count
+    other than `expected_interactions`. `TooManyConflicts` after `max_attempts` lost races.
+    """
+    for attempt in range(max_attempts):
+        current = await calls.read(store.read, model, student_id)
+        if current is not None and current.model_sha256 != model_sha256:
+            raise StateVersionMismatch(model, current.model_sha256, model_sha256)
+        stored = 0 if current is None else current.interactions
+        if expected_interactions is not None and stored != expected_interactions:
+            raise InteractionCountMismatch(model, stored, expected_interactions)
+        step = await compute(current)
+        try:
+            state = await calls.commit(
+                store.write,
+                model,
+                student_id,
+                memory=step.memory,
+                interactions=step.interactions,
+                model_sha256=model_sha256,
+                expected_revision=None if current is None else current.revision,
+            )
+        except RevisionConflict:
+            await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))
+            continue
+        return state, step.result
+    raise TooManyConflicts(
+        f"the state of this student changed {max_attempts} times while this update was computed; retry the request"
+    )

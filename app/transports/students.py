@@ -1,15 +1,7 @@
-"""The /students endpoints: knowledge tracing with each student's state kept on the server.
+"""The /students endpoints: knowledge tracing with each student's state kept on the server (docs/students.md).
 
-The state is the model's recurrent state: DKVMN's value memory [N, d_v], or DKT's LSTM state [2, S] (h, c;
-DKT has no mastery, so its `mastery` fields are null).
-
-An append reads the student's state, runs the new interactions from its memory through the batcher,
-and stores the new memory with a compare-and-swap, retrying on a lost race (`update_state`). Its cost
-depends on the new interactions only, never on the history. The store calls block, so they run on the
-store's own threads (`StoreCalls`: a stalled store never holds the threads that parse other requests);
-the model runs in the request's own task, so its deadline and disconnect apply to it as to
-/knowledge-trace. An append cancelled before its write has started stores nothing (504 or 499); once the
-write has started, its result is the answer. Design: docs/students.md.
+An append runs only the new interactions, from the stored memory, through the batcher in the request's own task
+(its deadline and disconnect apply), then stores the result by compare-and-swap (`update_state`).
 """
 
 from __future__ import annotations
@@ -24,10 +16,8 @@ from app.core.errors import InvalidInput, ServiceError
 from app.core.responses import JsonResponse
 from app.runtime.model import ServedModel
 from app.runtime.offload import offload
-from app.students.holder import StoreHolder
-from app.students.ids import MAX_STUDENT_ID_LENGTH, STUDENT_ID_SCHEMA, InvalidStudentId, validate_student_id
-from app.students.store import MAX_PAGE_SIZE, StateStore, StateVersionMismatch, StudentState
-from app.students.update import NextState, update_state
+from app.students.io import StoreCalls, StoreHolder
+from app.students.store import MAX_PAGE_SIZE, NextState, StateStore, StateVersionMismatch, StudentState, update_state
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.service import TASK_NAME
 from app.tasks.knowledge_trace.student_schemas import (
@@ -40,8 +30,15 @@ from app.tasks.knowledge_trace.student_schemas import (
 from app.transports.http import complete, json_body, read_body, registry
 
 router = APIRouter(tags=["students"])
+MAX_STUDENT_ID_LENGTH = 128
+# The id rules as far as a JSON Schema regex can state them, for the OpenAPI document ("printable" has no portable
+# form): `student_id_problem` is the one check.
+STUDENT_ID_SCHEMA = {
+    "minLength": 1,
+    "maxLength": MAX_STUDENT_ID_LENGTH,
+    "pattern": r"^(?!\.\.?$)[^\s/\x00-\x1f\x7f-\x9f\ufffd]+$",
+}
 STUDENT_ID_DESCRIPTION = f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces"
-# the rules are documented in the schema and checked by `_checked_id`, whose 422 names the rule broken
 StudentIdPath = Annotated[str, Path(description=STUDENT_ID_DESCRIPTION, json_schema_extra=STUDENT_ID_SCHEMA)]
 
 
@@ -49,70 +46,40 @@ class StudentNotFound(ServiceError):
     status_code = 404
 
 
-def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_id")) -> str:
-    """The id if it follows the rules, else a 422 naming the parameter and the rule (never the id)."""
-    try:
-        return validate_student_id(student_id)
-    except InvalidStudentId as error:
-        raise InvalidInput(location, str(error)) from None
+def student_id_problem(student_id: str) -> str | None:
+    """The rule a student id breaks (docs/students.md), named without echoing the id; None for a valid id, which is
+    then compared exactly as given (no trimming, case folding or normalisation)."""
+    if not 1 <= len(student_id) <= MAX_STUDENT_ID_LENGTH:
+        return f"student_id must be 1 to {MAX_STUDENT_ID_LENGTH} characters long; it has {len(student_id)}"
+    for position, character in enumerate(student_id):
+        if character.isspace() or not character.isprintable():
+            return (
+                "student_id must contain only printable characters other than whitespace; "
+                f"character {position} is U+{ord(character):04X}"
+            )
+        if character == "/":
+            return f"student_id must not contain '/' (it is one URL path segment); character {position}"
+        if character == "\ufffd":  # what URL decoding makes of any byte that is not UTF-8: such ids would be one
+            return f"student_id must be valid UTF-8 and must not contain U+FFFD; character {position} is U+FFFD"
+    if student_id in (".", ".."):
+        return "student_id must not be '.' or '..' (URL path segments)"
+    return None
 
 
-def _holder(request: Request) -> StoreHolder:
-    return request.app.state.students
+def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_id")) -> None:
+    """A 422 naming the parameter and the rule when the id breaks one."""
+    if problem := student_id_problem(student_id):
+        raise InvalidInput(location, problem)
 
 
-async def _store(request: Request) -> StateStore:
-    holder = _holder(request)
-    return await holder.calls.read(holder.get)
+async def _store(request: Request) -> tuple[StoreCalls, StateStore]:
+    """The calls' runner and the store, opened on a store thread (it may block)."""
+    holder: StoreHolder = request.app.state.students
+    return holder.calls, await holder.calls.read(holder.get)
 
 
 def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _arrays(model: ServedModel, body: AppendRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Questions, answers and the questions to predict next, checked against the model."""
-    return service.request_arrays(model, body.interactions, body.next_questions or [])
-
-
-async def _append(
-    holder: StoreHolder,
-    store: StateStore,
-    model: ServedModel,
-    student_id: str,
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
-    body: AppendRequest,
-) -> dict[str, Any]:
-    questions, correct, wanted = arrays
-
-    async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
-        """Run the new interactions from the stored memory, and predict `next_questions` from the result.
-
-        Both before the write: once it is stored, nothing may be cancelled (a 504 would hide a stored append)."""
-        memory = None if current is None else current.memory
-        trace = await service.trace(model, questions, correct, memory)
-        next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-        seen = 0 if current is None else current.interactions
-        return NextState(trace.memory, seen + len(questions), (trace, next_p))
-
-    state, (trace, next_p) = await update_state(
-        holder.calls,
-        store,
-        model.name,
-        student_id,
-        model.entry.sha256,
-        compute,
-        expected_interactions=body.expected_interactions,
-    )
-    return {
-        "model": model.name,
-        "interactions": state.interactions,
-        "predictions": trace.predictions.tolist(),
-        "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
-        "next": service.next_items(model, wanted, next_p),
-        "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
-        "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
-    }
 
 
 @router.post(
@@ -132,20 +99,50 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     _checked_id(student_id)
     body = await read_body(request, AppendRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
-    arrays = await offload(_arrays, model, body)
-    store = await _store(request)
-    rows = service.rows_needed(model, len(arrays[0]), len(arrays[2]) > 0)
-    with model.batcher.admit(rows, cells=len(arrays[0]) + len(arrays[2])):
-        work = _append(_holder(request), store, model, student_id, arrays, body)
-        return JsonResponse(await complete(request, work, model.name))
+    questions, correct, wanted = await offload(
+        service.request_arrays, model, body.interactions, body.next_questions or []
+    )
+    calls, store = await _store(request)
+
+    async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
+        """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
+        the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
+        trace = await service.trace(model, questions, correct, None if current is None else current.memory)
+        next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+        seen = 0 if current is None else current.interactions
+        return NextState(trace.memory, seen + len(questions), (trace, next_p))
+
+    async def append() -> dict[str, Any]:
+        state, (trace, next_p) = await update_state(
+            calls,
+            store,
+            model.name,
+            student_id,
+            model.entry.sha256,
+            compute,
+            expected_interactions=body.expected_interactions,
+        )
+        return {
+            "model": model.name,
+            "interactions": state.interactions,
+            "predictions": trace.predictions.tolist(),
+            "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
+            "next": service.next_items(model, wanted, next_p),
+            "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
+            "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
+        }
+
+    rows = service.rows_needed(model, len(questions), len(wanted) > 0)
+    with model.batcher.admit(rows, cells=len(questions) + len(wanted)):
+        return JsonResponse(await complete(request, append(), model.name))
 
 
 def _listed(values: np.ndarray | None) -> list[float] | None:
     return None if values is None else values.tolist()
 
 
-async def _describe(holder: StoreHolder, store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
-    state = await holder.calls.read(store.read, model.name, student_id)
+async def _describe(calls: StoreCalls, store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
+    state = await calls.read(store.read, model.name, student_id)
     if state is None:
         raise StudentNotFound(
             f"This student has no state under model {model.name}; "
@@ -175,9 +172,9 @@ async def get_student(
     """A student's state under one model: interaction count, current mastery, times, model version."""
     _checked_id(student_id)
     served = registry(request).get(model, TASK_NAME)
-    store = await _store(request)
+    calls, store = await _store(request)
     with served.batcher.admit(1):
-        work = _describe(_holder(request), store, served, student_id)
+        work = _describe(calls, store, served, student_id)
         return JsonResponse(await complete(request, work, served.name))
 
 
@@ -185,8 +182,8 @@ async def get_student(
 async def delete_student(request: Request, student_id: StudentIdPath) -> JsonResponse:
     """Erase everything about a student, under every model, at once; answers which states were removed."""
     _checked_id(student_id)
-    store = await _store(request)
-    removed = await _holder(request).calls.commit(store.delete, student_id)
+    calls, store = await _store(request)
+    removed = await calls.commit(store.delete, student_id)
     deleted = [{"model": state.model, "interactions": state.interactions} for state in removed]
     return JsonResponse({"student_id": student_id, "deleted": deleted})
 
@@ -202,6 +199,6 @@ async def list_students(
     """A page of the ids of students with a state, in ascending code-point order (keyset paging)."""
     if after is not None:
         _checked_id(after, ("query", "after"))
-    store = await _store(request)
-    page = await _holder(request).calls.read(store.list_students, after=after, limit=limit)
+    calls, store = await _store(request)
+    page = await calls.read(store.list_students, after=after, limit=limit)
     return JsonResponse({"student_ids": page.student_ids, "next_after": page.next_after})
