@@ -1,11 +1,7 @@
 """`python -m app.transports.probe_server HOST PORT [STALE_S]`: /health and /ready in a process of their own.
 
-Started by the service (app/transports/probes.py) when MNEMO_PROBE_PORT is set. Standard library only,
-so it starts fast and stays small. The service writes its readiness to this process's stdin every 0.1 s,
-as one JSON line `[status, body]`. This process has its own GIL, so a probe is answered at once however
-busy the service's threads are, where a thread of the service would wait for the GIL. It is still a
-faithful liveness probe: when no line has come for STALE_S (the service's event loop stopped turning),
-/health and /ready say 503; when stdin closes (the service stopped or died), this process exits.
+Standard library only. It answers from the `[status, body]` lines the service writes to its stdin; no line for
+STALE_S (the service's event loop stuck) is 503, and the end of stdin (the service gone) ends it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""POST /knowledge-trace bodies.
-
-Two model families answer through the same bodies: DKVMN, whose memory slots are latent concepts, and
-the DKT baseline (an LSTM), which has none: for a DKT model `mastery`, `attention`, `n_concepts` and
-`next[].concept` are null whatever the request asks, so one request body works for every model.
-"""
+"""POST /knowledge-trace bodies, for DKVMN and the DKT baseline (for DKT, the concept fields are null)."""
 
 from __future__ import annotations
 

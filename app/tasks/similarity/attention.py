@@ -1,12 +1,5 @@
-"""Attention maps of the LSTM_RMC encoder, vectorised (MODELS.md §2.5).
-
-Graph outputs attn_{a,b}_{fwd,bwd} are [T,H,K] per pair: the weight each head of the memory row gave
-its K slots while reading step t (slot 0 the memory itself; VLMP: then the window's tokens
-t-w+1..t; FLMP: token t). For one direction, row t of the map holds the head-averaged weights of
-the tokens read at step t; the backward pass read the sentence reversed, so its map is flipped back.
-The returned map is the mean of the two directions, `len x len`, non-negative; a row sums to less
-than 1 by the weight the memory kept on itself.
-"""
+"""Attention maps of the LSTM_RMC encoder, vectorised (MODELS.md §2.5): per-step memory-row weights
+[T,H,K] of each direction -> one `len x len` map, the mean of the forward map and the backward map flipped back."""
 
 from __future__ import annotations
 

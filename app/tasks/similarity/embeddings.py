@@ -1,12 +1,5 @@
-"""Sentence vectors of the LSTM_RMC encoder, and pair scores from two stored vectors (transport-free).
-
-Two graphs of the same weights as the model's pair graph (manifest `graphs`, built by `export/embeddings.py`):
-- `encoder`: emb [B,T,50] float32, len [B] int64 -> embedding [B,2M], the vector the heads read: the final
-  memory after reading the sentence forward, then the final memory after reading it reversed. Each sentence is
-  one batch row; the batcher pads rows to one T and the masked encoder ignores the padding.
-- `head`: embedding_a, embedding_b [B,2M] -> relatedness_log_probs [B,5], relatedness [B], entailment_logits
-  [B,3] on the features [u, v, |u-v|, u*v]: the same outputs as the pair graph for the same two sentences.
-"""
+"""Sentence vectors of the LSTM_RMC encoder (`encoder` graph), and pair scores from two stored vectors
+(`head` graph, the same outputs as the pair graph); transport-free."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Similarity models over the Open Inference Protocol: sentences in, scores and tokens out.
+"""Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out.
 
-The ONNX graph reads GloVe embeddings, so the protocol tensors are the task's, not the graph's:
-inputs `sentence_a` and `sentence_b`, BYTES [B] (UTF-8 text, one element per pair); outputs
-`relatedness` FP32 [B] (1..5), `entailment_probabilities` FP32 [B,3] (in the order of the model's
-`entailment_labels`, GET /models) and `tokens_a` / `tokens_b` BYTES [B,L] (the tokens the model read,
-`<s>` ... `</s>`, padded with empty strings to the longest sentence of the request); a model with a
-paraphrase head also outputs `paraphrase_probability` FP32 [B] (as POST /similarity's). The pairs go
-through the similarity service (limits, tokenizer, batcher) exactly as on POST /similarity/batch.
+The graph reads GloVe embeddings, so the tensors are the task's: the pairs go through the service exactly as on
+POST /similarity/batch; `tokens_a`/`tokens_b` are padded with empty strings to the longest sentence.
 """
 
 from __future__ import annotations

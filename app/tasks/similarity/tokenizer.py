@@ -1,15 +1,7 @@
-"""The one tokenizer used by training and serving of the similarity models (MODELS.md §3.1).
+"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1).
 
-Text that is not pure ASCII is first normalised so that typographic variants read like the ASCII the
-models were trained on: Unicode NFKC (full-width letters, digits and punctuation become ASCII,
-ligatures and compatibility forms are decomposed), then curly quotes, primes and dashes become their
-ASCII counterparts, and invisible characters are deleted (Unicode category Cf: zero-width spaces and joiners,
-byte order marks, direction marks; and the other default-ignorable code points: fillers, variation
-selectors), so "gui\u200btar" reads as "guitar"; the braille blank (U+2800), which renders as a space, reads
-as one. ASCII text (all of SICK) is left exactly as it is, so the trained models see the same tokens. Then
-ASCII punctuation is deleted, text is lowercased and split on whitespace, all-digit tokens become `<number>`,
-and the sentence is wrapped in `<s> ... </s>`. A word of combining marks only (an accent with no letter
-under it) is no word and is dropped, so a sentence that looks empty has no word.
+Non-ASCII text is first normalised so typographic variants read as the ASCII the models were trained on (NFKC,
+curly quotes and dashes, invisible characters deleted); ASCII text (all of SICK) is left exactly as it is.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """`inference.GRPCInferenceService` (KServe v2 / Triton) over app/transports/oip/inference.py, as REST v2 serves it.
 
-Every RPC goes through `_call`: the API key (`authorization: Bearer <key>` metadata, unless the REST path it stands
-for is open), the answer or the REST status as a gRPC code, and the metrics. A `ModelInferRequest` becomes the
-`InferenceRequest` and binary tensor data that REST's body would carry, so both transports decode tensors with the
-same code; outputs always go as `raw_output_contents`. Methods not offered (shared memory, model load/unload,
-trace and log settings, streaming) answer UNIMPLEMENTED.
+A `ModelInferRequest` becomes the `InferenceRequest` and binary tensor data that REST's body would carry, so both
+decode tensors with the same code; outputs go as `raw_output_contents`. Methods not offered answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -50,6 +47,18 @@ CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "I
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
 
 
+def rpc(path: Callable[[Any], str]) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Message]]]:
+    """An RPC answered through `InferenceServicer._call`, its API key checked as REST's `path(request)` would be."""
+
+    def register(answer: Callable[..., Any]) -> Callable[..., Awaitable[Message]]:
+        async def method(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Message:
+            return await self._call(answer.__name__, path(request), context, lambda: answer(self, request, context))
+
+        return method
+
+    return register
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     """The service over the app's registry, drain, metrics and settings (read from `app.state` at each call)."""
 
@@ -58,74 +67,55 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state = app.state
         self.keys = api_key_check(app.state.settings)
 
-    async def ServerLive(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        return await self._call("ServerLive", "/v2/health/live", context, self._live)
+    @rpc(lambda request: "/v2/health/live")
+    def ServerLive(self, request: Message, context: Any) -> Message:
+        return service_pb2.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        return await self._call("ServerReady", "/v2/health/ready", context, self._ready)
+    @rpc(lambda request: "/v2/health/ready")
+    def ServerReady(self, request: Message, context: Any) -> Message:
+        return service_pb2.ServerReadyResponse(ready=inference.server_ready(self.state))
 
-    async def ServerMetadata(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        return await self._call("ServerMetadata", "/v2", context, self._server_metadata)
+    @rpc(lambda request: "/v2")
+    def ServerMetadata(self, request: Message, context: Any) -> Message:
+        app = self.app
+        return service_pb2.ServerMetadataResponse(name=app.title, version=app.version, extensions=inference.EXTENSIONS)
 
-    async def ModelReady(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        def answer() -> Message:
-            try:
-                inference.find_model(self._registry, request.name, request.version)
-            except ProtocolError as error:
-                if error.status != 503:
-                    raise
-                return service_pb2.ModelReadyResponse(ready=False)
-            return service_pb2.ModelReadyResponse(ready=True)
-
-        return await self._call("ModelReady", f"/v2/models/{request.name}/ready", context, answer)
-
-    async def ModelMetadata(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        def answer() -> Message:
-            document = inference.metadata(*inference.find_model(self._registry, request.name, request.version))
-            return _from_json(document, service_pb2.ModelMetadataResponse())
-
-        return await self._call("ModelMetadata", f"/v2/models/{request.name}", context, answer)
-
-    async def ModelConfig(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        def answer() -> Message:
-            document = inference.model_config(*inference.find_model(self._registry, request.name, request.version))
-            return service_pb2.ModelConfigResponse(config=_from_json(document, model_config_pb2.ModelConfig()))
-
-        return await self._call("ModelConfig", f"/v2/models/{request.name}/config", context, answer)
-
-    async def ModelStatistics(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        def answer() -> Message:
-            document = inference.statistics(self._registry, request.name, request.version)
-            return _from_json(document, service_pb2.ModelStatisticsResponse())
-
-        path = f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats"
-        return await self._call("ModelStatistics", path, context, answer)
-
-    async def RepositoryIndex(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
-        def answer() -> Message:
-            if request.repository_name:
-                raise ProtocolError(
-                    f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
-                )
-            index = inference.repository_index(self._registry, request.ready)
-            return _from_json({"models": index}, service_pb2.RepositoryIndexResponse())
-
-        return await self._call("RepositoryIndex", "/v2/repository/index", context, answer)
-
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Message:
-        path = f"/v2/models/{request.model_name}/infer"
-        return await self._call("ModelInfer", path, context, lambda: self._infer(request, context))
-
-    async def ModelInferBytes(self, data: bytes, context: grpc.aio.ServicerContext) -> Message:
-        """ModelInfer from its undecoded message (server.py routes it here): a malformed one is INVALID_ARGUMENT,
-        where grpc's own decoding would answer INTERNAL."""
+    @rpc(lambda request: f"/v2/models/{request.name}/ready")
+    def ModelReady(self, request: Message, context: Any) -> Message:
         try:
-            request = service_pb2.ModelInferRequest.FromString(data)
-        except DecodeError:
-            return await self._call("ModelInfer", "/v2/models/infer", context, _malformed)
-        return await self.ModelInfer(request, context)
+            inference.find_model(self._registry, request.name, request.version)
+        except ProtocolError as error:
+            if error.status != 503:
+                raise
+            return service_pb2.ModelReadyResponse(ready=False)
+        return service_pb2.ModelReadyResponse(ready=True)
 
-    async def _infer(self, message: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Message:
+    @rpc(lambda request: f"/v2/models/{request.name}")
+    def ModelMetadata(self, request: Message, context: Any) -> Message:
+        document = inference.metadata(*inference.find_model(self._registry, request.name, request.version))
+        return _from_json(document, service_pb2.ModelMetadataResponse())
+
+    @rpc(lambda request: f"/v2/models/{request.name}/config")
+    def ModelConfig(self, request: Message, context: Any) -> Message:
+        document = inference.model_config(*inference.find_model(self._registry, request.name, request.version))
+        return service_pb2.ModelConfigResponse(config=_from_json(document, model_config_pb2.ModelConfig()))
+
+    @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
+    def ModelStatistics(self, request: Message, context: Any) -> Message:
+        document = inference.statistics(self._registry, request.name, request.version)
+        return _from_json(document, service_pb2.ModelStatisticsResponse())
+
+    @rpc(lambda request: "/v2/repository/index")
+    def RepositoryIndex(self, request: Message, context: Any) -> Message:
+        if request.repository_name:
+            raise ProtocolError(
+                f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
+            )
+        index = inference.repository_index(self._registry, request.ready)
+        return _from_json({"models": index}, service_pb2.RepositoryIndexResponse())
+
+    @rpc(lambda request: f"/v2/models/{request.model_name}/infer")
+    async def ModelInfer(self, message: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Message:
         drain = self.state.drain
         if drain.draining:
             raise ProtocolError("The server is shutting down; retry on another instance.", 503)
@@ -150,6 +140,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if sum(answer.outputs[name].nbytes for name in answer.wanted) <= INLINE_MESSAGE_BYTES:
             return inference_response(*response)
         return await offload(inference_response, *response)  # large outputs are copied off the event loop
+
+    async def ModelInferBytes(self, data: bytes, context: grpc.aio.ServicerContext) -> Message:
+        """ModelInfer from its undecoded message (server.py routes it here): a malformed one is INVALID_ARGUMENT,
+        where grpc's own decoding would answer INTERNAL."""
+        try:
+            request = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError:
+            return await self._call("ModelInfer", "/v2/models/infer", context, _malformed)
+        return await self.ModelInfer(request, context)
 
     async def _decode_off_loop(self, size: int, function: Callable[..., Any], *args: Any) -> Any:
         """Decoding on a worker thread in the bounded parse queue, as REST's large bodies (429 while it is full)."""
@@ -189,16 +188,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @property
     def _registry(self) -> Any:
         return registry_of(self.state)
-
-    def _live(self) -> Message:
-        return service_pb2.ServerLiveResponse(live=True)
-
-    def _ready(self) -> Message:
-        return service_pb2.ServerReadyResponse(ready=inference.server_ready(self.state))
-
-    def _server_metadata(self) -> Message:
-        app = self.app
-        return service_pb2.ServerMetadataResponse(name=app.title, version=app.version, extensions=inference.EXTENSIONS)
 
     async def _call(
         self,
