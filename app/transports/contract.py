@@ -8,8 +8,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.transports.oip.schemas import ProtocolErrorBody
-
 ERROR_REF = "#/components/schemas/ErrorBody"
 VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
 PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
@@ -18,6 +16,12 @@ PROTOCOL_PREFIX = "/v2"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 # the /students operations: their store calls may be refused with 429 (too many waiting, app/students/io.py)
 STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}
+
+
+class ProtocolErrorBody(BaseModel):
+    """Every error of the protocol's own endpoints (400 bad tensors, 404, 429, 503, 504)."""
+
+    error: str = Field(description="one sentence saying what went wrong")
 
 
 class ErrorBody(BaseModel):

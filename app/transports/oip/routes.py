@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2) REST endpoints, and Triton's model config, statistics and repository index.
 
 Every error is the protocol's `{"error": "<sentence>"}`. A model's routes also answer under
-`/versions/{version}` (left out of the OpenAPI document).
+`/versions/{version}` (left out of the OpenAPI document). The response models document the bodies the routes build.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.responses import Response
 
 from app.core.responses import JsonResponse
@@ -29,16 +29,66 @@ from app.transports.http import (
 )
 from app.transports.oip import inference
 from app.transports.oip.inference import registry_of
-from app.transports.oip.schemas import (
-    InferenceResponse,
-    Liveness,
-    ModelMetadata,
-    ModelReadiness,
-    RepositoryIndexRequest,
-    ServerMetadata,
-    ServerReadiness,
-)
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class Liveness(BaseModel):
+    live: bool
+
+
+class ServerReadiness(BaseModel):
+    ready: bool = Field(description="true with 200; false with 503 (models loading, failed or draining)")
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str = Field(description="BOOL, INT8 ... INT64, UINT8, FP16, FP32, FP64 or BYTES")
+    shape: list[int] = Field(description="-1 = any size")
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ModelReadiness(BaseModel):
+    name: str
+    ready: bool
+
+
+class ResponseOutput(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any] | None = Field(None, description="row-major elements (absent when sent as binary data)")
+    parameters: dict[str, Any] | None = Field(None, description="binary_data_size when sent as binary data")
+
+
+class InferenceResponse(BaseModel):
+    """The JSON body, or with binary outputs the JSON header before the binary tensor data."""
+
+    model_name: str
+    model_version: str
+    id: str | None = Field(None, description="the request's id, when it had one")
+    outputs: list[ResponseOutput]
+
+
+class RepositoryIndexRequest(BaseModel):
+    """The optional body of POST /v2/repository/index."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ready: StrictBool = Field(False, description="true: only the models that are ready")
+
 
 logger = logging.getLogger("mnemo.oip")
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
