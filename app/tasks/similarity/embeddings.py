@@ -58,40 +58,37 @@ def vector_pair(
     embedding_b: Sequence[float],
     encoders: tuple[str | None, str | None] = (None, None),
 ) -> Feeds:
-    """Head feeds for two stored vectors. Whose `encoder_a`/`encoder_b` (the `encoder` of the /embeddings answer that
-    made it, when given) is not this model's, or of the wrong size, is a 422 naming the field (all such fields)."""
-    dimension = limits_of(model).dimension
+    """Head feeds for two stored vectors; whose `encoder_a`/`encoder_b` (when given) is not this model's, or of the
+    wrong size, is a 422 naming the field (all such fields)."""
+    limits = limits_of(model)
 
-    def vector(field: str, values: Sequence[float]) -> np.ndarray:
-        if len(values) != dimension:
+    def check_encoder(field: str, encoder: str | None) -> None:
+        if encoder is not None and encoder != limits.encoder:
             raise InvalidInput(
                 ("body", field),
-                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {dimension} "
+                f"{field} is not {limits.encoder!r}, the encoder of model {model.name}: the vector was made by another "
+                "model or another version of it, and this model's head would score it as noise; embed the sentence "
+                f"again with POST /embeddings and model {model.name}",
+            )
+
+    def vector(field: str, values: Sequence[float]) -> np.ndarray:
+        if len(values) != limits.dimension:
+            raise InvalidInput(
+                ("body", field),
+                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {limits.dimension} "
                 "(from POST /embeddings with the same model)",
             )
         return np.asarray(values, dtype=np.float32)[np.newaxis]
 
-    fields = ("embedding_a", "embedding_b")
-    encoder_checks = [
-        partial(check_encoder, model, f"encoder_{side}", encoder) for side, encoder in zip("ab", encoders, strict=True)
-    ]
-    vector_checks = [
-        partial(vector, field, values) for field, values in zip(fields, (embedding_a, embedding_b), strict=True)
-    ]
-    vectors = each_checked([*encoder_checks, *vector_checks])[len(encoder_checks) :]
-    return dict(zip(fields, vectors, strict=True))
-
-
-def check_encoder(model: ServedModel, field: str, encoder: str | None) -> None:
-    """A 422 naming `field` when a stored vector's encoder is not the model's (None: the client did not say)."""
-    expected = limits_of(model).encoder
-    if encoder is not None and encoder != expected:
-        raise InvalidInput(
-            ("body", field),
-            f"{field} is not {expected!r}, the encoder of model {model.name}: the vector was made by another model "
-            f"or another version of it, and this model's head would score it as noise; embed the sentence again "
-            f"with POST /embeddings and model {model.name}",
-        )
+    _, _, first, second = each_checked(
+        [
+            partial(check_encoder, "encoder_a", encoders[0]),
+            partial(check_encoder, "encoder_b", encoders[1]),
+            partial(vector, "embedding_a", embedding_a),
+            partial(vector, "embedding_b", embedding_b),
+        ]
+    )
+    return {"embedding_a": first, "embedding_b": second}
 
 
 async def score_vectors(model: ServedModel, feeds: Feeds) -> Feeds:

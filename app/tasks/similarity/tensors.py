@@ -31,15 +31,8 @@ PARAPHRASE = TensorSpec("paraphrase_probability", "FP32", (-1,))
 @dataclass(frozen=True)
 class Pairs:
     encoded: list[EncodedPair]
-
-    @property
-    def rows(self) -> int:
-        return len(self.encoded)
-
-    @property
-    def cells(self) -> None:
-        """None, as on POST /similarity: the batcher estimates a pair's cost from the rows it has run."""
-        return None
+    rows: int
+    cells: None = None  # as on POST /similarity: the batcher estimates a pair's cost from the rows it has run
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
@@ -65,7 +58,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
         where = error.location[1:]  # ("body", index, "sentence_a") or ("body", "pairs")
         name = f"input {where[1]}[{where[0]}]" if len(where) == 2 else "inputs sentence_a/sentence_b"
         raise ProtocolError(f"{name}: {error.message}") from None
-    return Pairs(encoded)
+    return Pairs(encoded, len(encoded))
 
 
 async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
