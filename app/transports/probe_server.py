@@ -19,21 +19,6 @@ MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unansw
 SOCKET_TIMEOUT_S = 5.0
 
 
-class _State:
-    def __init__(self, stale_s: float) -> None:
-        self.stale_s = stale_s
-        self.readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
-        self.fed_at = time.monotonic()
-
-    def answer(self, path: str) -> tuple[int, dict]:
-        silent_s = time.monotonic() - self.fed_at
-        if path not in ("/health", "/ready"):
-            return 404, {"detail": "This port serves only GET /health and GET /ready."}
-        if silent_s > self.stale_s:
-            return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
-        return (200, {"status": "ok"}) if path == "/health" else self.readiness
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S
@@ -46,7 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(with_body=False)
 
     def _answer(self, with_body: bool) -> None:
-        status, payload = self.server.state.answer(self.path.split("?", 1)[0])
+        status, payload = self.server.answer(self.path.split("?", 1)[0])
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -60,13 +45,24 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS probes at once (more are closed unanswered), on a port shared by every worker's."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], state: _State) -> None:
-        self.state = state
+    def __init__(self, address: tuple[str, int], stale_s: float) -> None:
+        self.stale_s, self.fed_at = stale_s, time.monotonic()
+        self.readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
+
+    def answer(self, path: str) -> tuple[int, dict]:
+        silent_s = time.monotonic() - self.fed_at
+        if path not in ("/health", "/ready"):
+            return 404, {"detail": "This port serves only GET /health and GET /ready."}
+        if silent_s > self.stale_s:
+            return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
+        return (200, {"status": "ok"}) if path == "/health" else self.readiness
 
     def server_bind(self) -> None:
         self.socket.setsockopt(SOL_SOCKET, SO_REUSEPORT, 1)  # one probe process per worker, one port
@@ -86,9 +82,8 @@ class _Server(ThreadingHTTPServer):
 
 
 def main(host: str, port: int, stale_s: float = STALE_S) -> None:
-    state = _State(stale_s)
     try:
-        server = _Server((host, port), state)
+        server = _Server((host, port), stale_s)
     except OSError as error:
         print(f"cannot listen on {host}:{port}: {error.strerror}", flush=True)
         sys.exit(1)
@@ -99,7 +94,7 @@ def main(host: str, port: int, stale_s: float = STALE_S) -> None:
             status, payload = json.loads(line)
         except (ValueError, TypeError):  # a line cut by a full pipe: the next one comes 0.1 s later
             continue
-        state.readiness, state.fed_at = (int(status), payload), time.monotonic()
+        server.readiness, server.fed_at = (int(status), payload), time.monotonic()
     server.shutdown()
     os._exit(0)
 
