@@ -92,8 +92,7 @@ def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what
 
 
 async def infer(model: ServedModel, histories: Histories) -> Feeds:
-    """Every row's trace, all rows at once (`service.trace_all`: where chunks share runs they do), zero-padded
-    to T."""
+    """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
     traces = await service.trace_all(
         model,
         [

@@ -10,8 +10,7 @@ import numpy as np
 
 @lru_cache(maxsize=512)
 def _cells(length: int, pointer: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The cells of a pass's `length x length` map its memory row read, as (steps, tokens, slots): step t read
-    token tokens[i] in slot slots[i]. Cached: a model has one pointer and window, and lengths are few."""
+    """The cells of a pass's map its memory row read: step steps[i] read token tokens[i] in slot slots[i]."""
     steps = np.arange(length)
     if pointer == "flmp":
         return steps, steps, np.ones(length, dtype=np.intp)
@@ -31,9 +30,7 @@ def direction_map(weights: np.ndarray, pointer: str, window: int) -> np.ndarray:
 
 
 def combined_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
-    """Mean of the forward map and the backward map re-indexed to the original token order.
-
-    The backward pass read token L-1-i at its step L-1-t, so its cell (t, i) lands at (L-1-t, L-1-i)."""
+    """Mean of the forward map and the backward map, whose cell (t, i) lands at (L-1-t, L-1-i)."""
     length = len(forward)
     steps, tokens, slots = _cells(length, pointer, window)
     result = direction_map(forward, pointer, window)

@@ -49,14 +49,12 @@ _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 
 
 def has_control_character(text: str) -> bool:
-    """True when the text holds a control character other than tab, newline and carriage return (a sentence
-    with one is refused, never tokenized)."""
+    """True when the text holds a control character other than tab, newline and carriage return (refused)."""
     return _CONTROL.search(text) is not None
 
 
 def normalize(text: str) -> str:
-    """Typographic and compatibility forms as ASCII where they have an ASCII equivalent, invisible characters
-    (format characters, fillers, variation selectors) deleted; ASCII unchanged."""
+    """Typographic and compatibility forms as ASCII, invisible characters deleted; ASCII unchanged."""
     if text.isascii():
         return text
     return unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHIC_TO_ASCII).translate(_deletions())
@@ -64,9 +62,7 @@ def normalize(text: str) -> str:
 
 @functools.cache
 def _deletions() -> dict[int, None]:
-    """A str.translate table deleting every invisible character (built once, on the first non-ASCII text: the
-    scan of planes 0 and 1 for category Cf is too slow to repeat or to pay at import; the tags of plane 14 are
-    in DEFAULT_IGNORABLE)."""
+    """A str.translate table deleting every invisible character, built once on the first non-ASCII text."""
     table: dict[int, None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
     for low, high in DEFAULT_IGNORABLE:
         table.update(dict.fromkeys(range(low, high + 1)))

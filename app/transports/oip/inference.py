@@ -115,9 +115,7 @@ def find_model(
 async def infer(
     model: ServedModel, codec: TensorCodec, request: InferenceRequest, binary: bytes, decode: Decode, complete: Complete
 ) -> Answer:
-    """Run the model on the request's tensors, admitted by its batcher and bounded by `complete`.
-
-    `decode(decode_inputs, request, binary, specs)` runs the decoding where the transport wants it."""
+    """Run the model on the request's tensors, decoded by `decode`, admitted by its batcher, bounded by `complete`."""
     timeout_s = check_parameters(request)
     wanted = requested_outputs(request, codec.outputs(model))
     tensors = await decode(decode_inputs, request, binary, codec.inputs(model))

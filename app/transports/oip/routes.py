@@ -98,8 +98,7 @@ Handler = Callable[..., Awaitable[Response]]
 
 
 def model_route(method: str, path: str, **documented: Any) -> Callable[[Handler], Handler]:
-    """Route `/models/{name}<path>` and its `/versions/{version}` twin to `handler`, every failure in the
-    protocol's error shape."""
+    """Route `/models/{name}<path>` and its `/versions/{version}` twin to `handler`, failures as `{"error": ...}`."""
 
     def register(handler: Handler) -> Handler:
         async def guarded(request: Request, name: str) -> Response:
