@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import numpy as np
@@ -105,9 +105,7 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
     if tensor.datatype == "BYTES":
         if not all(isinstance(element, str) for element in elements):
             raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
-        array = np.empty(len(elements), dtype=object)
-        array[:] = elements
-        return array.reshape(tensor.shape)
+        return np.array(elements, dtype=object).reshape(tensor.shape)
     accepted = JSON_TYPES.get(tensor.datatype, (int, float))
     wrong = next((index for index, element in enumerate(elements) if type(element) not in accepted), None)
     if wrong is not None:
@@ -142,7 +140,8 @@ def _json_elements(tensor: RequestInput) -> list[Any]:
     if any(isinstance(element, list) for element in data):
         if not _nested_as(data, tensor.shape):
             raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
-        data = list(_flatten(data))
+        for _ in tensor.shape[1:]:  # nested exactly as the shape: one level flattened at a time
+            data = [element for row in data for element in row]
     if len(data) != count:
         raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
     return data
@@ -156,28 +155,16 @@ def _nested_as(data: Any, shape: Sequence[int]) -> bool:
 
 
 def json_text(value: Any) -> str:
-    """A JSON value as the client wrote it, cut to 40 characters (a huge integer by its size: writing out
-    thousands of digits is refused by Python and costly)."""
+    """A JSON value as the client wrote it, cut to 40 characters; a huge integer by its size (unprintable)."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
     return dumps(value).decode()[:40]
 
 
-def _flatten(data: Any) -> Iterator[Any]:
-    for element in data:
-        if isinstance(element, list):
-            yield from _flatten(element)
-        else:
-            yield element
-
-
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
     count = math.prod(tensor.shape)
     if tensor.datatype == "BYTES":
-        elements = _split_bytes(tensor.name, raw, count)
-        array = np.empty(count, dtype=object)
-        array[:] = elements
-        return array.reshape(tensor.shape)
+        return np.array(_split_bytes(tensor.name, raw, count), dtype=object).reshape(tensor.shape)
     dtype = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise ProtocolError(
