@@ -89,9 +89,9 @@ def invalid_request(error: ValidationError, what: str = "inference request") -> 
     return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
-def served(registry: ModelRegistry) -> list[ServedModel]:
-    """The models whose task has a tensor codec, by name."""
-    return sorted((m for m in registry.models.values() if registry.tasks[m.task].tensors), key=lambda m: m.name)
+def served(registry: ModelRegistry | None) -> list[ServedModel]:
+    """The models whose task has a tensor codec (those the protocol serves)."""
+    return [m for m in registry.models.values() if registry.tasks[m.task].tensors] if registry else []
 
 
 def find_model(
@@ -103,7 +103,7 @@ def find_model(
     model = registry.models.get(name)
     codec = None if model is None else registry.tasks[model.task].tensors
     if codec is None:
-        known = ", ".join(m.name for m in served(registry)) or "none"
+        known = ", ".join(sorted(m.name for m in served(registry))) or "none"
         raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
     if version and version != model.entry.version:
         raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
@@ -207,10 +207,7 @@ def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
 
 def statistics(registry: ModelRegistry | None, name: str = "", version: str = "") -> dict[str, Any]:
     """Triton's statistics extension for one model (`name`) or every ready model served over the protocol."""
-    if name:
-        models = [find_model(registry, name, version)[0]]
-    else:
-        models = [model for model in served(registry) if model.ready] if registry else []
+    models = [find_model(registry, name, version)[0]] if name else [m for m in served(registry) if m.ready]
     stats = [{"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models]
     return {"model_stats": stats}
 
@@ -224,6 +221,6 @@ def repository_index(registry: ModelRegistry | None, ready_only: bool = False) -
             "state": "READY" if model.ready else "UNAVAILABLE",
             "reason": "" if model.ready else str(model.error or "not loaded"),
         }
-        for model in (served(registry) if registry else [])
+        for model in sorted(served(registry), key=lambda model: model.name)
         if model.ready or not ready_only
     ]
