@@ -55,23 +55,24 @@ class ApiKeys:
         self.keys = [key.encode() for key in keys]
         self.open_set = open_set
 
-    def is_open(self, path: str) -> bool:
-        return is_open(path, self.open_set)
-
     def known(self, presented: bytes) -> bool:
         matched = False
         for key in self.keys:  # no early exit: the time does not tell which key, or how much of it, matched
             matched |= hmac.compare_digest(presented, key)
         return matched
 
-    def challenge(self, scope: Scope) -> str | None:
-        """None when the request may pass; else the `WWW-Authenticate` value of its 401."""
-        if self.is_open(scope["path"]):
+    def refusal(self, path: str, authorization: bytes) -> str | None:
+        """None when a request for `path` with this Authorization value may pass; else its `WWW-Authenticate`."""
+        if is_open(path, self.open_set):
             return None
-        presented = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
+        presented = bearer_token(authorization)
         if presented is not None and self.known(presented):
             return None
         return 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+
+    def challenge(self, scope: Scope) -> str | None:
+        """`refusal` for an HTTP request."""
+        return self.refusal(scope["path"], dict(scope["headers"]).get(b"authorization", b""))
 
 
 def api_key_check(settings: Settings) -> ApiKeys | None:

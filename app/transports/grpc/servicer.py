@@ -23,7 +23,7 @@ from app.core.errors import ServiceError
 from app.core.request_context import request_arrival
 from app.runtime.offload import ParseQueueFull, offload, offload_or_shed
 from app.runtime.tensors import ProtocolError
-from app.transports.access import api_key_check, bearer_token
+from app.transports.access import api_key_check
 from app.transports.deadline import Deadline, within_deadline
 from app.transports.oip import inference
 from app.transports.oip.inference import Answer, registry_of
@@ -226,11 +226,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _authenticate(self, path: str, context: grpc.aio.ServicerContext) -> None:
         """401 (UNAUTHENTICATED) unless the call carries `authorization: Bearer <key>` or its path is open."""
-        if self.keys is None or self.keys.is_open(path):
-            return
         header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-        presented = bearer_token(header.encode() if isinstance(header, str) else header)
-        if presented is None or not self.keys.known(presented):
+        if self.keys is not None and self.keys.refusal(path, header.encode() if isinstance(header, str) else header):
             raise ProtocolError(
                 "A valid API key is required: send the metadata authorization: Bearer <key>.", status=401
             )
