@@ -1,13 +1,5 @@
-"""Who may call the service: optional API keys (Bearer authentication) and CORS.
-
-- API keys come from MNEMO_API_KEYS (comma-separated) and/or MNEMO_API_KEYS_FILE (one per line, `#`
-  comments). With at least one key, every path except MNEMO_OPEN_PATHS, the documentation and the
-  explorer page's static files (GET /, /explorer/...: no data, its API calls need the key) needs
-  `Authorization: Bearer <key>`; anything else is a 401 with `WWW-Authenticate: Bearer`. A presented
-  key is compared with every configured key in constant time. Keys are never logged.
-- MNEMO_CORS_ORIGINS (comma-separated, `*` for any) turns on Starlette's CORS middleware; a preflight it refuses
-  is answered in the service's JSON shape (`{"detail": ...}`), not its plain text.
-"""
+"""Who may call the service: API keys (MNEMO_API_KEYS, MNEMO_API_KEYS_FILE; Bearer, compared in constant time, never
+logged) on every path but MNEMO_OPEN_PATHS, the docs and the explorer's static files; and CORS (MNEMO_CORS_ORIGINS)."""
 
 from __future__ import annotations
 
@@ -25,7 +17,6 @@ DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.js
 DOCS_ASSETS_PREFIX = "/docs-assets/"
 EXPLORER_PATHS = frozenset({"/"})  # the page asks for the key itself (kept in its memory only)
 OPEN_PREFIXES = (DOCS_ASSETS_PREFIX, "/explorer/")
-BEARER_SCHEME = "bearerAuth"
 BINARY_HEADER_LENGTH = "inference-header-content-length"  # the Open Inference Protocol's binary tensor data
 
 
@@ -57,11 +48,12 @@ def is_open(path: str, open_set: frozenset[str]) -> bool:
 API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: Bearer <key>."
 
 
-class KeyCheck:
-    """The configured API keys, each compared in constant time with the one a request presents (REST and gRPC)."""
+class ApiKeys:
+    """The API-key check of REST and gRPC: `Bearer <one of the keys>`, on every path but the open ones."""
 
-    def __init__(self, keys: list[str]) -> None:
+    def __init__(self, keys: list[str], open_set: frozenset[str]) -> None:
         self.keys = [key.encode() for key in keys]
+        self.open_set = open_set
 
     def known(self, presented: bytes) -> bool:
         matched = False
@@ -69,22 +61,18 @@ class KeyCheck:
             matched |= hmac.compare_digest(presented, key)
         return matched
 
-
-class ApiKeys:
-    """The REST API-key check: `Authorization: Bearer <one of the keys>`, on every path but the open ones."""
-
-    def __init__(self, keys: list[str], open_set: frozenset[str]) -> None:
-        self.check = KeyCheck(keys)
-        self.open_set = open_set
-
-    def challenge(self, scope: Scope) -> str | None:
-        """None when the request may pass; else the `WWW-Authenticate` value of its 401."""
-        if is_open(scope["path"], self.open_set):
+    def refusal(self, path: str, authorization: bytes) -> str | None:
+        """None when a request for `path` with this Authorization value may pass; else its `WWW-Authenticate`."""
+        if is_open(path, self.open_set):
             return None
-        presented = bearer_token(dict(scope["headers"]).get(b"authorization", b""))
-        if presented is not None and self.check.known(presented):
+        presented = bearer_token(authorization)
+        if presented is not None and self.known(presented):
             return None
         return 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+
+    def challenge(self, scope: Scope) -> str | None:
+        """`refusal` for an HTTP request."""
+        return self.refusal(scope["path"], dict(scope["headers"]).get(b"authorization", b""))
 
 
 def api_key_check(settings: Settings) -> ApiKeys | None:

@@ -1,28 +1,12 @@
-"""The OpenAPI contract beyond the routes' own models: response bodies of the operations endpoints,
-the error bodies on every operation, and the Bearer security scheme when API keys are on.
-
-Which errors an operation documents follows what the service can answer there:
-- every operation: 400 (malformed HTTP framing, or a header that must appear once sent twice), 413 (a body
-  over MNEMO_MAX_BODY_BYTES, whatever the method) and 503 (draining, models loading, too many connections; on
-  /students also the state store unavailable); 401 when API keys are on and the path is not open;
-- an operation with parameters or a body: 422;
-- an operation with a JSON body (the task operations): 404 (unknown model), 408 (a body that stalls or is
-  not complete by the request's deadline), 415 (another content type, a compressed body, not UTF-8), 429
-  (queue full), 504 (deadline); one with a model named in its path: 404;
-- a /students operation that reads a stored state: 409 (a state of another model version, or a lost race);
-  every /students operation: 429 (the store's calls are all taken: the store is busy);
-- the Open Inference Protocol (/v2): its own `{"error": ...}` body for every error (400 bad tensors or
-  parameters, 401, 404, 408, 413, 415 a compressed body or not UTF-8, 429, 503, 504), the middlewares'
-  answers included (app/transports/oip_errors.py).
-"""
+"""The OpenAPI contract beyond the routes' own models: the operations' response bodies, the error bodies each
+operation can answer (the service's `{"detail": ...}`, or the protocol's `{"error": ...}` under /v2), and the Bearer
+scheme when API keys are on."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from app.transports.oip.schemas import ProtocolErrorBody
 
 ERROR_REF = "#/components/schemas/ErrorBody"
 VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
@@ -32,6 +16,12 @@ PROTOCOL_PREFIX = "/v2"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 # the /students operations: their store calls may be refused with 429 (too many waiting, app/students/io.py)
 STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}
+
+
+class ProtocolErrorBody(BaseModel):
+    """Every error of the protocol's own endpoints (400 bad tensors, 404, 429, 503, 504)."""
+
+    error: str = Field(description="one sentence saying what went wrong")
 
 
 class ErrorBody(BaseModel):
@@ -136,44 +126,26 @@ DESCRIPTIONS = {
 }
 
 
-def _error(status: str, references: tuple[str, ...]) -> dict[str, Any]:
-    schema = {"$ref": references[0]} if len(references) == 1 else {"anyOf": [{"$ref": ref} for ref in references]}
-    return {"description": DESCRIPTIONS[status], "content": {"application/json": {"schema": schema}}}
-
-
-def _task_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """The errors of a task, /students or operations endpoint, all in the service's own error bodies."""
+def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
+    """The error statuses an operation can answer, each with its body's schema: every operation 400, 413 and 503; one
+    with a body also 404, 408, 415, 429 and 504; one with a path parameter 404; the task API's 422 when it has
+    parameters or a body (/v2 reads them itself: 400); the /students store's 409 and 429."""
     has_body = "requestBody" in operation
-    statuses = ["400", "413", "503"]
-    if has_body or operation.get("parameters"):
-        statuses.append("422")
-    if has_body:
-        statuses += ["404", "408", "415", "429", "504"]
-    elif any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
-        statuses.append("404")
-    if operation.get("operationId") in STATEFUL_OPERATIONS:
-        statuses.append("409")
-    if operation.get("operationId") in STORE_OPERATIONS and "429" not in statuses:
-        statuses.append("429")
-    return {status: (VALIDATION_REF if status == "422" else ERROR_REF,) for status in statuses}
-
-
-def _protocol_errors(operation: dict[str, Any]) -> dict[str, tuple[str, ...]]:
-    """The errors of an Open Inference Protocol endpoint, all in the protocol's body. No 422: the routes read
-    their path and body themselves (400)."""
-    statuses: dict[str, tuple[str, ...]] = {"400": (PROTOCOL_REF,), "413": (PROTOCOL_REF,), "503": (PROTOCOL_REF,)}
-    if operation.get("operationId") == "oip_ready":
-        statuses["503"] = (SERVER_READINESS_REF,)  # {"ready": false}; the drain gate lets this path through
+    statuses = {"400", "413", "503"} | ({"404", "408", "415", "429", "504"} if has_body else set())
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
-        statuses["404"] = (PROTOCOL_REF,)
-    if "requestBody" in operation:
-        statuses |= {
-            "408": (PROTOCOL_REF,),
-            "415": (PROTOCOL_REF,),
-            "429": (PROTOCOL_REF,),
-        }
-        statuses["504"] = (PROTOCOL_REF,)
-    return statuses
+        statuses.add("404")
+    if not protocol and (has_body or operation.get("parameters")):
+        statuses.add("422")
+    operation_id = operation.get("operationId")
+    if operation_id in STATEFUL_OPERATIONS:
+        statuses.add("409")
+    if operation_id in STORE_OPERATIONS:
+        statuses.add("429")
+    body = PROTOCOL_REF if protocol else ERROR_REF
+    errors = {status: VALIDATION_REF if status == "422" else body for status in statuses}
+    if operation_id == "oip_ready":
+        errors["503"] = SERVER_READINESS_REF  # {"ready": false}; the drain gate lets this path through
+    return errors
 
 
 def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dict[str, Any]:
@@ -193,12 +165,13 @@ def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dic
             protocol = path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
             if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
                 operation["responses"].pop("422", None)
-            errors = _protocol_errors(operation) if protocol else _task_errors(operation)
+            errors = _errors(operation, protocol)
             if protected is not None and path in protected:
-                errors["401"] = (PROTOCOL_REF if protocol else ERROR_REF,)
+                errors["401"] = PROTOCOL_REF if protocol else ERROR_REF
                 operation["security"] = [{"bearerAuth": []}]
-            for status in sorted(errors):
-                operation["responses"][status] = _error(status, errors[status])
+            for status, reference in sorted(errors.items()):
+                content = {"application/json": {"schema": {"$ref": reference}}}
+                operation["responses"][status] = {"description": DESCRIPTIONS[status], "content": content}
     if protected is not None:
         schema["components"]["securitySchemes"] = {
             "bearerAuth": {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}

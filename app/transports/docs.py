@@ -1,17 +1,12 @@
-"""GET /docs (Swagger UI) and /redoc (ReDoc) with their assets served from this process, never from a CDN.
-
-The JavaScript and CSS come from the `fastapi-offline` package (it ships Swagger UI and ReDoc), served
-under /docs-assets/; the pages work on an air-gapped network. Each page carries a Content-Security-Policy
-that lets the browser load nothing from elsewhere (ReDoc's bundle would fetch its logo from cdn.redoc.ly),
-run no script but these files and the page's own inline one (by its hash), and be framed by no site.
-"""
+"""GET /docs (Swagger UI) and /redoc (ReDoc) with their assets (`fastapi-offline`) served from this process, and a
+Content-Security-Policy that lets the pages load nothing from elsewhere (they work on an air-gapped network)."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import fastapi_offline
@@ -40,44 +35,37 @@ def content_security_policy(page: HTMLResponse) -> str:
     )
 
 
-def _answering_with_policy(page: HTMLResponse) -> Callable[[], HTMLResponse]:
-    """A maker of fresh answers with `page`'s HTML and its Content-Security-Policy (hashed once, here)."""
-    headers = {"Content-Security-Policy": content_security_policy(page)}
-    return lambda: HTMLResponse(page.body, headers=headers)
-
-
 def install(app: FastAPI) -> None:
-    """Mount the assets and add the two documentation pages (not in the OpenAPI schema)."""
+    """Mount the assets and add the documentation pages (not in the OpenAPI schema)."""
     app.mount(DOCS_ASSETS_PREFIX.rstrip("/"), StaticFiles(directory=ASSETS_DIR), name="docs-assets")
-    swagger_page = _answering_with_policy(
-        get_swagger_ui_html(
+    assets, favicon = DOCS_ASSETS_PREFIX, f"{DOCS_ASSETS_PREFIX}favicon.png"
+    pages = {
+        "/docs": get_swagger_ui_html(
             openapi_url=OPENAPI_URL,
             title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{DOCS_ASSETS_PREFIX}swagger-ui-bundle.js",
-            swagger_css_url=f"{DOCS_ASSETS_PREFIX}swagger-ui.css",
-            swagger_favicon_url=f"{DOCS_ASSETS_PREFIX}favicon.png",
+            swagger_js_url=f"{assets}swagger-ui-bundle.js",
+            swagger_css_url=f"{assets}swagger-ui.css",
+            swagger_favicon_url=favicon,
             oauth2_redirect_url="/docs/oauth2-redirect",
-        )
-    )
-    redirect_page = _answering_with_policy(get_swagger_ui_oauth2_redirect_html())
-    redoc_page = _answering_with_policy(
-        get_redoc_html(
+        ),
+        "/docs/oauth2-redirect": get_swagger_ui_oauth2_redirect_html(),
+        "/redoc": get_redoc_html(
             openapi_url=OPENAPI_URL,
             title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{DOCS_ASSETS_PREFIX}redoc.standalone.js",
-            redoc_favicon_url=f"{DOCS_ASSETS_PREFIX}favicon.png",
+            redoc_js_url=f"{assets}redoc.standalone.js",
+            redoc_favicon_url=favicon,
             with_google_fonts=False,
-        )
-    )
+        ),
+    }
+    for path, page in pages.items():
+        app.add_api_route(path, _answering_with_policy(page), methods=["GET"], include_in_schema=False)
 
-    @app.get("/docs", include_in_schema=False)
-    async def swagger_ui() -> HTMLResponse:
-        return swagger_page()
 
-    @app.get("/docs/oauth2-redirect", include_in_schema=False)
-    async def swagger_ui_redirect() -> HTMLResponse:
-        return redirect_page()
+def _answering_with_policy(page: HTMLResponse) -> Callable[[], Awaitable[HTMLResponse]]:
+    """An endpoint answering `page`'s HTML with its Content-Security-Policy (hashed once, here)."""
+    headers = {"Content-Security-Policy": content_security_policy(page)}
 
-    @app.get("/redoc", include_in_schema=False)
-    async def redoc() -> HTMLResponse:
-        return redoc_page()
+    async def answer() -> HTMLResponse:
+        return HTMLResponse(page.body, headers=headers)
+
+    return answer

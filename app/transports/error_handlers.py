@@ -1,14 +1,7 @@
-"""The one place that maps the service's errors to HTTP answers.
+"""The one place that maps the service's errors to HTTP answers (`{"detail": ...}`; 422 in FastAPI's shape).
 
-- `ServiceError` -> its status and `{"detail": "<sentence>"}`; `InvalidInput` and body validation -> 422 in
-  FastAPI's shape, bounded (app/core/errors.py).
-- onnxruntime's `InvalidArgument` (a feed the graph rejects) is an input problem: 422 as well.
-- The student-state store's errors (`app.students.store.StoreError`) carry their own status: 503 with
-  `Retry-After` when the database is unavailable, 429 with `Retry-After` when too many of its calls wait
-  (`app.students.io.StoreBusy`: the store is slow, not down), 409 for a model-version mismatch or lost races.
-- A method the path does not take: 405 whose `Allow` lists every method some route takes on that path
-  (Starlette's names only the first route's: GET but not DELETE on /students/{student_id}).
-"""
+The student store's errors carry their status (503 or 429 with Retry-After, 409); a 405 lists in `Allow` every method
+some route takes on the path (Starlette's names only the first route's)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Request bodies as JSON: pydantic's fast parser, and a field-naming 422 for what it only calls invalid JSON.
-
-pydantic's JSON parser refuses a lone UTF-16 surrogate escape (`"\\ud800"`) as "invalid JSON" at a
-column, without naming the field. When it does, the body is read again with Python's `json` module,
-which accepts those escapes (and `NaN`, `Infinity`, numbers that overflow to infinity), to find the
-first string holding invalid Unicode or the first non-finite number and name its field. Non-finite
-numbers that pydantic's parser does accept are refused by the schemas' strict types (every number in
-a request is an integer or a boolean), with the field named. Valid bodies never take this path.
-"""
+"""Request bodies as JSON: pydantic's fast parser, and a field-naming 422 where it only says "invalid JSON"
+(a lone UTF-16 surrogate, a non-finite number), found by reading the body again with Python's `json`."""
 
 from __future__ import annotations
 

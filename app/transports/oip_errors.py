@@ -1,12 +1,5 @@
-"""Errors under /v2 in the protocol's shape, whoever answers them.
-
-The protocol's endpoints answer `{"error": "<sentence>"}` themselves (oip/routes.py). Other layers answer a
-/v2 request before or around them in the frame's `{"detail": ...}`: the API-key check (401), FastAPI's
-404 and 405, the body limit (413), the drain gate (503), the busy parser (429). Clients such as
-tritonclient read only `error`, so the request edge (app/transports/middleware.py) rewrites such a JSON error
-body under the prefix into `{"error": ...}` with `protocol_body`; a list of validation errors becomes one
-sentence. Other paths pass through untouched.
-"""
+"""Errors under /v2 in the protocol's shape: the request edge rewrites a `{"detail": ...}` error answered by another
+layer (401, 404, 405, 413, 429, 503) as `{"error": "<sentence>"}`, the only field clients such as tritonclient read."""
 
 from __future__ import annotations
 

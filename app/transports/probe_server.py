@@ -1,11 +1,7 @@
 """`python -m app.transports.probe_server HOST PORT [STALE_S]`: /health and /ready in a process of their own.
 
-Started by the service (app/transports/probes.py) when MNEMO_PROBE_PORT is set. Standard library only,
-so it starts fast and stays small. The service writes its readiness to this process's stdin every 0.1 s,
-as one JSON line `[status, body]`. This process has its own GIL, so a probe is answered at once however
-busy the service's threads are, where a thread of the service would wait for the GIL. It is still a
-faithful liveness probe: when no line has come for STALE_S (the service's event loop stopped turning),
-/health and /ready say 503; when stdin closes (the service stopped or died), this process exits.
+Standard library only. It answers from the `[status, body]` lines the service writes to its stdin; no line for
+STALE_S (the service's event loop stuck) is 503, and the end of stdin (the service gone) ends it.
 """
 
 from __future__ import annotations
@@ -23,21 +19,6 @@ MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unansw
 SOCKET_TIMEOUT_S = 5.0
 
 
-class _State:
-    def __init__(self, stale_s: float) -> None:
-        self.stale_s = stale_s
-        self.readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
-        self.fed_at = time.monotonic()
-
-    def answer(self, path: str) -> tuple[int, dict]:
-        silent_s = time.monotonic() - self.fed_at
-        if path not in ("/health", "/ready"):
-            return 404, {"detail": "This port serves only GET /health and GET /ready."}
-        if silent_s > self.stale_s:
-            return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
-        return (200, {"status": "ok"}) if path == "/health" else self.readiness
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = SOCKET_TIMEOUT_S
@@ -50,7 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(with_body=False)
 
     def _answer(self, with_body: bool) -> None:
-        status, payload = self.server.state.answer(self.path.split("?", 1)[0])
+        status, payload = self.server.answer(self.path.split("?", 1)[0])
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -64,13 +45,24 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS probes at once (more are closed unanswered), on a port shared by every worker's."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], state: _State) -> None:
-        self.state = state
+    def __init__(self, address: tuple[str, int], stale_s: float) -> None:
+        self.stale_s, self.fed_at = stale_s, time.monotonic()
+        self.readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
+
+    def answer(self, path: str) -> tuple[int, dict]:
+        silent_s = time.monotonic() - self.fed_at
+        if path not in ("/health", "/ready"):
+            return 404, {"detail": "This port serves only GET /health and GET /ready."}
+        if silent_s > self.stale_s:
+            return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
+        return (200, {"status": "ok"}) if path == "/health" else self.readiness
 
     def server_bind(self) -> None:
         self.socket.setsockopt(SOL_SOCKET, SO_REUSEPORT, 1)  # one probe process per worker, one port
@@ -90,9 +82,8 @@ class _Server(ThreadingHTTPServer):
 
 
 def main(host: str, port: int, stale_s: float = STALE_S) -> None:
-    state = _State(stale_s)
     try:
-        server = _Server((host, port), state)
+        server = _Server((host, port), stale_s)
     except OSError as error:
         print(f"cannot listen on {host}:{port}: {error.strerror}", flush=True)
         sys.exit(1)
@@ -103,7 +94,7 @@ def main(host: str, port: int, stale_s: float = STALE_S) -> None:
             status, payload = json.loads(line)
         except (ValueError, TypeError):  # a line cut by a full pipe: the next one comes 0.1 s later
             continue
-        state.readiness, state.fed_at = (int(status), payload), time.monotonic()
+        server.readiness, server.fed_at = (int(status), payload), time.monotonic()
     server.shutdown()
     os._exit(0)
 

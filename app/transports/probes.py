@@ -1,11 +1,5 @@
-"""/health and /ready on a port of their own (MNEMO_PROBE_PORT), served by a small child process.
-
-Under overload the event loop handles every open connection's request in turn, so with a thousand busy
-connections a request on the main port waits one or more turns of the loop (BENCHMARKS.md). A thread of
-this process would wait for the GIL instead. The child process (app/transports/probe_server.py) answers
-from the readiness this process feeds it every FEED_INTERVAL_S from the event loop, and at once when a drain
-begins. The same two routes stay on the main port.
-"""
+"""/health and /ready on MNEMO_PROBE_PORT from a child process (probe_server.py), fed the readiness every
+FEED_INTERVAL_S: a thread of this process would wait for the GIL behind a saturated event loop."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The knowledge-tracing task (DKVMN and the DKT baseline): service, schemas, and its JSON and tensor codecs.
-
-The /students endpoints, which keep each student's state over this task's service, are app/transports/students.py.
-"""
+"""The knowledge-tracing task (DKVMN and the DKT baseline); its /students routes are app/transports/students.py."""
 
 from __future__ import annotations
 

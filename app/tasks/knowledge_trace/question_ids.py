@@ -1,9 +1,5 @@
-"""A model's own question ids: the asset `question_ids` of a model trained with `mnemo train kt` on a user's CSV.
-
-The graph numbers questions 1..n_questions; the asset holds the user's id of question k at index k-1 (int64 when
-every id in the CSV was an integer, else strings). Requests name questions by those ids and answers echo them.
-Models without the asset (the built-in ones) use the numbers themselves as ids.
-"""
+"""A model's own question ids (asset `question_ids` of a model trained on a user's CSV: the id of question k
+at index k-1); models without it use the numbers 1..n_questions as ids."""
 
 from __future__ import annotations
 

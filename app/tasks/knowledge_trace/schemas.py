@@ -1,22 +1,16 @@
-"""POST /knowledge-trace bodies.
-
-Two model families answer through the same bodies: DKVMN, whose memory slots are latent concepts, and
-the DKT baseline (an LSTM), which has none: for a DKT model `mastery`, `attention`, `n_concepts` and
-`next[].concept` are null whatever the request asks, so one request body works for every model.
-"""
+"""POST /knowledge-trace bodies, for DKVMN and the DKT baseline (for DKT, the concept fields are null)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt, WithJsonSchema, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, WithJsonSchema, with_config
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict  # pydantic needs it (not typing's) before Python 3.12
 
 MAX_INTERACTIONS = 10_000
 MAX_QUESTION_ID = 2**31 - 1  # ids are int64 in the graph; each model's own range (n_questions) is checked after
 MAX_QUESTION_TEXT = 200  # characters of a string question id (a model trained on your own CSV may have them)
-QuestionId = Annotated[StrictInt, Field(ge=1, le=MAX_QUESTION_ID)]
 # A question as requests name it: the built-in models' ids are integers 1..n_questions; a model trained with
 # `mnemo train kt` takes the CSV's own ids, integers or strings (GET /models/{name}/questions lists them).
 QUESTION_KEY_SCHEMA = {

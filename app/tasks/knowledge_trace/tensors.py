@@ -1,16 +1,8 @@
 """Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors.
 
-Inputs (as the ONNX graph declares them): `q` [B,T] and `r` [B,T] INT64 (question ids 1..n_questions
-and answers 0/1; steps at or past a row's length are padding and ignored), `len` [B] INT64 (1..T) and
-the optional state: DKVMN's value memory `mv_in` [B,N,d_v] FP32 (default: the model's initial memory),
-DKT's LSTM state `state_in` [B,2,S] FP32 (default: zeros).
-Outputs: `p` [B,T] and the state (`mv_out` [B,N,d_v] or `state_out` [B,2,S]), for DKVMN also
-`corr_w` [B,T,N] and `mastery` [B,T+1,N], all FP32; steps past a row's length are 0. Each row runs
-through the task service's `trace`: chunks of `seqlen` steps, each starting from the state the previous
-chunk ended with, in the model's batches, so T may exceed `seqlen`, as on POST /knowledge-trace. B x T
-(padding included) may be at most the model's `max_interactions`, the limit of one POST /knowledge-trace,
-and B at most its `max_histories`: each row carries a whole state in and out, so a small request of many
-one-step rows could otherwise ask for an answer thousands of times its size.
+Inputs `q`, `r` [B,T], `len` [B] INT64 and the optional state (`mv_in` or `state_in`); outputs `p` and the state,
+for DKVMN also `corr_w` and `mastery`. Each row runs through the service's `trace`, so T may exceed `seqlen`; B x T
+is bounded by `max_interactions` and B by `max_histories` (each row carries a whole state in and out).
 """
 
 from __future__ import annotations
@@ -100,8 +92,7 @@ def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what
 
 
 async def infer(model: ServedModel, histories: Histories) -> Feeds:
-    """Every row's trace, all rows at once (`service.trace_all`: where chunks share runs they do), zero-padded
-    to T."""
+    """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
     traces = await service.trace_all(
         model,
         [

@@ -1,12 +1,5 @@
-"""Attention maps of the LSTM_RMC encoder, vectorised (MODELS.md §2.5).
-
-Graph outputs attn_{a,b}_{fwd,bwd} are [T,H,K] per pair: the weight each head of the memory row gave
-its K slots while reading step t (slot 0 the memory itself; VLMP: then the window's tokens
-t-w+1..t; FLMP: token t). For one direction, row t of the map holds the head-averaged weights of
-the tokens read at step t; the backward pass read the sentence reversed, so its map is flipped back.
-The returned map is the mean of the two directions, `len x len`, non-negative; a row sums to less
-than 1 by the weight the memory kept on itself.
-"""
+"""Attention maps of the LSTM_RMC encoder, vectorised (MODELS.md §2.5): per-step memory-row weights
+[T,H,K] of each direction -> one `len x len` map, the mean of the forward map and the backward map flipped back."""
 
 from __future__ import annotations
 
@@ -17,8 +10,7 @@ import numpy as np
 
 @lru_cache(maxsize=512)
 def _cells(length: int, pointer: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The cells of a pass's `length x length` map its memory row read, as (steps, tokens, slots): step t read
-    token tokens[i] in slot slots[i]. Cached: a model has one pointer and window, and lengths are few."""
+    """The cells of a pass's map its memory row read: step steps[i] read token tokens[i] in slot slots[i]."""
     steps = np.arange(length)
     if pointer == "flmp":
         return steps, steps, np.ones(length, dtype=np.intp)
@@ -38,9 +30,7 @@ def direction_map(weights: np.ndarray, pointer: str, window: int) -> np.ndarray:
 
 
 def combined_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
-    """Mean of the forward map and the backward map re-indexed to the original token order.
-
-    The backward pass read token L-1-i at its step L-1-t, so its cell (t, i) lands at (L-1-t, L-1-i)."""
+    """Mean of the forward map and the backward map, whose cell (t, i) lands at (L-1-t, L-1-i)."""
     length = len(forward)
     steps, tokens, slots = _cells(length, pointer, window)
     result = direction_map(forward, pointer, window)

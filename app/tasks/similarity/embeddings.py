@@ -1,12 +1,5 @@
-"""Sentence vectors of the LSTM_RMC encoder, and pair scores from two stored vectors (transport-free).
-
-Two graphs of the same weights as the model's pair graph (manifest `graphs`, built by `export/embeddings.py`):
-- `encoder`: emb [B,T,50] float32, len [B] int64 -> embedding [B,2M], the vector the heads read: the final
-  memory after reading the sentence forward, then the final memory after reading it reversed. Each sentence is
-  one batch row; the batcher pads rows to one T and the masked encoder ignores the padding.
-- `head`: embedding_a, embedding_b [B,2M] -> relatedness_log_probs [B,5], relatedness [B], entailment_logits
-  [B,3] on the features [u, v, |u-v|, u*v]: the same outputs as the pair graph for the same two sentences.
-"""
+"""Sentence vectors of the LSTM_RMC encoder (`encoder` graph), and pair scores from two stored vectors
+(`head` graph, the same outputs as the pair graph); transport-free."""
 
 from __future__ import annotations
 
@@ -65,40 +58,37 @@ def vector_pair(
     embedding_b: Sequence[float],
     encoders: tuple[str | None, str | None] = (None, None),
 ) -> Feeds:
-    """Head feeds for two stored vectors. Whose `encoder_a`/`encoder_b` (the `encoder` of the /embeddings answer that
-    made it, when given) is not this model's, or of the wrong size, is a 422 naming the field (all such fields)."""
-    dimension = limits_of(model).dimension
+    """Head feeds for two stored vectors; whose `encoder_a`/`encoder_b` (when given) is not this model's, or of the
+    wrong size, is a 422 naming the field (all such fields)."""
+    limits = limits_of(model)
 
-    def vector(field: str, values: Sequence[float]) -> np.ndarray:
-        if len(values) != dimension:
+    def check_encoder(field: str, encoder: str | None) -> None:
+        if encoder is not None and encoder != limits.encoder:
             raise InvalidInput(
                 ("body", field),
-                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {dimension} "
+                f"{field} is not {limits.encoder!r}, the encoder of model {model.name}: the vector was made by another "
+                "model or another version of it, and this model's head would score it as noise; embed the sentence "
+                f"again with POST /embeddings and model {model.name}",
+            )
+
+    def vector(field: str, values: Sequence[float]) -> np.ndarray:
+        if len(values) != limits.dimension:
+            raise InvalidInput(
+                ("body", field),
+                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {limits.dimension} "
                 "(from POST /embeddings with the same model)",
             )
         return np.asarray(values, dtype=np.float32)[np.newaxis]
 
-    fields = ("embedding_a", "embedding_b")
-    encoder_checks = [
-        partial(check_encoder, model, f"encoder_{side}", encoder) for side, encoder in zip("ab", encoders, strict=True)
-    ]
-    vector_checks = [
-        partial(vector, field, values) for field, values in zip(fields, (embedding_a, embedding_b), strict=True)
-    ]
-    vectors = each_checked([*encoder_checks, *vector_checks])[len(encoder_checks) :]
-    return dict(zip(fields, vectors, strict=True))
-
-
-def check_encoder(model: ServedModel, field: str, encoder: str | None) -> None:
-    """A 422 naming `field` when a stored vector's encoder is not the model's (None: the client did not say)."""
-    expected = limits_of(model).encoder
-    if encoder is not None and encoder != expected:
-        raise InvalidInput(
-            ("body", field),
-            f"{field} is not {expected!r}, the encoder of model {model.name}: the vector was made by another model "
-            f"or another version of it, and this model's head would score it as noise; embed the sentence again "
-            f"with POST /embeddings and model {model.name}",
-        )
+    _, _, first, second = each_checked(
+        [
+            partial(check_encoder, "encoder_a", encoders[0]),
+            partial(check_encoder, "encoder_b", encoders[1]),
+            partial(vector, "embedding_a", embedding_a),
+            partial(vector, "embedding_b", embedding_b),
+        ]
+    )
+    return {"embedding_a": first, "embedding_b": second}
 
 
 async def score_vectors(model: ServedModel, feeds: Feeds) -> Feeds:

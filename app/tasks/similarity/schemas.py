@@ -117,11 +117,14 @@ class Attention(BaseModel):
     sentence_b: list[list[float]]
 
 
-class SimilarityResponse(BaseModel):
+class EmbeddingPairResponse(BaseModel):
     model: str
     relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
     similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
     entailment: Entailment
+
+
+class SimilarityResponse(EmbeddingPairResponse):  # the scores of two stored vectors, and what the text gave
     paraphrase: Paraphrase | None = Field(
         default=None,
         description="only from a model with a paraphrase head (GET /models: paraphrase_labels; metadata.dataset "
@@ -200,10 +203,3 @@ class EmbeddingPairRequest(BaseModel):
     )
     encoder_b: EncoderId | None = Field(default=None, description="likewise for embedding_b")
     model: str | None = Field(default=None, description="the similarity model whose /embeddings made both vectors")
-
-
-class EmbeddingPairResponse(BaseModel):
-    model: str
-    relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
-    similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
-    entailment: Entailment

@@ -1,12 +1,7 @@
-"""Similarity models over the Open Inference Protocol: sentences in, scores and tokens out.
+"""Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out.
 
-The ONNX graph reads GloVe embeddings, so the protocol tensors are the task's, not the graph's:
-inputs `sentence_a` and `sentence_b`, BYTES [B] (UTF-8 text, one element per pair); outputs
-`relatedness` FP32 [B] (1..5), `entailment_probabilities` FP32 [B,3] (in the order of the model's
-`entailment_labels`, GET /models) and `tokens_a` / `tokens_b` BYTES [B,L] (the tokens the model read,
-`<s>` ... `</s>`, padded with empty strings to the longest sentence of the request); a model with a
-paraphrase head also outputs `paraphrase_probability` FP32 [B] (as POST /similarity's). The pairs go
-through the similarity service (limits, tokenizer, batcher) exactly as on POST /similarity/batch.
+The graph reads GloVe embeddings, so the tensors are the task's: the pairs go through the service exactly as on
+POST /similarity/batch; `tokens_a`/`tokens_b` are padded with empty strings to the longest sentence.
 """
 
 from __future__ import annotations
@@ -36,15 +31,8 @@ PARAPHRASE = TensorSpec("paraphrase_probability", "FP32", (-1,))
 @dataclass(frozen=True)
 class Pairs:
     encoded: list[EncodedPair]
-
-    @property
-    def rows(self) -> int:
-        return len(self.encoded)
-
-    @property
-    def cells(self) -> None:
-        """None, as on POST /similarity: the batcher estimates a pair's cost from the rows it has run."""
-        return None
+    rows: int
+    cells: None = None  # as on POST /similarity: the batcher estimates a pair's cost from the rows it has run
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
@@ -70,7 +58,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
         where = error.location[1:]  # ("body", index, "sentence_a") or ("body", "pairs")
         name = f"input {where[1]}[{where[0]}]" if len(where) == 2 else "inputs sentence_a/sentence_b"
         raise ProtocolError(f"{name}: {error.message}") from None
-    return Pairs(encoded)
+    return Pairs(encoded, len(encoded))
 
 
 async def infer(model: ServedModel, pairs: Pairs) -> Feeds:

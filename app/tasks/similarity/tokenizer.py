@@ -1,15 +1,7 @@
-"""The one tokenizer used by training and serving of the similarity models (MODELS.md §3.1).
+"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1).
 
-Text that is not pure ASCII is first normalised so that typographic variants read like the ASCII the
-models were trained on: Unicode NFKC (full-width letters, digits and punctuation become ASCII,
-ligatures and compatibility forms are decomposed), then curly quotes, primes and dashes become their
-ASCII counterparts, and invisible characters are deleted (Unicode category Cf: zero-width spaces and joiners,
-byte order marks, direction marks; and the other default-ignorable code points: fillers, variation
-selectors), so "gui\u200btar" reads as "guitar"; the braille blank (U+2800), which renders as a space, reads
-as one. ASCII text (all of SICK) is left exactly as it is, so the trained models see the same tokens. Then
-ASCII punctuation is deleted, text is lowercased and split on whitespace, all-digit tokens become `<number>`,
-and the sentence is wrapped in `<s> ... </s>`. A word of combining marks only (an accent with no letter
-under it) is no word and is dropped, so a sentence that looks empty has no word.
+Non-ASCII text is first normalised so typographic variants read as the ASCII the models were trained on (NFKC,
+curly quotes and dashes, invisible characters deleted); ASCII text (all of SICK) is left exactly as it is.
 """
 
 from __future__ import annotations
@@ -57,14 +49,12 @@ _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 
 
 def has_control_character(text: str) -> bool:
-    """True when the text holds a control character other than tab, newline and carriage return (a sentence
-    with one is refused, never tokenized)."""
+    """True when the text holds a control character other than tab, newline and carriage return (refused)."""
     return _CONTROL.search(text) is not None
 
 
 def normalize(text: str) -> str:
-    """Typographic and compatibility forms as ASCII where they have an ASCII equivalent, invisible characters
-    (format characters, fillers, variation selectors) deleted; ASCII unchanged."""
+    """Typographic and compatibility forms as ASCII, invisible characters deleted; ASCII unchanged."""
     if text.isascii():
         return text
     return unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHIC_TO_ASCII).translate(_deletions())
@@ -72,9 +62,7 @@ def normalize(text: str) -> str:
 
 @functools.cache
 def _deletions() -> dict[int, None]:
-    """A str.translate table deleting every invisible character (built once, on the first non-ASCII text: the
-    scan of planes 0 and 1 for category Cf is too slow to repeat or to pay at import; the tags of plane 14 are
-    in DEFAULT_IGNORABLE)."""
+    """A str.translate table deleting every invisible character, built once on the first non-ASCII text."""
     table: dict[int, None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
     for low, high in DEFAULT_IGNORABLE:
         table.update(dict.fromkeys(range(low, high + 1)))

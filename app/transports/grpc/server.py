@@ -1,14 +1,6 @@
-"""The gRPC server's life: started in the app's lifespan, on the same event loop as the HTTP app.
+"""The gRPC server, on the HTTP app's event loop in its lifespan (MNEMO_GRPC_PORT; SO_REUSEPORT across workers).
 
-So it runs under any process manager that runs the app (uvicorn, gunicorn's workers, granian): with
-MNEMO_WORKERS > 1 each worker serves MNEMO_GRPC_PORT too, beside the others (SO_REUSEPORT: the kernel spreads
-the connections); with one worker the port is its own, so a port still held by another process is an error at
-startup rather than a port silently shared with it. Messages are
-bounded by MNEMO_MAX_BODY_BYTES as REST's bodies are: a larger one is RESOURCE_EXHAUSTED, refused by grpc before
-it is read whole. On shutdown, new calls are refused (UNAVAILABLE) and the calls in flight have MNEMO_DRAIN_S to
-finish before they are cancelled; this runs before the engine stops, so their rows still run.
-ModelInfer reaches the servicer undecoded (`DecodedByTheServicer`), so that a malformed message is
-INVALID_ARGUMENT rather than grpc's INTERNAL.
+Messages are bounded by MNEMO_MAX_BODY_BYTES; on shutdown calls in flight get MNEMO_DRAIN_S, before the engine stops.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The Open Inference Protocol over the task services, whatever carries it (REST routes.py, gRPC app/transports/grpc).
 
-A transport turns its request into an `InferenceRequest` and the binary tensor data that follows it (REST: the
-JSON header and the bytes after it; gRPC: the protobuf, its `raw_input_contents` as binary data), then calls
-`infer`, which checks the parameters and outputs, decodes the tensors, has the task's codec check them
-(`prepare`), admits them in the model's batcher (429) and awaits the answer within the request's deadline (504)
-as the transport's `complete` bounds it. The answers of the other endpoints (metadata, Triton's model config,
-statistics and repository index) are dicts in the protocol's JSON form; gRPC reads them into its messages.
+A transport turns its request into an `InferenceRequest` and its binary tensor data and calls `infer`; the other
+answers (metadata, Triton's model config, statistics, repository index) are dicts in the protocol's JSON form.
 """
 
 from __future__ import annotations
@@ -15,33 +11,45 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
+from starlette.datastructures import State
 
+from app.core.errors import ServiceError, ort_message
 from app.runtime.model import ServedModel, TensorCodec
 from app.runtime.offload import offload
 from app.runtime.registry import ModelRegistry
 from app.runtime.tensors import ProtocolError, TensorSpec
-from app.transports.oip.parameters import check_parameters
-from app.transports.oip.tensors import InferenceRequest, decode_inputs, requested_outputs
+from app.transports.oip.tensors import InferenceRequest, decode_inputs, json_text, requested_outputs
 
 # how a transport bounds the work: `complete(work, client_timeout_s)` (deadline, client gone)
 Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
-# how a transport runs the decoding of `size` bytes of tensors (on a worker thread, or shed)
+# how a transport runs the decoding of the tensors (on a worker thread, or shed)
 Decode = Callable[..., Awaitable[dict[str, np.ndarray | None]]]
-TRITON_TYPES = {
-    "BOOL": "TYPE_BOOL",
-    "INT8": "TYPE_INT8",
-    "INT16": "TYPE_INT16",
-    "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64",
-    "UINT8": "TYPE_UINT8",
-    "FP16": "TYPE_FP16",
-    "FP32": "TYPE_FP32",
-    "FP64": "TYPE_FP64",
-    "BYTES": "TYPE_STRING",
-}
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
 BACKENDS = {"onnxruntime_onnx": "onnxruntime"}  # platforms whose graph the model's tensors are (Triton's backend)
+MAX_TIMEOUT_US = 2**63 - 1  # Triton's int64
+# Parameters honoured (`timeout`, the binary extension's), accepted at their "off" value only, or accepted and not
+# needed (MLServer's codec hint `content_type`); anything else is a 400 naming it, never silently ignored.
+OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "priority": (0,),
+    "sequence_id": (0, ""),
+    "sequence_start": (False,),
+    "sequence_end": (False,),
+}
+SEQUENCES = (
+    "the sequence extension is not offered: each request is independent (a knowledge-tracing history continues "
+    "by sending the state output back as the state input)"
+)
+SHARED_MEMORY = "the shared-memory extensions are not offered"
+NOT_OFFERED = {
+    "priority": "requests are not prioritised here (the schedule policy extension is not offered); send 0 or "
+    "leave it out",
+    **dict.fromkeys(("sequence_id", "sequence_start", "sequence_end"), SEQUENCES),
+    "classification": "the classification extension is not offered",
+    **dict.fromkeys(("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"), SHARED_MEMORY),
+}
+CODEC_HINT = "content_type"
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,25 @@ class Answer:
     specs: list[TensorSpec]
 
 
-def codec_of(registry: ModelRegistry, model: ServedModel) -> TensorCodec | None:
-    """The tensor codec of the model's task; None when the task is not served over the protocol."""
-    return registry.tasks[model.task].tensors
+def registry_of(state: State) -> ModelRegistry | None:
+    return getattr(state, "registry", None)
+
+
+def server_ready(state: State) -> bool:
+    """Every model loaded, and the server not draining."""
+    registry = registry_of(state)
+    return not state.drain.draining and registry is not None and registry.ready
+
+
+def refusal(error: Exception) -> tuple[int, str, Mapping[str, str]] | None:
+    """A refused request as (status, sentence, headers), for REST and gRPC alike; None for an unexpected error."""
+    if isinstance(error, ProtocolError):
+        return error.status, error.message, {}
+    if isinstance(error, ServiceError):
+        return error.status_code, error.detail, error.headers or {}
+    if isinstance(error, OrtInvalidArgument):
+        return 400, f"The model rejected the input: {ort_message(error)}", {}
+    return None
 
 
 def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
@@ -65,6 +89,11 @@ def invalid_request(error: ValidationError, what: str = "inference request") -> 
     return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
+def served(registry: ModelRegistry | None) -> list[ServedModel]:
+    """The models whose task has a tensor codec (those the protocol serves)."""
+    return [m for m in registry.models.values() if registry.tasks[m.task].tensors] if registry else []
+
+
 def find_model(
     registry: ModelRegistry | None, name: str, version: str | None = None
 ) -> tuple[ServedModel, TensorCodec]:
@@ -72,9 +101,9 @@ def find_model(
     if registry is None:
         raise ProtocolError("Models are still loading.", 503)
     model = registry.models.get(name)
-    codec = None if model is None else codec_of(registry, model)
+    codec = None if model is None else registry.tasks[model.task].tensors
     if codec is None:
-        known = ", ".join(sorted(n for n, m in registry.models.items() if codec_of(registry, m))) or "none"
+        known = ", ".join(sorted(m.name for m in served(registry))) or "none"
         raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
     if version and version != model.entry.version:
         raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
@@ -84,16 +113,9 @@ def find_model(
 
 
 async def infer(
-    model: ServedModel,
-    codec: TensorCodec,
-    request: InferenceRequest,
-    binary: bytes,
-    decode: Decode,
-    complete: Complete,
+    model: ServedModel, codec: TensorCodec, request: InferenceRequest, binary: bytes, decode: Decode, complete: Complete
 ) -> Answer:
-    """Run the model on the request's tensors, admitted by its batcher and bounded by `complete`.
-
-    `decode(decode_inputs, request, binary, specs)` runs the decoding where the transport wants it."""
+    """Run the model on the request's tensors, decoded by `decode`, admitted by its batcher, bounded by `complete`."""
     timeout_s = check_parameters(request)
     wanted = requested_outputs(request, codec.outputs(model))
     tensors = await decode(decode_inputs, request, binary, codec.inputs(model))
@@ -101,6 +123,45 @@ async def infer(
     with model.batcher.admit(prepared.rows, prepared.cells):
         outputs = await complete(codec.infer(model, prepared), timeout_s)
     return Answer(outputs, wanted, codec.outputs(model))
+
+
+def check_parameters(request: InferenceRequest) -> float | None:
+    """The deadline in seconds that the request's `timeout` asks for (None: the server's); 400 for any
+    parameter not honoured or of the wrong type."""
+    _check_known(request.parameters, ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES), "parameters")
+    for name, off in OFF_VALUES.items():
+        value = request.parameters.get(name, off[0])
+        if not any(type(value) is type(allowed) and value == allowed for allowed in off):
+            raise ProtocolError(f"parameters.{name} is {json_text(value)}: {NOT_OFFERED[name]}")
+    _check_flag(request.parameters, "binary_data_output", "parameters")
+    for index, tensor in enumerate(request.inputs):
+        _check_known(tensor.parameters, ("binary_data_size", CODEC_HINT), f"inputs[{index}].parameters")
+    for index, output in enumerate(request.outputs or ()):
+        _check_known(output.parameters, ("binary_data", CODEC_HINT), f"outputs[{index}].parameters")
+        _check_flag(output.parameters, "binary_data", f"outputs[{index}].parameters")
+    timeout = request.parameters.get("timeout")  # Triton's: integer microseconds, 0 for none
+    if timeout is not None and (type(timeout) is not int or not 0 <= timeout <= MAX_TIMEOUT_US):
+        raise ProtocolError(
+            f"parameters.timeout is {json_text(timeout)}; it must be an integer count of microseconds "
+            f"within 0..{MAX_TIMEOUT_US} (0: the server's deadline)"
+        )
+    return timeout / 1e6 if timeout else None
+
+
+def _check_known(parameters: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+    for name in parameters:
+        if name not in known:
+            reason = NOT_OFFERED.get(name, f"not a parameter this server knows; it takes {', '.join(known)}")
+            raise ProtocolError(f"{where}.{name[:64]}: {reason}")
+    hint = parameters.get(CODEC_HINT, "")
+    if not isinstance(hint, str):
+        raise ProtocolError(f"{where}.{CODEC_HINT} is {json_text(hint)}; it must be a string")
+
+
+def _check_flag(parameters: dict[str, Any], name: str, where: str) -> None:
+    value = parameters.get(name, False)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where}.{name} is {json_text(value)}; it must be true or false")
 
 
 def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
@@ -115,18 +176,23 @@ def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
 
 
 def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
-    """Triton's model configuration (its JSON form): every tensor is batch-first, so `max_batch_size` is the rows
-    of one run (MNEMO_MAX_BATCH or the manifest's) and `dims` leave the batch dimension out (-1: any size); the
-    dynamic batching in force (the longest wait to fill a batch, the queue's bound, the request deadline)."""
+    """Triton's model configuration (its JSON form): tensors are batch-first, so `dims` leave the batch out and
+    `max_batch_size` is the rows of one run; the dynamic batching in force."""
     config = model.batcher.config
-    platform = codec.PLATFORM
+
+    def tensor(spec: TensorSpec) -> dict[str, Any]:
+        data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
+        return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[1:])} | (
+            {"optional": True} if spec.optional else {}
+        )
+
     return {
         "name": model.name,
-        "platform": platform,
-        "backend": BACKENDS.get(platform, platform),
+        "platform": codec.PLATFORM,
+        "backend": BACKENDS.get(codec.PLATFORM, codec.PLATFORM),
         "max_batch_size": config.max_batch,
-        "input": [_tensor_config(spec) for spec in codec.inputs(model)],
-        "output": [_tensor_config(spec) for spec in codec.outputs(model)],
+        "input": [tensor(spec) for spec in codec.inputs(model)],
+        "output": [tensor(spec) for spec in codec.outputs(model)],
         "dynamic_batching": {
             "max_queue_delay_microseconds": round(config.max_wait_s * 1e6),
             "default_queue_policy": {
@@ -139,37 +205,22 @@ def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
     }
 
 
-def _tensor_config(spec: TensorSpec) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": spec.name, "data_type": TRITON_TYPES[spec.datatype], "dims": list(spec.shape[1:])}
-    if spec.optional:
-        entry["optional"] = True
-    return entry
-
-
 def statistics(registry: ModelRegistry | None, name: str = "", version: str = "") -> dict[str, Any]:
-    """Triton's statistics extension for one model (`name`) or every model served over the protocol."""
-    if name:
-        models = [find_model(registry, name, version)[0]]
-    elif registry is None:
-        models = []
-    else:
-        models = [model for model in registry.models.values() if codec_of(registry, model) and model.ready]
-    return {
-        "model_stats": [
-            {"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models
-        ]
-    }
+    """Triton's statistics extension for one model (`name`) or every ready model served over the protocol."""
+    models = [find_model(registry, name, version)[0]] if name else [m for m in served(registry) if m.ready]
+    stats = [{"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models]
+    return {"model_stats": stats}
 
 
-def repository_index(registry: ModelRegistry | None) -> list[dict[str, str]]:
+def repository_index(registry: ModelRegistry | None, ready_only: bool = False) -> list[dict[str, str]]:
     """Every model served over the protocol with its state: READY, or UNAVAILABLE with the reason."""
-    if registry is None:
-        return []
-    index = []
-    for model in sorted(registry.models.values(), key=lambda model: model.name):
-        if codec_of(registry, model) is None:
-            continue
-        entry = {"name": model.name, "version": model.entry.version, "state": "READY" if model.ready else "UNAVAILABLE"}
-        entry["reason"] = "" if model.ready else str(model.error or "not loaded")
-        index.append(entry)
-    return index
+    return [
+        {
+            "name": model.name,
+            "version": model.entry.version,
+            "state": "READY" if model.ready else "UNAVAILABLE",
+            "reason": "" if model.ready else str(model.error or "not loaded"),
+        }
+        for model in sorted(served(registry), key=lambda model: model.name)
+        if model.ready or not ready_only
+    ]

@@ -1,10 +1,7 @@
-"""Open Inference Protocol tensors: the request body, datatypes, and decoding/encoding of tensor data.
+"""Open Inference Protocol tensors: the request body, and decoding/encoding of JSON and binary tensor data.
 
-A request's inputs arrive as JSON `data` (flat or nested, row-major) or, with the binary tensor data
-extension, as raw little-endian bytes after the JSON header (`Inference-Header-Content-Length`;
-each such input says `parameters.binary_data_size`; BYTES elements are a 4-byte length and the bytes).
-Every input is checked against the model's declared `TensorSpec` (name, datatype, rank, fixed dims,
-element count) before anything runs; a broken rule is a `ProtocolError` (400) naming the input.
+Every input is checked against the model's declared `TensorSpec` before anything runs; a broken rule is a
+`ProtocolError` (400) naming the input.
 """
 
 from __future__ import annotations
@@ -12,11 +9,12 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
+from tritonclient.utils import triton_to_np_dtype
 
 from app.core.responses import dumps
 from app.runtime.tensors import ProtocolError, TensorSpec
@@ -24,18 +22,6 @@ from app.runtime.tensors import ProtocolError, TensorSpec
 MAX_RANK = 8
 FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
-NUMPY_TYPES: dict[str, type] = {
-    "BOOL": np.bool_,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "UINT8": np.uint8,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
 INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
 JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
 
@@ -119,9 +105,7 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
     if tensor.datatype == "BYTES":
         if not all(isinstance(element, str) for element in elements):
             raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
-        array = np.empty(len(elements), dtype=object)
-        array[:] = elements
-        return array.reshape(tensor.shape)
+        return np.array(elements, dtype=object).reshape(tensor.shape)
     accepted = JSON_TYPES.get(tensor.datatype, (int, float))
     wrong = next((index for index, element in enumerate(elements) if type(element) not in accepted), None)
     if wrong is not None:
@@ -130,7 +114,7 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
             f"input {tensor.name}: element {wrong} is {json_text(elements[wrong])}; {tensor.datatype} data must be "
             f"JSON {what}"
         )
-    dtype = NUMPY_TYPES[tensor.datatype]
+    dtype = triton_to_np_dtype(tensor.datatype)
     if accepted == (int,) and elements:
         limits = np.iinfo(dtype)
         low, high = int(limits.min), int(limits.max)
@@ -156,7 +140,8 @@ def _json_elements(tensor: RequestInput) -> list[Any]:
     if any(isinstance(element, list) for element in data):
         if not _nested_as(data, tensor.shape):
             raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
-        data = list(_flatten(data))
+        for _ in tensor.shape[1:]:  # nested exactly as the shape: one level flattened at a time
+            data = [element for row in data for element in row]
     if len(data) != count:
         raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
     return data
@@ -170,34 +155,22 @@ def _nested_as(data: Any, shape: Sequence[int]) -> bool:
 
 
 def json_text(value: Any) -> str:
-    """A JSON value as the client wrote it, cut to 40 characters (a huge integer by its size: writing out
-    thousands of digits is refused by Python and costly)."""
+    """A JSON value as the client wrote it, cut to 40 characters; a huge integer by its size (unprintable)."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
     return dumps(value).decode()[:40]
 
 
-def _flatten(data: Any) -> Iterator[Any]:
-    for element in data:
-        if isinstance(element, list):
-            yield from _flatten(element)
-        else:
-            yield element
-
-
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
     count = math.prod(tensor.shape)
     if tensor.datatype == "BYTES":
-        elements = _split_bytes(tensor.name, raw, count)
-        array = np.empty(count, dtype=object)
-        array[:] = elements
-        return array.reshape(tensor.shape)
-    dtype = np.dtype(NUMPY_TYPES[tensor.datatype]).newbyteorder("<")
+        return np.array(_split_bytes(tensor.name, raw, count), dtype=object).reshape(tensor.shape)
+    dtype = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise ProtocolError(
             f"input {tensor.name}: shape {tensor.shape} needs {count * dtype.itemsize} bytes, got {len(raw)}"
         )
-    return np.frombuffer(raw, dtype=dtype).astype(NUMPY_TYPES[tensor.datatype]).reshape(tensor.shape)
+    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("=")).reshape(tensor.shape)
 
 
 def _split_bytes(name: str, raw: bytes, count: int) -> list[str]:
@@ -266,4 +239,4 @@ def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
     if datatype == "BYTES":
         encoded = [str(element).encode("utf-8") for element in array.ravel()]
         return b"".join(struct.pack("<I", len(element)) + element for element in encoded)
-    return np.ascontiguousarray(array, dtype=np.dtype(NUMPY_TYPES[datatype]).newbyteorder("<")).tobytes()
+    return np.ascontiguousarray(array, dtype=np.dtype(triton_to_np_dtype(datatype)).newbyteorder("<")).tobytes()
