@@ -117,11 +117,16 @@ class Attention(BaseModel):
     sentence_b: list[list[float]]
 
 
+NO_ENTAILMENT = (
+    "absent from the answers of a model trained without entailment labels (GET /models: entailment_labels [])"
+)
+
+
 class SimilarityResponse(BaseModel):
     model: str
     relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
     similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
-    entailment: Entailment
+    entailment: Entailment | None = Field(default=None, description=NO_ENTAILMENT)
     paraphrase: Paraphrase | None = Field(
         default=None,
         description="only from a model with a paraphrase head (GET /models: paraphrase_labels; metadata.dataset "
@@ -206,4 +211,4 @@ class EmbeddingPairResponse(BaseModel):
     model: str
     relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
     similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
-    entailment: Entailment
+    entailment: Entailment | None = Field(default=None, description=NO_ENTAILMENT)

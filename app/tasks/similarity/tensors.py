@@ -3,8 +3,9 @@
 The ONNX graph reads GloVe embeddings, so the protocol tensors are the task's, not the graph's:
 inputs `sentence_a` and `sentence_b`, BYTES [B] (UTF-8 text, one element per pair); outputs
 `relatedness` FP32 [B] (1..5), `entailment_probabilities` FP32 [B,3] (in the order of the model's
-`entailment_labels`, GET /models) and `tokens_a` / `tokens_b` BYTES [B,L] (the tokens the model read,
-`<s>` ... `</s>`, padded with empty strings to the longest sentence of the request); a model with a
+`entailment_labels`, GET /models; absent when that list is empty) and `tokens_a` / `tokens_b` BYTES [B,L]
+(the tokens the model read, `<s>` ... `</s>`, padded with empty strings to the longest sentence of the
+request); a model with a
 paraphrase head also outputs `paraphrase_probability` FP32 [B] (as POST /similarity's). The pairs go
 through the similarity service (limits, tokenizer, batcher) exactly as on POST /similarity/batch.
 """
@@ -53,7 +54,8 @@ def inputs(model: ServedModel) -> list[TensorSpec]:
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
     state: SimilarityState = model.state
-    return [*OUTPUTS, PARAPHRASE] if state.paraphrase else OUTPUTS
+    specs = OUTPUTS if state.labels else [spec for spec in OUTPUTS if spec.name != "entailment_probabilities"]
+    return [*specs, PARAPHRASE] if state.paraphrase else specs
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
@@ -83,13 +85,12 @@ async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
     ]
     tensors = {
         "relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32),
-        "entailment_probabilities": np.array(
-            [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results],
-            dtype=np.float32,
-        ),
         "tokens_a": _padded([result["tokens_a"] for result in results]),
         "tokens_b": _padded([result["tokens_b"] for result in results]),
     }
+    if state.labels:
+        probabilities = [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results]
+        tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
     if state.paraphrase:
         probabilities = [result["paraphrase"]["probability"] for result in results]
         tensors[PARAPHRASE.name] = np.array(probabilities, dtype=np.float32)
