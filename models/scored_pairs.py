@@ -64,6 +64,14 @@ def _pair(path: Path, line: int, record: dict[str, str], required: tuple[str, ..
     return SickPair(record["sentence_a"], record["sentence_b"], score, label)
 
 
-def split_pairs(pairs: ScoredPairs, seed: int) -> dict[str, list[int]]:
-    """Row indices of the train, valid and test splits (models/user_csv.py: `split_keys`)."""
-    return split_keys(list(range(len(pairs.pairs))), seed, "pair")
+def split_pairs(data: ScoredPairs, seed: int) -> dict[str, list[int]]:
+    """Row indices of the train, valid and test splits (models/user_csv.py: `split_keys`); Pearson r needs at
+    least two different scores in the validation and test splits."""
+    splits = split_keys(list(range(len(data.pairs))), seed, "pair")
+    for name in ("valid", "test"):
+        if len({data.pairs[row].relatedness for row in splits[name]}) < 2:
+            raise OwnDataError(
+                f"the {name} split ({len(splits[name])} pairs) has a single score, so its Pearson r is undefined: "
+                "the CSV needs more pairs"
+            )
+    return splits
