@@ -188,6 +188,11 @@ def test_train_export_serve_and_answer_with_and_without_labels(tmp_path):
         batch = client.post("/similarity/batch", json={"pairs": [pair, pair], "model": "mine-r"}).json()
         assert [result["relatedness"] for result in batch["results"]] == [plain.json()["relatedness"]] * 2
         assert client.post("/similarity", json=pair).json()["model"] == "mine"  # the directory's default
+        inputs = [{"name": key, "datatype": "BYTES", "shape": [1], "data": [pair[key]]} for key in pair]
+        for name, outputs in (("mine", ["relatedness", "entailment_probabilities"]), ("mine-r", ["relatedness"])):
+            protocol = client.post(f"/v2/models/{name}/infer", json={"inputs": inputs})
+            assert protocol.status_code == 200, protocol.text
+            assert [output["name"] for output in protocol.json()["outputs"]] == [*outputs, "tokens_a", "tokens_b"]
 
 
 @pytest.mark.slow

@@ -117,9 +117,7 @@ class Attention(BaseModel):
     sentence_b: list[list[float]]
 
 
-NO_ENTAILMENT = (
-    "absent from the answers of a model trained without entailment labels (GET /models: entailment_labels [])"
-)
+NO_ENTAILMENT = "absent when the model was trained without entailment labels (GET /models: entailment_labels [])"
 
 
 class SimilarityResponse(BaseModel):

@@ -5,9 +5,9 @@ inputs `sentence_a` and `sentence_b`, BYTES [B] (UTF-8 text, one element per pai
 `relatedness` FP32 [B] (1..5), `entailment_probabilities` FP32 [B,3] (in the order of the model's
 `entailment_labels`, GET /models; absent when that list is empty) and `tokens_a` / `tokens_b` BYTES [B,L]
 (the tokens the model read, `<s>` ... `</s>`, padded with empty strings to the longest sentence of the
-request); a model with a
-paraphrase head also outputs `paraphrase_probability` FP32 [B] (as POST /similarity's). The pairs go
-through the similarity service (limits, tokenizer, batcher) exactly as on POST /similarity/batch.
+request); a model with a paraphrase head also outputs `paraphrase_probability` FP32 [B] (as POST
+/similarity's). The pairs go through the similarity service (limits, tokenizer, batcher) exactly as on POST
+/similarity/batch.
 """
 
 from __future__ import annotations
@@ -83,14 +83,12 @@ async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
         service.decode(model, pair, output, return_attention=False)
         for pair, output in zip(pairs.encoded, graph_outputs, strict=True)
     ]
-    tensors = {
-        "relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32),
-        "tokens_a": _padded([result["tokens_a"] for result in results]),
-        "tokens_b": _padded([result["tokens_b"] for result in results]),
-    }
+    tensors = {"relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32)}
     if state.labels:
         probabilities = [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results]
         tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
+    tensors["tokens_a"] = _padded([result["tokens_a"] for result in results])
+    tensors["tokens_b"] = _padded([result["tokens_b"] for result in results])
     if state.paraphrase:
         probabilities = [result["paraphrase"]["probability"] for result in results]
         tensors[PARAPHRASE.name] = np.array(probabilities, dtype=np.float32)
