@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import socket
 import sys
 import types
@@ -188,84 +187,84 @@ def _model_name(context: click.Context, parameter: click.Parameter, value: str) 
     return value
 
 
-@train.command(name="kt", context_settings=CONTEXT)
-@click.option(
-    "--csv",
-    "csv_file",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Answer log with a header: student, question, correct (0/1/true/false); optional order or timestamp, "
-    "question_name, skill.",
-)
-@click.option(
-    "--artifacts",
-    required=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Directory to write the model into; its manifest.json is created or updated.",
-)
-@click.option("--name", required=True, callback=_model_name, help="The served model's name (and its files' stem).")
-@click.option("--epochs", type=click.IntRange(min=1), default=30, show_default=True, help="Maximum epochs.")
-@click.option("--seed", type=int, default=1024, show_default=True, help="Seed of the split, weights and shuffling.")
-@click.option("--model", "kind", type=click.Choice(["dkvmn", "dkt"]), default="dkvmn", show_default=True)
-@click.option(
-    "--run-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    help="Checkpoints and the run record.  [default: runs/own/NAME]",
-)
-@click.option("--resume", is_flag=True, help="Continue the unfinished run in --run-dir from its last epoch.")
-@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch CPU threads.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (for log files).")
-def train_kt(
-    csv_file: Path,
-    artifacts: Path,
-    name: str,
-    epochs: int,
-    seed: int,
-    kind: str,
-    run_dir: Path | None,
-    resume: bool,
-    threads: int,
-    no_progress: bool,
-) -> None:
-    """Train knowledge tracing on your answer log: split by student, select on validation, test once, export to
-    ONNX (parity-checked) with its card, and add it to ARTIFACTS/manifest.json. Serve it with
-    `MNEMO_ARTIFACTS_DIR=ARTIFACTS mnemo serve`; requests use the CSV's own question ids."""
+def _own_data_options(csv_help: str) -> Callable[[Callable], Callable]:
+    """The options every `mnemo train` command takes (`--csv` described by `csv_help`)."""
+    options = [
+        click.option("--csv", "csv_file", required=True, type=click.Path(path_type=Path), help=csv_help),
+        click.option(
+            "--artifacts",
+            required=True,
+            type=click.Path(path_type=Path, file_okay=False),
+            help="Directory to write the model into; its manifest.json is created or updated.",
+        ),
+        click.option(
+            "--name", required=True, callback=_model_name, help="The served model's name (and its files' stem)."
+        ),
+        click.option("--epochs", type=click.IntRange(min=1), default=30, show_default=True, help="Maximum epochs."),
+        click.option(
+            "--seed", type=int, default=1024, show_default=True, help="Seed of the split, weights and shuffling."
+        ),
+        click.option(
+            "--run-dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=None,
+            help="Checkpoints and the run record.  [default: runs/own/NAME]",
+        ),
+        click.option("--resume", is_flag=True, help="Continue the unfinished run in --run-dir from its last epoch."),
+        click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch CPU threads."),
+        click.option("--no-progress", is_flag=True, help="No progress bar (for log files)."),
+    ]
+
+    def decorate(command: Callable) -> Callable:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _train(task: str, **options: Any) -> None:
+    """Run `mnemo train TASK` (models/own_command.py); a problem the user can fix is one line, never a traceback."""
     try:
-        from models.answer_log import AnswerLogError, read_answer_log  # numpy only: a bad CSV is told before torch
+        from models.own_command import run_own_training
+        from models.user_csv import OwnDataError
     except ImportError as error:
         raise click.ClickException(f"training needs the project's models/ package: {error}") from None
     try:
-        log = read_answer_log(csv_file)
-    except AnswerLogError as error:
+        click.echo(run_own_training(task, **options))
+    except OwnDataError as error:
         raise click.ClickException(str(error)) from None
-    try:
-        from export.own_kt import export_run  # torch loads only when a model trains
-        from models.train_own_kt import OwnRun, held_out_test_sequences
-        from models.train_own_kt import train as train_model
-    except ImportError as error:
-        raise click.ClickException(f"training needs the `train` extra (pip install 'mnemo[train]'): {error}") from None
-    run = OwnRun(csv_file, run_dir or Path("runs/own") / name, kind, epochs, seed, threads, resume, not no_progress)
-    try:
-        result = train_model(run, log, _train_command(csv_file, artifacts, name, epochs, seed, kind))
-    except AnswerLogError as error:
-        raise click.ClickException(str(error)) from None
-    except KeyboardInterrupt:
-        raise click.ClickException(f"interrupted: rerun the same command with --resume ({run.run_dir})") from None
-    entry = export_run(run.run_dir, result, held_out_test_sequences(log, result), artifacts, name)
-    click.echo(
-        f"{name}: test AUC {result['test']['auc']:.4f} (per-question-mean baseline {result['baseline_test_auc']:.4f}); "
-        f"wrote {artifacts / entry['file']} and {artifacts / 'manifest.json'}; serve it with "
-        f"MNEMO_ARTIFACTS_DIR={artifacts} mnemo serve"
-    )
 
 
-def _train_command(csv_file: Path, artifacts: Path, name: str, epochs: int, seed: int, kind: str) -> str:
-    """The command line that reproduces a training run, for its card."""
-    given = {"--csv": csv_file, "--artifacts": artifacts, "--name": name, "--epochs": epochs, "--seed": seed}
-    return shlex.join(
-        ["mnemo", "train", "kt", *(f"{flag}={value}" for flag, value in {**given, "--model": kind}.items())]
-    )
+@train.command(name="kt", context_settings=CONTEXT)
+@_own_data_options(
+    "Answer log with a header: student, question, correct (0/1/true/false); optional order or timestamp, "
+    "question_name, skill."
+)
+@click.option(
+    "--model",
+    type=click.Choice(["dkvmn", "dkt"]),
+    default="dkvmn",
+    show_default=True,
+    help="DKVMN (memory slots) or DKT (an LSTM).",
+)
+def train_kt(**options: Any) -> None:
+    """Train knowledge tracing on your answer log: split by student, select on validation, test once, export to
+    ONNX (parity-checked) with its card, and add it to ARTIFACTS/manifest.json. Serve it with
+    `MNEMO_ARTIFACTS_DIR=ARTIFACTS mnemo serve`; requests use the CSV's own question ids."""
+    _train("kt", **options)
+
+
+@train.command(name="similarity", context_settings=CONTEXT)
+@_own_data_options(
+    "Scored sentence pairs with a header: sentence_a, sentence_b, score (relatedness, 1..5); optional label "
+    "(ENTAILMENT, NEUTRAL or CONTRADICTION, any case)."
+)
+def train_similarity(**options: Any) -> None:
+    """Train the LSTM_RMC pair model on your scored sentence pairs: split by pair, select on validation, test
+    once, export to ONNX (parity-checked) with its card, and add it to ARTIFACTS/manifest.json. Serve it with
+    `MNEMO_ARTIFACTS_DIR=ARTIFACTS mnemo serve`; without a label column it answers relatedness only."""
+    _train("similarity", **options)
 
 
 def main(argv: list[str] | None = None) -> None:

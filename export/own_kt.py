@@ -87,11 +87,11 @@ def export_run(run_dir: Path, result: dict, test: Sequences, artifacts: Path, na
     )
 
 
-def is_first_of_its_task(artifacts: Path, name: str) -> bool:
-    """Whether the manifest has no other knowledge-trace default: then this model becomes the default one (a
-    request without `model` gets it), else the default stays as it is."""
+def is_first_of_its_task(artifacts: Path, name: str, task: str = "knowledge-trace") -> bool:
+    """Whether the manifest has no other default of `task`: then this model becomes the default one (a request
+    without `model` gets it), else the default stays as it is."""
     others = [entry for entry in load_manifest(artifacts)["models"] if entry["name"] != name]
-    return not any(entry["task"] == "knowledge-trace" and entry.get("default") for entry in others)
+    return not any(entry["task"] == task and entry.get("default") for entry in others)
 
 
 def card(name: str, result: dict, parity: dict[str, float], onnx_file: Path) -> str:

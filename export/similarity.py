@@ -78,7 +78,7 @@ def export_pair_model(model: SentencePairModel, path: Path) -> None:
 
 
 def check_parity(model: SentencePairModel, path: Path, vectors: WordVectors, pairs) -> float:
-    """Max |ONNX - PyTorch (Python loop)| over all outputs on real SICK pairs, padded as a batch."""
+    """Max |ONNX - PyTorch (Python loop)| over all outputs on real pairs (SICK, or a user's), padded as a batch."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     encoded = [(vectors.embed(tokenize(p.sentence_a))[0], vectors.embed(tokenize(p.sentence_b))[0]) for p in pairs]
     length = max(max(len(a), len(b)) for a, b in encoded)
@@ -100,7 +100,7 @@ def check_parity(model: SentencePairModel, path: Path, vectors: WordVectors, pai
         del session
         path.unlink()  # a graph that failed its check is not an artifact: the manifest never lists it
         raise SystemExit(
-            f"ONNX parity failed on real SICK pairs: {diff:.2e} > {PARITY_TOLERANCE} ({where}); removed {path}"
+            f"ONNX parity failed on real sentence pairs: {diff:.2e} > {PARITY_TOLERANCE} ({where}); removed {path}"
         )
     return diff
 
@@ -274,8 +274,19 @@ def _size_deviations(config: dict) -> list[str]:
     return lines
 
 
+def word_vector_assets(artifacts: Path, name: str, specials: np.ndarray) -> dict:
+    """Write what the service's tokenizer looks words up with: the model's special-token vectors and (once per
+    directory) the GloVe vocabulary table; return their manifest assets."""
+    specials_file = f"{name}.specials.npy"
+    np.save(artifacts / specials_file, specials)
+    vocabulary = artifacts / VOCABULARY_FILE
+    if not vocabulary.exists():
+        shutil.copyfile(DEFAULT_VOCABULARY, vocabulary)
+    return {"special_vectors": {"file": specials_file}, "vocabulary": {"file": VOCABULARY_FILE}}
+
+
 def manifest_entry(
-    args: argparse.Namespace, onnx_file: Path, config: RMCConfig, test: dict, max_cells: int, specials_file: str
+    args: argparse.Namespace, onnx_file: Path, config: RMCConfig, test: dict, max_cells: int, assets: dict
 ) -> dict:
     """The manifest entry of a pair graph (`args`: name, version, default) with its test metrics."""
     paper = PAPER[config.pointer]
@@ -305,7 +316,7 @@ def manifest_entry(
             "embeddings": "glove-6b-50d",
             "entailment_labels": list(ENTAILMENT_LABELS),
         },
-        "assets": {"special_vectors": {"file": specials_file}, "vocabulary": {"file": VOCABULARY_FILE}},
+        "assets": assets,
         "card": f"{args.name}.md",
     }
 
@@ -337,16 +348,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.name}: training",
         args.artifacts / f"{args.name}.curve.png",
     )
-    specials_file = f"{args.name}.specials.npy"
-    np.save(args.artifacts / specials_file, specials)
-    vocabulary = args.artifacts / VOCABULARY_FILE
-    if not vocabulary.exists():
-        shutil.copyfile(DEFAULT_VOCABULARY, vocabulary)
+    assets = word_vector_assets(args.artifacts, args.name, specials)
     size_mb = onnx_file.stat().st_size / 1e6
     write_card(args.artifacts / f"{args.name}.md", args.name, result, parity, example, size_mb, args.notes)
     entry = upsert_model(
         args.artifacts,
-        manifest_entry(args, onnx_file, model.config, result["test"], MAX_CELLS[model.config.pointer], specials_file),
+        manifest_entry(args, onnx_file, model.config, result["test"], MAX_CELLS[model.config.pointer], assets),
     )
     print(f"{args.name}: {onnx_file} ({size_mb:.1f} MB) sha256 {entry['sha256'][:12]} parity {parity:.2e}")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import onnxruntime as ort
 import torch
 from scipy.special import logsumexp
 
-from app.tasks.similarity.vectors import DEFAULT_VOCABULARY, VOCABULARY_FILE, WordVectors
+from app.tasks.similarity.vectors import WordVectors
 from export.cards import cpu_threads, data_files_table, duration, notes_section
 from export.embeddings import add_embedding_graphs
 from export.latency import latency_table
@@ -51,6 +50,7 @@ from export.similarity import (
     manifest_entry,
     metrics_table,
     pointer_text,
+    word_vector_assets,
 )
 from models.cli import model_name, positive_int, training_run
 from models.ensemble import EnsemblePairModel
@@ -415,11 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.name}: trial Pearson r of each candidate",
         args.artifacts / f"{args.name}.curve.png",
     )
-    specials_file = f"{args.name}.specials.npy"
-    np.save(args.artifacts / specials_file, specials[0])
-    vocabulary = args.artifacts / VOCABULARY_FILE
-    if not vocabulary.exists():
-        shutil.copyfile(DEFAULT_VOCABULARY, vocabulary)
+    assets = word_vector_assets(args.artifacts, args.name, specials[0])
     latency_labels, latency = measure_latency(onnx_file, ranked[0].model, args.latency_reference, args.latency_repeats)
     chosen = rows[k - 1]
     max_cells = MAX_CELLS[ensemble.config.pointer] // k
@@ -440,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": command,
     }
     write_card(args.artifacts / f"{args.name}.md", args.name, context, args.notes)
-    entry = manifest_entry(args, onnx_file, ensemble.config, chosen["test"], max_cells, specials_file)
+    entry = manifest_entry(args, onnx_file, ensemble.config, chosen["test"], max_cells, assets)
     entry["metrics"] |= {
         "trial_pearson": round(chosen["trial"]["pearson"], 4),
         "trial_entailment_accuracy": round(chosen["trial"]["accuracy"], 4),

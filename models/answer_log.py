@@ -10,16 +10,14 @@ and serving maps the user's ids through the model's `question_ids` asset. Every 
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
-
 from models.kt_data import Student
+from models.user_csv import OwnDataError, read_records, split_keys
 
 REQUIRED = ("student", "question", "correct")
 ORDER_COLUMNS = ("order", "timestamp")
@@ -27,13 +25,7 @@ NAME_COLUMNS = ("question_name", "skill")
 TRUE, FALSE = frozenset({"1", "true"}), frozenset({"0", "false"})
 MAX_INTEGER_ID = 2**31 - 1  # the API's integer question ids are 1..2^31-1; other ids are served as strings
 INTEGER_ID = re.compile(r"[1-9][0-9]*")  # no sign, no leading zero: the id reads back as the same text
-# Split by student, fixed before any training: a seeded permutation, then these shares (each at least 1 student).
-VALID_SHARE, TEST_SHARE = 0.15, 0.15
-MIN_STUDENTS = 3
-
-
-class AnswerLogError(ValueError):
-    """A CSV the trainer cannot use; the message is one line naming the file, line and column."""
+AnswerLogError = OwnDataError
 
 
 @dataclass(frozen=True)
@@ -65,51 +57,16 @@ class Row:
 
 def read_answer_log(path: Path) -> AnswerLog:
     """Parse and validate the CSV at `path`."""
-    if path.is_dir():
-        raise AnswerLogError(f"{path}: a directory, not a CSV file")
-    if not path.is_file():
-        raise AnswerLogError(f"{path}: no such file")
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            columns = _check_header(path, reader.fieldnames)
-            rows = [_row(path, reader.line_num, record, columns) for record in reader]
-    except UnicodeDecodeError as error:
-        raise AnswerLogError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except csv.Error as error:
-        raise AnswerLogError(f"{path}: not a readable CSV ({error})") from None
-    except OSError as error:
-        raise AnswerLogError(f"{path}: cannot read it ({error.strerror})") from None
-    if not rows:
-        raise AnswerLogError(f"{path}: the header has no rows under it")
-    return _assemble(rows)
-
-
-def _check_header(path: Path, fieldnames: list[str] | None) -> dict[str, str]:
-    """The optional columns present (order column, name columns); raises naming a missing or repeated column."""
-    if not fieldnames:
-        raise AnswerLogError(f"{path}: the file is empty (expected a header: {', '.join(REQUIRED)})")
-    names = [name.strip() for name in fieldnames]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise AnswerLogError(f"{path}:1: column {repeated[0]!r} appears more than once in the header")
-    missing = [name for name in REQUIRED if name not in names]
-    if missing:
-        raise AnswerLogError(f"{path}:1: missing column {missing[0]!r} (the header has: {', '.join(names)})")
+    names, records = read_records(path, REQUIRED)
     orders = [name for name in ORDER_COLUMNS if name in names]
     if len(orders) > 1:
         raise AnswerLogError(f"{path}:1: give either 'order' or 'timestamp', not both")
-    return {"order": orders[0] if orders else "", **{name: name for name in NAME_COLUMNS if name in names}}
+    columns = {"order": orders[0] if orders else "", **{name: name for name in NAME_COLUMNS if name in names}}
+    return _assemble([_row(path, line, record, columns) for line, record in records])
 
 
-def _row(path: Path, line: int, record: dict, columns: dict[str, str]) -> Row:
+def _row(path: Path, line: int, record: dict[str, str], columns: dict[str, str]) -> Row:
     """One validated row; `line` is the CSV line it ends on."""
-    if None in record:
-        raise AnswerLogError(f"{path}:{line}: more fields than the header has columns")
-    record = {key.strip(): (value or "").strip() for key, value in record.items()}
-    for column in REQUIRED:
-        if not record[column]:
-            raise AnswerLogError(f"{path}:{line}: column {column!r} is empty")
     correct = record["correct"].lower()
     if correct not in TRUE | FALSE:
         raise AnswerLogError(f"{path}:{line}: column 'correct' is {record['correct']!r}, not 0, 1, true or false")
@@ -162,14 +119,5 @@ def _assemble(rows: list[Row]) -> AnswerLog:
 
 
 def split_students(log: AnswerLog, seed: int) -> dict[str, list[str]]:
-    """Student ids of the train, valid and test splits: a permutation seeded by `seed` of the sorted ids, the
-    first `TEST_SHARE` of them test, the next `VALID_SHARE` valid (each at least one student), the rest train."""
-    names = sorted(log.students)
-    if len(names) < MIN_STUDENTS:
-        raise AnswerLogError(
-            f"{len(names)} student(s): the split by student into train, valid and test needs at least {MIN_STUDENTS}"
-        )
-    order = [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
-    n_test = max(1, round(TEST_SHARE * len(names)))
-    n_valid = max(1, round(VALID_SHARE * len(names)))
-    return {"test": order[:n_test], "valid": order[n_test : n_test + n_valid], "train": order[n_test + n_valid :]}
+    """Student ids of the train, valid and test splits (models/user_csv.py: `split_keys`)."""
+    return split_keys(list(log.students), seed, "student")

@@ -16,20 +16,20 @@ Each epoch ends with `<run>/last.pt`, so `--resume` continues an interrupted run
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from app.core.integrity import sha256_of
-from models.answer_log import TEST_SHARE, VALID_SHARE, AnswerLog, AnswerLogError, split_students
+from models.answer_log import AnswerLog, AnswerLogError, split_students
 from models.dkt import DKTConfig
 from models.dkvmn import DKVMNConfig
 from models.epoch_loop import StoppingRule, TrainingTask, run_epochs
 from models.kt_data import Sequences, Student, to_sequences
+from models.own_run import check_run_dir, run_record
 from models.train_kt import (
     build_model,
     build_optimizer,
@@ -39,6 +39,7 @@ from models.train_kt import (
     train_epoch,
 )
 from models.training import load_checkpoint, seed_everything, set_threads, write_json
+from models.user_csv import TEST_SHARE, VALID_SHARE
 
 SEQLEN, BATCH = 200, 32
 DKVMN_SIZES = dict(memory_size=20, key_dim=50, value_dim=100)
@@ -51,7 +52,7 @@ SELECTION_RULE = (
 
 
 @dataclass(frozen=True)
-class OwnRun:
+class Run:
     """What one `mnemo train kt` run is asked to do."""
 
     csv: Path
@@ -64,7 +65,7 @@ class OwnRun:
     progress: bool = True
 
 
-def protocol_of(run: OwnRun, log: AnswerLog, splits: dict[str, list[str]]) -> dict:
+def protocol_of(run: Run, log: AnswerLog, splits: dict[str, list[str]]) -> dict:
     """The protocol record: the data, the split, the recipe and the selection rule, before training starts."""
     return {
         "data": {"file": str(run.csv), "sha256": sha256_of(run.csv), "answers": log.n_answers},
@@ -82,22 +83,6 @@ def protocol_of(run: OwnRun, log: AnswerLog, splits: dict[str, list[str]]) -> di
         "batch": BATCH,
         "selection": SELECTION_RULE,
     }
-
-
-def check_run_dir(run: OwnRun, protocol: dict) -> None:
-    """Refuse a run directory that holds a result (its test split was seen), a checkpoint without --resume, or a
-    --resume of another protocol (other data, seed, model or epochs)."""
-    if (run.run_dir / "result.json").exists():
-        raise AnswerLogError(
-            f"{run.run_dir} already holds a finished run evaluated on its test split; choose another --run-dir"
-        )
-    saved = run.run_dir / "protocol.json"
-    if (run.run_dir / "last.pt").exists() and not run.resume:
-        raise AnswerLogError(f"{run.run_dir} holds an unfinished run: pass --resume, or choose another --run-dir")
-    if run.resume and saved.exists() and json.loads(saved.read_text()) != protocol:
-        raise AnswerLogError(
-            f"--resume: {saved} was written for other data or settings (data, seed, model or epochs differ)"
-        )
 
 
 def sequences_of(log: AnswerLog, student_ids: list[str]) -> Sequences:
@@ -133,12 +118,12 @@ def model_config(kind: str, n_questions: int) -> DKVMNConfig | DKTConfig:
     return DKVMNConfig(n_questions=n_questions, **DKVMN_SIZES)
 
 
-def train(run: OwnRun, log: AnswerLog, command: str) -> dict:
+def train(run: Run, log: AnswerLog, command: str) -> dict:
     """Train, select on validation, evaluate the test split once; write and return `<run>/result.json`."""
     splits = split_students(log, run.seed)
     check_both_outcomes(log, splits)
     protocol = protocol_of(run, log, splits)
-    check_run_dir(run, protocol)
+    check_run_dir(run.run_dir, run.resume, protocol)
     write_json(run.run_dir / "protocol.json", protocol)
     set_threads(run.threads)
     generator = seed_everything(run.seed)
@@ -169,7 +154,7 @@ def train(run: OwnRun, log: AnswerLog, command: str) -> dict:
     model.load_state_dict(load_checkpoint(run.run_dir / "best.pt")["model"])
     students = {name: [log.students[student] for student in ids] for name, ids in splits.items()}
     result = {
-        "run": {key: str(value) if isinstance(value, Path) else value for key, value in asdict(run).items()},
+        "run": run_record(run),
         "command": command,
         "model": run.model,
         "seed": run.seed,
@@ -198,6 +183,11 @@ def train(run: OwnRun, log: AnswerLog, command: str) -> dict:
     return result
 
 
-def held_out_test_sequences(log: AnswerLog, result: dict) -> Sequences:
+def held_out(log: AnswerLog, result: dict) -> Sequences:
     """The run's test split, for the exporter's parity check."""
     return sequences_of(log, split_students(log, result["seed"])["test"])
+
+
+def summary(result: dict) -> str:
+    """The run's test number and its baseline's, in one line."""
+    return f"test AUC {result['test']['auc']:.4f} (per-question-mean baseline {result['baseline_test_auc']:.4f})"

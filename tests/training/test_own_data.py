@@ -200,10 +200,10 @@ def test_train_export_serve_and_answer_with_the_csvs_own_ids(tmp_path):
 @pytest.mark.slow
 def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_path):
     pytest.importorskip("torch", reason="training needs the train extra")
-    from models.train_own_kt import OwnRun, train
+    from models.train_own_kt import Run, train
 
     log = read_answer_log(write_answer_log(tmp_path / "answers.csv", students=30))
-    run = OwnRun(tmp_path / "answers.csv", tmp_path / "run", "dkt", epochs=2, seed=0, progress=False)
+    run = Run(tmp_path / "answers.csv", tmp_path / "run", "dkt", epochs=2, seed=0, progress=False)
     first = train(run, log, "test")
     assert first["epochs_run"] == 2
     (run.run_dir / "result.json").unlink()  # as if stopped after its last checkpoint, before the test evaluation

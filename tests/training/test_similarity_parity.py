@@ -21,7 +21,7 @@ PAIRS = [
     SickPair("Two dogs run in the park", "Nobody is running", 1.5, 2),
     SickPair("The cat sleeps", "A cat is sleeping on the warm windowsill today", 4.8, 0),
 ]
-FAILED = r"ONNX parity failed on real SICK pairs: "
+FAILED = r"ONNX parity failed on real sentence pairs: "
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ class SimilarityState:
     max_tokens: int
     max_characters: int
     max_batch_pairs: int
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # empty for a model trained without entailment labels: its answers omit entailment
     pointer: str
     window: int
     embeddings: EmbeddingLimits | None  # None: the model has no encoder and head graphs
@@ -79,8 +79,8 @@ def prepare(model: ServedModel) -> SimilarityState:
     """Limits and labels from the manifest; the GloVe vectors with the model's special-token vectors."""
     limits, metadata = model.limits, model.metadata
     labels = tuple(metadata.get("entailment_labels", ()))
-    if len(labels) != 3 or not all(isinstance(label, str) for label in labels):
-        raise ValueError("metadata.entailment_labels must list the 3 entailment labels")
+    if len(labels) not in (0, 3) or not all(isinstance(label, str) for label in labels):
+        raise ValueError("metadata.entailment_labels must list the 3 entailment labels (none: relatedness only)")
     pointer = metadata.get("pointer")
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
@@ -199,23 +199,23 @@ async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Fe
 
 
 def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
-    """Relatedness, similarity and entailment of the first pair in the outputs of the pair or head graph."""
+    """Relatedness, similarity and (unless the model has no entailment labels) entailment of the first pair in the
+    outputs of the pair or head graph."""
     state: SimilarityState = model.state
+    relatedness = float(outputs["relatedness"][0])
+    answer = {"model": model.name, "relatedness": relatedness, "similarity": (relatedness - 1) / 4}
+    if not state.labels:
+        return answer
     logits = outputs["entailment_logits"][0].tolist()  # three numbers: Python floats beat numpy's call overhead
     largest = max(logits)
     exponentials = [math.exp(logit - largest) for logit in logits]
     total = sum(exponentials)
     probabilities = [value / total for value in exponentials]
-    relatedness = float(outputs["relatedness"][0])
-    return {
-        "model": model.name,
-        "relatedness": relatedness,
-        "similarity": (relatedness - 1) / 4,
-        "entailment": {
-            "label": state.labels[probabilities.index(max(probabilities))],
-            "probabilities": dict(zip(state.labels, probabilities, strict=True)),
-        },
+    answer["entailment"] = {
+        "label": state.labels[probabilities.index(max(probabilities))],
+        "probabilities": dict(zip(state.labels, probabilities, strict=True)),
     }
+    return answer
 
 
 def paraphrase(outputs: Feeds) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out.
 
 The graph reads GloVe embeddings, so the tensors are the task's: the pairs go through the service exactly as on
-POST /similarity/batch; `tokens_a`/`tokens_b` are padded with empty strings to the longest sentence.
+POST /similarity/batch; `tokens_a`/`tokens_b` are padded with empty strings to the longest sentence;
+`entailment_probabilities` is absent for a model trained without entailment labels.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def inputs(model: ServedModel) -> list[TensorSpec]:
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
     state: SimilarityState = model.state
-    return [*OUTPUTS, PARAPHRASE] if state.paraphrase else OUTPUTS
+    specs = OUTPUTS if state.labels else [spec for spec in OUTPUTS if spec.name != "entailment_probabilities"]
+    return [*specs, PARAPHRASE] if state.paraphrase else specs
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
@@ -69,15 +71,12 @@ async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
         service.decode(model, pair, output, return_attention=False)
         for pair, output in zip(pairs.encoded, graph_outputs, strict=True)
     ]
-    tensors = {
-        "relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32),
-        "entailment_probabilities": np.array(
-            [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results],
-            dtype=np.float32,
-        ),
-        "tokens_a": _padded([result["tokens_a"] for result in results]),
-        "tokens_b": _padded([result["tokens_b"] for result in results]),
-    }
+    tensors = {"relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32)}
+    if state.labels:
+        probabilities = [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results]
+        tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
+    tensors["tokens_a"] = _padded([result["tokens_a"] for result in results])
+    tensors["tokens_b"] = _padded([result["tokens_b"] for result in results])
     if state.paraphrase:
         probabilities = [result["paraphrase"]["probability"] for result in results]
         tensors[PARAPHRASE.name] = np.array(probabilities, dtype=np.float32)

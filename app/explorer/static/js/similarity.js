@@ -60,11 +60,12 @@ function show(result) {
   $("relatedness-marker").style.left = `${Math.min(100, Math.max(0, share * 100))}%`;
   $("relatedness-scale").setAttribute("aria-label", `relatedness ${fixed(result.relatedness, 3)} on a scale from 1 to 5`);
 
-  $("entailment-label").textContent = result.entailment.label.toLowerCase();
-  $("entailment-bars").replaceChildren(...Object.entries(result.entailment.probabilities).map(([label, p]) => {
+  // a model trained without entailment labels answers relatedness only
+  $("entailment-label").textContent = result.entailment?.label.toLowerCase() ?? "not trained for this model";
+  $("entailment-bars").replaceChildren(...Object.entries(result.entailment?.probabilities ?? {}).map(([label, p]) => {
     const bar = html("span", { class: "bar" });
     bar.style.width = `${p * 100}%`;
-    return html("li", { class: label === result.entailment.label ? "chosen" : "" }, [
+    return html("li", { class: label === result.entailment?.label ? "chosen" : "" }, [
       html("span", { class: "bar-label" }, label.toLowerCase()),
       html("span", { class: "track", role: "img", "aria-label": `${label.toLowerCase()} ${fixed(p * 100, 1)}%` }, bar),
       html("span", { class: "bar-value" }, `${fixed(p * 100, 1)}%`),

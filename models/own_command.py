@@ -1,0 +1,78 @@
+"""What `mnemo train kt` and `mnemo train similarity` run (app/cli.py holds only their options): read and check
+the user's CSV before torch loads, train with a fixed protocol, export into the artifacts directory, and say
+what was written. Every problem the user can fix raises `OwnDataError`, one line."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from models.user_csv import OwnDataError
+
+
+@dataclass(frozen=True)
+class OwnTask:
+    """Where a task's pieces live: the CSV's reader and splitter ("module:function", numpy only), the trainer
+    module (`Run`, `train`, `held_out`, `summary`) and the exporter module (`export_run`)."""
+
+    reader: str
+    splitter: str
+    trainer: str
+    exporter: str
+
+
+TASKS = {
+    "kt": OwnTask(
+        "models.answer_log:read_answer_log", "models.answer_log:split_students", "models.train_own_kt", "export.own_kt"
+    ),
+    "similarity": OwnTask(
+        "models.scored_pairs:read_scored_pairs",
+        "models.scored_pairs:split_pairs",
+        "models.train_own_similarity",
+        "export.own_similarity",
+    ),
+}
+DEFAULT_RUN_DIR = Path("runs/own")
+
+
+def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **options: Any) -> str:
+    """Train and export a `task` model on `csv_file`; return the line that reports it. `options`: epochs, seed,
+    run_dir, resume, threads, no_progress and the task's own (kt: model)."""
+    own = TASKS[task]
+    data = function(own.reader)(csv_file)  # a bad CSV, or one too small to split, is told before torch loads
+    function(own.splitter)(data, options["seed"])
+    try:
+        trainer, exporter = import_module(own.trainer), import_module(own.exporter)
+    except ImportError as error:
+        raise OwnDataError(f"training needs the `train` extra (pip install 'mnemo[train]'): {error}") from None
+    run_dir = options.pop("run_dir") or DEFAULT_RUN_DIR / name
+    settings = {key: options.pop(key) for key in ("epochs", "seed", "threads", "resume")}
+    progress = not options.pop("no_progress")
+    run = trainer.Run(csv=csv_file, run_dir=run_dir, progress=progress, **settings, **options)
+    command = train_command(task, csv_file, artifacts, name, settings["epochs"], settings["seed"], **options)
+    try:
+        result = trainer.train(run, data, command)
+    except KeyboardInterrupt:
+        raise OwnDataError(f"interrupted: rerun the same command with --resume ({run_dir})") from None
+    entry = exporter.export_run(run_dir, result, trainer.held_out(data, result), artifacts, name)
+    return (
+        f"{name}: {trainer.summary(result)}; wrote {artifacts / entry['file']} and {artifacts / 'manifest.json'}; "
+        f"serve it with MNEMO_ARTIFACTS_DIR={artifacts} mnemo serve"
+    )
+
+
+def function(name: str) -> Callable:
+    """The function named "module:function"."""
+    module, attribute = name.split(":")
+    return getattr(import_module(module), attribute)
+
+
+def train_command(task: str, csv_file: Path, artifacts: Path, name: str, epochs: int, seed: int, **more: Any) -> str:
+    """The command line that reproduces a training run, for its card."""
+    given = {"--csv": csv_file, "--artifacts": artifacts, "--name": name, "--epochs": epochs, "--seed": seed}
+    given |= {f"--{key}": value for key, value in more.items()}
+    return shlex.join(["mnemo", "train", task, *(f"{flag}={value}" for flag, value in given.items())])
