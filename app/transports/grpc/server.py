@@ -45,16 +45,13 @@ class DecodedByTheServicer(grpc.aio.ServerInterceptor):
         )
 
 
-async def health_service(state: State) -> health.aio.HealthServicer:
-    """`grpc.health.v1.Health`: SERVING for "" and the inference service when every model is ready (as `/ready`),
-    else NOT_SERVING; NOT_SERVING for good once the drain begins. Open to all, as the probe port is."""
-    servicer = health.aio.HealthServicer()
-    serving = (
-        health_pb2.HealthCheckResponse.SERVING if server_ready(state) else health_pb2.HealthCheckResponse.NOT_SERVING
-    )
+async def set_health(servicer: health.aio.HealthServicer, state: State) -> None:
+    """SERVING for "" and the inference service when every model is ready (as `/ready`), else NOT_SERVING.
+    Once the drain begins `enter_graceful_shutdown` makes both NOT_SERVING for good (later `set`s are ignored)."""
+    ready = server_ready(state)
+    status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
     for service in ("", INFERENCE_SERVICE):
-        await servicer.set(service, serving)
-    return servicer
+        await servicer.set(service, status)
 
 
 @asynccontextmanager
@@ -74,24 +71,29 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
         ],
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    health_servicer = await health_service(app.state)
+    health_servicer = health.aio.HealthServicer()  # open to all, as the probe port is
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    try:
-        server.add_insecure_port(f"{host}:{settings.grpc_port}")
-    except RuntimeError:
-        app.state.startup_error = f"cannot listen on {host}:{settings.grpc_port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
-        raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
-    await server.start()
-    logger.info("gRPC (Open Inference Protocol) on %s:%d", host, settings.grpc_port)
     loop = asyncio.get_running_loop()
 
     def not_serving() -> None:  # called in the signal handler that begins the drain
         asyncio.run_coroutine_threadsafe(health_servicer.enter_graceful_shutdown(), loop)
 
-    app.state.drain.on_begin.append(not_serving)
+    app.state.drain.on_begin.append(not_serving)  # before the state is read: a drain beginning now is not missed
     try:
-        yield
+        await set_health(health_servicer, app.state)
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        try:
+            server.add_insecure_port(f"{host}:{settings.grpc_port}")
+        except RuntimeError:
+            app.state.startup_error = (
+                f"cannot listen on {host}:{settings.grpc_port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
+            )
+            raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
+        await server.start()
+        logger.info("gRPC (Open Inference Protocol) on %s:%d", host, settings.grpc_port)
+        try:
+            yield
+        finally:
+            await server.stop(settings.drain_s)
     finally:
         app.state.drain.on_begin.remove(not_serving)
-        await server.stop(settings.drain_s)
