@@ -264,7 +264,8 @@ class Settings(BaseSettings):
         ge=1,
         le=1_000_000,
         description="Open connections; a new one beyond them is answered 503 and closed. Default: the open-file "
-        "limit (`ulimit -n`) minus 128, at most 4096; a value past that limit minus 128 stops startup.",
+        "limit (`ulimit -n`) minus 128, at most 4096; a value past that limit minus 128 stops startup. On "
+        "`MNEMO_GRPC_PORT` it bounds the calls in flight: one beyond them gets `RESOURCE_EXHAUSTED` at once.",
     )
     error_log_window_s: float = Field(
         60.0,

@@ -14,14 +14,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import httpx
 import numpy as np
 import pytest
 from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import COMMITTED, KT_MODEL, SIM_MODEL, manifest_models
 from tests.helpers import ROOT, HeldRequest, Server, app_client, free_port, running_server
@@ -33,7 +37,9 @@ from tritonclient.grpc import service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 PAIRS = [("A man is playing a guitar.", "A person plays the guitar."), ("A dog runs", "The cat is sleeping")]
-INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
+INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +278,100 @@ def test_api_keys_guard_grpc_as_rest() -> None:
         assert client.get_model_metadata(KT_MODEL, headers={"authorization": "Bearer k-two"}).name == KT_MODEL
 
 
+def health_of(address: str, service: str) -> int:
+    """The status grpc.health.v1.Health/Check gives `service` (what Kubernetes' grpc probe asks)."""
+    with grpc.insecure_channel(address) as channel:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=10).status
+
+
+def test_health_service_serves_the_server_and_the_inference_service(server) -> None:
+    _, address = server
+    assert health_of(address, "") == health_of(address, INFERENCE_SERVICE) == SERVING
+    with pytest.raises(grpc.RpcError) as caught:
+        health_of(address, "no.such.Service")
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_is_not_serving_while_a_model_is_not_ready(artifacts_copy: Path) -> None:
+    (artifacts_copy / f"{KT_MODEL}.onnx").write_bytes(b"tampered")
+    port = free_port()
+    with app_client(artifacts_copy, grpc_port=port, on_model_error="skip", api_keys="k-one") as client:
+        assert client.get("/v2/health/ready").status_code == 503
+        address = f"127.0.0.1:{port}"
+        assert health_of(address, "") == health_of(address, INFERENCE_SERVICE) == NOT_SERVING  # open: no key
+
+
+def test_health_turns_not_serving_when_the_drain_begins_and_watchers_are_told() -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    with app_client(COMMITTED, grpc_port=port) as client, grpc.insecure_channel(address) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        assert next(watch).status == SERVING
+        client.app.state.drain.begin()
+        assert next(watch).status == NOT_SERVING
+        watch.cancel()
+        assert health_of(address, "") == health_of(address, INFERENCE_SERVICE) == NOT_SERVING
+
+
+# -- bounded concurrency: MNEMO_MAX_CONNECTIONS calls in flight, the rest RESOURCE_EXHAUSTED at once ------------
+def held_calls(channel: grpc.Channel, request: bytes, count: int) -> tuple[list[grpc.Future], threading.Event]:
+    """`count` ModelInfer calls in flight whose message is held back (the server has each call, not its message)
+    until the event is set."""
+    release = threading.Event()
+
+    def message() -> Iterator[bytes]:
+        release.wait(60)
+        yield request
+
+    infer = channel.stream_unary(INFER_METHOD)
+    return [infer.future(message(), timeout=60) for _ in range(count)], release
+
+
+def test_calls_past_max_connections_are_resource_exhausted_at_once_and_the_server_keeps_serving() -> None:
+    port = free_port()
+    questions, answers, lengths = history(1, 3)
+    tensors = [("q", [1, 3], questions), ("r", [1, 3], answers), ("len", [1], np.array(lengths))]
+    request = raw_request(KT_MODEL, tensors).SerializeToString()
+    with (
+        app_client(COMMITTED, grpc_port=port, max_connections=2),
+        grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
+        infer = channel.unary_unary(INFER_METHOD)
+        held, release = held_calls(channel, request, 2)
+        try:
+            deadline = time.monotonic() + 30
+            while True:  # until the server has both held calls
+                try:
+                    infer(request, timeout=10)
+                except grpc.RpcError as error:
+                    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        break
+                    raise
+                assert time.monotonic() < deadline, "the held calls never reached the server"
+                time.sleep(0.02)
+
+            def refused(_: int) -> tuple[grpc.StatusCode, str]:
+                try:
+                    infer(request, timeout=10)
+                except grpc.RpcError as error:
+                    return error.code(), error.details()
+                return grpc.StatusCode.OK, ""
+
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(refused, range(16)))
+            # refused, not queued behind the held calls until the client's deadline
+            assert answers == [(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")] * 16
+            with pytest.raises(grpc.RpcError) as caught:
+                health_of(f"127.0.0.1:{port}", "")
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # every call counts
+        finally:
+            release.set()
+        for call in held:
+            assert service_pb2.ModelInferResponse.FromString(call.result(timeout=30)).outputs
+        assert service_pb2.ModelInferResponse.FromString(infer(request, timeout=10)).outputs
+
+
 # -- deadline, cancellation and drain, with real work ---------------------------------------------------------
 FLOOD_MODEL = "dkvmn-assist2009"  # the largest knowledge-tracing model: 20 concepts, memory 20 x 200
 FLOOD_STEPS = 10_000  # a chain of 50 chunks of 200 steps, run one after another
@@ -364,6 +464,9 @@ def test_sigterm_answers_the_calls_in_flight_and_refuses_new_ones() -> None:
         held = HeldRequest(running.url, "/knowledge-trace", b'{"model": "%s", "interactions": []}' % KT_MODEL.encode())
         running.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 60
+        while health_of(f"127.0.0.1:{port}", "") == SERVING:  # the signal handler tells the health service
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
         while len(results) < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(results) == 6, results
