@@ -64,6 +64,7 @@ SIMILARITY = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A perso
 ABUSE_CONNECTIONS = 200  # of each kind, slowloris and idle, at once
 ABUSE_HOLD_S = 13  # past the 10 s header timeout of the baseline and of deploy/nginx/nginx.conf
 ANSWER_TIMEOUT_S = 30  # a client's wait for one answer (the services' deadline is 10 s)
+K8S_LIMIT_MB = 2048  # the memory limit of deploy/k8s/base/deployment.yaml, in both trees
 EXPLORER_LOADS = 6
 REPLACEMENT_WAIT_S = 20  # the figure given for a worker not replaced
 MAX_OUTCOMES = 100_000  # a bound on the requests of any load cell, whatever its time
@@ -153,6 +154,7 @@ METRICS = [
     Metric("memory ceiling", "RSS peak over idle MB, 8 MiB bodies", "memory.over_mb", MEMORY, 0),
     Metric("memory ceiling", "share of 8 MiB bodies answered 413", "memory.share_413", SHARE_HIGH, 3),
     Metric("memory ceiling", "RSS peak over idle MB, 10,000-step histories", "memory.near_mb", MEMORY, 0),
+    Metric("memory ceiling", f"RSS peak MB (deploy/k8s limit {K8S_LIMIT_MB:,})", "memory.peak_mb", MEMORY, 0),
     Metric("workers", "SIGKILL: failed requests", "workers.kill_failed", FAILURES, 0),
     Metric("workers", "SIGKILL: s to a new worker (20: not in 20 s)", "workers.kill_replaced_s", REPLACED, 1),
     Metric("workers", "SIGSTOP: failed requests", "workers.stop_failed", FAILURES, 0),
@@ -170,6 +172,7 @@ METRICS = [
     Metric("explorer", "page requests not 2xx/304", "explorer.failed", FAILURES, 0),
     Metric("explorer", "page and files, KB", "explorer.kb", Rule("lower", 0.25), 0),
     Metric("drain", "32 sent before SIGTERM: answered 200", "drain.ok", RIGHT, 0),
+    Metric("drain", "32 sent before SIGTERM: answered 503", "drain.refused", FAILURES, 0),
     Metric("drain", "32 sent before SIGTERM: no answer", "drain.lost", FAILURES, 0),
     Metric("drain", "exit status", "drain.exit", FAILURES, 0),
 ]
@@ -364,14 +367,15 @@ def bad_input(served: Served, run: Run) -> dict[str, float]:
 
 
 def overload(served: Served, run: Run) -> dict[str, float]:
-    """The overload mix at 64 and 256 connections, /health probed every 50 ms on both ports meanwhile."""
+    """The overload mix at 64 and 256 connections for 2 x seconds each, /health probed every 50 ms on both ports
+    meanwhile."""
     request = post_request("/knowledge-trace", json.dumps(_kt_body(3000, None, attention=True)).encode())
     figures = {}
     for connections in (64, 256):
         probes = [Sampler(health_probe(url), interval=0.05) for url in (served.probe_url, served.url)]
         for probe in probes:
             probe.start()
-        outcomes, _ = run.hammer(served.port, [request], connections)
+        outcomes, _ = run.hammer(served.port, [request], connections, 2 * run.seconds)
         probe_p99, main_p99 = (float(np.percentile(probe.stop(), 99) * 1000) for probe in probes)
         answers = answered(outcomes)
         admitted = [(status, seconds) for status, seconds in answers if status not in (429, 503)]
@@ -441,7 +445,9 @@ def memory_ceiling(served: Served, run: Run) -> dict[str, float]:
         sampler = Sampler(lambda: total_rss_mb(served.process.pid), interval=0.1)
         sampler.start()
         outcomes, _ = run.hammer(served.port, [request], connections)
-        figures[f"memory.{key}_mb"] = max(sampler.stop()) - idle_mb
+        peak_mb = max(sampler.stop())
+        figures[f"memory.{key}_mb"] = peak_mb - idle_mb
+        figures["memory.peak_mb"] = max(peak_mb, figures.get("memory.peak_mb", 0.0))
         if key == "over":
             answers = answered(outcomes)
             figures["memory.share_413"] = sum(status == 413 for status, _ in answers) / max(len(outcomes), 1)
@@ -604,6 +610,7 @@ def drain(served: Served, run: Run, in_flight: int = 32) -> dict[str, float]:
     print(f"  answers {dict(codes)}, exit {exit_status}", flush=True)
     return {
         "drain.ok": codes[200],
+        "drain.refused": codes[503],
         "drain.lost": sum(not isinstance(outcome, tuple) for outcome in outcomes),
         "drain.exit": abs(exit_status),
     }
