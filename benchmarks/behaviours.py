@@ -133,6 +133,7 @@ METRICS = [
         for c in (64, 256)
         for name, key, rule, digits in (
             ("share answered 429/503", "rejected", SHARE_HIGH, 3),
+            ("429/503 p50 ms", "rejected_p50_ms", TIME, 1),
             ("read errors (no answer)", "errors", FAILURES, 0),
             ("admitted p99 ms", "admitted_p99_ms", TIME, 0),
             ("share of admitted ending 504", "share_504", SHARE_LOW, 3),
@@ -379,8 +380,10 @@ def overload(served: Served, run: Run) -> dict[str, float]:
         probe_p99, main_p99 = (float(np.percentile(probe.stop(), 99) * 1000) for probe in probes)
         answers = answered(outcomes)
         admitted = [(status, seconds) for status, seconds in answers if status not in (429, 503)]
+        rejected = [(status, seconds) for status, seconds in answers if status in (429, 503)]
         figures |= {
             f"overload{connections}.rejected": 1 - len(admitted) / max(len(answers), 1),
+            f"overload{connections}.rejected_p50_ms": percentile_ms(rejected, 50),
             f"overload{connections}.errors": len(outcomes) - len(answers),
             f"overload{connections}.admitted_p99_ms": percentile_ms(admitted, 99),
             f"overload{connections}.share_504": (
