@@ -702,6 +702,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", nargs="+", default=[], help="only the scenarios whose name holds one of these")
     args = parser.parse_args()
+    if not (args.base / "app" / "__main__.py").is_file():
+        parser.error(f"{args.base} is not a checkout of this project (git worktree add /tmp/base fd656d7)")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))
     trees = {"base": args.base.resolve(), "new": ROOT}
