@@ -127,6 +127,7 @@ METRICS = [
     Metric("bad input", "hostile corpus: no answer", "bad.none", FAILURES, 0),
     Metric("bad input", "hostile corpus: p50 ms", "bad.p50_ms", TIME, 2),
     Metric("bad input", "/health 200 after the corpus (1 yes)", "bad.alive", RIGHT, 0),
+    Metric("bad input", "malformed requests: 400 in JSON with X-Request-ID (of 5)", "bad.json_400", RIGHT, 0),
     Metric("bad input", "HTTP framing cases right (of 20)", "bad.framing", RIGHT, 0),
     *(
         Metric("overload", f"{c} conns: {name}", f"overload{c}.{key}", rule, digits)
@@ -343,19 +344,53 @@ def nginx_in_front(app_port: int) -> Iterator[int]:
 
 
 # -- the scenarios: each takes a service and the run, and returns its figures by key ------------------
-def bad_input(served: Served, run: Run) -> dict[str, float]:
-    """The hostile corpus, one request per connection: 4xx, 5xx, no answer, p50; then /health; the framing cases."""
-    from tests.http_framing_cases import CASES, exchange
-    from tests.integration.test_hostile_requests import BODIES, NON_FINITE_AND_UNICODE, post_raw_json
+MALFORMED = [  # what tests/test_hostile_requests.py of fd656d7 required a JSON 400 with an X-Request-ID for
+    b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n",
+    b"get /health HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+    b"POST /similarity HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+]
 
-    corpus = [*BODIES, *((path, body) for path, body, _ in NON_FINITE_AND_UNICODE)]
+
+def hostile_corpus() -> list[bytes]:
+    """tests/integration/test_hostile_requests.py's hostile requests, each on its own connection: the bodies (with
+    non-finite numbers, lone surrogates, wrong types, sizes past the limits), the odd methods, paths, headers and
+    framing, and the bodies not in UTF-8."""
+    from tests.integration.test_hostile_requests import (
+        BODIES,
+        JSON_BODIES,
+        NON_FINITE_AND_UNICODE,
+        NOT_UTF8,
+        REQUESTS,
+    )
+
+    bodies = [*BODIES, *((path, body) for path, body, _ in NON_FINITE_AND_UNICODE)]
+    bodies += [(path, encode(body)) for path, body in JSON_BODIES for encode, _ in NOT_UTF8]
+    return [post_request(path, body, close=True) for path, body in bodies] + REQUESTS
+
+
+def bad_input(served: Served, run: Run) -> dict[str, float]:
+    """The hostile corpus: 4xx, 5xx, no answer, p50; then /health; the malformed requests whose 400 the baseline's
+    tests required in JSON with a request id; the framing cases."""
+    from tests.http_framing_cases import CASES, exchange
+    from tests.integration.test_hostile_requests import raw
+
     codes, times = [], []
-    for path, body in corpus:
+    for request in hostile_corpus():
         started = time.perf_counter()
-        answer = post_raw_json(served, path, body)
+        answer = raw(served, request)
         times.append((time.perf_counter() - started) * 1000)
         codes.append(int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.") else 0)
     alive = httpx.get(f"{served.url}/health", timeout=5).status_code == 200
+    shaped = 0
+    for request in MALFORMED:
+        head = raw(served, request).partition(b"\r\n\r\n")[0]
+        shaped += (
+            head.startswith(b"HTTP/1.1 400 ")
+            and re.search(rb"(?im)^content-type: application/json\r?$", head) is not None
+            and re.search(rb"(?im)^x-request-id: \S+\r?$", head) is not None
+        )
     framing = sum(check(exchange(HOST, served.port, request)) for _, request, check in CASES)
     return {
         "bad.share_4xx": sum(400 <= code < 500 for code in codes) / len(codes),
@@ -363,6 +398,7 @@ def bad_input(served: Served, run: Run) -> dict[str, float]:
         "bad.none": codes.count(0),
         "bad.p50_ms": float(np.median(times)),
         "bad.alive": float(alive),
+        "bad.json_400": shaped,
         "bad.framing": framing,
     }
 
