@@ -23,7 +23,7 @@ The table (scenario, metric, base, new, verdict) replaces the `behaviours` secti
 bounded in count and time, and traffic goes to 127.0.0.1 only.
 
     git worktree add /tmp/base fd656d7
-    python -m benchmarks.behaviours --base /tmp/base [--seconds 5] [--output BENCHMARKS.md]
+    python -m benchmarks.behaviours --base /tmp/base [--seconds 5] [--output BENCHMARKS.md] [--only overload drain]
 """
 
 from __future__ import annotations
