@@ -17,7 +17,7 @@ TORCH_PIP_ARGS ?=
 # `make test`) installs with apt-get the packages whose binary is not on PATH. Add one line per package.
 SYSTEM_DEPS := redis-server=redis-server chromium=chromium fc-list=fonts-dejavu-core nginx=nginx
 
-.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check docker-check-gpu gpu-bench clean FORCE
+.PHONY: venv serve test lint audit lock system-deps docs screenshots bench loadtest behaviours train-kt train-sim reproduce export-kt export-sim train-paraphrase export-paraphrase docker-check docker-check-gpu gpu-bench clean FORCE
 
 # .venv is rebuilt when it was made by another interpreter than $(PYTHON) (or by a Python older than 3.11).
 INTERPRETER_ID := import sys; assert sys.version_info >= (3, 11); print(sys.base_prefix, *sys.version_info[:3])
@@ -96,6 +96,11 @@ loadtest: $(VENV)/dev.stamp  ## the service under load with wrk, and over gRPC, 
 GPU_PYTHON ?= python3
 gpu-bench:  ## on a GPU machine, in an environment of requirements/gpu.txt (GPU_PYTHON): CUDA vs CPU, bare and served -> BENCHMARKS.md
 	$(GPU_PYTHON) -m benchmarks.gpu
+
+behaviours: $(VENV)/dev.stamp system-deps  ## make behaviours BASE=/tmp/base [ARGS='--seconds 5']: issue 27's behaviours against a baseline checkout, one run (~6 min) -> BENCHMARKS.md
+	@test -n "$(BASE)" || { echo "name the baseline checkout: git worktree add /tmp/base fd656d7 && make behaviours BASE=/tmp/base"; exit 2; }
+	@scripts/system-deps.sh wrk=wrk
+	$(BIN)/python -m benchmarks.behaviours --base $(BASE) $(ARGS)
 
 # train-kt and train-sim run the served recipe (models/recipes.py); RECIPE='...' replaces its arguments
 # (RECIPE= for the trainers' plain defaults). train-sim trains one member of the served ensemble (SEED).

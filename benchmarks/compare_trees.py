@@ -15,6 +15,7 @@ CPU time per answer (user + system, all its threads, from /proc).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 from collections import defaultdict
@@ -33,14 +34,22 @@ from benchmarks.load import (
     start_server,
     wrk,
 )
+from benchmarks.servers import children
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process `pid`, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: fields 14 and 15 of stat(5)
+    """User and system CPU time of process `pid` and of its live descendants (gunicorn's workers under its
+    master), all their threads."""
+    ticks, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a child that exited meanwhile
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat(5)
+            pending += children(current)
+    return ticks * TICK_S
 
 
 def main() -> None:
