@@ -188,15 +188,17 @@ class HeldRuns:
         self._released = threading.Event()
 
     def prepare(self, model: ServedModel) -> dict[str, float]:
-        run = model.run
+        for instance in model.instances:  # the runtime's batcher calls `instance.run`, after prepare
+            instance.run = self._held(instance.run)
+        return toy_state(model)
 
+    def _held(self, run):
         def held_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             if (feeds["k"] == HELD_K).any() and not self._released.wait(HELD_FOR_AT_MOST_S):
                 raise TimeoutError("a held toy run was never released")
             return run(feeds)
 
-        model.run = held_run  # the runtime's batcher calls `model.run`: it is bound after prepare
-        return toy_state(model)
+        return held_run
 
     def release(self) -> None:
         self._released.set()
