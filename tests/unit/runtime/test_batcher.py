@@ -20,10 +20,10 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.batcher import CHAIN_SLICE_S, WALL_COST_TTL_S, BatchConfig, Chain, ModelBatcher
-from app.runtime.cost import CostModel
 from app.runtime.instances import CPU, Instance, RunSlots
 from tests.manual_clock import WATCHDOG_S, ManualClock, run_on_clock
 from tests.toy_model import build_toy_onnx
+from tests.toy_profiles import linear_cost
 
 
 class Hold:
@@ -351,14 +351,6 @@ def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_reques
             pass
 
     _drive(scenario, toy_runs, clock, max_queue=4)
-
-
-def linear_cost(seconds_per_cell: float) -> CostModel:
-    """A cost model that has seen runs costing `seconds_per_cell` per cell and nothing fixed."""
-    cost = CostModel()
-    for rows, length in ((1, 10), (4, 10), (1, 40)):
-        cost.observe(rows, length, seconds_per_cell * rows * length)
-    return cost
 
 
 @pytest.mark.parametrize(("cell_us", "waited_ms", "refused"), [(10, 0, False), (100, 0, True), (10, 4, True)])
