@@ -2,7 +2,7 @@
 
 - `flat` graph, GPU-like: a Loop of FLAT_STEPS matrix products on a fixed [FLAT_SIZE, FLAT_SIZE] state, whatever
   the batch; its answer, y = 2x, is row-wise (the loop's result is added times 0, so the run cannot skip it).
-- `linear` graph, CPU-like: LINEAR_LAYERS row-wise layers y = tanh(y W) of width WIDTH; its cost is
+- `linear` graph, CPU-like: LINEAR_LAYERS row-wise layers h = tanh(h W) of width LINEAR_WIDTH; its cost is
   proportional to the rows, and its answer is a real computation whose bits may depend on the batch's size.
 
 `ProfileRuns` runs either graph in a real ONNX Runtime session and advances a manual clock by the profile's cost,
@@ -25,7 +25,8 @@ from tests.manual_clock import ManualClock
 WIDTH = 64
 FLAT_STEPS = 200
 FLAT_SIZE = 96
-LINEAR_LAYERS = 24
+LINEAR_LAYERS = 6
+LINEAR_WIDTH = 384
 
 
 def _save(graph: onnx.GraphProto, path: Path) -> Path:
@@ -86,13 +87,18 @@ def build_flat_onnx(path: Path) -> Path:
 
 
 def build_linear_onnx(path: Path) -> Path:
-    """y = LINEAR_LAYERS layers of tanh(y W_k) from x, row by row: a cost proportional to the batch."""
-    nodes, previous = [], "x"
+    """y = x widened to LINEAR_WIDTH, LINEAR_LAYERS layers of tanh(h W_k), narrowed back to WIDTH, row by row: a cost
+    proportional to the batch."""
+    nodes = [helper.make_node("MatMul", ["x", "widen"], ["h0"])]
     for layer in range(LINEAR_LAYERS):
-        nodes.append(helper.make_node("MatMul", [previous, f"W{layer}"], [f"p{layer}"]))
-        previous = "y" if layer == LINEAR_LAYERS - 1 else f"h{layer}"
-        nodes.append(helper.make_node("Tanh", [f"p{layer}"], [previous]))
-    initializers = [_weights(f"W{layer}", (WIDTH, WIDTH), layer + 1) for layer in range(LINEAR_LAYERS)]
+        nodes.append(helper.make_node("MatMul", [f"h{layer}", f"W{layer}"], [f"p{layer}"]))
+        nodes.append(helper.make_node("Tanh", [f"p{layer}"], [f"h{layer + 1}"]))
+    nodes.append(helper.make_node("MatMul", [f"h{LINEAR_LAYERS}", "narrow"], ["y"]))
+    initializers = [
+        _weights("widen", (WIDTH, LINEAR_WIDTH), 1),
+        *(_weights(f"W{layer}", (LINEAR_WIDTH, LINEAR_WIDTH), layer + 2) for layer in range(LINEAR_LAYERS)),
+        _weights("narrow", (LINEAR_WIDTH, WIDTH), 0),
+    ]
     return _save(helper.make_graph(nodes, "linear", [_io("x")], [_io("y")], initializer=initializers), path)
 
 
