@@ -200,7 +200,7 @@ class ModelBatcher:
         self._queue: list[_Item] = []
         self._admitted_rows = 0
         self._admitted_cells = 0.0
-        self._wall_cell_seconds = 0.0  # moving average of the wall time per cell between batches done while busy
+        self._wall = [0.0, 0.0]  # decayed sums of the wall seconds between batches done while busy, and their cells
         self._last_done: float | None = None  # when the last batch finished, while requests stayed admitted
         self._wall_learned_at = -math.inf
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
@@ -312,7 +312,7 @@ class ModelBatcher:
             rates[id(instance.slots)] = max(rates.get(id(instance.slots), 0.0), rate)
         seconds = cells / sum(rates.values())
         if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
-            seconds = max(seconds, cells * self._wall_cell_seconds)
+            seconds = max(seconds, cells * self._wall[0] / self._wall[1])
         return seconds
 
     def _refuse(self, reason: str, why: str) -> None:
@@ -564,10 +564,11 @@ class ModelBatcher:
     def _learn(self, instance: Instance, samples: list[Sample]) -> None:
         """Teach `instance`'s cost model the runs just done, count them, and update the wall time per cell.
 
-        The wall time per cell is the time since the previous batch finished, divided by this batch's cells,
-        while requests stayed admitted in between: what the model really gets through, hand-offs, parsing and
-        a crowded event loop included. Admission uses it when it is slower than the prediction, for
-        WALL_COST_TTL_S after its last sample, so that a past overload does not refuse the next burst."""
+        The wall time per cell is the time between batches finished while requests stayed admitted, over their
+        cells (decayed sums: a small run after a long wait says little): what the model really gets through,
+        hand-offs, parsing and a crowded event loop included. Admission uses it when it is slower than the
+        prediction, for WALL_COST_TTL_S after its last sample, so that a past overload does not refuse the next
+        burst."""
         for rows, length, seconds in samples:
             instance.cost.observe(rows, length, seconds)
             self._instance_runs[instance.name].inc()
@@ -576,8 +577,8 @@ class ModelBatcher:
         self._last_done = now
         cells = sum(rows * length for rows, length, _ in samples)
         if last_done is not None and cells:
-            recent = now - self._wall_learned_at < WALL_COST_TTL_S
-            self._wall_cell_seconds = _smoothed(self._wall_cell_seconds if recent else None, (now - last_done) / cells)
+            decay = 1 - SMOOTHING if now - self._wall_learned_at < WALL_COST_TTL_S else 0.0
+            self._wall = [decay * self._wall[0] + now - last_done, decay * self._wall[1] + cells]
             self._wall_learned_at = now
 
     def _run_chunk(self, instance: Instance, feeds: Feeds) -> Feeds:

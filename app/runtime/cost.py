@@ -3,8 +3,9 @@
 A run of `rows` rows padded to `length` steps (or tokens) computes `rows x length` cells. On a CPU the cost grows
 with the cells; on a GPU it barely moves with the rows and grows with the steps (each step is a sequence of small
 kernels). The three coefficients are fitted by non-negative least squares over the instance's runs, each older
-run's weight decaying by DECAY at every new one, and pulled a little (RIDGE) toward the previous fit, so that runs
-of a single size still give a usable estimate. The registry seeds it with warm-up runs at startup.
+run's weight decaying by DECAY at every new one (a run far slower than predicted counts as OUTLIER times the
+prediction), and pulled a little (RIDGE) toward the previous fit, so that runs of a single size still give a usable
+estimate. The registry seeds it with warm-up runs at startup.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 DECAY = 0.9  # weight an older run keeps at each new run: about the last ten runs count
+OUTLIER = 4.0  # a run counts as at most this many times its predicted cost
 RIDGE = 1e-3  # pull toward the previous fit, relative to each coefficient's own weight in the fit
 
 
@@ -33,7 +35,10 @@ class CostModel:
         return float(fixed + per_step * length + per_cell * rows * length)
 
     def observe(self, rows: int, length: int, seconds: float) -> None:
-        """Fit again with a run of `rows` rows of `length` steps that took `seconds`."""
+        """Fit again with a run of `rows` rows of `length` steps that took `seconds` (at most OUTLIER times the
+        prediction: a run that waited for a CPU taken by another process says nothing of its own cost)."""
+        if self.known and self.predict(rows, length) > 0:
+            seconds = min(seconds, OUTLIER * self.predict(rows, length))
         x = np.array([1.0, length, rows * length], dtype=float)
         self._gram = DECAY * self._gram + np.outer(x, x)
         self._moments = DECAY * self._moments + x * seconds
