@@ -191,7 +191,13 @@ class Settings(BaseSettings):
         description="A missing or tampered model file: `exit` stops startup with one line naming the file and the "
         "problem; `skip` serves the other models and reports that one not ready (`/ready` 503).",
     )
-    max_batch: int = Field(32, ge=1, le=4096, description="Rows (sentence pairs, history chunks) per ONNX run.")
+    max_batch: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within "
+        "it, each run's rows are chosen by what the instance's runs cost (docs/engine.md).",
+    )
     max_wait_ms: float = Field(
         2.0,
         ge=0,
