@@ -1,40 +1,21 @@
-"""Micro-batching for one model over its instances, sized and routed by what runs cost, and admission control.
+"""Micro-batching and admission for one model over its instances, sized and routed by what runs cost.
 
-- **Cost.** Each instance (app/runtime/instances.py: one session on one provider) learns what its runs cost
-  (app/runtime/cost.py: fixed + per step + per cell, seeded by the registry's warm-up runs).
-- **Admission.** `admit(rows, cells)` reserves room for a request before any work is done. It raises
-  `Overloaded` (429) at once past `max_queue` admitted rows, or when the request would not finish in time: the
-  time it has already spent since arrival plus the time the instances need for the admitted cells and its own
-  (at their predicted rate, or the wall time per cell the model took while busy in the last WALL_COST_TTL_S,
-  whichever is slower) must fit in `DEADLINE_SHARE` of the deadline. A request larger than the whole queue is
-  still admitted when the model has nothing else admitted, so no valid request is refused forever.
-  `reserve(body_bytes)` holds, while a large body is parsed, the room that a body of that size has needed, or
-  refuses it (429) before any CPU is spent on it.
-- **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs; `run_all`
-  queues several such items of one request at once, so that they can share runs. `keep` names the outputs a
-  request reads; the others of each run are freed as soon as it is split. A batch starts from the earliest
-  request's item and adds the queued items nearest to it in length while each saves at least MIN_SAVING of what it
-  would cost alone (a flat, GPU-like profile takes everything; a linear, CPU-like one runs items apart, and
-  padding counts), within the ceilings (`max_batch` rows and the instance's `max_rows`; `max_cells` padded cells on
-  CPU instances) and the head's deadline, and spread over the instance's free run slots. An idle model runs what
-  is queued at once; while one of its runs is in flight, the next batch waits for `max_batch` rows or until its
-  oldest row waited `max_wait`.
-- **Routing.** Each batch goes to the instance that would finish it first: when it is predicted to have a free
-  slot plus the runs it needs, in batches of its own, for the rows of the largest batch any instance would take
-  now. A lone request then lands on the instance with the fastest small run, a flood on the one with the best
-  throughput.
-- **Alone, inline.** When the server handles one request only, no run is in progress on the instance's slots, and
-  the batch is predicted to take at most INLINE_MAX_RUN_S, in its request's first INLINE_WINDOW_S, it runs on the
-  event loop itself: no thread hand-off there and back. When nothing is queued or running, such rows skip the
-  queue and the batching loop.
-- **Chains.** `run_chain` runs a sequence cut into chunks, each starting from the state the one before it ended
-  with, one after another on a run slot's thread, never batched and without a turn of the event loop between
-  them; it gives the slot back after CHAIN_SLICE_S and queues its remaining chunks again (at its request's place).
-  An item of more than `max_batch` rows runs in parts.
-- **Cancellation.** Queued items whose future is done (deadline, client gone) or whose client has closed its
-  connection (`request_connected`) are dropped before they run.
-- **Statistics.** `stats` (app/runtime/stats.py) counts requests, queue waits and runs; the metrics count runs and
-  rows per instance (`model_instance`).
+docs/engine.md describes the design. In short:
+- **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` admitted rows, or when
+  the time since the request's arrival plus the time the instances need for the admitted cells and its own (their
+  cost models' rate, or the recent wall time per cell while busy, whichever is slower) passes `DEADLINE_SHARE` of
+  the deadline. A request larger than the whole queue is still admitted when nothing else is. `reserve` holds the
+  room a large body is expected to need while it is parsed.
+- **Batching.** `run`/`run_all` queue items (rows of one length) and await their outputs (`keep`: the outputs
+  read). A batch starts from the earliest request's item and adds the queued items nearest to it in length that
+  each save at least MIN_SAVING of their own cost, within the ceilings (`max_batch`, the instance's `max_rows`,
+  `max_cells` on CPU instances) and the head's deadline, spread over the instance's free slots. An idle model runs
+  at once; while one of its runs is in flight, the next batch waits for `max_batch` rows or `max_wait`.
+- **Routing.** Each batch goes to the instance predicted to finish it first (see `_route`).
+- **Inline.** A lone request's batch predicted to take at most INLINE_MAX_RUN_S runs on the event loop itself.
+- **Chains.** `run_chain` runs a sequence's chunks one after another on a run slot's thread, each from the state
+  the one before it ended with, giving the slot back after CHAIN_SLICE_S.
+- **Cancellation.** Items whose future is done or whose client has gone are dropped before they run.
 """
 
 from __future__ import annotations
@@ -443,7 +424,9 @@ class ModelBatcher:
         return min(self.config.max_batch, instance.max_rows or self.config.max_batch)
 
     def _route(self, queue: list[_Item]) -> Instance | None:
-        """The instance that would finish the queue's next batch first (see "Routing"); None for an empty queue."""
+        """The instance predicted to finish the queue's next batch first: when a slot of it frees, plus the runs it
+        needs, in batches of its own, for the rows of the largest batch any instance would take now (a lone request
+        goes to the fastest small run, a flood to the best throughput); None for an empty queue."""
         if len(self.instances) == 1:
             return self.instances[0] if queue else None
         now = self._clock()
@@ -508,9 +491,8 @@ class ModelBatcher:
         )
 
     def _stop_waiting(self, items: Iterable[_Item]) -> None:
-        """Observe the wait of each item that leaves the queue: to run, or given up (deadline, client gone,
-        shutdown). Under overload the waits given up are the longest ones; left out, the histogram would show
-        only the survivors'."""
+        """Observe the wait of each item that leaves the queue, to run or given up (under overload the waits given
+        up are the longest: left out, the histogram would show only the survivors')."""
         now = self._clock()
         for item in items:
             if item.waiting:
@@ -562,13 +544,9 @@ class ModelBatcher:
         return True
 
     def _learn(self, instance: Instance, samples: list[Sample]) -> None:
-        """Teach `instance`'s cost model the runs just done, count them, and update the wall time per cell.
-
-        The wall time per cell is the time between batches finished while requests stayed admitted, over their
-        cells (decayed sums: a small run after a long wait says little): what the model really gets through,
-        hand-offs, parsing and a crowded event loop included. Admission uses it when it is slower than the
-        prediction, for WALL_COST_TTL_S after its last sample, so that a past overload does not refuse the next
-        burst."""
+        """Teach `instance`'s cost model the runs just done, count them, and add the wall time since the previous
+        batch finished while requests stayed admitted, and the cells, to the decayed sums admission reads (what the
+        model really gets through, a crowded event loop included; stale after WALL_COST_TTL_S)."""
         for rows, length, seconds in samples:
             instance.cost.observe(rows, length, seconds)
             self._instance_runs[instance.name].inc()
