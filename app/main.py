@@ -104,9 +104,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             raise
         app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
         await offload(app.state.students.open)
-        engine = Engine(
-            registry, settings, metrics, alone=app.state.drain.alone, lag=lambda: app.state.loop_lag.recent_s
-        )
+        engine = Engine(registry, settings, metrics, alone=app.state.drain.alone)
         app.state.loop_lag.start()
         app.state.registry = registry
         metrics.record_build(

@@ -1,17 +1,18 @@
 """Micro-batching and admission for one model over its instances, sized and routed by what runs cost.
 
 docs/engine.md describes the design. In short:
-- **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` rows, or when the time
-  since arrival, the time the instances need for the admitted cells and its own (their cost models' rate, or the
-  recent wall time per cell, if slower) and twice the loop's lag pass `DEADLINE_SHARE` of the deadline (a request
-  larger than the whole queue is admitted when nothing else is). `reserve` holds room for a body being parsed.
+- **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` admitted rows, or when
+  the time since the request's arrival plus the time the instances need for the admitted cells and its own (their
+  cost models' rate, or the recent wall time per cell while busy, whichever is slower) passes `DEADLINE_SHARE` of
+  the deadline. A request larger than the whole queue is still admitted when nothing else is. `reserve` holds the
+  room a large body is expected to need while it is parsed.
 - **Batching.** `run`/`run_all` queue items (rows of one length) and await their outputs (`keep`: the outputs
   read). A batch starts from the earliest request's item and adds the queued items nearest to it in length that
   each save at least MIN_SAVING of their own cost, within the ceilings (`max_batch`, the instance's `max_rows`,
   `max_cells` on CPU instances) and the head's deadline, spread over the instance's free slots. An idle model runs
   at once; while one of its runs is in flight, the next batch waits for `max_batch` rows or `max_wait`.
-- **Routing.** Each batch goes to the instance predicted to finish it first (see `_route`). A lone request's batch
-  predicted to take at most INLINE_MAX_RUN_S runs on the event loop itself.
+- **Routing.** Each batch goes to the instance predicted to finish it first (see `_route`).
+- **Inline.** A lone request's batch predicted to take at most INLINE_MAX_RUN_S runs on the event loop itself.
 - **Chains.** `run_chain` runs a sequence's chunks one after another on a run slot's thread, each from the state
   the one before it ended with, giving the slot back after CHAIN_SLICE_S.
 - **Cancellation.** Items whose future is done or whose client has gone are dropped before they run.
@@ -157,11 +158,8 @@ class ModelBatcher:
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
-        lag: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        """`alone()` tells whether the server is handling a single request (see "Inline"); `lag()` is the event
-        loop's recent lag, in seconds (app/core/loop_lag.py), which admission reserves twice, as the 504's margin
-        does (app/transports/deadline.py). `clock` is
+        """`alone()` tells whether the server is handling a single request (see "Alone, inline"). `clock` is
         the time source of every wait, age and cost the batcher measures; the timeout of its wait for a fuller
         batch is an event-loop timer, so a test that passes a manual clock runs the loop on it too."""
         self.name = name
@@ -178,7 +176,7 @@ class ModelBatcher:
         self._batch_size = metrics.batch_size.labels(name)
         self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
-        self._alone, self._lag = alone, lag
+        self._alone = alone
         self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
@@ -248,8 +246,7 @@ class ModelBatcher:
         refusal = self._refusal(rows, cells)
         if refusal is not None:
             reason, why = refusal
-            self._metrics.rejected.labels(self.name, refused_as or reason).inc()
-            raise Overloaded(f"Model {self.name} is at capacity ({why}); retry after the Retry-After delay.")
+            self._refuse(refused_as or reason, why)
         self._admitted_rows += rows
         self._admitted_cells += cells
         self._admitted_gauge.set(self._admitted_rows)
@@ -277,7 +274,7 @@ class ModelBatcher:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         now, arrival = self._clock(), request_arrival.get()
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
-        needed = waited + self._seconds_for(self._admitted_cells + cells) + 2 * self._lag()
+        needed = waited + self._seconds_for(self._admitted_cells + cells)
         if needed > DEADLINE_SHARE * self.config.deadline_s:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
@@ -298,6 +295,10 @@ class ModelBatcher:
         if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
             seconds = max(seconds, cells * self._wall[0] / self._wall[1])
         return seconds
+
+    def _refuse(self, reason: str, why: str) -> None:
+        self._metrics.rejected.labels(self.name, reason).inc()
+        raise Overloaded(f"Model {self.name} is at capacity ({why}); retry after the Retry-After delay.")
 
     # -- submission --------------------------------------------------------------------------------
     async def run(self, feeds: Feeds, rows: int, length: int, keep: Collection[str] | None = None) -> Feeds:

@@ -35,15 +35,9 @@ class Engine:
     trims memory when idle."""
 
     def __init__(
-        self,
-        registry: ModelRegistry,
-        settings: Settings,
-        metrics: Metrics,
-        alone: Callable[[], bool] = lambda: False,
-        lag: Callable[[], float] = lambda: 0.0,
+        self, registry: ModelRegistry, settings: Settings, metrics: Metrics, alone: Callable[[], bool] = lambda: False
     ) -> None:
-        """`alone()`: the server is handling a single request (the batchers may then run its rows inline); `lag()`:
-        the event loop's recent lag in seconds (admission counts it)."""
+        """`alone()`: the server is handling a single request (the batchers may then run its rows inline)."""
         self.registry = registry
         self.slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
         self._own_slots: list[RunSlots] = []  # one per instance on another provider (a GPU runs one batch at once)
@@ -65,7 +59,6 @@ class Engine:
                     batch_config(settings, model.entry),
                     metrics,
                     alone,
-                    lag=lag,
                 )
                 served.batcher.start()
                 self._served.append(served)

@@ -375,30 +375,6 @@ def test_admission_refuses_work_that_could_not_finish_before_the_deadline(clock,
     assert _drive(scenario, None, clock, deadline_s=0.01, instances=instances) is refused
 
 
-@pytest.mark.parametrize(("lag_s", "refused"), [(2.0, False), (3.0, True)])
-def test_admission_reserves_twice_the_event_loop_s_lag_as_the_deadline_s_margin_does(clock, lag_s, refused):
-    """A 10 s deadline, half of it for the work: a loop lagging 2 s leaves 1 s (the 504 leaves 4 s early), 3 s none."""
-
-    async def scenario(batcher):
-        with batcher.admit(1, 1):
-            try:
-                with batcher.admit(1, 1):
-                    return False
-            except Overloaded:
-                return True
-
-    async def main():
-        config = BatchConfig(8, 0.0, 64, 10.0)
-        instance = Instance("cpu-0", CPU, lambda feeds: feeds, RunSlots(1), cost=linear_cost(1e-6))
-        batcher = ModelBatcher("toy", [instance], (), {}, config, Metrics(), clock=clock, lag=lambda: lag_s)
-        try:
-            return await scenario(batcher)
-        finally:
-            instance.slots.close()
-
-    assert run_on_clock(clock, main()) is refused
-
-
 def test_admission_counts_the_wall_time_a_busy_model_takes_until_it_is_stale(toy_runs, clock):
     cells = 256
 
