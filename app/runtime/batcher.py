@@ -40,6 +40,7 @@ SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row lengt
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
 WALL_COST_TTL_S = 5.0  # the wall time per cell counts this long after the batch it was learned from
+WALL_MIN_CELLS = 256  # only larger batches teach it: a small one's wait says little of a cell's wall time
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 RESERVE_SHARE = 0.5  # a body being parsed holds half the rows and cells that its size predicts: a low guess
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
@@ -554,7 +555,7 @@ class ModelBatcher:
         now, last_done = self._clock(), self._last_done
         self._last_done = now
         cells = sum(rows * length for rows, length, _ in samples)
-        if last_done is not None and cells:
+        if last_done is not None and cells >= WALL_MIN_CELLS:
             decay = 1 - SMOOTHING if now - self._wall_learned_at < WALL_COST_TTL_S else 0.0
             self._wall = [decay * self._wall[0] + now - last_done, decay * self._wall[1] + cells]
             self._wall_learned_at = now
