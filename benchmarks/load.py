@@ -494,9 +494,9 @@ def overload_table(url: str, probe_url: str, pid: int, seconds: int, timeout_s: 
         ),
     ]
     rows = [
-        "| mix | connections | answers | p99 ms | max ms | /health p99 ms, probe port | /health p99 ms, main port "
-        "| peak RSS MB | RSS 10 s after MB | runs after the end |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| mix | connections | answers | admitted that ended 504 | p99 ms | max ms | /health p99 ms, probe port "
+        "| /health p99 ms, main port | peak RSS MB | RSS 10 s after MB | runs after the end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, path, body in mixes:
         for connections in OVERLOAD_CONNECTIONS:
@@ -513,11 +513,39 @@ def overload_table(url: str, probe_url: str, pid: int, seconds: int, timeout_s: 
             runs_after = metric(url, "mnemo_batch_size_rows_count") - runs_at_end
             peak = max(rss.stop())
             rows.append(
-                f"| {name} | {connections} | {statuses_text(result)} | {result.p99_ms:.0f} | {result.max_ms:.0f} | "
-                f"{probe_p99:.1f} | {main_p99:.1f} | {peak:.0f} | {after:.0f} | {runs_after:.0f} |"
+                f"| {name} | {connections} | {statuses_text(result)} | {timed_out_share(result)} | "
+                f"{result.p99_ms:.0f} | {result.max_ms:.0f} | {probe_p99:.1f} | {main_p99:.1f} | {peak:.0f} | "
+                f"{after:.0f} | {runs_after:.0f} |"
             )
             print(rows[-1], flush=True)
     return rows
+
+
+def timed_out_share(result: WrkResult) -> str:
+    """The share of the admitted requests (answered 200 or 504) that ended in 504, as text."""
+    admitted = result.statuses.get(200, 0) + result.statuses.get(504, 0)
+    return f"{result.statuses.get(504, 0) / admitted:.0%} of {admitted}" if admitted else "none admitted"
+
+
+def compare_trees(base: Path, seconds: int, overload_seconds: int, timeout_s: float, port: int) -> str:
+    """The throughput and overload tables of checkout `base`, then of this one, one server after the other."""
+    parts = []
+    for index, (label, tree) in enumerate(((f"base ({base})", base.resolve()), ("this tree", REPO))):
+        port += 4 * index  # the other tree's processes may still be draining on theirs
+        compile_service(tree)
+        log = Path(tempfile.gettempdir()) / "mnemo-loadtest-server.log"
+        process, _ = start_server(port, log, tree)
+        floor = start_floor_app(port + 2, log.with_name("mnemo-loadtest-floor.log"), tree)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            throughput, _ = throughput_table(url, f"http://127.0.0.1:{port + 2}", process.pid, seconds)
+            overload = overload_table(url, f"http://127.0.0.1:{port + 1}", process.pid, overload_seconds, timeout_s)
+        finally:
+            for started in (process, floor):
+                started.terminate()
+                started.wait(60)
+        parts += [f"### {label}", "", *throughput, "", *overload, ""]
+    return "\n".join(parts)
 
 
 def drain(url: str, process: subprocess.Popen, in_flight: int = 32) -> str:
@@ -551,11 +579,25 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8, help="wrk duration per throughput cell")
     parser.add_argument("--overload-seconds", type=int, default=15)
     parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
+    parser.add_argument("--base", type=Path, help="also measure this checkout first (a git worktree of a baseline)")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))  # 1,024 connections, both sides
     settings = Settings()
     port = 18000 + os.getpid() % 1000
+    if args.base is not None:
+        load = os.getloadavg()
+        tables = compare_trees(args.base, args.seconds, args.overload_seconds, settings.request_timeout_s, port)
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        after = os.getloadavg()
+        header = (
+            f"Measured {when} in one run of `python -m benchmarks.load --base {args.base}` on {os.cpu_count()} CPUs, "
+            f"the baseline's server first, then this tree's, with the settings of the load section; load average "
+            f"{load[0]:.1f} before and {after[0]:.1f} after (1 min)."
+        )
+        write_section(args.output, "load-base", f"## Load against a baseline\n\n{header}\n\n{tables}")
+        print(tables)
+        return
     url, probe_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     floor_url = f"http://127.0.0.1:{port + 2}"
     log = Path(tempfile.gettempdir()) / "mnemo-loadtest-server.log"

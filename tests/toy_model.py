@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from app.core.errors import InvalidInput
 from app.core.settings import Settings
 from app.main import create_app
+from app.runtime.cost import CostModel
 from app.runtime.model import ServedModel
 from app.transports.http import complete, read_body, registry
 from export.manifest import upsert_model
@@ -188,15 +189,20 @@ class HeldRuns:
         self._released = threading.Event()
 
     def prepare(self, model: ServedModel) -> dict[str, float]:
-        run = model.run
+        """Hold the model's runs; forget the cost its warm-up runs taught, so that a lone request (a held one) is
+        not run on the event loop before a run has shown what its runs cost."""
+        for instance in model.instances:  # the runtime's batcher calls `instance.run`, after prepare
+            instance.run = self._held(instance.run)
+            instance.cost = CostModel()
+        return toy_state(model)
 
+    def _held(self, run):
         def held_run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             if (feeds["k"] == HELD_K).any() and not self._released.wait(HELD_FOR_AT_MOST_S):
                 raise TimeoutError("a held toy run was never released")
             return run(feeds)
 
-        model.run = held_run  # the runtime's batcher calls `model.run`: it is bound after prepare
-        return toy_state(model)
+        return held_run
 
     def release(self) -> None:
         self._released.set()

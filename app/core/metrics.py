@@ -130,6 +130,18 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=registry,
         )
+        self.instance_runs = Counter(
+            "mnemo_instance_runs",
+            "completed ONNX runs per instance of a model (MNEMO_PROVIDER lists the instances; chain chunks count)",
+            ["model", "model_instance"],
+            registry=registry,
+        )
+        self.instance_rows = Counter(
+            "mnemo_instance_rows",
+            "rows computed per instance of a model",
+            ["model", "model_instance"],
+            registry=registry,
+        )
         self.queue_wait = Histogram(
             "mnemo_queue_wait_seconds",
             "time a queue item (a request's rows, or a part of at most MNEMO_MAX_BATCH of them) waited from "

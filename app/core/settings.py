@@ -27,6 +27,7 @@ OTHER_VARIABLES = {
 SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
 ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
 SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
+PROVIDER_CHOICES = ("auto", "cpu", "cuda", "tensorrt")
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -136,10 +137,12 @@ class Settings(BaseSettings):
         le=65535,
         description="Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off.",
     )
-    provider: Literal["auto", "cpu", "cuda", "tensorrt"] = Field(
+    provider: str = Field(
         "auto",
-        description="ONNX Runtime execution provider: `auto` is CUDA when onnxruntime offers it, else CPU (the "
-        "choice is logged). An explicit provider that onnxruntime cannot provide stops startup, naming the "
+        description="ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, "
+        "`cuda`, `tensorrt` or `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). "
+        "`cuda,cpu` serves each model from a GPU session and a CPU session, each batch going to the one predicted "
+        "to finish it first (docs/engine.md). A provider that onnxruntime cannot provide stops startup, naming the "
         "available ones; a session that would silently fall back to another provider is an error too.",
     )
     workers: int = Field(
@@ -216,7 +219,13 @@ class Settings(BaseSettings):
         description="A missing or tampered model file: `exit` stops startup with one line naming the file and the "
         "problem; `skip` serves the other models and reports that one not ready (`/ready` 503).",
     )
-    max_batch: int = Field(32, ge=1, le=4096, description="Rows (sentence pairs, history chunks) per ONNX run.")
+    max_batch: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within "
+        "it, each run's rows are chosen by what the instance's runs cost (docs/engine.md).",
+    )
     max_wait_ms: float = Field(
         2.0,
         ge=0,
@@ -300,6 +309,18 @@ class Settings(BaseSettings):
     def _choice_in_any_case(cls, value: object) -> object:
         """`MNEMO_LOG_LEVEL=INFO` means info: the choices are matched without regard to case or spaces."""
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("provider")
+    @classmethod
+    def _providers_are_providers(cls, providers: str) -> str:
+        """One known provider per instance: a typo (`cpu,cdua`) stops startup, naming the entry."""
+        entries = split_list(providers)
+        wrong = [entry for entry in entries if entry not in PROVIDER_CHOICES]
+        if not entries or wrong:
+            raise ValueError(
+                f"{(wrong or [providers])[0]!r} is not a provider (comma-separated: {', '.join(PROVIDER_CHOICES)})"
+            )
+        return ",".join(entries)
 
     @field_validator("api_keys")
     @classmethod
@@ -391,7 +412,7 @@ class Settings(BaseSettings):
         if self.concurrent_runs is None:
             self.concurrent_runs = max(1, cpus // (self.workers * self.intra_op_threads))
         threads = self.workers * self.concurrent_runs * self.intra_op_threads
-        if chosen and self.provider in ("auto", "cpu") and threads > cpus:
+        if chosen and {"auto", "cpu"} & set(split_list(self.provider)) and threads > cpus:
             workers = f"MNEMO_WORKERS ({self.workers}) x " if self.workers > 1 else ""
             raise ValueError(
                 f"{workers}MNEMO_CONCURRENT_RUNS ({self.concurrent_runs}) x MNEMO_INTRA_OP_THREADS "

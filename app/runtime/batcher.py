@@ -1,51 +1,21 @@
-"""Adaptive micro-batching for one model, under a thread budget shared by all models.
+"""Micro-batching and admission for one model over its instances, sized and routed by what runs cost.
 
-- **Admission.** `admit(rows, cells)` reserves room for a request before any work is done. It raises
-  `Overloaded` (429) at once past `max_queue` admitted rows, or when the admitted work could not be done
-  before the request deadline: the batcher learns the seconds one padded cell (a row's step or token)
-  costs from its own runs, and refuses a request when the admitted cells would take more than
-  `DEADLINE_SHARE` of the deadline on the run slots. A request larger than the whole queue is still
-  admitted when the model has nothing else admitted, so no valid request is refused forever.
-  `reserve(body_bytes)` holds, while a large body is parsed, the room that a body of that size has needed
-  (learned from the admissions of earlier large bodies), or refuses it (429) before any CPU is spent on it,
-  so that a flood of large bodies is not parsed in full only to be refused at admission, taking the CPU
-  from the admitted work.
-- **Batching.** `run(feeds, rows, length)` queues rows of one sequence length and awaits their outputs;
-  `run_all` queues several such items of one request at once (the pairs of a batch request, the k-th
-  chunks of several histories), so that they can share runs. `keep` names the outputs a request reads: the
-  others of each run are freed as soon as it is split (knowledge tracing's next-question rows read only `p`,
-  not a copy of the memory each).
-  When a run slot is free and this model has no run in flight, everything queued (up to `max_batch`
-  rows) runs at once: no added latency when idle. While one of its runs is in flight (possible when
-  `concurrent_runs` > 1), the next batch waits for `max_batch` rows or until its oldest row waited
-  `max_wait`. Batches take the earliest request's item first, then the queued items closest to it in length, and
-  skip any that would make more than half of the batch padding, or more padded cells (rows x length)
-  than the model's `max_cells`. When other run slots are free, the queue is spread over them instead of
-  filling one run.
-- **Alone, inline.** When the server handles one request only and no run is in progress anywhere, a
-  small batch (at most `INLINE_MAX_CELLS` cells, in its request's first `INLINE_WINDOW_S`, of a model whose
-  small runs have taken at most `INLINE_MAX_RUN_S`; all the rows that request queued at once) runs on the
-  event loop itself: no thread hand-off there and back, which on a busy machine costs more than the run.
-  The loop is blocked for that one run; requests that arrive meanwhile wait in the socket buffers, then
-  make the server not alone. When nothing is queued or running, such rows do not even enter the queue: the
-  request's own task runs them at once, without waking the batching loop.
-- **Chains.** `run_chain` runs a sequence cut into chunks, each chunk starting from the state the one
-  before it ended with (knowledge tracing: a DKVMN history longer than `seqlen`). Its chunks run one after another
-  on the run slot's thread, never batched with other items and without a turn of the event loop between
-  them: under a flood the loop is busy refusing requests, and chunks that waited for it would miss their
-  deadline. The thread checks between chunks that the request is still wanted (not cancelled, client
-  connected).
-- **Bounded cost.** An item of more than `max_batch` rows runs in parts, and a chain gives its run slot
-  back after `CHAIN_SLICE_S` and queues its remaining chunks again (at its request's place: earliest
-  first), so no request holds the model while others starve.
-- **Cancellation.** A caller that is cancelled (deadline, client gone) cancels its futures; queued
-  items whose future is done are dropped before they run. So are the items of a request whose client has
-  closed its connection (`request_connected`, asked as a batch is taken), even before the event loop has
-  processed the close.
-- **Statistics.** `stats` (app/runtime/stats.py) counts the admitted requests that succeeded or failed, the
-  queue waits, and each run with its rows and the time spent collating, running and splitting.
-- **Thread budget.** `RunSlots` holds `concurrent_runs` executor threads and a semaphore; each ONNX
-  run uses `intra_op_threads`, and the settings check that the product fits the CPUs.
+docs/engine.md describes the design. In short:
+- **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` admitted rows, or when
+  the time since the request's arrival plus the time the instances need for the admitted cells and its own (their
+  cost models' rate, or the recent wall time per cell while busy, whichever is slower) passes `DEADLINE_SHARE` of
+  the deadline. A request larger than the whole queue is still admitted when nothing else is. `reserve` holds the
+  room a large body is expected to need while it is parsed.
+- **Batching.** `run`/`run_all` queue items (rows of one length) and await their outputs (`keep`: the outputs
+  read). A batch starts from the earliest request's item and adds the queued items nearest to it in length that
+  each save at least MIN_SAVING of their own cost, within the ceilings (`max_batch`, the instance's `max_rows`,
+  `max_cells` on CPU instances) and the head's deadline, spread over the instance's free slots. An idle model runs
+  at once; while one of its runs is in flight, the next batch waits for `max_batch` rows or `max_wait`.
+- **Routing.** Each batch goes to the instance predicted to finish it first (see `_route`).
+- **Inline.** A lone request's batch predicted to take at most INLINE_MAX_RUN_S runs on the event loop itself.
+- **Chains.** `run_chain` runs a sequence's chunks one after another on a run slot's thread, each from the state
+  the one before it ended with, giving the slot back after CHAIN_SLICE_S.
+- **Cancellation.** Items whose future is done or whose client has gone are dropped before they run.
 """
 
 from __future__ import annotations
@@ -55,55 +25,37 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
+from app.runtime.instances import Instance, RunGraph
 from app.runtime.stats import ModelStats
 
-MAX_PADDING_RATIO = 2.0  # padded cells may be at most twice the useful cells of a batch
-DEADLINE_SHARE = 0.5  # admitted work must fit in this share of the deadline (the rest: parsing, decoding, noise)
-COST_SMOOTHING = 0.2  # weight of the newest run in the moving averages of cost per cell and row length
-MIN_CELLS_TO_LEARN = 256  # smaller runs (unless max_cells is smaller) cost mostly their fixed overhead
-INLINE_MAX_CELLS = 256  # largest run (rows x length) done on the event loop when the request is alone
+MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
+DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline (the rest: decoding, noise)
+SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, wall time per cell, body sizes)
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
-INLINE_MAX_RUN_S = 0.015  # and only for a model whose small runs take at most this long (learned from its runs)
+INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
 WALL_COST_TTL_S = 5.0  # the wall time per cell counts this long after the batch it was learned from
+WALL_MIN_CELLS = 256  # only larger batches teach it: a small one's wait says little of a cell's wall time
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 RESERVE_SHARE = 0.5  # a body being parsed holds half the rows and cells that its size predicts: a low guess
-RunGraph = Callable[[Feeds], Feeds]
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
+Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     """Per-model batching limits (settings, overridden by the manifest's `batching`)."""
 
-    max_batch: int
+    max_batch: int  # rows per run, on any instance
     max_wait_s: float
     max_queue: int
     deadline_s: float
-    max_cells: int | None = None  # padded rows x length per run (TEI's max_batch_tokens); None: rows only
-
-
-class RunSlots:
-    """At most `runs` ONNX runs at once over all models, each on its own executor thread."""
-
-    def __init__(self, runs: int) -> None:
-        self.runs = runs
-        self.semaphore = asyncio.Semaphore(runs)
-        self.executor = ThreadPoolExecutor(max_workers=runs, thread_name_prefix="onnx-run")
-
-    @property
-    def free(self) -> int:
-        """Run slots not taken right now."""
-        return self.semaphore._value
-
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+    max_cells: int | None = None  # padded rows x length per run on a CPU instance (TEI's max_batch_tokens)
 
 
 @dataclass(eq=False)
@@ -118,26 +70,33 @@ class Chain:
 
     def run(
         self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock = time.perf_counter
-    ) -> None:
+    ) -> list[Sample]:
         """Run chunks in order until all are done, `budget_s` has passed on `clock`, or the request is no longer
-        `wanted`."""
-        started = clock()
+        `wanted`; the (rows, length, seconds) of each run."""
+        samples, started = [], clock()
         while not self.done and wanted():
-            feeds, _ = self.chunks[len(self.outputs)]
+            feeds, length = self.chunks[len(self.outputs)]
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
+            run_started = clock()
             self.outputs.append(run_graph(feeds))
+            samples.append((1, length, clock() - run_started))
             if clock() - started >= budget_s:
-                return
+                break
+        return samples
 
     @property
     def done(self) -> bool:
         return len(self.outputs) == len(self.chunks)
 
     @property
+    def remaining(self) -> Sequence[tuple[Feeds, int]]:
+        return self.chunks[len(self.outputs) :]
+
+    @property
     def cells(self) -> int:
         """The steps of the chunks still to run (one row each)."""
-        return sum(length for _, length in self.chunks[len(self.outputs) :])
+        return sum(length for _, length in self.remaining)
 
 
 @dataclass(eq=False)
@@ -166,8 +125,8 @@ class _Item:
 
 
 def _smoothed(average: float | None, sample: float) -> float:
-    """The moving average (weight COST_SMOOTHING for the newest sample); the sample itself before any (None, 0)."""
-    return sample if not average else average + COST_SMOOTHING * (sample - average)
+    """The moving average (weight SMOOTHING for the newest sample); the sample itself before any (None, 0)."""
+    return sample if not average else average + SMOOTHING * (sample - average)
 
 
 def _kept(outputs: Feeds, keep: frozenset[str] | None) -> Feeds:
@@ -175,21 +134,27 @@ def _kept(outputs: Feeds, keep: frozenset[str] | None) -> Feeds:
     return outputs if keep is None else {name: outputs[name] for name in keep}
 
 
-def _padded_cells(batch: list[_Item]) -> int:
-    """Rows x the longest length: the cells one run of this batch computes."""
-    return sum(item.rows for item in batch) * max(item.length for item in batch)
+def _rows(batch: list[_Item]) -> int:
+    return sum(item.rows for item in batch)
+
+
+def _predicted(instance: Instance, batch: list[_Item]) -> float:
+    """Seconds `batch` is predicted to take on `instance` (a chain: its remaining chunks, one after another)."""
+    chain = batch[0].chain
+    if chain is not None:
+        return sum(instance.cost.predict(1, length) for _, length in chain.remaining)
+    return instance.cost.predict(_rows(batch), max(item.length for item in batch))
 
 
 class ModelBatcher:
-    """The queue and batching loop of one model."""
+    """The queue, batching loop and admission of one model, over its instances."""
 
     def __init__(
         self,
         name: str,
-        run_graph: RunGraph,
+        instances: Sequence[Instance],
         sequence_inputs: Sequence[str],
         sequence_outputs: Mapping[str, int],
-        slots: RunSlots,
         config: BatchConfig,
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
@@ -199,31 +164,30 @@ class ModelBatcher:
         the time source of every wait, age and cost the batcher measures; the timeout of its wait for a fuller
         batch is an event-loop timer, so a test that passes a manual clock runs the loop on it too."""
         self.name = name
+        self.instances = tuple(instances)
         self._clock = clock
         self.config = config
-        self._run_graph = run_graph
         self._sequence_inputs = tuple(sequence_inputs)
         self._sequence_outputs = dict(sequence_outputs)
-        self._slots = slots
         self._metrics = metrics
         # this model's series, bound once: a labels() lookup per row would cost more than the batching saves
         self._admitted_gauge = metrics.admitted_rows.labels(name)
         self._queue_depth = metrics.queue_depth.labels(name)
         self._queue_wait = metrics.queue_wait.labels(name)
         self._batch_size = metrics.batch_size.labels(name)
+        self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
+        self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self._alone = alone
         self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
         self._admitted_cells = 0.0
-        self._cell_seconds = 0.0  # moving average of one padded cell's run time (0 until the first run)
-        self._wall_cell_seconds = 0.0  # moving average of the wall time per cell between batches done while busy
+        self._wall = [0.0, 0.0]  # decayed sums of the wall seconds between batches done while busy, and their cells
         self._last_done: float | None = None  # when the last batch finished, while requests stayed admitted
         self._wall_learned_at = -math.inf
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = 0.0  # moving averages over admitted large bodies (`request_body_bytes`)
         self._cells_per_byte = 0.0
-        self._small_run_seconds: float | None = None  # moving average of runs of at most INLINE_MAX_CELLS cells
         self._in_flight = 0
         self.runs_done = 0
         self._wakeup = asyncio.Event()
@@ -309,13 +273,29 @@ class ModelBatcher:
             return None
         if self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-        seconds_per_cell = self._cell_seconds / self._slots.runs
-        if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
-            seconds_per_cell = max(seconds_per_cell, self._wall_cell_seconds)
-        backlog_s = (self._admitted_cells + cells) * seconds_per_cell
-        if backlog_s > DEADLINE_SHARE * self.config.deadline_s:
-            return "deadline", f"the admitted work needs about {backlog_s:.1f} s, past the deadline"
+        now, arrival = self._clock(), request_arrival.get()
+        waited = 0.0 if arrival is None else max(0.0, now - arrival)
+        needed = waited + self._seconds_for(self._admitted_cells + cells)
+        if needed > DEADLINE_SHARE * self.config.deadline_s:
+            return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
+
+    def _seconds_for(self, cells: float) -> float:
+        """Predicted seconds for the instances to run `cells` cells: each slot group at its best instance's rate in
+        runs as large as its ceilings allow, or the wall time per cell of the last WALL_COST_TTL_S if slower."""
+        length = max(1, round(self._typical_length))
+        rates: dict[int, float] = {}  # cells per second, per slot group
+        for instance in self.instances:
+            rows = max(1, min(self._row_ceiling(instance), math.ceil(cells / length)))
+            if instance.on_cpu and self.config.max_cells:
+                rows = max(1, min(rows, self.config.max_cells // length))
+            seconds = instance.cost.predict(rows, length)
+            rate = math.inf if seconds <= 0 else instance.slots.runs * rows * length / seconds
+            rates[id(instance.slots)] = max(rates.get(id(instance.slots), 0.0), rate)
+        seconds = cells / sum(rates.values())
+        if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
+            seconds = max(seconds, cells * self._wall[0] / self._wall[1])
+        return seconds
 
     def _refuse(self, reason: str, why: str) -> None:
         self._metrics.rejected.labels(self.name, reason).inc()
@@ -335,10 +315,11 @@ class ModelBatcher:
         kept = None if keep is None else frozenset(keep)
         parts = [self._parts(*request, kept) for request in requests]
         items = [item for request_parts in parts for item in request_parts]
-        if len(items) == 1 and not self._queue and not self._in_flight and self._may_run_inline(items, slots_held=0):
-            await self._slots.semaphore.acquire()  # every slot is free: no wait, no turn of the event loop
+        instance = self._route(items) if len(items) == 1 and not self._queue and not self._in_flight else None
+        if instance is not None and self._may_run_inline(instance, items, slots_held=0):
+            await instance.slots.acquire()  # its slots are all free: no wait, no turn of the event loop
             self._in_flight += 1
-            await self._run_batch(items, inline=True)
+            await self._run_batch(instance, items, inline=True)
         else:
             self._enqueue(items)
         try:
@@ -365,13 +346,13 @@ class ModelBatcher:
     def _enqueue(self, items: list[_Item]) -> None:
         """Put items in the queue and wake the batching loop."""
         self._queue.extend(items)
-        self._queue_depth.inc(sum(item.rows for item in items))
+        self._queue_depth.inc(_rows(items))
         self._wakeup.set()
 
     def _parts(self, feeds: Feeds, rows: int, length: int, keep: frozenset[str] | None = None) -> list[_Item]:
-        """Queue items for `rows` rows: one, or parts of at most `max_batch` rows (so no run exceeds it)."""
+        """Queue items for `rows` rows: one, or parts that the instance of the highest row ceiling can run."""
         self._typical_length = _smoothed(self._typical_length, length)
-        size = self.config.max_batch
+        size = max(map(self._row_ceiling, self.instances))
         return [
             self._item(
                 {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds,
@@ -406,22 +387,25 @@ class ModelBatcher:
                 continue
             if self._in_flight:
                 await self._fill()
-            await self._slots.semaphore.acquire()
-            batch = self._take()
+            instance = self._route(self._queue)
+            if instance is None:  # the queue emptied while waiting
+                continue
+            await instance.slots.acquire()
+            batch = self._take(instance)
             if not batch:
-                self._slots.semaphore.release()
+                instance.slots.release()
                 continue
             self._in_flight += 1
-            if self._may_run_inline(batch, slots_held=1):
-                await self._run_batch(batch, inline=True)
+            if self._may_run_inline(instance, batch, slots_held=1):
+                await self._run_batch(instance, batch, inline=True)
                 continue
-            task = asyncio.create_task(self._run_batch(batch))
+            task = asyncio.create_task(self._run_batch(instance, batch))
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
 
     async def _fill(self) -> None:
         """While a run is in flight: wait for a full batch, or until the oldest row waited max_wait."""
-        while self._in_flight and self._queue and self._queued_rows() < self.config.max_batch:
+        while self._in_flight and self._queue and _rows(self._queue) < self.config.max_batch:
             remaining = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
             if remaining <= 0:
                 return
@@ -430,67 +414,86 @@ class ModelBatcher:
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
             self._drop_cancelled()
 
-    def _queued_rows(self) -> int:
-        return sum(item.rows for item in self._queue)
-
     def _drop_cancelled(self) -> None:
         live = [item for item in self._queue if not item.future.done()]
-        dropped = sum(item.rows for item in self._queue) - sum(item.rows for item in live)
+        dropped = _rows(self._queue) - _rows(live)
         if dropped:
             self._queue_depth.dec(dropped)
         self._queue = live
 
-    def _take(self) -> list[_Item]:
-        """The item of the earliest request, then the queued items nearest to it in length, within the limits.
+    def _row_ceiling(self, instance: Instance) -> int:
+        return min(self.config.max_batch, instance.row_limit or self.config.max_batch)
 
-        Serving the earliest request first (rather than the oldest queued row) finishes a chunked request
-        before later ones, instead of advancing all of them together until all miss their deadlines.
+    def _route(self, queue: list[_Item]) -> Instance | None:
+        """The instance predicted to finish the queue's next batch first: when a slot of it frees, plus the runs it
+        needs, in batches of its own, for the rows of the largest batch any instance would take now (a lone request
+        goes to the fastest small run, a flood to the best throughput); None for an empty queue."""
+        if len(self.instances) == 1:
+            return self.instances[0] if queue else None
+        now = self._clock()
+        batches = [(instance, self._form(instance, queue, now)) for instance in self.instances]
+        batches = [(instance, batch) for instance, batch in batches if batch]
+        if not batches:
+            return None
+        reference = max(_rows(batch) for _, batch in batches)
 
-        Called with a run slot taken: `self._slots.free` more could start at once.
-        """
+        def finish(candidate: tuple[Instance, list[_Item]]) -> float:
+            instance, batch = candidate
+            runs = math.ceil(reference / _rows(batch))
+            return instance.slots.free_at(now) + runs * _predicted(instance, batch)
+
+        return min(batches, key=finish)[0]
+
+    def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
+        """The batch `instance` would run now (see "Batching"); empty when it cannot run the earliest request's
+        item. Spread over the instance's free slots other than the one it would take."""
+        head = min(queue, key=lambda item: item.arrival)
+        if head.chain is not None or head.rows > self._row_ceiling(instance):
+            return [head] if head.chain is not None else []
+        spare = instance.slots.free - (0 if slot_held else 1)
+        limit = min(self._row_ceiling(instance), math.ceil(_rows(queue) / (max(0, spare) + 1)))
+        max_cells = self.config.max_cells if instance.on_cpu else None
+        due = head.arrival + self.config.deadline_s - instance.slots.free_at(now)
+        predict = instance.cost.predict
+        batch, rows, longest = [head], head.rows, head.length
+        together = predict(rows, longest)
+        others = (item for item in queue if item is not head and item.chain is None)
+        for item in sorted(others, key=lambda item: (abs(item.length - head.length), item.arrival)):
+            new_rows, new_longest = rows + item.rows, max(longest, item.length)
+            if new_rows > limit or (max_cells is not None and new_rows * new_longest > max_cells):
+                continue
+            alone, joined = predict(item.rows, item.length), predict(new_rows, new_longest)
+            if together + alone - joined < MIN_SAVING * alone or (joined > due >= together):
+                continue
+            batch.append(item)
+            rows, longest, together = new_rows, new_longest, joined
+        return batch
+
+    def _take(self, instance: Instance) -> list[_Item]:
+        """Take the batch `instance` runs now out of the queue (its run slot taken); those of departed clients are
+        dropped."""
         self._drop_cancelled()
         if not self._queue:
             return []
-        head = min(self._queue, key=lambda item: item.arrival)
-        if head.chain is not None:
-            self._queue.remove(head)
-            self._queue_depth.dec()
-            return [] if head.abandoned() else [head]
-        # With other slots free, spread the queue over them rather than fill one run and leave them idle.
-        limit = min(self.config.max_batch, math.ceil(self._queued_rows() / (self._slots.free + 1)))
-        batch, rows, longest, useful = [head], head.rows, head.length, head.rows * head.length
-        others = (item for item in self._queue if item is not head and item.chain is None)
-        for item in sorted(others, key=lambda item: (abs(item.length - head.length), item.arrival)):
-            if rows + item.rows > limit:
-                continue
-            new_longest = max(longest, item.length)
-            new_useful = useful + item.rows * item.length
-            if (rows + item.rows) * new_longest > MAX_PADDING_RATIO * new_useful:
-                continue
-            if self.config.max_cells is not None and (rows + item.rows) * new_longest > self.config.max_cells:
-                continue
-            batch.append(item)
-            rows, longest, useful = rows + item.rows, new_longest, new_useful
+        batch = self._form(instance, self._queue, self._clock(), slot_held=True)
         chosen = {id(item) for item in batch}
         self._queue = [item for item in self._queue if id(item) not in chosen]
-        self._queue_depth.dec(rows)
+        self._queue_depth.dec(_rows(batch))
         return [item for item in batch if not item.abandoned()]
 
-    def _may_run_inline(self, batch: list[_Item], slots_held: int) -> bool:
+    def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
         """See "Alone, inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
         return (
-            _padded_cells(batch) <= INLINE_MAX_CELLS
-            and self._small_run_seconds is not None
-            and self._small_run_seconds <= INLINE_MAX_RUN_S
+            instance.cost.known
+            and _predicted(instance, batch) <= INLINE_MAX_RUN_S
             and self._clock() - min(item.arrival for item in batch) < INLINE_WINDOW_S
-            and self._slots.free == self._slots.runs - slots_held  # no other run in progress, for any model
+            and instance.slots.free == instance.slots.runs - slots_held  # no other run in progress on its slots
             and self._alone()
         )
 
     def _stop_waiting(self, items: Iterable[_Item]) -> None:
-        """Observe the wait of each item that leaves the queue: to run, or given up (deadline, client gone,
-        shutdown). Under overload the waits given up are the longest ones; left out, the histogram would show
-        only the survivors'."""
+        """Observe the wait of each item that leaves the queue, to run or given up (under overload the waits given
+        up are the longest: left out, the histogram would show only the survivors')."""
         now = self._clock()
         for item in items:
             if item.waiting:
@@ -498,20 +501,24 @@ class ModelBatcher:
                 self._queue_wait.observe(now - item.enqueued)
                 self.stats.waited(now - item.enqueued)
 
-    async def _run_batch(self, batch: list[_Item], inline: bool = False) -> None:
-        """Run a batch on a run-slot thread, or on the event loop itself when `inline`."""
+    async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
+        """Run a batch on one of `instance`'s run-slot threads, or on the event loop itself when `inline`."""
         self._stop_waiting(batch)
         loop = asyncio.get_running_loop()
+        end = self._clock() + _predicted(instance, batch)
+        instance.slots.ends.append(end)
         try:
             try:
                 if inline:
-                    results, seconds, cells = self._execute(batch)
+                    results, samples = self._execute(instance, batch)
                 else:
-                    results, seconds, cells = await loop.run_in_executor(self._slots.executor, self._execute, batch)
+                    results, samples = await loop.run_in_executor(
+                        instance.slots.executor, self._execute, instance, batch
+                    )
                 outcomes: list[Feeds | BaseException] = list(results)
-                self._learn_cost(cells, seconds)
+                self._learn(instance, samples)
             except Exception as error:
-                outcomes = [error] if len(batch) == 1 else await self._isolate(batch)
+                outcomes = [error] if len(batch) == 1 else await self._isolate(instance, batch)
             for item, outcome in zip(batch, outcomes, strict=True):
                 if item.future.done() or (item.chain is not None and self._requeued(item, outcome)):
                     continue
@@ -520,7 +527,8 @@ class ModelBatcher:
                 else:
                     item.future.set_result(outcome)
         finally:
-            self._slots.semaphore.release()
+            instance.slots.ends.remove(end)
+            instance.slots.release()
             self._in_flight -= 1
             self.runs_done += 1
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
@@ -536,65 +544,58 @@ class ModelBatcher:
             self._enqueue([item])
         return True
 
-    def _learn_cost(self, cells: int, seconds: float) -> None:
-        """Update the moving averages of one padded cell's run time and of its wall time while busy (from
-        large runs), and of a small run's time, from a batch of `cells` padded cells just finished.
-
-        The wall time per cell is the time since the previous batch finished, divided by this batch's cells,
-        while requests stayed admitted in between: what the model really gets through, hand-offs, parsing and
-        a crowded event loop included. Admission uses the slower of the two, so that an overloaded server
-        admits only the work it can finish before the deadline; the wall time only for WALL_COST_TTL_S after
-        its last sample, so that a past overload does not refuse the next burst, and it restarts from its
-        next sample after that."""
+    def _learn(self, instance: Instance, samples: list[Sample]) -> None:
+        """Teach `instance`'s cost model the runs just done, count them, and add the wall time since the previous
+        batch finished while requests stayed admitted, and the cells, to the decayed sums admission reads (what the
+        model really gets through, a crowded event loop included; stale after WALL_COST_TTL_S)."""
+        for rows, length, seconds in samples:
+            instance.cost.observe(rows, length, seconds)
+            self._instance_runs[instance.name].inc()
+            self._instance_rows[instance.name].inc(rows)
         now, last_done = self._clock(), self._last_done
         self._last_done = now
-        if cells <= INLINE_MAX_CELLS:
-            self._small_run_seconds = _smoothed(self._small_run_seconds, seconds)
-        if cells < min(MIN_CELLS_TO_LEARN, self.config.max_cells or MIN_CELLS_TO_LEARN):
-            return
-        self._cell_seconds = _smoothed(self._cell_seconds, seconds / cells)
-        if last_done is not None:
-            recent = now - self._wall_learned_at < WALL_COST_TTL_S
-            self._wall_cell_seconds = _smoothed(self._wall_cell_seconds if recent else None, (now - last_done) / cells)
+        cells = sum(rows * length for rows, length, _ in samples)
+        if last_done is not None and cells >= WALL_MIN_CELLS:
+            decay = 1 - SMOOTHING if now - self._wall_learned_at < WALL_COST_TTL_S else 0.0
+            self._wall = [decay * self._wall[0] + now - last_done, decay * self._wall[1] + cells]
             self._wall_learned_at = now
 
-    def _run_chunk(self, feeds: Feeds) -> Feeds:
+    def _run_chunk(self, instance: Instance, feeds: Feeds) -> Feeds:
         """One run of a chain's chunk (one row), counted in the batch-size metric like any run."""
         started = time.perf_counter()
-        outputs = self._run_graph(feeds)
+        outputs = instance.run(feeds)
         self.stats.executed(1, 0.0, time.perf_counter() - started, 0.0)
         self._batch_size.observe(1)
         return outputs
 
-    async def _isolate(self, batch: list[_Item]) -> list[Feeds | BaseException]:
+    async def _isolate(self, instance: Instance, batch: list[_Item]) -> list[Feeds | BaseException]:
         """A failed batch is rerun item by item, so one bad input fails only its own request."""
         loop = asyncio.get_running_loop()
         outcomes: list[Feeds | BaseException] = []
         for item in batch:
             try:
-                outcomes += (await loop.run_in_executor(self._slots.executor, self._execute, [item]))[0]
+                outcomes += (await loop.run_in_executor(instance.slots.executor, self._execute, instance, [item]))[0]
             except Exception as error:
                 outcomes.append(error)
         return outcomes
 
-    def _execute(self, batch: list[_Item]) -> tuple[list, float, int]:
-        """Collate, run and split (on an executor thread), or run a chain's next chunks; also the seconds of the
-        runs themselves and the padded cells they computed, for the cost per cell (not the wait for the thread,
-        which under load would make the model look slower than it is)."""
+    def _execute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
+        """Collate, run and split (on an executor thread), or run a chain's next chunks; also each run's rows,
+        padded length and seconds (collating and splitting included, not the wait for the thread)."""
         chain = batch[0].chain
         if chain is not None:
-            cells = chain.cells
-            started = self._clock()
-            chain.run(self._run_chunk, batch[0].wanted, CHAIN_SLICE_S, self._clock)
-            return [chain.outputs], self._clock() - started, cells - chain.cells
+            samples = chain.run(
+                lambda feeds: self._run_chunk(instance, feeds), batch[0].wanted, CHAIN_SLICE_S, self._clock
+            )
+            return [chain.outputs], samples
         collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
         started = self._clock()
-        outputs = self._run_graph(feeds)
+        outputs = instance.run(feeds)
         finished = self._clock()
-        rows = sum(item.rows for item in batch)
+        rows, longest = _rows(batch), max(item.length for item in batch)
         self._batch_size.observe(rows)  # every completed run, `_isolate` reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
         self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)
-        return kept, finished - started, _padded_cells(batch)
+        return kept, [(rows, longest, self._clock() - collating)]

@@ -1,4 +1,4 @@
-"""The runtime over a loaded registry: the shared run slots, one batcher per ready model, memory trimming."""
+"""The runtime over a loaded registry: the run slots of the instances, one batcher per ready model, memory trimming."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from app.core.metrics import Metrics
 from app.core.settings import Settings
-from app.runtime.batcher import BatchConfig, ModelBatcher, RunSlots
+from app.runtime.batcher import BatchConfig, ModelBatcher
+from app.runtime.instances import Instance, RunSlots
 from app.runtime.memory import release_free_memory
 from app.runtime.model import GraphLayout, ServedModel, graph_layouts
 from app.runtime.registry import ModelRegistry
@@ -38,7 +39,8 @@ class Engine:
     ) -> None:
         """`alone()`: the server is handling a single request (the batchers may then run its rows inline)."""
         self.registry = registry
-        self.slots = RunSlots(settings.concurrent_runs or 1)
+        self.slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
+        self._own_slots: list[RunSlots] = []  # one per instance on another provider (a GPU runs one batch at once)
         self._served: list[ServedModel] = []
         for model in registry.models.values():
             if not model.ready:
@@ -46,13 +48,14 @@ class Engine:
             task = registry.tasks[model.task]
             layouts = {None: GraphLayout(task.sequence_inputs, task.sequence_outputs), **graph_layouts(task)}
             for key, served in ((None, model), *model.graphs.items()):
+                for instance in served.instances:
+                    instance.slots = self.slots if instance.on_cpu else self._slots_of_its_own(instance)
                 layout = layouts[key]
                 served.batcher = ModelBatcher(
                     served.name,
-                    served.run,
+                    served.instances,
                     layout.sequence_inputs,
                     layout.sequence_outputs,
-                    self.slots,
                     batch_config(settings, model.entry),
                     metrics,
                     alone,
@@ -60,6 +63,11 @@ class Engine:
                 served.batcher.start()
                 self._served.append(served)
         self._trimmer = asyncio.create_task(self._trim_when_idle(), name="memory-trim")
+
+    def _slots_of_its_own(self, instance: Instance) -> RunSlots:
+        slots = RunSlots(1, f"onnx-{instance.name}")
+        self._own_slots.append(slots)
+        return slots
 
     async def _trim_when_idle(self) -> None:
         """After runs, once no model has work admitted, hand freed pages back to the system."""
@@ -80,4 +88,5 @@ class Engine:
             if served.batcher is not None:
                 await served.batcher.stop()
                 served.batcher = None
-        self.slots.close()
+        for slots in (self.slots, *self._own_slots):
+            slots.close()

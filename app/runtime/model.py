@@ -12,7 +12,6 @@ its task lists them in `graphs` with their batching layout, and each gets its ow
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +26,11 @@ from pydantic import BaseModel
 from app.core.errors import ModelNotReady
 from app.core.manifest import ModelEntry
 from app.runtime.collate import Feeds
-from app.runtime.oom import BatchSplitter
 from app.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from app.runtime.batcher import ModelBatcher
+    from app.runtime.instances import Instance
 
 
 @dataclass(frozen=True)
@@ -124,14 +123,11 @@ class ServedModel:
     file: Path | None = None
     assets: dict[str, np.ndarray] = field(default_factory=dict)
     state: Any = None
-    provider: str | None = None
     error: str | None = None
-    session: ort.InferenceSession | None = None
+    instances: list[Instance] = field(default_factory=list)  # one session per MNEMO_PROVIDER entry
     output_names: list[str] = field(default_factory=list)
     graphs: dict[str, ServedModel] = field(default_factory=dict)
     batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
-    observe_inference: Any = lambda seconds: None
-    memory: BatchSplitter = field(default_factory=BatchSplitter)  # its max_rows: what the device was seen to hold
 
     @property
     def name(self) -> str:
@@ -150,20 +146,23 @@ class ServedModel:
         return self.entry.metadata
 
     @property
+    def session(self) -> ort.InferenceSession | None:
+        """The first instance's session (all have the same inputs and outputs)."""
+        return self.instances[0].session if self.instances else None
+
+    @property
+    def provider(self) -> str | None:
+        return self.instances[0].provider if self.instances else None
+
+    @property
     def ready(self) -> bool:
-        return self.session is not None and self.error is None
+        return bool(self.instances) and self.error is None
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the session (blocking; the batcher calls it on an executor thread) and record its time."""
-        if self.session is None:
+        """A blocking run on the first instance, outside the batcher (requests go through `batcher`)."""
+        if not self.instances:
             raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
-        started = time.perf_counter()
-        outputs = self.memory.run(self._run_session, feeds, self.name)
-        self.observe_inference(time.perf_counter() - started)
-        return outputs
-
-    def _run_session(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.output_names, self.session.run(self.output_names, feeds), strict=True))
+        return self.instances[0].run(feeds)
 
     def public_info(self, task: Task | None) -> dict[str, Any]:
         """What GET /models reports (file names only, never server paths)."""
@@ -189,6 +188,7 @@ class ServedModel:
                 "max_queue": config.max_queue,
                 "max_cells": config.max_cells,
             }
+        info["instances"] = [instance.public_info() for instance in self.instances]
         if task is not None and self.ready:
             info.update(task.describe(self))
         if self.error:

@@ -27,6 +27,9 @@ class ProviderUnavailable(RuntimeError):
 def resolve_provider(requested: str, available: list[str] | None = None) -> str:
     """The onnxruntime provider name to use for `MNEMO_PROVIDER=requested` (auto: CUDA if offered, else CPU)."""
     available = ort.get_available_providers() if available is None else available
+    if "," in requested:  # one provider per instance (`cuda,cpu`): every entry is checked, the first returned
+        resolved = [resolve_provider(entry.strip(), available) for entry in requested.split(",") if entry.strip()]
+        return resolved[0]
     if requested == "auto":
         chosen = PROVIDER_NAMES["cuda"] if PROVIDER_NAMES["cuda"] in available else PROVIDER_NAMES["cpu"]
         logger.info("MNEMO_PROVIDER=auto chose %s (available: %s)", chosen, ", ".join(available))

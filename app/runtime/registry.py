@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
@@ -25,14 +24,14 @@ from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.npy import load_npy
 from app.core.settings import Settings, split_list, usable_cpus
+from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ServedModel, Task, graph_layouts
-from app.runtime.providers import ProviderUnavailable, check_session_provider, resolve_provider
+from app.runtime.providers import PROVIDER_NAMES, ProviderUnavailable, check_session_provider, resolve_provider
 from app.runtime.sessions import open_session, preopened
 
-if TYPE_CHECKING:
-    pass
-
 logger = logging.getLogger("mnemo.registry")
+PROVIDER_SHORT_NAMES = {name: short for short, name in PROVIDER_NAMES.items()}
+SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
 
 
 class ModelLoadError(RuntimeError):
@@ -53,17 +52,38 @@ WARM_UP_DTYPES = {
 }
 
 
-def _warm_up_feeds(session: ort.InferenceSession) -> dict[str, np.ndarray]:
-    """One input of each graph input: dynamic dims 1, integers (and booleans) 1, floats 0."""
+def _dynamic(dim: object) -> bool:
+    return not (isinstance(dim, int) and dim > 0)
+
+
+def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1) -> dict[str, np.ndarray]:
+    """One input of each graph input: a dynamic first dim `rows`, other dynamic dims `length`; integers (and
+    booleans) 1, floats 0."""
     feeds = {}
     for graph_input in session.get_inputs():
-        shape = [dim if isinstance(dim, int) and dim > 0 else 1 for dim in graph_input.shape]
+        shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
         dtype = WARM_UP_DTYPES.get(graph_input.type)
         if dtype is None:
             raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
         fill = 0 if np.issubdtype(dtype, np.floating) else 1
         feeds[graph_input.name] = np.full(shape, fill, dtype=dtype)
     return feeds
+
+
+def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
+    """Warm the session up, then teach its cost model runs at two batch sizes and two lengths (SEED_RUNS), each
+    the faster of two (the models load in parallel: a run may wait for a CPU)."""
+    session.run(None, _warm_up_feeds(session))  # the first run allocates: not a fair sample
+    sequences = any(_dynamic(dim) for node in session.get_inputs() for dim in node.shape[1:])
+    for rows, length in SEED_RUNS:
+        length = length if sequences else 1
+        feeds = _warm_up_feeds(session, rows, length)
+        seconds = []
+        for _ in range(2):
+            started = time.perf_counter()
+            session.run(None, feeds)
+            seconds.append(time.perf_counter() - started)
+        instance.cost.observe(rows, length, min(seconds))
 
 
 class ModelRegistry:
@@ -74,12 +94,12 @@ class ModelRegistry:
         self.tasks = dict(tasks)
         self.metrics = metrics
         self.models: dict[str, ServedModel] = {}
-        self.provider: str | None = None
+        self.providers: list[str] = []  # the onnxruntime provider of each instance
         self._asset_cache: dict[tuple[Path, str], np.ndarray] = {}
 
     def load(self) -> None:
         """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
-        self.provider = resolve_provider(self.settings.provider)
+        self.providers = [resolve_provider(entry) for entry in split_list(self.settings.provider)]
         artifacts = Path(self.settings.artifacts_dir)
         try:
             entries = chosen(read_manifest(artifacts, set(self.tasks)), split_list(self.settings.models))
@@ -104,7 +124,7 @@ class ModelRegistry:
         try:
             self._load_model(model, artifacts)
         except Exception as error:
-            model.session, model.error = None, str(error)
+            model.instances, model.error = [], str(error)
             return error
         return None
 
@@ -132,18 +152,24 @@ class ModelRegistry:
         )
 
     def _open(self, model: ServedModel, artifacts: Path) -> None:
-        """Verify the model's file, open its session on the provider and warm it up."""
+        """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
         model.file = confined(artifacts, model.entry.file)
-        session = preopened.take(model.file, model.entry.sha256, self.provider, self.settings)
-        if session is None:
-            _verify(model.file, model.entry.file, model.entry.sha256, "model file")
-            session = open_session(model.file, self.settings, self.provider)
-        model.provider = check_session_provider(session, self.provider, model.name)
-        session.run(None, _warm_up_feeds(session))
-        model.output_names = [output.name for output in session.get_outputs()]
-        model.observe_inference = self.metrics.inference.labels(model.name).observe
-        model.memory.on_split = self.metrics.oom_splits.labels(model.name).inc
-        model.session = session
+        observe = self.metrics.inference.labels(model.name).observe
+        on_split = self.metrics.oom_splits.labels(model.name).inc
+        verified = False
+        for index, provider in enumerate(self.providers):
+            session = preopened.take(model.file, model.entry.sha256, provider, self.settings)
+            if session is None:
+                if not verified:
+                    _verify(model.file, model.entry.file, model.entry.sha256, "model file")
+                    verified = True
+                session = open_session(model.file, self.settings, provider)
+            check_session_provider(session, provider, model.name)
+            model.output_names = [output.name for output in session.get_outputs()]
+            name = f"{PROVIDER_SHORT_NAMES.get(provider, provider)}-{index}"
+            instance = session_instance(name, session, model.name, observe, on_split)
+            _seed_cost(instance, session)
+            model.instances.append(instance)
 
     def _asset(self, artifacts: Path, name: str, sha256: str, key: str) -> np.ndarray:
         """An .npy asset, verified and memory-mapped once even when several models share it."""
@@ -153,6 +179,11 @@ class ModelRegistry:
             _verify(path, name, sha256, f"asset {key}")
             cached = self._asset_cache[(path, sha256)] = load_npy(path)
         return cached
+
+    @property
+    def provider(self) -> str:
+        """The providers of the instances, as logged."""
+        return ", ".join(self.providers)
 
     @property
     def ready(self) -> bool:

@@ -54,6 +54,15 @@ class Batching(BaseModel):
     max_queue: int
 
 
+class InstanceInfo(BaseModel):
+    """One session of a model (MNEMO_PROVIDER lists one per instance) and the cost its runs have shown."""
+
+    name: str = Field(description="its provider's short name and its place in MNEMO_PROVIDER, e.g. cpu-1")
+    provider: str = Field(description="the execution provider the session really uses")
+    max_rows: int | None = Field(description="rows per run this instance takes at most; null: the model's max_batch")
+    cost: dict[str, float] = Field(description="the learned cost of a run: fixed_ms + per_step_us + per_cell_us")
+
+
 class ModelInfo(BaseModel):
     """One model of the manifest; the task adds its own fields (similarity: max_tokens, entailment_labels,
     embedding_dim, max_sentences, encoder, paraphrase_labels; knowledge tracing: family, supports, n_questions,
@@ -73,6 +82,9 @@ class ModelInfo(BaseModel):
     metadata: dict[str, Any]
     card: str | None = None
     batching: Batching | None = None
+    instances: list[InstanceInfo] = Field(
+        default_factory=list, description="its sessions, one per MNEMO_PROVIDER entry"
+    )
     error: str | None = Field(None, description="why the model is not ready")
     max_tokens: int | None = None
     entailment_labels: list[str] | None = None

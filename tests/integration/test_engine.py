@@ -19,6 +19,7 @@ import pytest
 
 from app.core.metrics import Metrics
 from app.runtime.engine import Engine
+from app.runtime.instances import Instance
 from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import service as kt_service
@@ -35,6 +36,7 @@ from tests.helpers import (
     until_metric,
 )
 from tests.toy_model import HELD_TOY, PICKY_KS, toy_body, toy_entry, write_toy_artifacts
+from tests.toy_profiles import flat_cost
 
 
 # -- batch composition never changes a result (the committed models) ---------------------------------
@@ -46,7 +48,12 @@ def committed_registry() -> ModelRegistry:
 
 
 def _with_engine(registry: ModelRegistry, scenario):
+    """Run `scenario` with the engine started, every instance's cost model made flat (10 ms a run whatever its
+    rows), so that whatever is queued together runs together: these tests compare results, not batch sizes."""
+
     async def main():
+        for instance in _instances(registry):
+            instance.cost = flat_cost(0.01)
         engine = Engine(registry, registry.settings, registry.metrics)
         try:
             return await scenario()
@@ -54,6 +61,14 @@ def _with_engine(registry: ModelRegistry, scenario):
             await engine.stop()
 
     return asyncio.run(main())
+
+
+def _instances(registry: ModelRegistry) -> list[Instance]:
+    models = [
+        *registry.models.values(),
+        *(graph for model in registry.models.values() for graph in model.graphs.values()),
+    ]
+    return [instance for model in models for instance in model.instances]
 
 
 def test_similarity_results_do_not_depend_on_the_batch(committed_registry):

@@ -19,17 +19,11 @@ import pytest
 from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
-from app.runtime.batcher import (
-    CHAIN_SLICE_S,
-    MIN_CELLS_TO_LEARN,
-    WALL_COST_TTL_S,
-    BatchConfig,
-    Chain,
-    ModelBatcher,
-    RunSlots,
-)
+from app.runtime.batcher import CHAIN_SLICE_S, WALL_COST_TTL_S, BatchConfig, Chain, ModelBatcher
+from app.runtime.instances import CPU, Instance, RunSlots
 from tests.manual_clock import WATCHDOG_S, ManualClock, run_on_clock
 from tests.toy_model import build_toy_onnx
+from tests.toy_profiles import linear_cost
 
 
 class Hold:
@@ -132,19 +126,25 @@ def _drive(
     max_wait_s: float = 0.05,
     max_queue: int = 64,
     deadline_s: float = 10.0,
+    max_cells: int | None = None,
+    instances: list[Instance] | None = None,
 ):
-    """Run `scenario(batcher)` on `clock` with a started batcher of the toy model, then stop it."""
+    """Run `scenario(batcher)` on `clock` with a started batcher of the toy model (one CPU instance running `run`,
+    or `instances`, each given `slots` run slots of its own), then stop it."""
 
     async def main():
-        run_slots = RunSlots(slots)
-        config = BatchConfig(max_batch, max_wait_s, max_queue, deadline_s)
-        batcher = ModelBatcher("toy", run, (), {}, run_slots, config, metrics or Metrics(), alone, clock)
+        config = BatchConfig(max_batch, max_wait_s, max_queue, deadline_s, max_cells)
+        served = instances or [Instance("cpu-0", CPU, run)]
+        for instance in served:
+            instance.slots = RunSlots(slots)
+        batcher = ModelBatcher("toy", served, (), {}, config, metrics or Metrics(), alone, clock)
         batcher.start()
         try:
             return await scenario(batcher)
         finally:
             await batcher.stop()
-            run_slots.close()
+            for instance in served:
+                instance.slots.close()
 
     return run_on_clock(clock, main())
 
@@ -184,13 +184,16 @@ def test_a_request_alone_runs_on_the_event_loop_once_its_model_is_known_to_be_fa
         alone[0] = False
         await request(4)  # another request is in flight: the queue
         alone[0] = True
-        await request(5, cost_ms=100)  # inline (its cells look small), and it shows this model can be slow
-        await request(6)  # so this one goes through the queue
+        await request(5, cost_ms=100)  # inline (predicted fast), and it shows this model can be slow...
+        for _ in range(6):
+            await request(6, cost_ms=100)  # ...which its cost model learns in a few runs (OUTLIER: 4x at most each)
+        await request(7)  # predicted slow: the queue
         return inline
 
     inline = _drive(scenario, toy_runs, clock, alone=lambda: alone[0])
     np.testing.assert_array_equal(inline["y"], [[4.0, 4.0, 4.0]])
-    assert toy_runs.threads == ["onnx-run", "MainThread", "onnx-run", "onnx-run", "MainThread", "onnx-run"]
+    assert toy_runs.threads[:5] == ["onnx-run", "MainThread", "onnx-run", "onnx-run", "MainThread"]
+    assert toy_runs.threads[-1] == "onnx-run"
 
 
 def test_a_lone_request_on_an_idle_fast_model_runs_without_the_batching_loop(toy_runs, clock):
@@ -353,26 +356,27 @@ def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_reques
     _drive(scenario, toy_runs, clock, max_queue=4)
 
 
-@pytest.mark.parametrize(("cost_ms", "refused"), [(2, False), (20, True)])
-def test_admission_refuses_work_that_could_not_finish_before_the_deadline(toy_runs, clock, cost_ms, refused):
-    """With a 10 ms deadline, half of it for the runs: two requests of 2 ms each fit, of 20 ms each do not."""
-    cells = MIN_CELLS_TO_LEARN
+@pytest.mark.parametrize(("cell_us", "waited_ms", "refused"), [(10, 0, False), (100, 0, True), (10, 4, True)])
+def test_admission_refuses_work_that_could_not_finish_before_the_deadline(clock, cell_us, waited_ms, refused):
+    """With a 10 ms deadline, half of it for the work: two requests of 100 cells at 10 us a cell (2 ms) fit, at
+    100 us (20 ms) they do not, nor do they fit when the second has already spent 4 ms since it arrived."""
 
     async def scenario(batcher):
-        await batcher.run(_feeds(0, cost_ms), 1, cells)  # the batcher learns what one cell costs
-        with batcher.admit(1, cells):
+        with batcher.admit(1, 100):
+            request_arrival.set(clock() - waited_ms / 1000)
             try:
-                with batcher.admit(1, cells):
+                with batcher.admit(1, 100):
                     return False
             except Overloaded as error:
                 assert "past the deadline" in str(error)
                 return True
 
-    assert _drive(scenario, toy_runs, clock, deadline_s=0.01) is refused
+    instances = [Instance("cpu-0", CPU, lambda feeds: feeds, cost=linear_cost(cell_us / 1e6))]
+    assert _drive(scenario, None, clock, deadline_s=0.01, instances=instances) is refused
 
 
 def test_admission_counts_the_wall_time_a_busy_model_takes_until_it_is_stale(toy_runs, clock):
-    cells = MIN_CELLS_TO_LEARN
+    cells = 256
 
     async def scenario(batcher):
         with batcher.admit(1, cells):  # a request stays admitted while the model's batches finish slowly

@@ -16,11 +16,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from app.core.manifest import ModelEntry
 from app.core.metrics import Metrics
-from app.runtime.model import ServedModel
+from app.runtime.instances import Instance, session_instance
 from app.runtime.oom import BatchSplitter, DeviceOutOfMemory, is_out_of_memory
-from tests.toy_model import toy_entry
 
 ARENA_BYTES = 256 * 1024
 ROW_FLOATS = 1024  # 4 KiB per row in and out: 64 rows (512 KiB) cannot run in the arena, 16 rows (128 KiB) can
@@ -52,11 +50,9 @@ def bounded_session(tmp_path_factory) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _model(session: ort.InferenceSession, metrics: Metrics) -> ServedModel:
-    model = ServedModel(ModelEntry.model_validate(toy_entry("relu", assets={}, sha256="0" * 64)))
-    model.session, model.output_names = session, ["y"]
-    model.memory.on_split = metrics.oom_splits.labels(model.name).inc
-    return model
+def _instance(session: ort.InferenceSession, metrics: Metrics) -> Instance:
+    """The instance the registry would build for this session."""
+    return session_instance("cpu-0", session, "relu", on_split=metrics.oom_splits.labels("relu").inc)
 
 
 def _rows(count: int, width: int = ROW_FLOATS) -> dict[str, np.ndarray]:
@@ -73,21 +69,21 @@ def test_the_bounded_arena_really_fails_a_large_batch(bounded_session):
 
 def test_a_batch_too_large_for_the_device_is_split_and_answers_the_same(bounded_session):
     metrics = Metrics()
-    model = _model(bounded_session, metrics)
+    instance = _instance(bounded_session, metrics)
     feeds = _rows(64)
-    outputs = model.run(feeds)
+    outputs = instance.run(feeds)
     np.testing.assert_array_equal(outputs["y"], np.maximum(feeds["x"], 0) * 2)
-    assert 1 <= model.memory.max_rows <= 32  # the most rows seen to fit, for the batcher
+    assert 1 <= instance.row_limit <= 32  # the most rows seen to fit: the batcher's ceiling from now on
     assert metrics.registry.get_sample_value("mnemo_oom_splits_total", {"model": "relu"}) >= 1
-    assert model.run(_rows(8))["y"].shape == (8, ROW_FLOATS)  # the session serves on
+    assert instance.run(_rows(8))["y"].shape == (8, ROW_FLOATS)  # the session serves on
 
 
 def test_one_row_that_cannot_fit_is_a_503_and_the_session_serves_on(bounded_session):
-    model = _model(bounded_session, Metrics())
+    instance = _instance(bounded_session, Metrics())
     with pytest.raises(DeviceOutOfMemory, match="relu: one row of this request does not fit") as raised:
-        model.run(_rows(2, width=ARENA_BYTES // 2))  # one row of 512 KiB in and out
+        instance.run(_rows(2, width=ARENA_BYTES // 2))  # one row of 512 KiB in and out
     assert raised.value.status_code == 503 and raised.value.headers["Retry-After"]
-    assert model.run(_rows(4))["y"].shape == (4, ROW_FLOATS)
+    assert instance.run(_rows(4))["y"].shape == (4, ROW_FLOATS)
 
 
 def test_other_errors_are_not_taken_for_memory(bounded_session):
