@@ -8,9 +8,11 @@ Settings: the keep-alive timeout, the header size cap and the connection cap. No
 time a client takes to send its headers or to read an answer: deploy/nginx/nginx.conf does, in front
 (BENCHMARKS.md, Servers).
 
-Drain: SIGTERM to gunicorn's master reaches every worker, whose first signal turns `/ready` to 503 and answers new
-requests with a quick 503 while the listening socket stays open; admitted requests finish, for up to
-MNEMO_DRAIN_S, then the worker shuts down as uvicorn does and exits with status 0. A second signal stops waiting.
+Drain: SIGTERM to gunicorn's master reaches every worker, whose first signal turns `/ready` to 503. Requests on
+the connections open at that moment are served (their clients may have sent them before the signal, even if the
+worker has not read them yet), each answer closing its connection; connections opened later get a quick 503 while
+the listening socket stays open. Admitted requests finish, for up to MNEMO_DRAIN_S, then the worker shuts down as
+uvicorn does and exits with status 0. A second signal stops waiting.
 SIGHUP is gunicorn's reload: new workers start and the old ones drain so.
 """
 
@@ -47,7 +49,7 @@ logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
 GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
 # Once idle, the drain still serves this long: requests already sent on accepted connections but not yet read
-# get their answer (a 503) rather than a closed connection.
+# get their answer rather than a closed connection.
 SETTLE_S = 1.0
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
@@ -89,7 +91,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True  # a second signal (or no loop yet): stop now
             self.force_exit = self.force_exit or (sig == signal.SIGINT and self.drain.draining)
             return
-        self.drain.begin()
+        self.drain.begin(connection.client for connection in self.server_state.connections)
         self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
 
     def start_drain(self, reason: str) -> None:
