@@ -51,6 +51,9 @@ GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests
 # Once idle, the drain still serves this long: requests already sent on accepted connections but not yet read
 # get their answer rather than a closed connection.
 SETTLE_S = 1.0
+# How often a worker's event loop tells gunicorn's master it is alive (uvicorn looks once a second): a loop slowed
+# by overload keeps its heartbeat, and only one stuck for MNEMO_WORKER_STALL_S is killed.
+HEARTBEAT_S = 1.0
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
 
@@ -128,6 +131,7 @@ class Worker(UvicornWorker):
             "limit_concurrency": settings.max_connections,  # beyond: 503 and close
             "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
             "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+            "timeout_notify": HEARTBEAT_S,
             "timeout_keep_alive": settings.keep_alive_s,
         }
         super().__init__(*args, **kwargs)
@@ -139,7 +143,7 @@ class Worker(UvicornWorker):
         asyncio.run(self.serve())
 
     async def callback_notify(self) -> None:
-        """The heartbeat gunicorn's master waits for (from the event loop, every MNEMO_WORKER_STALL_S / 2); a worker
+        """The heartbeat gunicorn's master waits for (from the event loop, every HEARTBEAT_S); a worker
         whose master is gone (killed: it passed no signal on) drains and exits, once, rather than serve alone."""
         await super().callback_notify()
         if os.getppid() != self.ppid and not self.orphaned:

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -228,6 +229,26 @@ def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
         answered = asyncio.run(_similarity_until_both_answer(server.url))  # new connections: none waits for good
         assert set(answered) == {other, replacement}
     assert server.process.returncode == 0
+
+
+def _heartbeat_file(worker: int) -> Path:
+    """The deleted temporary file whose modification time is the worker's heartbeat to gunicorn's master."""
+    fds = Path(f"/proc/{worker}/fd").iterdir()
+    return next(fd for fd in fds if os.readlink(fd).startswith(tempfile.gettempdir() + "/wgunicorn-"))
+
+
+def test_a_worker_beats_every_second_so_an_overloaded_loop_is_not_taken_for_a_stuck_one():
+    """gunicorn kills a worker whose heartbeat is older than MNEMO_WORKER_STALL_S. Sent only every half of it, a
+    loop slowed by overload (a second or two per turn) missed it, and the worker was killed with every connection
+    it held: wrk counted them as read errors."""
+    with running_server(COMMITTED, MNEMO_WORKER_STALL_S="30") as server:
+        (worker,) = _children(server.process.pid)
+        beat = _heartbeat_file(worker)
+        beats, deadline = {beat.stat().st_mtime}, time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            beats.add(beat.stat().st_mtime)
+            time.sleep(0.05)
+        assert len(beats) >= 3, f"{len(beats) - 1} heartbeat(s) in 3.5 s"
 
 
 def _exited(server: Server) -> int:
