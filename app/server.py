@@ -201,10 +201,15 @@ class Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def run(self) -> None:
+        arbiter = Arbiter(self)
         try:
-            super().run()
-        except HaltServer as error:  # a second worker that failed to boot, reaped while gunicorn halts for the first
-            sys.exit(error.exit_status)
+            arbiter.run()
+        except HaltServer as error:  # another worker failed to boot, reaped while gunicorn halted for the first
+            while True:  # halt again: the other workers are stopped, and the reason is logged, whichever came first
+                try:
+                    arbiter.halt(error.reason, error.exit_status)
+                except HaltServer as again:
+                    error = again
 
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions start opening while the web stack imports (app/runtime/sessions.py)."""
