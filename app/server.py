@@ -123,13 +123,9 @@ class Worker(UvicornWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         settings = Settings()
         self.CONFIG_KWARGS = {
-            "loop": "asyncio",
-            "http": "h11",
-            "ws": "none",  # no WebSocket routes: uvicorn then imports no websocket library
+            **http_options(settings),
             "lifespan": "on",
-            "access_log": False,  # the app writes one access line per request itself
             "limit_concurrency": settings.max_connections,  # beyond: 503 and close
-            "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
             "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
             "timeout_notify": HEARTBEAT_S,
             "timeout_keep_alive": settings.keep_alive_s,
@@ -159,6 +155,17 @@ class Worker(UvicornWorker):
             await server.serve(sockets=self.sockets)
         if not server.started:
             cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
+
+
+def http_options(settings: Settings) -> dict[str, Any]:
+    """How a worker reads HTTP (uvicorn's options; benchmarks/floor_app.py is served the same way)."""
+    return {
+        "loop": "asyncio",
+        "http": "h11",
+        "ws": "none",  # no WebSocket routes: uvicorn then imports no websocket library
+        "access_log": False,  # the app writes one access line per request itself
+        "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
+    }
 
 
 class WithoutStartupTraceback(logging.Filter):
