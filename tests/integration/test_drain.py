@@ -45,6 +45,13 @@ def _hold_one_request(server: Server) -> HeldRequest:
     return held
 
 
+def _open_connections(url: str) -> int:
+    """Established connections to the server's port."""
+    port = url.rsplit(":", 1)[1]
+    listing = subprocess.run(["ss", "-Htn", "state", "established", f"sport = :{port}"], capture_output=True, text=True)
+    return len(listing.stdout.splitlines())
+
+
 def _draining(server: Server, workers: int = 1) -> bool:
     """Every one of `workers` logged that SIGTERM started its drain."""
     messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
