@@ -6,7 +6,7 @@ Runtime at batch 1 and wrk at concurrency 1 against each of the four servers in 
 round), so that a drift of the shared machine hits all of them. Reported per scenario and server, as medians over
 the rounds: the p50 and the p10 (less moved by other processes on the cores), each also over the bare time of the
 same percentile taken just before it and less the same round's figure of its tree's floor app, and the server's
-CPU time per answer (user + system, all its threads, from /proc).
+CPU time per answer (user + system, all its threads and its children's, from /proc).
 
     git worktree add /tmp/base <commit>
     python -m benchmarks.compare_trees --base /tmp/base --rounds 7 --seconds 3
@@ -38,9 +38,13 @@ TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process `pid`, all its threads."""
+    """User and system CPU time of process `pid` and its live children (gunicorn's workers), all their threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: fields 14 and 15 of stat(5)
+    own = (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime: fields 14 and 15 of stat(5)
+    children = [
+        int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()
+    ]
+    return own + sum(cpu_seconds(child) for child in children)
 
 
 def main() -> None:
