@@ -1,19 +1,14 @@
 """What `python -m app` runs: gunicorn's process manager with uvicorn workers (h11), configured from Settings.
 
-gunicorn starts MNEMO_WORKERS workers on one listening socket, replaces one that dies, and kills and replaces one
-whose event loop stops notifying it for MNEMO_WORKER_STALL_S (SIGSTOP, a deadlock; the bound covers a worker's
-startup too). Each worker is uvicorn with the h11 protocol, which parses one request at a time (a pipelined
-request waits for the answer to the one before) and refuses malformed framing with 400; its limits come from
-Settings: the keep-alive timeout, the header size cap and the connection cap. No in-process server bounds the
-time a client takes to send its headers or to read an answer: deploy/nginx/nginx.conf does, in front
-(BENCHMARKS.md, Servers).
+gunicorn starts MNEMO_WORKERS workers on one socket, replaces one that dies, and kills and replaces one whose
+event loop stops beating for MNEMO_WORKER_STALL_S. uvicorn's h11 parses one request at a time and refuses
+malformed framing with 400; the keep-alive, header-size and connection limits come from Settings. Header and send
+deadlines are nginx's, in front (deploy/nginx/nginx.conf).
 
-Drain: SIGTERM to gunicorn's master reaches every worker, whose first signal turns `/ready` to 503. Requests on
-the connections open at that moment are served (their clients may have sent them before the signal, even if the
-worker has not read them yet), each answer closing its connection; connections opened later get a quick 503 while
-the listening socket stays open. Admitted requests finish, for up to MNEMO_DRAIN_S, then the worker shuts down as
-uvicorn does and exits with status 0. A second signal stops waiting.
-SIGHUP is gunicorn's reload: new workers start and the old ones drain so.
+Drain: a worker's first SIGTERM (gunicorn passes its own on; SIGHUP, gunicorn's reload, replaces the workers)
+turns `/ready` to 503; requests on the connections open at that moment are served, each answer closing its
+connection, and connections opened later get a quick 503. Admitted work finishes, for up to MNEMO_DRAIN_S, then
+uvicorn shuts down and the worker exits 0. A second signal stops waiting.
 """
 
 from __future__ import annotations

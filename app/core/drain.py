@@ -1,10 +1,7 @@
-"""Graceful drain: on SIGTERM readiness turns 503, requests on connections opened after it get 503, and the
-rest (admitted work, and requests on connections already open, which their clients may have sent before the
-signal) finish.
+"""Graceful drain: readiness turns 503, connections opened after it get 503, the rest finishes.
 
-Work still in flight when the drain's time is up is given up (`give_up`): its tasks are cancelled, and each
-answers 503 in the service's shape (app/transports/middleware.py, `RequestEdge`), rather than the bare 500 that
-uvicorn's own cancellation at shutdown would send.
+Work still in flight when the drain's time is up is cancelled (`give_up`) and answers 503 in the service's shape
+(`RequestEdge`), not the bare 500 of uvicorn's own cancellation at shutdown.
 """
 
 from __future__ import annotations
