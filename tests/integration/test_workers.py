@@ -221,6 +221,7 @@ def test_two_workers_both_answer_and_metrics_add_up_whichever_worker_is_scraped(
         answered = asyncio.run(_similarity_until_both_answer(server.url))
         assert len(answered) == 2, answered
         assert all(_parent_pid(int(pid)) == server.process.pid for pid in answered)  # gunicorn's workers
+        _wait_until_counted(server.url, sum(answered.values()))  # the last answers are counted just after they left
         scraped_by = _check_metrics_add_up(server.url, sum(answered.values()), set(answered))
         assert scraped_by == set(answered)
         metrics_dir = _metrics_dir(_logged(server))
