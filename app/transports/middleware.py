@@ -286,20 +286,10 @@ class RequestEdge:
                 self.drain.leave(task)
 
     async def _read_body_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body, then call the app with it.
-
-        A body over `max_bytes` is refused with 413, whether or not it announces a Content-Length, and with 408
-        one that stalls (no data for `stall_timeout_s`) or is not complete by the request's deadline
-        (`deadline_s` after it arrived): trickled a byte at a time, a body would hold its connection and its
-        share of the memory budget for as long as the client likes.
-
-        Bodies held in memory at once are bounded too, by the bytes received (not announced: a client
-        announcing 1 MB and sending nothing would hold 1 MB of the budget): a request whose Content-Length does
-        not fit beside the bodies held gets 429 (Retry-After) before it is read, and one whose bytes push the
-        total past `in_memory_bytes` while it arrives gets it then. The connection stays open (the server skips
-        the unread body): a close would make clients reconnect, and a storm of reconnects queues new
-        connections, such as health probes, behind it.
-        """
+        """Read the body, then call the app with it: 413 past `max_bytes` (announced or not), 408 when it stalls for
+        `stall_timeout_s` or is not in by the request's deadline, 429 when the bodies held in memory (bytes
+        received, not announced) would pass `in_memory_bytes`. A 429 keeps the connection (the server skips the
+        unread body): a storm of reconnects would queue new connections, health probes among them, behind it."""
         declared = dict(scope["headers"]).get(b"content-length", b"").strip()  # the parser keeps trailing spaces
         declared_bytes = int(declared) if declared.isdigit() else 0
         if declared_bytes > self.max_bytes:
