@@ -1,17 +1,14 @@
 """What `python -m app` runs: gunicorn's process manager with uvicorn workers (h11), configured from Settings.
 
-gunicorn starts MNEMO_WORKERS workers on one listening socket, replaces one that dies, and kills and replaces one
-whose event loop stops notifying it for MNEMO_WORKER_STALL_S (SIGSTOP, a deadlock; the bound covers a worker's
-startup too). Each worker is uvicorn with the h11 protocol, which parses one request at a time (a pipelined
-request waits for the answer to the one before) and refuses malformed framing with 400; its limits come from
-Settings: the keep-alive timeout, the header size cap and the connection cap. No in-process server bounds the
-time a client takes to send its headers or to read an answer: deploy/nginx/nginx.conf does, in front
-(BENCHMARKS.md, Servers).
+gunicorn starts MNEMO_WORKERS workers on one socket, replaces one that dies, and kills and replaces one whose
+event loop stops beating for MNEMO_WORKER_STALL_S. uvicorn's h11 parses one request at a time and refuses
+malformed framing with 400; the keep-alive, header-size and connection limits come from Settings. Header and send
+deadlines are nginx's, in front (deploy/nginx/nginx.conf).
 
-Drain: SIGTERM to gunicorn's master reaches every worker, whose first signal turns `/ready` to 503 and answers new
-requests with a quick 503 while the listening socket stays open; admitted requests finish, for up to
-MNEMO_DRAIN_S, then the worker shuts down as uvicorn does and exits with status 0. A second signal stops waiting.
-SIGHUP is gunicorn's reload: new workers start and the old ones drain so.
+Drain: a worker's first SIGTERM (gunicorn passes its own on; SIGHUP, gunicorn's reload, replaces the workers)
+turns `/ready` to 503; requests on the connections open at that moment are served, each answer closing its
+connection, and connections opened later get a quick 503. Admitted work finishes, for up to MNEMO_DRAIN_S, then
+uvicorn shuts down and the worker exits 0. A second signal stops waiting.
 """
 
 from __future__ import annotations
@@ -47,8 +44,11 @@ logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
 GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
 # Once idle, the drain still serves this long: requests already sent on accepted connections but not yet read
-# get their answer (a 503) rather than a closed connection.
+# get their answer rather than a closed connection.
 SETTLE_S = 1.0
+# How often a worker's event loop tells gunicorn's master it is alive (uvicorn looks once a second): a loop slowed
+# by overload keeps its heartbeat, and only one stuck for MNEMO_WORKER_STALL_S is killed.
+HEARTBEAT_S = 1.0
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
 
@@ -89,7 +89,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True  # a second signal (or no loop yet): stop now
             self.force_exit = self.force_exit or (sig == signal.SIGINT and self.drain.draining)
             return
-        self.drain.begin()
+        self.drain.begin(connection.client for connection in self.server_state.connections)
         self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
 
     def start_drain(self, reason: str) -> None:
@@ -120,14 +120,11 @@ class Worker(UvicornWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         settings = Settings()
         self.CONFIG_KWARGS = {
-            "loop": "asyncio",
-            "http": "h11",
-            "ws": "none",  # no WebSocket routes: uvicorn then imports no websocket library
+            **http_options(settings),
             "lifespan": "on",
-            "access_log": False,  # the app writes one access line per request itself
             "limit_concurrency": settings.max_connections,  # beyond: 503 and close
-            "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
             "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+            "timeout_notify": HEARTBEAT_S,
             "timeout_keep_alive": settings.keep_alive_s,
         }
         super().__init__(*args, **kwargs)
@@ -139,7 +136,7 @@ class Worker(UvicornWorker):
         asyncio.run(self.serve())
 
     async def callback_notify(self) -> None:
-        """The heartbeat gunicorn's master waits for (from the event loop, every MNEMO_WORKER_STALL_S / 2); a worker
+        """The heartbeat gunicorn's master waits for (from the event loop, every HEARTBEAT_S); a worker
         whose master is gone (killed: it passed no signal on) drains and exits, once, rather than serve alone."""
         await super().callback_notify()
         if os.getppid() != self.ppid and not self.orphaned:
@@ -155,6 +152,17 @@ class Worker(UvicornWorker):
             await server.serve(sockets=self.sockets)
         if not server.started:
             cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
+
+
+def http_options(settings: Settings) -> dict[str, Any]:
+    """How a worker reads HTTP (uvicorn's options; benchmarks/floor_app.py is served the same way)."""
+    return {
+        "loop": "asyncio",
+        "http": "h11",
+        "ws": "none",  # no WebSocket routes: uvicorn then imports no websocket library
+        "access_log": False,  # the app writes one access line per request itself
+        "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
+    }
 
 
 class WithoutStartupTraceback(logging.Filter):
@@ -199,10 +207,15 @@ class Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def run(self) -> None:
+        arbiter = Arbiter(self)
         try:
-            super().run()
-        except HaltServer as error:  # a second worker that failed to boot, reaped while gunicorn halts for the first
-            sys.exit(error.exit_status)
+            arbiter.run()
+        except HaltServer as error:  # another worker failed to boot, reaped while gunicorn halted for the first
+            while True:  # halt again: the other workers are stopped, and the reason is logged, whichever came first
+                try:
+                    arbiter.halt(error.reason, error.exit_status)
+                except HaltServer as again:
+                    error = again
 
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions start opening while the web stack imports (app/runtime/sessions.py)."""

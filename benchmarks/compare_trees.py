@@ -6,7 +6,7 @@ Runtime at batch 1 and wrk at concurrency 1 against each of the four servers in 
 round), so that a drift of the shared machine hits all of them. Reported per scenario and server, as medians over
 the rounds: the p50 and the p10 (less moved by other processes on the cores), each also over the bare time of the
 same percentile taken just before it and less the same round's figure of its tree's floor app, and the server's
-CPU time per answer (user + system, all its threads, from /proc).
+CPU time per answer (user + system, all its threads and its children's, from /proc).
 
     git worktree add /tmp/base <commit>
     python -m benchmarks.compare_trees --base /tmp/base --rounds 7 --seconds 3

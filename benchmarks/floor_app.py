@@ -2,7 +2,8 @@
 around the model but its validation, encoding, one inline ONNX run per graph call and its JSON answer.
 
 POST /similarity and POST /knowledge-trace (histories of at most one chunk) are answered by one plain ASGI
-function on plain uvicorn (httptools, asyncio, no access log), with the service's own schemas, tokenizer,
+function on uvicorn reading HTTP as a worker of `python -m app` does (`app.server.http_options`: the same
+parser and limits, so that the comparison is like for like), with the service's own schemas, tokenizer,
 GloVe lookup, graph feeds, decoding and orjson rendering. Left out, compared with `python -m app`: the
 middlewares (request id, access line, metrics, drain gate, body limits, error catcher), the connection
 guard, admission, the batcher, deadlines and disconnect handling. The load benchmark runs it at concurrency 1
@@ -23,6 +24,7 @@ from app.core.responses import dumps
 from app.core.settings import Settings
 from app.runtime.memory import tune_malloc
 from app.runtime.registry import ModelRegistry
+from app.server import http_options
 from app.tasks import TASKS
 from app.tasks.knowledge_trace import rest as knowledge_rest
 from app.tasks.knowledge_trace import service as knowledge
@@ -83,15 +85,9 @@ def main() -> None:
     settings = Settings()
     registry = ModelRegistry(settings, TASKS, Metrics())
     registry.load()
+    options = http_options(settings)
     uvicorn.run(
-        floor_app(registry),
-        host="127.0.0.1",
-        port=int(sys.argv[1]),
-        http="httptools",
-        loop="asyncio",
-        access_log=False,
-        log_level="warning",
-        lifespan="off",
+        floor_app(registry), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", lifespan="off", **options
     )
 
 

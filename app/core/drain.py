@@ -1,8 +1,7 @@
-"""Graceful drain: on SIGTERM readiness turns 503, new work is refused with 503, admitted work finishes.
+"""Graceful drain: readiness turns 503, connections opened after it get 503, the rest finishes.
 
-Work still in flight when the drain's time is up is given up (`give_up`): its tasks are cancelled, and each
-answers 503 in the service's shape (app/transports/middleware.py, `RequestEdge`), rather than the bare 500 that
-uvicorn's own cancellation at shutdown would send.
+Work still in flight when the drain's time is up is cancelled (`give_up`) and answers 503 in the service's shape
+(`RequestEdge`), not the bare 500 of uvicorn's own cancellation at shutdown.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 
 class Drain:
@@ -20,16 +19,22 @@ class Drain:
         self.draining = False
         self.gave_up = False
         self.started_at: float | None = None
+        self.open_before: set[object] = set()  # the clients (host, port) of the connections open when it began
         self._tasks: set[asyncio.Task] = set()  # the requests in flight (operations endpoints excluded)
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
         self._changed: asyncio.Event | None = None
 
-    def begin(self) -> None:
+    def begin(self, open_connections: Iterable[object] = ()) -> None:
         if not self.draining:
             self.draining, self.started_at = True, time.monotonic()
+            self.open_before = set(open_connections)
             self._notify()
             for listener in self.on_begin:
                 listener()
+
+    def refuses(self, client: object) -> bool:
+        """Draining, and `client`'s connection was opened after the drain began."""
+        return self.draining and client not in self.open_before
 
     @property
     def in_flight(self) -> int:

@@ -105,8 +105,11 @@ class Answer:
     answer to HEAD loses its body, keeping its status and headers, Content-Length included (RFC 9110: a server
     that serves GET serves HEAD); a JSON error under /v2 has its body rewritten in the protocol's shape."""
 
-    def __init__(self, send: Send, request_id: str, head: bool, protocol: bool, body_unread: bool) -> None:
+    def __init__(
+        self, send: Send, request_id: str, head: bool, protocol: bool, body_unread: bool, drain: Drain
+    ) -> None:
         self._send = send
+        self._drain = drain
         self._headers = [(REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
         self._head = head
         self._protocol = protocol
@@ -147,13 +150,13 @@ class Answer:
         await self._send(message)
 
     async def _start(self, message: Message) -> None:
-        """The answer's head with the edge's headers. An answer sent before the body of a `100 Continue` request
-        was read to its end (an early 400, 401, 413 or 429) also says `Connection: close`: the client may then
-        skip the body, and kept alive, the connection would read its next request as that body (RFC 9110
-        10.1.1)."""
+        """The answer's head with the edge's headers. It also says `Connection: close` while the server drains
+        (the client's next request goes to a new connection), and when sent before the body of a `100 Continue`
+        request was read to its end (an early 400, 401, 413 or 429): the client may then skip the body, and kept
+        alive, the connection would read its next request as that body (RFC 9110 10.1.1)."""
         self.status = message["status"]
         headers = [*message.get("headers", []), *self._headers]
-        if self.body_unread and not any(name.lower() == b"connection" for name, _ in headers):
+        if (self.body_unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
             headers.append((b"connection", b"close"))
         message["headers"] = headers
         await self._send(message)
@@ -167,9 +170,10 @@ class RequestEdge:
     - 400 and a close for ambiguous framing or an HTTP version other than 1.x (`framing_problem`); 400 naming a
       header of SINGLE_HEADERS sent twice, before anything reads it;
     - CORS (Starlette's, if MNEMO_CORS_ORIGINS is set), then the API-key check;
-    - the drain gate, before the body is read (operations paths excepted): 503 while draining, 429 while the
-      parse queue is saturated, both with Retry-After; work in flight is counted for the drain, and a request
-      the drain gave up (`Drain.give_up`) before its answer started gets a 503;
+    - the drain gate, before the body is read (operations paths excepted): 503 on a connection opened after the
+      drain began (`Drain.refuses`), 429 while the parse queue is saturated, both with Retry-After; work in
+      flight is counted for the drain, and a request the drain gave up (`Drain.give_up`) before its answer
+      started gets a 503;
     - the body limits (`_read_body_and_call`);
     - a 500 for an exception no handler took, logged once per request, with its traceback rate-limited.
     """
@@ -204,7 +208,8 @@ class RequestEdge:
         arrived = time.perf_counter()
         request_arrival.set(arrived)
         head = scope["method"] == "HEAD"
-        answer = Answer(send, rid, head, is_protocol_path(scope["path"]), awaits_continue(scope["headers"]))
+        protocol = is_protocol_path(scope["path"])
+        answer = Answer(send, rid, head, protocol, awaits_continue(scope["headers"]), self.drain)
         inner = {**scope, "method": "GET"} if head else scope
         self.metrics.in_flight.inc()
         try:
@@ -246,7 +251,7 @@ class RequestEdge:
                 await send_json(send, 401, {"detail": API_KEY_REQUIRED}, {"WWW-Authenticate": challenge})
                 return
         gated = scope["path"] not in OPERATIONS_PATHS
-        if gated and self.drain.draining:
+        if gated and self.drain.refuses(scope.get("client")):
             self.metrics.refused("draining")
             await send_json(send, 503, DRAINING, {"Retry-After": "1", "Connection": "close"})
             return
@@ -281,20 +286,10 @@ class RequestEdge:
                 self.drain.leave(task)
 
     async def _read_body_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body, then call the app with it.
-
-        A body over `max_bytes` is refused with 413, whether or not it announces a Content-Length, and with 408
-        one that stalls (no data for `stall_timeout_s`) or is not complete by the request's deadline
-        (`deadline_s` after it arrived): trickled a byte at a time, a body would hold its connection and its
-        share of the memory budget for as long as the client likes.
-
-        Bodies held in memory at once are bounded too, by the bytes received (not announced: a client
-        announcing 1 MB and sending nothing would hold 1 MB of the budget): a request whose Content-Length does
-        not fit beside the bodies held gets 429 (Retry-After) before it is read, and one whose bytes push the
-        total past `in_memory_bytes` while it arrives gets it then. The connection stays open (the server skips
-        the unread body): a close would make clients reconnect, and a storm of reconnects queues new
-        connections, such as health probes, behind it.
-        """
+        """Read the body, then call the app with it: 413 past `max_bytes` (announced or not), 408 when it stalls for
+        `stall_timeout_s` or is not in by the request's deadline, 429 when the bodies held in memory (bytes
+        received, not announced) would pass `in_memory_bytes`. A 429 keeps the connection (the server skips the
+        unread body): a storm of reconnects would queue new connections, health probes among them, behind it."""
         declared = dict(scope["headers"]).get(b"content-length", b"").strip()  # the parser keeps trailing spaces
         declared_bytes = int(declared) if declared.isdigit() else 0
         if declared_bytes > self.max_bytes:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import COMMITTED
-from tests.helpers import HeldRequest, Server, free_port, running_server
+from tests.helpers import HeldRequest, Server, children, free_port, running_server
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
@@ -42,6 +43,13 @@ def _hold_one_request(server: Server) -> HeldRequest:
     while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
         time.sleep(0.02)
     return held
+
+
+def _open_connections(url: str) -> int:
+    """Established connections to the server's port."""
+    port = url.rsplit(":", 1)[1]
+    listing = subprocess.run(["ss", "-Htn", "state", "established", f"sport = :{port}"], capture_output=True, text=True)
+    return len(listing.stdout.splitlines())
 
 
 def _draining(server: Server, workers: int = 1) -> bool:
@@ -84,6 +92,66 @@ def test_sigterm_answers_every_admitted_request_refuses_new_ones_and_exits_clean
         assert server.process.wait(timeout=60) == 0
     logged = [json.loads(line) for line in server.output if line.startswith("{")]
     assert any(line["message"] == "drained: no request in flight" for line in logged)
+
+
+def _signal_pending(pid: int, signum: int) -> bool:
+    """`signum` waits to be delivered to the (stopped) process: bit signum-1 of ShdPnd in /proc/PID/status."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = int(next(line.split()[1] for line in status.splitlines() if line.startswith("ShdPnd:")), 16)
+    return bool(pending >> (signum - 1) & 1)
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of the process is stopped (SIGSTOP takes effect in each thread on its own)."""
+    return all(
+        (task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T" for task in Path(f"/proc/{pid}/task").iterdir()
+    )
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict[bytes, bytes]]:
+    """The status and headers of the answer on `sock`, whose body is read to its Content-Length."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection before answering"
+        answer += chunk
+    head, body = answer.split(b"\r\n\r\n", 1)
+    fields = dict(line.split(b": ", 1) for line in head.lower().split(b"\r\n")[1:])
+    while len(body) < int(fields[b"content-length"]):
+        body += sock.recv(65536)
+    return int(head.split()[1]), fields
+
+
+def test_requests_sent_before_sigterm_on_accepted_connections_are_answered_even_if_not_yet_read():
+    """The worker is stopped while the requests arrive, so it reads them only after SIGTERM has started its drain:
+    sent before the signal, on connections it had accepted, they are served (200, then the connection closes)."""
+    body = json.dumps(_history(5)).encode()
+    with running_server(COMMITTED) as server:
+        (worker,) = children(server.process.pid)
+        host, port = server.url.removeprefix("http://").split(":")
+        sockets = [socket.create_connection((host, int(port)), timeout=30) for _ in range(8)]
+        for sock in sockets:  # accepted by the worker: one answer each, the connection kept alive
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert _answer(sock)[0] == 200
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 30
+            while not _stopped(worker):  # then SIGTERM stays pending until SIGCONT
+                assert time.monotonic() < deadline, "the worker did not stop"
+                time.sleep(0.01)
+            head = f"POST /knowledge-trace HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            for sock in sockets:
+                sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            server.process.send_signal(signal.SIGTERM)  # gunicorn passes it on to the stopped worker
+            while not _signal_pending(worker, signal.SIGTERM):
+                assert time.monotonic() < deadline, "gunicorn did not pass SIGTERM on"
+                time.sleep(0.01)
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        answers = [_answer(sock) for sock in sockets]
+        assert [status for status, _ in answers] == [200] * len(sockets)
+        assert all(fields[b"connection"] == b"close" for _, fields in answers)
+        assert server.process.wait(timeout=60) == 0
 
 
 def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_service_shape():

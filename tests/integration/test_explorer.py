@@ -27,7 +27,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from app.explorer.router import STATIC_DIR
 from tests.helpers import Server, children, running_server
-from tests.integration.test_drain import _draining, _hold_one_request
+from tests.integration.test_drain import _draining, _hold_one_request, _open_connections
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
@@ -801,7 +801,7 @@ def test_a_503_from_a_draining_server_says_when_to_try_again(browser: Browser, t
     A server of the test's own drains (SIGTERM while one request is held in flight) and answers the page's Compare
     with its real 503 and Retry-After.
     """
-    env = {"MNEMO_WORKERS": "1", "MNEMO_BODY_TIMEOUT_S": "60", "MNEMO_DRAIN_S": "60"}
+    env = {"MNEMO_WORKERS": "1", "MNEMO_BODY_TIMEOUT_S": "60", "MNEMO_DRAIN_S": "60", "MNEMO_KEEP_ALIVE_S": "1"}
     with serving_process(tmp_path, **env) as live, watching(browser, live.url) as watched:
         page = watched.open()
         page.get_by_label("Sentence A").fill("A dog runs in the park.")
@@ -812,6 +812,10 @@ def test_a_503_from_a_draining_server_says_when_to_try_again(browser: Browser, t
         while not _draining(live):
             assert time.monotonic() < deadline, live.output[-5:]
             time.sleep(0.02)
+        # the draining server still serves the connections open before the signal: the page's idle ones time out
+        while _open_connections(live.url) > 1:  # the held request's
+            assert time.monotonic() < deadline, "the page's kept-alive connections stayed open"
+            time.sleep(0.05)
         with page.expect_response("**/similarity") as answer:
             page.get_by_role("button", name="Compare").click()
         refused = answer.value

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from prometheus_client.samples import Sample
 
 from app.core.settings import Settings, usable_cpus
 from tests.conftest import COMMITTED
-from tests.helpers import HeldRequest, Server, free_port, run_app, running_server
+from tests.helpers import ROOT, HeldRequest, Server, free_port, run_app, running_server
 from tests.integration.test_drain import _history, _in_flight
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
@@ -160,19 +161,58 @@ def test_a_port_in_use_stops_startup_before_any_worker_starts():
     )
 
 
-def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path):
-    """gunicorn stops rather than starting the worker again and again (its status 3: a worker failed to boot)."""
+def _unbootable(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `python -m app` with two workers and a model file that is missing: no worker boots."""
     missing = {"name": "missing", "task": "knowledge-trace", "version": "1.0.0", "file": "missing.onnx"}
     (tmp_path / "manifest.json").write_text(json.dumps({"models": [{**missing, "sha256": "0" * 64}]}))
     env = {**os.environ, "MNEMO_WORKERS": "2", "MNEMO_PROVIDER": "cpu", "MNEMO_PORT": str(free_port())}
     env.update(MNEMO_ARTIFACTS_DIR=str(tmp_path), MNEMO_LOG_FORMAT="json", MNEMO_INTRA_OP_THREADS="1")
     env.pop("MNEMO_CONCURRENT_RUNS", None)
-    done = run_app(env, timeout=120)
-    assert done.returncode == 3 and "Traceback" not in done.stderr
-    assert any(line.startswith("mnemo: cannot start: ") for line in done.stderr.splitlines())
-    messages = [json.loads(line)["message"] for line in done.stderr.splitlines() if line.startswith("{")]
+    return env
+
+
+def _stopped_for_boot_failure(returncode: int, stderr: str) -> None:
+    """gunicorn's status 3 (a worker failed to boot), with its reason and the worker's one line, no traceback."""
+    assert returncode == 3 and "Traceback" not in stderr, stderr[-2000:]
+    assert any(line.startswith("mnemo: cannot start: ") for line in stderr.splitlines())
+    messages = [json.loads(line)["message"] for line in stderr.splitlines() if line.startswith("{")]
     assert "Reason: Worker failed to boot." in messages
     assert not any(re.fullmatch(r"worker \d+ serving: .*", message) for message in messages)
+
+
+def test_a_worker_that_cannot_start_stops_the_server(tmp_path: Path):
+    """gunicorn stops rather than starting the worker again and again (its status 3: a worker failed to boot)."""
+    done = run_app(_unbootable(tmp_path), timeout=120)
+    _stopped_for_boot_failure(done.returncode, done.stderr)
+
+
+def test_workers_that_fail_to_boot_together_stop_the_server_with_its_reason(tmp_path: Path):
+    """gunicorn's master is stopped until both workers have exited, so it meets the second while it halts for the
+    first (a race of every run with two workers): that halt too stops the server with status 3 and says why."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app"],
+        env=_unbootable(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := _children(process.pid)) < 2:
+            assert time.monotonic() < deadline, "gunicorn started no workers"
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            while any(_alive(worker) for worker in workers):  # exited, not yet reaped
+                assert time.monotonic() < deadline + 60, "the workers did not exit"
+                time.sleep(0.05)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    _stopped_for_boot_failure(process.returncode, stderr)
 
 
 def test_two_workers_both_answer_and_metrics_add_up_whichever_worker_is_scraped():
@@ -181,6 +221,7 @@ def test_two_workers_both_answer_and_metrics_add_up_whichever_worker_is_scraped(
         answered = asyncio.run(_similarity_until_both_answer(server.url))
         assert len(answered) == 2, answered
         assert all(_parent_pid(int(pid)) == server.process.pid for pid in answered)  # gunicorn's workers
+        _wait_until_counted(server.url, sum(answered.values()))  # the last answers are counted just after they left
         scraped_by = _check_metrics_add_up(server.url, sum(answered.values()), set(answered))
         assert scraped_by == set(answered)
         metrics_dir = _metrics_dir(_logged(server))
@@ -228,6 +269,26 @@ def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
         answered = asyncio.run(_similarity_until_both_answer(server.url))  # new connections: none waits for good
         assert set(answered) == {other, replacement}
     assert server.process.returncode == 0
+
+
+def _heartbeat_file(worker: int) -> Path:
+    """The deleted temporary file whose modification time is the worker's heartbeat to gunicorn's master."""
+    fds = Path(f"/proc/{worker}/fd").iterdir()
+    return next(fd for fd in fds if os.readlink(fd).startswith(tempfile.gettempdir() + "/wgunicorn-"))
+
+
+def test_a_worker_beats_every_second_so_an_overloaded_loop_is_not_taken_for_a_stuck_one():
+    """gunicorn kills a worker whose heartbeat is older than MNEMO_WORKER_STALL_S. Sent only every half of it, a
+    loop slowed by overload (a second or two per turn) missed it, and the worker was killed with every connection
+    it held: wrk counted them as read errors."""
+    with running_server(COMMITTED, MNEMO_WORKER_STALL_S="30") as server:
+        (worker,) = _children(server.process.pid)
+        beat = _heartbeat_file(worker)
+        beats, deadline = {beat.stat().st_mtime}, time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            beats.add(beat.stat().st_mtime)
+            time.sleep(0.05)
+        assert len(beats) >= 3, f"{len(beats) - 1} heartbeat(s) in 3.5 s"
 
 
 def _exited(server: Server) -> int:
