@@ -2,8 +2,9 @@
 
 gunicorn starts MNEMO_WORKERS workers on one socket, replaces one that dies, and kills and replaces one whose
 event loop stops beating for MNEMO_WORKER_STALL_S. uvicorn's h11 parses one request at a time and refuses
-malformed framing with 400; the keep-alive, header-size and connection limits come from Settings. Header and send
-deadlines are nginx's, in front (deploy/nginx/nginx.conf).
+malformed framing with 400; the keep-alive, header-size, header-time (app/transports/header_deadline.py) and
+connection limits come from Settings. Send deadlines and per-client limits are nginx's, in front
+(deploy/nginx/nginx.conf).
 
 Drain: a worker's first SIGTERM (gunicorn passes its own on; SIGHUP, gunicorn's reload, replaces the workers)
 turns `/ready` to 503; requests on the connections open at that moment are served, each answer closing its
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -36,6 +38,7 @@ from uvicorn_worker import UvicornWorker
 
 from app.core.settings import Settings
 from app.runtime.memory import tune_malloc
+from app.transports.header_deadline import HeaderDeadline
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -158,7 +161,7 @@ def http_options(settings: Settings) -> dict[str, Any]:
     """How a worker reads HTTP (uvicorn's options; benchmarks/floor_app.py is served the same way)."""
     return {
         "loop": "asyncio",
-        "http": "h11",
+        "http": functools.partial(HeaderDeadline, timeout_s=settings.header_timeout_s),  # h11, with a header deadline
         "ws": "none",  # no WebSocket routes: uvicorn then imports no websocket library
         "access_log": False,  # the app writes one access line per request itself
         "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
@@ -335,6 +338,6 @@ def unprotected_start() -> str | None:
     if os.environ.get(SERVED_BY) == __name__:
         return None
     return (
-        "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and "
+        "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
         "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
     )

@@ -176,6 +176,11 @@ class Metrics:
         self.cancelled = Counter(
             "mnemo_requests_cancelled", "requests whose client left before the answer", ["model"], registry=registry
         )
+        self.header_timeouts = Counter(
+            "mnemo_header_timeouts",
+            "connections closed because a request's headers were not in by MNEMO_HEADER_TIMEOUT_S",
+            registry=registry,
+        )
         self.loop_lag = Gauge(
             "mnemo_event_loop_lag_seconds",
             "how late the event loop runs its timers: the recent maximum, halving in about 1 s once it keeps up",

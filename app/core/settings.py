@@ -258,6 +258,13 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(
         5.0, gt=0, le=600, description="Idle time allowed on a kept-alive connection between requests."
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Time a request's line and headers may take, from the connection's opening or the request's "
+        "first byte; then the connection is closed.",
+    )
     body_timeout_s: float = Field(
         10.0,
         gt=0,
