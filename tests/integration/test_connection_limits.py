@@ -1,8 +1,8 @@
 """Connections against a real `python -m app` with short limits: what uvicorn (h11) and the app do themselves.
 
 Keep-alive idle timeout, stalled bodies, the header size cap, the connection cap, HEAD and 100-continue, the
-early 413, and pipelined requests that do not pile up. The header deadline, the write deadline and the lingering
-close are nginx's, in front (tests/deploy/test_nginx_front.py).
+early 413, and pipelined requests that do not pile up. The header deadline is test_header_deadline.py's; the write
+deadline and the lingering close are nginx's, in front (tests/deploy/test_nginx_front.py).
 """
 
 from __future__ import annotations
