@@ -166,11 +166,23 @@ async def complete(
 
 def _watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
     """Call `callback` when the server's receive() says the client left (the body has been read, so it only
-    reports that), and tell the batcher whether the client is still there; returns how to stop watching."""
-    watcher = asyncio.ensure_future(_disconnected(request))
-    watcher.add_done_callback(lambda _: callback())
-    request_connected.set(lambda: not watcher.done())
-    return watcher.cancel
+    reports that), and tell the batcher whether the client is still there; returns how to stop watching. The
+    watch starts at the event loop's next turn: work done before it (a run inline on the loop) costs no task."""
+    watcher: asyncio.Future | None = None
+
+    def watch() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher.add_done_callback(lambda _: callback())
+
+    def stop() -> None:
+        starting.cancel()
+        if watcher is not None:
+            watcher.cancel()
+
+    starting = asyncio.get_running_loop().call_soon(watch)
+    request_connected.set(lambda: watcher is None or not watcher.done())
+    return stop
 
 
 async def _disconnected(request: Request) -> None:
