@@ -22,7 +22,8 @@ class CostModel:
     3x3 arrays would cost more than the run it learns from on a small model."""
 
     def __init__(self) -> None:
-        self._gram = [[0.0] * 3 for _ in range(3)]  # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
+        # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
+        self._gram = [[0.0] * 3 for _ in range(3)]
         self._moments = [0.0] * 3
         self.coefficients = (0.0, 0.0, 0.0)  # fixed, per step, per cell (seconds)
         self.runs = 0
