@@ -3,9 +3,10 @@
 docs/engine.md describes the design. In short:
 - **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` admitted rows, or when
   the time since the request's arrival plus the time the instances need for the admitted cells and its own (their
-  cost models' rate, or the recent wall time per cell while busy, whichever is slower) and LAG_TURNS times the
-  event loop's recent lag passes `DEADLINE_SHARE` of the deadline. A request larger than the whole queue is still
-  admitted when nothing else is, unless the time since its arrival and the loop's lag alone pass that share.
+  cost models' rate, or the recent wall time per cell while busy, whichever is slower) passes `DEADLINE_SHARE` of
+  the deadline; to that time each run the request needs beyond its first adds the event loop's recent lag. A
+  request larger than the whole queue is still admitted when nothing else is, unless the time since its arrival
+  and those lags alone pass that share.
   `reserve` holds the room a large body is expected to need while it is parsed.
 - **Batching.** `run`/`run_all` queue items (rows of one length) and await their outputs (`keep`: the outputs
   read). A batch starts from the earliest request's item and adds the queued items nearest to it in length that
@@ -37,7 +38,6 @@ from app.runtime.stats import ModelStats
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
 DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline (the rest: decoding, noise)
-LAG_TURNS = 4  # event loop turns a request needs at least (queued, run, answered...), each late by its lag
 SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, wall time per cell, body sizes)
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
@@ -277,12 +277,19 @@ class ModelBatcher:
         if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         now, arrival = self._clock(), request_arrival.get()
-        needed = (0.0 if arrival is None else max(0.0, now - arrival)) + LAG_TURNS * self._lag()
-        if self._admitted_rows:  # with nothing else admitted, its own work is not counted: a large request still runs
+        needed = (0.0 if arrival is None else max(0.0, now - arrival)) + self._turns_late(cells)
+        if self._admitted_rows:  # with nothing else admitted, its own work is not counted: a large request runs
             needed += self._seconds_for(self._admitted_cells + cells)
         if needed > DEADLINE_SHARE * self.config.deadline_s:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
+
+    def _turns_late(self, cells: float) -> float:
+        """Seconds the event loop's recent lag adds to a request of `cells` cells: one lag for each run it needs
+        beyond its first (in runs of `max_cells`, else `max_batch` rows of the typical length), as each run's
+        hand-off waits for a turn of the loop; 0 on a responsive loop, whatever the request's size."""
+        per_run = self.config.max_cells or self.config.max_batch * self._typical_length
+        return self._lag() * max(0, math.ceil(cells / per_run) - 1)
 
     def _seconds_for(self, cells: float) -> float:
         """Predicted seconds for the instances to run `cells` cells: each slot group at its best instance's rate in

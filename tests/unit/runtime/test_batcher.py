@@ -357,24 +357,27 @@ def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_reques
     _drive(scenario, toy_runs, clock, max_queue=4)
 
 
-@pytest.mark.parametrize(("lag_s", "waited_s", "refused"), [(0.0, 0.0, False), (0.0, 6.0, True), (1.5, 0.0, True)])
+@pytest.mark.parametrize(
+    ("lag_s", "waited_s", "cells", "refused"),
+    [(0.0, 0.0, 100, False), (0.0, 6.0, 100, True), (0.6, 0.0, 100, True), (0.6, 0.0, 10, False)],
+)
 def test_admission_refuses_a_request_on_an_idle_model_that_a_late_event_loop_could_not_answer_in_time(
-    toy_runs, clock, lag_s, waited_s, refused
+    toy_runs, clock, lag_s, waited_s, cells, refused
 ):
     """Nothing else admitted and a request larger than the whole queue: admitted on a responsive loop, whatever its
-    size; refused when it has already waited past half of the 10 s deadline, or when the loop runs so late
-    (LAG_TURNS x 1.5 s) that its few turns alone would take longer."""
+    size; refused when it has already waited past half of the 10 s deadline, or when its 10 runs (of max_cells 10)
+    would each wait for a turn of a loop 0.6 s late (9 x 0.6 s); one run waits for none."""
 
     async def scenario(batcher):
         request_arrival.set(clock() - waited_s)
         try:
-            with batcher.admit(10):
+            with batcher.admit(10, cells):
                 return False
         except Overloaded as error:
             assert "past the deadline" in str(error)
             return True
 
-    assert _drive(scenario, toy_runs, clock, max_queue=4, lag=lambda: lag_s) is refused
+    assert _drive(scenario, toy_runs, clock, max_queue=4, max_cells=10, lag=lambda: lag_s) is refused
 
 
 @pytest.mark.parametrize(("cell_us", "waited_ms", "refused"), [(10, 0, False), (100, 0, True), (10, 4, True)])
