@@ -650,8 +650,10 @@ def main() -> None:
         )
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         after = os.getloadavg()
+        selected = "" if tuple(args.parts) == PARTS else f" --parts {' '.join(args.parts)}"
         header = (
-            f"Measured {when} in one run of `python -m benchmarks.load --base {args.base}` on {os.cpu_count()} CPUs, "
+            f"Measured {when} in one run of `python -m benchmarks.load --base {args.base}{selected}` on "
+            f"{os.cpu_count()} CPUs, "
             f"the baseline's server first, then this tree's, with the settings of the load section; load average "
             f"{load[0]:.1f} before and {after[0]:.1f} after (1 min)."
         )
