@@ -51,6 +51,7 @@ REPO = ARTIFACTS.parent
 LUA = Path(__file__).resolve().parent / "wrk" / "post.lua"
 CONCURRENCY = (1, 8, 32, 256)
 OVERLOAD_CONNECTIONS = (256, 1024)
+PARTS = ("throughput", "overload")  # the tables `--base` measures (`--parts`)
 COLD_STARTS = 3  # process start to /ready, one after the other: the median is reported
 C1_ROUNDS = 3  # concurrency 1 alternates wrk and bare ONNX Runtime, so a drift of the shared machine hits both
 PAIR = ("A man is playing a guitar on the stage tonight.", "A person plays an instrument for the crowd.")
@@ -527,9 +528,12 @@ def timed_out_share(result: WrkResult) -> str:
     return f"{result.statuses.get(504, 0) / admitted:.0%} of {admitted}" if admitted else "none admitted"
 
 
-def compare_trees(base: Path, seconds: int, overload_seconds: int, timeout_s: float, port: int) -> str:
-    """The throughput and overload tables of checkout `base`, then of this one, one server after the other."""
-    parts = []
+def compare_trees(
+    base: Path, seconds: int, overload_seconds: int, timeout_s: float, port: int, parts: tuple[str, ...] = PARTS
+) -> str:
+    """The throughput and overload tables (those of `parts`) of checkout `base`, then of this one, one server
+    after the other."""
+    tables = []
     for index, (label, tree) in enumerate(((f"base ({base})", base.resolve()), ("this tree", REPO))):
         port += 4 * index  # the other tree's processes may still be draining on theirs
         compile_service(tree)
@@ -538,14 +542,59 @@ def compare_trees(base: Path, seconds: int, overload_seconds: int, timeout_s: fl
         floor = start_floor_app(port + 2, log.with_name("mnemo-loadtest-floor.log"), tree)
         url = f"http://127.0.0.1:{port}"
         try:
-            throughput, _ = throughput_table(url, f"http://127.0.0.1:{port + 2}", process.pid, seconds)
-            overload = overload_table(url, f"http://127.0.0.1:{port + 1}", process.pid, overload_seconds, timeout_s)
+            throughput, overload = [], []
+            if "throughput" in parts:
+                throughput, _ = throughput_table(url, f"http://127.0.0.1:{port + 2}", process.pid, seconds)
+            if "overload" in parts:
+                overload = overload_table(url, f"http://127.0.0.1:{port + 1}", process.pid, overload_seconds, timeout_s)
         finally:
             for started in (process, floor):
                 started.terminate()
                 started.wait(60)
-        parts += [f"### {label}", "", *throughput, "", *overload, ""]
-    return "\n".join(parts)
+        tables += [f"### {label}", "", *throughput, "", *overload, ""]
+    return "\n".join(tables)
+
+
+def alternating(base: Path, rounds: int, seconds: int, port: int) -> list[str]:
+    """/knowledge-trace (200 interactions) at each concurrency against checkout `base`'s server and this tree's,
+    both up side by side and taking turns `rounds` times (the first to go alternates), so that a drift of the
+    shared machine hits both: the median requests/s and p50 of each, and their ratio."""
+    scenario = next(s for s in scenarios() if s.path == "/knowledge-trace")
+    trees = {"base": base.resolve(), "this tree": REPO}
+    processes, urls = {}, {}
+    for index, (label, tree) in enumerate(trees.items()):
+        compile_service(tree)
+        log = Path(tempfile.gettempdir()) / f"mnemo-alternating-{index}.log"
+        processes[label], _ = start_server(port + 4 * index, log, tree)
+        urls[label] = f"http://127.0.0.1:{port + 4 * index}{scenario.path}"
+    results: dict[tuple[str, int], list[WrkResult]] = {(label, c): [] for label in trees for c in CONCURRENCY}
+    try:
+        for round_index in range(rounds):
+            order = list(trees)[:: 1 if round_index % 2 == 0 else -1]
+            for concurrency in CONCURRENCY:
+                for label in order:
+                    result = wrk(urls[label], scenario.body, concurrency, seconds, 30)
+                    results[(label, concurrency)].append(result)
+                    print(round_index, label, concurrency, f"{result.ok_per_s:.0f}/s", result.statuses, flush=True)
+    finally:
+        for process in processes.values():
+            process.terminate()
+            process.wait(60)
+    rows = [
+        f"| {scenario.name}: concurrency | base requests/s | this tree requests/s | ratio | base p50 ms "
+        "| this tree p50 ms | answers (base; this tree) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for concurrency in CONCURRENCY:
+        base_runs, this_runs = results[("base", concurrency)], results[("this tree", concurrency)]
+        base_rate, this_rate = (float(np.median([r.ok_per_s for r in runs])) for runs in (base_runs, this_runs))
+        base_p50, this_p50 = (float(np.median([r.p50_ms for r in runs])) for runs in (base_runs, this_runs))
+        answers = "; ".join(statuses_text(_merged(runs)) for runs in (base_runs, this_runs))
+        rows.append(
+            f"| {concurrency} | {base_rate:.0f} | {this_rate:.0f} | {this_rate / base_rate:.2f} | {base_p50:.2f} "
+            f"| {this_p50:.2f} | {answers} |"
+        )
+    return rows
 
 
 def drain(url: str, process: subprocess.Popen, in_flight: int = 32) -> str:
@@ -580,18 +629,31 @@ def main() -> None:
     parser.add_argument("--overload-seconds", type=int, default=15)
     parser.add_argument("--output", type=Path, default=Path("BENCHMARKS.md"))
     parser.add_argument("--base", type=Path, help="also measure this checkout first (a git worktree of a baseline)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS, help="with --base: the tables measured")
+    parser.add_argument(
+        "--alternate", type=int, metavar="ROUNDS", help="with --base: /knowledge-trace, the servers taking turns"
+    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))  # 1,024 connections, both sides
     settings = Settings()
     port = 18000 + os.getpid() % 1000
+    if args.base is not None and args.alternate:
+        load = os.getloadavg()
+        rows = alternating(args.base, args.alternate, args.seconds, port)
+        print(f"load average {load[0]:.1f} before, {os.getloadavg()[0]:.1f} after (1 min)", *rows, sep="\n")
+        return
     if args.base is not None:
         load = os.getloadavg()
-        tables = compare_trees(args.base, args.seconds, args.overload_seconds, settings.request_timeout_s, port)
+        tables = compare_trees(
+            args.base, args.seconds, args.overload_seconds, settings.request_timeout_s, port, tuple(args.parts)
+        )
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         after = os.getloadavg()
+        selected = "" if tuple(args.parts) == PARTS else f" --parts {' '.join(args.parts)}"
         header = (
-            f"Measured {when} in one run of `python -m benchmarks.load --base {args.base}` on {os.cpu_count()} CPUs, "
+            f"Measured {when} in one run of `python -m benchmarks.load --base {args.base}{selected}` on "
+            f"{os.cpu_count()} CPUs, "
             f"the baseline's server first, then this tree's, with the settings of the load section; load average "
             f"{load[0]:.1f} before and {after[0]:.1f} after (1 min)."
         )

@@ -4,8 +4,10 @@ docs/engine.md describes the design. In short:
 - **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` admitted rows, or when
   the time since the request's arrival plus the time the instances need for the admitted cells and its own (their
   cost models' rate, or the recent wall time per cell while busy, whichever is slower) passes `DEADLINE_SHARE` of
-  the deadline. A request larger than the whole queue is still admitted when nothing else is. `reserve` holds the
-  room a large body is expected to need while it is parsed.
+  the deadline; to that time each run the request needs beyond its first adds the event loop's recent lag. A
+  request larger than the whole queue is still admitted when nothing else is, unless the time since its arrival
+  and those lags alone pass that share.
+  `reserve` holds the room a large body is expected to need while it is parsed.
 - **Batching.** `run`/`run_all` queue items (rows of one length) and await their outputs (`keep`: the outputs
   read). A batch starts from the earliest request's item and adds the queued items nearest to it in length that
   each save at least MIN_SAVING of their own cost, within the ceilings (`max_batch`, the instance's `max_rows`,
@@ -159,8 +161,10 @@ class ModelBatcher:
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
+        lag: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        """`alone()` tells whether the server is handling a single request (see "Alone, inline"). `clock` is
+        """`alone()` tells whether the server is handling a single request (see "Alone, inline"); `lag()` is the
+        event loop's recent lag in seconds (app/core/loop_lag.py), read by admission. `clock` is
         the time source of every wait, age and cost the batcher measures; the timeout of its wait for a fuller
         batch is an event-loop timer, so a test that passes a manual clock runs the loop on it too."""
         self.name = name
@@ -178,6 +182,7 @@ class ModelBatcher:
         self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self._alone = alone
+        self._lag = lag
         self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
@@ -269,16 +274,22 @@ class ModelBatcher:
 
     def _refusal(self, rows: int, cells: float) -> tuple[str, str] | None:
         """Why a request of `rows` rows and `cells` cells cannot be admitted now (reason, text), or None."""
-        if not self._admitted_rows:
-            return None
-        if self._admitted_rows + rows > self.config.max_queue:
+        if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         now, arrival = self._clock(), request_arrival.get()
-        waited = 0.0 if arrival is None else max(0.0, now - arrival)
-        needed = waited + self._seconds_for(self._admitted_cells + cells)
+        needed = (0.0 if arrival is None else max(0.0, now - arrival)) + self._turns_late(cells)
+        if self._admitted_rows:  # with nothing else admitted, its own work is not counted: a large request runs
+            needed += self._seconds_for(self._admitted_cells + cells)
         if needed > DEADLINE_SHARE * self.config.deadline_s:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
+
+    def _turns_late(self, cells: float) -> float:
+        """Seconds the event loop's recent lag adds to a request of `cells` cells: one lag for each run it needs
+        beyond its first (in runs of `max_cells`, else `max_batch` rows of the typical length), as each run's
+        hand-off waits for a turn of the loop; 0 on a responsive loop, whatever the request's size."""
+        per_run = self.config.max_cells or self.config.max_batch * self._typical_length
+        return self._lag() * max(0, math.ceil(cells / per_run) - 1)
 
     def _seconds_for(self, cells: float) -> float:
         """Predicted seconds for the instances to run `cells` cells: each slot group at its best instance's rate in

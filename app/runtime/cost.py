@@ -10,20 +10,22 @@ estimate. The registry seeds it with warm-up runs at startup.
 
 from __future__ import annotations
 
-import numpy as np
-
 DECAY = 0.9  # weight an older run keeps at each new run: about the last ten runs count
 OUTLIER = 4.0  # a run counts as at most this many times its predicted cost
 RIDGE = 1e-3  # pull toward the previous fit, relative to each coefficient's own weight in the fit
 
 
 class CostModel:
-    """Seconds per run, predicted from the runs observed so far (0 until the first)."""
+    """Seconds per run, predicted from the runs observed so far (0 until the first).
+
+    Plain floats, not numpy: the fit runs on the event loop after every run, and numpy's per-call overhead on
+    3x3 arrays would cost more than the run it learns from on a small model."""
 
     def __init__(self) -> None:
-        self._gram = np.zeros((3, 3))  # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
-        self._moments = np.zeros(3)
-        self.coefficients = np.zeros(3)  # fixed, per step, per cell (seconds)
+        # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
+        self._gram = [[0.0] * 3 for _ in range(3)]
+        self._moments = [0.0] * 3
+        self.coefficients = (0.0, 0.0, 0.0)  # fixed, per step, per cell (seconds)
         self.runs = 0
 
     @property
@@ -32,30 +34,54 @@ class CostModel:
 
     def predict(self, rows: int, length: int) -> float:
         fixed, per_step, per_cell = self.coefficients
-        return float(fixed + per_step * length + per_cell * rows * length)
+        return fixed + per_step * length + per_cell * rows * length
 
     def observe(self, rows: int, length: int, seconds: float) -> None:
         """Fit again with a run of `rows` rows of `length` steps that took `seconds` (at most OUTLIER times the
         prediction: a run that waited for a CPU taken by another process says nothing of its own cost)."""
-        if self.known and self.predict(rows, length) > 0:
-            seconds = min(seconds, OUTLIER * self.predict(rows, length))
-        x = np.array([1.0, length, rows * length], dtype=float)
-        self._gram = DECAY * self._gram + np.outer(x, x)
-        self._moments = DECAY * self._moments + x * seconds
+        predicted = self.predict(rows, length)
+        if self.known and predicted > 0:
+            seconds = min(seconds, OUTLIER * predicted)
+        x = (1.0, float(length), float(rows * length))
+        for i in range(3):
+            self._moments[i] = DECAY * self._moments[i] + x[i] * seconds
+            for j in range(3):
+                self._gram[i][j] = DECAY * self._gram[i][j] + x[i] * x[j]
         self.runs += 1
-        pull = RIDGE * np.diag(self._gram) + 1e-12
-        gram, moments = self._gram + np.diag(pull), self._moments + pull * self.coefficients
+        pull = [RIDGE * self._gram[i][i] + 1e-12 for i in range(3)]
+        gram = [[self._gram[i][j] + (pull[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
+        moments = [self._moments[i] + pull[i] * self.coefficients[i] for i in range(3)]
         free = [0, 1, 2]  # non-negative: a coefficient that fits below 0 is left out and the rest fitted again
+        solution: list[float] = []
         while free:
-            solution = np.linalg.solve(gram[np.ix_(free, free)], moments[free])
-            if (solution >= 0).all():
+            solution = _solve([[gram[i][j] for j in free] for i in free], [moments[i] for i in free])
+            if min(solution) >= 0:
                 break
-            free.pop(int(np.argmin(solution)))
-        self.coefficients = np.zeros(3)
-        if free:
-            self.coefficients[free] = solution
+            free.pop(solution.index(min(solution)))
+        coefficients = [0.0] * 3
+        for index, value in zip(free, solution, strict=False):
+            coefficients[index] = value
+        self.coefficients = tuple(coefficients)
 
     def describe(self) -> dict[str, float]:
         """The fit, for GET /models: milliseconds per run and microseconds per step and per cell."""
         fixed, per_step, per_cell = self.coefficients
         return {"fixed_ms": fixed * 1e3, "per_step_us": per_step * 1e6, "per_cell_us": per_cell * 1e6}
+
+
+def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
+    """x with matrix x = vector, by Gaussian elimination with partial pivoting (the matrix is positive definite)."""
+    size = len(vector)
+    rows = [[*matrix[i], vector[i]] for i in range(size)]
+    for column in range(size):
+        pivot = max(range(column, size), key=lambda row: abs(rows[row][column]))
+        rows[column], rows[pivot] = rows[pivot], rows[column]
+        for row in range(column + 1, size):
+            factor = rows[row][column] / rows[column][column]
+            for k in range(column, size + 1):
+                rows[row][k] -= factor * rows[column][k]
+    solution = [0.0] * size
+    for row in reversed(range(size)):
+        known = sum(rows[row][k] * solution[k] for k in range(row + 1, size))
+        solution[row] = (rows[row][size] - known) / rows[row][row]
+    return solution

@@ -35,9 +35,15 @@ class Engine:
     trims memory when idle."""
 
     def __init__(
-        self, registry: ModelRegistry, settings: Settings, metrics: Metrics, alone: Callable[[], bool] = lambda: False
+        self,
+        registry: ModelRegistry,
+        settings: Settings,
+        metrics: Metrics,
+        alone: Callable[[], bool] = lambda: False,
+        lag: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        """`alone()`: the server is handling a single request (the batchers may then run its rows inline)."""
+        """`alone()`: the server is handling a single request (the batchers may then run its rows inline); `lag()`:
+        the event loop's recent lag, which admission counts."""
         self.registry = registry
         self.slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
         self._own_slots: list[RunSlots] = []  # one per instance on another provider (a GPU runs one batch at once)
@@ -59,6 +65,7 @@ class Engine:
                     batch_config(settings, model.entry),
                     metrics,
                     alone,
+                    lag=lag,
                 )
                 served.batcher.start()
                 self._served.append(served)

@@ -128,16 +128,17 @@ def _drive(
     deadline_s: float = 10.0,
     max_cells: int | None = None,
     instances: list[Instance] | None = None,
+    lag: Callable[[], float] = lambda: 0.0,
 ):
     """Run `scenario(batcher)` on `clock` with a started batcher of the toy model (one CPU instance running `run`,
-    or `instances`, each given `slots` run slots of its own), then stop it."""
+    or `instances`, each given `slots` run slots of its own; `lag`: the event loop's lag it reads), then stop it."""
 
     async def main():
         config = BatchConfig(max_batch, max_wait_s, max_queue, deadline_s, max_cells)
         served = instances or [Instance("cpu-0", CPU, run)]
         for instance in served:
             instance.slots = RunSlots(slots)
-        batcher = ModelBatcher("toy", served, (), {}, config, metrics or Metrics(), alone, clock)
+        batcher = ModelBatcher("toy", served, (), {}, config, metrics or Metrics(), alone, clock, lag)
         batcher.start()
         try:
             return await scenario(batcher)
@@ -354,6 +355,29 @@ def test_admission_refuses_past_the_queue_bound_but_never_starves_a_large_reques
             pass
 
     _drive(scenario, toy_runs, clock, max_queue=4)
+
+
+@pytest.mark.parametrize(
+    ("lag_s", "waited_s", "cells", "refused"),
+    [(0.0, 0.0, 100, False), (0.0, 6.0, 100, True), (0.6, 0.0, 100, True), (0.6, 0.0, 10, False)],
+)
+def test_admission_refuses_a_request_on_an_idle_model_that_a_late_event_loop_could_not_answer_in_time(
+    toy_runs, clock, lag_s, waited_s, cells, refused
+):
+    """Nothing else admitted and a request larger than the whole queue: admitted on a responsive loop, whatever its
+    size; refused when it has already waited past half of the 10 s deadline, or when its 10 runs (of max_cells 10)
+    would each wait for a turn of a loop 0.6 s late (9 x 0.6 s); one run waits for none."""
+
+    async def scenario(batcher):
+        request_arrival.set(clock() - waited_s)
+        try:
+            with batcher.admit(10, cells):
+                return False
+        except Overloaded as error:
+            assert "past the deadline" in str(error)
+            return True
+
+    assert _drive(scenario, toy_runs, clock, max_queue=4, max_cells=10, lag=lambda: lag_s) is refused
 
 
 @pytest.mark.parametrize(("cell_us", "waited_ms", "refused"), [(10, 0, False), (100, 0, True), (10, 4, True)])
