@@ -277,7 +277,10 @@ class ModelBatcher:
         if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         now, arrival = self._clock(), request_arrival.get()
-        needed = (0.0 if arrival is None else max(0.0, now - arrival)) + self._turns_late(cells)
+        waited = 0.0 if arrival is None else max(0.0, now - arrival)
+        if waited >= self.config.deadline_s:  # already past its deadline: that is its answer (504), not a 429
+            return None
+        needed = waited + self._turns_late(cells)
         if self._admitted_rows:  # with nothing else admitted, its own work is not counted: a large request runs
             needed += self._seconds_for(self._admitted_cells + cells)
         if needed > DEADLINE_SHARE * self.config.deadline_s:
