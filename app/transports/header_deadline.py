@@ -14,9 +14,12 @@ import asyncio
 from typing import Any
 
 import h11
-from uvicorn.config import Config
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.config import HTTP_PROTOCOLS, Config
+from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
+
+# uvicorn's h11 protocol, resolved as uvicorn resolves its own `http="h11"` option (not imported from its module)
+H11Protocol: type[asyncio.Protocol] = import_from_string(HTTP_PROTOCOLS["h11"])
 
 
 class HeaderDeadline(asyncio.Protocol):
