@@ -315,17 +315,33 @@ def test_health_turns_not_serving_when_the_drain_begins_and_watchers_are_told() 
 
 
 # -- bounded concurrency: MNEMO_MAX_CONNECTIONS calls in flight, the rest RESOURCE_EXHAUSTED at once ------------
-def held_calls(channel: grpc.Channel, request: bytes, count: int) -> tuple[list[grpc.Future], threading.Event]:
-    """`count` ModelInfer calls in flight whose message is held back (the server has each call, not its message)
-    until the event is set."""
+def hold_every_slot(channel: grpc.Channel, request: bytes, count: int) -> tuple[list[grpc.Future], threading.Event]:
+    """`count` ModelInfer calls in flight at the server, each with its message held back until the event is set.
+
+    A probe call refused RESOURCE_EXHAUSTED while every held call is still open shows the server holds all of them.
+    A held call that raced a probe for the last slot was itself refused; it is started again."""
     release = threading.Event()
 
     def message() -> Iterator[bytes]:
         release.wait(60)
         yield request
 
-    infer = channel.stream_unary(INFER_METHOD)
-    return [infer.future(message(), timeout=60) for _ in range(count)], release
+    stream, probe = channel.stream_unary(INFER_METHOD), channel.unary_unary(INFER_METHOD)
+    held: list[grpc.Future] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        held = [call for call in held if not call.done()]
+        held += [stream.future(message(), timeout=60) for _ in range(count - len(held))]
+        time.sleep(0.02)
+        try:
+            probe(request, timeout=10)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            if not any(call.done() for call in held):
+                return held, release
+    release.set()
+    raise AssertionError("the held calls never filled the server's slots")
 
 
 def test_calls_past_max_connections_are_resource_exhausted_at_once_and_the_server_keeps_serving() -> None:
@@ -338,18 +354,8 @@ def test_calls_past_max_connections_are_resource_exhausted_at_once_and_the_serve
         grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
         infer = channel.unary_unary(INFER_METHOD)
-        held, release = held_calls(channel, request, 2)
+        held, release = hold_every_slot(channel, request, 2)
         try:
-            deadline = time.monotonic() + 30
-            while True:  # until the server has both held calls
-                try:
-                    infer(request, timeout=10)
-                except grpc.RpcError as error:
-                    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                        break
-                    raise
-                assert time.monotonic() < deadline, "the held calls never reached the server"
-                time.sleep(0.02)
 
             def refused(_: int) -> tuple[grpc.StatusCode, str]:
                 try:
