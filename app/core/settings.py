@@ -9,9 +9,9 @@ import re
 import resource
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
@@ -25,9 +25,8 @@ OTHER_VARIABLES = {
 }
 # what Kubernetes sets for the Services mnemo and mnemo-redis (service links): MNEMO_SERVICE_HOST, ...
 SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
-ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
+ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+"  # as browsers send it: scheme://host[:port]
 SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
-PROVIDER_CHOICES = ("auto", "cpu", "cuda", "tensorrt")
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -59,6 +58,26 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 def split_list(text: str) -> list[str]:
     """The non-empty entries of a comma-separated setting."""
     return [entry.strip() for entry in text.split(",") if entry.strip()]
+
+
+def entries(pattern: str, what: str, required: bool = False) -> AfterValidator:
+    """A comma-separated setting whose every entry matches `pattern` (at least one when `required`), its entries
+    joined: an entry that could never match (`cpu,cdua`, `health`) stops startup, naming it."""
+
+    def check(text: str) -> str:
+        listed = split_list(text)
+        wrong = [entry for entry in listed if not re.fullmatch(pattern, entry, re.DOTALL)]
+        if wrong or (required and not listed):
+            raise ValueError(f"{(wrong or [text])[0]!r} is not {what}")
+        return ",".join(listed)
+
+    return AfterValidator(check)
+
+
+PROVIDERS = entries("auto|cpu|cuda|tensorrt", "a provider (comma-separated: auto, cpu, cuda, tensorrt)", required=True)
+DEVICE_IDS = entries(r"\d+", "a CUDA device id (an integer such as 0, or comma-separated: 0,1)", required=True)
+PATHS = entries("/.*", "a path (comma-separated paths such as /health)")
+ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *)")
 
 
 RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
@@ -137,7 +156,7 @@ class Settings(BaseSettings):
         le=65535,
         description="Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off.",
     )
-    provider: str = Field(
+    provider: Annotated[str, PROVIDERS] = Field(
         "auto",
         description="ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, "
         "`cuda`, `tensorrt` or `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). "
@@ -178,7 +197,7 @@ class Settings(BaseSettings):
         "the largest run for good.",
     )
     # The CUDA provider's options (app/runtime/providers.py; docs/gpu.md)
-    cuda_device_id: str = Field(
+    cuda_device_id: Annotated[str, DEVICE_IDS] = Field(
         "0",
         description="CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of "
         "`MNEMO_WORKERS`) runs on the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0).",
@@ -300,12 +319,12 @@ class Settings(BaseSettings):
         None,
         description="File with one API key per line (`#` comments); a file without keys stops startup.",
     )
-    open_paths: str = Field(
+    open_paths: Annotated[str, PATHS] = Field(
         "/health,/ready,/v2/health/live,/v2/health/ready",
         description="Comma-separated paths served without an API key; each starts with `/`. The docs and the "
         "explorer page's own files are always open; add `/metrics` for a scraper without a key.",
     )
-    cors_origins: str = Field(
+    cors_origins: Annotated[str, ORIGINS] = Field(
         "",
         description="Comma-separated origins allowed by CORS, `*` for any, each as browsers send it "
         "(`scheme://host[:port]`, no path or trailing `/`); empty turns CORS off.",
@@ -317,18 +336,6 @@ class Settings(BaseSettings):
         """`MNEMO_LOG_LEVEL=INFO` means info: the choices are matched without regard to case or spaces."""
         return value.strip().lower() if isinstance(value, str) else value
 
-    @field_validator("provider")
-    @classmethod
-    def _providers_are_providers(cls, providers: str) -> str:
-        """One known provider per instance: a typo (`cpu,cdua`) stops startup, naming the entry."""
-        entries = split_list(providers)
-        wrong = [entry for entry in entries if entry not in PROVIDER_CHOICES]
-        if not entries or wrong:
-            raise ValueError(
-                f"{(wrong or [providers])[0]!r} is not a provider (comma-separated: {', '.join(PROVIDER_CHOICES)})"
-            )
-        return ",".join(entries)
-
     @field_validator("api_keys")
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
@@ -339,36 +346,11 @@ class Settings(BaseSettings):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
         return keys
 
-    @field_validator("open_paths")
-    @classmethod
-    def _paths_are_paths(cls, paths: str) -> str:
-        """An entry without the leading / (`health`) never matched: probes got 401 with authentication on."""
-        wrong = [path for path in split_list(paths) if not path.startswith("/")]
-        if wrong:
-            raise ValueError(f"{wrong[0]!r} is not a path (comma-separated paths such as /health)")
-        return paths
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins_are_origins(cls, origins: str) -> str:
-        """Browsers send scheme://host[:port]: `example.com` or `https://example.com/` never matched, without a word."""
-        wrong = [origin for origin in split_list(origins) if origin != "*" and not ORIGIN.fullmatch(origin)]
-        if wrong:
-            raise ValueError(f"{wrong[0]!r} is not an origin (comma-separated, such as https://example.com:8443, or *)")
-        return origins
-
     @field_validator("cuda_mem_limit_mb", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         """`MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) leaves the arena unbounded."""
         return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("cuda_device_id")
-    @classmethod
-    def _device_ids_are_ids(cls, ids: str) -> str:
-        if not split_list(ids) or not all(entry.isdecimal() for entry in split_list(ids)):
-            raise ValueError(f"{ids!r} is not a CUDA device id (an integer such as 0, or comma-separated: 0,1)")
-        return ids
 
     @field_validator("api_keys_file")
     @classmethod
@@ -385,13 +367,9 @@ class Settings(BaseSettings):
     )
 
     @model_validator(mode="after")
-    def _probe_port_is_another_port(self) -> Settings:
+    def _ports_differ(self) -> Settings:
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
-        return self
-
-    @model_validator(mode="after")
-    def _grpc_port_is_another_port(self) -> Settings:
         if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
             raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")
         return self
