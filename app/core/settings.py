@@ -101,8 +101,7 @@ def cpu_quota(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> f
         quota, period = cpu_max.read_text().split()
     except (OSError, ValueError):
         try:
-            quota = (v1_dir / "cpu.cfs_quota_us").read_text().strip()
-            period = (v1_dir / "cpu.cfs_period_us").read_text().strip()
+            quota, period = ((v1_dir / f"cpu.cfs_{part}_us").read_text().strip() for part in ("quota", "period"))
         except OSError:
             return None
     try:
@@ -113,11 +112,8 @@ def cpu_quota(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> f
 
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
     """CPUs this process may really use: its affinity mask, capped by the cgroup's CPU quota (v2 or v1)."""
-    cpus = len(os.sched_getaffinity(0))
-    quota = cpu_quota(cpu_max, v1_dir)
-    if quota is not None:
-        cpus = min(cpus, max(1, math.floor(quota)))
-    return max(1, cpus)
+    cpus, quota = len(os.sched_getaffinity(0)), cpu_quota(cpu_max, v1_dir)
+    return max(1, cpus if quota is None else min(cpus, math.floor(quota)))
 
 
 class Settings(BaseSettings):
@@ -388,10 +384,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _thread_budget(self) -> Settings:
-        """workers x concurrent runs x intra-op threads must fit the CPUs (GPU runs are not CPU-bound).
-
-        By default each worker gets an equal share of the CPUs: CPUs // (workers x intra-op threads) runs.
-        """
+        """workers x concurrent runs x intra-op threads must fit the CPUs (GPU runs are not CPU-bound); by default
+        each worker gets an equal share: CPUs // (workers x intra-op threads) runs."""
         cpus = usable_cpus()
         chosen = self.concurrent_runs is not None or self.workers > 1  # else one run, even of more threads than CPUs
         if self.concurrent_runs is None:
