@@ -1,18 +1,17 @@
 """The verified model registry: manifest -> sha256 check -> ONNX Runtime session -> warm-up -> task state.
 
-Task-agnostic: the tasks are passed in (`{name: Task}`), and each model's task `prepare`s its typed
-state. Models load in parallel threads. `registry.get(name_or_None, task)` returns a `ServedModel`
-(the named one, else the task's default, else its first) or raises `UnknownModel` (404 listing the
-names of that task) / `ModelNotReady` (503). `ServedModel.run(feeds)` is a blocking run; requests
-go through `model.batcher` instead, which the runtime attaches (app/runtime/engine.py).
+Task-agnostic: the tasks are passed in (`{name: Task}`), each model's task `prepare`s its typed state, and the
+models load in parallel threads.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import timeit
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -78,12 +77,8 @@ def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
     for rows, length in SEED_RUNS:
         length = length if sequences else 1
         feeds = _warm_up_feeds(session, rows, length)
-        seconds = []
-        for _ in range(2):
-            started = time.perf_counter()
-            session.run(None, feeds)
-            seconds.append(time.perf_counter() - started)
-        instance.cost.observe(rows, length, min(seconds))
+        seconds = min(timeit.repeat(partial(session.run, None, feeds), repeat=2, number=1))
+        instance.cost.observe(rows, length, seconds)
 
 
 class ModelRegistry:
@@ -108,7 +103,7 @@ class ModelRegistry:
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         workers = max(1, min(len(self.models), usable_cpus()))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-load") as pool:
-            outcomes = list(pool.map(lambda model: self._load_guarded(model, artifacts), self.models.values()))
+            outcomes = list(pool.map(lambda model: self._load_model(model, artifacts), self.models.values()))
         preopened.clear()
         for model, error in zip(self.models.values(), outcomes, strict=True):
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
@@ -120,36 +115,29 @@ class ModelRegistry:
                 raise ModelLoadError(f"model {model.name}: {error}") from error
             logger.error("model %s is not served: %s", model.name, error)
 
-    def _load_guarded(self, model: ServedModel, artifacts: Path) -> Exception | None:
+    def _load_model(self, model: ServedModel, artifacts: Path) -> Exception | None:
+        """Load one model: its assets, its sessions and those of its extra graphs, its task state; the error, if any."""
+        started, entry = time.perf_counter(), model.entry
         try:
-            self._load_model(model, artifacts)
+            for key, asset in entry.assets.items():
+                model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
+            self._open(model, artifacts)
+            layouts = graph_layouts(self.tasks[model.task])
+            for key, graph in entry.graphs.items():
+                if key not in layouts:
+                    known = ", ".join(sorted(layouts)) or "none"
+                    raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
+                update = {"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
+                part = ServedModel(entry.model_copy(update=update))
+                self._open(part, artifacts)
+                model.graphs[key] = part
+            model.state = self.tasks[model.task].prepare(model)
         except Exception as error:
             model.instances, model.error = [], str(error)
             return error
+        seconds = time.perf_counter() - started
+        logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, seconds)
         return None
-
-    def _load_model(self, model: ServedModel, artifacts: Path) -> None:
-        started = time.perf_counter()
-        entry = model.entry
-        for key, asset in entry.assets.items():
-            model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
-        self._open(model, artifacts)
-        layouts = graph_layouts(self.tasks[model.task])
-        for key, graph in entry.graphs.items():
-            if key not in layouts:
-                known = ", ".join(sorted(layouts)) or "none"
-                raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
-            part = ServedModel(
-                entry.model_copy(
-                    update={"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
-                )
-            )
-            self._open(part, artifacts)
-            model.graphs[key] = part
-        model.state = self.tasks[model.task].prepare(model)
-        logger.info(
-            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
-        )
 
     def _open(self, model: ServedModel, artifacts: Path) -> None:
         """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
