@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.core.errors import ModelNotReady, UnknownModel
-from app.core.integrity import sha256_of
+from app.core.integrity import verify
 from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.npy import load_npy
@@ -149,7 +149,7 @@ class ModelRegistry:
             session = preopened.take(model.file, model.entry.sha256, provider, self.settings)
             if session is None:
                 if not verified:
-                    _verify(model.file, model.entry.file, model.entry.sha256, "model file")
+                    verify(model.file, model.entry.file, model.entry.sha256, "model file")
                     verified = True
                 session = open_session(model.file, self.settings, provider)
             check_session_provider(session, provider, model.name)
@@ -164,7 +164,7 @@ class ModelRegistry:
         path = confined(artifacts, name)
         cached = self._asset_cache.get((path, sha256))
         if cached is None:
-            _verify(path, name, sha256, f"asset {key}")
+            verify(path, name, sha256, f"asset {key}")
             cached = self._asset_cache[(path, sha256)] = load_npy(path)
         return cached
 
@@ -193,13 +193,3 @@ class ModelRegistry:
             self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
         return model
-
-
-def _verify(path: Path, name: str, expected: str, what: str) -> None:
-    if not path.is_file():
-        raise ModelLoadError(f"{what} {name} is missing")
-    actual = sha256_of(path)
-    if actual != expected:
-        raise ModelLoadError(
-            f"{what} {name} has sha256 {actual}, but the manifest says {expected}; refusing to serve it"
-        )
