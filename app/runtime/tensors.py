@@ -1,9 +1,5 @@
-"""The tensor vocabulary shared by the tasks' tensor codecs and the Open Inference Protocol transport.
-
-A task's codec (`TensorCodec` in app/runtime/model.py, e.g. app/tasks/knowledge_trace/tensors.py) declares its
-inputs and outputs as `TensorSpec`s, checks decoded tensors (`prepare`: a `ProtocolError` names the input and
-element), and runs them through the task service (`infer`). The transport decodes and encodes the wire format.
-"""
+"""The tensor vocabulary shared by the tasks' tensor codecs (`TensorCodec`) and the Open Inference Protocol
+transport: declared inputs and outputs (`TensorSpec`), and the refusal of a request (`ProtocolError`)."""
 
 from __future__ import annotations
 
