@@ -115,7 +115,7 @@ def render() -> str:
         kind = type_text(field.annotation)
         bounds = bounds_text(field)
         kind = f"{kind}, {bounds}" if bounds else kind
-        description = (field.description or "").replace("|", "\\|")
+        description = " ".join((field.description or "").split()).replace("|", "\\|")
         rows.append(f"| `{prefix}{name.upper()}` | {kind} | {default_text(field)} | {description} |")
     typo_warning = unknown_variables({"MNEMO_MAX_BACTH": "8"})[0]
     return HEADER.format(prefix=prefix) + "\n".join(rows) + "\n" + FOOTER.format(typo_warning=typo_warning)

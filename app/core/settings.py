@@ -119,212 +119,111 @@ def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) ->
 class Settings(BaseSettings):
     """Every setting of the service, each an `MNEMO_*` environment variable (docs/configuration.md, generated)."""
 
-    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True)
 
-    artifacts_dir: Path = Field(
-        DEFAULT_ARTIFACTS_DIR,
-        description="Directory holding `manifest.json`, the ONNX files and their assets; every file is checked "
-        "against its sha256 at startup.",
-    )
-    host: str = Field(
-        "127.0.0.1",
-        min_length=1,
-        pattern=r"^\S+$",
-        description="Interface to listen on (`0.0.0.0` in the container image).",
-    )
-    port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
-    models: str = Field(
-        "",
-        description="Comma-separated names of the manifest's models to serve; empty serves every model. A name "
-        "the manifest does not have stops startup, naming the choices.",
-    )
-    probe_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Also serve `GET /health` and `GET /ready` on this port, from a small child process of their "
-        "own, so probes answer at once while the event loop is overloaded (the image, compose and Kubernetes "
-        "files set 8001). Must differ from `MNEMO_PORT`.",
-    )
-    grpc_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off.",
-    )
-    provider: Annotated[str, PROVIDERS] = Field(
-        "auto",
-        description="ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, "
-        "`cuda`, `tensorrt` or `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). "
-        "`cuda,cpu` serves each model from a GPU session and a CPU session, each batch going to the one predicted "
-        "to finish it first (docs/engine.md). A provider that onnxruntime cannot provide stops startup, naming the "
-        "available ones; a session that would silently fall back to another provider is an error too.",
-    )
-    workers: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="Server processes on the port, each with its own copy of every model. On CPU, workers x "
-        "concurrent runs x intra-op threads may not exceed the CPUs (startup error).",
-    )
-    worker_stall_s: float = Field(
-        30.0,
-        ge=2,
-        le=3600,
-        description="A worker whose event loop has not reported to gunicorn's master for this long (stopped, "
-        "deadlocked, or still starting) is killed and replaced.",
-    )
-    intra_op_threads: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="ONNX Runtime threads per run. These graphs are many small steps, so one thread per run "
-        "leaves the other CPUs to other runs.",
-    )
-    concurrent_runs: int | None = Field(
-        None,
-        ge=1,
-        description="ONNX runs at once over all models, per worker. Unset: the CPUs this process may use "
-        "(affinity mask and cgroup v2 or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1.",
-    )
-    cpu_arena: bool = Field(
-        False,
-        description="ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of "
-        "the largest run for good.",
-    )
+    artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
+    """Directory holding `manifest.json`, the ONNX files and their assets; every file is checked against its sha256 at
+    startup."""
+    host: str = Field("127.0.0.1", min_length=1, pattern=r"^\S+$")
+    """Interface to listen on (`0.0.0.0` in the container image)."""
+    port: int = Field(8000, ge=1, le=65535)
+    """Port to listen on."""
+    models: str = ""
+    """Comma-separated names of the manifest's models to serve; empty serves every model. A name the manifest does not
+    have stops startup, naming the choices."""
+    probe_port: int | None = Field(None, ge=1, le=65535)
+    """Also serve `GET /health` and `GET /ready` on this port, from a small child process of their own, so probes answer
+    at once while the event loop is overloaded (the image, compose and Kubernetes files set 8001). Must differ from
+    `MNEMO_PORT`."""
+    grpc_port: int | None = Field(None, ge=1, le=65535)
+    """Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off."""
+    provider: Annotated[str, PROVIDERS] = "auto"
+    """ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, `cuda`, `tensorrt` or
+    `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). `cuda,cpu` serves each model from a GPU
+    session and a CPU session, each batch going to the one predicted to finish it first (docs/engine.md). A provider
+    that onnxruntime cannot provide stops startup, naming the available ones; a session that would silently fall back to
+    another provider is an error too."""
+    workers: int = Field(1, ge=1, le=256)
+    """Server processes on the port, each with its own copy of every model. On CPU, workers x concurrent runs x intra-op
+    threads may not exceed the CPUs (startup error)."""
+    worker_stall_s: float = Field(30.0, ge=2, le=3600)
+    """A worker whose event loop has not reported to gunicorn's master for this long (stopped, deadlocked, or still
+    starting) is killed and replaced."""
+    intra_op_threads: int = Field(1, ge=1, le=256)
+    """ONNX Runtime threads per run. These graphs are many small steps, so one thread per run leaves the other CPUs to
+    other runs."""
+    concurrent_runs: int | None = Field(None, ge=1)
+    """ONNX runs at once over all models, per worker. Unset: the CPUs this process may use (affinity mask and cgroup v2
+    or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1."""
+    cpu_arena: bool = False
+    """ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of the largest run for
+    good."""
     # The CUDA provider's options (app/runtime/providers.py; docs/gpu.md)
-    cuda_device_id: Annotated[str, DEVICE_IDS] = Field(
-        "0",
-        description="CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of "
-        "`MNEMO_WORKERS`) runs on the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0).",
-    )
-    cuda_tf32: bool = Field(
-        False,
-        description="TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`). Measured on an H100: with TF32 the "
-        "RMC graphs' outputs differ from CPU by up to 2.2e-2; without, by at most 1.5e-6.",
-    )
-    cuda_mem_limit_mb: int | None = Field(
-        None,
-        ge=1,
-        description="Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is "
-        "split (docs/gpu.md). Unset: the device's memory. Every model's session has its own arena: budget the "
-        "device's memory / (sessions x workers on it).",
-    )
-    cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = Field(
-        "kSameAsRequested",
-        description="How the CUDA arena grows: by what a run asks (`kSameAsRequested`, keeps the least memory) or "
-        "in powers of two (ONNX Runtime's default, fewer but larger allocations).",
-    )
-    cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = Field(
-        "HEURISTIC",
-        description="cuDNN's choice of convolution algorithm (`cudnn_conv_algo_search`): `EXHAUSTIVE` benchmarks "
-        "every algorithm on each new input shape, which batches of varying size pay again and again.",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Lowest level logged. Choices match in any case, as for every setting with choices."
-    )
-    log_format: Literal["text", "json"] = Field(
-        "text", description="`text`, or `json` for one JSON object per line (uvicorn's own lines included)."
-    )
-    max_body_bytes: int = Field(
-        1_048_576, ge=1024, le=67_108_864, description="Request bodies larger than this get 413."
-    )
-    on_model_error: Literal["exit", "skip"] = Field(
-        "exit",
-        description="A missing or tampered model file: `exit` stops startup with one line naming the file and the "
-        "problem; `skip` serves the other models and reports that one not ready (`/ready` 503).",
-    )
-    max_batch: int = Field(
-        32,
-        ge=1,
-        le=4096,
-        description="Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within "
-        "it, each run's rows are chosen by what the instance's runs cost (docs/engine.md).",
-    )
-    max_wait_ms: float = Field(
-        2.0,
-        ge=0,
-        le=1000,
-        description="While a run of the model is in flight, how long the next batch may wait to fill. An idle "
-        "model never waits.",
-    )
-    max_queue: int = Field(
-        512,
-        ge=1,
-        le=1_000_000,
-        description="Rows a model may hold admitted (queued or running); beyond it requests get 429 with "
-        "`Retry-After`.",
-    )
-    request_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=3600,
-        description="A request's deadline, from its arrival; past it the answer is 504 and its unstarted work is "
-        "dropped.",
-    )
-    drain_s: float = Field(
-        15.0,
-        ge=0,
-        le=3600,
-        description="On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the "
-        "process exits.",
-    )
+    cuda_device_id: Annotated[str, DEVICE_IDS] = "0"
+    """CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of `MNEMO_WORKERS`) runs on
+    the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0)."""
+    cuda_tf32: bool = False
+    """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`). Measured on an H100: with TF32 the RMC graphs' outputs
+    differ from CPU by up to 2.2e-2; without, by at most 1.5e-6."""
+    cuda_mem_limit_mb: int | None = Field(None, ge=1)
+    """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is split (docs/gpu.md).
+    Unset: the device's memory. Every model's session has its own arena: budget the device's memory / (sessions x
+    workers on it)."""
+    cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
+    """How the CUDA arena grows: by what a run asks (`kSameAsRequested`, keeps the least memory) or in powers of two
+    (ONNX Runtime's default, fewer but larger allocations)."""
+    cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
+    """cuDNN's choice of convolution algorithm (`cudnn_conv_algo_search`): `EXHAUSTIVE` benchmarks every algorithm on
+    each new input shape, which batches of varying size pay again and again."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged. Choices match in any case, as for every setting with choices."""
+    log_format: Literal["text", "json"] = "text"
+    """`text`, or `json` for one JSON object per line (uvicorn's own lines included)."""
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864)
+    """Request bodies larger than this get 413."""
+    on_model_error: Literal["exit", "skip"] = "exit"
+    """A missing or tampered model file: `exit` stops startup with one line naming the file and the problem; `skip`
+    serves the other models and reports that one not ready (`/ready` 503)."""
+    max_batch: int = Field(32, ge=1, le=4096)
+    """Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within it, each run's rows
+    are chosen by what the instance's runs cost (docs/engine.md)."""
+    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+    """While a run of the model is in flight, how long the next batch may wait to fill. An idle model never waits."""
+    max_queue: int = Field(512, ge=1, le=1_000_000)
+    """Rows a model may hold admitted (queued or running); beyond it requests get 429 with `Retry-After`."""
+    request_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A request's deadline, from its arrival; past it the answer is 504 and its unstarted work is dropped."""
+    drain_s: float = Field(15.0, ge=0, le=3600)
+    """On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the process exits."""
     # Connections (uvicorn's limits, app/server.py; nginx in front has the rest, deploy/nginx/nginx.conf) and logs
-    keep_alive_s: float = Field(
-        5.0, gt=0, le=600, description="Idle time allowed on a kept-alive connection between requests."
-    )
-    header_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="Time a request's line and headers may take, from the connection's opening or the request's "
-        "first byte; then the connection is closed.",
-    )
-    body_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="Longest pause while a request body arrives; else 408. The whole body must also be in by the "
-        "request's deadline (`MNEMO_REQUEST_TIMEOUT_S`).",
-    )
-    max_header_bytes: int = Field(
-        65_536, ge=1024, le=16_777_216, description="Request line and headers; larger get 400 and a close."
-    )
-    max_connections: int = Field(
-        default_factory=default_max_connections,
-        ge=1,
-        le=1_000_000,
-        description="Open connections; a new one beyond them is answered 503 and closed. Default: the open-file "
-        "limit (`ulimit -n`) minus 128, at most 4096; a value past that limit minus 128 stops startup. On "
-        "`MNEMO_GRPC_PORT` it bounds the calls in flight: one beyond them gets `RESOURCE_EXHAUSTED` at once.",
-    )
-    error_log_window_s: float = Field(
-        60.0,
-        ge=0,
-        description="A distinct unexpected error's traceback is logged once per window; each occurrence still "
-        "logs one line.",
-    )
+    keep_alive_s: float = Field(5.0, gt=0, le=600)
+    """Idle time allowed on a kept-alive connection between requests."""
+    header_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Time a request's line and headers may take, from the connection's opening or the request's first byte; then the
+    connection is closed."""
+    body_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Longest pause while a request body arrives; else 408. The whole body must also be in by the request's deadline
+    (`MNEMO_REQUEST_TIMEOUT_S`)."""
+    max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
+    """Request line and headers; larger get 400 and a close."""
+    max_connections: int = Field(default_factory=default_max_connections, ge=1, le=1_000_000)
+    """Open connections; a new one beyond them is answered 503 and closed. Default: the open-file limit (`ulimit -n`)
+    minus 128, at most 4096; a value past that limit minus 128 stops startup. On `MNEMO_GRPC_PORT` it bounds the calls
+    in flight: one beyond them gets `RESOURCE_EXHAUSTED` at once."""
+    error_log_window_s: float = Field(60.0, ge=0)
+    """A distinct unexpected error's traceback is logged once per window; each occurrence still logs one line."""
     # Access control (app/transports/access.py)
-    api_keys: SecretStr | None = Field(
-        None,
-        description="Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths "
-        "needs `Authorization: Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup "
-        "rather than turn authentication off.",
-    )
-    api_keys_file: Path | None = Field(
-        None,
-        description="File with one API key per line (`#` comments); a file without keys stops startup.",
-    )
-    open_paths: Annotated[str, PATHS] = Field(
-        "/health,/ready,/v2/health/live,/v2/health/ready",
-        description="Comma-separated paths served without an API key; each starts with `/`. The docs and the "
-        "explorer page's own files are always open; add `/metrics` for a scraper without a key.",
-    )
-    cors_origins: Annotated[str, ORIGINS] = Field(
-        "",
-        description="Comma-separated origins allowed by CORS, `*` for any, each as browsers send it "
-        "(`scheme://host[:port]`, no path or trailing `/`); empty turns CORS off.",
-    )
+    api_keys: SecretStr | None = None
+    """Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths needs `Authorization:
+    Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup rather than turn authentication off."""
+    api_keys_file: Path | None = None
+    """File with one API key per line (`#` comments); a file without keys stops startup."""
+    open_paths: Annotated[str, PATHS] = "/health,/ready,/v2/health/live,/v2/health/ready"
+    """Comma-separated paths served without an API key; each starts with `/`. The docs and the explorer page's own files
+    are always open; add `/metrics` for a scraper without a key."""
+    cors_origins: Annotated[str, ORIGINS] = ""
+    """Comma-separated origins allowed by CORS, `*` for any, each as browsers send it (`scheme://host[:port]`, no path
+    or trailing `/`); empty turns CORS off."""
 
     @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
     @classmethod
@@ -355,12 +254,10 @@ class Settings(BaseSettings):
             raise ValueError(f"{path} holds no API key (one per line)")
         return path
 
-    state_url: str = Field(
-        DEFAULT_STATE_URL,
-        description="Per-student state store: `sqlite:///path/to/file.db` (embedded; `?synchronous=normal` trades "
-        "power-cut durability for write rate) or `redis://host:port/db` (several replicas; needs the `redis` "
-        "extra and a server with `appendonly yes`, `appendfsync always`). See docs/students.md.",
-    )
+    state_url: str = DEFAULT_STATE_URL
+    """Per-student state store: `sqlite:///path/to/file.db` (embedded; `?synchronous=normal` trades power-cut durability
+    for write rate) or `redis://host:port/db` (several replicas; needs the `redis` extra and a server with `appendonly
+    yes`, `appendfsync always`). See docs/students.md."""
 
     @model_validator(mode="after")
     def _ports_differ(self) -> Settings:
