@@ -27,6 +27,7 @@ from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ServedModel, Task, graph_layouts
 from app.runtime.providers import PROVIDER_NAMES, ProviderUnavailable, check_session_provider, resolve_provider
 from app.runtime.sessions import open_session, preopened
+from app.runtime.tensors import ONNX_TYPES
 
 logger = logging.getLogger("mnemo.registry")
 PROVIDER_SHORT_NAMES = {name: short for short, name in PROVIDER_NAMES.items()}
@@ -35,20 +36,6 @@ SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs th
 
 class ModelLoadError(RuntimeError):
     """A model listed in the manifest cannot be served (missing, tampered, or broken)."""
-
-
-# ONNX tensor element types -> numpy dtypes, for the generic warm-up feeds.
-WARM_UP_DTYPES = {
-    "tensor(float)": np.float32,
-    "tensor(double)": np.float64,
-    "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int16)": np.int16,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
 
 
 def _dynamic(dim: object) -> bool:
@@ -61,7 +48,7 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
     feeds = {}
     for graph_input in session.get_inputs():
         shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
-        dtype = WARM_UP_DTYPES.get(graph_input.type)
+        _, dtype = ONNX_TYPES.get(graph_input.type, (None, None))
         if dtype is None:
             raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
         fill = 0 if np.issubdtype(dtype, np.floating) else 1
