@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GraphLayout:
-    """How the batcher pads the inputs and trims the outputs of one graph (see the module docstring)."""
+    """One graph's sequence inputs (padded along axis 1) and outputs (trimmed to each item's length + extra)."""
 
     sequence_inputs: tuple[str, ...] = ()
     sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
