@@ -61,7 +61,7 @@ def _settings_option(name: str, field: FieldInfo) -> Callable[[Callable], Callab
     declaration = f"{flag_name(name)}/--no-{name.replace('_', '-')}" if is_flag else flag_name(name)
     default = field.default
     hidden = field.default_factory is not None or default in (None, "") or isinstance(default, SecretStr)
-    help_text = f"{' '.join(field.description.split())} (env MNEMO_{name.upper()})" + (
+    help_text = f"{' '.join((field.description or '').split())} (env MNEMO_{name.upper()})" + (
         "" if hidden else f" [default: {default}]"
     )
     return click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)
