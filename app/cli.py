@@ -1,12 +1,9 @@
-"""The `mnemo` command: `mnemo serve` (every setting a flag), `mnemo models` (what a manifest holds) and
-`mnemo train kt` (a model on your own data; it imports models/ and export/, so torch, only when it runs).
-
-Each flag of `mnemo serve` is one field of `Settings`, named after it (`--max-batch` is `MNEMO_MAX_BATCH`); a flag
-given wins over its environment variable, which wins over the default. `python -m app` is `mnemo serve`.
-"""
+"""The `mnemo` command: `mnemo serve` (one flag per `Settings` field, winning over its variable), `mnemo models`
+(what a manifest holds) and `mnemo train` (a model on your own data; it imports torch only when it runs)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -20,6 +17,7 @@ from typing import Any
 
 import click
 from pydantic import SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
 from app.core.logging import JsonFormatter, TextFormatter
 from app.core.manifest import ManifestError, ModelEntry, chosen, load_manifest
@@ -50,17 +48,23 @@ def _click_type(annotation: Any) -> tuple[Any, bool]:
     return str, False  # str, SecretStr
 
 
-def settings_options(command: Callable) -> Callable:
-    """Decorate `command` with one option per settings field (none of them given = the environment decides)."""
-    for name, field in reversed(Settings.model_fields.items()):
-        kind, is_flag = _click_type(field.annotation)
-        declaration = f"{flag_name(name)}/--no-{name.replace('_', '-')}" if is_flag else flag_name(name)
-        default = field.default
-        hidden = field.default_factory is not None or default in (None, "") or isinstance(default, SecretStr)
-        help_text = f"{field.description} (env MNEMO_{name.upper()})" + ("" if hidden else f" [default: {default}]")
-        option = click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)
-        command = option(command)
-    return command
+def _all_of(*decorators: Callable[[Callable], Callable]) -> Callable[[Callable], Callable]:
+    """One decorator applying `decorators` as if stacked in that order (click lists options in it)."""
+    return lambda command: functools.reduce(
+        lambda decorated, decorator: decorator(decorated), reversed(decorators), command
+    )
+
+
+def _settings_option(name: str, field: FieldInfo) -> Callable[[Callable], Callable]:
+    """The option of one settings field; not given (None), the environment decides."""
+    kind, is_flag = _click_type(field.annotation)
+    declaration = f"{flag_name(name)}/--no-{name.replace('_', '-')}" if is_flag else flag_name(name)
+    default = field.default
+    hidden = field.default_factory is not None or default in (None, "") or isinstance(default, SecretStr)
+    help_text = f"{' '.join((field.description or '').split())} (env MNEMO_{name.upper()})" + (
+        "" if hidden else f" [default: {default}]"
+    )
+    return click.option(declaration, name, type=None if is_flag else kind, default=None, help=help_text)
 
 
 def settings_from(flags: dict[str, Any]) -> Settings:
@@ -133,7 +137,7 @@ def cli() -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@settings_options
+@_all_of(*(_settings_option(name, field) for name, field in Settings.model_fields.items()))
 def serve(**flags: Any) -> None:
     """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
     start(settings_from(flags))
@@ -189,7 +193,7 @@ def _model_name(context: click.Context, parameter: click.Parameter, value: str) 
 
 def _own_data_options(csv_help: str) -> Callable[[Callable], Callable]:
     """The options every `mnemo train` command takes (`--csv` described by `csv_help`)."""
-    options = [
+    return _all_of(
         click.option("--csv", "csv_file", required=True, type=click.Path(path_type=Path), help=csv_help),
         click.option(
             "--artifacts",
@@ -213,14 +217,7 @@ def _own_data_options(csv_help: str) -> Callable[[Callable], Callable]:
         click.option("--resume", is_flag=True, help="Continue the unfinished run in --run-dir from its last epoch."),
         click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch CPU threads."),
         click.option("--no-progress", is_flag=True, help="No progress bar (for log files)."),
-    ]
-
-    def decorate(command: Callable) -> Callable:
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return decorate
+    )
 
 
 def _train(task: str, **options: Any) -> None:

@@ -55,8 +55,6 @@ def build_application(settings: Settings, options: dict[str, Any]) -> Any:
     @serve.deployment(name=DEPLOYMENT_NAME, **options)
     @serve.ingress()
     class MnemoReplica:
-        """One replica: holds the settings; Ray builds the ASGI app from them when the replica starts."""
-
         def __init__(self, replica_settings: dict[str, Any]) -> None:
             self.replica_settings = replica_settings
 

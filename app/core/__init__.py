@@ -1,1 +1,1 @@
-"""The frame: settings, providers, the task-agnostic registry, errors, middleware, metrics, logging."""
+"""The lowest layer: settings, errors, metrics, logging and the manifest."""

@@ -18,7 +18,6 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self.gave_up = False
-        self.started_at: float | None = None
         self.open_before: set[object] = set()  # the clients (host, port) of the connections open when it began
         self._tasks: set[asyncio.Task] = set()  # the requests in flight (operations endpoints excluded)
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
@@ -26,7 +25,7 @@ class Drain:
 
     def begin(self, open_connections: Iterable[object] = ()) -> None:
         if not self.draining:
-            self.draining, self.started_at = True, time.monotonic()
+            self.draining = True
             self.open_before = set(open_connections)
             self._notify()
             for listener in self.on_begin:

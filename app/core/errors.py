@@ -111,8 +111,8 @@ def validation_detail(errors: Sequence[dict], prefix: tuple[str, ...] = ()) -> d
     """A bounded, always-encodable 422 body: the first errors (location, message, type) and the count."""
     listed = [
         {
-            "loc": [*prefix, *(part if isinstance(part, int) else _printable(str(part)) for part in error["loc"])],
-            "msg": _printable(str(error["msg"])),
+            "loc": [*prefix, *(part if isinstance(part, int) else printable(str(part)) for part in error["loc"])],
+            "msg": printable(str(error["msg"])),
             "type": str(error["type"]),
         }
         for error in errors[:MAX_LISTED_ERRORS]
@@ -120,7 +120,7 @@ def validation_detail(errors: Sequence[dict], prefix: tuple[str, ...] = ()) -> d
     return {"detail": listed, "error_count": len(errors)}
 
 
-def _printable(text: str, limit: int = 300) -> str:
+def printable(text: str, limit: int = 300) -> str:
     """Text safe to encode as UTF-8 JSON: no lone surrogates, bounded length."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 

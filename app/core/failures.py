@@ -10,6 +10,7 @@ import traceback
 
 from starlette.types import Scope
 
+from app.core.errors import printable
 from app.core.paths import loggable_path
 
 logger = logging.getLogger("mnemo.errors")
@@ -53,11 +54,7 @@ def log_unexpected(budget: TracebackBudget, scope: Scope, error: Exception) -> N
         scope["method"],
         loggable_path(scope),  # the route template: no student id or other client text in the log
         type(error).__name__,
-        _one_line(str(error)),
+        printable(" ".join(str(error).split())),  # one line
         f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
         exc_info=error if with_traceback else None,
     )
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    return " ".join(text.split())[:limit].encode("utf-8", "backslashreplace").decode("utf-8")

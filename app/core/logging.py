@@ -115,14 +115,12 @@ _client_caused_warnings = EverySecondAtMost(
 
 WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
 MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
+_records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+_wake = threading.Event()  # set: write out now (a full queue, a stop)
 
 
 class RecordQueue(QueueHandler):
     """Queues each record as it is (unformatted: the writer thread formats it) and wakes the writer when full."""
-
-    def __init__(self, records: queue.SimpleQueue, full: threading.Event) -> None:
-        super().__init__(records)
-        self.full = full
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
@@ -130,33 +128,27 @@ class RecordQueue(QueueHandler):
     def enqueue(self, record: logging.LogRecord) -> None:
         self.queue.put_nowait(record)
         if self.queue.qsize() >= MAX_QUEUED_RECORDS:
-            self.full.set()
+            _wake.set()
 
 
 class IntervalListener(QueueListener):
-    """Writes what is queued every WRITE_INTERVAL_S, or at once when `wake` is set (a full queue, `stop`), instead
-    of being woken for each record: a request that logs then costs no thread switch."""
-
-    def __init__(self, records: queue.SimpleQueue, target: logging.Handler, wake: threading.Event) -> None:
-        super().__init__(records, target)
-        self.wake = wake
+    """Writes what is queued every WRITE_INTERVAL_S, or at once when woken (a full queue, `stop`), instead of being
+    woken for each record: a request that logs then costs no thread switch."""
 
     def dequeue(self, block: bool) -> logging.LogRecord:
         while True:
             try:
                 return self.queue.get_nowait()
             except queue.Empty:
-                self.wake.wait(WRITE_INTERVAL_S)
-                self.wake.clear()
+                _wake.wait(WRITE_INTERVAL_S)
+                _wake.clear()
 
     def enqueue_sentinel(self) -> None:
         super().enqueue_sentinel()
-        self.wake.set()
+        _wake.set()
 
 
-_records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-_wake = threading.Event()
-_queue_handler = RecordQueue(_records, _wake)
+_queue_handler = RecordQueue(_records)
 _listener: QueueListener | None = None
 _listener_lock = threading.Lock()
 
@@ -167,7 +159,7 @@ def _listen(target: logging.Handler | None) -> None:
     with _listener_lock:
         if _listener is not None:
             _listener.stop()  # writes out every record queued before it
-        _listener = None if target is None else IntervalListener(_records, target, _wake)
+        _listener = None if target is None else IntervalListener(_records, target)
         if _listener is not None:
             _listener.start()
 

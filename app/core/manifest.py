@@ -20,17 +20,19 @@ class ManifestError(RuntimeError):
     """The manifest cannot be used; the message names the entry and the field."""
 
 
-class AssetEntry(BaseModel):
+class Strict(BaseModel):
+    """A manifest part: an unknown field (a typo) is an error, not ignored."""
+
     model_config = ConfigDict(extra="forbid")
 
+
+class AssetEntry(Strict):
     file: str = Field(min_length=1)
     sha256: str = Field(pattern=SHA256_PATTERN)
 
 
-class BatchingOverride(BaseModel):
+class BatchingOverride(Strict):
     """Per-model overrides of MNEMO_MAX_BATCH, MNEMO_MAX_WAIT_MS, MNEMO_MAX_QUEUE, and a cap on padded cells."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_batch: int | None = Field(None, ge=1, le=4096)
     max_wait_ms: float | None = Field(None, ge=0, le=1000)
@@ -38,9 +40,7 @@ class BatchingOverride(BaseModel):
     max_cells: int | None = Field(None, ge=1, description="padded rows x length per run (steps or tokens)")
 
 
-class ModelEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ModelEntry(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     task: str
     version: str = Field(min_length=1, max_length=64)
@@ -58,9 +58,7 @@ class ModelEntry(BaseModel):
     card: str | None = None
 
 
-class Manifest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Manifest(Strict):
     schema_version: int = Field(1, ge=1, le=1)
     models: list[ModelEntry]
 

@@ -1,18 +1,9 @@
 """Prometheus metrics of one app instance (its own registry, so several apps can coexist in tests).
 
-Names follow Prometheus conventions: `_total` counters, `_seconds` durations, base units.
-
-With several workers (MNEMO_WORKERS > 1, app/server.py) each worker process writes its values to
-files in PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and `/metrics`, whichever worker
-answers it, adds up every worker's files: counters and histograms sum, the gauges follow their
-`multiprocess_mode` (rows and requests in flight sum over the live workers, a model is ready when it is
-ready in every live worker). Per-process collectors cannot be added up, so `process_*` are left out then;
-`mnemo_worker_start_time_seconds{pid}` lists the live workers instead.
-
-A scrape is rendered off the event loop, on a thread of its own (`Metrics.scrape`): the text grows with the
-series (every route and method seen, and the files of dead workers merged), and rendered on the loop it would
-hold up every other request. Scrapes that arrive during a render share the next one, so a
-scrape flood runs one render at a time and takes one thread, never the threads that parse requests.
+With several workers each process writes to PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and
+`/metrics` adds up every worker's files; `process_*` collectors cannot be added up, so
+`mnemo_worker_start_time_seconds{pid}` lists the live workers instead. Scrapes render on a thread of their own and
+share one render at a time, so a scrape flood never holds up the event loop or the parsing threads.
 """
 
 from __future__ import annotations
@@ -20,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import (
@@ -57,143 +49,64 @@ class Metrics:
         self._rendering: asyncio.Task[bytes] | None = None  # the render running (scrape)
         self._next_render: asyncio.Task[bytes] | None = None  # the render that starts when it ends
         self.registry = registry = CollectorRegistry()
+
+        def counter(name: str, documentation: str, labels: Sequence[str] = ("model",)) -> Counter:
+            return Counter(name, documentation, labels, registry=registry)
+
+        def gauge(name: str, documentation: str, labels: Sequence[str] = ("model",), mode: str = "livesum") -> Gauge:
+            return Gauge(name, documentation, labels, registry=registry, multiprocess_mode=mode)
+
+        def histogram(name: str, documentation: str, labels: Sequence[str] = ("model",), buckets=LATENCY_BUCKETS):
+            return Histogram(name, documentation, labels, buckets=buckets, registry=registry)
+
         if self.multiprocess_dir is None:
             ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...
             PlatformCollector(registry=registry)  # python_info
         else:
-            Gauge(
-                "mnemo_worker_start_time_seconds",
-                "Unix time this worker built its app; one series per live worker (label pid)",
-                registry=registry,
-                multiprocess_mode="liveall",
-            ).set(time.time())
-        self.build_info = Gauge(
-            "mnemo_build_info", "1; the service version", ["version"], registry=registry, multiprocess_mode="max"
-        )
-        self.model_info = Gauge(
-            "mnemo_model_info",
-            "1 per served model: its version and ONNX sha256",
-            ["model", "version", "sha256"],
-            registry=registry,
-            multiprocess_mode="max",
-        )
-        self.requests = Counter(
-            "mnemo_http_requests", "HTTP requests", ["route", "method", "status"], registry=registry
-        )
-        self.latency = Histogram(
-            "mnemo_http_request_duration_seconds",
-            "HTTP request latency, queueing included",
-            ["route", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.grpc_requests = Counter(
-            "mnemo_grpc_requests",
-            "gRPC calls (MNEMO_GRPC_PORT) by method and status code",
-            ["method", "code"],
-            registry=registry,
-        )
-        self.grpc_latency = Histogram(
-            "mnemo_grpc_request_duration_seconds",
-            "gRPC call latency, queueing included",
-            ["method"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.in_flight = Gauge(
-            "mnemo_http_requests_in_flight",
-            "HTTP requests being handled",
-            registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self.inference = Histogram(
-            "mnemo_inference_duration_seconds",
-            "ONNX Runtime time per completed run",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.queue_depth = Gauge(
-            "mnemo_queue_depth", "rows waiting for a run", ["model"], registry=registry, multiprocess_mode="livesum"
-        )
-        self.admitted_rows = Gauge(
-            "mnemo_admitted_rows",
-            "rows admitted and not yet answered (bounded by MNEMO_MAX_QUEUE per worker)",
-            ["model"],
-            registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self.batch_size = Histogram(
-            "mnemo_batch_size_rows",
-            "rows per completed ONNX run (the runs mnemo_inference_duration_seconds times)",
-            ["model"],
-            buckets=BATCH_BUCKETS,
-            registry=registry,
-        )
-        self.instance_runs = Counter(
-            "mnemo_instance_runs",
-            "completed ONNX runs per instance of a model (MNEMO_PROVIDER lists the instances; chain chunks count)",
-            ["model", "model_instance"],
-            registry=registry,
-        )
-        self.instance_rows = Counter(
-            "mnemo_instance_rows",
-            "rows computed per instance of a model",
-            ["model", "model_instance"],
-            registry=registry,
-        )
-        self.queue_wait = Histogram(
-            "mnemo_queue_wait_seconds",
+            start = "Unix time this worker built its app; one series per live worker (label pid)"
+            gauge("mnemo_worker_start_time_seconds", start, (), "liveall").set(time.time())
+        self.build_info = gauge("mnemo_build_info", "1; the service version", ["version"], "max")
+        info = "1 per served model: its version and ONNX sha256"
+        self.model_info = gauge("mnemo_model_info", info, ["model", "version", "sha256"], "max")
+        self.requests = counter("mnemo_http_requests", "HTTP requests", ["route", "method", "status"])
+        latency = "HTTP request latency, queueing included"
+        self.latency = histogram("mnemo_http_request_duration_seconds", latency, ["route", "method"])
+        grpc = "gRPC calls (MNEMO_GRPC_PORT) by method and status code"
+        self.grpc_requests = counter("mnemo_grpc_requests", grpc, ["method", "code"])
+        grpc_latency = "gRPC call latency, queueing included"
+        self.grpc_latency = histogram("mnemo_grpc_request_duration_seconds", grpc_latency, ["method"])
+        self.in_flight = gauge("mnemo_http_requests_in_flight", "HTTP requests being handled", ())
+        self.inference = histogram("mnemo_inference_duration_seconds", "ONNX Runtime time per completed run")
+        self.queue_depth = gauge("mnemo_queue_depth", "rows waiting for a run")
+        admitted = "rows admitted and not yet answered (bounded by MNEMO_MAX_QUEUE per worker)"
+        self.admitted_rows = gauge("mnemo_admitted_rows", admitted)
+        batch = "rows per completed ONNX run (the runs mnemo_inference_duration_seconds times)"
+        self.batch_size = histogram("mnemo_batch_size_rows", batch, buckets=BATCH_BUCKETS)
+        runs = "completed ONNX runs per instance of a model (MNEMO_PROVIDER lists the instances; chain chunks count)"
+        self.instance_runs = counter("mnemo_instance_runs", runs, ["model", "model_instance"])
+        rows = "rows computed per instance of a model"
+        self.instance_rows = counter("mnemo_instance_rows", rows, ["model", "model_instance"])
+        wait = (
             "time a queue item (a request's rows, or a part of at most MNEMO_MAX_BATCH of them) waited from "
-            "submission to the start of its run, or until it was given up (deadline, client gone, shutdown)",
-            ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            "submission to the start of its run, or until it was given up (deadline, client gone, shutdown)"
         )
-        self.rejected = Counter(
-            "mnemo_requests_rejected",
-            "requests a model refused before any work (429, or 503 when it is not ready)",
-            ["model", "reason"],
-            registry=registry,
-        )
-        self.server_rejected = Counter(
-            "mnemo_server_requests_rejected",
-            "requests the server refused (429 or 503) before any model was chosen",
-            ["reason"],
-            registry=registry,
-        )
+        self.queue_wait = histogram("mnemo_queue_wait_seconds", wait)
+        rejected = "requests a model refused before any work (429, or 503 when it is not ready)"
+        self.rejected = counter("mnemo_requests_rejected", rejected, ["model", "reason"])
+        refused = "requests the server refused (429 or 503) before any model was chosen"
+        self.server_rejected = counter("mnemo_server_requests_rejected", refused, ["reason"])
         for reason in SERVER_REJECT_REASONS:  # every reason listed from the start, at 0
             self.server_rejected.labels(reason)
-        self.timed_out = Counter(
-            "mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S", ["model"], registry=registry
-        )
-        self.oom_splits = Counter(
-            "mnemo_oom_splits",
-            "batches the device could not hold, split in halves and run again (docs/gpu.md)",
-            ["model"],
-            registry=registry,
-        )
-        self.cancelled = Counter(
-            "mnemo_requests_cancelled", "requests whose client left before the answer", ["model"], registry=registry
-        )
-        self.header_timeouts = Counter(
-            "mnemo_header_timeouts",
-            "connections closed because a request's headers were not in by MNEMO_HEADER_TIMEOUT_S",
-            registry=registry,
-        )
-        self.loop_lag = Gauge(
-            "mnemo_event_loop_lag_seconds",
-            "how late the event loop runs its timers: the recent maximum, halving in about 1 s once it keeps up",
-            registry=registry,
-            multiprocess_mode="livemax",
-        )
-        self.model_ready = Gauge(
-            "mnemo_model_ready",
-            "1 when the model is loaded and warmed (in every live worker)",
-            ["model"],
-            registry=registry,
-            multiprocess_mode="livemin",
-        )
+        self.timed_out = counter("mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S")
+        splits = "batches the device could not hold, split in halves and run again (docs/gpu.md)"
+        self.oom_splits = counter("mnemo_oom_splits", splits)
+        self.cancelled = counter("mnemo_requests_cancelled", "requests whose client left before the answer")
+        header = "connections closed because a request's headers were not in by MNEMO_HEADER_TIMEOUT_S"
+        self.header_timeouts = counter("mnemo_header_timeouts", header, ())
+        lag = "how late the event loop runs its timers: the recent maximum, halving in about 1 s once it keeps up"
+        self.loop_lag = gauge("mnemo_event_loop_lag_seconds", lag, (), "livemax")
+        ready = "1 when the model is loaded and warmed (in every live worker)"
+        self.model_ready = gauge("mnemo_model_ready", ready, mode="livemin")
 
     def record_build(self, version: str, models: dict[str, tuple[str, str]]) -> None:
         """The service version and, per model name, its (version, sha256)."""

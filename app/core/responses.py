@@ -20,8 +20,5 @@ class JsonResponse(Response):
 
     media_type = "application/json"
 
-    def __init__(self, content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> None:
-        super().__init__(content, status_code, headers)
-
     def render(self, content: Any) -> bytes:
         return content if isinstance(content, bytes) else dumps(content)

@@ -9,9 +9,9 @@ import re
 import resource
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
@@ -25,9 +25,8 @@ OTHER_VARIABLES = {
 }
 # what Kubernetes sets for the Services mnemo and mnemo-redis (service links): MNEMO_SERVICE_HOST, ...
 SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
-ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
+ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+"  # as browsers send it: scheme://host[:port]
 SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
-PROVIDER_CHOICES = ("auto", "cpu", "cuda", "tensorrt")
 
 
 def read_keys_file(path: Path) -> list[str]:
@@ -61,6 +60,26 @@ def split_list(text: str) -> list[str]:
     return [entry.strip() for entry in text.split(",") if entry.strip()]
 
 
+def entries(pattern: str, what: str, required: bool = False) -> AfterValidator:
+    """A comma-separated setting whose every entry matches `pattern` (at least one when `required`), its entries
+    joined: an entry that could never match (`cpu,cdua`, `health`) stops startup, naming it."""
+
+    def check(text: str) -> str:
+        listed = split_list(text)
+        wrong = [entry for entry in listed if not re.fullmatch(pattern, entry, re.DOTALL)]
+        if wrong or (required and not listed):
+            raise ValueError(f"{(wrong or [text])[0]!r} is not {what}")
+        return ",".join(listed)
+
+    return AfterValidator(check)
+
+
+PROVIDERS = entries("auto|cpu|cuda|tensorrt", "a provider (comma-separated: auto, cpu, cuda, tensorrt)", required=True)
+DEVICE_IDS = entries(r"\d+", "a CUDA device id (an integer such as 0, or comma-separated: 0,1)", required=True)
+PATHS = entries("/.*", "a path (comma-separated paths such as /health)")
+ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *)")
+
+
 RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
 
 
@@ -82,8 +101,7 @@ def cpu_quota(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> f
         quota, period = cpu_max.read_text().split()
     except (OSError, ValueError):
         try:
-            quota = (v1_dir / "cpu.cfs_quota_us").read_text().strip()
-            period = (v1_dir / "cpu.cfs_period_us").read_text().strip()
+            quota, period = ((v1_dir / f"cpu.cfs_{part}_us").read_text().strip() for part in ("quota", "period"))
         except OSError:
             return None
     try:
@@ -94,240 +112,124 @@ def cpu_quota(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> f
 
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
     """CPUs this process may really use: its affinity mask, capped by the cgroup's CPU quota (v2 or v1)."""
-    cpus = len(os.sched_getaffinity(0))
-    quota = cpu_quota(cpu_max, v1_dir)
-    if quota is not None:
-        cpus = min(cpus, max(1, math.floor(quota)))
-    return max(1, cpus)
+    cpus, quota = len(os.sched_getaffinity(0)), cpu_quota(cpu_max, v1_dir)
+    return max(1, cpus if quota is None else min(cpus, math.floor(quota)))
 
 
 class Settings(BaseSettings):
     """Every setting of the service, each an `MNEMO_*` environment variable (docs/configuration.md, generated)."""
 
-    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True)
 
-    artifacts_dir: Path = Field(
-        DEFAULT_ARTIFACTS_DIR,
-        description="Directory holding `manifest.json`, the ONNX files and their assets; every file is checked "
-        "against its sha256 at startup.",
-    )
-    host: str = Field(
-        "127.0.0.1",
-        min_length=1,
-        pattern=r"^\S+$",
-        description="Interface to listen on (`0.0.0.0` in the container image).",
-    )
-    port: int = Field(8000, ge=1, le=65535, description="Port to listen on.")
-    models: str = Field(
-        "",
-        description="Comma-separated names of the manifest's models to serve; empty serves every model. A name "
-        "the manifest does not have stops startup, naming the choices.",
-    )
-    probe_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Also serve `GET /health` and `GET /ready` on this port, from a small child process of their "
-        "own, so probes answer at once while the event loop is overloaded (the image, compose and Kubernetes "
-        "files set 8001). Must differ from `MNEMO_PORT`.",
-    )
-    grpc_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off.",
-    )
-    provider: str = Field(
-        "auto",
-        description="ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, "
-        "`cuda`, `tensorrt` or `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). "
-        "`cuda,cpu` serves each model from a GPU session and a CPU session, each batch going to the one predicted "
-        "to finish it first (docs/engine.md). A provider that onnxruntime cannot provide stops startup, naming the "
-        "available ones; a session that would silently fall back to another provider is an error too.",
-    )
-    workers: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="Server processes on the port, each with its own copy of every model. On CPU, workers x "
-        "concurrent runs x intra-op threads may not exceed the CPUs (startup error).",
-    )
-    worker_stall_s: float = Field(
-        30.0,
-        ge=2,
-        le=3600,
-        description="A worker whose event loop has not reported to gunicorn's master for this long (stopped, "
-        "deadlocked, or still starting) is killed and replaced.",
-    )
-    intra_op_threads: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="ONNX Runtime threads per run. These graphs are many small steps, so one thread per run "
-        "leaves the other CPUs to other runs.",
-    )
-    concurrent_runs: int | None = Field(
-        None,
-        ge=1,
-        description="ONNX runs at once over all models, per worker. Unset: the CPUs this process may use "
-        "(affinity mask and cgroup v2 or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1.",
-    )
-    cpu_arena: bool = Field(
-        False,
-        description="ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of "
-        "the largest run for good.",
-    )
+    artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
+    """Directory holding `manifest.json`, the ONNX files and their assets; every file is checked against its sha256 at
+    startup."""
+    host: str = Field("127.0.0.1", min_length=1, pattern=r"^\S+$")
+    """Interface to listen on (`0.0.0.0` in the container image)."""
+    port: int = Field(8000, ge=1, le=65535)
+    """Port to listen on."""
+    models: str = ""
+    """Comma-separated names of the manifest's models to serve; empty serves every model. A name the manifest does not
+    have stops startup, naming the choices."""
+    probe_port: int | None = Field(None, ge=1, le=65535)
+    """Also serve `GET /health` and `GET /ready` on this port, from a small child process of their own, so probes answer
+    at once while the event loop is overloaded (the image, compose and Kubernetes files set 8001). Must differ from
+    `MNEMO_PORT`."""
+    grpc_port: int | None = Field(None, ge=1, le=65535)
+    """Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off."""
+    provider: Annotated[str, PROVIDERS] = "auto"
+    """ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, `cuda`, `tensorrt` or
+    `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). `cuda,cpu` serves each model from a GPU
+    session and a CPU session, each batch going to the one predicted to finish it first (docs/engine.md). A provider
+    that onnxruntime cannot provide stops startup, naming the available ones; a session that would silently fall back to
+    another provider is an error too."""
+    workers: int = Field(1, ge=1, le=256)
+    """Server processes on the port, each with its own copy of every model. On CPU, workers x concurrent runs x intra-op
+    threads may not exceed the CPUs (startup error)."""
+    worker_stall_s: float = Field(30.0, ge=2, le=3600)
+    """A worker whose event loop has not reported to gunicorn's master for this long (stopped, deadlocked, or still
+    starting) is killed and replaced."""
+    intra_op_threads: int = Field(1, ge=1, le=256)
+    """ONNX Runtime threads per run. These graphs are many small steps, so one thread per run leaves the other CPUs to
+    other runs."""
+    concurrent_runs: int | None = Field(None, ge=1)
+    """ONNX runs at once over all models, per worker. Unset: the CPUs this process may use (affinity mask and cgroup v2
+    or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1."""
+    cpu_arena: bool = False
+    """ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of the largest run for
+    good."""
     # The CUDA provider's options (app/runtime/providers.py; docs/gpu.md)
-    cuda_device_id: str = Field(
-        "0",
-        description="CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of "
-        "`MNEMO_WORKERS`) runs on the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0).",
-    )
-    cuda_tf32: bool = Field(
-        False,
-        description="TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`). Measured on an H100: with TF32 the "
-        "RMC graphs' outputs differ from CPU by up to 2.2e-2; without, by at most 1.5e-6.",
-    )
-    cuda_mem_limit_mb: int | None = Field(
-        None,
-        ge=1,
-        description="Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is "
-        "split (docs/gpu.md). Unset: the device's memory. Every model's session has its own arena: budget the "
-        "device's memory / (sessions x workers on it).",
-    )
-    cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = Field(
-        "kSameAsRequested",
-        description="How the CUDA arena grows: by what a run asks (`kSameAsRequested`, keeps the least memory) or "
-        "in powers of two (ONNX Runtime's default, fewer but larger allocations).",
-    )
-    cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = Field(
-        "HEURISTIC",
-        description="cuDNN's choice of convolution algorithm (`cudnn_conv_algo_search`): `EXHAUSTIVE` benchmarks "
-        "every algorithm on each new input shape, which batches of varying size pay again and again.",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Lowest level logged. Choices match in any case, as for every setting with choices."
-    )
-    log_format: Literal["text", "json"] = Field(
-        "text", description="`text`, or `json` for one JSON object per line (uvicorn's own lines included)."
-    )
-    max_body_bytes: int = Field(
-        1_048_576, ge=1024, le=67_108_864, description="Request bodies larger than this get 413."
-    )
-    on_model_error: Literal["exit", "skip"] = Field(
-        "exit",
-        description="A missing or tampered model file: `exit` stops startup with one line naming the file and the "
-        "problem; `skip` serves the other models and reports that one not ready (`/ready` 503).",
-    )
-    max_batch: int = Field(
-        32,
-        ge=1,
-        le=4096,
-        description="Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within "
-        "it, each run's rows are chosen by what the instance's runs cost (docs/engine.md).",
-    )
-    max_wait_ms: float = Field(
-        2.0,
-        ge=0,
-        le=1000,
-        description="While a run of the model is in flight, how long the next batch may wait to fill. An idle "
-        "model never waits.",
-    )
-    max_queue: int = Field(
-        512,
-        ge=1,
-        le=1_000_000,
-        description="Rows a model may hold admitted (queued or running); beyond it requests get 429 with "
-        "`Retry-After`.",
-    )
-    request_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=3600,
-        description="A request's deadline, from its arrival; past it the answer is 504 and its unstarted work is "
-        "dropped.",
-    )
-    drain_s: float = Field(
-        15.0,
-        ge=0,
-        le=3600,
-        description="On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the "
-        "process exits.",
-    )
+    cuda_device_id: Annotated[str, DEVICE_IDS] = "0"
+    """CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of `MNEMO_WORKERS`) runs on
+    the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0)."""
+    cuda_tf32: bool = False
+    """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`). Measured on an H100: with TF32 the RMC graphs' outputs
+    differ from CPU by up to 2.2e-2; without, by at most 1.5e-6."""
+    cuda_mem_limit_mb: int | None = Field(None, ge=1)
+    """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is split (docs/gpu.md).
+    Unset: the device's memory. Every model's session has its own arena: budget the device's memory / (sessions x
+    workers on it)."""
+    cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
+    """How the CUDA arena grows: by what a run asks (`kSameAsRequested`, keeps the least memory) or in powers of two
+    (ONNX Runtime's default, fewer but larger allocations)."""
+    cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
+    """cuDNN's choice of convolution algorithm (`cudnn_conv_algo_search`): `EXHAUSTIVE` benchmarks every algorithm on
+    each new input shape, which batches of varying size pay again and again."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged. Choices match in any case, as for every setting with choices."""
+    log_format: Literal["text", "json"] = "text"
+    """`text`, or `json` for one JSON object per line (uvicorn's own lines included)."""
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864)
+    """Request bodies larger than this get 413."""
+    on_model_error: Literal["exit", "skip"] = "exit"
+    """A missing or tampered model file: `exit` stops startup with one line naming the file and the problem; `skip`
+    serves the other models and reports that one not ready (`/ready` 503)."""
+    max_batch: int = Field(32, ge=1, le=4096)
+    """Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within it, each run's rows
+    are chosen by what the instance's runs cost (docs/engine.md)."""
+    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+    """While a run of the model is in flight, how long the next batch may wait to fill. An idle model never waits."""
+    max_queue: int = Field(512, ge=1, le=1_000_000)
+    """Rows a model may hold admitted (queued or running); beyond it requests get 429 with `Retry-After`."""
+    request_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A request's deadline, from its arrival; past it the answer is 504 and its unstarted work is dropped."""
+    drain_s: float = Field(15.0, ge=0, le=3600)
+    """On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the process exits."""
     # Connections (uvicorn's limits, app/server.py; nginx in front has the rest, deploy/nginx/nginx.conf) and logs
-    keep_alive_s: float = Field(
-        5.0, gt=0, le=600, description="Idle time allowed on a kept-alive connection between requests."
-    )
-    header_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="Time a request's line and headers may take, from the connection's opening or the request's "
-        "first byte; then the connection is closed.",
-    )
-    body_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="Longest pause while a request body arrives; else 408. The whole body must also be in by the "
-        "request's deadline (`MNEMO_REQUEST_TIMEOUT_S`).",
-    )
-    max_header_bytes: int = Field(
-        65_536, ge=1024, le=16_777_216, description="Request line and headers; larger get 400 and a close."
-    )
-    max_connections: int = Field(
-        default_factory=default_max_connections,
-        ge=1,
-        le=1_000_000,
-        description="Open connections; a new one beyond them is answered 503 and closed. Default: the open-file "
-        "limit (`ulimit -n`) minus 128, at most 4096; a value past that limit minus 128 stops startup. On "
-        "`MNEMO_GRPC_PORT` it bounds the calls in flight: one beyond them gets `RESOURCE_EXHAUSTED` at once.",
-    )
-    error_log_window_s: float = Field(
-        60.0,
-        ge=0,
-        description="A distinct unexpected error's traceback is logged once per window; each occurrence still "
-        "logs one line.",
-    )
+    keep_alive_s: float = Field(5.0, gt=0, le=600)
+    """Idle time allowed on a kept-alive connection between requests."""
+    header_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Time a request's line and headers may take, from the connection's opening or the request's first byte; then the
+    connection is closed."""
+    body_timeout_s: float = Field(10.0, gt=0, le=600)
+    """Longest pause while a request body arrives; else 408. The whole body must also be in by the request's deadline
+    (`MNEMO_REQUEST_TIMEOUT_S`)."""
+    max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
+    """Request line and headers; larger get 400 and a close."""
+    max_connections: int = Field(default_factory=default_max_connections, ge=1, le=1_000_000)
+    """Open connections; a new one beyond them is answered 503 and closed. Default: the open-file limit (`ulimit -n`)
+    minus 128, at most 4096; a value past that limit minus 128 stops startup. On `MNEMO_GRPC_PORT` it bounds the calls
+    in flight: one beyond them gets `RESOURCE_EXHAUSTED` at once."""
+    error_log_window_s: float = Field(60.0, ge=0)
+    """A distinct unexpected error's traceback is logged once per window; each occurrence still logs one line."""
     # Access control (app/transports/access.py)
-    api_keys: SecretStr | None = Field(
-        None,
-        description="Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths "
-        "needs `Authorization: Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup "
-        "rather than turn authentication off.",
-    )
-    api_keys_file: Path | None = Field(
-        None,
-        description="File with one API key per line (`#` comments); a file without keys stops startup.",
-    )
-    open_paths: str = Field(
-        "/health,/ready,/v2/health/live,/v2/health/ready",
-        description="Comma-separated paths served without an API key; each starts with `/`. The docs and the "
-        "explorer page's own files are always open; add `/metrics` for a scraper without a key.",
-    )
-    cors_origins: str = Field(
-        "",
-        description="Comma-separated origins allowed by CORS, `*` for any, each as browsers send it "
-        "(`scheme://host[:port]`, no path or trailing `/`); empty turns CORS off.",
-    )
+    api_keys: SecretStr | None = None
+    """Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths needs `Authorization:
+    Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup rather than turn authentication off."""
+    api_keys_file: Path | None = None
+    """File with one API key per line (`#` comments); a file without keys stops startup."""
+    open_paths: Annotated[str, PATHS] = "/health,/ready,/v2/health/live,/v2/health/ready"
+    """Comma-separated paths served without an API key; each starts with `/`. The docs and the explorer page's own files
+    are always open; add `/metrics` for a scraper without a key."""
+    cors_origins: Annotated[str, ORIGINS] = ""
+    """Comma-separated origins allowed by CORS, `*` for any, each as browsers send it (`scheme://host[:port]`, no path
+    or trailing `/`); empty turns CORS off."""
 
     @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
     @classmethod
     def _choice_in_any_case(cls, value: object) -> object:
         """`MNEMO_LOG_LEVEL=INFO` means info: the choices are matched without regard to case or spaces."""
         return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("provider")
-    @classmethod
-    def _providers_are_providers(cls, providers: str) -> str:
-        """One known provider per instance: a typo (`cpu,cdua`) stops startup, naming the entry."""
-        entries = split_list(providers)
-        wrong = [entry for entry in entries if entry not in PROVIDER_CHOICES]
-        if not entries or wrong:
-            raise ValueError(
-                f"{(wrong or [providers])[0]!r} is not a provider (comma-separated: {', '.join(PROVIDER_CHOICES)})"
-            )
-        return ",".join(entries)
 
     @field_validator("api_keys")
     @classmethod
@@ -339,36 +241,11 @@ class Settings(BaseSettings):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
         return keys
 
-    @field_validator("open_paths")
-    @classmethod
-    def _paths_are_paths(cls, paths: str) -> str:
-        """An entry without the leading / (`health`) never matched: probes got 401 with authentication on."""
-        wrong = [path for path in split_list(paths) if not path.startswith("/")]
-        if wrong:
-            raise ValueError(f"{wrong[0]!r} is not a path (comma-separated paths such as /health)")
-        return paths
-
-    @field_validator("cors_origins")
-    @classmethod
-    def _origins_are_origins(cls, origins: str) -> str:
-        """Browsers send scheme://host[:port]: `example.com` or `https://example.com/` never matched, without a word."""
-        wrong = [origin for origin in split_list(origins) if origin != "*" and not ORIGIN.fullmatch(origin)]
-        if wrong:
-            raise ValueError(f"{wrong[0]!r} is not an origin (comma-separated, such as https://example.com:8443, or *)")
-        return origins
-
     @field_validator("cuda_mem_limit_mb", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         """`MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) leaves the arena unbounded."""
         return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("cuda_device_id")
-    @classmethod
-    def _device_ids_are_ids(cls, ids: str) -> str:
-        if not split_list(ids) or not all(entry.isdecimal() for entry in split_list(ids)):
-            raise ValueError(f"{ids!r} is not a CUDA device id (an integer such as 0, or comma-separated: 0,1)")
-        return ids
 
     @field_validator("api_keys_file")
     @classmethod
@@ -377,21 +254,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{path} holds no API key (one per line)")
         return path
 
-    state_url: str = Field(
-        DEFAULT_STATE_URL,
-        description="Per-student state store: `sqlite:///path/to/file.db` (embedded; `?synchronous=normal` trades "
-        "power-cut durability for write rate) or `redis://host:port/db` (several replicas; needs the `redis` "
-        "extra and a server with `appendonly yes`, `appendfsync always`). See docs/students.md.",
-    )
+    state_url: str = DEFAULT_STATE_URL
+    """Per-student state store: `sqlite:///path/to/file.db` (embedded; `?synchronous=normal` trades power-cut durability
+    for write rate) or `redis://host:port/db` (several replicas; needs the `redis` extra and a server with `appendonly
+    yes`, `appendfsync always`). See docs/students.md."""
 
     @model_validator(mode="after")
-    def _probe_port_is_another_port(self) -> Settings:
+    def _ports_differ(self) -> Settings:
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
-        return self
-
-    @model_validator(mode="after")
-    def _grpc_port_is_another_port(self) -> Settings:
         if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
             raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")
         return self
@@ -410,10 +281,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _thread_budget(self) -> Settings:
-        """workers x concurrent runs x intra-op threads must fit the CPUs (GPU runs are not CPU-bound).
-
-        By default each worker gets an equal share of the CPUs: CPUs // (workers x intra-op threads) runs.
-        """
+        """workers x concurrent runs x intra-op threads must fit the CPUs (GPU runs are not CPU-bound); by default
+        each worker gets an equal share: CPUs // (workers x intra-op threads) runs."""
         cpus = usable_cpus()
         chosen = self.concurrent_runs is not None or self.workers > 1  # else one run, even of more threads than CPUs
         if self.concurrent_runs is None:

@@ -1,9 +1,5 @@
-"""The one place a batch is padded and split.
-
-Every graph input and output is batched on axis 0. A task names its *sequence* inputs (padded with
-zeros along axis 1 to one common length) and its sequence outputs (trimmed back, per item, to the
-item's own length plus a fixed extra: DKVMN's mastery has one row more than steps). Trimming makes an
-item's result independent, in shape and (through the graphs' masking) in value, of what else ran with it.
+"""The one place a batch is padded and split: batched on axis 0, sequence inputs zero-padded along axis 1, and
+sequence outputs trimmed back per item (its length plus a fixed extra), so no item's result depends on its batch.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
-"""Giving memory back: glibc malloc settings and trimming, so RSS returns near idle after a burst.
-
-The service frees large buffers (batch inputs, ONNX Runtime outputs, JSON answers) from several
-threads. glibc then keeps one malloc arena per thread and holds freed pages inside them. The server
-caps the arenas at startup (`tune_malloc`), and the engine asks glibc to return free pages
-(`malloc_trim`) once the models have been idle for a moment. Elsewhere than glibc both do nothing.
-
-`tune_malloc` also keeps freed buffers of up to 32 MB in the heap instead of unmapping them. By default
-glibc serves large blocks with a fresh mmap and unmaps them on free, so every ONNX run (its arena is off)
-would page-fault its buffers in again, which costs as much as the run itself. The idle trim gives the
-memory back instead.
+"""Giving memory back after a burst on glibc (elsewhere a no-op): few malloc arenas, large freed buffers kept in the
+heap for reuse (an unmapped one page-faults in again on every ONNX run), and `malloc_trim` once the models idle.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 
-logger = logging.getLogger("mnemo.memory")
 # mallopt parameters (glibc malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -26,19 +15,15 @@ MALLOC_ARENAS = 2
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest: blocks above it are still mapped and unmapped
 TRIM_THRESHOLD_BYTES = 128 * 1024 * 1024  # free heap top kept on free(); the idle trim returns it
 
-_libc = None
-_name = ctypes.util.find_library("c")
-if _name:
-    try:
-        _libc = ctypes.CDLL(_name)
-        _libc.malloc_trim  # noqa: B018 (glibc only: raises AttributeError elsewhere)
-    except (OSError, AttributeError):
-        _libc = None
+try:
+    _libc: ctypes.CDLL | None = ctypes.CDLL(ctypes.util.find_library("c"))
+    _libc.malloc_trim  # noqa: B018 (glibc only: raises AttributeError elsewhere)
+except (OSError, AttributeError):
+    _libc = None
 
 
 def tune_malloc() -> bool:
-    """Cap glibc's malloc arenas and keep freed large buffers for reuse (call before threads start); True when
-    applied."""
+    """Cap glibc's malloc arenas and keep freed large buffers (call before threads start); True when applied."""
     if _libc is None:
         return False
     settings = (

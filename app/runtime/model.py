@@ -1,13 +1,7 @@
 """A served model (`ServedModel`) and what the runtime needs from its task family (the `Task` protocol).
 
-A task is registered once (app/tasks/__init__.py). The registry calls `prepare` for every model of
-that task after its session is verified and warmed, and keeps the typed state it returns in
-`model.state`; `describe` adds the task's fields to GET /models. The batcher pads `sequence_inputs`
-along axis 1 and trims `sequence_outputs` back to each item's length (+ the given extra).
-
-A model may carry more graphs of the same weights (the manifest's `graphs`, e.g. a sentence encoder alone):
-its task lists them in `graphs` with their batching layout, and each gets its own session and batcher
-(`model.graphs[key]`). A task without such graphs need not declare `graphs`.
+A model may carry more graphs of the same weights (the manifest's `graphs`, e.g. a sentence encoder alone): its
+task lists them in `graphs` with their batching layout, and each gets its own session and batcher.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GraphLayout:
-    """How the batcher pads the inputs and trims the outputs of one graph (see the module docstring)."""
+    """One graph's sequence inputs (padded along axis 1) and outputs (trimmed to each item's length + extra)."""
 
     sequence_inputs: tuple[str, ...] = ()
     sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
@@ -57,14 +51,9 @@ class Admission:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One POST endpoint of a task's JSON API, served by app/transports/rest.py.
-
-    The transport reads and validates the body as `request` (whose `model` field names the model), admits
-    the request as `admit` says, and awaits `answer(model, body, alone)` within the request's deadline;
-    `alone` is true when the server handles no other request (small jobs may then run on the event loop).
-    With `reserve`, a large body holds, while it is parsed, the room its size predicts in the model's batcher
-    (endpoints admitted in another graph's batcher say False).
-    """
+    """One POST endpoint of a task's JSON API (app/transports/rest.py): the body is validated as `request`, admitted
+    as `admit` says, then `answer(model, body, alone)` is awaited within the deadline (`alone`: no other request in
+    the server, so small jobs may run on the event loop)."""
 
     path: str
     name: str
@@ -74,7 +63,7 @@ class Endpoint:
     description: str
     admit: Callable[[ServedModel, Any], Admission]
     answer: Callable[[ServedModel, Any, bool], Awaitable[bytes]]
-    reserve: bool = True  # a large body holds room in its model's own batcher while it is parsed
+    reserve: bool = True  # a large body holds room in its model's batcher while parsed (False: another graph's)
 
 
 class TensorCodec(Protocol):
@@ -105,7 +94,7 @@ class Task(Protocol):
     sequence_outputs: Mapping[str, int]
 
     def prepare(self, model: ServedModel) -> Any:
-        """Check the model's metadata, limits and assets; return the typed state requests need."""
+        """Check the model's metadata, limits and assets once loaded; return the typed state (`model.state`)."""
 
     def describe(self, model: ServedModel) -> dict[str, Any]:
         """The task's own fields in GET /models."""
@@ -113,11 +102,8 @@ class Task(Protocol):
 
 @dataclass
 class ServedModel:
-    """One manifest entry and, once loaded, its session, assets, task state and batcher.
-
-    `graphs` holds the entry's extra graphs (manifest `graphs`), each a `ServedModel` of its own (named
-    `<model>.<key>`, with its own session and batcher), loaded and verified with the model.
-    """
+    """One manifest entry and, once loaded, its sessions, assets, task state and batcher; `graphs` holds its extra
+    graphs, each a `ServedModel` named `<model>.<key>`."""
 
     entry: ModelEntry
     file: Path | None = None
@@ -166,20 +152,9 @@ class ServedModel:
 
     def public_info(self, task: Task | None) -> dict[str, Any]:
         """What GET /models reports (file names only, never server paths)."""
-        entry = self.entry
-        info: dict[str, Any] = {
-            "name": entry.name,
-            "task": entry.task,
-            "version": entry.version,
-            "sha256": entry.sha256,
-            "provider": self.provider,
-            "default": entry.default,
-            "ready": self.ready,
-            "limits": entry.limits,
-            "metrics": entry.metrics,
-            "metadata": entry.metadata,
-            "card": entry.card,
-        }
+        info = self.entry.model_dump(include={"name", "task", "version", "sha256"})
+        info |= {"provider": self.provider, "default": self.entry.default, "ready": self.ready}
+        info |= self.entry.model_dump(include={"limits", "metrics", "metadata", "card"})
         if self.batcher is not None:
             config = self.batcher.config
             info["batching"] = {

@@ -1,10 +1,6 @@
-"""CPU work of requests (parsing, tokenizing, decoding, JSON) off the event loop, on a few threads.
-
-At most `CPU_THREADS` such jobs run at once: Python work holds the GIL, so more threads would only
-queue for it and starve the event loop, which must keep answering /health and refusing requests.
-Parsing happens before a request is admitted to a model, so its queue is bounded too: while more than
-`MAX_QUEUED_BYTES` of bodies wait for a thread, `saturated()` is true and new request bodies are
-refused with 429 before they are read (app/transports/middleware.py) or parsed (`offload_or_shed`).
+"""CPU work of requests (parsing, tokenizing, decoding, JSON) off the event loop, on `CPU_THREADS` threads (more
+would only queue for the GIL and starve the loop). Parsing comes before admission, so its queue is bounded too:
+past `MAX_QUEUED_BYTES` of waiting bodies, new ones are refused with 429 (`saturated`, `offload_or_shed`).
 """
 
 from __future__ import annotations
@@ -38,10 +34,8 @@ def saturated() -> bool:
 
 
 async def offload(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run `function(*args, **kwargs)` on one of CPU_THREADS worker threads (FIFO).
-
-    A caller cancelled before its job starts takes the job out of the queue: it never runs.
-    """
+    """Run `function(*args, **kwargs)` on one of CPU_THREADS threads (FIFO); cancelled before it starts, it never
+    runs."""
     return await asyncio.get_running_loop().run_in_executor(_threads, partial(function, *args, **kwargs))
 
 

@@ -1,25 +1,24 @@
 """The verified model registry: manifest -> sha256 check -> ONNX Runtime session -> warm-up -> task state.
 
-Task-agnostic: the tasks are passed in (`{name: Task}`), and each model's task `prepare`s its typed
-state. Models load in parallel threads. `registry.get(name_or_None, task)` returns a `ServedModel`
-(the named one, else the task's default, else its first) or raises `UnknownModel` (404 listing the
-names of that task) / `ModelNotReady` (503). `ServedModel.run(feeds)` is a blocking run; requests
-go through `model.batcher` instead, which the runtime attaches (app/runtime/engine.py).
+Task-agnostic: the tasks are passed in (`{name: Task}`), each model's task `prepare`s its typed state, and the
+models load in parallel threads.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import timeit
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from app.core.errors import ModelNotReady, UnknownModel
-from app.core.integrity import sha256_of
+from app.core.integrity import verify
 from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.npy import load_npy
@@ -28,6 +27,7 @@ from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ServedModel, Task, graph_layouts
 from app.runtime.providers import PROVIDER_NAMES, ProviderUnavailable, check_session_provider, resolve_provider
 from app.runtime.sessions import open_session, preopened
+from app.runtime.tensors import ONNX_TYPES
 
 logger = logging.getLogger("mnemo.registry")
 PROVIDER_SHORT_NAMES = {name: short for short, name in PROVIDER_NAMES.items()}
@@ -36,20 +36,6 @@ SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs th
 
 class ModelLoadError(RuntimeError):
     """A model listed in the manifest cannot be served (missing, tampered, or broken)."""
-
-
-# ONNX tensor element types -> numpy dtypes, for the generic warm-up feeds.
-WARM_UP_DTYPES = {
-    "tensor(float)": np.float32,
-    "tensor(double)": np.float64,
-    "tensor(float16)": np.float16,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int16)": np.int16,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
 
 
 def _dynamic(dim: object) -> bool:
@@ -62,7 +48,7 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
     feeds = {}
     for graph_input in session.get_inputs():
         shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
-        dtype = WARM_UP_DTYPES.get(graph_input.type)
+        _, dtype = ONNX_TYPES.get(graph_input.type, (None, None))
         if dtype is None:
             raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
         fill = 0 if np.issubdtype(dtype, np.floating) else 1
@@ -78,12 +64,8 @@ def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
     for rows, length in SEED_RUNS:
         length = length if sequences else 1
         feeds = _warm_up_feeds(session, rows, length)
-        seconds = []
-        for _ in range(2):
-            started = time.perf_counter()
-            session.run(None, feeds)
-            seconds.append(time.perf_counter() - started)
-        instance.cost.observe(rows, length, min(seconds))
+        seconds = min(timeit.repeat(partial(session.run, None, feeds), repeat=2, number=1))
+        instance.cost.observe(rows, length, seconds)
 
 
 class ModelRegistry:
@@ -108,7 +90,7 @@ class ModelRegistry:
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         workers = max(1, min(len(self.models), usable_cpus()))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-load") as pool:
-            outcomes = list(pool.map(lambda model: self._load_guarded(model, artifacts), self.models.values()))
+            outcomes = list(pool.map(lambda model: self._load_model(model, artifacts), self.models.values()))
         preopened.clear()
         for model, error in zip(self.models.values(), outcomes, strict=True):
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
@@ -120,36 +102,29 @@ class ModelRegistry:
                 raise ModelLoadError(f"model {model.name}: {error}") from error
             logger.error("model %s is not served: %s", model.name, error)
 
-    def _load_guarded(self, model: ServedModel, artifacts: Path) -> Exception | None:
+    def _load_model(self, model: ServedModel, artifacts: Path) -> Exception | None:
+        """Load one model: its assets, its sessions and those of its extra graphs, its task state; the error, if any."""
+        started, entry = time.perf_counter(), model.entry
         try:
-            self._load_model(model, artifacts)
+            for key, asset in entry.assets.items():
+                model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
+            self._open(model, artifacts)
+            layouts = graph_layouts(self.tasks[model.task])
+            for key, graph in entry.graphs.items():
+                if key not in layouts:
+                    known = ", ".join(sorted(layouts)) or "none"
+                    raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
+                update = {"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
+                part = ServedModel(entry.model_copy(update=update))
+                self._open(part, artifacts)
+                model.graphs[key] = part
+            model.state = self.tasks[model.task].prepare(model)
         except Exception as error:
             model.instances, model.error = [], str(error)
             return error
+        seconds = time.perf_counter() - started
+        logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, seconds)
         return None
-
-    def _load_model(self, model: ServedModel, artifacts: Path) -> None:
-        started = time.perf_counter()
-        entry = model.entry
-        for key, asset in entry.assets.items():
-            model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
-        self._open(model, artifacts)
-        layouts = graph_layouts(self.tasks[model.task])
-        for key, graph in entry.graphs.items():
-            if key not in layouts:
-                known = ", ".join(sorted(layouts)) or "none"
-                raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
-            part = ServedModel(
-                entry.model_copy(
-                    update={"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
-                )
-            )
-            self._open(part, artifacts)
-            model.graphs[key] = part
-        model.state = self.tasks[model.task].prepare(model)
-        logger.info(
-            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
-        )
 
     def _open(self, model: ServedModel, artifacts: Path) -> None:
         """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
@@ -161,7 +136,7 @@ class ModelRegistry:
             session = preopened.take(model.file, model.entry.sha256, provider, self.settings)
             if session is None:
                 if not verified:
-                    _verify(model.file, model.entry.file, model.entry.sha256, "model file")
+                    verify(model.file, model.entry.file, model.entry.sha256, "model file")
                     verified = True
                 session = open_session(model.file, self.settings, provider)
             check_session_provider(session, provider, model.name)
@@ -176,7 +151,7 @@ class ModelRegistry:
         path = confined(artifacts, name)
         cached = self._asset_cache.get((path, sha256))
         if cached is None:
-            _verify(path, name, sha256, f"asset {key}")
+            verify(path, name, sha256, f"asset {key}")
             cached = self._asset_cache[(path, sha256)] = load_npy(path)
         return cached
 
@@ -205,13 +180,3 @@ class ModelRegistry:
             self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
         return model
-
-
-def _verify(path: Path, name: str, expected: str, what: str) -> None:
-    if not path.is_file():
-        raise ModelLoadError(f"{what} {name} is missing")
-    actual = sha256_of(path)
-    if actual != expected:
-        raise ModelLoadError(
-            f"{what} {name} has sha256 {actual}, but the manifest says {expected}; refusing to serve it"
-        )

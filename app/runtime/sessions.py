@@ -1,11 +1,8 @@
 """ONNX Runtime sessions: their options (from the thread budget), and opening them early for a faster start.
 
-`python -m app` calls `preopened.start(settings)` before it imports the web stack (FastAPI, uvicorn, the
-task packages). Every ONNX file of the manifest is then verified (sha256) and opened on background
-threads while those imports run: ONNX Runtime builds a session without holding the GIL, so the two
-overlap. The registry takes each session from `preopened` (same file, checksum, provider and settings) or,
-when it is not there or failed, verifies and opens the file itself, so every error is still reported by
-the registry, in its words.
+`preopened.start(settings)` verifies and opens every ONNX file of the manifest on background threads while the
+web stack is imported (ONNX Runtime builds a session without holding the GIL). The registry takes each session
+from `preopened`, or verifies and opens the file itself, so every error is still reported by the registry.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from app.core.integrity import sha256_of
+from app.core.integrity import verify
 from app.core.manifest import confined, load_manifest
 from app.core.settings import Settings, usable_cpus
 from app.runtime.providers import resolve_provider, session_providers
@@ -24,11 +21,8 @@ SessionKey = tuple[Path, str, str]  # file, sha256, provider
 
 
 def session_options(settings: Settings) -> ort.SessionOptions:
-    """Threads from the budget, no spinning (the CPUs are shared with request handling), the CPU arena off.
-
-    The arena grows to the largest run and keeps that memory for good; it makes large runs faster
-    (BENCHMARKS.md). MNEMO_CPU_ARENA=true trades that memory for the speed.
-    """
+    """Threads from the budget, no spinning (the CPUs are shared with request handling), the CPU arena as
+    MNEMO_CPU_ARENA says (it makes large runs faster, but keeps the memory of the largest run for good)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = 1
@@ -84,8 +78,7 @@ class PreopenedSessions:
 
 
 def _open_verified(path: Path, sha256: str, settings: Settings, provider: str) -> ort.InferenceSession:
-    if sha256_of(path) != sha256:
-        raise ValueError(f"{path} does not match its sha256")
+    verify(path, path.name, sha256, "model file")
     return open_session(path, settings, provider)
 
 
