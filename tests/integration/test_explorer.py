@@ -370,7 +370,7 @@ def test_each_model_is_described_in_one_line_with_a_link_to_the_api_docs(watched
     links = page.locator("#panel-knowledge a[href='/docs']")
     expect(links).to_have_count(1)
     links.click()
-    expect(page.locator(".opblock").first).to_be_visible()  # Swagger UI, from this server
+    expect(page.locator(".opblock").first).to_be_visible(timeout=30_000)  # Swagger UI, from this server
     watched.assert_clean()
 
 
