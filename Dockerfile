@@ -52,9 +52,11 @@ RUN groupadd --system --gid 10001 mnemo \
 WORKDIR /srv/mnemo
 COPY artifacts ./artifacts
 COPY LICENSE NOTICE ./
-# CUDA and cuDNN from the base image, found by onnxruntime-gpu's CUDA provider at run time.
+# CUDA and cuDNN from the base image, found by onnxruntime-gpu's CUDA provider at run time. The service user has
+# no home directory: HOME=/tmp gives CUDA's kernel cache (~/.nv/ComputeCache) somewhere writable.
 ENV PATH=/opt/venv/bin:$PATH \
     LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu \
+    HOME=/tmp \
     PYTHONUNBUFFERED=1 \
     MNEMO_ARTIFACTS_DIR=/srv/mnemo/artifacts \
     MNEMO_HOST=0.0.0.0 \

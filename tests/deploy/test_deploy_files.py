@@ -125,6 +125,7 @@ def test_both_images_keep_student_state_in_a_volume_the_service_user_owns():
     stages = _stages()
     for name in ("runtime", "runtime-gpu"):
         body = "\n".join(stages[name])
+        assert "HOME=/tmp" in body, name  # the user has no home; CUDA's kernel cache and Python's caches need one
         assert f"MNEMO_STATE_URL=sqlite:///{STATE_DIR}/students.db" in body, name
         assert f'VOLUME ["{STATE_DIR}"]' in body, name
     assert f"install -d -o 10001 -g 10001 -m 0750 {STATE_DIR}" in "\n".join(stages["runtime-gpu"])
