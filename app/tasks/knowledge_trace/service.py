@@ -146,12 +146,8 @@ def _zero_state(model: ServedModel, family: Family) -> np.ndarray:
 def _concept_skills(
     model: ServedModel, init_memory: np.ndarray, names: tuple[str | None, ...]
 ) -> tuple[tuple[str, ...], ...]:
-    """Per concept, the names of the TOP_SKILLS questions with the largest correlation weight on it.
-
-    A question's correlation weights depend on the key memory only, so one step per question from the
-    initial memory gives them all (`corr_w` [n_questions, 1, n_concepts]). Names lose the CSV quotes some
-    ASSISTments skill names carry (`"Angles - Obtuse, Acute, and Right"`).
-    """
+    """Per concept, the names (without CSV quotes) of the TOP_SKILLS questions with the largest correlation weight
+    on it: one step per question from the initial memory, as the weights depend on the key memory only."""
     questions = np.arange(1, len(names) + 1, dtype=np.int64)
     weights = model.run(step_feeds(DKVMN, init_memory, questions))["corr_w"][:, 0, :]
     ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
@@ -170,21 +166,6 @@ def describe(model: ServedModel) -> dict[str, Any]:
         "n_concepts": state.n_concepts,
         "seqlen": state.seqlen,
     }
-
-
-def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str, ...]) -> None:
-    """Ids outside 1..n_questions are a 422 naming each such item (the first MAX_LISTED_ERRORS) and the range."""
-    state: KnowledgeTraceState = model.state
-    bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
-    if len(bad):
-        refuse_items(
-            field,
-            bad.tolist(),
-            lambda index: (
-                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of "
-                f"model {model.name}"
-            ),
-        )
 
 
 _QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
@@ -219,7 +200,16 @@ def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: t
             ),
         )
     questions = np.fromiter(values, dtype=np.int64, count=len(values))
-    check_questions(model, questions, field)
+    bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
+    if len(bad):
+        refuse_items(
+            field,
+            bad.tolist(),
+            lambda index: (
+                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of "
+                f"model {model.name}"
+            ),
+        )
     return questions
 
 
@@ -332,11 +322,8 @@ def trace_of(family: Family, chunks: list[Feeds]) -> Trace:
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
-    """P(correct) of each question after the history: one step per question from the final state.
-
-    The prediction at a step reads the state before that step's update, so the answer fed with it
-    (0) does not matter.
-    """
+    """P(correct) of each question after the history: one step per question from the final state (a step's
+    prediction reads the state before its update, so the answer fed with it does not matter)."""
     outputs = await model.batcher.run(next_feeds(model, memory, questions), len(questions), 1, keep=("p",))
     return outputs["p"][:, 0]
 
