@@ -143,30 +143,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self.ModelInfer(request, context)
 
     async def _complete(
-        self,
-        model_name: str,
-        context: grpc.aio.ServicerContext,
-        work: Coroutine[Any, Any, Any],
-        timeout_s: float | None,
+        self, model: str, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, Any], timeout_s: float | None
     ) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
-        arrival = request_arrival.get()
-        client_timeout_s, source = timeout_s, "the request's timeout parameter"
-        remaining = context.time_remaining()
-        if remaining is not None:
-            rpc_timeout_s = time.perf_counter() - arrival + remaining
-            if client_timeout_s is None or rpc_timeout_s < client_timeout_s:
-                client_timeout_s, source = rpc_timeout_s, "the gRPC deadline"
+        arrival, remaining = request_arrival.get(), context.time_remaining()
+        rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
+        source = "the request's timeout parameter"
+        if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
+            timeout_s, source = rpc_timeout_s, "the gRPC deadline"
         state = self.state
-        deadline = Deadline(
-            model_name,
-            state.metrics,
-            state.loop_lag,
-            state.settings.request_timeout_s,
-            arrival,
-            client_timeout_s,
-            source,
-        )
+        limit_s = state.settings.request_timeout_s
+        deadline = Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
         return await within_deadline(work, deadline)
 
     @property
