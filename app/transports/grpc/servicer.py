@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from app.core.errors import ServiceError
 from app.core.request_context import request_arrival
-from app.runtime.offload import offload, offload_if
+from app.runtime.offload import offload_if
 from app.runtime.tensors import ProtocolError
 from app.transports.access import api_key_check
 from app.transports.deadline import Deadline, within_deadline
@@ -121,8 +121,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise ProtocolError("The server is shutting down; retry on another instance.", 503)
         model, codec = inference.find_model(self._registry, message.model_name, message.model_version)
         size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
-        inline = size <= inference.INLINE_BYTES
-        parsed, binary = inference_request(message) if inline else await offload(inference_request, message)
+        parsed, binary = await offload_if(size > inference.INLINE_BYTES, inference_request, message)
         task = asyncio.current_task()
         drain.enter(task)
         try:
