@@ -1,24 +1,13 @@
 """The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode.
 
-Two model families (the manifest's `metadata.family`, default `dkvmn`):
+Two model families (the manifest's `metadata.family`, default `dkvmn`): DKVMN (inputs q, r [B,T], len [B],
+mv_in [B,N,d_v]; outputs p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out), whose N memory slots are latent
+concepts that explain its answers, and the DKT baseline (an LSTM: state_in/state_out [B,2,S], no concepts).
 
-- DKVMN. Inputs q, r [B,T] int64 (0 = padding), len [B] int64, mv_in [B,N,d_v] float32; outputs p [B,T],
-  corr_w [B,T,N], mastery [B,T+1,N], mv_out [B,N,d_v]. The value memory's N slots are latent concepts,
-  so its answers explain themselves: mastery per concept, attention, each question's main concept.
-- DKT (the LSTM baseline). Inputs q, r, len and state_in [B,2,S] (h and c); outputs p and state_out.
-  It has no memory slots: mastery, attention and concepts are None.
-
-The state (value memory or LSTM state) is the model's only recurrent state, so a history can be cut
-anywhere and resumed from the state output with the same results. A history is run in consecutive
-chunks of at most `seqlen` interactions, each one batch row starting from the state the previous chunk
-ended with. Where a model's chunks share runs well (`max_cells` of several chunks: DKT, and dkvmn-synthetic,
-whose 50-step chunks share runs of 200 cells), the k-th chunks of all histories queue as rows together and
-share runs with other requests' rows. Where they do not (the other DKVMN models: `max_cells` of one chunk,
-since a DKVMN run costs as much per history at batch 32 as at batch 1), a history
-of one chunk still shares runs, and a longer one runs as a chain on a run slot, chunk after chunk, giving the
-slot back every `CHAIN_SLICE_S` (app/runtime/batcher.py). Either way a long history never holds the model
-while others wait. (The published evaluation instead restarts every chunk from the initial state; for
-histories of at most `seqlen` interactions both are the same.)
+The state is the model's only recurrent state, so a history runs in consecutive chunks of at most `seqlen`
+steps, each from the state the previous one ended with. Where a model's `max_cells` holds several chunks, the
+k-th chunks of all histories share runs as rows; else a long history runs as a chain on a run slot, giving it
+back every `CHAIN_SLICE_S` (app/runtime/batcher.py), so a long history never holds the model while others wait.
 """
 
 from __future__ import annotations
@@ -57,10 +46,6 @@ class Family:
     state_input: str
     state_output: str
     has_concepts: bool
-
-    def supports(self) -> dict[str, bool]:
-        """The optional response fields this family fills (GET /models `supports`)."""
-        return {"mastery": self.has_concepts, "attention": self.has_concepts, "concepts": self.has_concepts}
 
 
 DKVMN = Family("dkvmn", "mv_in", "mv_out", has_concepts=True)
@@ -161,21 +146,10 @@ def _zero_state(model: ServedModel, family: Family) -> np.ndarray:
 def _concept_skills(
     model: ServedModel, init_memory: np.ndarray, names: tuple[str | None, ...]
 ) -> tuple[tuple[str, ...], ...]:
-    """Per concept, the names of the TOP_SKILLS questions with the largest correlation weight on it.
-
-    A question's correlation weights depend on the key memory only, so one step per question from the
-    initial memory gives them all (`corr_w` [n_questions, 1, n_concepts]). Names lose the CSV quotes some
-    ASSISTments skill names carry (`"Angles - Obtuse, Acute, and Right"`).
-    """
-    count = len(names)
-    weights = model.run(
-        {
-            "q": np.arange(1, count + 1, dtype=np.int64).reshape(count, 1),
-            "r": np.zeros((count, 1), dtype=np.int64),
-            "len": np.ones(count, dtype=np.int64),
-            "mv_in": np.repeat(init_memory[np.newaxis], count, axis=0),
-        }
-    )["corr_w"][:, 0, :]
+    """Per concept, the names (without CSV quotes) of the TOP_SKILLS questions with the largest correlation weight
+    on it: one step per question from the initial memory, as the weights depend on the key memory only."""
+    questions = np.arange(1, len(names) + 1, dtype=np.int64)
+    weights = model.run(step_feeds(DKVMN, init_memory, questions))["corr_w"][:, 0, :]
     ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
     return tuple(
         tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
@@ -187,35 +161,11 @@ def describe(model: ServedModel) -> dict[str, Any]:
     state: KnowledgeTraceState = model.state
     return {
         "family": state.family.name,
-        "supports": state.family.supports(),
+        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.family.has_concepts),
         "n_questions": state.n_questions,
         "n_concepts": state.n_concepts,
         "seqlen": state.seqlen,
     }
-
-
-def check_questions(model: ServedModel, questions: np.ndarray, field: tuple[str, ...]) -> None:
-    """Ids outside 1..n_questions are a 422 naming each such item (the first MAX_LISTED_ERRORS) and the range."""
-    state: KnowledgeTraceState = model.state
-    bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
-    if len(bad):
-        refuse_items(
-            field,
-            bad.tolist(),
-            lambda index: (
-                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of "
-                f"model {model.name}"
-            ),
-        )
-
-
-def check_length(model: ServedModel, count: int) -> None:
-    state: KnowledgeTraceState = model.state
-    if count > state.max_interactions:
-        raise InvalidInput(
-            ("body", "interactions"),
-            f"{count} interactions; model {model.name} accepts at most {state.max_interactions}",
-        )
 
 
 _QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
@@ -224,8 +174,10 @@ _QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("corr
 def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     """Questions and answers (0/1) of validated `interactions` (body field `interactions`), checked against the
     model's limits."""
-    count = len(interactions)
-    check_length(model, count)
+    count, limit = len(interactions), model.state.max_interactions
+    if count > limit:
+        message = f"{count} interactions; model {model.name} accepts at most {limit}"
+        raise InvalidInput(("body", "interactions"), message)
     # map(itemgetter) runs in C: a third of the time of a generator expression
     questions = question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
     correct = np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
@@ -248,7 +200,16 @@ def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: t
             ),
         )
     questions = np.fromiter(values, dtype=np.int64, count=len(values))
-    check_questions(model, questions, field)
+    bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
+    if len(bad):
+        refuse_items(
+            field,
+            bad.tolist(),
+            lambda index: (
+                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of "
+                f"model {model.name}"
+            ),
+        )
     return questions
 
 
@@ -361,24 +322,25 @@ def trace_of(family: Family, chunks: list[Feeds]) -> Trace:
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
-    """P(correct) of each question after the history: one step per question from the final state.
-
-    The prediction at a step reads the state before that step's update, so the answer fed with it
-    (0) does not matter.
-    """
+    """P(correct) of each question after the history: one step per question from the final state (a step's
+    prediction reads the state before its update, so the answer fed with it does not matter)."""
     outputs = await model.batcher.run(next_feeds(model, memory, questions), len(questions), 1, keep=("p",))
     return outputs["p"][:, 0]
 
 
 def next_feeds(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> Feeds:
-    """The feeds of `predict_next`: one row of one step per question, each from `memory`."""
+    """The feeds of `predict_next`."""
+    return step_feeds(model.state.family, memory, questions)
+
+
+def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Feeds:
+    """One row of one step per question, each from `memory` (one read-only view of it for every row)."""
     count = len(questions)
     return {
         "q": questions.astype(np.int64).reshape(count, 1),
         "r": np.zeros((count, 1), dtype=np.int64),
         "len": np.ones(count, dtype=np.int64),
-        # one read-only view of the memory for every row (no copy per question: 1,223 of them on STATICS)
-        model.state.family.state_input: np.broadcast_to(memory.astype(np.float32), (count, *memory.shape)),
+        family.state_input: np.broadcast_to(memory.astype(np.float32), (count, *memory.shape)),
     }
 
 
@@ -387,13 +349,7 @@ async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | Non
     family without memory slots (DKT)."""
     if not model.state.family.has_concepts:
         return None
-    feeds = {
-        "q": np.ones((1, 1), dtype=np.int64),
-        "r": np.zeros((1, 1), dtype=np.int64),
-        "len": np.ones(1, dtype=np.int64),
-        "mv_in": memory[np.newaxis].astype(np.float32),
-    }
-    outputs = await model.batcher.run(feeds, 1, 1)
+    outputs = await model.batcher.run(next_feeds(model, memory, np.ones(1, dtype=np.int64)), 1, 1)
     return outputs["mastery"][0, 0]
 
 
@@ -434,24 +390,14 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
         "limit": limit,
         "questions": [
             {
-                "question": question_id(state, question),
+                "question": question if state.question_ids is None else state.question_ids.ids[question - 1],
                 "name": state.names[question - 1] if state.names else None,
-                "concept": main_concept(state, question),
+                "concept": None if state.concepts is None else int(state.concepts[question - 1]),
             }
             for question in ids
         ],
         "concepts": None if state.concept_skills is None else concept_labels(state),
     }
-
-
-def question_id(state: KnowledgeTraceState, question: int) -> QuestionKey:
-    """The id requests and answers use for question number `question`: the model's own, else the number."""
-    return question if state.question_ids is None else state.question_ids.ids[question - 1]
-
-
-def main_concept(state: KnowledgeTraceState, question: int) -> int | None:
-    """The latent concept a question weighs most, or None for a family without memory slots (DKT)."""
-    return None if state.concepts is None else int(state.concepts[question - 1])
 
 
 def concept_labels(state: KnowledgeTraceState) -> list[dict[str, Any]]:

@@ -106,19 +106,12 @@ async def infer(model: ServedModel, histories: Histories) -> Feeds:
     )
     batch, steps = histories.questions.shape
     family: service.Family = model.state.family
-    result = {
-        "p": np.zeros((batch, steps), dtype=np.float32),
-        family.state_output: np.zeros((batch, *traces[0].memory.shape), dtype=np.float32),
-    }
-    if family.has_concepts:
-        concepts = traces[0].memory.shape[0]
-        result["corr_w"] = np.zeros((batch, steps, concepts), dtype=np.float32)
-        result["mastery"] = np.zeros((batch, steps + 1, concepts), dtype=np.float32)
-    for row, trace in enumerate(traces):
-        length = len(trace.predictions)
-        result["p"][row, :length] = trace.predictions
-        result[family.state_output][row] = trace.memory
-        if family.has_concepts:
-            result["corr_w"][row, :length] = trace.attention
-            result["mastery"][row, : length + 1] = trace.mastery
+    result = {family.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
+    sequences = {"p": "predictions"} | ({"corr_w": "attention", "mastery": "mastery"} if family.has_concepts else {})
+    for name, field in sequences.items():
+        rows = [getattr(trace, field) for trace in traces]
+        prior = len(rows[0]) - len(traces[0].predictions)  # mastery's row 0, before any step
+        result[name] = padded = np.zeros((batch, steps + prior, *rows[0].shape[1:]), dtype=np.float32)
+        for row, values in enumerate(rows):
+            padded[row, : len(values)] = values
     return result

@@ -9,31 +9,36 @@ import numpy as np
 
 
 @lru_cache(maxsize=512)
-def _cells(length: int, pointer: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The cells of a pass's map its memory row read: step steps[i] read token tokens[i] in slot slots[i]."""
+def _cells(length: int, slots: int, pointer: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat indices of what a pass's memory row read: into its [L,K] weights, into its [L,L] map, and into that map
+    flipped back (the backward pass's cell (t, i) is (L-1-t, L-1-i))."""
     steps = np.arange(length)
     if pointer == "flmp":
-        return steps, steps, np.ones(length, dtype=np.intp)
-    sources = steps[:, None] - window + 1 + np.arange(window)[None, :]  # [L, w]: token read in each slot
-    valid = sources >= 0
-    slots = np.broadcast_to(1 + np.arange(window), sources.shape)
-    return np.broadcast_to(steps[:, None], sources.shape)[valid], sources[valid], slots[valid]
+        step, token, slot = steps, steps, np.ones(length, dtype=np.intp)
+    else:
+        sources = steps[:, None] - window + 1 + np.arange(window)[None, :]  # [L, w]: token read in each slot
+        valid = sources >= 0
+        step, token = np.broadcast_to(steps[:, None], sources.shape)[valid], sources[valid]
+        slot = np.broadcast_to(1 + np.arange(window), sources.shape)[valid]
+    flipped = (length - 1 - step) * length + (length - 1 - token)
+    return step * slots + slot, step * length + token, flipped
 
 
 def direction_map(weights: np.ndarray, pointer: str, window: int) -> np.ndarray:
-    """[L,H,K] per-step memory-row weights of one pass -> [L,L] map in that pass's reading order."""
-    length = len(weights)
-    steps, tokens, slots = _cells(length, pointer, window)
-    result = np.zeros((length, length), dtype=np.float32)
-    result[steps, tokens] = weights.mean(axis=1, dtype=np.float32)[steps, slots]  # heads averaged
-    return result
+    """[L,H,K] per-step memory-row weights of one pass -> [L,L] map in that pass's reading order (heads averaged)."""
+    length, _, slots = weights.shape
+    read, cells, _ = _cells(length, slots, pointer, window)
+    result = np.zeros(length * length, dtype=np.float32)
+    result[cells] = weights.mean(axis=1, dtype=np.float32).ravel()[read]
+    return result.reshape(length, length)
 
 
 def combined_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
-    """Mean of the forward map and the backward map, whose cell (t, i) lands at (L-1-t, L-1-i)."""
-    length = len(forward)
-    steps, tokens, slots = _cells(length, pointer, window)
-    result = direction_map(forward, pointer, window)
-    result[length - 1 - steps, length - 1 - tokens] += backward.mean(axis=1, dtype=np.float32)[steps, slots]
-    result /= 2
-    return result
+    """Mean of the forward map and the backward map flipped back (heads averaged: summed, then scaled once)."""
+    length, heads, slots = forward.shape
+    read, cells, flipped = _cells(length, slots, pointer, window)
+    result = np.zeros(length * length, dtype=np.float32)
+    result[cells] = forward.sum(axis=1, dtype=np.float32).ravel()[read]
+    result[flipped] += backward.sum(axis=1, dtype=np.float32).ravel()[read]
+    result *= 0.5 / heads
+    return result.reshape(length, length)

@@ -7,6 +7,7 @@ decode tensors with the same code; outputs go as `raw_output_contents`. Methods 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -21,7 +22,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from app.core.errors import ServiceError
 from app.core.request_context import request_arrival
-from app.runtime.offload import ParseQueueFull, offload, offload_or_shed
+from app.runtime.offload import offload_if
 from app.runtime.tensors import ProtocolError
 from app.transports.access import api_key_check
 from app.transports.deadline import Deadline, within_deadline
@@ -30,7 +31,6 @@ from app.transports.oip.inference import Answer, registry_of
 from app.transports.oip.tensors import InferenceRequest, tensor_bytes
 
 logger = logging.getLogger("mnemo.grpc")
-INLINE_MESSAGE_BYTES = 8192  # smaller messages are decoded and encoded on the event loop, as REST's small bodies are
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -121,25 +121,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise ProtocolError("The server is shutting down; retry on another instance.", 503)
         model, codec = inference.find_model(self._registry, message.model_name, message.model_version)
         size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
-        small = size <= INLINE_MESSAGE_BYTES
-        parsed, binary = inference_request(message) if small else await offload(inference_request, message)
+        parsed, binary = await offload_if(size > inference.INLINE_BYTES, inference_request, message)
         task = asyncio.current_task()
         drain.enter(task)
         try:
-            answer = await inference.infer(
-                model,
-                codec,
-                parsed,
-                binary,
-                offload if small else lambda function, *args: self._decode_off_loop(size, function, *args),
-                lambda work, timeout_s: self._complete(work, model.name, timeout_s, context),
-            )
+            bounded = functools.partial(self._complete, model.name, context)
+            answer = await inference.infer(model, codec, parsed, binary, size, self.state.metrics, bounded)
         finally:
             drain.leave(task)
         response = (model.name, model.entry.version, parsed.id, answer)
-        if sum(answer.outputs[name].nbytes for name in answer.wanted) <= INLINE_MESSAGE_BYTES:
-            return inference_response(*response)
-        return await offload(inference_response, *response)  # large outputs are copied off the event loop
+        return await offload_if(not answer.small, inference_response, *response)  # large outputs copied off the loop
 
     async def ModelInferBytes(self, data: bytes, context: grpc.aio.ServicerContext) -> Message:
         """ModelInfer from its undecoded message (server.py routes it here): a malformed one is INVALID_ARGUMENT,
@@ -150,39 +141,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return await self._call("ModelInfer", "/v2/models/infer", context, _malformed)
         return await self.ModelInfer(request, context)
 
-    async def _decode_off_loop(self, size: int, function: Callable[..., Any], *args: Any) -> Any:
-        """Decoding on a worker thread in the bounded parse queue, as REST's large bodies (429 while it is full)."""
-        try:
-            return await offload_or_shed(size, function, *args)
-        except ParseQueueFull:
-            self.state.metrics.refused("parse_queue_full")
-            raise
-
     async def _complete(
-        self,
-        work: Coroutine[Any, Any, Any],
-        model_name: str,
-        timeout_s: float | None,
-        context: grpc.aio.ServicerContext,
+        self, model: str, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, Any], timeout_s: float | None
     ) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
-        arrival = request_arrival.get()
-        client_timeout_s, source = timeout_s, "the request's timeout parameter"
-        remaining = context.time_remaining()
-        if remaining is not None:
-            rpc_timeout_s = time.perf_counter() - arrival + remaining
-            if client_timeout_s is None or rpc_timeout_s < client_timeout_s:
-                client_timeout_s, source = rpc_timeout_s, "the gRPC deadline"
+        arrival, remaining = request_arrival.get(), context.time_remaining()
+        rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
+        source = "the request's timeout parameter"
+        if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
+            timeout_s, source = rpc_timeout_s, "the gRPC deadline"
         state = self.state
-        deadline = Deadline(
-            model_name,
-            state.metrics,
-            state.loop_lag,
-            state.settings.request_timeout_s,
-            arrival,
-            client_timeout_s,
-            source,
-        )
+        limit_s = state.settings.request_timeout_s
+        deadline = Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
         return await within_deadline(work, deadline)
 
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
@@ -16,16 +16,18 @@ from pydantic import ValidationError
 from starlette.datastructures import State
 
 from app.core.errors import ServiceError, ort_message
+from app.core.metrics import Metrics
 from app.runtime.model import ServedModel, TensorCodec
-from app.runtime.offload import offload
+from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.runtime.registry import ModelRegistry
 from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.tensors import InferenceRequest, decode_inputs, json_text, requested_outputs
 
 # how a transport bounds the work: `complete(work, client_timeout_s)` (deadline, client gone)
 Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
-# how a transport runs the decoding of the tensors (on a worker thread, or shed)
-Decode = Callable[..., Awaitable[dict[str, np.ndarray | None]]]
+INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
+T = TypeVar("T")
+P = ParamSpec("P")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
 BACKENDS = {"onnxruntime_onnx": "onnxruntime"}  # platforms whose graph the model's tensors are (Triton's backend)
 MAX_TIMEOUT_US = 2**63 - 1  # Triton's int64
@@ -59,6 +61,11 @@ class Answer:
     outputs: Mapping[str, np.ndarray]
     wanted: Mapping[str, bool]
     specs: list[TensorSpec]
+
+    @property
+    def small(self) -> bool:
+        """Its requested outputs are small enough to encode on the event loop."""
+        return sum(self.outputs[name].nbytes for name in self.wanted) <= INLINE_BYTES
 
 
 def registry_of(state: State) -> ModelRegistry | None:
@@ -112,14 +119,32 @@ def find_model(
     return model, codec
 
 
+async def off_loop(size: int, metrics: Metrics, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`function` for a request of `size` bytes: on the event loop up to INLINE_BYTES, else on a worker thread in
+    the bounded parse queue (429, counted as parse_queue_full, while it is full)."""
+    if size <= INLINE_BYTES:
+        return function(*args, **kwargs)
+    try:
+        return await offload_or_shed(size, function, *args, **kwargs)
+    except ParseQueueFull:
+        metrics.refused("parse_queue_full")
+        raise
+
+
 async def infer(
-    model: ServedModel, codec: TensorCodec, request: InferenceRequest, binary: bytes, decode: Decode, complete: Complete
+    model: ServedModel,
+    codec: TensorCodec,
+    request: InferenceRequest,
+    binary: bytes,
+    size: int,
+    metrics: Metrics,
+    complete: Complete,
 ) -> Answer:
-    """Run the model on the request's tensors, decoded by `decode`, admitted by its batcher, bounded by `complete`."""
+    """Run the model on the request's tensors (`size` bytes), admitted by its batcher, bounded by `complete`."""
     timeout_s = check_parameters(request)
     wanted = requested_outputs(request, codec.outputs(model))
-    tensors = await decode(decode_inputs, request, binary, codec.inputs(model))
-    prepared = await offload(codec.prepare, model, tensors)
+    tensors = await off_loop(size, metrics, decode_inputs, request, binary, codec.inputs(model))
+    prepared = await off_loop(size, metrics, codec.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
         outputs = await complete(codec.infer(model, prepared), timeout_s)
     return Answer(outputs, wanted, codec.outputs(model))

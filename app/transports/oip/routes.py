@@ -6,7 +6,6 @@ Every error is the protocol's `{"error": "<sentence>"}`. A model's routes also a
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -17,16 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.responses import Response
 
 from app.core.responses import JsonResponse
-from app.runtime.offload import offload
+from app.runtime.offload import offload_if
 from app.transports.access import BINARY_HEADER_LENGTH
-from app.transports.http import (
-    check_declared_charset,
-    check_identity_encoding,
-    check_utf8_body,
-    complete,
-    json_body,
-    parse_off_loop,
-)
+from app.transports.http import check_declared_charset, check_identity_encoding, check_utf8_body, complete, json_body
 from app.transports.oip import inference
 from app.transports.oip.inference import registry_of
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response
@@ -92,7 +84,6 @@ class RepositoryIndexRequest(BaseModel):
 
 logger = logging.getLogger("mnemo.oip")
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
-INLINE_BODY_BYTES = 8192
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 Handler = Callable[..., Awaitable[Response]]
 
@@ -204,28 +195,19 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     check_utf8_body(body)
-    size = len(body) + len(binary)
-    inline = size <= INLINE_BODY_BYTES
+    size, metrics = len(body) + len(binary), request.app.state.metrics
     try:
-        parsed = (
-            InferenceRequest.model_validate_json(body)
-            if inline
-            else await parse_off_loop(request, size, InferenceRequest.model_validate_json, body)
-        )
+        parsed = await inference.off_loop(size, metrics, InferenceRequest.model_validate_json, body)
     except ValidationError as error:
         raise inference.invalid_request(error) from None
     answer = await inference.infer(
-        model,
-        codec,
-        parsed,
-        binary,
-        offload if inline else functools.partial(parse_off_loop, request, size),
-        lambda work, timeout_s: complete(request, work, model.name, timeout_s),
+        model, codec, parsed, binary, size, metrics, lambda work, timeout: complete(request, work, model.name, timeout)
     )
     header = {"model_name": model.name, "model_version": model.entry.version}
     if parsed.id is not None:
         header["id"] = parsed.id
-    content, header_length = await offload(encode_response, header, answer.outputs, answer.specs, answer.wanted)
+    encoded = (header, answer.outputs, answer.specs, answer.wanted)
+    content, header_length = await offload_if(not answer.small, encode_response, *encoded)
     if header_length is None:
         return Response(content, media_type="application/json")
     return Response(
