@@ -39,6 +39,7 @@ SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row lengt
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
 PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (see `_learn_pace`)
+COLD_PACE = 6.0  # the pace of such a request until one has finished: a whole request takes several times its runs
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
@@ -178,7 +179,6 @@ class ModelBatcher:
         self._holds: list[Hold] = []  # the admitted requests that teach the pace
         self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
         self._last_release = -math.inf  # when the last of them was done
-        self._large = 0  # requests held (admitted, or their body parsed) predicted to take at least PACE_MIN_S
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = 0.0  # moving averages over admitted large bodies (`request_body_bytes`)
         self._cells_per_byte = 0.0
@@ -244,7 +244,6 @@ class ModelBatcher:
         hold = (now, predicted, own) if timed and own >= PACE_MIN_S else None
         if hold is not None:
             self._holds.append(hold)
-        self._large += own >= PACE_MIN_S
         self._admitted_rows += rows
         self._admitted_seconds += own
         self._admitted_gauge.set(self._admitted_rows)
@@ -256,7 +255,6 @@ class ModelBatcher:
             if hold is not None:
                 self._holds.remove(hold)
                 self._learn_pace(hold, finished)
-            self._large -= own >= PACE_MIN_S
             self._admitted_rows -= rows
             self._admitted_seconds -= own
             self._admitted_gauge.set(self._admitted_rows)
@@ -270,16 +268,15 @@ class ModelBatcher:
 
     def _refusal(self, rows: int, now: float, predicted: float, large: bool) -> tuple[str, str] | None:
         """Why a request `predicted` done in that many seconds at the cost models' pace (with the work ahead) is
-        refused (reason, text), or None. Until a `large` one (PACE_MIN_S) has finished, they run one at a time."""
+        refused (reason, text), or None. Until a `large` one (PACE_MIN_S) has finished, their pace is COLD_PACE."""
         if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         arrival = request_arrival.get()
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
         if waited >= self.config.deadline_s:  # already past its deadline: that is its answer (504), not a 429
             return None
-        if large and self._large and not self._paced[1]:
-            return "deadline", "no request of its size has finished yet, so they run one at a time"
-        needed = waited + (self.pace(now) * predicted if self._admitted_rows else 0.0)  # alone, a large one runs
+        pace = max(COLD_PACE, self.pace(now)) if large and not self._paced[1] else self.pace(now)
+        needed = waited + (pace * predicted if self._admitted_rows else 0.0)  # alone, a large request still runs
         if needed > DEADLINE_SHARE * self.config.deadline_s:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None

@@ -20,7 +20,7 @@ import pytest
 from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
-from app.runtime.batcher import CHAIN_SLICE_S, PACE_MIN_S, BatchConfig, Chain, ModelBatcher
+from app.runtime.batcher import CHAIN_SLICE_S, COLD_PACE, PACE_MIN_S, BatchConfig, Chain, ModelBatcher
 from app.runtime.instances import CPU, Instance, RunSlots
 from tests.manual_clock import WATCHDOG_S, ManualClock, run_on_clock
 from tests.toy_model import build_toy_onnx
@@ -382,8 +382,8 @@ def test_admission_refuses_work_that_could_not_finish_before_the_deadline(clock,
     at 100 us (20 ms) they do not, nor do they fit when the second has already spent 4 ms since it arrived."""
 
     async def scenario(batcher):
-        with batcher.admit(1, 100):  # at its predicted pace
-            clock.advance(cell_us * 100 / 1e6)
+        with batcher.admit(1, 1000):  # large enough to teach the pace, at its predicted pace
+            clock.advance(cell_us * 1000 / 1e6)
         with batcher.admit(1, 100):
             request_arrival.set(clock() - waited_ms / 1000)
             try:
@@ -457,19 +457,18 @@ def test_admission_counts_an_admitted_request_held_past_its_prediction(clock):
     assert _pacing(scenario, clock) == (True, False, False)
 
 
-def test_until_a_large_request_has_finished_large_requests_are_admitted_one_at_a_time(clock):
-    """Nothing is known of the pace after a start: a request predicted to take at least PACE_MIN_S is admitted
-    only alone (a burst at a cold start is not admitted on the cost model's word), a smaller one beside it."""
+def test_until_a_large_request_has_finished_its_pace_is_taken_as_cold_pace(clock):
+    """Nothing is known of the pace after a start: requests predicted to take at least PACE_MIN_S count COLD_PACE
+    times their prediction (a burst at a cold start is not admitted on the cost model's word): two of 20 ms fit in
+    0.25 s (0.24 s), three do not, until one has finished at its predicted pace; smaller ones count as they are."""
 
     async def scenario(batcher):
-        with batcher.admit(1, 100):
-            small = _fits(batcher, PACE_MIN_S * 1000 / 2)
-            with pytest.raises(Overloaded, match="no request of its size has finished yet"), batcher.admit(1, 100):
-                pass
-            clock.advance(0.1)
-        return small, _fits(batcher, 100, 100)
+        cold = _fits(batcher, 20, 20), _fits(batcher, 20, 20, 20), _fits(batcher, *[5] * 40)
+        _taking(batcher, clock, 0.02, cells=20)
+        return cold, _fits(batcher, 20, 20, 20)
 
-    assert _pacing(scenario, clock) == (True, True)
+    assert COLD_PACE == 6
+    assert _pacing(scenario, clock) == ((True, False, True), True)
 
 
 def test_a_failed_request_can_only_raise_the_pace_and_a_small_one_teaches_nothing(clock):
