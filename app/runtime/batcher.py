@@ -44,7 +44,6 @@ CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
 Keep = frozenset[str] | None  # the outputs a request reads (None: all); the others are dropped at once
-Hold = tuple[float, float, float]  # an admitted request's admission time, predicted seconds (with the work ahead), own
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,6 @@ class ModelBatcher:
         self._queue: list[_Item] = []
         self._admitted_rows = 0
         self._admitted_seconds = 0.0  # what the admitted requests are predicted to take, one after another
-        self._holds: list[Hold] = []  # the admitted requests that teach the pace
         self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
         self._last_release = -math.inf  # when the last of them was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
@@ -241,9 +239,7 @@ class ModelBatcher:
         if refusal is not None:
             self._metrics.rejected.labels(self.name, refused_as or refusal[0]).inc()
             raise Overloaded(f"Model {self.name} is at capacity ({refusal[1]}); retry after the Retry-After delay.")
-        hold = (now, predicted, own) if timed and own >= PACE_MIN_S else None
-        if hold is not None:
-            self._holds.append(hold)
+        hold = (now, own) if timed and own >= PACE_MIN_S else None
         self._admitted_rows += rows
         self._admitted_seconds += own
         self._admitted_gauge.set(self._admitted_rows)
@@ -253,8 +249,7 @@ class ModelBatcher:
             finished = True
         finally:
             if hold is not None:
-                self._holds.remove(hold)
-                self._learn_pace(hold, finished)
+                self._learn_pace(*hold, finished)
             self._admitted_rows -= rows
             self._admitted_seconds -= own
             self._admitted_gauge.set(self._admitted_rows)
@@ -275,24 +270,22 @@ class ModelBatcher:
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
         if waited >= self.config.deadline_s:  # already past its deadline: that is its answer (504), not a 429
             return None
-        pace = max(COLD_PACE, self.pace(now)) if large and not self._paced[1] else self.pace(now)
+        pace = COLD_PACE if large and not self._paced[1] else self.pace
         needed = waited + (pace * predicted if self._admitted_rows else 0.0)  # alone, a large request still runs
         if needed > DEADLINE_SHARE * self.config.deadline_s:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
 
-    def pace(self, now: float) -> float:
-        """How many times their prediction admitted requests take (at least 1): the wall time taken per predicted
-        second, or more while one has been held longer than that allows."""
+    @property
+    def pace(self) -> float:
+        """How many times their prediction admitted requests take (at least 1): wall time per predicted second."""
         wall, predicted = self._paced
-        held = max(((now - since) / ahead for since, ahead, _ in self._holds), default=0.0)
-        return max(1.0, wall / predicted if predicted else 1.0, held)
+        return max(1.0, wall / predicted if predicted else 1.0)
 
-    def _learn_pace(self, hold: Hold, finished: bool) -> None:
+    def _learn_pace(self, since: float, own: float, finished: bool) -> None:
         """Count the wall time since a request was admitted or the one before it was done (the later) against its
         own prediction, or against none when it failed: its work was not done. (Below PACE_MIN_S, costs the cost
         models do not see, HTTP and JSON, dominate: such requests do not count.)"""
-        since, _, own = hold
         now = self._clock()
         wall, self._last_release = now - max(since, self._last_release), now
         decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time to the sums, it does not age them
@@ -544,14 +537,6 @@ class ModelBatcher:
             self._instance_runs[instance.name].inc()
             self._instance_rows[instance.name].inc(rows)
 
-    def _run_chunk(self, instance: Instance, feeds: Feeds) -> Feeds:
-        """One run of a chain's chunk (one row), counted in the batch-size metric like any run."""
-        started = time.perf_counter()
-        outputs = instance.run(feeds)
-        self.stats.executed(1, 0.0, time.perf_counter() - started, 0.0)
-        self._batch_size.observe(1)
-        return outputs
-
     async def _isolate(self, instance: Instance, batch: list[_Item]) -> list[Feeds | BaseException]:
         """A failed batch is rerun item by item, so one bad input fails only its own request."""
         loop = asyncio.get_running_loop()
@@ -567,8 +552,11 @@ class ModelBatcher:
         """Collate, run and split, or run a chain's next chunks; also each run's `Sample` (collating included)."""
         chain = batch[0].chain
         if chain is not None:
-            run = functools.partial(self._run_chunk, instance)
-            return [chain.outputs], chain.run(run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
+            samples = chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
+            for _, _, seconds in samples:  # each chunk's run counts like any run
+                self.stats.executed(1, 0.0, seconds, 0.0)
+                self._batch_size.observe(1)
+            return [chain.outputs], samples
         collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
         started = self._clock()
