@@ -39,7 +39,7 @@ SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row lengt
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
 PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (see `_learn_pace`)
-COLD_PACE = 6.0  # the pace of such a request until one has finished: a whole request takes several times its runs
+COLD_PACE = 6.0  # their pace while none has finished lately: a whole request takes several times its runs
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
@@ -263,16 +263,19 @@ class ModelBatcher:
 
     def _refusal(self, rows: int, now: float, predicted: float, large: bool) -> tuple[str, str] | None:
         """Why a request `predicted` done in that many seconds at the cost models' pace (with the work ahead) is
-        refused (reason, text), or None. Until a `large` one (PACE_MIN_S) has finished, their pace is COLD_PACE."""
+        refused (reason, text), or None. The pace of a `large` one (PACE_MIN_S) is at least COLD_PACE when none has
+        finished within the share of the deadline: what it was learned from may no longer hold."""
         if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
         arrival = request_arrival.get()
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
         if waited >= self.config.deadline_s:  # already past its deadline: that is its answer (504), not a 429
             return None
-        pace = COLD_PACE if large and not self._paced[1] else self.pace
+        budget = DEADLINE_SHARE * self.config.deadline_s
+        stale = not self._paced[1] or now - self._last_release > budget
+        pace = max(COLD_PACE, self.pace) if large and stale else self.pace
         needed = waited + (pace * predicted if self._admitted_rows else 0.0)  # alone, a large request still runs
-        if needed > DEADLINE_SHARE * self.config.deadline_s:
+        if needed > budget:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
 

@@ -441,18 +441,21 @@ def test_admission_learns_how_much_longer_than_predicted_admitted_requests_take(
     assert _pacing(scenario, clock) == (True, False, pytest.approx(0.48 / 0.18))
 
 
-def test_until_a_large_request_has_finished_its_pace_is_taken_as_cold_pace(clock):
-    """Nothing is known of the pace after a start: requests predicted to take at least PACE_MIN_S count COLD_PACE
-    times their prediction (a burst at a cold start is not admitted on the cost model's word): two of 20 ms fit in
-    0.25 s (0.24 s), three do not, until one has finished at its predicted pace; smaller ones count as they are."""
+def test_while_no_large_request_has_finished_lately_its_pace_is_taken_as_cold_pace(clock):
+    """Nothing is known of the pace after a start, nor after a quarter of the deadline without a request done (the
+    load may have changed): requests predicted to take at least PACE_MIN_S then count COLD_PACE times their
+    prediction, so a burst is not admitted on a stale word: two of 20 ms fit in 0.25 s (0.24 s), three do not,
+    until one has finished at its predicted pace; smaller ones count as they are."""
 
     async def scenario(batcher):
         cold = _fits(batcher, 20, 20), _fits(batcher, 20, 20, 20), _fits(batcher, *[5] * 40)
         _taking(batcher, clock, 0.02, cells=20)
-        return cold, _fits(batcher, 20, 20, 20)
+        learned = _fits(batcher, 20, 20, 20)
+        clock.advance(0.26)
+        return cold, learned, _fits(batcher, 20, 20, 20), _fits(batcher, 20, 20)
 
     assert COLD_PACE == 6
-    assert _pacing(scenario, clock) == ((True, False, True), True)
+    assert _pacing(scenario, clock) == ((True, False, True), True, False, True)
 
 
 def test_a_failed_request_can_only_raise_the_pace_and_a_small_one_teaches_nothing(clock):
