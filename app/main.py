@@ -90,9 +90,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
             stack.push_async_callback(offload, app.state.students.close)
             await offload(app.state.students.open)
-            engine = Engine(
-                registry, settings, metrics, alone=app.state.drain.alone, lag=lambda: app.state.loop_lag.recent_s
-            )
+            engine = Engine(registry, settings, metrics, alone=app.state.drain.alone)
             stack.push_async_callback(engine.stop)
             app.state.loop_lag.start()
             stack.push_async_callback(app.state.loop_lag.stop)

@@ -1,22 +1,18 @@
 """Micro-batching and admission for one model over its instances, sized and routed by what runs cost.
 
 docs/engine.md describes the design. In short:
-- **Admission.** `admit(rows, cells)` raises `Overloaded` (429) at once past `max_queue` admitted rows, or when
-  the time since the request's arrival plus the time the instances need for the admitted cells and its own (their
-  cost models' rate, or the recent wall time per cell while busy, whichever is slower) passes `DEADLINE_SHARE` of
-  the deadline; to that time each run the request needs beyond its first adds the event loop's recent lag. A
-  request larger than the whole queue is still admitted when nothing else is, unless the time since its arrival
-  and those lags alone pass that share.
-  `reserve` holds the room a large body is expected to need while it is parsed.
-- **Batching.** `run`/`run_all` queue items (rows of one length) and await their outputs (`keep`: the outputs
-  read). A batch starts from the earliest request's item and adds the queued items nearest to it in length that
-  each save at least MIN_SAVING of their own cost, within the ceilings (`max_batch`, the instance's `max_rows`,
-  `max_cells` on CPU instances) and the head's deadline, spread over the instance's free slots. An idle model runs
-  at once; while one of its runs is in flight, the next batch waits for `max_batch` rows or `max_wait`.
-- **Routing.** Each batch goes to the instance predicted to finish it first (see `_route`).
+- **Admission.** `admit(rows, cells)` is 429 at once past `max_queue` admitted rows, or when the time since the
+  request's arrival plus the admitted work and its own (the cost models' prediction times the pace: how many
+  times that prediction admitted requests really take) passes DEADLINE_SHARE of the deadline. With nothing else
+  admitted only the time since arrival counts, so a large request still runs. `reserve`: the same for a body
+  being parsed, by what bodies of its size needed.
+- **Batching.** A batch starts from the earliest request's item and adds the queued items nearest in length that
+  each save at least MIN_SAVING of their own cost, within the ceilings and the head's deadline. An idle model runs
+  at once; while a run is in flight, the next batch waits for `max_batch` rows or `max_wait`.
+- **Routing.** Each batch goes to the instance predicted to finish it first (`_route`).
 - **Inline.** A lone request's batch predicted to take at most INLINE_MAX_RUN_S runs on the event loop itself.
-- **Chains.** `run_chain` runs a sequence's chunks one after another on a run slot's thread, each from the state
-  the one before it ended with, giving the slot back after CHAIN_SLICE_S.
+- **Chains.** `run_chain` runs a sequence's chunks in order on a run slot's thread, each from the state the one
+  before it ended with, giving the slot back after CHAIN_SLICE_S.
 - **Cancellation.** Items whose future is done or whose client has gone are dropped before they run.
 """
 
@@ -24,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -37,16 +34,16 @@ from app.runtime.instances import Instance, RunGraph
 from app.runtime.stats import ModelStats
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
-DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline (the rest: decoding, noise)
-SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, wall time per cell, body sizes)
+DEADLINE_SHARE = 0.25  # a request must be predicted done within this share of its deadline (see "Admission")
+SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, pace, body sizes)
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
-WALL_COST_TTL_S = 5.0  # the wall time per cell counts this long after the batch it was learned from
-WALL_MIN_CELLS = 256  # only larger batches teach it: a small one's wait says little of a cell's wall time
+PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (see `_learn_pace`)
+COLD_PACE = 6.0  # their pace while none has finished lately: a whole request takes several times its runs
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
-RESERVE_SHARE = 0.5  # a body being parsed holds half the rows and cells that its size predicts: a low guess
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
+Keep = frozenset[str] | None  # the outputs a request reads (None: all); the others are dropped at once
 
 
 @dataclass(frozen=True)
@@ -73,8 +70,7 @@ class Chain:
     def run(
         self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock = time.perf_counter
     ) -> list[Sample]:
-        """Run chunks in order until all are done, `budget_s` has passed on `clock`, or the request is no longer
-        `wanted`; the (rows, length, seconds) of each run."""
+        """Run chunks in order until all are done, `budget_s` has passed or the request is no longer `wanted`."""
         samples, started = [], clock()
         while not self.done and wanted():
             feeds, length = self.chunks[len(self.outputs)]
@@ -111,7 +107,7 @@ class _Item:
     future: asyncio.Future[Feeds] = field(repr=False)
     connected: Callable[[], bool] | None = field(default=None, repr=False)  # is its client still there?
     chain: Chain | None = field(default=None, repr=False)  # run alone, chunk after chunk (see "Chains")
-    keep: frozenset[str] | None = None  # the outputs its request reads (None: all); the others are dropped at once
+    keep: Keep = None
     waiting: bool = True  # in the queue (or about to run inline), its wait not yet in mnemo_queue_wait_seconds
 
     def wanted(self) -> bool:
@@ -129,11 +125,6 @@ class _Item:
 def _smoothed(average: float | None, sample: float) -> float:
     """The moving average (weight SMOOTHING for the newest sample); the sample itself before any (None, 0)."""
     return sample if not average else average + SMOOTHING * (sample - average)
-
-
-def _kept(outputs: Feeds, keep: frozenset[str] | None) -> Feeds:
-    """An item's outputs as its request reads them: all, or only those it keeps."""
-    return outputs if keep is None else {name: outputs[name] for name in keep}
 
 
 def _rows(batch: list[_Item]) -> int:
@@ -161,12 +152,10 @@ class ModelBatcher:
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
-        lag: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        """`alone()` tells whether the server is handling a single request (see "Alone, inline"); `lag()` is the
-        event loop's recent lag in seconds (app/core/loop_lag.py), read by admission. `clock` is
-        the time source of every wait, age and cost the batcher measures; the timeout of its wait for a fuller
-        batch is an event-loop timer, so a test that passes a manual clock runs the loop on it too."""
+        """`alone()`: the server is handling a single request (see "Inline"). `clock`: the time source of every
+        wait, age and cost measured; the wait for a fuller batch is an event-loop timer, so a test that passes a
+        manual clock runs the loop on it too."""
         self.name = name
         self.instances = tuple(instances)
         self._clock = clock
@@ -182,14 +171,12 @@ class ModelBatcher:
         self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self._alone = alone
-        self._lag = lag
         self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
-        self._admitted_cells = 0.0
-        self._wall = [0.0, 0.0]  # decayed sums of the wall seconds between batches done while busy, and their cells
-        self._last_done: float | None = None  # when the last batch finished, while requests stayed admitted
-        self._wall_learned_at = -math.inf
+        self._admitted_seconds = 0.0  # what the admitted requests are predicted to take, one after another
+        self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
+        self._last_release = -math.inf  # when the last of them was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = 0.0  # moving averages over admitted large bodies (`request_body_bytes`)
         self._cells_per_byte = 0.0
@@ -209,16 +196,13 @@ class ModelBatcher:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        self._stop_waiting(self._queue)
-        for item in self._queue:
-            item.future.cancel()
+        self._give_up(self._queue)
         self._queue.clear()
         if self._runs:
             await asyncio.wait(self._runs)
 
     @property
     def busy(self) -> bool:
-        """True while any request holds rows of this model."""
         return self._admitted_rows > 0
 
     # -- admission ---------------------------------------------------------------------------------
@@ -228,42 +212,47 @@ class ModelBatcher:
         cells = rows * self._typical_length if cells is None else cells
         arrival = request_arrival.get()
         started = time.perf_counter() if arrival is None else arrival
+        succeeded = False
         try:
-            with self._holding(rows, cells):
+            with self._holding(rows, cells, timed=True):
                 self._learn_body_size(rows, cells)
                 yield
-        except BaseException:
-            self.stats.request_done(time.perf_counter() - started, succeeded=False)
-            raise
-        self.stats.request_done(time.perf_counter() - started, succeeded=True)
+            succeeded = True
+        finally:
+            self.stats.request_done(time.perf_counter() - started, succeeded)
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
         """Hold the room a body of `body_bytes` bytes is expected to need while it is parsed, or 429 at once."""
-        rows = max(1, int(body_bytes * self._rows_per_byte * RESERVE_SHARE))
-        cells = max(1.0, body_bytes * self._cells_per_byte * RESERVE_SHARE)
-        with self._holding(rows, cells, refused_as="before_parsing"):
+        rows = max(1, round(body_bytes * self._rows_per_byte))
+        with self._holding(rows, max(1.0, body_bytes * self._cells_per_byte), refused_as="before_parsing"):
             yield
 
     @contextlib.contextmanager
-    def _holding(self, rows: int, cells: float, refused_as: str | None = None) -> Iterator[None]:
-        """Count `rows` and `cells` as admitted while the block runs, or 429 at once when they do not fit
-        (`refused_as`: the metric's reason label, else the refusal's own)."""
-        refusal = self._refusal(rows, cells)
+    def _holding(self, rows: int, cells: float, refused_as: str | None = None, timed: bool = False) -> Iterator[None]:
+        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason
+        label); `timed`: the block is the request's handling, which teaches the pace."""
+        now = self._clock()
+        own = self._seconds_for(rows, cells)
+        predicted = self._admitted_seconds + own
+        refusal = self._refusal(rows, now, predicted, large=own >= PACE_MIN_S)
         if refusal is not None:
-            reason, why = refusal
-            self._refuse(refused_as or reason, why)
+            self._metrics.rejected.labels(self.name, refused_as or refusal[0]).inc()
+            raise Overloaded(f"Model {self.name} is at capacity ({refusal[1]}); retry after the Retry-After delay.")
+        hold = (now, own) if timed and own >= PACE_MIN_S else None
         self._admitted_rows += rows
-        self._admitted_cells += cells
+        self._admitted_seconds += own
         self._admitted_gauge.set(self._admitted_rows)
+        finished = False
         try:
             yield
+            finished = True
         finally:
+            if hold is not None:
+                self._learn_pace(*hold, finished)
             self._admitted_rows -= rows
-            self._admitted_cells -= cells
+            self._admitted_seconds -= own
             self._admitted_gauge.set(self._admitted_rows)
-            if not self._admitted_rows:
-                self._last_done = None  # idle: the next gap between batches would count the idle time
 
     def _learn_body_size(self, rows: int, cells: float) -> None:
         """Update the rows and cells per body byte from an admitted request whose large body was parsed."""
@@ -272,48 +261,52 @@ class ModelBatcher:
             self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
             self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
 
-    def _refusal(self, rows: int, cells: float) -> tuple[str, str] | None:
-        """Why a request of `rows` rows and `cells` cells cannot be admitted now (reason, text), or None."""
+    def _refusal(self, rows: int, now: float, predicted: float, large: bool) -> tuple[str, str] | None:
+        """Why a request `predicted` done in that many seconds at the cost models' pace (with the work ahead) is
+        refused (reason, text), or None. The pace of a `large` one (PACE_MIN_S) is at least COLD_PACE when none has
+        finished within the share of the deadline: what it was learned from may no longer hold."""
         if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
             return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-        now, arrival = self._clock(), request_arrival.get()
+        arrival = request_arrival.get()
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
         if waited >= self.config.deadline_s:  # already past its deadline: that is its answer (504), not a 429
             return None
-        needed = waited + self._turns_late(cells)
-        if self._admitted_rows:  # with nothing else admitted, its own work is not counted: a large request runs
-            needed += self._seconds_for(self._admitted_cells + cells)
-        if needed > DEADLINE_SHARE * self.config.deadline_s:
+        budget = DEADLINE_SHARE * self.config.deadline_s
+        stale = not self._paced[1] or now - self._last_release > budget
+        pace = max(COLD_PACE, self.pace) if large and stale else self.pace
+        needed = waited + (pace * predicted if self._admitted_rows else 0.0)  # alone, a large request still runs
+        if needed > budget:
             return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
         return None
 
-    def _turns_late(self, cells: float) -> float:
-        """Seconds the event loop's recent lag adds to a request of `cells` cells: one lag for each run it needs
-        beyond its first (in runs of `max_cells`, else `max_batch` rows of the typical length), as each run's
-        hand-off waits for a turn of the loop; 0 on a responsive loop, whatever the request's size."""
-        per_run = self.config.max_cells or self.config.max_batch * self._typical_length
-        return self._lag() * max(0, math.ceil(cells / per_run) - 1)
+    @property
+    def pace(self) -> float:
+        """How many times their prediction admitted requests take (at least 1): wall time per predicted second."""
+        wall, predicted = self._paced
+        return max(1.0, wall / predicted if predicted else 1.0)
 
-    def _seconds_for(self, cells: float) -> float:
-        """Predicted seconds for the instances to run `cells` cells: each slot group at its best instance's rate in
-        runs as large as its ceilings allow, or the wall time per cell of the last WALL_COST_TTL_S if slower."""
-        length = max(1, round(self._typical_length))
+    def _learn_pace(self, since: float, own: float, finished: bool) -> None:
+        """Count the wall time since a request was admitted or the one before it was done (the later) against its
+        own prediction, or against none when it failed: its work was not done. (Below PACE_MIN_S, costs the cost
+        models do not see, HTTP and JSON, dominate: such requests do not count.)"""
+        now = self._clock()
+        wall, self._last_release = now - max(since, self._last_release), now
+        decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time to the sums, it does not age them
+        self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
+
+    def _seconds_for(self, rows: int, cells: float) -> float:
+        """Predicted seconds for the instances to run `rows` rows of `cells` cells in all (rows of their mean
+        length): each slot group at its best instance's rate, in runs as large as its ceilings allow."""
+        length = max(1, round(cells / rows))
         rates: dict[int, float] = {}  # cells per second, per slot group
         for instance in self.instances:
-            rows = max(1, min(self._row_ceiling(instance), math.ceil(cells / length)))
+            run_rows = min(self._row_ceiling(instance), rows)
             if instance.on_cpu and self.config.max_cells:
-                rows = max(1, min(rows, self.config.max_cells // length))
-            seconds = instance.cost.predict(rows, length)
-            rate = math.inf if seconds <= 0 else instance.slots.runs * rows * length / seconds
+                run_rows = max(1, min(run_rows, self.config.max_cells // length))
+            seconds = instance.cost.predict(run_rows, length)
+            rate = math.inf if seconds <= 0 else instance.slots.runs * run_rows * length / seconds
             rates[id(instance.slots)] = max(rates.get(id(instance.slots), 0.0), rate)
-        seconds = cells / sum(rates.values())
-        if self._clock() - self._wall_learned_at < WALL_COST_TTL_S:  # a past overload says nothing of now
-            seconds = max(seconds, cells * self._wall[0] / self._wall[1])
-        return seconds
-
-    def _refuse(self, reason: str, why: str) -> None:
-        self._metrics.rejected.labels(self.name, reason).inc()
-        raise Overloaded(f"Model {self.name} is at capacity ({why}); retry after the Retry-After delay.")
+        return cells / sum(rates.values())
 
     # -- submission --------------------------------------------------------------------------------
     async def run(self, feeds: Feeds, rows: int, length: int, keep: Collection[str] | None = None) -> Feeds:
@@ -336,26 +329,27 @@ class ModelBatcher:
             await self._run_batch(instance, items, inline=True)
         else:
             self._enqueue(items)
-        try:
-            outputs = [await item.future for item in items]
-        except BaseException:  # cancelled (deadline, client gone) or failed: the other rows are not wanted
-            self._stop_waiting(items)
-            for item in items:
-                item.future.cancel()
-            raise
-        done = iter(outputs)
+        done = iter(await self._outcomes(items))
         return [concatenate([next(done) for _ in request_parts]) for request_parts in parts]
 
     async def run_chain(self, chain: Chain) -> list[Feeds]:
         """The outputs of each chunk of `chain` (one row each), run as described under "Chains"."""
         item = self._item({}, 1, chain.cells, chain)
         self._enqueue([item])
+        return (await self._outcomes([item]))[0]
+
+    async def _outcomes(self, items: list[_Item]) -> list:
+        """The outputs of `items`; cancelled (deadline, client gone) or failed, the others are not wanted."""
         try:
-            return await item.future
+            return [await item.future for item in items]
         except BaseException:
-            self._stop_waiting([item])
-            item.future.cancel()
+            self._give_up(items)
             raise
+
+    def _give_up(self, items: list[_Item]) -> None:
+        self._stop_waiting(items)
+        for item in items:
+            item.future.cancel()
 
     def _enqueue(self, items: list[_Item]) -> None:
         """Put items in the queue and wake the batching loop."""
@@ -363,7 +357,7 @@ class ModelBatcher:
         self._queue_depth.inc(_rows(items))
         self._wakeup.set()
 
-    def _parts(self, feeds: Feeds, rows: int, length: int, keep: frozenset[str] | None = None) -> list[_Item]:
+    def _parts(self, feeds: Feeds, rows: int, length: int, keep: Keep = None) -> list[_Item]:
         """Queue items for `rows` rows: one, or parts that the instance of the highest row ceiling can run."""
         self._typical_length = _smoothed(self._typical_length, length)
         size = max(map(self._row_ceiling, self.instances))
@@ -377,19 +371,10 @@ class ModelBatcher:
             for start in range(0, rows, size)
         ]
 
-    def _item(
-        self,
-        feeds: Feeds,
-        rows: int,
-        length: int,
-        chain: Chain | None = None,
-        keep: frozenset[str] | None = None,
-    ) -> _Item:
+    def _item(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None, keep: Keep = None) -> _Item:
         """A queue item of the current request (its arrival and its client's connection)."""
-        now, arrival = self._clock(), request_arrival.get()
-        future = asyncio.get_running_loop().create_future()
-        arrived = now if arrival is None else arrival
-        return _Item(feeds, rows, length, now, arrived, future, request_connected.get(), chain, keep)
+        now, arrival, future = self._clock(), request_arrival.get(), asyncio.get_running_loop().create_future()
+        return _Item(feeds, rows, length, now, arrival or now, future, request_connected.get(), chain, keep)
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -430,9 +415,7 @@ class ModelBatcher:
 
     def _drop_cancelled(self) -> None:
         live = [item for item in self._queue if not item.future.done()]
-        dropped = _rows(self._queue) - _rows(live)
-        if dropped:
-            self._queue_depth.dec(dropped)
+        self._queue_depth.dec(_rows(self._queue) - _rows(live))
         self._queue = live
 
     def _row_ceiling(self, instance: Instance) -> int:
@@ -440,8 +423,7 @@ class ModelBatcher:
 
     def _route(self, queue: list[_Item]) -> Instance | None:
         """The instance predicted to finish the queue's next batch first: when a slot of it frees, plus the runs it
-        needs, in batches of its own, for the rows of the largest batch any instance would take now (a lone request
-        goes to the fastest small run, a flood to the best throughput); None for an empty queue."""
+        needs for the rows of the largest batch any instance would take now; None for an empty queue."""
         if len(self.instances) == 1:
             return self.instances[0] if queue else None
         now = self._clock()
@@ -459,8 +441,8 @@ class ModelBatcher:
         return min(batches, key=finish)[0]
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
-        """The batch `instance` would run now (see "Batching"); empty when it cannot run the earliest request's
-        item. Spread over the instance's free slots other than the one it would take."""
+        """The batch `instance` would run now (see "Batching"), spread over its free slots; empty when it cannot
+        run the earliest request's item."""
         head = min(queue, key=lambda item: item.arrival)
         if head.chain is not None or head.rows > self._row_ceiling(instance):
             return [head] if head.chain is not None else []
@@ -484,8 +466,7 @@ class ModelBatcher:
         return batch
 
     def _take(self, instance: Instance) -> list[_Item]:
-        """Take the batch `instance` runs now out of the queue (its run slot taken); those of departed clients are
-        dropped."""
+        """Take the batch `instance` runs now out of the queue, less the items of departed clients."""
         self._drop_cancelled()
         if not self._queue:
             return []
@@ -506,8 +487,7 @@ class ModelBatcher:
         )
 
     def _stop_waiting(self, items: Iterable[_Item]) -> None:
-        """Observe the wait of each item that leaves the queue, to run or given up (under overload the waits given
-        up are the longest: left out, the histogram would show only the survivors')."""
+        """Observe the wait of each item that leaves the queue, to run or given up (the longest, under overload)."""
         now = self._clock()
         for item in items:
             if item.waiting:
@@ -523,12 +503,8 @@ class ModelBatcher:
         instance.slots.ends.append(end)
         try:
             try:
-                if inline:
-                    results, samples = self._execute(instance, batch)
-                else:
-                    results, samples = await loop.run_in_executor(
-                        instance.slots.executor, self._execute, instance, batch
-                    )
+                execute = functools.partial(self._execute, instance, batch)
+                results, samples = execute() if inline else await loop.run_in_executor(instance.slots.executor, execute)
                 outcomes: list[Feeds | BaseException] = list(results)
                 self._learn(instance, samples)
             except Exception as error:
@@ -549,8 +525,7 @@ class ModelBatcher:
                 self._wakeup.set()
 
     def _requeued(self, item: _Item, outcome: Feeds | BaseException) -> bool:
-        """True when a chain stopped before its last chunk: queued again for the rest, or cancelled when its
-        client has gone (a chain that stopped because its request was cancelled has a done future)."""
+        """True when a chain stopped before its last chunk: queued again for the rest, or cancelled (client gone)."""
         if isinstance(outcome, BaseException) or item.chain.done:
             return False
         if not item.abandoned():
@@ -559,28 +534,11 @@ class ModelBatcher:
         return True
 
     def _learn(self, instance: Instance, samples: list[Sample]) -> None:
-        """Teach `instance`'s cost model the runs just done, count them, and add the wall time since the previous
-        batch finished while requests stayed admitted, and the cells, to the decayed sums admission reads (what the
-        model really gets through, a crowded event loop included; stale after WALL_COST_TTL_S)."""
+        """Teach `instance`'s cost model the runs just done, and count them."""
         for rows, length, seconds in samples:
             instance.cost.observe(rows, length, seconds)
             self._instance_runs[instance.name].inc()
             self._instance_rows[instance.name].inc(rows)
-        now, last_done = self._clock(), self._last_done
-        self._last_done = now
-        cells = sum(rows * length for rows, length, _ in samples)
-        if last_done is not None and cells >= WALL_MIN_CELLS:
-            decay = 1 - SMOOTHING if now - self._wall_learned_at < WALL_COST_TTL_S else 0.0
-            self._wall = [decay * self._wall[0] + now - last_done, decay * self._wall[1] + cells]
-            self._wall_learned_at = now
-
-    def _run_chunk(self, instance: Instance, feeds: Feeds) -> Feeds:
-        """One run of a chain's chunk (one row), counted in the batch-size metric like any run."""
-        started = time.perf_counter()
-        outputs = instance.run(feeds)
-        self.stats.executed(1, 0.0, time.perf_counter() - started, 0.0)
-        self._batch_size.observe(1)
-        return outputs
 
     async def _isolate(self, instance: Instance, batch: list[_Item]) -> list[Feeds | BaseException]:
         """A failed batch is rerun item by item, so one bad input fails only its own request."""
@@ -594,13 +552,13 @@ class ModelBatcher:
         return outcomes
 
     def _execute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
-        """Collate, run and split (on an executor thread), or run a chain's next chunks; also each run's rows,
-        padded length and seconds (collating and splitting included, not the wait for the thread)."""
+        """Collate, run and split, or run a chain's next chunks; also each run's `Sample` (collating included)."""
         chain = batch[0].chain
         if chain is not None:
-            samples = chain.run(
-                lambda feeds: self._run_chunk(instance, feeds), batch[0].wanted, CHAIN_SLICE_S, self._clock
-            )
+            samples = chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
+            for _, _, seconds in samples:  # each chunk's run counts like any run
+                self.stats.executed(1, 0.0, seconds, 0.0)
+                self._batch_size.observe(1)
             return [chain.outputs], samples
         collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
@@ -610,6 +568,6 @@ class ModelBatcher:
         rows, longest = _rows(batch), max(item.length for item in batch)
         self._batch_size.observe(rows)  # every completed run, `_isolate` reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
-        kept = [_kept(part, item.keep) for part, item in zip(parts, batch, strict=True)]
+        kept = [part if i.keep is None else {n: part[n] for n in i.keep} for part, i in zip(parts, batch, strict=True)]
         self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)
         return kept, [(rows, longest, self._clock() - collating)]

@@ -1,11 +1,8 @@
 """What a run costs on one instance of a model: `fixed + per_step x length + per_cell x rows x length` seconds.
 
-A run of `rows` rows padded to `length` steps (or tokens) computes `rows x length` cells. On a CPU the cost grows
-with the cells; on a GPU it barely moves with the rows and grows with the steps (each step is a sequence of small
-kernels). The three coefficients are fitted by non-negative least squares over the instance's runs, each older
-run's weight decaying by DECAY at every new one (a run far slower than predicted counts as OUTLIER times the
-prediction), and pulled a little (RIDGE) toward the previous fit, so that runs of a single size still give a usable
-estimate. The registry seeds it with warm-up runs at startup.
+A CPU's cost grows with the cells (rows x length); a GPU's barely moves with the rows. Fitted by non-negative least
+squares over the instance's runs (older ones decaying, outliers capped, pulled toward the previous fit so that runs
+of one size still give an estimate); the registry seeds it with warm-up runs.
 """
 
 from __future__ import annotations

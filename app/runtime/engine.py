@@ -9,7 +9,7 @@ from collections.abc import Callable
 from app.core.metrics import Metrics
 from app.core.settings import Settings
 from app.runtime.batcher import BatchConfig, ModelBatcher
-from app.runtime.instances import Instance, RunSlots
+from app.runtime.instances import RunSlots
 from app.runtime.memory import release_free_memory
 from app.runtime.model import GraphLayout, ServedModel, graph_layouts
 from app.runtime.registry import ModelRegistry
@@ -35,18 +35,12 @@ class Engine:
     trims memory when idle."""
 
     def __init__(
-        self,
-        registry: ModelRegistry,
-        settings: Settings,
-        metrics: Metrics,
-        alone: Callable[[], bool] = lambda: False,
-        lag: Callable[[], float] = lambda: 0.0,
+        self, registry: ModelRegistry, settings: Settings, metrics: Metrics, alone: Callable[[], bool] = lambda: False
     ) -> None:
-        """`alone()`: the server is handling a single request (the batchers may then run its rows inline); `lag()`:
-        the event loop's recent lag, which admission counts."""
+        """`alone()`: the server is handling a single request (the batchers may then run its rows inline)."""
         self.registry = registry
         self.slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
-        self._own_slots: list[RunSlots] = []  # one per instance on another provider (a GPU runs one batch at once)
+        self._all_slots = [self.slots]  # and one per instance on another provider (a GPU runs one batch at once)
         self._served: list[ServedModel] = []
         for model in registry.models.values():
             if not model.ready:
@@ -55,26 +49,21 @@ class Engine:
             layouts = {None: GraphLayout(task.sequence_inputs, task.sequence_outputs), **graph_layouts(task)}
             for key, served in ((None, model), *model.graphs.items()):
                 for instance in served.instances:
-                    instance.slots = self.slots if instance.on_cpu else self._slots_of_its_own(instance)
-                layout = layouts[key]
+                    instance.slots = self.slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
+                    self._all_slots += [] if instance.on_cpu else [instance.slots]
+                layout, config = layouts[key], batch_config(settings, model.entry)
                 served.batcher = ModelBatcher(
                     served.name,
                     served.instances,
                     layout.sequence_inputs,
                     layout.sequence_outputs,
-                    batch_config(settings, model.entry),
+                    config,
                     metrics,
                     alone,
-                    lag=lag,
                 )
                 served.batcher.start()
                 self._served.append(served)
         self._trimmer = asyncio.create_task(self._trim_when_idle(), name="memory-trim")
-
-    def _slots_of_its_own(self, instance: Instance) -> RunSlots:
-        slots = RunSlots(1, f"onnx-{instance.name}")
-        self._own_slots.append(slots)
-        return slots
 
     async def _trim_when_idle(self) -> None:
         """After runs, once no model has work admitted, hand freed pages back to the system."""
@@ -95,5 +84,5 @@ class Engine:
             if served.batcher is not None:
                 await served.batcher.stop()
                 served.batcher = None
-        for slots in (self.slots, *self._own_slots):
+        for slots in self._all_slots:
             slots.close()

@@ -1,10 +1,7 @@
-"""A batch the device cannot hold: split in halves along the batch axis and run again, down to one row.
+"""A batch the device cannot hold: split in halves along the batch axis and run again, down to one row (else 503).
 
-ONNX Runtime's memory arena (BFCArena, the CUDA provider's as well as the CPU's) fails a run that needs more than
-its bound (`MNEMO_CUDA_MEM_LIMIT_MB`) or than the device has; the session stays usable. A batch that failed so
-is run again as two halves, each split again if it fails, and the outputs are joined (every graph input and
-output is batched on axis 0, app/runtime/collate.py). A single row that still does not fit answers 503. After a
-split, `max_rows` is the most rows known to fit, so the batcher stops forming batches that fail.
+ONNX Runtime's arena fails a run past its bound (`MNEMO_CUDA_MEM_LIMIT_MB`) or the device's memory, and the session
+stays usable. After a split, `max_rows` is the most rows known to fit, so the batcher stops forming such batches.
 """
 
 from __future__ import annotations

@@ -2,17 +2,19 @@
 
 Requests: admitted ones that succeeded or failed (a refusal at admission, 429, is a failure too), each with its
 duration from arrival. Queue: each queue item's wait from submission to the start of its run. Executions: each
-ONNX run (`execution_count`), the rows it computed (`inference_count`), and the time spent collating its inputs
-(`compute_input`), running the graph (`compute_infer`) and splitting its outputs (`compute_output`), also per
-batch size. The counters belong to this process: with several workers, each reports its own.
+ONNX run (`execution_count`), the rows it computed (`inference_count`), and the time spent collating its inputs,
+running the graph and splitting its outputs (`PHASES`), also per batch size. The counters belong to this process:
+with several workers, each reports its own.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+PHASES = ("compute_input", "compute_infer", "compute_output")
 
 
 @dataclass
@@ -26,29 +28,9 @@ class Duration:
         self.count += 1
         self.ns += int(seconds * 1e9)
 
-    def as_dict(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
 
-
-@dataclass
-class Compute:
-    """The three phases of an execution."""
-
-    input: Duration = field(default_factory=Duration)
-    infer: Duration = field(default_factory=Duration)
-    output: Duration = field(default_factory=Duration)
-
-    def add(self, input_s: float, infer_s: float, output_s: float) -> None:
-        self.input.add(input_s)
-        self.infer.add(infer_s)
-        self.output.add(output_s)
-
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        return {
-            "compute_input": self.input.as_dict(),
-            "compute_infer": self.infer.as_dict(),
-            "compute_output": self.output.as_dict(),
-        }
+def _phases() -> dict[str, Duration]:
+    return {phase: Duration() for phase in PHASES}
 
 
 class ModelStats:
@@ -56,13 +38,10 @@ class ModelStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.success = Duration()
-        self.fail = Duration()
-        self.queue = Duration()
-        self.compute = Compute()
-        self.by_batch_size: dict[int, Compute] = {}
-        self.inference_count = 0
-        self.execution_count = 0
+        self.success, self.fail, self.queue = Duration(), Duration(), Duration()
+        self.compute = _phases()
+        self.by_batch_size: dict[int, dict[str, Duration]] = {}
+        self.inference_count = self.execution_count = 0
         self.last_inference_ms = 0  # Unix time of the last execution, in milliseconds (0: none yet)
 
     def request_done(self, seconds: float, succeeded: bool) -> None:
@@ -73,13 +52,15 @@ class ModelStats:
         with self._lock:
             self.queue.add(seconds)
 
-    def executed(self, rows: int, input_s: float, infer_s: float, output_s: float) -> None:
+    def executed(self, rows: int, *phase_seconds: float) -> None:
+        """A run of `rows` rows and the seconds of each of its PHASES."""
         with self._lock:
             self.execution_count += 1
             self.inference_count += rows
             self.last_inference_ms = int(time.time() * 1000)
-            self.compute.add(input_s, infer_s, output_s)
-            self.by_batch_size.setdefault(rows, Compute()).add(input_s, infer_s, output_s)
+            for phases in (self.compute, self.by_batch_size.setdefault(rows, _phases())):
+                for phase, seconds in zip(PHASES, phase_seconds, strict=True):
+                    phases[phase].add(seconds)
 
     def snapshot(self) -> dict[str, Any]:
         """The counters in the statistics extension's shape (less the model's name and version)."""
@@ -88,13 +69,14 @@ class ModelStats:
                 "last_inference": self.last_inference_ms,
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,
-                "inference_stats": {
-                    "success": self.success.as_dict(),
-                    "fail": self.fail.as_dict(),
-                    "queue": self.queue.as_dict(),
-                    **self.compute.as_dict(),
-                },
+                "inference_stats": _as_dicts(
+                    {"success": self.success, "fail": self.fail, "queue": self.queue, **self.compute}
+                ),
                 "batch_stats": [
-                    {"batch_size": size, **compute.as_dict()} for size, compute in sorted(self.by_batch_size.items())
+                    {"batch_size": size, **_as_dicts(phases)} for size, phases in sorted(self.by_batch_size.items())
                 ],
             }
+
+
+def _as_dicts(durations: dict[str, Duration]) -> dict[str, dict[str, int]]:
+    return {name: {"count": duration.count, "ns": duration.ns} for name, duration in durations.items()}

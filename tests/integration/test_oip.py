@@ -517,6 +517,10 @@ def test_a_full_queue_is_429(client: TestClient) -> None:
     assert client.post(f"/v2/models/{KT_MODEL}/infer", json=ONE_STEP).status_code == 200
 
 
+class _Probe(Exception):
+    """Ends a probe of `_hold_all_but` as a failed request: one that fails at once does not move the pace."""
+
+
 def _hold_all_but(batcher, room: int) -> int:
     """The most cells that can be held admitted while `room` more still fit before the deadline (a bisection
     over the batcher's own admission: nothing runs)."""
@@ -525,7 +529,9 @@ def _hold_all_but(batcher, room: int) -> int:
         middle = (low + high + 1) // 2
         try:
             with batcher.admit(1, middle), batcher.admit(1, room):
-                low = middle
+                raise _Probe
+        except _Probe:
+            low = middle
         except Overloaded:
             high = middle - 1
     return low
@@ -557,6 +563,7 @@ def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
         assert trace(200, next_questions=[]).status_code == 200  # one run of 200 steps: the cost of a step is learned
         for _ in range(20):  # a history of one step and its next-question rows, one step each
             assert trace(1).status_code == 200
+        assert trace(4_000, next_questions=[]).status_code == 200  # large enough to teach admission its pace
         with batcher.admit(1, _hold_all_but(batcher, 2_000)):
             task = trace(10_000, next_questions=[])
             response = client.post(f"/v2/models/{model}/infer", json=protocol)
