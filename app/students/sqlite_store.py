@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from app.students.store import (
@@ -173,8 +173,7 @@ class SqliteStateStore(StateStore):
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
     """(device, inode) of the file at `path`; None when there is none."""
-    try:
+    with suppress(OSError):
         status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
+        return status.st_dev, status.st_ino
+    return None
