@@ -1,5 +1,5 @@
-"""The service's one store (`StoreHolder`) and its blocking calls on threads of their own (`StoreCalls`), so that a
-stalled database holds up the /students endpoints only, never the threads that parse other requests."""
+"""The service's one store (`StoreHolder`), whose blocking calls run on threads of their own, so that a stalled
+database holds up the /students endpoints only, never the threads that parse other requests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import ParamSpec, TypeVar
+from weakref import WeakValueDictionary
 
 from app.students.factory import open_store
 from app.students.store import StateStore, StoreError, StoreUnavailable
@@ -27,13 +28,40 @@ class StoreBusy(StoreError):
     status_code = 429
 
 
-class StoreCalls:
-    """Runs store calls on `threads` threads, with at most `max_waiting` waiting for one (then `StoreBusy`)."""
+class StoreHolder:
+    """The store of `url`, opened on first need (again after a failed open), its calls run on `threads` threads
+    with at most `max_waiting` waiting for one (then `StoreBusy`). A database unreachable at startup does not stop
+    the service: /students answers 503 until it is back."""
 
-    def __init__(self, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, url: str, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
+        self._url = url
+        self._store: StateStore | None = None
+        self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-io")
         self._threads, self._max_waiting = threads, max_waiting
         self._room = threading.Semaphore(threads + max_waiting)  # calls running or waiting
+        # One append at a time per (model, student) in this process: the others would only lose its race.
+        self.writers: WeakValueDictionary[tuple[str, str], asyncio.Lock] = WeakValueDictionary()
+
+    def open(self) -> None:
+        """At startup: open and check the store; log (do not raise) if the database is unavailable."""
+        try:
+            self.get().check_health()
+        except StoreUnavailable as error:
+            logger.warning(
+                "student state store unavailable at startup: %s; /students answers 503 until it is back", error.internal
+            )
+
+    def get(self) -> StateStore:
+        """The open store (blocking: call it off the event loop); `StoreUnavailable` if it cannot be opened."""
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self._url)
+            return self._store
+
+    async def store(self) -> StateStore:
+        """The open store, opened on a store thread if it is not yet."""
+        return self._store or await self.read(self.get)
 
     async def read(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on a store thread; a cancelled caller drops its result."""
@@ -56,6 +84,10 @@ class StoreCalls:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
     def _submit(self, call: Callable[[], T]) -> Future[T]:
         if not self._room.acquire(blocking=False):
@@ -66,38 +98,3 @@ class StoreCalls:
         job = self._executor.submit(call)
         job.add_done_callback(lambda _: self._room.release())
         return job
-
-
-class StoreHolder:
-    """The store of `url`, opened on first need (again after a failed open), closed on shutdown; thread-safe.
-
-    A database unreachable at startup does not stop the service: /students answers 503 until it is back."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._store: StateStore | None = None
-        self._lock = threading.Lock()
-        self.calls = StoreCalls()  # every store call of a request runs here, never on the parsing threads
-
-    def open(self) -> None:
-        """At startup: open and check the store; log (do not raise) if the database is unavailable."""
-        try:
-            self.get().check_health()
-        except StoreUnavailable as error:
-            logger.warning(
-                "student state store unavailable at startup: %s; /students answers 503 until it is back", error.internal
-            )
-
-    def get(self) -> StateStore:
-        """The open store (blocking: call it off the event loop); `StoreUnavailable` if it cannot be opened."""
-        with self._lock:
-            if self._store is None:
-                self._store = open_store(self._url)
-            return self._store
-
-    def close(self) -> None:
-        self.calls.close()
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None

@@ -1,10 +1,8 @@
 """The store for several replicas: one Redis database (redis-py), compare-and-swap in Lua scripts.
 
-One hash per student (`mnemo:student:<id>`, fields `<attribute>:<model>`), so an erasure is one DEL; the ids in
-the sorted set `mnemo:students`; the store-wide revision counter `mnemo:revision`. Times are the server's clock.
-A failed command is not retried by the client: a write whose reply was lost may have been applied, so it is
-reported unavailable, never applied twice (durability and timeouts: docs/students.md).
-"""
+One hash per student (`mnemo:student:<id>`, fields `<attribute>:<model>`: an erasure is one DEL), the ids in the
+sorted set `mnemo:students`, the revision counter `mnemo:revision`; times are the server's clock. A failed command
+is never retried: a write whose reply was lost may have been applied (docs/students.md)."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.students.store import (
+    Fields,
     RevisionConflict,
     StateStore,
     StateVersionMismatch,
@@ -41,8 +40,7 @@ REPLY_TIMEOUT_S = 2.0
 WRITE_SCRIPT = """
 redis.replicate_commands()  -- Redis 5 and 6: allow TIME before writes (the default from Redis 7 on)
 local model = ARGV[1]
-local current = redis.call('HGET', KEYS[1], 'revision:' .. model)
-if current == false then current = '' end
+local current = redis.call('HGET', KEYS[1], 'revision:' .. model) or ''
 if current ~= ARGV[2] then return {0, current} end
 local stored_sha256 = redis.call('HGET', KEYS[1], 'sha256:' .. model)
 if stored_sha256 and stored_sha256 ~= ARGV[6] then return {-1, stored_sha256} end
@@ -75,7 +73,6 @@ class RedisStateStore(StateStore):
             socket_connect_timeout=CONNECT_TIMEOUT_S,
             socket_timeout=REPLY_TIMEOUT_S,
             retry=Retry(NoBackoff(), 0),
-            decode_responses=False,
         )
         self._write_script = self._client.register_script(WRITE_SCRIPT)
         self._delete_script = self._client.register_script(DELETE_SCRIPT)
@@ -90,25 +87,16 @@ class RedisStateStore(StateStore):
             return None
         return _state_of(model, student_id, dict(zip(ATTRIBUTES, values, strict=True)))
 
-    def _swap(
-        self,
-        model: str,
-        student_id: str,
-        blob: bytes,
-        shape: tuple[int, int],
-        interactions: int,
-        model_sha256: str,
-        expected_revision: int | None,
-    ) -> tuple[float, float, int]:
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
+        model, student_id, blob, rows, columns, interactions, model_sha256 = fields
         expected = "" if expected_revision is None else str(expected_revision)
         with self._errors_as_unavailable(WRITE_OUTCOME_UNKNOWN):
             outcome = self._write_script(
                 keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
-                args=[model, expected, blob, f"{shape[0]},{shape[1]}", interactions, model_sha256, student_id],
+                args=[model, expected, blob, f"{rows},{columns}", interactions, model_sha256, student_id],
             )
         if outcome[0] == 0:
-            current = outcome[1].decode() or None
-            raise RevisionConflict(f"state revision is {current}, expected {expected_revision}")
+            raise RevisionConflict(f"state revision is {outcome[1].decode() or None}, expected {expected_revision}")
         if outcome[0] == -1:
             raise StateVersionMismatch(model, outcome[1].decode(), model_sha256)
         _, revision, created, updated = outcome
@@ -138,8 +126,7 @@ class RedisStateStore(StateStore):
 
     @contextmanager
     def _errors_as_unavailable(self, consequence: str = "") -> Iterator[None]:
-        """Any redis-py error (refused, timed out, an error reply) becomes `StoreUnavailable`; `consequence`
-        is appended to what the client is told."""
+        """Any redis-py error (refused, timed out, an error reply) as `StoreUnavailable`, `consequence` told too."""
         try:
             yield
         except redis.RedisError as error:

@@ -1,7 +1,6 @@
 """The embedded store: one SQLite file in WAL mode, one connection per thread, compare-and-swap under
-`BEGIN IMMEDIATE` (durability and concurrency: docs/students.md). A file deleted or replaced under the running
-service makes it unavailable: writes into the unlinked file would be lost at the next start.
-"""
+`BEGIN IMMEDIATE` (docs/students.md). A file deleted or replaced under the running service makes it unavailable:
+writes into the unlinked file would be lost at the next start."""
 
 from __future__ import annotations
 
@@ -11,10 +10,11 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from app.students.store import (
+    Fields,
     RevisionConflict,
     StateStore,
     StateVersionMismatch,
@@ -81,16 +81,8 @@ class SqliteStateStore(StateStore):
             row = self._connection().execute(query, (student_id, model)).fetchone()
         return None if row is None else state_of(*row)
 
-    def _swap(
-        self,
-        model: str,
-        student_id: str,
-        blob: bytes,
-        shape: tuple[int, int],
-        interactions: int,
-        model_sha256: str,
-        expected_revision: int | None,
-    ) -> tuple[float, float, int]:
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
+        model, student_id, *_, model_sha256 = fields
         query = "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?"
         with self._errors_as_unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
             connection.execute("BEGIN IMMEDIATE")  # the write lock before the revision is read
@@ -107,27 +99,22 @@ class SqliteStateStore(StateStore):
             created_at = now if current is None else current[2]
             connection.execute(
                 f"INSERT OR REPLACE INTO student_state ({STATE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (model, student_id, blob, *shape, interactions, model_sha256, created_at, now, revision),
+                (*fields, created_at, now, revision),
             )
         return created_at, now, revision
 
     def delete(self, student_id: str) -> list[StudentState]:
-        """Delete the rows (zeroed on their pages: secure_delete), then copy the WAL into the database and
-        truncate it, so the erased bytes do not linger in the WAL either (unless a reader holds it open)."""
+        """Delete the rows (zeroed on their pages: secure_delete), then checkpoint the WAL and truncate it, so the
+        erased bytes do not linger there either; a failed checkpoint (a full disk) is logged, not raised: the
+        delete is committed, and the answer must say so."""
         with self._errors_as_unavailable(), self._connection() as connection:
             connection.execute("BEGIN IMMEDIATE")
             rows = connection.execute(
                 f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
             ).fetchall()
-        if rows:
-            self._erase_wal()
-        return sorted((state_of(*row) for row in rows), key=lambda state: state.model)
-
-    def _erase_wal(self) -> None:
-        """Checkpoint the WAL into the database and truncate it; a failure (a full disk) is logged, not raised:
-        the delete is committed, and the answer must say so."""
         try:
-            self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if rows:
+                self._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         except sqlite3.Error as error:
             logger.warning(
                 "student deleted, but the WAL of %s could not be checkpointed (%s): its old pages stay in the WAL "
@@ -135,6 +122,7 @@ class SqliteStateStore(StateStore):
                 self.path,
                 error,
             )
+        return sorted((state_of(*row) for row in rows), key=lambda state: state.model)
 
     def _ids_after(self, after: str | None, count: int) -> list[str]:
         query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"
@@ -185,8 +173,7 @@ class SqliteStateStore(StateStore):
 
 def _file_identity(path: Path) -> tuple[int, int] | None:
     """(device, inode) of the file at `path`; None when there is none."""
-    try:
+    with suppress(OSError):
         status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
+        return status.st_dev, status.st_ino
+    return None

@@ -1,8 +1,7 @@
 """The student-state store interface, its errors, and `update_state`: the compare-and-swap loop of every append.
 
-`revision` is a store-wide write sequence number, never reused (not even after an erasure), so a
-compare-and-swap on it cannot confuse a recreated student with an erased one (docs/students.md).
-"""
+`revision` is a store-wide write sequence number, never reused (not even after an erasure), so a compare-and-swap
+on it cannot confuse a recreated student with an erased one (docs/students.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +21,9 @@ MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the ma
 MAX_ATTEMPTS = 100  # 8 processes x 50 appends on one student needed at most 22 (Redis, loaded machine)
 MAX_BACKOFF_S = 0.05
 Result = TypeVar("Result")
+# What a write stores before its times and revision: model, student_id, memory blob, rows, columns, interactions,
+# model_sha256 (StudentState's order, the memory encoded).
+Fields = tuple[str, str, bytes, int, int, int, str]
 
 
 @dataclass(frozen=True, eq=False)  # no field-wise ==: comparing numpy arrays has no single truth value
@@ -76,8 +78,7 @@ class StateVersionMismatch(StoreError):
 
 
 class InteractionCountMismatch(StoreError):
-    """The stored count is not the append's `expected_interactions`: 409, nothing stored (a retry is never
-    applied twice)."""
+    """The stored count is not the append's `expected_interactions`: 409, nothing stored (never applied twice)."""
 
     status_code = 409
 
@@ -121,21 +122,12 @@ class StateStore(ABC):
         if memory.dtype != np.float32 or memory.ndim != 2:
             raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
         blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
-        stored = self._swap(model, student_id, blob, memory.shape, interactions, model_sha256, expected_revision)
-        return state_of(model, student_id, blob, *memory.shape, interactions, model_sha256, *stored)
+        fields: Fields = (model, student_id, blob, *memory.shape, interactions, model_sha256)
+        return state_of(*fields, *self._swap(fields, expected_revision))
 
     @abstractmethod
-    def _swap(
-        self,
-        model: str,
-        student_id: str,
-        blob: bytes,
-        shape: tuple[int, int],
-        interactions: int,
-        model_sha256: str,
-        expected_revision: int | None,
-    ) -> tuple[float, float, int]:
-        """`write` of the encoded memory in the database: its (created_at, updated_at, revision)."""
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
+        """`write` in the database: the stored (created_at, updated_at, revision)."""
 
     @abstractmethod
     def delete(self, student_id: str) -> list[StudentState]:
@@ -160,8 +152,7 @@ class StateStore(ABC):
 
 
 def state_of(model: str, student_id: str, blob: bytes, rows: int, columns: int, *stored: Any) -> StudentState:
-    """A StudentState from its stored fields in StudentState's order, the memory as a blob and its shape: the
-    memory read-only, bit for bit."""
+    """A StudentState from its stored fields in StudentState's order, the memory as a blob and its shape (read-only)."""
     memory = np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
     return StudentState(model, student_id, memory, *stored)
 
@@ -176,7 +167,7 @@ class NextState(Generic[Result]):
 
 
 class StoreRunner(Protocol):
-    """How `update_state` calls the store: `StoreCalls` in the service, inline calls in a test writer."""
+    """How `update_state` calls the store: `StoreHolder` in the service, inline calls in a test writer."""
 
     async def read(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
@@ -198,8 +189,7 @@ async def update_state(
     state and store the result by compare-and-swap, after a random growing delay between attempts.
 
     Before `compute`: `StateVersionMismatch` for another model version, `InteractionCountMismatch` for a count
-    other than `expected_interactions`. `TooManyConflicts` after `max_attempts` lost races.
-    """
+    other than `expected_interactions`. `TooManyConflicts` after `max_attempts` lost races."""
     for attempt in range(max_attempts):
         current = await calls.read(store.read, model, student_id)
         if current is not None and current.model_sha256 != model_sha256:

@@ -1,11 +1,11 @@
 """The /students endpoints: knowledge tracing with each student's state kept on the server (docs/students.md).
 
 An append runs only the new interactions, from the stored memory, through the batcher in the request's own task
-(its deadline and disconnect apply), then stores the result by compare-and-swap (`update_state`).
-"""
+(its deadline and disconnect apply), then stores the result by compare-and-swap (`update_state`)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Annotated, Any
 
@@ -14,10 +14,9 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.core.errors import InvalidInput, ServiceError
 from app.core.responses import JsonResponse
-from app.runtime.model import ServedModel
 from app.runtime.offload import offload
-from app.students.io import StoreCalls, StoreHolder
-from app.students.store import MAX_PAGE_SIZE, NextState, StateStore, StateVersionMismatch, StudentState, update_state
+from app.students.io import StoreHolder
+from app.students.store import MAX_PAGE_SIZE, NextState, StateVersionMismatch, StudentState, update_state
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.service import TASK_NAME
 from app.tasks.knowledge_trace.student_schemas import (
@@ -66,20 +65,19 @@ def student_id_problem(student_id: str) -> str | None:
     return None
 
 
-def _checked_id(student_id: str, location: tuple[str, str] = ("path", "student_id")) -> None:
-    """A 422 naming the parameter and the rule when the id breaks one."""
+def _holder(request: Request, student_id: str, location: tuple[str, str] = ("path", "student_id")) -> StoreHolder:
+    """The app's store, once the id is checked: a 422 naming the parameter and the rule when it breaks one."""
     if problem := student_id_problem(student_id):
         raise InvalidInput(location, problem)
-
-
-async def _store(request: Request) -> tuple[StoreCalls, StateStore]:
-    """The calls' runner and the store, opened on a store thread (it may block)."""
-    holder: StoreHolder = request.app.state.students
-    return holder.calls, await holder.calls.read(holder.get)
+    return request.app.state.students
 
 
 def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _listed(values: np.ndarray | None) -> list[float] | None:
+    return None if values is None else values.tolist()
 
 
 @router.post(
@@ -96,13 +94,13 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     interaction and the mastery before and after each one. The state belongs to one version of the
     model: a state built by another version is a 409 (delete the student and replay the history).
     """
-    _checked_id(student_id)
+    holder = _holder(request, student_id)
     body = await read_body(request, AppendRequest, TASK_NAME)
     model = registry(request).get(body.model, TASK_NAME)
     questions, correct, wanted = await offload(
         service.request_arrays, model, body.interactions, body.next_questions or []
     )
-    calls, store = await _store(request)
+    store = await holder.store()
 
     async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
         """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
@@ -113,15 +111,16 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         return NextState(trace.memory, seen + len(questions), (trace, next_p))
 
     async def append() -> dict[str, Any]:
-        state, (trace, next_p) = await update_state(
-            calls,
-            store,
-            model.name,
-            student_id,
-            model.entry.sha256,
-            compute,
-            expected_interactions=body.expected_interactions,
-        )
+        async with holder.writers.setdefault((model.name, student_id), asyncio.Lock()):
+            state, (trace, next_p) = await update_state(
+                holder,
+                store,
+                model.name,
+                student_id,
+                model.entry.sha256,
+                compute,
+                expected_interactions=body.expected_interactions,
+            )
         return {
             "model": model.name,
             "interactions": state.interactions,
@@ -137,30 +136,6 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         return JsonResponse(await complete(request, append(), model.name))
 
 
-def _listed(values: np.ndarray | None) -> list[float] | None:
-    return None if values is None else values.tolist()
-
-
-async def _describe(calls: StoreCalls, store: StateStore, model: ServedModel, student_id: str) -> dict[str, Any]:
-    state = await calls.read(store.read, model.name, student_id)
-    if state is None:
-        raise StudentNotFound(
-            f"This student has no state under model {model.name}; "
-            "POST /students/{student_id}/interactions creates it."
-        )
-    if state.model_sha256 != model.entry.sha256:
-        raise StateVersionMismatch(model.name, state.model_sha256, model.entry.sha256)
-    return {
-        "student_id": student_id,
-        "model": model.name,
-        "model_sha256": state.model_sha256,
-        "interactions": state.interactions,
-        "mastery": _listed(await service.mastery_of(model, state.memory)),
-        "created_at": _iso(state.created_at),
-        "updated_at": _iso(state.updated_at),
-    }
-
-
 @router.get("/students/{student_id}", response_model=StudentResponse, operation_id="get_student")
 async def get_student(
     request: Request,
@@ -170,20 +145,38 @@ async def get_student(
     ] = None,
 ) -> JsonResponse:
     """A student's state under one model: interaction count, current mastery, times, model version."""
-    _checked_id(student_id)
+    holder = _holder(request, student_id)
     served = registry(request).get(model, TASK_NAME)
-    calls, store = await _store(request)
+    store = await holder.store()
+
+    async def describe() -> dict[str, Any]:
+        state = await holder.read(store.read, served.name, student_id)
+        if state is None:
+            raise StudentNotFound(
+                f"This student has no state under model {served.name}; "
+                "POST /students/{student_id}/interactions creates it."
+            )
+        if state.model_sha256 != served.entry.sha256:
+            raise StateVersionMismatch(served.name, state.model_sha256, served.entry.sha256)
+        return {
+            "student_id": student_id,
+            "model": served.name,
+            "model_sha256": state.model_sha256,
+            "interactions": state.interactions,
+            "mastery": _listed(await service.mastery_of(served, state.memory)),
+            "created_at": _iso(state.created_at),
+            "updated_at": _iso(state.updated_at),
+        }
+
     with served.batcher.admit(1):
-        work = _describe(calls, store, served, student_id)
-        return JsonResponse(await complete(request, work, served.name))
+        return JsonResponse(await complete(request, describe(), served.name))
 
 
 @router.delete("/students/{student_id}", response_model=DeleteResponse, operation_id="delete_student")
 async def delete_student(request: Request, student_id: StudentIdPath) -> JsonResponse:
     """Erase everything about a student, under every model, at once; answers which states were removed."""
-    _checked_id(student_id)
-    calls, store = await _store(request)
-    removed = await calls.commit(store.delete, student_id)
+    holder = _holder(request, student_id)
+    removed = await holder.commit((await holder.store()).delete, student_id)
     deleted = [{"model": state.model, "interactions": state.interactions} for state in removed]
     return JsonResponse({"student_id": student_id, "deleted": deleted})
 
@@ -197,8 +190,6 @@ async def list_students(
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description="ids per page")] = 100,
 ) -> JsonResponse:
     """A page of the ids of students with a state, in ascending code-point order (keyset paging)."""
-    if after is not None:
-        _checked_id(after, ("query", "after"))
-    calls, store = await _store(request)
-    page = await calls.read(store.list_students, after=after, limit=limit)
+    holder = request.app.state.students if after is None else _holder(request, after, ("query", "after"))
+    page = await holder.read((await holder.store()).list_students, after=after, limit=limit)
     return JsonResponse({"student_ids": page.student_ids, "next_after": page.next_after})

@@ -146,6 +146,28 @@ def test_concurrent_writers_over_http_lose_nothing(api: httpx.Client) -> None:
     np.testing.assert_allclose(state["mastery"], replayed["mastery"][-1], atol=TOLERANCE, rtol=0)
 
 
+def test_concurrent_appends_to_one_student_in_one_process_write_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 appends at once to one student in one process read the same state and all but one lost the
+    compare-and-swap, then ran the model and wrote again; now they take turns: 16 writes, none lost."""
+    with app_client(COMMITTED, state_url=f"sqlite://{tmp_path / 'students.db'}") as client:
+        store = client.app.state.students.get()
+        writes = []
+        write = store.write
+
+        def counted(*args, **kwargs):
+            writes.append(args)
+            return write(*args, **kwargs)
+
+        monkeypatch.setattr(store, "write", counted)
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda seed: append(client, "crowded", history(1, seed=seed)), range(16)))
+    assert [answer.status_code for answer in answers] == [200] * 16
+    assert sorted(answer.json()["interactions"] for answer in answers) == list(range(1, 17))
+    assert len(writes) == 16
+
+
 def test_a_retried_append_with_expected_interactions_is_never_counted_twice(api: httpx.Client) -> None:
     """A client whose answer was lost (a 503 after the write, a dropped connection) could only retry blindly,
     and a stored append was counted twice. With the count it extends, the retry is a 409 and stores nothing."""
