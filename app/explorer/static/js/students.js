@@ -8,7 +8,7 @@ const NOT_ALLOWED = /[\p{C}\p{Z}]/u;
 
 const hex = (character) => `U+${character.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}`;
 
-/** Why `id` is not a valid student id, in the API's words (app/students/ids.py), or null when it is valid. */
+/** Why `id` is not a valid student id, in the API's words (app/transports/students.py), or null when it is valid. */
 export function studentIdProblem(id) {
   const characters = [...id]; // code points, as the API counts them
   if (characters.length < 1 || characters.length > MAX_LENGTH) {
