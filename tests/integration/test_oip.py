@@ -581,9 +581,9 @@ def test_a_large_body_is_429_while_the_parse_queue_is_full() -> None:
         ]
     }
     release = threading.Event()
-    # the longest deadline: the 4,000 steps parsed once the queue is free are 80 runs, and admission on the default
-    # 10 s counts the loop's lag once per run, so a loaded machine would rightly refuse them; the parse queue's
-    # 429s do not depend on the deadline
+    # the longest deadline: the 4,000 steps parsed once the queue is free need 20 runs, and admission on the default
+    # 10 s counts the loop's lag once per run past the first, so a loaded machine (a lag of 0.3 s) rightly refuses
+    # them; the parse queue's 429s do not depend on the deadline
     with app_client(COMMITTED, request_timeout_s=3600) as client:
         held = client.portal.start_task_soon(offload_or_shed, MAX_QUEUED_BYTES, release.wait)  # a full queue
         try:
