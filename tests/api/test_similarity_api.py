@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import FLMP_MODEL, KT_MODEL, MSRP_MODEL, SIM_MODEL
+from tests.conftest import COMMITTED, FLMP_MODEL, KT_MODEL, MSRP_MODEL, SIM_MODEL
+from tests.helpers import app_client
 
 PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument, qzxqzx!"}
 
@@ -124,8 +125,11 @@ def test_invalid_batches_are_422_naming_the_item(client, pairs, location):
     assert any(error["loc"] == location for error in response.json()["detail"])
 
 
-def test_256_pairs_are_served(client):
-    response = client.post("/similarity/batch", json={"pairs": [PAIR] * 256})
+def test_256_pairs_are_served():
+    """The batch limit, not admission: on the default 10 s deadline, admission counts the event loop's recent lag
+    once per run the pairs need, so a loaded machine may rightly answer 429; with the longest deadline it cannot."""
+    with app_client(COMMITTED, request_timeout_s=3600) as patient:
+        response = patient.post("/similarity/batch", json={"pairs": [PAIR] * 256})
     assert response.status_code == 200 and len(response.json()["results"]) == 256
 
 
