@@ -250,7 +250,8 @@ def test_results_never_depend_on_the_instance_or_the_batch(tmp_path, clock, serv
 # -- deadlines ---------------------------------------------------------------------------------------
 def test_under_a_flood_admitted_requests_meet_their_deadline_and_the_rest_are_refused_at_once(tmp_path, clock):
     """400 requests, one every 1 ms, to a linear profile of 10 ms a row with a 1 s deadline (the runs move the clock
-    too): each admitted one is answered within its deadline; the others are refused at arrival."""
+    too), after one request served alone (the pace is learned; the cautious start has its own test in
+    test_batcher.py): each admitted one is answered within its deadline; the others are refused at arrival."""
     runs = ProfileRuns(build_linear_onnx(tmp_path / "linear.onnx"), clock, lambda rows: 0.01 * rows)
     instance = Instance("cpu-0", CPU, runs, cost=linear_cost(0.01))
     latencies, refused = [], []
@@ -267,6 +268,8 @@ def test_under_a_flood_admitted_requests_meet_their_deadline_and_the_rest_are_re
         latencies.append(clock() - arrived)
 
     async def scenario(batcher):
+        await request(batcher, -1.0)
+        latencies.clear()
         tasks = []
         for value in range(400):
             tasks.append(asyncio.ensure_future(request(batcher, value)))
