@@ -4,6 +4,7 @@ scheme when API keys are on."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -160,11 +161,13 @@ def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
     return errors
 
 
-def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dict[str, Any]:
-    """Add the error responses to every operation and, when `protected` is given (API keys on),
-    the Bearer scheme with those paths requiring it."""
+def document_contract(
+    schema: dict[str, Any], protected: set[str] | None, bodies: Iterable[type[BaseModel]]
+) -> dict[str, Any]:
+    """Add the `bodies` the routes read themselves, the error responses of every operation and, when `protected` is
+    given (API keys on), the Bearer scheme with those paths requiring it."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in CONTRACT_MODELS:
+    for model in (*bodies, *CONTRACT_MODELS):
         document = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, nested in document.pop("$defs", {}).items():
             components.setdefault(name, nested)
