@@ -65,9 +65,6 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
             stopped_by.append(error)
             current.cancel()
 
-    def client_left() -> None:
-        stop(ClientGone)
-
     def expired() -> DeadlineExceeded:
         metrics.timed_out.labels(model_name).inc()
         return DeadlineExceeded(f"The request did not complete within {timeout:g} s ({source}); retry later.")
@@ -93,18 +90,15 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
         if remaining <= 0:  # expired before the work started
             raise expired()
         if deadline.watch_client is not None:
-            unsubscribe = deadline.watch_client(client_left)
+            unsubscribe = deadline.watch_client(lambda: stop(ClientGone))
         timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
         awaiting = True
         return await work
     except asyncio.CancelledError:
-        if not stopped_by and not current.cancelling():
-            # the batcher cancelled the rows, having seen their client leave before the transport did
-            metrics.cancelled.labels(model_name).inc()
-            raise ClientGone("The client disconnected before the answer.") from None
-        if not stopped_by or current.uncancel():  # cancelled by someone else too (the server's shutdown)
+        by_batcher = not stopped_by and not current.cancelling()  # it saw the client leave before the transport
+        if not by_batcher and (not stopped_by or current.uncancel()):  # cancelled by someone else too (shutdown)
             raise
-        if stopped_by[0] is DeadlineExceeded:
+        if not by_batcher and stopped_by[0] is DeadlineExceeded:
             raise expired() from None
         metrics.cancelled.labels(model_name).inc()
         raise ClientGone("The client disconnected before the answer.") from None
