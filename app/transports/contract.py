@@ -9,11 +9,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.transports.oip_errors import is_protocol_path
+
 ERROR_REF = "#/components/schemas/ErrorBody"
 VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
 PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
 SERVER_READINESS_REF = "#/components/schemas/ServerReadiness"
-PROTOCOL_PREFIX = "/v2"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 # the /students operations: their store calls may be refused with 429 (too many waiting, app/students/io.py)
 STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}
@@ -177,7 +178,7 @@ def document_contract(
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
             operation.setdefault("responses", {})
-            protocol = path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
+            protocol = is_protocol_path(path)
             if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
                 operation["responses"].pop("422", None)
             errors = _errors(operation, protocol)

@@ -19,7 +19,6 @@ from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
 
 from app.core.responses import dumps
-from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
 # uvicorn's h11 protocol, resolved as uvicorn resolves its own `http="h11"` option (not imported from its module)
 H11Protocol: Any = import_from_string(HTTP_PROTOCOLS["h11"])
@@ -61,6 +60,10 @@ class HeaderDeadline(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         """The answer to a request h11 refused: the service's JSON 400 with a request id (the client's, if the refused
         bytes were the body of a request it sent one with), then a close."""
+        # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set, and the request
+        # edge's imports would fix the metrics' storage (prometheus_client reads the variable once, at import)
+        from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
+
         in_body = self.cycle is not None and not self.cycle.response_complete
         headers = [
             (b"content-type", b"application/json"),
