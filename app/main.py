@@ -30,7 +30,7 @@ from app.transports.contract import document_contract
 from app.transports.direct_routes import DirectRoutes, ServiceApp
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
-from app.transports.http import add_body_schemas
+from app.transports.http import BODY_SCHEMAS
 from app.transports.middleware import RequestEdge
 from app.transports.probes import ProbeProcess
 from app.transports.rest import direct_routes, task_router
@@ -56,10 +56,7 @@ def package_version() -> str:
 
 
 def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | None = None) -> FastAPI:
-    """Build the app; models are loaded, verified, warmed and prepared in the lifespan, before it serves.
-
-    `tasks` replaces the registered task families (`app.tasks.TASKS`); the frame tests pass a toy task.
-    """
+    """The app; its models are loaded, verified and warmed in the lifespan. `tasks` replaces `app.tasks.TASKS`."""
     settings = settings or Settings()
     tasks = TASKS if tasks is None else tasks
     configure_logging(settings.log_level, settings.log_format)
@@ -119,10 +116,10 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.startup_error = None  # why the models could not be loaded
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     install_error_handlers(app)
-    # innermost: the task routes skip FastAPI's router (they are included below, for the docs)
-    routes = direct_routes(tasks.values())
+    # innermost: the task routes and GET /health skip FastAPI's router (they are included below, for the docs)
+    routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}
     app.add_middleware(DirectRoutes, fastapi=app, routes=routes)
-    app.direct_paths = frozenset(routes)
+    app.direct_paths = frozenset([*routes, ("HEAD", "/health")])  # HEAD: answered as GET by the request edge
     # outside it: each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
     app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
     for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
@@ -135,7 +132,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             protected = None
             if api_keys(settings):
                 protected = {path for path in schema.get("paths", {}) if not is_open(path, open_paths(settings))}
-            app.openapi_schema = document_contract(add_body_schemas(schema), protected)
+            app.openapi_schema = document_contract(schema, protected, BODY_SCHEMAS.values())
         return app.openapi_schema
 
     app.openapi = openapi

@@ -1,15 +1,8 @@
-"""What `python -m app` runs: gunicorn's process manager with uvicorn workers (h11), configured from Settings.
+"""What `python -m app` runs: gunicorn with uvicorn (h11) workers, configured from Settings.
 
-gunicorn starts MNEMO_WORKERS workers on one socket, replaces one that dies, and kills and replaces one whose
-event loop stops beating for MNEMO_WORKER_STALL_S. uvicorn's h11 parses one request at a time and refuses
-malformed framing with 400; the keep-alive, header-size, header-time (app/transports/header_deadline.py) and
-connection limits come from Settings. Send deadlines and per-client limits are nginx's, in front
-(deploy/nginx/nginx.conf).
-
-Drain: a worker's first SIGTERM (gunicorn passes its own on; SIGHUP, gunicorn's reload, replaces the workers)
-turns `/ready` to 503; requests on the connections open at that moment are served, each answer closing its
-connection, and connections opened later get a quick 503. Admitted work finishes, for up to MNEMO_DRAIN_S, then
-uvicorn shuts down and the worker exits 0. A second signal stops waiting.
+gunicorn replaces a worker that dies or whose event loop stops beating for MNEMO_WORKER_STALL_S. A worker's first
+SIGTERM (or SIGHUP) drains it: /ready turns 503, open connections are served (each answer closing its connection),
+new ones get a quick 503, and admitted work finishes for up to MNEMO_DRAIN_S; a second signal stops waiting.
 """
 
 from __future__ import annotations
@@ -47,12 +40,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
 GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
-# Once idle, the drain still serves this long: requests already sent on accepted connections but not yet read
-# get their answer rather than a closed connection.
-SETTLE_S = 1.0
-# How often a worker's event loop tells gunicorn's master it is alive (uvicorn looks once a second): a loop slowed
-# by overload keeps its heartbeat, and only one stuck for MNEMO_WORKER_STALL_S is killed.
-HEARTBEAT_S = 1.0
+SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
+HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
 
@@ -75,9 +64,7 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            # The models, vocabularies and imports live as long as the worker: out of the collector's reach, a
-            # full collection walks only what requests allocate (BENCHMARKS.md, "The service's own cost").
-            gc.collect()
+            gc.collect()  # the models and imports live as long as the worker: out of the collector's reach
             gc.freeze()
             runs, threads = self.settings.concurrent_runs, self.settings.intra_op_threads
             logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
@@ -144,8 +131,7 @@ class Worker(UvicornWorker):
         asyncio.run(self.serve())
 
     async def callback_notify(self) -> None:
-        """The heartbeat gunicorn's master waits for (from the event loop, every HEARTBEAT_S); a worker
-        whose master is gone (killed: it passed no signal on) drains and exits, once, rather than serve alone."""
+        """The heartbeat to gunicorn's master; a worker whose master is gone (killed) drains and exits, once."""
         await super().callback_notify()
         if os.getppid() != self.ppid and not self.orphaned:
             self.orphaned = True
@@ -174,8 +160,7 @@ def http_options(settings: Settings) -> dict[str, Any]:
 
 
 class WithoutStartupTraceback(logging.Filter):
-    """Drops the traceback uvicorn logs for an app that could not start, when the app knows why: a model that cannot
-    load is said in one line (`cannot_start`)."""
+    """Drops uvicorn's traceback for an app that could not start when the app says why in one line (`cannot_start`)."""
 
     def __init__(self, app: FastAPI) -> None:
         super().__init__()
@@ -218,15 +203,15 @@ class Gunicorn(BaseApplication):
         arbiter = Arbiter(self)
         try:
             arbiter.run()
-        except HaltServer as error:  # another worker failed to boot, reaped while gunicorn halted for the first
-            while True:  # halt again: the other workers are stopped, and the reason is logged, whichever came first
+        except HaltServer as error:  # another worker failed to boot while gunicorn halted for the first: halt again
+            while True:
                 try:
                     arbiter.halt(error.reason, error.exit_status)
                 except HaltServer as again:
                     error = again
 
     def load(self) -> FastAPI:
-        """In each worker: the ONNX sessions start opening while the web stack imports (app/runtime/sessions.py)."""
+        """In each worker: the ONNX sessions open while the web stack imports (app/runtime/sessions.py)."""
         from app.runtime.providers import ProviderUnavailable, resolve_provider
         from app.runtime.sessions import preopened
 
@@ -250,14 +235,13 @@ class Gunicorn(BaseApplication):
 
 
 def cannot_start(reason: str) -> None:
-    """A worker that cannot serve: one line saying why, and the status that makes gunicorn stop (not retry)."""
+    """One line saying why, and the status that makes gunicorn stop (not retry)."""
     print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def log_config(level: str, fmt: str) -> dict:
-    """gunicorn's and uvicorn's own lines (startup, worker exits, protocol warnings) in the service's format, on
-    stderr; their access logs off (the app writes one line per request)."""
+    """gunicorn's and uvicorn's own lines in the service's format, on stderr; their access logs off (the app's)."""
     formatter = "app.core.logging.JsonFormatter" if fmt == "json" else "app.core.logging.TextFormatter"
     to_stderr = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
     quiet = {"handlers": [], "propagate": False}
@@ -309,8 +293,8 @@ def forget_dead_worker(server: Arbiter, worker: Any) -> None:
 
 @contextlib.contextmanager
 def metrics_directory() -> Iterator[Path]:
-    """PROMETHEUS_MULTIPROC_DIR emptied of earlier values, or a temporary directory removed at the end: the
-    workers' metrics are summed from its files, whichever worker answers /metrics."""
+    """PROMETHEUS_MULTIPROC_DIR emptied, or a temporary one removed at the end: the workers' metrics are summed
+    from its files, whichever worker answers /metrics."""
     chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if chosen:
         path = Path(chosen)

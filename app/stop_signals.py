@@ -1,10 +1,7 @@
-"""SIGTERM or SIGHUP before the server's own handlers are installed: stop at once, with status 0.
+"""SIGTERM or SIGHUP during the imports of `python -m app`: stop at once, with status 0 (nothing to drain yet).
 
-The entry points (`python -m app`, `python -m app.worker`) call `stop_until_serving` before their imports,
-which take about half a second; the server (app/server.py) and the supervisor (app/supervisor.py) then
-replace these handlers with their drains. Nothing is in flight yet, so there is nothing to drain. Without a
-handler, the kernel ignores these signals for PID 1, as the server is in a container: a `docker stop` or a pod
-deleted during the imports waited for the stop timeout, then SIGKILL.
+As PID 1 in a container the process would otherwise ignore them: a `docker stop` during the imports waited for
+SIGKILL. The server (app/server.py) then installs its draining handlers.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Concurrency 1, this checkout against another (a baseline commit), in one run on the same machine.
 
-Both checkouts' `python -m app` and floor apps (benchmarks/floor_app.py) run side by side on their own committed
-models. For each of the load benchmark's scenarios that runs at concurrency 1, every round times bare ONNX
-Runtime at batch 1 and wrk at concurrency 1 against each of the four servers in turn (the order rotates every
-round), so that a drift of the shared machine hits all of them. Reported per scenario and server, as medians over
-the rounds: the p50 and the p10 (less moved by other processes on the cores), each also over the bare time of the
-same percentile taken just before it and less the same round's figure of its tree's floor app, and the server's
-CPU time per answer (user + system, all its threads and its children's, from /proc).
+Both checkouts' `python -m app` and floor apps (benchmarks/floor_app.py) run side by side. Each round times bare ONNX
+Runtime at batch 1, then wrk at concurrency 1, against each server in turn (the order rotating). Reported as medians
+over the rounds: p50 and p10, each over bare and less its tree's floor app, and the server's CPU time per answer.
 
     git worktree add /tmp/base <commit>
     python -m benchmarks.compare_trees --base /tmp/base --rounds 7 --seconds 3
@@ -40,8 +36,7 @@ TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process `pid` and of its live descendants (gunicorn's workers under its
-    master), all their threads."""
+    """User and system CPU time of process `pid` and its live descendants, all their threads."""
     ticks, pending = 0, [pid]
     while pending:
         current = pending.pop()
@@ -80,8 +75,7 @@ def main() -> None:
 
 
 def measure(scenario: Scenario, processes: dict, rounds: int, seconds: int) -> None:
-    """Print one scenario's medians over `rounds` rounds (servers in rotating order, each run right after a bare
-    ONNX Runtime timing, which its ratios divide by)."""
+    """Print one scenario's medians over `rounds` rounds (each server right after a bare ONNX Runtime timing)."""
     runs, cpu_ms, bare = defaultdict(list), defaultdict(list), []
     labels = [label for label in processes if scenario.path in FLOOR_PATHS or not label.endswith("floor")]
     for index in range(rounds):

@@ -1,13 +1,8 @@
-"""The floor of the HTTP path, for `make loadtest`: what a request costs on uvicorn with nothing of the service
-around the model but its validation, encoding, one inline ONNX run per graph call and its JSON answer.
+"""The floor of the HTTP path: POST /similarity and /knowledge-trace (one chunk) as one plain ASGI function.
 
-POST /similarity and POST /knowledge-trace (histories of at most one chunk) are answered by one plain ASGI
-function on uvicorn reading HTTP as a worker of `python -m app` does (`app.server.http_options`: the same
-parser and limits, so that the comparison is like for like), with the service's own schemas, tokenizer,
-GloVe lookup, graph feeds, decoding and orjson rendering. Left out, compared with `python -m app`: the
-middlewares (request id, access line, metrics, drain gate, body limits, error catcher), the connection
-guard, admission, the batcher, deadlines and disconnect handling. The load benchmark runs it at concurrency 1
-next to the service and bare ONNX Runtime: the service's own cost is its p50 less this one's.
+It reads HTTP as a worker of `python -m app` does (`app.server.http_options`) and uses the service's own schemas,
+encoding, one inline ONNX run per graph call, decoding and rendering; without the request edge, admission, batcher
+and deadlines. The service's own cost is its p50 less this one's (benchmarks/compare_trees.py).
 
     python -m benchmarks.floor_app PORT
 """

@@ -4,15 +4,17 @@ scheme when API keys are on."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.transports.oip_errors import is_protocol_path
 
 ERROR_REF = "#/components/schemas/ErrorBody"
 VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
 PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
 SERVER_READINESS_REF = "#/components/schemas/ServerReadiness"
-PROTOCOL_PREFIX = "/v2"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 # the /students operations: their store calls may be refused with 429 (too many waiting, app/students/io.py)
 STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}
@@ -160,11 +162,13 @@ def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
     return errors
 
 
-def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dict[str, Any]:
-    """Add the error responses to every operation and, when `protected` is given (API keys on),
-    the Bearer scheme with those paths requiring it."""
+def document_contract(
+    schema: dict[str, Any], protected: set[str] | None, bodies: Iterable[type[BaseModel]]
+) -> dict[str, Any]:
+    """Add the `bodies` the routes read themselves, the error responses of every operation and, when `protected` is
+    given (API keys on), the Bearer scheme with those paths requiring it."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in CONTRACT_MODELS:
+    for model in (*bodies, *CONTRACT_MODELS):
         document = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, nested in document.pop("$defs", {}).items():
             components.setdefault(name, nested)
@@ -174,7 +178,7 @@ def document_contract(schema: dict[str, Any], protected: set[str] | None) -> dic
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
             operation.setdefault("responses", {})
-            protocol = path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
+            protocol = is_protocol_path(path)
             if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
                 operation["responses"].pop("422", None)
             errors = _errors(operation, protocol)

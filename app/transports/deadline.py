@@ -1,12 +1,7 @@
-"""A request's work bounded by its deadline and by its client, whatever transport carried it.
+"""A request's work bounded by its deadline (504) and by its client (499), for REST and gRPC alike.
 
-`within_deadline(work, deadline)` awaits the work until it is done, its deadline passes (504: `DeadlineExceeded`),
-or the client leaves (`ClientGone`, nothing is sent); in the last two cases the work is cancelled, which drops
-its rows that have not started. The 504 is sent a margin before the deadline: `DEADLINE_MARGIN_S` plus twice the
-event loop's recent lag (under overload the loop runs timers late, so a timer set at the deadline itself would
-answer after it), taken again every `DEADLINE_CHECK_S` while the request waits, since the lag can grow meanwhile.
-REST (app/transports/http.py `complete`) and gRPC (app/transports/grpc) each build a `Deadline` from their own
-request and call this.
+The 504 leaves a margin before the deadline, DEADLINE_MARGIN_S plus twice the event loop's recent lag (an overloaded
+loop runs timers late), taken again every DEADLINE_CHECK_S; a stopped request's work is cancelled, dropping its rows.
 """
 
 from __future__ import annotations
@@ -33,12 +28,10 @@ class ClientGone(ServiceError):
     status_code = 499
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Deadline:
-    """When a request must be answered and what to say then: `server_timeout_s` (MNEMO_REQUEST_TIMEOUT_S), or
-    `client_timeout_s` when the client asked for less (`client_source` names how it asked), counted from
-    `arrival` (perf_counter; None: now). `watch_client(callback)` calls back when the client leaves and returns
-    how to stop watching (None: the transport cannot tell, or cancels the request's task itself)."""
+    """When a request must be answered (the shorter of the server's and the client's timeout, from `arrival`) and
+    `watch_client(callback)`: calls back when the client leaves, returns how to stop (None: cannot tell)."""
 
     model_name: str
     metrics: Metrics
@@ -58,12 +51,8 @@ class Deadline:
 
 async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T:
     """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`).
-
-    The work runs in the request's own task (no task of its own: that cost two turns of the event loop).
-    A timer at the deadline (less the margin, taken again every DEADLINE_CHECK_S), or the client watch when the
-    client leaves, cancels that task; the cancellation is taken back here and answered, as `asyncio.timeout`
-    does it.
-    """
+    The work runs in the request's own task, which the deadline's timer or the client watch cancels; the
+    cancellation is taken back here, as `asyncio.timeout` does."""
     metrics, model_name = deadline.metrics, deadline.model_name
     timeout, source = deadline.timeout_and_source
     due = (time.perf_counter() if deadline.arrival is None else deadline.arrival) + timeout
@@ -76,15 +65,11 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
             stopped_by.append(error)
             current.cancel()
 
-    def client_left() -> None:
-        stop(ClientGone)
-
     def expired() -> DeadlineExceeded:
         metrics.timed_out.labels(model_name).inc()
         return DeadlineExceeded(f"The request did not complete within {timeout:g} s ({source}); retry later.")
 
     def time_left() -> float:
-        """Seconds until the 504 must be sent: the deadline less a margin for the event loop's current lag."""
         margin = min(DEADLINE_MARGIN_S + 2 * deadline.loop_lag.recent_s, timeout / 2)
         return due - margin - time.perf_counter()
 
@@ -105,19 +90,15 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
         if remaining <= 0:  # expired before the work started
             raise expired()
         if deadline.watch_client is not None:
-            unsubscribe = deadline.watch_client(client_left)
+            unsubscribe = deadline.watch_client(lambda: stop(ClientGone))
         timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
         awaiting = True
         return await work
     except asyncio.CancelledError:
-        if not stopped_by and not current.cancelling():
-            # Not this task: the batcher cancelled the rows it awaited, having seen their client leave
-            # before the transport did.
-            metrics.cancelled.labels(model_name).inc()
-            raise ClientGone("The client disconnected before the answer.") from None
-        if not stopped_by or current.uncancel():  # cancelled by someone else too (the server's shutdown)
+        by_batcher = not stopped_by and not current.cancelling()  # it saw the client leave before the transport
+        if not by_batcher and (not stopped_by or current.uncancel()):  # cancelled by someone else too (shutdown)
             raise
-        if stopped_by[0] is DeadlineExceeded:
+        if not by_batcher and stopped_by[0] is DeadlineExceeded:
             raise expired() from None
         metrics.cancelled.labels(model_name).inc()
         raise ClientGone("The client disconnected before the answer.") from None

@@ -1,11 +1,8 @@
-"""Direct dispatch of the task endpoints (app/transports/rest.py), before FastAPI's router.
+"""Direct dispatch of the task endpoints and GET /health, before FastAPI's router (benchmarks/asgi_overhead.py).
 
-The task endpoints take nothing from FastAPI but the `Request`: they read and validate their own bodies. FastAPI's
-routing and the wrappers around each route cost a share of a small request's time that the service's latency
-budget does not have (benchmarks/asgi_overhead.py measures it). `DirectRoutes` calls such an endpoint for its
-one method and exact path and turns its errors into responses with the app's exception handlers, as FastAPI
-would; every other request goes to FastAPI, which also documents these routes in OpenAPI. `ServiceApp` hands the
-same requests straight to the app's own middleware, without the ones FastAPI adds around it.
+These endpoints take nothing from FastAPI but the `Request`; FastAPI's routing and the wrappers around each route
+cost a share of a small request's time that the latency budget does not have. FastAPI still serves and documents
+them; `ServiceApp` hands their requests straight to the app's own middlewares, `DirectRoutes` calls them.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -21,8 +19,8 @@ RequestHandler = Callable[[Request], Awaitable[Response]]
 
 
 class ServiceApp(FastAPI):
-    """A FastAPI app that sends the requests of `direct_paths` ((method, path) pairs, see `direct_routes`) to
-    its own middlewares only (see the module docstring); set `direct_paths` after adding the middlewares."""
+    """A FastAPI app that sends the requests of `direct_paths` ((method, path) pairs) to its own middlewares only,
+    without the ones FastAPI adds around them; set `direct_paths` after adding the middlewares."""
 
     direct_paths: frozenset[tuple[str, str]] = frozenset()
     _own_middlewares: ASGIApp | None = None
@@ -41,31 +39,32 @@ class ServiceApp(FastAPI):
 
 
 class DirectRoutes:
-    """Call the `routes` ((method, path) -> a function of the request) without FastAPI's router (see the module
-    docstring); FastAPI must serve the same functions at the same paths, which documents them."""
+    """Call the `routes` ((method, path) -> a function of the request) without FastAPI's router, their errors
+    answered by the app's exception handlers; the scope's `route` is FastAPI's (the access line's template)."""
 
     def __init__(self, app: ASGIApp, fastapi: FastAPI, routes: Mapping[tuple[str, str], RequestHandler]) -> None:
         self.app = app
         self.fastapi = fastapi
         self.routes = routes
+        self.documented: dict[tuple[str, str], APIRoute] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get((scope.get("method", ""), scope.get("path", ""))) if scope["type"] == "http" else None
+        key = (scope.get("method", ""), scope.get("path", ""))
+        route = self.routes.get(key) if scope["type"] == "http" else None
         if route is None:
             await self.app(scope, receive, send)
             return
-        scope["endpoint"] = route
+        if self.documented is None:
+            routes = [route for route in self.fastapi.routes if isinstance(route, APIRoute)]
+            self.documented = {(method, route.path): route for route in routes for method in route.methods}
+        scope["endpoint"], scope["route"] = route, self.documented.get(key)
         request = Request(scope, receive)
         try:
             response = await route(request)
         except Exception as error:
-            handler = self._handler_for(error)
+            handlers = self.fastapi.exception_handlers  # the handler of its class or nearest base, as Starlette's
+            handler = next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)
             if handler is None:
                 raise
             response = await handler(request, error)
         await response(scope, receive, send)
-
-    def _handler_for(self, error: Exception):
-        """The app's exception handler for this error's class or its nearest base, as Starlette looks it up."""
-        handlers = self.fastapi.exception_handlers
-        return next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)

@@ -1,7 +1,4 @@
-"""The one place that maps the service's errors to HTTP answers (`{"detail": ...}`; 422 in FastAPI's shape).
-
-The student store's errors carry their status (503 or 429 with Retry-After, 409); a 405 lists in `Allow` every method
-some route takes on the path (Starlette's names only the first route's)."""
+"""The one place that maps the service's errors to HTTP answers (`{"detail": ...}`; 422 in FastAPI's shape)."""
 
 from __future__ import annotations
 
@@ -40,18 +37,10 @@ store_outages = TracebackBudget(STORE_LOG_EVERY_S)  # one log line per distinct 
 
 
 def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
-    """The `Allow` header for the scope's path: every method that some route takes there (mounts left out),
-    and HEAD wherever GET is (the request edge answers it as GET, though FastAPI's GET routes do not declare it)."""
-    allowed = {
-        method
-        for method in HTTP_METHODS
-        if any(
-            not isinstance(route, Mount) and route.matches({**scope, "method": method})[0] == Match.FULL
-            for route in routes
-        )
-    }
-    if "GET" in allowed:
-        allowed.add("HEAD")
+    """The 405's `Allow`: every method a route takes on the path (Starlette's: the first route's), HEAD with GET."""
+    routes = [route for route in routes if not isinstance(route, Mount)]
+    allowed = {m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] == Match.FULL for r in routes)}
+    allowed |= {"HEAD"} if "GET" in allowed else set()
     return ", ".join(method for method in HTTP_METHODS if method in allowed) or None
 
 
@@ -98,12 +87,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return JsonResponse(validation_detail(list(error.errors())), 422)
 
     @app.exception_handler(ValidationError)
-    async def body_validation(request: Request, error: ValidationError) -> JsonResponse:
-        return JsonResponse(body_errors(error), 422)
-
     @app.exception_handler(InvalidBody)
-    async def invalid_body(request: Request, error: InvalidBody) -> JsonResponse:
-        return JsonResponse(error.payload, 422)
+    async def invalid_body(request: Request, error: ValidationError | InvalidBody) -> JsonResponse:
+        return JsonResponse(error.payload if isinstance(error, InvalidBody) else body_errors(error), 422)
 
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:

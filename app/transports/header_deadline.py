@@ -1,16 +1,16 @@
-"""A deadline for each request's line and headers, which uvicorn's h11 protocol does not have.
+"""uvicorn's h11 protocol with a deadline for each request's line and headers, and its 400 in the service's shape.
 
-uvicorn arms no timer when a connection opens nor while headers arrive: a connection that sends nothing, or trickles
-its headers a byte at a time (slowloris), is held for ever and counts against MNEMO_MAX_CONNECTIONS. HeaderDeadline
-wraps uvicorn's H11Protocol (passing every asyncio.Protocol call on) and closes a connection whose request has not
-finished its headers MNEMO_HEADER_TIMEOUT_S after the connection opened, or after the request's first byte on a
-kept-alive connection; it closes without an answer, as nginx does at client_header_timeout. The idle time between
-requests stays uvicorn's keep-alive timeout, and the body's pace is the app's (MNEMO_BODY_TIMEOUT_S).
+uvicorn arms no timer while headers arrive: a connection that sends nothing, or trickles its headers (slowloris), would
+be held for ever. `HeaderDeadline` closes, without an answer (as nginx's client_header_timeout), a connection whose
+request has not finished its headers MNEMO_HEADER_TIMEOUT_S after it opened, or after the request's first byte on a
+kept-alive connection; the idle time between requests stays uvicorn's keep-alive timeout. A request h11 refuses (bad
+framing, header syntax or size) gets the service's JSON 400 with an X-Request-ID, not uvicorn's plain text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import h11
@@ -18,11 +18,14 @@ from uvicorn.config import HTTP_PROTOCOLS, Config
 from uvicorn.importer import import_from_string
 from uvicorn.server import ServerState
 
+from app.core.responses import dumps
+
 # uvicorn's h11 protocol, resolved as uvicorn resolves its own `http="h11"` option (not imported from its module)
-H11Protocol: type[asyncio.Protocol] = import_from_string(HTTP_PROTOCOLS["h11"])
+H11Protocol: Any = import_from_string(HTTP_PROTOCOLS["h11"])
+MALFORMED = dumps({"detail": "Malformed HTTP request: its request line, a header or its framing is invalid."})
 
 
-class HeaderDeadline(asyncio.Protocol):
+class HeaderDeadline(H11Protocol):
     """uvicorn's H11Protocol, closed when a request's headers take longer than `timeout_s` (uvicorn's `http=`)."""
 
     def __init__(
@@ -34,46 +37,58 @@ class HeaderDeadline(asyncio.Protocol):
         *,
         timeout_s: float,
     ) -> None:
-        self.http = H11Protocol(config, server_state, app_state, _loop)
-        self.timeout_s = timeout_s
+        super().__init__(config, server_state, app_state, _loop)
+        self.header_timeout_s = timeout_s
         self.metrics = getattr(getattr(config.app, "state", None), "metrics", None)  # create_app's, if it is the app
-        self.deadline: asyncio.TimerHandle | None = None
+        self.header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.http.connection_made(transport)  # type: ignore[arg-type]
+        super().connection_made(transport)
         self.arm()
 
     def data_received(self, data: bytes) -> None:
-        self.http.data_received(data)
-        if self.http.conn.their_state is not h11.IDLE:  # the request's headers are in (or the connection failed)
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the request's headers are in (or the connection failed)
             self.disarm()
-        elif self.deadline is None:  # a new request's first bytes on a kept-alive connection
+        elif self.header_timer is None:  # a new request's first bytes on a kept-alive connection
             self.arm()
-
-    def eof_received(self) -> bool | None:
-        return self.http.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
-        self.http.connection_lost(exc)
+        super().connection_lost(exc)
 
-    def pause_writing(self) -> None:
-        self.http.pause_writing()
+    def send_400_response(self, msg: str) -> None:
+        """The answer to a request h11 refused: the service's JSON 400 with a request id (the client's, if the refused
+        bytes were the body of a request it sent one with), then a close."""
+        # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set, and the request
+        # edge's imports would fix the metrics' storage (prometheus_client reads the variable once, at import)
+        from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
-    def resume_writing(self) -> None:
-        self.http.resume_writing()
+        in_body = self.cycle is not None and not self.cycle.response_complete
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(MALFORMED)),
+            (b"connection", b"close"),
+            (REQUEST_ID_HEADER, request_id(self.headers if in_body else []).encode()),
+            NOSNIFF,
+        ]
+        answer = (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=MALFORMED))
+        with contextlib.suppress(h11.LocalProtocolError):  # the app's answer has begun: nothing more can be said
+            for event in (*answer, h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def arm(self) -> None:
-        self.deadline = self.http.loop.call_later(self.timeout_s, self.expire)
+        self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
 
     def disarm(self) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
 
     def expire(self) -> None:
-        self.deadline = None
-        if self.http.conn.their_state is h11.IDLE and not self.http.transport.is_closing():
-            self.http.transport.close()
+        self.header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
             if self.metrics is not None:
                 self.metrics.header_timeouts.inc()

@@ -1,15 +1,6 @@
-"""What every task route does around its service: read the body off the loop, admit, deadline, disconnect.
-
-- `read_body(request, Schema, task)`: the JSON body validated by pydantic (small bodies inline, large ones
-  on a worker thread); a non-JSON content type, a compressed body or one not in UTF-8 (a declared charset, a
-  byte order mark, UTF-16/32) is 415; errors are the service's bounded 422. A large body holds, while it is
-  parsed, the room its size predicts in the model it names, and is refused (429) before parsing when there is
-  none: under overload the worker threads then parse only requests that will run, and the event loop keeps its
-  share of the GIL.
-- `complete(request, work)`: awaits the work until it is done, its deadline (MNEMO_REQUEST_TIMEOUT_S, or
-  a shorter one the client asked for, counted from arrival) passes (504), or the client disconnects (499,
-  nothing is sent): app/transports/deadline.py, the server's receive() telling when the client goes.
-"""
+"""What every task route does around its service: `read_body` (validated JSON, 415 for other encodings, large
+bodies parsed off the loop or refused 429 when their model has no room) and `complete` (the work within its deadline,
+504, unless the client leaves, 499)."""
 
 from __future__ import annotations
 
@@ -54,24 +45,24 @@ def alone(request: Request) -> bool:
     return request.app.state.drain.alone()
 
 
+def header(request: Request, name: bytes, default: str) -> str:
+    """A header's value from the raw scope (cheaper than Starlette's Headers, built anew for each `request`)."""
+    return next((value.decode("latin-1") for key, value in request.scope["headers"] if key == name), default)
+
+
 def check_identity_encoding(request: Request) -> None:
     """A compressed body (Content-Encoding gzip, br, ...) is 415 naming the coding: bodies are read as sent, and
     inflating them would let a small body take any memory."""
-    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    coding = header(request, b"content-encoding", "identity").strip().lower()
     if coding not in ("", "identity"):
         raise UnsupportedMediaType(
             f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity)."
         )
 
 
-def json_content_type(request: Request) -> bool:
-    media_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    return media_type == "application/json" or media_type.endswith("+json")
-
-
-def check_declared_charset(request: Request) -> None:
+def check_declared_charset(request: Request, content_type: str | None = None) -> None:
     """A Content-Type declaring a charset other than UTF-8 (`charset=latin-1`, `utf-16`) is 415."""
-    for parameter in request.headers.get("content-type", "").split(";")[1:]:
+    for parameter in (content_type or header(request, b"content-type", "")).split(";")[1:]:
         name, _, value = parameter.partition("=")
         charset = value.strip().strip('"').lower()
         if name.strip().lower() == "charset" and charset not in UTF8_NAMES:
@@ -79,8 +70,7 @@ def check_declared_charset(request: Request) -> None:
 
 
 def check_utf8_body(body: bytes) -> None:
-    """A body starting with a byte order mark, or in UTF-16/32 (a NUL among its first bytes: never in UTF-8 JSON,
-    whose first two characters are ASCII), is 415 saying so, not a 422 "invalid JSON at column 1"."""
+    """A byte order mark, or UTF-16/32 (a NUL among the first bytes), is 415 saying so, not a 422 on column 1."""
     if body.startswith(b"\xef\xbb\xbf"):
         raise UnsupportedMediaType(f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
     if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:4]:
@@ -96,14 +86,13 @@ def validate(schema: type[Body], body: bytes) -> Body:
 
 
 async def read_body(request: Request, schema: type[Body], task: str | None = None) -> Body:
-    """The request body validated against `schema`; large bodies are parsed on a worker thread (or shed: 429).
-
-    With `task`, a large body holds the room its size predicts in the model it names while it is parsed, and
-    is refused (429) before parsing when there is none (`ModelBatcher.reserve`).
-    """
-    if not json_content_type(request):
+    """The body validated against `schema`; a large one is parsed on a worker thread, holding meanwhile the room its
+    size predicts in the model of `task` it names, or refused (429) when there is none (`ModelBatcher.reserve`)."""
+    content_type = header(request, b"content-type", "application/json")
+    media_type = content_type.split(";")[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
         raise UnsupportedMediaType("Content-Type must be application/json.")
-    check_declared_charset(request)
+    check_declared_charset(request, content_type)
     check_identity_encoding(request)
     body = await request.body()
     check_utf8_body(body)
@@ -116,8 +105,7 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
 
 
 async def parse_off_loop(request: Request, size: int, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`function` (parsing or decoding a body of `size` bytes) on a worker thread, in the bounded parse queue:
-    429 (counted as parse_queue_full) while it is full (`offload_or_shed`)."""
+    """`function` on a worker thread, in the bounded parse queue: 429 while it is full (`offload_or_shed`)."""
     try:
         return await offload_or_shed(size, function, *args, **kwargs)
     except ParseQueueFull:
@@ -126,11 +114,8 @@ async def parse_off_loop(request: Request, size: int, function: Callable[P, T], 
 
 
 def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
-    """The ready model an unparsed body will use: its one top-level-looking `"model"` field, else the default.
-
-    A cheap scan, not a parse: None when the body names no model unambiguously (several matches, escapes)
-    or the model is unknown; the parsed body is checked again in full at admission.
-    """
+    """The ready model an unparsed body names in its one `"model"` field (a scan, not a parse), else the default;
+    None when ambiguous or unknown (the parsed body is checked in full at admission)."""
     at = body.find(MODEL_KEY)
     if at < 0:
         name = None
@@ -148,9 +133,8 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
 async def complete(
     request: Request, work: Coroutine[Any, Any, T], model_name: str, client_timeout_s: float | None = None
 ) -> T:
-    """The work's result, unless the deadline passes first (504) or the client leaves (499): `within_deadline`
-    (app/transports/deadline.py) with MNEMO_REQUEST_TIMEOUT_S, or `client_timeout_s` (the request's own
-    `timeout`) when shorter, counted from the request's arrival."""
+    """The work's result unless its deadline (MNEMO_REQUEST_TIMEOUT_S, or a shorter `client_timeout_s`, from
+    arrival) passes first (504) or the client leaves (499): `within_deadline`."""
     state = request.app.state
     deadline = Deadline(
         model_name,
@@ -165,9 +149,8 @@ async def complete(
 
 
 def _watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` when the server's receive() says the client left (the body has been read, so it only
-    reports that), and tell the batcher whether the client is still there; returns how to stop watching. The
-    watch starts at the event loop's next turn: work done before it (a run inline on the loop) costs no task."""
+    """Call `callback` when receive() says the client left, tell the batcher whether it is there; returns how to
+    stop. The watch starts at the loop's next turn: work done inline before it costs no task."""
     watcher: asyncio.Future | None = None
 
     def watch() -> None:
@@ -186,27 +169,16 @@ def _watch_client(request: Request, callback: Callable[[], None]) -> Callable[[]
 
 
 async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read, so receive() only reports that)."""
+    """Returns when the client disconnects (the body is read: receive() reports only that)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-_BODY_SCHEMAS: dict[str, type[BaseModel]] = {}
+BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # the bodies routes read themselves, for the OpenAPI components
 
 
 def json_body(schema: type[BaseModel]) -> dict[str, Any]:
     """`openapi_extra` documenting a JSON request body that the route reads itself with `read_body`."""
-    _BODY_SCHEMAS[schema.__name__] = schema
+    BODY_SCHEMAS[schema.__name__] = schema
     reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}}
-
-
-def add_body_schemas(openapi: dict[str, Any]) -> dict[str, Any]:
-    """Put the schemas of the bodies declared with `json_body` into the OpenAPI components."""
-    components = openapi.setdefault("components", {}).setdefault("schemas", {})
-    for name, schema in _BODY_SCHEMAS.items():
-        document = schema.model_json_schema(ref_template="#/components/schemas/{model}")
-        for nested_name, nested in document.pop("$defs", {}).items():
-            components.setdefault(nested_name, nested)
-        components[name] = document
-    return openapi

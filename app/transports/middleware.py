@@ -1,7 +1,5 @@
-"""The request edge: one ASGI layer around the app that gives every request its id, access line and metrics,
-answers HEAD as GET, puts /v2 errors in the protocol's shape, refuses a repeated single-valued header (400),
-checks the API key (401), gates on the drain (503) and the parse queue (429), bounds the request body (413,
-408, 429) and answers an exception no handler took with a 500."""
+"""The request edge: one ASGI layer giving every request its id, access line and metrics, and its refusals before
+the app (400, 401, 408, 413, 429, 503) and after it (500), in the service's JSON shape."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import re
 import time
 from collections.abc import Callable
 
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
@@ -28,11 +27,10 @@ from app.transports.oip_errors import is_json_error, is_protocol_path, protocol_
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
-# An incoming id is kept when it is 1 to 128 visible ASCII characters: echoed byte for byte, and no space or
-# control character that could forge a field of the access line.
+# an incoming id kept: 1 to 128 visible ASCII characters (no space or control character to forge a log field)
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
-# Methods the metrics name; any other (the HTTP parser takes PROPFIND, M-SEARCH, ...) is counted as "other".
+# methods the metrics name; any other (PROPFIND, M-SEARCH, ...) is counted as "other"
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
@@ -40,9 +38,8 @@ BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after 
 DRAINING = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
 PARSER_BUSY = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
 GIVEN_UP = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
-# Headers read as one value: a second copy (which a proxy may read instead of ours: Starlette reads the first, a dict
-# of the headers the last) is refused with 400 before anything else reads them. RFC 9110 section 5.3 allows
-# repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length the same way.
+# Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
+# 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
 SINGLE_HEADERS = {
     b"authorization": "Authorization",
     b"content-type": "Content-Type",
@@ -51,6 +48,11 @@ SINGLE_HEADERS = {
     REQUEST_ID_HEADER: "X-Request-ID",
     b"inference-header-content-length": "Inference-Header-Content-Length",
 }
+CLOSE, RETRY, RETRY_AND_CLOSE = (
+    {"Connection": "close"},
+    {"Retry-After": "1"},
+    {"Retry-After": "1", "Connection": "close"},
+)
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
@@ -68,19 +70,27 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return incoming[0].decode() if kept else os.urandom(16).hex()
 
 
-def framing_problem(scope: Scope) -> str | None:
-    """Why the request must be refused with 400 and a close: an HTTP version other than 1.0 and 1.1 (the parser
-    takes any digit.digit), a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1: the
-    server may refuse it, and must close the connection after answering), or an HTTP/1.1 request without exactly
-    one Host header (RFC 9112 3.2)."""
-    if scope.get("http_version", "1.1") not in ("1.0", "1.1"):
-        return f"HTTP/{scope['http_version']} is not spoken here: send HTTP/1.1."
-    names = [name for name, _ in scope["headers"]]
-    if b"transfer-encoding" in names and b"content-length" in names:
-        return "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
-    if scope.get("http_version", "1.1") == "1.1" and names.count(b"host") != 1:
-        return "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2)."
-    return None
+def refusal(scope: Scope) -> tuple[str, dict[str, str]] | None:
+    """Why the request is refused with 400, and the answer's headers, in one pass over its headers: an HTTP version
+    other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1) or an HTTP/1.1
+    request without exactly one Host (RFC 9112 3.2), all closing the connection; else a header of SINGLE_HEADERS
+    sent twice."""
+    version = scope.get("http_version", "1.1")
+    if version not in ("1.0", "1.1"):
+        return f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE
+    seen: set[bytes] = set()
+    hosts, repeated = 0, None
+    for name, _ in scope["headers"]:
+        if name == b"host":
+            hosts += 1
+        elif name in SINGLE_HEADERS or name == b"transfer-encoding":
+            repeated = repeated or (SINGLE_HEADERS.get(name) if name in seen else None)
+            seen.add(name)
+    if b"transfer-encoding" in seen and b"content-length" in seen:
+        return "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one.", CLOSE
+    if version == "1.1" and hosts != 1:
+        return "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2).", CLOSE
+    return None if repeated is None else (f"The header {repeated} was sent more than once; send it once.", {})
 
 
 def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -89,21 +99,9 @@ def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
     return body and any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
 
 
-def repeated_header(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The name of the first header of SINGLE_HEADERS that the request sends more than once, else None."""
-    seen: set[bytes] = set()
-    for name, _ in headers:
-        if name in SINGLE_HEADERS:
-            if name in seen:
-                return SINGLE_HEADERS[name]
-            seen.add(name)
-    return None
-
-
 class Answer:
-    """The `send` of one request as the edge shapes it: every answer gets the request's id and nosniff; an
-    answer to HEAD loses its body, keeping its status and headers, Content-Length included (RFC 9110: a server
-    that serves GET serves HEAD); a JSON error under /v2 has its body rewritten in the protocol's shape."""
+    """One request's `send`: the request's id and nosniff on its head, no body for HEAD (its GET's head, RFC 9110),
+    a JSON error under /v2 rewritten in the protocol's shape; `status` is 499 until a head is sent."""
 
     def __init__(
         self, send: Send, request_id: str, head: bool, protocol: bool, body_unread: bool, drain: Drain
@@ -115,11 +113,10 @@ class Answer:
         self._protocol = protocol
         self._held: Message | None = None  # a /v2 error's start, sent once its body is rewritten
         self._chunks: list[bytes] = []
-        self.status = 499  # no answer was sent: the client left first
+        self.status = 499
         self.body_unread = body_unread  # a `100 Continue` request whose body has not been read to its end
 
     async def receive_tracking(self, receive: Receive) -> Message:
-        """`receive`, noting when the body has been read to its end."""
         message = await receive()
         self.body_unread = self.body_unread and message["type"] == "http.request" and message.get("more_body", False)
         return message
@@ -150,10 +147,8 @@ class Answer:
         await self._send(message)
 
     async def _start(self, message: Message) -> None:
-        """The answer's head with the edge's headers. It also says `Connection: close` while the server drains
-        (the client's next request goes to a new connection), and when sent before the body of a `100 Continue`
-        request was read to its end (an early 400, 401, 413 or 429): the client may then skip the body, and kept
-        alive, the connection would read its next request as that body (RFC 9110 10.1.1)."""
+        """The head with the edge's headers, and `Connection: close` while draining or before a `100 Continue`
+        body was read (the client may skip it: the connection would read its next request as that body)."""
         self.status = message["status"]
         headers = [*message.get("headers", []), *self._headers]
         if (self.body_unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
@@ -163,20 +158,9 @@ class Answer:
 
 
 class RequestEdge:
-    """Everything the service does at the edge of a request, outermost first:
-
-    - an X-Request-ID on every answer (the client's, if usable), one access line and the request metrics, by
-      route template; HEAD answered as GET; /v2 errors in the protocol's shape (`Answer`);
-    - 400 and a close for ambiguous framing or an HTTP version other than 1.x (`framing_problem`); 400 naming a
-      header of SINGLE_HEADERS sent twice, before anything reads it;
-    - CORS (Starlette's, if MNEMO_CORS_ORIGINS is set), then the API-key check;
-    - the drain gate, before the body is read (operations paths excepted): 503 on a connection opened after the
-      drain began (`Drain.refuses`), 429 while the parse queue is saturated, both with Retry-After; work in
-      flight is counted for the drain, and a request the drain gave up (`Drain.give_up`) before its answer
-      started gets a 503;
-    - the body limits (`_read_body_and_call`);
-    - a 500 for an exception no handler took, logged once per request, with its traceback rate-limited.
-    """
+    """Outermost first: the id, access line and metrics (`Answer`); the 400s (`refusal`); CORS; the API key (401);
+    the drain gate (503 on a connection opened while draining, or given up by the drain) and the parse queue (429),
+    operations paths excepted; the body limits (`_read_body_and_call`); a 500 for an exception no handler took."""
 
     def __init__(
         self,
@@ -213,15 +197,12 @@ class RequestEdge:
         inner = {**scope, "method": "GET"} if head else scope
         self.metrics.in_flight.inc()
         try:
-            framing = framing_problem(scope)
-            repeated = repeated_header(scope["headers"])
-            if framing is not None:
-                await send_json(answer.send, 400, {"detail": framing}, {"Connection": "close"})
-            elif repeated is not None:
-                detail = f"The header {repeated} was sent more than once; send it once."
-                await send_json(answer.send, 400, {"detail": detail})
+            refused = refusal(scope)
+            if refused is not None:
+                await send_json(answer.send, 400, {"detail": refused[0]}, refused[1])
             else:
-                await self.admitted(inner, lambda: answer.receive_tracking(receive), answer.send)
+                tracked = receive if not answer.body_unread else lambda: answer.receive_tracking(receive)
+                await self.admitted(inner, tracked, answer.send)
         finally:
             if head and "route" in inner:  # the route GET matched: the access line and metrics name it
                 scope["route"] = inner["route"]
@@ -229,22 +210,24 @@ class RequestEdge:
             self._record(scope, rid, answer.status, time.perf_counter() - arrived)
 
     def _record(self, scope: Scope, rid: str, status: int, seconds: float) -> None:
-        """The request's metrics and access line."""
-        method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"  # no label per invented method
-        self.metrics.observe_request(route_label(scope), method, status, seconds)
-        path = loggable_path(scope)  # the route template: no student ids or other client text in logs
+        """The request's metrics and access line (its path the route template: no client text in the logs)."""
+        method = scope["method"]
+        self.metrics.observe_request(
+            route_label(scope), method if method in KNOWN_METHODS else "other", status, seconds
+        )
+        path, milliseconds = loggable_path(scope), seconds * 1000
         fields = {
             "request_id": rid,
-            "method": scope["method"],
+            "method": method,
             "path": path,
             "status": status,
-            "duration_ms": round(seconds * 1000, 2),
+            "duration_ms": round(milliseconds, 2),
         }
-        line_args = (scope["method"], path, status, seconds * 1000, rid)
-        log_fields(access_logger, logging.INFO, "%s %s %d %.1fms id=%s", line_args, fields)
+        log_fields(
+            access_logger, logging.INFO, "%s %s %d %.1fms id=%s", (method, path, status, milliseconds, rid), fields
+        )
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The API-key check, the drain gate, then the body and the app, with the 500 of last resort."""
         if self.api_keys is not None:
             challenge = self.api_keys.challenge(scope)
             if challenge is not None:
@@ -253,11 +236,11 @@ class RequestEdge:
         gated = scope["path"] not in OPERATIONS_PATHS
         if gated and self.drain.refuses(scope.get("client")):
             self.metrics.refused("draining")
-            await send_json(send, 503, DRAINING, {"Retry-After": "1", "Connection": "close"})
+            await send_json(send, 503, DRAINING, RETRY_AND_CLOSE)
             return
         if gated and scope["method"] == "POST" and self.saturated():
             self.metrics.refused("parse_queue_full")
-            await send_json(send, 429, PARSER_BUSY, {"Retry-After": "1"})
+            await send_json(send, 429, PARSER_BUSY, RETRY)
             return
         task = asyncio.current_task()
         started = False
@@ -276,7 +259,7 @@ class RequestEdge:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
             self.metrics.refused("drain_timeout")
-            await send_json(send, 503, GIVEN_UP, {"Retry-After": "1", "Connection": "close"})
+            await send_json(send, 503, GIVEN_UP, RETRY_AND_CLOSE)
         except Exception as error:
             log_unexpected(self.tracebacks, scope, error)
             if not started:
@@ -286,18 +269,21 @@ class RequestEdge:
                 self.drain.leave(task)
 
     async def _read_body_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body, then call the app with it: 413 past `max_bytes` (announced or not), 408 when it stalls for
-        `stall_timeout_s` or is not in by the request's deadline, 429 when the bodies held in memory (bytes
-        received, not announced) would pass `in_memory_bytes`. A 429 keeps the connection (the server skips the
-        unread body): a storm of reconnects would queue new connections, health probes among them, behind it."""
-        declared = dict(scope["headers"]).get(b"content-length", b"").strip()  # the parser keeps trailing spaces
+        """Read the body, then call the app with it: 413 past `max_bytes`, 408 when it stalls or misses the request's
+        deadline, 429 (keeping the connection: reconnects would queue) when the bodies held would pass
+        `in_memory_bytes`."""
+        headers = dict(scope["headers"])
+        if b"content-length" not in headers and b"transfer-encoding" not in headers:  # no body: nothing to hold
+            await self.app(scope, receive, send)
+            return
+        declared = headers.get(b"content-length", b"").strip()  # the parser keeps trailing spaces
         declared_bytes = int(declared) if declared.isdigit() else 0
         if declared_bytes > self.max_bytes:
-            await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, {"Connection": "close"})
+            await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE)
             return
         if declared_bytes and self.held_bytes and self.held_bytes + declared_bytes > self.in_memory_bytes:
             self.metrics.refused("bodies_in_memory")
-            await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})
+            await send_json(send, 429, BODIES_BUSY, RETRY)
             return
         deadline = (request_arrival.get() or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, True
@@ -308,7 +294,12 @@ class RequestEdge:
                     async with asyncio.timeout(min(self.stall_timeout_s, deadline - time.perf_counter())):
                         message = await receive()  # (asyncio.timeout: no task per message, unlike wait_for)
                 except TimeoutError:
-                    await send_json(send, 408, {"detail": self._timeout_detail(late)}, {"Connection": "close"})
+                    limit = (
+                        f"was not complete within {self.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)"
+                        if late
+                        else f"stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
+                    )
+                    await send_json(send, 408, {"detail": f"The request body {limit}."}, CLOSE)
                     return
                 if message["type"] == "http.disconnect":
                     return
@@ -318,20 +309,15 @@ class RequestEdge:
                 more = message.get("more_body", False)
                 if size > self.max_bytes:
                     too_large = {"detail": body_too_large_detail(self.max_bytes)}
-                    await send_json(send, 413, too_large, {"Connection": "close"})
+                    await send_json(send, 413, too_large, CLOSE)
                     return
                 if self.held_bytes > self.in_memory_bytes and self.held_bytes > size:  # alone, a body may fill it
                     self.metrics.refused("bodies_in_memory")
-                    await send_json(send, 429, BODIES_BUSY, {"Retry-After": "1"})
+                    await send_json(send, 429, BODIES_BUSY, RETRY)
                     return
             await self.app(scope, _replay(b"".join(chunks), receive), send)
         finally:
             self.held_bytes -= size
-
-    def _timeout_detail(self, late: bool) -> str:
-        if late:
-            return f"The request body was not complete within {self.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)."
-        return f"The request body stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)."
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -352,28 +338,12 @@ DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/do
 
 
 def route_label(scope: Scope) -> str:
-    """The template of the route the request matched; for a request answered before routing (413, 401,
-    503), the documented template its path fits; "unmatched" only for paths the service does not have."""
-    route = scope.get("route")
-    if route is not None:
-        return route.path
-    app = scope.get("app")
-    templates = getattr(app.state, "route_templates", None) if app is not None else None
-    if templates is None:
-        if app is None:
-            return "unmatched"
-        templates = app.state.route_templates = _route_templates([*app.openapi().get("paths", {}), *DOCS_ROUTES])
-    path = scope["path"]
-    return next((template for template, pattern in templates if pattern.fullmatch(path)), "unmatched")
-
-
-def _route_templates(templates: list[str]) -> list[tuple[str, re.Pattern]]:
-    def pattern(template: str) -> re.Pattern:
-        parts = re.split(r"(\{[^}]+\})", template)
-        regex = "".join(
-            (".+" if part.endswith(":path}") else "[^/]+") if part.startswith("{") else re.escape(part)
-            for part in parts
-        )
-        return re.compile(regex)
-
-    return [(template, pattern(template)) for template in templates]
+    """The template of the route the request matched, or (answered before routing: 413, 401, 503) the documented
+    template its path fits; "unmatched" only for paths the service does not have."""
+    route, app = scope.get("route"), scope.get("app")
+    if route is not None or app is None:
+        return "unmatched" if route is None else route.path
+    if getattr(app.state, "route_templates", None) is None:
+        paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
+        app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
+    return next((template for template, regex in app.state.route_templates if regex.match(scope["path"])), "unmatched")

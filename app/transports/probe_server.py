@@ -1,8 +1,7 @@
 """`python -m app.transports.probe_server HOST PORT [STALE_S]`: /health and /ready in a process of their own.
 
-Standard library only. It answers from the `[status, body]` lines the service writes to its stdin; no line for
-STALE_S (the service's event loop stuck) is 503, and the end of stdin (the service gone) ends it.
-"""
+Standard library only: it answers from the `[status, body]` lines the service writes to its stdin; none for STALE_S
+(the service's loop stuck) is 503, and the end of stdin (the service gone) ends it."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:
-        """Probes are not logged (a probe every few seconds would drown the log)."""
+        """Probes are not logged (they would drown the log)."""
 
 
 class _Server(ThreadingHTTPServer):

@@ -31,8 +31,7 @@ class ProbeProcess:
         self._feeder: asyncio.Task | None = None
 
     def spawn(self) -> None:
-        """Start the child and feed it from now on (inside the event loop): it starts listening, and says
-        "loading", while the service loads its models."""
+        """Start the child and feed it from now on: it says "loading" while the service loads its models."""
         self._process = subprocess.Popen(
             [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
             stdin=subprocess.PIPE,

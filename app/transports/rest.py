@@ -1,9 +1,5 @@
-"""The tasks' JSON APIs over HTTP: one route per `Endpoint` a task declares, plus the task's own other routes.
-
-Every endpoint's route does the same around the task's code: read and validate the body (`read_body`), pick
-the model it names (404/503), admit the request in that model's batcher (429), and await the answer within the
-request's deadline (504) unless the client leaves (499).
-"""
+"""The tasks' JSON APIs over HTTP: per `Endpoint`, a route that reads the body, picks the model (404/503), admits
+the request in its batcher (429) and awaits the answer within the deadline (504) unless the client leaves (499)."""
 
 from __future__ import annotations
 

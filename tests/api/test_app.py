@@ -179,3 +179,13 @@ def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
         "(the settings: docs/configuration.md)",
     ]
     assert "SERVICE_HOST" not in done.stderr and "_TCP" not in done.stderr and "REDIS" not in done.stderr
+
+
+def test_health_is_answered_directly_and_counted_under_its_route(client):
+    """GET and HEAD /health skip FastAPI's router (`DirectRoutes`) with the same answer, and the metrics name the
+    route's template, as for a routed request."""
+    get, head = client.get("/health"), client.head("/health")
+    assert (get.status_code, get.json(), head.status_code, head.content) == (200, {"status": "ok"}, 200, b"")
+    assert head.headers["content-length"] == get.headers["content-length"] and head.headers["x-request-id"]
+    metrics = client.get("/metrics").text
+    assert 'mnemo_http_requests_total{method="HEAD",route="/health",status="200"}' in metrics, metrics

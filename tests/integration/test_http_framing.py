@@ -6,13 +6,16 @@ before the close, or not run at all, never stored without its answer.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
-from tests.http_framing_cases import CASES, exchange
+from tests.http_framing_cases import CASES, PAIR, exchange, post, rejected
+from tests.integration.test_hostile_requests import raw
 
 
 @pytest.fixture(scope="module")
@@ -26,3 +29,22 @@ def test_framing_that_cannot_be_trusted_is_refused_as_rfc_9112_says(server, name
     host, port = server.url.removeprefix("http://").split(":")
     result = exchange(host, int(port), request_bytes)
     assert check(result), f"{name}: statuses {result.statuses}, closed {result.closed}"
+
+
+REFUSED = [(name, request) for name, request, check in CASES if check is rejected]
+
+
+@pytest.mark.parametrize(("name", "request_bytes"), REFUSED, ids=[name for name, _ in REFUSED])
+def test_a_refused_message_is_answered_in_the_services_json_shape_with_a_request_id(server, name, request_bytes):
+    """Whichever layer refuses it (h11's parser or the request edge), the 400 is `{"detail": ...}` with an id."""
+    head, _, body = raw(server, request_bytes).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert re.search(rb"(?im)^content-type: application/json\r?$", head), head
+    assert re.search(rb"(?im)^x-request-id: [0-9a-f]{32}\r?$", head), head
+    assert isinstance(json.loads(body)["detail"], str)
+
+
+def test_a_body_refused_by_the_parser_keeps_the_requests_own_id(server):
+    request = post("Transfer-Encoding: chunked\r\nX-Request-ID: trace-42\r\n", b"zz\r\n" + PAIR)
+    head = raw(server, request).partition(b"\r\n\r\n")[0]
+    assert head.startswith(b"HTTP/1.1 400 ") and re.search(rb"(?im)^x-request-id: trace-42\r?$", head), head
