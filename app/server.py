@@ -184,6 +184,9 @@ class Gunicorn(BaseApplication):
         options = {
             "bind": [f"{host}:{settings.port}"],
             "workers": settings.workers,
+            # A socket of its own per worker (SO_REUSEPORT), so the kernel spreads new connections over the workers:
+            # on one shared socket, asyncio's accept loop lets the first worker to wake take a whole burst.
+            "reuse_port": True,
             "worker_class": f"{Worker.__module__}.{Worker.__qualname__}",
             "timeout": math.ceil(settings.worker_stall_s),  # gunicorn takes whole seconds
             "graceful_timeout": math.ceil(settings.drain_s + SHUTDOWN_GRACE_S + GIVE_UP_S) + 1,
