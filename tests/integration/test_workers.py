@@ -376,17 +376,19 @@ def test_sigterm_drains_every_worker_and_the_server_exits_cleanly():
                 ready = await newcomer.get("/ready")
             return answers, late, ready, await asyncio.to_thread(held.finish)
 
-    env = {"MNEMO_DRAIN_S": "120", "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_BODY_TIMEOUT_S": "120"}
+    # the held request's body may come over 30 s after its head (the wait for 18 in flight gives up after 30 s):
+    # a 600 s deadline keeps it inside admission's share (a quarter), so it checks the drain, not admission
+    env = {"MNEMO_DRAIN_S": "120", "MNEMO_REQUEST_TIMEOUT_S": "600", "MNEMO_BODY_TIMEOUT_S": "120"}
     with running_server(COMMITTED, MNEMO_WORKERS="2", **env) as server:
         _wait_for_workers(server, 2)
-        answers, late, ready, (held_status, _) = asyncio.run(scenario(server))
+        answers, late, ready, (held_status, held_body) = asyncio.run(scenario(server))
         assert [answer.status_code for answer in answers] == [200] * IN_FLIGHT
         assert all(len(answer.json()["predictions"]) == 1000 for answer in answers)
-        # one socket for both workers: a burst may all go to the worker that wakes first, so one or both answered
+        # each worker on its own socket: the kernel spreads the burst by connection, so one or both answered
         assert 1 <= len({answer.headers["x-mnemo-pid"] for answer in answers}) <= 2
         assert all(response.status_code == 503 and response.headers["connection"] == "close" for response in late)
         assert ready.status_code == 503
-        assert held_status == 200
+        assert held_status == 200, held_body
         assert server.process.wait(timeout=120) == 0
     messages = _logged(server)
     assert "Handling signal: term" in messages
