@@ -276,7 +276,8 @@ class ModelBatcher:
         pace = max(COLD_PACE, self.pace) if large and stale else self.pace
         needed = waited + (pace * predicted if self._admitted_rows else 0.0)  # alone, a large request still runs
         if needed > budget:
-            return "deadline", f"it would need about {needed:.1f} s with the admitted work, past the deadline"
+            allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
+            return "deadline", f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
         return None
 
     @property

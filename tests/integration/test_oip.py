@@ -571,7 +571,7 @@ def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
             response = client.post(f"/v2/models/{model}/infer", json=protocol)
             fits = client.post(f"/v2/models/{model}/infer", json=step_inputs(1, [1]))
     assert task.status_code == 429, task.text
-    assert response.status_code == 429 and "past the deadline" in response.json()["error"], response.text
+    assert response.status_code == 429 and "MNEMO_REQUEST_TIMEOUT_S" in response.json()["error"], response.text
     assert fits.status_code == 200, fits.text
 
 
