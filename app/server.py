@@ -215,8 +215,7 @@ class Gunicorn(BaseApplication):
 
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions open while the web stack imports (app/runtime/sessions.py)."""
-        from app.runtime.providers import ProviderUnavailable, resolve_provider
-        from app.runtime.sessions import preopened
+        from app.runtime.sessions import ProviderUnavailable, preopened, resolve_provider
 
         try:
             resolve_provider(self.settings.provider)
@@ -277,7 +276,7 @@ def number_worker(server: Arbiter, worker: Worker) -> None:
 
 def place_on_device(server: Arbiter, worker: Worker) -> None:
     """gunicorn's post_fork hook, in the new worker: its CUDA device, the worker number's of MNEMO_CUDA_DEVICE_ID."""
-    from app.runtime.providers import for_worker
+    from app.runtime.sessions import for_worker
 
     listed = worker.app.settings.cuda_device_id
     worker.app.settings = for_worker(worker.app.settings, worker.number)

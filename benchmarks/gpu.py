@@ -38,8 +38,7 @@ import numpy as np
 import onnxruntime as ort
 
 from app.core.settings import Settings, usable_cpus
-from app.runtime.providers import PROVIDER_NAMES
-from app.runtime.sessions import open_session
+from app.runtime.sessions import PROVIDER_NAMES, open_session
 from benchmarks.table import write_section
 
 REPO = Path(__file__).resolve().parents[1]

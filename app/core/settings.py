@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     cpu_arena: bool = False
     """ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of the largest run for
     good."""
-    # The CUDA provider's options (app/runtime/providers.py; docs/gpu.md)
+    # The CUDA provider's options (app/runtime/sessions.py; docs/gpu.md)
     cuda_device_id: Annotated[str, DEVICE_IDS] = "0"
     """CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of `MNEMO_WORKERS`) runs on
     the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0)."""

@@ -1,9 +1,5 @@
-"""The instances of a model (one session each, on one provider) and the run slots they run on.
-
-`MNEMO_PROVIDER` lists one provider per instance (`cuda,cpu`). Every CPU instance of every model shares one
-`RunSlots` of `MNEMO_CONCURRENT_RUNS` threads (the thread budget); any other instance has one slot of its own, as
-a GPU runs one batch of a session at a time.
-"""
+"""A model's instances (one session each, on one provider of `MNEMO_PROVIDER`) and the run slots they run on; a batch
+their device cannot hold fails the run (ONNX Runtime's arena, past its bound), and the session stays usable."""
 
 from __future__ import annotations
 
@@ -12,19 +8,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import onnxruntime as ort
 
-from app.runtime.collate import Feeds
+from app.core.errors import ServiceError
+from app.core.metrics import Metrics
+from app.runtime.collate import Feeds, concatenate
 from app.runtime.cost import CostModel
-from app.runtime.oom import BatchSplitter
 
 CPU = "CPUExecutionProvider"
 RunGraph = Callable[[Feeds], Feeds]
+# What onnxruntime says when an allocation fails: its arena past its bound, or CUDA, cuBLAS or cuDNN out of memory
+OOM_MESSAGES = ("Failed to allocate memory", "is smaller than requested bytes", "out of memory", "STATUS_ALLOC_FAILED")
 
 
 class RunSlots:
-    """At most `runs` ONNX runs at once, each on its own executor thread, and the predicted end of each."""
+    """At most `runs` ONNX runs at once, each on its own executor thread, and the predicted end of each. Every CPU
+    instance shares the engine's (the thread budget); any other has one of its own (a GPU runs one batch at once)."""
 
     def __init__(self, runs: int, name: str = "onnx-run") -> None:
         self.runs = runs
@@ -35,7 +36,6 @@ class RunSlots:
 
     @property
     def free(self) -> int:
-        """Run slots not taken right now."""
         return self.runs - self.taken
 
     async def acquire(self) -> None:
@@ -54,6 +54,18 @@ class RunSlots:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
 
+class DeviceOutOfMemory(ServiceError):
+    """One row of the batch does not fit in the device's memory (or the arena's bound)."""
+
+    status_code = 503
+    headers = MappingProxyType({"Retry-After": "1"})
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    """True for onnxruntime's allocation failures (its Python exceptions differ by build: the message is the same)."""
+    return any(part in str(error) for part in OOM_MESSAGES)
+
+
 @dataclass(eq=False)
 class Instance:
     """One session of a model: how to run it, where, and what its runs cost."""
@@ -65,12 +77,12 @@ class Instance:
     session: ort.InferenceSession | None = None
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run this instance takes at most (its device's memory); None: no own limit
-    memory: BatchSplitter = field(default_factory=BatchSplitter)  # splits the batches its device cannot hold
+    fitted_rows: int | None = None  # the most rows seen to fit, once a run failed for memory
 
     @property
     def row_limit(self) -> int | None:
         """`max_rows`, lowered to what the device was seen to hold once a batch ran out of its memory."""
-        return min((limit for limit in (self.max_rows, self.memory.max_rows) if limit), default=None)
+        return min((limit for limit in (self.max_rows, self.fitted_rows) if limit), default=None)
 
     @property
     def on_cpu(self) -> bool:
@@ -80,25 +92,37 @@ class Instance:
         return {"name": self.name, "provider": self.provider, "max_rows": self.row_limit, "cost": self.cost.describe()}
 
 
-def session_instance(
-    name: str,
-    session: ort.InferenceSession,
-    model: str,
-    observe: Callable[[float], None] = lambda seconds: None,
-    on_split: Callable[[], None] = lambda: None,
-) -> Instance:
-    """An instance that runs `session`: each run timed by `observe` (mnemo_inference_duration_seconds), a batch
-    its device cannot hold split in halves (`on_split` counts it)."""
+def session_instance(name: str, session: ort.InferenceSession, model: str, metrics: Metrics) -> Instance:
+    """An instance that runs `session`, each run timed in mnemo_inference_duration_seconds."""
     output_names = [output.name for output in session.get_outputs()]
-    memory = BatchSplitter(on_split)
+    observe, on_split = metrics.inference.labels(model).observe, metrics.oom_splits.labels(model).inc
 
     def run_graph(feeds: Feeds) -> Feeds:
-        return dict(zip(output_names, session.run(output_names, feeds), strict=True))
+        """A batch the device cannot hold is halved and each half run again (counted in mnemo_oom_splits_total),
+        down to one row (then 503); the batcher then forms no batch larger than what fitted."""
+        try:
+            return dict(zip(output_names, session.run(output_names, feeds), strict=True))
+        except Exception as error:
+            rows = len(next(iter(feeds.values())))
+            if not is_out_of_memory(error):
+                raise
+            if rows <= 1:
+                raise DeviceOutOfMemory(
+                    f"Model {model}: one row of this request does not fit in the device's memory; retry later "
+                    "or send a shorter input."
+                ) from error
+        half = (rows + 1) // 2
+        instance.fitted_rows = min(instance.fitted_rows or half, half)
+        on_split()
+        first = {key: value[:half] for key, value in feeds.items()}
+        second = {key: value[half:] for key, value in feeds.items()}
+        return concatenate([run_graph(first), run_graph(second)])
 
     def run(feeds: Feeds) -> Feeds:
         started = time.perf_counter()
-        outputs = memory.run(run_graph, feeds, model)
+        outputs = run_graph(feeds)
         observe(time.perf_counter() - started)
         return outputs
 
-    return Instance(name, session.get_providers()[0], run, session=session, memory=memory)
+    instance = Instance(name, session.get_providers()[0], run, session=session)
+    return instance

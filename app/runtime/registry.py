@@ -1,8 +1,5 @@
-"""The verified model registry: manifest -> sha256 check -> ONNX Runtime session -> warm-up -> task state.
-
-Task-agnostic: the tasks are passed in (`{name: Task}`), each model's task `prepare`s its typed state, and the
-models load in parallel threads.
-"""
+"""The verified model registry: manifest -> sha256 check -> ONNX Runtime sessions -> warm-up -> task state, the
+models loading in parallel threads, each model's task (passed in) preparing its typed state."""
 
 from __future__ import annotations
 
@@ -25,12 +22,10 @@ from app.core.npy import load_npy
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ServedModel, Task, graph_layouts
-from app.runtime.providers import PROVIDER_NAMES, ProviderUnavailable, check_session_provider, resolve_provider
-from app.runtime.sessions import open_session, preopened
+from app.runtime.sessions import ProviderUnavailable, check_session_provider, open_session, preopened, resolve_provider
 from app.runtime.tensors import ONNX_TYPES
 
 logger = logging.getLogger("mnemo.registry")
-PROVIDER_SHORT_NAMES = {name: short for short, name in PROVIDER_NAMES.items()}
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
 
 
@@ -51,8 +46,7 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
         _, dtype = ONNX_TYPES.get(graph_input.type, (None, None))
         if dtype is None:
             raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
-        fill = 0 if np.issubdtype(dtype, np.floating) else 1
-        feeds[graph_input.name] = np.full(shape, fill, dtype=dtype)
+        feeds[graph_input.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
     return feeds
 
 
@@ -63,9 +57,8 @@ def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
     sequences = any(_dynamic(dim) for node in session.get_inputs() for dim in node.shape[1:])
     for rows, length in SEED_RUNS:
         length = length if sequences else 1
-        feeds = _warm_up_feeds(session, rows, length)
-        seconds = min(timeit.repeat(partial(session.run, None, feeds), repeat=2, number=1))
-        instance.cost.observe(rows, length, seconds)
+        run = partial(session.run, None, _warm_up_feeds(session, rows, length))
+        instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
 
 
 class ModelRegistry:
@@ -75,6 +68,7 @@ class ModelRegistry:
         self.settings = settings
         self.tasks = dict(tasks)
         self.metrics = metrics
+        self.artifacts = Path(settings.artifacts_dir)
         self.models: dict[str, ServedModel] = {}
         self.providers: list[str] = []  # the onnxruntime provider of each instance
         self._asset_cache: dict[tuple[Path, str], np.ndarray] = {}
@@ -82,15 +76,14 @@ class ModelRegistry:
     def load(self) -> None:
         """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
         self.providers = [resolve_provider(entry) for entry in split_list(self.settings.provider)]
-        artifacts = Path(self.settings.artifacts_dir)
         try:
-            entries = chosen(read_manifest(artifacts, set(self.tasks)), split_list(self.settings.models))
+            entries = chosen(read_manifest(self.artifacts, set(self.tasks)), split_list(self.settings.models))
         except Exception as error:
             raise ModelLoadError(str(error)) from None
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         workers = max(1, min(len(self.models), usable_cpus()))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-load") as pool:
-            outcomes = list(pool.map(lambda model: self._load_model(model, artifacts), self.models.values()))
+            outcomes = list(pool.map(self._load_model, self.models.values()))
         preopened.clear()
         for model, error in zip(self.models.values(), outcomes, strict=True):
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
@@ -102,13 +95,13 @@ class ModelRegistry:
                 raise ModelLoadError(f"model {model.name}: {error}") from error
             logger.error("model %s is not served: %s", model.name, error)
 
-    def _load_model(self, model: ServedModel, artifacts: Path) -> Exception | None:
+    def _load_model(self, model: ServedModel) -> Exception | None:
         """Load one model: its assets, its sessions and those of its extra graphs, its task state; the error, if any."""
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():
-                model.assets[key] = self._asset(artifacts, asset.file, asset.sha256, key)
-            self._open(model, artifacts)
+                model.assets[key] = self._asset(asset.file, asset.sha256, key)
+            self._open(model)
             layouts = graph_layouts(self.tasks[model.task])
             for key, graph in entry.graphs.items():
                 if key not in layouts:
@@ -116,7 +109,7 @@ class ModelRegistry:
                     raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
                 update = {"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
                 part = ServedModel(entry.model_copy(update=update))
-                self._open(part, artifacts)
+                self._open(part)
                 model.graphs[key] = part
             model.state = self.tasks[model.task].prepare(model)
         except Exception as error:
@@ -126,29 +119,26 @@ class ModelRegistry:
         logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, seconds)
         return None
 
-    def _open(self, model: ServedModel, artifacts: Path) -> None:
+    def _open(self, model: ServedModel) -> None:
         """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
-        model.file = confined(artifacts, model.entry.file)
-        observe = self.metrics.inference.labels(model.name).observe
-        on_split = self.metrics.oom_splits.labels(model.name).inc
-        verified = False
+        path, verified = confined(self.artifacts, model.entry.file), False
         for index, provider in enumerate(self.providers):
-            session = preopened.take(model.file, model.entry.sha256, provider, self.settings)
+            session = preopened.take(path, model.entry.sha256, provider, self.settings)
             if session is None:
                 if not verified:
-                    verify(model.file, model.entry.file, model.entry.sha256, "model file")
+                    verify(path, model.entry.file, model.entry.sha256, "model file")
                     verified = True
-                session = open_session(model.file, self.settings, provider)
+                session = open_session(path, self.settings, provider)
             check_session_provider(session, provider, model.name)
             model.output_names = [output.name for output in session.get_outputs()]
-            name = f"{PROVIDER_SHORT_NAMES.get(provider, provider)}-{index}"
-            instance = session_instance(name, session, model.name, observe, on_split)
+            name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
+            instance = session_instance(name, session, model.name, self.metrics)
             _seed_cost(instance, session)
             model.instances.append(instance)
 
-    def _asset(self, artifacts: Path, name: str, sha256: str, key: str) -> np.ndarray:
+    def _asset(self, name: str, sha256: str, key: str) -> np.ndarray:
         """An .npy asset, verified and memory-mapped once even when several models share it."""
-        path = confined(artifacts, name)
+        path = confined(self.artifacts, name)
         cached = self._asset_cache.get((path, sha256))
         if cached is None:
             verify(path, name, sha256, f"asset {key}")

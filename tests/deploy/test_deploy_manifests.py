@@ -296,7 +296,7 @@ def test_gpu_overlay_requests_one_gpu_and_serves_on_cuda(base, gpu_overlay):
         k: v for k, v in config_map(base)["data"].items() if k not in GPU_SETTINGS
     }
     from app.core.settings import Settings
-    from app.runtime.providers import cuda_options
+    from app.runtime.sessions import cuda_options
 
     known = {key.removeprefix("MNEMO_").lower(): value for key, value in settings.items()}
     options = cuda_options(Settings(**{name: value for name, value in known.items() if name in Settings.model_fields}))

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.core.settings import Settings, usable_cpus
-from app.runtime.providers import ProviderUnavailable
+from app.runtime.sessions import ProviderUnavailable
 from tests.helpers import app_client
 from tests.toy_model import toy_body
 

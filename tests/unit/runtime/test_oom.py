@@ -17,8 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from app.core.metrics import Metrics
-from app.runtime.instances import Instance, session_instance
-from app.runtime.oom import BatchSplitter, DeviceOutOfMemory, is_out_of_memory
+from app.runtime.instances import DeviceOutOfMemory, Instance, is_out_of_memory, session_instance
 
 ARENA_BYTES = 256 * 1024
 ROW_FLOATS = 1024  # 4 KiB per row in and out: 64 rows (512 KiB) cannot run in the arena, 16 rows (128 KiB) can
@@ -52,7 +51,7 @@ def bounded_session(tmp_path_factory) -> ort.InferenceSession:
 
 def _instance(session: ort.InferenceSession, metrics: Metrics) -> Instance:
     """The instance the registry would build for this session."""
-    return session_instance("cpu-0", session, "relu", on_split=metrics.oom_splits.labels("relu").inc)
+    return session_instance("cpu-0", session, "relu", metrics)
 
 
 def _rows(count: int, width: int = ROW_FLOATS) -> dict[str, np.ndarray]:
@@ -87,7 +86,7 @@ def test_one_row_that_cannot_fit_is_a_503_and_the_session_serves_on(bounded_sess
 
 
 def test_other_errors_are_not_taken_for_memory(bounded_session):
-    splitter = BatchSplitter()
+    instance = _instance(bounded_session, Metrics())
     with pytest.raises(Exception, match=r"INVALID_ARGUMENT|Invalid rank") as raised:
-        splitter.run(lambda feeds: {"y": bounded_session.run(["y"], feeds)[0]}, {"x": np.ones(4, np.float32)}, "relu")
-    assert not is_out_of_memory(raised.value) and splitter.max_rows is None
+        instance.run({"x": np.ones(4, np.float32)})
+    assert not is_out_of_memory(raised.value) and instance.row_limit is None

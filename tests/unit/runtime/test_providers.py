@@ -12,7 +12,7 @@ import pydantic
 import pytest
 
 from app.core.settings import Settings, usable_cpus
-from app.runtime.providers import (
+from app.runtime.sessions import (
     ProviderUnavailable,
     check_session_provider,
     cuda_options,
