@@ -1,6 +1,5 @@
-"""The one place a batch is padded and split: batched on axis 0, sequence inputs zero-padded along axis 1, and
-sequence outputs trimmed back per item (its length plus a fixed extra), so no item's result depends on its batch.
-"""
+"""The one place a batch is padded and split: sequence inputs zero-padded along axis 1, sequence outputs trimmed back
+per item (its length plus a fixed extra), so no item's result depends on its batch."""
 
 from __future__ import annotations
 

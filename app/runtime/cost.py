@@ -1,9 +1,5 @@
-"""What a run costs on one instance of a model: `fixed + per_step x length + per_cell x rows x length` seconds.
-
-A CPU's cost grows with the cells (rows x length); a GPU's barely moves with the rows. Fitted by non-negative least
-squares over the instance's runs (older ones decaying, outliers capped, pulled toward the previous fit so that runs
-of one size still give an estimate); the registry seeds it with warm-up runs.
-"""
+"""What a run costs on one instance of a model: `fixed + per_step x length + per_cell x rows x length` seconds, fitted
+by non-negative least squares over its runs (a CPU's cost grows with the cells, a GPU's barely with the rows)."""
 
 from __future__ import annotations
 
@@ -13,10 +9,8 @@ RIDGE = 1e-3  # pull toward the previous fit, relative to each coefficient's own
 
 
 class CostModel:
-    """Seconds per run, predicted from the runs observed so far (0 until the first).
-
-    Plain floats, not numpy: the fit runs on the event loop after every run, and numpy's per-call overhead on
-    3x3 arrays would cost more than the run it learns from on a small model."""
+    """Seconds per run, predicted from the runs observed so far (0 until the first). Plain floats, not numpy: the fit
+    runs on the event loop after every run, where numpy's per-call overhead on 3x3 arrays would cost more."""
 
     def __init__(self) -> None:
         # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
@@ -55,10 +49,8 @@ class CostModel:
             if min(solution) >= 0:
                 break
             free.pop(solution.index(min(solution)))
-        coefficients = [0.0] * 3
-        for index, value in zip(free, solution, strict=False):
-            coefficients[index] = value
-        self.coefficients = tuple(coefficients)
+        fitted = dict(zip(free, solution, strict=False))  # none when every one fits below 0
+        self.coefficients = tuple(fitted.get(index, 0.0) for index in range(3))
 
     def describe(self) -> dict[str, float]:
         """The fit, for GET /models: milliseconds per run and microseconds per step and per cell."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+from app.core.manifest import ModelEntry
 from app.core.metrics import Metrics
 from app.core.settings import Settings
 from app.runtime.batcher import BatchConfig, ModelBatcher
@@ -17,13 +18,12 @@ from app.runtime.registry import ModelRegistry
 TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
 
 
-def batch_config(settings: Settings, model_entry) -> BatchConfig:
+def batch_config(settings: Settings, entry: ModelEntry) -> BatchConfig:
     """Settings, overridden per model by the manifest's `batching`."""
-    override = model_entry.batching
-    wait_ms = settings.max_wait_ms if override.max_wait_ms is None else override.max_wait_ms
+    override = entry.batching
     return BatchConfig(
         max_batch=override.max_batch or settings.max_batch,
-        max_wait_s=wait_ms / 1000,
+        max_wait_s=(settings.max_wait_ms if override.max_wait_ms is None else override.max_wait_ms) / 1000,
         max_queue=override.max_queue or settings.max_queue,
         deadline_s=settings.request_timeout_s,
         max_cells=override.max_cells,
@@ -31,38 +31,30 @@ def batch_config(settings: Settings, model_entry) -> BatchConfig:
 
 
 class Engine:
-    """Starts (inside the event loop) and stops the batchers of every ready model (and of its extra graphs);
-    trims memory when idle."""
+    """Starts (inside the event loop) and stops the batchers of every ready model and of its extra graphs, and trims
+    memory when idle; `alone()`: the server handles a single request (the batchers may then run its rows inline)."""
 
     def __init__(
         self, registry: ModelRegistry, settings: Settings, metrics: Metrics, alone: Callable[[], bool] = lambda: False
     ) -> None:
-        """`alone()`: the server is handling a single request (the batchers may then run its rows inline)."""
-        self.registry = registry
-        self.slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
-        self._all_slots = [self.slots]  # and one per instance on another provider (a GPU runs one batch at once)
+        cpu_slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
+        self._all_slots = [cpu_slots]  # and one per instance on another provider (a GPU runs one batch at once)
         self._served: list[ServedModel] = []
         for model in registry.models.values():
             if not model.ready:
                 continue
             task = registry.tasks[model.task]
             layouts = {None: GraphLayout(task.sequence_inputs, task.sequence_outputs), **graph_layouts(task)}
-            for key, served in ((None, model), *model.graphs.items()):
-                for instance in served.instances:
-                    instance.slots = self.slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
+            for key, graph in ((None, model), *model.graphs.items()):
+                for instance in graph.instances:
+                    instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
                     self._all_slots += [] if instance.on_cpu else [instance.slots]
                 layout, config = layouts[key], batch_config(settings, model.entry)
-                served.batcher = ModelBatcher(
-                    served.name,
-                    served.instances,
-                    layout.sequence_inputs,
-                    layout.sequence_outputs,
-                    config,
-                    metrics,
-                    alone,
+                graph.batcher = ModelBatcher(
+                    graph.name, graph.instances, layout.sequence_inputs, layout.sequence_outputs, config, metrics, alone
                 )
-                served.batcher.start()
-                self._served.append(served)
+                graph.batcher.start()
+                self._served.append(graph)
         self._trimmer = asyncio.create_task(self._trim_when_idle(), name="memory-trim")
 
     async def _trim_when_idle(self) -> None:

@@ -1,19 +1,16 @@
 """Giving memory back after a burst on glibc (elsewhere a no-op): few malloc arenas, large freed buffers kept in the
-heap for reuse (an unmapped one page-faults in again on every ONNX run), and `malloc_trim` once the models idle.
-"""
+heap for reuse (an unmapped one page-faults in again on every ONNX run), and `malloc_trim` once the models idle."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 
-# mallopt parameters (glibc malloc.h)
-M_TRIM_THRESHOLD = -1
-M_MMAP_THRESHOLD = -3
-M_ARENA_MAX = -8
-MALLOC_ARENAS = 2
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's largest: blocks above it are still mapped and unmapped
-TRIM_THRESHOLD_BYTES = 128 * 1024 * 1024  # free heap top kept on free(); the idle trim returns it
+MALLOPT = (  # (parameter of glibc's malloc.h, value) for mallopt
+    (-8, 2),  # M_ARENA_MAX: malloc arenas
+    (-3, 32 << 20),  # M_MMAP_THRESHOLD: glibc's largest; blocks above it are still mapped and unmapped
+    (-1, 128 << 20),  # M_TRIM_THRESHOLD: free heap top kept on free(); the idle trim returns it
+)
 
 try:
     _libc: ctypes.CDLL | None = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -26,12 +23,7 @@ def tune_malloc() -> bool:
     """Cap glibc's malloc arenas and keep freed large buffers (call before threads start); True when applied."""
     if _libc is None:
         return False
-    settings = (
-        (M_ARENA_MAX, MALLOC_ARENAS),
-        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
-        (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
-    )
-    return all([_libc.mallopt(parameter, value) for parameter, value in settings])  # each one, even after a failure
+    return all([_libc.mallopt(parameter, value) for parameter, value in MALLOPT])  # each one, even after a failure
 
 
 def release_free_memory() -> bool:

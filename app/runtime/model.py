@@ -1,14 +1,9 @@
-"""A served model (`ServedModel`) and what the runtime needs from its task family (the `Task` protocol).
-
-A model may carry more graphs of the same weights (the manifest's `graphs`, e.g. a sentence encoder alone): its
-task lists them in `graphs` with their batching layout, and each gets its own session and batcher.
-"""
+"""A served model (`ServedModel`) and what the runtime needs from its task family (the `Task` protocol)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,7 +31,8 @@ class GraphLayout:
 
 
 def graph_layouts(task: Task) -> Mapping[str, GraphLayout]:
-    """The extra graphs a model of `task` may carry, by manifest key (none unless the task declares `graphs`)."""
+    """The extra graphs of the same weights (the manifest's `graphs`, e.g. a sentence encoder alone) a model of
+    `task` may carry, each with its own sessions and batcher, by manifest key (none unless the task declares them)."""
     return getattr(task, "graphs", MappingProxyType({}))
 
 
@@ -51,9 +47,8 @@ class Admission:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One POST endpoint of a task's JSON API (app/transports/rest.py): the body is validated as `request`, admitted
-    as `admit` says, then `answer(model, body, alone)` is awaited within the deadline (`alone`: no other request in
-    the server, so small jobs may run on the event loop)."""
+    """One POST endpoint of a task's JSON API: the body is validated as `request`, admitted as `admit` says, then
+    `answer(model, body, alone)` is awaited within the deadline (`alone`: no other request, so it may run inline)."""
 
     path: str
     name: str
@@ -106,7 +101,6 @@ class ServedModel:
     graphs, each a `ServedModel` named `<model>.<key>`."""
 
     entry: ModelEntry
-    file: Path | None = None
     assets: dict[str, np.ndarray] = field(default_factory=dict)
     state: Any = None
     error: str | None = None
@@ -157,12 +151,8 @@ class ServedModel:
         info |= self.entry.model_dump(include={"limits", "metrics", "metadata", "card"})
         if self.batcher is not None:
             config = self.batcher.config
-            info["batching"] = {
-                "max_batch": config.max_batch,
-                "max_wait_ms": config.max_wait_s * 1000,
-                "max_queue": config.max_queue,
-                "max_cells": config.max_cells,
-            }
+            info["batching"] = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_s * 1000}
+            info["batching"] |= {"max_queue": config.max_queue, "max_cells": config.max_cells}
         info["instances"] = [instance.public_info() for instance in self.instances]
         if task is not None and self.ready:
             info.update(task.describe(self))

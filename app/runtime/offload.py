@@ -1,7 +1,5 @@
 """CPU work of requests (parsing, tokenizing, decoding, JSON) off the event loop, on `CPU_THREADS` threads (more
-would only queue for the GIL and starve the loop). Parsing comes before admission, so its queue is bounded too:
-past `MAX_QUEUED_BYTES` of waiting bodies, new ones are refused with 429 (`saturated`, `offload_or_shed`).
-"""
+would only queue for the GIL); parsing comes before admission, so its queue is bounded too (429 past it)."""
 
 from __future__ import annotations
 
@@ -34,8 +32,7 @@ def saturated() -> bool:
 
 
 async def offload(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run `function(*args, **kwargs)` on one of CPU_THREADS threads (FIFO); cancelled before it starts, it never
-    runs."""
+    """Run `function(*args, **kwargs)` on one of CPU_THREADS threads (FIFO); cancelled before it starts, never."""
     return await asyncio.get_running_loop().run_in_executor(_threads, partial(function, *args, **kwargs))
 
 

@@ -1,36 +1,19 @@
-"""One model's inference statistics, counted by its batcher: what Triton's statistics extension reports.
-
-Requests: admitted ones that succeeded or failed (a refusal at admission, 429, is a failure too), each with its
-duration from arrival. Queue: each queue item's wait from submission to the start of its run. Executions: each
-ONNX run (`execution_count`), the rows it computed (`inference_count`), and the time spent collating its inputs,
-running the graph and splitting its outputs (`PHASES`), also per batch size. The counters belong to this process:
-with several workers, each reports its own.
-"""
+"""One model's inference statistics, counted by its batcher in this process, as Triton's statistics extension
+reports them: requests (a 429 at admission is a failure), queue waits, and each run's rows and phases."""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from copy import deepcopy
 from typing import Any
 
-PHASES = ("compute_input", "compute_infer", "compute_output")
+PHASES = ("compute_input", "compute_infer", "compute_output")  # collating the inputs, the run, splitting the outputs
+Durations = dict[str, dict[str, int]]  # by name: a count and the cumulative nanoseconds of what it counts
 
 
-@dataclass
-class Duration:
-    """A count and the cumulative nanoseconds of what it counts."""
-
-    count: int = 0
-    ns: int = 0
-
-    def add(self, seconds: float) -> None:
-        self.count += 1
-        self.ns += int(seconds * 1e9)
-
-
-def _phases() -> dict[str, Duration]:
-    return {phase: Duration() for phase in PHASES}
+def _durations(*names: str) -> Durations:
+    return {name: {"count": 0, "ns": 0} for name in names}
 
 
 class ModelStats:
@@ -38,19 +21,25 @@ class ModelStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.success, self.fail, self.queue = Duration(), Duration(), Duration()
-        self.compute = _phases()
-        self.by_batch_size: dict[int, dict[str, Duration]] = {}
+        self.inference = _durations("success", "fail", "queue", *PHASES)
+        self.by_batch_size: dict[int, Durations] = {}
         self.inference_count = self.execution_count = 0
         self.last_inference_ms = 0  # Unix time of the last execution, in milliseconds (0: none yet)
 
+    @staticmethod
+    def _add(durations: Durations, name: str, seconds: float) -> None:
+        durations[name]["count"] += 1
+        durations[name]["ns"] += int(seconds * 1e9)
+
     def request_done(self, seconds: float, succeeded: bool) -> None:
+        """An admitted request's duration from its arrival."""
         with self._lock:
-            (self.success if succeeded else self.fail).add(seconds)
+            self._add(self.inference, "success" if succeeded else "fail", seconds)
 
     def waited(self, seconds: float) -> None:
+        """A queue item's wait from its submission to the start of its run."""
         with self._lock:
-            self.queue.add(seconds)
+            self._add(self.inference, "queue", seconds)
 
     def executed(self, rows: int, *phase_seconds: float) -> None:
         """A run of `rows` rows and the seconds of each of its PHASES."""
@@ -58,9 +47,9 @@ class ModelStats:
             self.execution_count += 1
             self.inference_count += rows
             self.last_inference_ms = int(time.time() * 1000)
-            for phases in (self.compute, self.by_batch_size.setdefault(rows, _phases())):
+            for durations in (self.inference, self.by_batch_size.setdefault(rows, _durations(*PHASES))):
                 for phase, seconds in zip(PHASES, phase_seconds, strict=True):
-                    phases[phase].add(seconds)
+                    self._add(durations, phase, seconds)
 
     def snapshot(self) -> dict[str, Any]:
         """The counters in the statistics extension's shape (less the model's name and version)."""
@@ -69,14 +58,8 @@ class ModelStats:
                 "last_inference": self.last_inference_ms,
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,
-                "inference_stats": _as_dicts(
-                    {"success": self.success, "fail": self.fail, "queue": self.queue, **self.compute}
-                ),
+                "inference_stats": deepcopy(self.inference),
                 "batch_stats": [
-                    {"batch_size": size, **_as_dicts(phases)} for size, phases in sorted(self.by_batch_size.items())
+                    {"batch_size": size, **deepcopy(phases)} for size, phases in sorted(self.by_batch_size.items())
                 ],
             }
-
-
-def _as_dicts(durations: dict[str, Duration]) -> dict[str, dict[str, int]]:
-    return {name: {"count": duration.count, "ns": duration.ns} for name, duration in durations.items()}

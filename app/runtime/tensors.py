@@ -29,8 +29,7 @@ class ProtocolError(Exception):
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
-        self.message = message
-        self.status = status
+        self.message, self.status = message, status
 
 
 @dataclass(frozen=True)
