@@ -67,7 +67,6 @@ class TensorCodec(Protocol):
     PLATFORM: str
 
     def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
-
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
     def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
