@@ -3,6 +3,7 @@ budget, and every session opened early, while the web stack imports, for a faste
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -136,12 +137,10 @@ class PreopenedSessions:
     def take(self, path: Path, sha256: str, provider: str, settings: Settings) -> ort.InferenceSession | None:
         """The session opened early for exactly this file, checksum, provider and settings; None otherwise."""
         future = self._sessions.pop((path, sha256, provider), None)
-        if future is None or settings != self._settings:
-            return None
-        try:
-            return future.result()
-        except Exception:  # opened again by the registry, which reports the error
-            return None
+        if future is not None and settings == self._settings:
+            with contextlib.suppress(Exception):  # opened again by the registry, which reports the error
+                return future.result()
+        return None
 
     def clear(self) -> None:
         """Drop the sessions nobody took (models the registry did not load), so their memory is freed."""
