@@ -14,7 +14,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, body_too_large_detail
+from app.core.errors import HTTP_METHODS, Overloaded, body_too_large_detail
 from app.core.failures import INTERNAL_ERROR, TracebackBudget, log_unexpected
 from app.core.logging import log_fields
 from app.core.metrics import Metrics
@@ -23,12 +23,14 @@ from app.core.request_context import request_arrival
 from app.core.responses import dumps
 from app.core.settings import Settings
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
+from app.transports.http import INLINE_BODY_BYTES
 from app.transports.oip_errors import is_json_error, is_protocol_path, protocol_body
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
 # an incoming id kept: 1 to 128 visible ASCII characters (no space or control character to forge a log field)
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+FIRST_KEY_MODEL = re.compile(rb'\s*\{\s*"model"\s*:\s*"([A-Za-z0-9._-]{1,64})"')  # a body opening with its model
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
 # methods the metrics name; any other (PROPFIND, M-SEARCH, ...) is counted as "other"
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
@@ -315,9 +317,27 @@ class RequestEdge:
                     self.metrics.refused("bodies_in_memory")
                     await send_json(send, 429, BODIES_BUSY, RETRY)
                     return
+                refused = more and len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
+                if refused:
+                    await send_json(send, 429, {"detail": refused}, RETRY)
+                    return
             await self.app(scope, _replay(b"".join(chunks), receive), send)
         finally:
             self.held_bytes -= size
+
+    @staticmethod
+    def _refused_unread(scope: Scope, declared_bytes: int, head: bytes) -> str | None:
+        """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
+        of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
+        task, named = scope["app"].state.reserving.get(scope["path"]), FIRST_KEY_MODEL.match(head)
+        model = scope["app"].state.registry.models.get(named[1].decode()) if task and named else None
+        if model is None or model.task != task or not model.ready or declared_bytes <= INLINE_BODY_BYTES:
+            return None
+        try:
+            with model.batcher.reserve(declared_bytes):
+                return None
+        except Overloaded as refusal:
+            return refusal.detail
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
