@@ -50,11 +50,8 @@ SINGLE_HEADERS = {
     REQUEST_ID_HEADER: "X-Request-ID",
     b"inference-header-content-length": "Inference-Header-Content-Length",
 }
-CLOSE, RETRY, RETRY_AND_CLOSE = (
-    {"Connection": "close"},
-    {"Retry-After": "1"},
-    {"Retry-After": "1", "Connection": "close"},
-)
+CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
+RETRY_AND_CLOSE = {**RETRY, **CLOSE}
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
@@ -214,17 +211,10 @@ class RequestEdge:
     def _record(self, scope: Scope, rid: str, status: int, seconds: float) -> None:
         """The request's metrics and access line (its path the route template: no client text in the logs)."""
         method = scope["method"]
-        self.metrics.observe_request(
-            route_label(scope), method if method in KNOWN_METHODS else "other", status, seconds
-        )
+        known = method if method in KNOWN_METHODS else "other"
+        self.metrics.observe_request(route_label(scope), known, status, seconds)
         path, milliseconds = loggable_path(scope), seconds * 1000
-        fields = {
-            "request_id": rid,
-            "method": method,
-            "path": path,
-            "status": status,
-            "duration_ms": round(milliseconds, 2),
-        }
+        fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
         log_fields(
             access_logger, logging.INFO, "%s %s %d %.1fms id=%s", (method, path, status, milliseconds, rid), fields
         )
@@ -310,8 +300,7 @@ class RequestEdge:
                 self.held_bytes += len(chunks[-1])
                 more = message.get("more_body", False)
                 if size > self.max_bytes:
-                    too_large = {"detail": body_too_large_detail(self.max_bytes)}
-                    await send_json(send, 413, too_large, CLOSE)
+                    await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE)
                     return
                 if self.held_bytes > self.in_memory_bytes and self.held_bytes > size:  # alone, a body may fill it
                     self.metrics.refused("bodies_in_memory")
@@ -342,14 +331,10 @@ class RequestEdge:
 
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A receive that gives the app the body already read, in one message, then the connection's own."""
-    delivered = False
+    read = iter([{"type": "http.request", "body": body, "more_body": False}])
 
     async def replay() -> Message:
-        nonlocal delivered
-        if delivered:
-            return await receive()
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        return next(read, None) or await receive()
 
     return replay
 
