@@ -306,7 +306,7 @@ class RequestEdge:
                     self.metrics.refused("bodies_in_memory")
                     await send_json(send, 429, BODIES_BUSY, RETRY)
                     return
-                refused = more and len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
+                refused = len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
                 if refused:
                     await send_json(send, 429, {"detail": refused}, RETRY)
                     return
@@ -343,11 +343,13 @@ DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/do
 
 
 def route_label(scope: Scope) -> str:
-    """The template of the route the request matched, or (answered before routing: 413, 401, 503) the documented
-    template its path fits; "unmatched" only for paths the service does not have."""
+    """The template of the route the request matched, or (answered before routing: 413, 401, 429, 503) the path of a
+    direct route, else the documented template its path fits; "unmatched" only for paths the service does not have."""
     route, app = scope.get("route"), scope.get("app")
     if route is not None or app is None:
         return "unmatched" if route is None else route.path
+    if (scope["method"], scope["path"]) in getattr(app, "direct_paths", ()):  # (its template: no openapi() to build)
+        return scope["path"]
     if getattr(app.state, "route_templates", None) is None:
         paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
         app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
