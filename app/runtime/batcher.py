@@ -470,7 +470,7 @@ class ModelBatcher:
         return [item for item in batch if not item.abandoned()]
 
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
-        """See "Alone, inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
+        """See "Inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
         return (
             instance.cost.known
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S
