@@ -77,8 +77,7 @@ def refusal(scope: Scope) -> tuple[str, dict[str, str]] | None:
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE
-    seen: set[bytes] = set()
-    hosts, repeated = 0, None
+    seen, hosts, repeated = set(), 0, None
     for name, _ in scope["headers"]:
         if name == b"host":
             hosts += 1
@@ -318,9 +317,10 @@ class RequestEdge:
     def _refused_unread(scope: Scope, declared_bytes: int, head: bytes) -> str | None:
         """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
         of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
-        task, named = scope["app"].state.reserving.get(scope["path"]), FIRST_KEY_MODEL.match(head)
-        model = scope["app"].state.registry.models.get(named[1].decode()) if task and named else None
-        if model is None or model.task != task or not model.ready or declared_bytes <= INLINE_BODY_BYTES:
+        task = scope["app"].state.reserving.get(scope["path"]) if declared_bytes > INLINE_BODY_BYTES else None
+        named = task and FIRST_KEY_MODEL.match(head)
+        model = scope["app"].state.registry.models.get(named[1].decode()) if named else None
+        if model is None or model.task != task or not model.ready:
             return None
         try:
             with model.batcher.reserve(declared_bytes):
