@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     app.state.drain = Drain()
     app.state.startup_error = None  # why the models could not be loaded
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
+    app.state.reserving = {e.path: task.name for task in tasks.values() for e in task.endpoints if e.reserve}
     install_error_handlers(app)
     # innermost: the task routes and GET /health skip FastAPI's router (they are included below, for the docs)
     routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}

@@ -237,8 +237,10 @@ def toy_tasks(prepare=None) -> dict[str, ToyTask]:
 
 
 def toy_app(settings: Settings, prepare=None) -> FastAPI:
-    """The real app serving the toy tasks instead of the real ones."""
-    return create_app(settings, tasks=toy_tasks(prepare))
+    """The real app serving the toy tasks instead of the real ones; /toy/read reserves like a task endpoint."""
+    app = create_app(settings, tasks=toy_tasks(prepare))
+    app.state.reserving["/toy/read"] = TOY_TASK
+    return app
 
 
 def create_toy_app() -> FastAPI:

@@ -1,11 +1,9 @@
 """Micro-batching and admission for one model over its instances, sized and routed by what runs cost.
 
 docs/engine.md describes the design. In short:
-- **Admission.** `admit(rows, cells)` is 429 at once past `max_queue` admitted rows, or when the time since the
-  request's arrival plus the admitted work and its own (the cost models' prediction times the pace: how many
-  times that prediction admitted requests really take) passes DEADLINE_SHARE of the deadline. With nothing else
-  admitted only the time since arrival counts, so a large request still runs. `reserve`: the same for a body
-  being parsed, by what bodies of its size needed.
+- **Admission.** `admit(rows, cells)` is 429 at once past `max_queue` admitted rows, or when the time since arrival
+  plus the admitted work and its own, predicted at the pace (`pace`), passes DEADLINE_SHARE of the deadline; alone,
+  a large request still runs. `reserve`: the same for a body being parsed, by what bodies of its size needed.
 - **Batching.** A batch starts from the earliest request's item and adds the queued items nearest in length that
   each save at least MIN_SAVING of their own cost, within the ceilings and the head's deadline. An idle model runs
   at once; while a run is in flight, the next batch waits for `max_batch` rows or `max_wait`.
@@ -210,12 +208,12 @@ class ModelBatcher:
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
         """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
         cells = rows * self._typical_length if cells is None else cells
-        arrival = request_arrival.get()
-        started = time.perf_counter() if arrival is None else arrival
-        succeeded = False
+        started, succeeded, size = request_arrival.get() or time.perf_counter(), False, request_body_bytes.get()
         try:
             with self._holding(rows, cells, timed=True):
-                self._learn_body_size(rows, cells)
+                if size:  # a large body, parsed: what its rows and cells per byte were
+                    self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
+                    self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
                 yield
             succeeded = True
         finally:
@@ -223,9 +221,10 @@ class ModelBatcher:
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
-        """Hold the room a body of `body_bytes` bytes is expected to need while it is parsed, or 429 at once."""
+        """Hold the room a body of `body_bytes` bytes is expected to need while it is parsed (a row and no time until
+        a large body was admitted), or 429 at once."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
-        with self._holding(rows, max(1.0, body_bytes * self._cells_per_byte), refused_as="before_parsing"):
+        with self._holding(rows, body_bytes * self._cells_per_byte, refused_as="before_parsing"):
             yield
 
     @contextlib.contextmanager
@@ -253,13 +252,6 @@ class ModelBatcher:
             self._admitted_rows -= rows
             self._admitted_seconds -= own
             self._admitted_gauge.set(self._admitted_rows)
-
-    def _learn_body_size(self, rows: int, cells: float) -> None:
-        """Update the rows and cells per body byte from an admitted request whose large body was parsed."""
-        size = request_body_bytes.get()
-        if size:
-            self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
-            self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
 
     def _refusal(self, rows: int, now: float, predicted: float, large: bool) -> tuple[str, str] | None:
         """Why a request `predicted` done in that many seconds at the cost models' pace (with the work ahead) is
@@ -478,7 +470,7 @@ class ModelBatcher:
         return [item for item in batch if not item.abandoned()]
 
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
-        """See "Alone, inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
+        """See "Inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
         return (
             instance.cost.known
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S

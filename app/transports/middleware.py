@@ -14,7 +14,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, body_too_large_detail
+from app.core.errors import HTTP_METHODS, Overloaded, body_too_large_detail
 from app.core.failures import INTERNAL_ERROR, TracebackBudget, log_unexpected
 from app.core.logging import log_fields
 from app.core.metrics import Metrics
@@ -23,12 +23,14 @@ from app.core.request_context import request_arrival
 from app.core.responses import dumps
 from app.core.settings import Settings
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
+from app.transports.http import INLINE_BODY_BYTES
 from app.transports.oip_errors import is_json_error, is_protocol_path, protocol_body
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
 # an incoming id kept: 1 to 128 visible ASCII characters (no space or control character to forge a log field)
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+FIRST_KEY_MODEL = re.compile(rb'\s*\{\s*"model"\s*:\s*"([A-Za-z0-9._-]{1,64})"')  # a body opening with its model
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
 # methods the metrics name; any other (PROPFIND, M-SEARCH, ...) is counted as "other"
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
@@ -48,11 +50,8 @@ SINGLE_HEADERS = {
     REQUEST_ID_HEADER: "X-Request-ID",
     b"inference-header-content-length": "Inference-Header-Content-Length",
 }
-CLOSE, RETRY, RETRY_AND_CLOSE = (
-    {"Connection": "close"},
-    {"Retry-After": "1"},
-    {"Retry-After": "1", "Connection": "close"},
-)
+CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
+RETRY_AND_CLOSE = {**RETRY, **CLOSE}
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
@@ -78,8 +77,7 @@ def refusal(scope: Scope) -> tuple[str, dict[str, str]] | None:
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE
-    seen: set[bytes] = set()
-    hosts, repeated = 0, None
+    seen, hosts, repeated = set(), 0, None
     for name, _ in scope["headers"]:
         if name == b"host":
             hosts += 1
@@ -212,17 +210,10 @@ class RequestEdge:
     def _record(self, scope: Scope, rid: str, status: int, seconds: float) -> None:
         """The request's metrics and access line (its path the route template: no client text in the logs)."""
         method = scope["method"]
-        self.metrics.observe_request(
-            route_label(scope), method if method in KNOWN_METHODS else "other", status, seconds
-        )
+        known = method if method in KNOWN_METHODS else "other"
+        self.metrics.observe_request(route_label(scope), known, status, seconds)
         path, milliseconds = loggable_path(scope), seconds * 1000
-        fields = {
-            "request_id": rid,
-            "method": method,
-            "path": path,
-            "status": status,
-            "duration_ms": round(milliseconds, 2),
-        }
+        fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
         log_fields(
             access_logger, logging.INFO, "%s %s %d %.1fms id=%s", (method, path, status, milliseconds, rid), fields
         )
@@ -308,28 +299,42 @@ class RequestEdge:
                 self.held_bytes += len(chunks[-1])
                 more = message.get("more_body", False)
                 if size > self.max_bytes:
-                    too_large = {"detail": body_too_large_detail(self.max_bytes)}
-                    await send_json(send, 413, too_large, CLOSE)
+                    await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE)
                     return
                 if self.held_bytes > self.in_memory_bytes and self.held_bytes > size:  # alone, a body may fill it
                     self.metrics.refused("bodies_in_memory")
                     await send_json(send, 429, BODIES_BUSY, RETRY)
                     return
+                refused = len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
+                if refused:
+                    await send_json(send, 429, {"detail": refused}, RETRY)
+                    return
             await self.app(scope, _replay(b"".join(chunks), receive), send)
         finally:
             self.held_bytes -= size
 
+    @staticmethod
+    def _refused_unread(scope: Scope, declared_bytes: int, head: bytes) -> str | None:
+        """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
+        of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
+        task = scope["app"].state.reserving.get(scope["path"]) if declared_bytes > INLINE_BODY_BYTES else None
+        named = task and FIRST_KEY_MODEL.match(head)
+        model = scope["app"].state.registry.models.get(named[1].decode()) if named else None
+        if model is None or model.task != task or not model.ready:
+            return None
+        try:
+            with model.batcher.reserve(declared_bytes):
+                return None
+        except Overloaded as refusal:
+            return refusal.detail
+
 
 def _replay(body: bytes, receive: Receive) -> Receive:
     """A receive that gives the app the body already read, in one message, then the connection's own."""
-    delivered = False
+    read = iter([{"type": "http.request", "body": body, "more_body": False}])
 
     async def replay() -> Message:
-        nonlocal delivered
-        if delivered:
-            return await receive()
-        delivered = True
-        return {"type": "http.request", "body": body, "more_body": False}
+        return next(read, None) or await receive()
 
     return replay
 
@@ -338,11 +343,13 @@ DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/do
 
 
 def route_label(scope: Scope) -> str:
-    """The template of the route the request matched, or (answered before routing: 413, 401, 503) the documented
-    template its path fits; "unmatched" only for paths the service does not have."""
+    """The template of the route the request matched, or (answered before routing: 413, 401, 429, 503) the path of a
+    direct route, else the documented template its path fits; "unmatched" only for paths the service does not have."""
     route, app = scope.get("route"), scope.get("app")
     if route is not None or app is None:
         return "unmatched" if route is None else route.path
+    if (scope["method"], scope["path"]) in getattr(app, "direct_paths", ()):  # (its template: no openapi() to build)
+        return scope["path"]
     if getattr(app.state, "route_templates", None) is None:
         paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
         app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]

@@ -185,6 +185,36 @@ def test_a_large_body_for_a_model_that_refuses_all_work_is_429_before_it_is_pars
 
 
 @pytest.mark.slow
+def test_a_large_body_opening_with_a_model_that_refuses_it_is_429_before_the_rest_is_read(tmp_path):
+    """Its 429 comes from its first part (before: only once the whole body was in), and the connection stays usable:
+    the rest of the body is skipped, the next request on it answered."""
+    opening = b'{"model": "toy-a", "x": [[1, 2, 3]], "k": [1], "pad": "'
+    rest = b"a" * 20_000 + b'"}'
+    head = "POST /toy/read HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+
+    async def scenario(server: Server) -> tuple[bytes, bytes]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            held = asyncio.create_task(client.post("/toy", json=HELD_TOY))
+            await until_admitted(server.url, 1)
+            reader, writer = await asyncio.open_connection(*server.url.removeprefix("http://").split(":"))
+            writer.write(f"{head}{len(opening) + len(rest)}\r\n\r\n".encode() + opening)
+            refused = await asyncio.wait_for(reader.readuntil(b"}"), 30)  # the rest of the body not sent yet
+            writer.write(rest + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            health = await asyncio.wait_for(reader.readuntil(b"}"), 30)
+            writer.close()
+            release_held_runs(server)
+            await held
+            return refused, health
+
+    with _toy_server(tmp_path, MNEMO_MAX_QUEUE="1", MNEMO_BODY_TIMEOUT_S="2") as server:
+        refused, health = asyncio.run(scenario(server))
+        assert refused.startswith(b"HTTP/1.1 429") and b"retry-after: 1" in refused.lower()
+        assert b"toy-a is at capacity" in refused
+        assert health.startswith(b"HTTP/1.1 200") and b'{"status":"ok"}' in health
+        assert metric(server.url, 'mnemo_requests_rejected_total{model="toy-a",reason="before_parsing"}') == 1
+
+
+@pytest.mark.slow
 def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs(tmp_path):
     async def scenario(server: Server):
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:

@@ -24,7 +24,7 @@ from app.runtime.batcher import CHAIN_SLICE_S, COLD_PACE, PACE_MIN_S, BatchConfi
 from app.runtime.instances import CPU, Instance, RunSlots
 from tests.manual_clock import WATCHDOG_S, ManualClock, run_on_clock
 from tests.toy_model import build_toy_onnx
-from tests.toy_profiles import linear_cost
+from tests.toy_profiles import flat_cost, linear_cost
 
 
 class Hold:
@@ -504,6 +504,19 @@ def test_a_body_being_parsed_holds_the_room_its_size_predicts(toy_runs, clock):
 
     refusal = _drive(scenario, toy_runs, clock, max_queue=4)
     assert "3 of 4 rows admitted" in str(refusal)
+
+
+def test_a_body_whose_size_taught_nothing_yet_holds_a_row_but_none_of_the_deadline(clock):
+    """Before any large body was admitted nothing says what one needs: each being parsed holds a row (MNEMO_MAX_QUEUE)
+    but no time. At 20 ms a run (cold: 6 x), two requests fit in 0.5 s beside three such bodies (0.24 s); were each
+    body counted as one run, they would need 0.6 s."""
+
+    async def scenario(batcher):
+        with batcher.reserve(10_000), batcher.reserve(10_000), batcher.reserve(10_000):
+            return _fits(batcher, 1, 1)
+
+    instances = [Instance("cpu-0", CPU, lambda feeds: feeds, cost=flat_cost(2 * PACE_MIN_S))]
+    assert _drive(scenario, None, clock, deadline_s=2.0, instances=instances)
 
 
 def test_the_earliest_request_runs_first_so_chunked_requests_finish_in_arrival_order(toy_runs, clock):
