@@ -29,9 +29,8 @@ class StoreBusy(StoreError):
 
 
 class StoreHolder:
-    """The store of `url`, opened on first need (again after a failed open), its calls run on `threads` threads
-    with at most `max_waiting` waiting for one (then `StoreBusy`). A database unreachable at startup does not stop
-    the service: /students answers 503 until it is back."""
+    """The store of `url`, opened on first need (again after a failed open), its calls run on `threads` threads with
+    at most `max_waiting` waiting (then `StoreBusy`); a database unreachable at startup does not stop the service."""
 
     def __init__(self, url: str, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
         self._url = url
@@ -69,7 +68,7 @@ class StoreHolder:
 
     async def commit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """A write: cancelled before it starts, it never runs; once started, its caller gets its result even when
-        cancelled meanwhile, so a 504 never hides a write that happened (the store bounds how long it takes)."""
+        cancelled meanwhile, so a 504 never hides a write that happened."""
         job = self._submit(partial(function, *args, **kwargs))
         outcome = asyncio.wrap_future(job)
         try:

@@ -1,8 +1,6 @@
-"""The store for several replicas: one Redis database (redis-py), compare-and-swap in Lua scripts.
-
-One hash per student (`mnemo:student:<id>`, fields `<attribute>:<model>`: an erasure is one DEL), the ids in the
-sorted set `mnemo:students`, the revision counter `mnemo:revision`; times are the server's clock. A failed command
-is never retried: a write whose reply was lost may have been applied (docs/students.md)."""
+"""The store for several replicas: one Redis database, compare-and-swap in Lua. One hash per student (fields
+`<attribute>:<model>`: an erasure is one DEL), the ids in a sorted set; a failed command is never retried (a write
+whose reply was lost may have been applied)."""
 
 from __future__ import annotations
 
