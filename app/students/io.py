@@ -8,7 +8,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from typing import ParamSpec, TypeVar
 from weakref import WeakValueDictionary
 
@@ -64,21 +63,19 @@ class StoreHolder:
 
     async def read(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on a store thread; a cancelled caller drops its result."""
-        return await asyncio.wrap_future(self._submit(partial(function, *args, **kwargs)))
+        return await asyncio.wrap_future(self._submit(function, *args, **kwargs))
 
     async def commit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """A write: cancelled before it starts, it never runs; once started, its caller gets its result even when
         cancelled meanwhile, so a 504 never hides a write that happened."""
-        job = self._submit(partial(function, *args, **kwargs))
+        job = self._submit(function, *args, **kwargs)
         outcome = asyncio.wrap_future(job)
         try:
             return await asyncio.shield(outcome)
         except asyncio.CancelledError:
             if job.cancel():  # not started: nothing was written
                 raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()  # this cancellation is answered with the write's own result
+            asyncio.current_task().uncancel()  # this cancellation is answered with the write's own result
             return await outcome
 
     def close(self) -> None:
@@ -88,12 +85,12 @@ class StoreHolder:
                 self._store.close()
                 self._store = None
 
-    def _submit(self, call: Callable[[], T]) -> Future[T]:
+    def _submit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         if not self._room.acquire(blocking=False):
             raise StoreBusy(
                 f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
                 "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
             )
-        job = self._executor.submit(call)
+        job = self._executor.submit(function, *args, **kwargs)
         job.add_done_callback(lambda _: self._room.release())
         return job
