@@ -214,16 +214,15 @@ class TracebackBudget:
     """Logs an error's traceback at most once per distinct error (type, innermost file and line) per window, so that
     a client repeating a request that hits a bug cannot flood the log."""
 
-    def __init__(self, window_s: float, clock=time.monotonic) -> None:
+    def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self.clock = clock
         self._last_logged: dict[tuple[str, str], tuple[float, int]] = {}  # key -> (logged at, repeats since)
 
     def admit(self, error: BaseException) -> tuple[bool, int]:
         """(log the traceback now?, how many times it was seen since its traceback was last logged)."""
         frames = traceback.extract_tb(error.__traceback__)
         key = type(error).__qualname__, f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-        now = self.clock()
+        now = time.monotonic()
         logged_at, repeats = self._last_logged.get(key, (None, 0))
         if logged_at is not None and now - logged_at < self.window_s:
             self._last_logged[key] = (logged_at, repeats + 1)

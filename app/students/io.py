@@ -28,16 +28,15 @@ class StoreBusy(StoreError):
 
 
 class StoreHolder:
-    """The store of `url`, opened on first need (again after a failed open), its calls run on `threads` threads with
-    at most `max_waiting` waiting (then `StoreBusy`); a database unreachable at startup does not stop the service."""
+    """The store of `url`, opened on first need (again after a failed open), its calls run on STORE_THREADS threads with
+    at most MAX_WAITING waiting (then `StoreBusy`); a database unreachable at startup does not stop the service."""
 
-    def __init__(self, url: str, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, url: str) -> None:
         self._url = url
         self._store: StateStore | None = None
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-io")
-        self._threads, self._max_waiting = threads, max_waiting
-        self._room = threading.Semaphore(threads + max_waiting)  # calls running or waiting
+        self._executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="store-io")
+        self._room = threading.Semaphore(STORE_THREADS + MAX_WAITING)  # calls running or waiting
         # One append at a time per (model, student) in this process: the others would only lose its race.
         self.writers: WeakValueDictionary[tuple[str, str], asyncio.Lock] = WeakValueDictionary()
 
@@ -88,7 +87,7 @@ class StoreHolder:
     def _submit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         if not self._room.acquire(blocking=False):
             raise StoreBusy(
-                f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
+                f"The student state store is busy: {STORE_THREADS} calls running and {MAX_WAITING} waiting, "
                 "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
             )
         job = self._executor.submit(function, *args, **kwargs)
