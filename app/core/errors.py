@@ -1,7 +1,5 @@
-"""The errors the service returns to its clients, each with its status and one clear sentence, never echoing the
-offending value. Their HTTP answers are registered by app/transports/error_handlers.py; any other exception is a
-bug, answered 500 by the request edge.
-"""
+"""The errors the service returns to its clients, each with its status and one clear sentence that never echoes the
+offending value (answered by app/transports/error_handlers.py); any other exception is a bug, answered 500."""
 
 from __future__ import annotations
 
@@ -15,6 +13,7 @@ from pydantic import ValidationError
 LOCATION_ROOTS = ("body", "query", "path", "header")
 MAX_LISTED_ERRORS = 20
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+INTERNAL_ERROR = {"detail": "Internal error; it has been logged."}
 T = TypeVar("T")
 
 
@@ -60,8 +59,8 @@ def body_too_large_detail(max_bytes: int) -> str:
 
 
 class InvalidInput(Exception):
-    """A request that breaks a rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location
-    (`("body", "interactions", 3, "question")`; relative to the body unless it starts with body/query/path/header)."""
+    """A broken rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location such as
+    `("body", "interactions", 3, "question")` (relative to the body unless it starts with body/query/path/header)."""
 
     def __init__(self, field: str | Sequence[str | int], message: str) -> None:
         super().__init__(message)

@@ -7,12 +7,9 @@ from pathlib import Path
 
 
 def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
+    """Hex sha256 of a file."""
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def verify(path: Path, name: str, sha256: str, what: str) -> None:

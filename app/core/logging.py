@@ -1,5 +1,5 @@
-"""Logging for the service: plain text or one JSON object per line (python-json-logger), written to stderr by a
-thread of the standard library's `QueueListener`, so that a request that logs only puts its record on a queue."""
+"""Logging: text or one JSON object per line (python-json-logger), written to stderr by a `QueueListener` thread so
+that a request that logs only queues its record; and what the log may say about a request and its bugs."""
 
 from __future__ import annotations
 
@@ -9,17 +9,38 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Mapping
+import traceback
+from collections.abc import Iterable, Mapping
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any
+from urllib.parse import quote
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
+from starlette.types import Scope
+
+from app.core.errors import printable
+
+WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
+MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
+MAX_TRACKED_ERRORS = 1024
+MAX_UNMATCHED_PATH = 64
+# Unmatched paths under these prefixes may still carry an id (e.g. /students/<id>/typo): cut after the prefix.
+ID_BEARING_PREFIXES = ("/students/",)
+# What could end a text line early or rewrite the terminal: C0 and C1 controls, DEL, Unicode line separators.
+UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# uvicorn's warnings for requests refused before the app (bad framing; an Upgrade header: h2c, websocket)
+CLIENT_CAUSED_WARNINGS = (
+    "Invalid HTTP request received.",
+    "Unsupported upgrade request.",
+    "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
+    "'websockets' or 'wsproto' manually.",
+)
+errors_logger = logging.getLogger("mnemo.errors")
 
 
 class JsonFormatter(LibraryJsonFormatter):
-    """One JSON object per record: time (UTC, ISO 8601), level, logger, message, any `extra` fields given to the
-    logger, and the traceback as `exception`."""
+    """time (UTC, ISO 8601), level, logger, message, the logger's `extra` fields, and the traceback as `exception`."""
 
     converter = time.gmtime
     default_time_format = "%Y-%m-%dT%H:%M:%S"
@@ -37,40 +58,31 @@ class JsonFormatter(LibraryJsonFormatter):
         return log_data
 
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# What could end a text line early or rewrite the terminal: C0 and C1 controls (CR, LF, ESC, NUL...), DEL, and
-# the Unicode line and paragraph separators.
-UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-UNPRINTABLE_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 def _escaped(match: re.Match) -> str:
     return match.group().encode("unicode_escape").decode("ascii")
 
 
 class TextFormatter(logging.Formatter):
-    """TEXT_FORMAT with control characters escaped (`\\r\\n`, `\\x1b`) and a traceback indented, so that no client
-    text can forge a line or colour the terminal: only a record's first line starts at the margin."""
+    """Control characters escaped and a traceback indented: no client text can forge a line or colour the terminal."""
 
     def __init__(self) -> None:
-        super().__init__(TEXT_FORMAT)
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = UNPRINTABLE.sub(_escaped, record.message)
         return super().formatMessage(record)
 
     def formatException(self, ei: tuple) -> str:  # ei: sys.exc_info()
-        text = UNPRINTABLE_BUT_NEWLINE.sub(_escaped, super().formatException(ei))
-        return "\n".join(f"  {line}" for line in text.split("\n"))
+        return "\n".join(f"  {UNPRINTABLE.sub(_escaped, line)}" for line in super().formatException(ei).split("\n"))
 
 
 class EverySecondAtMost(logging.Filter):
-    """At most one record per `interval_s` for each of `messages` (templates); those held back are counted and
-    the count logged by a timer when the interval ends. For warnings any client can cause once per request."""
+    """At most one record per `interval_s` for each of `messages` (templates); a timer logs how many were held back.
+    For warnings any client can cause once per request."""
 
-    def __init__(self, messages: frozenset[str], interval_s: float = 1.0) -> None:
+    def __init__(self, messages: Iterable[str], interval_s: float = 1.0) -> None:
         super().__init__()
-        self.messages = messages
+        self.messages = frozenset(messages)
         self.interval_s = interval_s
         self._lock = threading.Lock()  # records come from the event loop, reports from timer threads
         self._last: dict[str, float] = {}
@@ -100,27 +112,15 @@ class EverySecondAtMost(logging.Filter):
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-# uvicorn's warnings for requests refused before the app (bad framing; an Upgrade header: h2c, websocket)
-_client_caused_warnings = EverySecondAtMost(
-    frozenset(
-        {
-            "Invalid HTTP request received.",
-            "Unsupported upgrade request.",
-            "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
-            "'websockets' or 'wsproto' manually.",
-        }
-    )
-)
+_client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
 
 
-WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
-MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
 _records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
 _wake = threading.Event()  # set: write out now (a full queue, a stop)
 
 
 class RecordQueue(QueueHandler):
-    """Queues each record as it is (unformatted: the writer thread formats it) and wakes the writer when full."""
+    """Queues each record unformatted (the writer thread formats it) and wakes the writer when the queue is full."""
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
@@ -132,8 +132,7 @@ class RecordQueue(QueueHandler):
 
 
 class IntervalListener(QueueListener):
-    """Writes what is queued every WRITE_INTERVAL_S, or at once when woken (a full queue, `stop`), instead of being
-    woken for each record: a request that logs then costs no thread switch."""
+    """Writes what is queued every WRITE_INTERVAL_S, or when woken, not per record: logging costs no thread switch."""
 
     def dequeue(self, block: bool) -> logging.LogRecord:
         while True:
@@ -176,9 +175,8 @@ def write_out_logs() -> None:
 
 
 def configure_logging(level: str, fmt: str) -> None:
-    """Configure the `mnemo` loggers (a later call replaces the format and level). uvicorn's access log is off: the
-    app writes one access line per request; the fields neither format prints are not collected."""
-    logging.logThreads = False
+    """Configure the `mnemo` loggers (again on a later call). uvicorn's access log is off: the app writes its own."""
+    logging.logThreads = False  # fields neither format prints: not collected
     logging.logProcesses = False
     logging.logMultiprocessing = False
     stderr = logging.StreamHandler()
@@ -193,7 +191,57 @@ def configure_logging(level: str, fmt: str) -> None:
 
 
 def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fields: Mapping[str, Any]) -> None:
-    """Log `message % args` with `fields` as extra fields, without the walk up the stack for the caller's file and
-    line that neither format prints (for the line logged on every request)."""
+    """Log `message % args` with `fields` as extra fields, skipping the walk up the stack for the caller's line."""
     if logger.isEnabledFor(level):
         logger.handle(logger.makeRecord(logger.name, level, "", 0, message, args, None, extra=fields))
+
+
+def loggable_path(scope: Scope) -> str:
+    """The matched route's template (`/students/{student_id}`), never client text such as an id; else the path
+    percent-encoded (one field of the access line), truncated, and cut after any prefix followed by an id."""
+    template = getattr(scope.get("route"), "path", None)
+    if template:
+        return template
+    path: str = scope.get("path", "")
+    for prefix in ID_BEARING_PREFIXES:
+        if path.startswith(prefix):
+            return prefix + "…"
+    path = quote(path, safe="/:@!$&'()*+,;=")  # RFC 3986's characters of a path stay as they are
+    return path if len(path) <= MAX_UNMATCHED_PATH else path[:MAX_UNMATCHED_PATH] + "…"
+
+
+class TracebackBudget:
+    """Logs an error's traceback at most once per distinct error (type, innermost file and line) per window, so that
+    a client repeating a request that hits a bug cannot flood the log."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._last_logged: dict[tuple[str, str], tuple[float, int]] = {}  # key -> (logged at, repeats since)
+
+    def admit(self, error: BaseException) -> tuple[bool, int]:
+        """(log the traceback now?, how many times it was seen since its traceback was last logged)."""
+        frames = traceback.extract_tb(error.__traceback__)
+        key = type(error).__qualname__, f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        now = time.monotonic()
+        logged_at, repeats = self._last_logged.get(key, (None, 0))
+        if logged_at is not None and now - logged_at < self.window_s:
+            self._last_logged[key] = (logged_at, repeats + 1)
+            return False, repeats + 1
+        if len(self._last_logged) >= MAX_TRACKED_ERRORS:
+            self._last_logged.clear()
+        self._last_logged[key] = (now, 0)
+        return True, repeats
+
+
+def log_unexpected(budget: TracebackBudget, scope: Scope, error: Exception) -> None:
+    """One line for an exception no handler took (a bug), with its traceback when `budget` admits it."""
+    with_traceback, repeats = budget.admit(error)
+    errors_logger.error(
+        "unexpected error on %s %s: %s: %s%s",
+        scope["method"],
+        loggable_path(scope),  # the route template: no student id or other client text in the log
+        type(error).__name__,
+        printable(" ".join(str(error).split())),  # one line
+        f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
+        exc_info=error if with_traceback else None,
+    )

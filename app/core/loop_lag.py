@@ -15,7 +15,7 @@ DECAY = 0.93  # per sample: a lag spike counts half after about one second
 class LoopLag:
     """`recent_s`: the largest recent delay of a timer past its due time, decaying once the loop keeps up."""
 
-    def __init__(self, gauge: Gauge | None = None) -> None:
+    def __init__(self, gauge: Gauge) -> None:
         self.recent_s = 0.0
         self._gauge = gauge
         self._task: asyncio.Task | None = None
@@ -34,5 +34,4 @@ class LoopLag:
             due = time.perf_counter() + SAMPLE_EVERY_S
             await asyncio.sleep(SAMPLE_EVERY_S)
             self.recent_s = max(time.perf_counter() - due, self.recent_s * DECAY)
-            if self._gauge is not None:
-                self._gauge.set(self.recent_s)
+            self._gauge.set(self.recent_s)

@@ -1,8 +1,5 @@
-"""The manifest (`artifacts/manifest.json`): its schema, and paths confined to the artifacts directory.
-
-Every problem is reported as one line naming the entry and the field. File names are relative to
-the artifacts directory; absolute paths, `..` and symlinks that lead outside it are refused.
-"""
+"""The manifest (`artifacts/manifest.json`): its schema, each problem one line naming the entry and the field; and
+file names confined to the artifacts directory (no absolute path, nor `..` or symlink leading outside)."""
 
 from __future__ import annotations
 
@@ -69,14 +66,13 @@ def load_manifest(artifacts: Path) -> Manifest:
     if not path.is_file():
         raise ManifestError(f"no manifest.json in {artifacts} (set MNEMO_ARTIFACTS_DIR)")
     try:
-        manifest = Manifest.model_validate(json.loads(path.read_text()))
+        return Manifest.model_validate(json.loads(path.read_text()))
     except json.JSONDecodeError as error:
         raise ManifestError(f"manifest.json is not JSON: {error}") from None
     except ValidationError as error:
         errors = error.errors(include_url=False)[:10]
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the manifest'}: {e['msg']}" for e in errors)
         raise ManifestError(f"manifest.json does not match the schema: {problems}") from None
-    return manifest
 
 
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:

@@ -1,10 +1,5 @@
-"""Prometheus metrics of one app instance (its own registry, so several apps can coexist in tests).
-
-With several workers each process writes to PROMETHEUS_MULTIPROC_DIR (prometheus_client's multiprocess mode) and
-`/metrics` adds up every worker's files; `process_*` collectors cannot be added up, so
-`mnemo_worker_start_time_seconds{pid}` lists the live workers instead. Scrapes render on a thread of their own and
-share one render at a time, so a scrape flood never holds up the event loop or the parsing threads.
-"""
+"""Prometheus metrics of one app (its own registry); with several workers, prometheus_client's multiprocess mode,
+`mnemo_worker_start_time_seconds{pid}` standing for the `process_*` collectors, which cannot be added up."""
 
 from __future__ import annotations
 
@@ -139,8 +134,8 @@ class Metrics:
         return generate_latest(registry)
 
     async def scrape(self) -> bytes:
-        """`render()` on the render thread, shared: a scrape waits for the next render to start (so it sees every
-        update made before it arrived), and that render answers every scrape that arrives until it starts."""
+        """`render()` on the render thread, off the event loop: a scrape waits for the next render to start (so it sees
+        every update made before it), and that render answers every scrape that arrives until it starts."""
         if self._next_render is None:
             self._next_render = asyncio.create_task(self._render_after(self._rendering))
         return await asyncio.shield(self._next_render)  # a scrape that is cancelled leaves the render to the others

@@ -1,8 +1,5 @@
-"""What the runtime knows of the request it works for, whatever transport carried it.
-
-A transport sets these at the start of a request; the batcher reads them: it serves the earliest arrivals
-first, drops the rows of a client that has left, and learns what room a large body of a given size needs.
-"""
+"""What the runtime knows of the request it works for, set by whatever transport carried it: the batcher serves the
+earliest arrivals first, drops the rows of a client that has left, and sizes the room a large body needs."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
@@ -95,25 +96,21 @@ def default_max_connections() -> int:
     return 4096 if limit is None else max(16, min(4096, limit - RESERVED_FILE_HANDLES))
 
 
-def cpu_quota(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> float | None:
-    """The cgroup's CPU quota in CPUs: cgroup v2's cpu.max, else v1's cfs quota / period; None when unlimited."""
+def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
+    """CPUs this process may really use: its affinity mask, capped by the cgroup's CPU quota (v2's cpu.max, else v1's
+    cfs quota / period)."""
+    cpus = len(os.sched_getaffinity(0))
     try:
         quota, period = cpu_max.read_text().split()
     except (OSError, ValueError):
         try:
             quota, period = ((v1_dir / f"cpu.cfs_{part}_us").read_text().strip() for part in ("quota", "period"))
         except OSError:
-            return None
-    try:
-        return None if quota in ("max", "-1") else int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
-    """CPUs this process may really use: its affinity mask, capped by the cgroup's CPU quota (v2 or v1)."""
-    cpus, quota = len(os.sched_getaffinity(0)), cpu_quota(cpu_max, v1_dir)
-    return max(1, cpus if quota is None else min(cpus, math.floor(quota)))
+            return cpus
+    with contextlib.suppress(ValueError, ZeroDivisionError):
+        if quota not in ("max", "-1"):
+            return max(1, min(cpus, math.floor(int(quota) / int(period))))
+    return cpus
 
 
 class Settings(BaseSettings):
@@ -122,19 +119,16 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True)
 
     artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
-    """Directory holding `manifest.json`, the ONNX files and their assets; every file is checked against its sha256 at
-    startup."""
+    """Directory of `manifest.json`, the ONNX files and their assets, each checked against its sha256 at startup."""
     host: str = Field("127.0.0.1", min_length=1, pattern=r"^\S+$")
     """Interface to listen on (`0.0.0.0` in the container image)."""
     port: int = Field(8000, ge=1, le=65535)
     """Port to listen on."""
     models: str = ""
-    """Comma-separated names of the manifest's models to serve; empty serves every model. A name the manifest does not
-    have stops startup, naming the choices."""
+    """Comma-separated manifest models to serve (empty: all); a name the manifest lacks stops startup, naming them."""
     probe_port: int | None = Field(None, ge=1, le=65535)
-    """Also serve `GET /health` and `GET /ready` on this port, from a small child process of their own, so probes answer
-    at once while the event loop is overloaded (the image, compose and Kubernetes files set 8001). Must differ from
-    `MNEMO_PORT`."""
+    """Also serve `GET /health` and `GET /ready` on this port from a child process, so probes answer at once while the
+    event loop is overloaded (the image, compose and Kubernetes files set 8001). Must differ from `MNEMO_PORT`."""
     grpc_port: int | None = Field(None, ge=1, le=65535)
     """Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off."""
     provider: Annotated[str, PROVIDERS] = "auto"
@@ -150,21 +144,18 @@ class Settings(BaseSettings):
     """A worker whose event loop has not reported to gunicorn's master for this long (stopped, deadlocked, or still
     starting) is killed and replaced."""
     intra_op_threads: int = Field(1, ge=1, le=256)
-    """ONNX Runtime threads per run. These graphs are many small steps, so one thread per run leaves the other CPUs to
-    other runs."""
+    """ONNX Runtime threads per run; these graphs are many small steps: one thread leaves the other CPUs to others."""
     concurrent_runs: int | None = Field(None, ge=1)
     """ONNX runs at once over all models, per worker. Unset: the CPUs this process may use (affinity mask and cgroup v2
     or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1."""
     cpu_arena: bool = False
-    """ONNX Runtime's CPU memory arena: large runs are faster with it, but it keeps the memory of the largest run for
-    good."""
+    """ONNX Runtime's CPU memory arena: faster large runs, but it keeps the memory of the largest run for good."""
     # The CUDA provider's options (app/runtime/sessions.py; docs/gpu.md)
     cuda_device_id: Annotated[str, DEVICE_IDS] = "0"
     """CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of `MNEMO_WORKERS`) runs on
     the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0)."""
     cuda_tf32: bool = False
-    """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`). Measured on an H100: with TF32 the RMC graphs' outputs
-    differ from CPU by up to 2.2e-2; without, by at most 1.5e-6."""
+    """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`): faster, but far from CPU parity (docs/gpu.md)."""
     cuda_mem_limit_mb: int | None = Field(None, ge=1)
     """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is split (docs/gpu.md).
     Unset: the device's memory. Every model's session has its own arena: budget the device's memory / (sessions x
@@ -228,13 +219,13 @@ class Settings(BaseSettings):
     @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
     @classmethod
     def _choice_in_any_case(cls, value: object) -> object:
-        """`MNEMO_LOG_LEVEL=INFO` means info: the choices are matched without regard to case or spaces."""
+        """`MNEMO_LOG_LEVEL=INFO` means info: choices match in any case, spaces ignored."""
         return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("api_keys")
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
-        """Blank is unset (no authentication); anything else must hold a key, never turn authentication off."""
+        """Blank is unset (no authentication); anything else must hold a key."""
         if keys is None or not keys.get_secret_value().strip():
             return None
         if not split_list(keys.get_secret_value()):
@@ -281,8 +272,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _thread_budget(self) -> Settings:
-        """workers x concurrent runs x intra-op threads must fit the CPUs (GPU runs are not CPU-bound); by default
-        each worker gets an equal share: CPUs // (workers x intra-op threads) runs."""
+        """workers x concurrent runs x intra-op threads must fit the CPUs (not GPU runs); the default: a fair share."""
         cpus = usable_cpus()
         chosen = self.concurrent_runs is not None or self.workers > 1  # else one run, even of more threads than CPUs
         if self.concurrent_runs is None:

@@ -8,7 +8,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from typing import ParamSpec, TypeVar
 from weakref import WeakValueDictionary
 
@@ -29,17 +28,15 @@ class StoreBusy(StoreError):
 
 
 class StoreHolder:
-    """The store of `url`, opened on first need (again after a failed open), its calls run on `threads` threads
-    with at most `max_waiting` waiting for one (then `StoreBusy`). A database unreachable at startup does not stop
-    the service: /students answers 503 until it is back."""
+    """The store of `url`, opened on first need (again after a failed open), its calls run on STORE_THREADS threads with
+    at most MAX_WAITING waiting (then `StoreBusy`); a database unreachable at startup does not stop the service."""
 
-    def __init__(self, url: str, threads: int = STORE_THREADS, max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, url: str) -> None:
         self._url = url
         self._store: StateStore | None = None
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="store-io")
-        self._threads, self._max_waiting = threads, max_waiting
-        self._room = threading.Semaphore(threads + max_waiting)  # calls running or waiting
+        self._executor = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="store-io")
+        self._room = threading.Semaphore(STORE_THREADS + MAX_WAITING)  # calls running or waiting
         # One append at a time per (model, student) in this process: the others would only lose its race.
         self.writers: WeakValueDictionary[tuple[str, str], asyncio.Lock] = WeakValueDictionary()
 
@@ -65,21 +62,19 @@ class StoreHolder:
 
     async def read(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`function(*args, **kwargs)` on a store thread; a cancelled caller drops its result."""
-        return await asyncio.wrap_future(self._submit(partial(function, *args, **kwargs)))
+        return await asyncio.wrap_future(self._submit(function, *args, **kwargs))
 
     async def commit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """A write: cancelled before it starts, it never runs; once started, its caller gets its result even when
-        cancelled meanwhile, so a 504 never hides a write that happened (the store bounds how long it takes)."""
-        job = self._submit(partial(function, *args, **kwargs))
+        cancelled meanwhile, so a 504 never hides a write that happened."""
+        job = self._submit(function, *args, **kwargs)
         outcome = asyncio.wrap_future(job)
         try:
             return await asyncio.shield(outcome)
         except asyncio.CancelledError:
             if job.cancel():  # not started: nothing was written
                 raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()  # this cancellation is answered with the write's own result
+            asyncio.current_task().uncancel()  # this cancellation is answered with the write's own result
             return await outcome
 
     def close(self) -> None:
@@ -89,12 +84,12 @@ class StoreHolder:
                 self._store.close()
                 self._store = None
 
-    def _submit(self, call: Callable[[], T]) -> Future[T]:
+    def _submit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         if not self._room.acquire(blocking=False):
             raise StoreBusy(
-                f"The student state store is busy: {self._threads} calls running and {self._max_waiting} waiting, "
+                f"The student state store is busy: {STORE_THREADS} calls running and {MAX_WAITING} waiting, "
                 "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
             )
-        job = self._executor.submit(call)
+        job = self._executor.submit(function, *args, **kwargs)
         job.add_done_callback(lambda _: self._room.release())
         return job

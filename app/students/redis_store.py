@@ -1,8 +1,6 @@
-"""The store for several replicas: one Redis database (redis-py), compare-and-swap in Lua scripts.
-
-One hash per student (`mnemo:student:<id>`, fields `<attribute>:<model>`: an erasure is one DEL), the ids in the
-sorted set `mnemo:students`, the revision counter `mnemo:revision`; times are the server's clock. A failed command
-is never retried: a write whose reply was lost may have been applied (docs/students.md)."""
+"""The store for several replicas: one Redis database, compare-and-swap in Lua. One hash per student (fields
+`<attribute>:<model>`: an erasure is one DEL), the ids in a sorted set; a failed command is never retried (a write
+whose reply was lost may have been applied)."""
 
 from __future__ import annotations
 
@@ -55,14 +53,6 @@ redis.call('ZADD', KEYS[2], 0, ARGV[7])
 return {1, revision, created, now}
 """
 
-# KEYS: student hash, id set. ARGV: student id. Returns the hash as it was (flat field/value list).
-DELETE_SCRIPT = """
-local fields = redis.call('HGETALL', KEYS[1])
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-return fields
-"""
-
 
 class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
@@ -75,7 +65,6 @@ class RedisStateStore(StateStore):
             retry=Retry(NoBackoff(), 0),
         )
         self._write_script = self._client.register_script(WRITE_SCRIPT)
-        self._delete_script = self._client.register_script(DELETE_SCRIPT)
         where = self._client.connection_pool.connection_kwargs
         self._where = f"{where.get('host', where.get('path'))}:{where.get('port', '')}/{where.get('db', 0)}"
 
@@ -103,10 +92,11 @@ class RedisStateStore(StateStore):
         return float(created), float(updated), int(revision)
 
     def delete(self, student_id: str) -> list[StudentState]:
-        with self._errors_as_unavailable():
-            flat = self._delete_script(keys=[_student_key(student_id), STUDENTS_KEY], args=[student_id])
+        key = _student_key(student_id)
+        with self._errors_as_unavailable():  # one MULTI/EXEC transaction
+            fields, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
         by_model: dict[str, dict[str, bytes]] = {}
-        for field, value in zip(flat[::2], flat[1::2], strict=True):
+        for field, value in fields.items():
             attribute, _, model = field.decode().partition(":")
             by_model.setdefault(model, {})[attribute] = value
         return [_state_of(model, student_id, by_model[model]) for model in sorted(by_model)]

@@ -1,6 +1,5 @@
-"""The embedded store: one SQLite file in WAL mode, one connection per thread, compare-and-swap under
-`BEGIN IMMEDIATE` (docs/students.md). A file deleted or replaced under the running service makes it unavailable:
-writes into the unlinked file would be lost at the next start."""
+"""The embedded store: one SQLite file in WAL mode, one connection per thread, compare-and-swap under `BEGIN
+IMMEDIATE`; a file deleted or replaced under the running service makes it unavailable (writes to it would be lost)."""
 
 from __future__ import annotations
 
@@ -104,9 +103,8 @@ class SqliteStateStore(StateStore):
         return created_at, now, revision
 
     def delete(self, student_id: str) -> list[StudentState]:
-        """Delete the rows (zeroed on their pages: secure_delete), then checkpoint the WAL and truncate it, so the
-        erased bytes do not linger there either; a failed checkpoint (a full disk) is logged, not raised: the
-        delete is committed, and the answer must say so."""
+        """Delete the rows (zeroed on their pages: secure_delete), then truncate the WAL so that the erased bytes do not
+        linger there; a failed checkpoint (a full disk) is logged, not raised: the delete is committed."""
         with self._errors_as_unavailable(), self._connection() as connection:
             connection.execute("BEGIN IMMEDIATE")
             rows = connection.execute(

@@ -1,7 +1,5 @@
 """The student-state store interface, its errors, and `update_state`: the compare-and-swap loop of every append.
-
-`revision` is a store-wide write sequence number, never reused (not even after an erasure), so a compare-and-swap
-on it cannot confuse a recreated student with an erased one (docs/students.md)."""
+`revision` is a store-wide write sequence, never reused, so a recreated student is never taken for an erased one."""
 
 from __future__ import annotations
 
@@ -18,11 +16,11 @@ from app.core.errors import ServiceError
 
 MAX_PAGE_SIZE = 1000
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
-MAX_ATTEMPTS = 100  # 8 processes x 50 appends on one student needed at most 22 (Redis, loaded machine)
+MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 0.05
 Result = TypeVar("Result")
-# What a write stores before its times and revision: model, student_id, memory blob, rows, columns, interactions,
-# model_sha256 (StudentState's order, the memory encoded).
+# What a write stores before its times and revision, in StudentState's order: model, student_id, memory blob, rows,
+# columns, interactions, model_sha256.
 Fields = tuple[str, str, bytes, int, int, int, str]
 
 
@@ -185,11 +183,9 @@ async def update_state(
     expected_interactions: int | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> tuple[StudentState, Result]:
-    """Apply `compute` (side-effect free: it reruns on the latest state after each lost race) to the student's
-    state and store the result by compare-and-swap, after a random growing delay between attempts.
-
-    Before `compute`: `StateVersionMismatch` for another model version, `InteractionCountMismatch` for a count
-    other than `expected_interactions`. `TooManyConflicts` after `max_attempts` lost races."""
+    """Apply `compute` (side-effect free: it reruns on the latest state after each lost race, after a random growing
+    delay) to the student's state and store the result by compare-and-swap. Before `compute`: `StateVersionMismatch`
+    or `InteractionCountMismatch`; `TooManyConflicts` after `max_attempts` lost races."""
     for attempt in range(max_attempts):
         current = await calls.read(store.read, model, student_id)
         if current is not None and current.model_sha256 != model_sha256:

@@ -24,8 +24,7 @@ from app.core.errors import (
     ort_message,
     validation_detail,
 )
-from app.core.failures import TracebackBudget
-from app.core.paths import loggable_path
+from app.core.logging import TracebackBudget, loggable_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
 from app.students.store import StoreError, StoreUnavailable

@@ -14,11 +14,9 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, Overloaded, body_too_large_detail
-from app.core.failures import INTERNAL_ERROR, TracebackBudget, log_unexpected
-from app.core.logging import log_fields
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, body_too_large_detail
+from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path
 from app.core.metrics import Metrics
-from app.core.paths import loggable_path
 from app.core.request_context import request_arrival
 from app.core.responses import dumps
 from app.core.settings import Settings
