@@ -112,8 +112,8 @@ class Worker(UvicornWorker):
 
     number = 0  # from 0 to MNEMO_WORKERS - 1, set by `number_worker`
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        settings = Settings()
+    def __init__(self, age: int, ppid: int, sockets: list, app: Gunicorn, *args: Any) -> None:
+        settings = app.settings  # the flags' and the environment's, as the master read them
         self.CONFIG_KWARGS = {
             **http_options(settings),
             "lifespan": "on",
@@ -122,7 +122,7 @@ class Worker(UvicornWorker):
             "timeout_notify": HEARTBEAT_S,
             "timeout_keep_alive": settings.keep_alive_s,
         }
-        super().__init__(*args, **kwargs)
+        super().__init__(age, ppid, sockets, app, *args)
         self.settings = settings
         self.orphaned = False
 
