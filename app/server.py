@@ -46,10 +46,9 @@ SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first shutdown signal drains the app before uvicorn's own graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, settings: Settings) -> None:
+    def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
-        self.settings = settings
-        self.drain = config.app.state.drain
+        self.settings, self.drain = config.app.state.settings, config.app.state.drain
         self.loop = asyncio.get_running_loop()  # a signal's handler starts the drain on it
         self.drain_task: asyncio.Task | None = None
 
@@ -146,7 +145,7 @@ class Worker(UvicornWorker):
         logging.getLogger("uvicorn.error").addFilter(
             lambda record: not (app.state.startup_error and record.getMessage().startswith("Traceback"))
         )
-        server = DrainingServer(self.config, self.app.settings)
+        server = DrainingServer(self.config)
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
         if not server.started:
