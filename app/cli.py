@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from app.core.logging import JsonFormatter, TextFormatter
@@ -43,7 +43,7 @@ def settings_option(name: str, field: FieldInfo) -> click.Option:
     else:
         kind = CLICK_TYPES.get(annotation, click.STRING)
     flag = flag_name(name)
-    shown = not (field.default_factory or field.default in (None, "") or isinstance(field.default, SecretStr))
+    shown = not field.default_factory and field.default not in (None, "")  # a computed or unset default: not shown
     help_text = " ".join((field.description or "").split()) + f" (env MNEMO_{name.upper()})"
     return click.Option(
         [f"{flag}/--no-{flag[2:]}" if annotation is bool else flag, name],

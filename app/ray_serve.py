@@ -4,7 +4,6 @@ CPUs and runs that many ONNX Runtime threads, one run at a time; each response n
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import sys
@@ -78,8 +77,6 @@ def main(
     if max_replicas is not None and max_replicas < replicas:
         raise click.BadParameter("must be at least --replicas", param_hint="--max-replicas")
     settings = settings_from({**flags, "intra_op_threads": cpus_per_replica, "concurrent_runs": 1, "workers": 1})
-    if importlib.util.find_spec("ray") is None:
-        sys.exit("mnemo: Ray Serve is not installed: pip install -e '.[ray]'")
     options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cpus_per_replica}}
     if max_replicas is None:
         options["num_replicas"] = replicas
@@ -98,9 +95,11 @@ def main(
         # Ray otherwise replaces 127.0.0.1 by the host's routable address so that other nodes could join;
         # with multi-node clusters disabled its processes reach each other on 127.0.0.1. Read at import.
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray
-    from ray import serve
-
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        sys.exit("mnemo: Ray Serve is not installed: pip install -e '.[ray]'")
     if address:
         ray.init(address=address)
     else:
