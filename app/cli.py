@@ -1,5 +1,5 @@
 """The `mnemo` command: `mnemo serve` (one flag per `Settings` field, winning over its variable), `mnemo models`
-(what a manifest holds) and `mnemo train` (a model on your own data; it imports torch only when it runs)."""
+(what a manifest holds) and `mnemo train` (a model on your own data: models/own_command.py, loaded when it runs)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from app.students.factory import check_url
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}  # the subcommands inherit it
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
 CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str
-DIRECTORY = click.Path(path_type=Path, file_okay=False)
 
 
 def flag_name(field: str) -> str:
@@ -121,7 +120,7 @@ def serve(**flags: Any) -> None:
 @click.option(
     "--artifacts-dir",
     "--artifacts",
-    type=DIRECTORY,
+    type=click.Path(path_type=Path, file_okay=False),
     default=DEFAULT_ARTIFACTS_DIR,
     show_default=True,
     help="Directory holding manifest.json.",
@@ -150,79 +149,15 @@ def models(artifacts_dir: Path, as_json: bool) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
 
 
-@cli.group(context_settings={"show_default": True})
-def train() -> None:
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True}, add_help_option=False)
+@click.pass_context
+def train(context: click.Context) -> None:
     """Train a model on your own data, export it to ONNX and add it to a manifest (needs the `train` extra)."""
-
-
-def _model_name(context: click.Context, parameter: click.Parameter, value: str) -> str:
-    from models.cli import MODEL_NAME  # models/ loads only when a train command runs
-
-    if MODEL_NAME.fullmatch(value) is None:
-        raise click.BadParameter("1 to 64 of A-Z a-z 0-9 . _ -, starting with a letter or digit")
-    return value
-
-
-def own_data_options(csv_help: str) -> list[click.Option]:
-    """The options every `mnemo train` command takes (`--csv` described by `csv_help`)."""
-    return [
-        click.Option(["--csv", "csv_file"], required=True, type=click.Path(path_type=Path), help=csv_help),
-        click.Option(
-            ["--artifacts"],
-            required=True,
-            type=DIRECTORY,
-            help="Directory to write the model into; its manifest.json is created or updated.",
-        ),
-        click.Option(
-            ["--name"], required=True, callback=_model_name, help="The served model's name (and its files' stem)."
-        ),
-        click.Option(["--epochs"], type=click.IntRange(min=1), default=30, help="Maximum epochs."),
-        click.Option(["--seed"], default=1024, help="Seed of the split, weights and shuffling."),
-        click.Option(["--run-dir"], type=DIRECTORY, help="Checkpoints and the run record.  [default: runs/own/NAME]"),
-        click.Option(["--resume"], is_flag=True, help="Continue the unfinished run in --run-dir from its last epoch."),
-        click.Option(["--threads"], type=click.IntRange(min=1), default=1, help="Torch CPU threads."),
-        click.Option(["--no-progress"], is_flag=True, help="No progress bar (for log files)."),
-    ]
-
-
-def _train(task: str, **options: Any) -> None:
-    """Run `mnemo train TASK` (models/own_command.py); a problem the user can fix is one line, never a traceback."""
     try:
-        from models.own_command import run_own_training
-        from models.user_csv import OwnDataError
+        from models.own_command import train  # numpy only: torch loads when a run starts
     except ImportError as error:
         raise click.ClickException(f"training needs the project's models/ package: {error}") from None
-    try:
-        click.echo(run_own_training(task, **options))
-    except OwnDataError as error:
-        raise click.ClickException(str(error)) from None
-
-
-KT_CSV = (
-    "Answer log with a header: student, question, correct (0/1/true/false); optional order or timestamp, "
-    "question_name, skill."
-)
-SIMILARITY_CSV = (
-    "Scored sentence pairs with a header: sentence_a, sentence_b, score (relatedness, 1..5); optional label "
-    "(ENTAILMENT, NEUTRAL or CONTRADICTION, any case)."
-)
-
-
-@train.command(name="kt", params=own_data_options(KT_CSV))
-@click.option(
-    "--model", type=click.Choice(["dkvmn", "dkt"]), default="dkvmn", help="DKVMN (memory slots) or DKT (an LSTM)."
-)
-def train_kt(**options: Any) -> None:
-    """Train knowledge tracing on your answer log (split by student, tested once), export it to ONNX (parity-checked)
-    with its card into ARTIFACTS/manifest.json; requests use the CSV's own question ids."""
-    _train("kt", **options)
-
-
-@train.command(name="similarity", params=own_data_options(SIMILARITY_CSV))
-def train_similarity(**options: Any) -> None:
-    """Train the LSTM_RMC pair model on your scored sentence pairs (split by pair, tested once), export it to ONNX
-    (parity-checked) with its card into ARTIFACTS/manifest.json; without a label column it answers relatedness only."""
-    _train("similarity", **options)
+    train.main(context.args, prog_name=context.command_path)
 
 
 def main(argv: list[str] | None = None) -> None:
