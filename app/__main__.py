@@ -1,8 +1,17 @@
-"""`python -m app`: the same command as `mnemo serve` (app/cli.py): every setting a flag or an MNEMO_* variable."""
+"""`python -m app`: the same command as `mnemo serve` (app/cli.py). Until the server installs its draining handlers,
+SIGTERM or SIGHUP stops it at once with status 0: as a container's PID 1 it would otherwise ignore them."""
 
-from app.stop_signals import stop_until_serving
+import signal
+import sys
 
-stop_until_serving()  # first: the imports below take about half a second (app/stop_signals.py)
+
+def stop_before_serving(signum: int, frame: object) -> None:
+    print(f"mnemo: {signal.Signals(signum).name} before serving: stopped", file=sys.stderr, flush=True)
+    sys.exit(0)
+
+
+for signum in (signal.SIGTERM, signal.SIGHUP):  # first: the imports below take about half a second
+    signal.signal(signum, stop_before_serving)
 
 from app.cli import serve
 

@@ -1,9 +1,6 @@
-"""What `python -m app` runs: gunicorn with uvicorn (h11) workers, configured from Settings.
-
-gunicorn replaces a worker that dies or whose event loop stops beating for MNEMO_WORKER_STALL_S. A worker's first
-SIGTERM (or SIGHUP) drains it: /ready turns 503, open connections are served (each answer closing its connection),
-new ones get a quick 503, and admitted work finishes for up to MNEMO_DRAIN_S; a second signal stops waiting.
-"""
+"""What `python -m app` runs: gunicorn with uvicorn (h11) workers, configured from Settings. gunicorn replaces a
+worker that dies or whose event loop stops beating for MNEMO_WORKER_STALL_S; a worker's first SIGTERM (or SIGHUP)
+drains it (docs/ARCHITECTURE.md), a second stops waiting."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -49,17 +47,11 @@ SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first shutdown signal drains the app before uvicorn's own graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI, settings: Settings) -> None:
+    def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
-        self.drain = app.state.drain
-        self.settings = settings
-        self.drain_s = settings.drain_s
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.settings, self.drain = config.app.state.settings, config.app.state.drain
+        self.loop = asyncio.get_running_loop()  # a signal's handler starts the drain on it
         self.drain_task: asyncio.Task | None = None
-
-    async def serve(self, sockets: list | None = None) -> None:
-        self.loop = asyncio.get_running_loop()
-        await super().serve(sockets)
 
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
@@ -80,21 +72,22 @@ class DrainingServer(uvicorn.Server):
             signal.signal(signal.SIGHUP, previous)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain.draining or self.loop is None:
-            self.should_exit = True  # a second signal (or no loop yet): stop now
-            self.force_exit = self.force_exit or (sig == signal.SIGINT and self.drain.draining)
+        if self.drain.draining:  # a second signal: stop now
+            self.should_exit = True
+            self.force_exit = self.force_exit or sig == signal.SIGINT
             return
         self.drain.begin(connection.client for connection in self.server_state.connections)
         self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
 
     def start_drain(self, reason: str) -> None:
         if self.drain_task is None:  # else a signal that arrived inside the first one's handler
-            logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, self.drain_s)
-            self.drain_task = asyncio.ensure_future(self.finish_drain())
+            drain_s = self.settings.drain_s
+            logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
+            self.drain_task = asyncio.ensure_future(self.finish_drain(drain_s))
 
-    async def finish_drain(self) -> None:
-        deadline = time.monotonic() + self.drain_s
-        idle = await self.drain.wait_idle(self.drain_s)
+    async def finish_drain(self, drain_s: float) -> None:
+        deadline = time.monotonic() + drain_s
+        idle = await self.drain.wait_idle(drain_s)
         if idle:
             await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
             idle = await self.drain.wait_idle(max(0.0, deadline - time.monotonic()))
@@ -102,7 +95,7 @@ class DrainingServer(uvicorn.Server):
             logger.info("drained: no request in flight")
         else:
             given_up = self.drain.give_up()
-            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", given_up, self.drain_s)
+            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", given_up, drain_s)
             await self.drain.wait_idle(GIVE_UP_S)  # their 503s (a store write that has started finishes first)
         self.should_exit = True
 
@@ -110,10 +103,10 @@ class DrainingServer(uvicorn.Server):
 class Worker(UvicornWorker):
     """One gunicorn worker: the app on uvicorn (h11) with the limits of Settings, draining on its first signal."""
 
-    number = 0  # from 0 to MNEMO_WORKERS - 1, set by `number_worker`
+    number = 0  # from 0 to MNEMO_WORKERS - 1, set by gunicorn's pre_fork hook
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        settings = Settings()
+    def __init__(self, age: int, ppid: int, sockets: list, app: Gunicorn, *args: Any) -> None:
+        settings = app.settings  # the flags' and the environment's, as the master read them
         self.CONFIG_KWARGS = {
             **http_options(settings),
             "lifespan": "on",
@@ -122,9 +115,21 @@ class Worker(UvicornWorker):
             "timeout_notify": HEARTBEAT_S,
             "timeout_keep_alive": settings.keep_alive_s,
         }
-        super().__init__(*args, **kwargs)
-        self.settings = settings
+        super().__init__(age, ppid, sockets, app, *args)
         self.orphaned = False
+
+    def init_process(self) -> None:
+        """In the forked worker: its socket bound but not listening until uvicorn serves (`unlistened`), its CUDA
+        device (the worker number's of MNEMO_CUDA_DEVICE_ID); then gunicorn's own."""
+        from app.runtime.sessions import for_worker
+
+        self.sockets = [unlistened(listener) for listener in self.sockets]
+
+        listed = self.app.settings.cuda_device_id
+        self.app.settings = for_worker(self.app.settings, self.number)
+        if (device := self.app.settings.cuda_device_id) != listed:  # several ids: say which one this worker got
+            self.log.info("worker %d is number %d: CUDA device %s", os.getpid(), self.number, device)
+        super().init_process()
 
     def run(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -139,13 +144,16 @@ class Worker(UvicornWorker):
             os.kill(os.getpid(), signal.SIGTERM)
 
     async def serve(self) -> None:
-        self.config.app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        logging.getLogger("uvicorn.error").addFilter(WithoutStartupTraceback(self.wsgi))
-        server = DrainingServer(self.config, self.wsgi, self.settings)
+        self.config.app = app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
+        # no uvicorn traceback for a failed startup that the app says in one line (`cannot_start`)
+        logging.getLogger("uvicorn.error").addFilter(
+            lambda record: not (app.state.startup_error and record.getMessage().startswith("Traceback"))
+        )
+        server = DrainingServer(self.config)
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
         if not server.started:
-            cannot_start(self.wsgi.state.startup_error or "the app's startup failed (see above)")
+            cannot_start(app.state.startup_error or "the app's startup failed (see above)")
 
 
 def http_options(settings: Settings) -> dict[str, Any]:
@@ -157,17 +165,6 @@ def http_options(settings: Settings) -> dict[str, Any]:
         "access_log": False,  # the app writes one access line per request itself
         "h11_max_incomplete_event_size": settings.max_header_bytes,  # still incomplete beyond it: 400, close
     }
-
-
-class WithoutStartupTraceback(logging.Filter):
-    """Drops uvicorn's traceback for an app that could not start when the app says why in one line (`cannot_start`)."""
-
-    def __init__(self, app: FastAPI) -> None:
-        super().__init__()
-        self.app = app
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (self.app.state.startup_error and record.getMessage().startswith("Traceback"))
 
 
 class Gunicorn(BaseApplication):
@@ -194,11 +191,13 @@ class Gunicorn(BaseApplication):
             "accesslog": None,
             "logconfig_dict": log_config(settings.log_level, settings.log_format),
             "control_socket_disable": True,  # no runtime control of the workers from outside
-            "child_exit": forget_dead_worker,
-            "when_ready": say_where_metrics_are,
             "pre_fork": number_worker,
-            "post_fork": place_on_device,
         }
+        if metrics := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the workers' metrics are summed from its files
+            from prometheus_client.multiprocess import mark_process_dead  # reads the variable as it imports
+
+            options["when_ready"] = lambda server: server.log.info("metrics of every worker in %s", metrics)
+            options["child_exit"] = lambda server, worker: mark_process_dead(worker.pid)  # drop its live gauges
         for key, value in options.items():
             self.cfg.set(key, value)
 
@@ -223,17 +222,29 @@ class Gunicorn(BaseApplication):
             cannot_start(str(error))
         tune_malloc()  # before any thread starts
         preopened.start(self.settings)
-        if self.factory is not None:
-            app = self.factory(self.settings)
+        if self.factory is None:
+            from app.main import create_app as factory
         else:
-            from app.main import create_app
-
-            app = create_app(self.settings)
+            factory = self.factory
+        app = factory(self.settings)
         if self.settings.workers > 1:
             from app.transports.identity import IdentityHeaders
 
             app.add_middleware(IdentityHeaders)  # X-Mnemo-Pid: which worker answered
         return app
+
+
+def unlistened(listener: Any) -> socket.socket:
+    """A socket bound where gunicorn's `listener` is (SO_REUSEPORT) but not listening, `listener` closed: with a socket
+    per worker, the kernel would hand a booting worker's socket new connections while its models load. asyncio's
+    create_server listens on it once the app has started."""
+    fresh = socket.socket(listener.family, socket.SOCK_STREAM)
+    fresh.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    fresh.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    fresh.bind(listener.getsockname())
+    fresh.setblocking(False)
+    listener.close()
+    return fresh
 
 
 def cannot_start(reason: str) -> None:
@@ -243,29 +254,17 @@ def cannot_start(reason: str) -> None:
 
 
 def log_config(level: str, fmt: str) -> dict:
-    """gunicorn's and uvicorn's own lines in the service's format, on stderr; their access logs off (the app's)."""
+    """gunicorn's and uvicorn's own lines in the service's format, on stderr (their access logs are off: the app's)."""
     formatter = "app.core.logging.JsonFormatter" if fmt == "json" else "app.core.logging.TextFormatter"
     to_stderr = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
-    quiet = {"handlers": [], "propagate": False}
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"mnemo": {"()": formatter}},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}},
         "root": {"level": "WARNING", "handlers": []},  # replaces gunicorn's default, which names its own handler
-        "loggers": {
-            "gunicorn.error": to_stderr,
-            "uvicorn": to_stderr,
-            "gunicorn.access": quiet,
-            "uvicorn.access": quiet,
-        },
+        "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},
     }
-
-
-def say_where_metrics_are(server: Arbiter) -> None:
-    """gunicorn's when_ready hook: one line naming the directory the workers' metrics are summed from, if any."""
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-        server.log.info("metrics of every worker in %s", os.environ["PROMETHEUS_MULTIPROC_DIR"])
 
 
 def number_worker(server: Arbiter, worker: Worker) -> None:
@@ -274,43 +273,21 @@ def number_worker(server: Arbiter, worker: Worker) -> None:
     worker.number = min(set(range(len(taken) + 1)) - taken)
 
 
-def place_on_device(server: Arbiter, worker: Worker) -> None:
-    """gunicorn's post_fork hook, in the new worker: its CUDA device, the worker number's of MNEMO_CUDA_DEVICE_ID."""
-    from app.runtime.sessions import for_worker
-
-    listed = worker.app.settings.cuda_device_id
-    worker.app.settings = for_worker(worker.app.settings, worker.number)
-    device = worker.app.settings.cuda_device_id
-    if device != listed:  # several ids: say which one this worker got
-        server.log.info("worker %d is number %d: CUDA device %s", os.getpid(), worker.number, device)
-
-
-def forget_dead_worker(server: Arbiter, worker: Any) -> None:
-    """gunicorn's child_exit hook: drop the live gauges of a worker that exited (prometheus multiprocess mode)."""
-    from prometheus_client.multiprocess import mark_process_dead  # imported after PROMETHEUS_MULTIPROC_DIR is set
-
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-        mark_process_dead(worker.pid)
-
-
 @contextlib.contextmanager
-def metrics_directory() -> Iterator[Path]:
+def metrics_directory() -> Iterator[None]:
     """PROMETHEUS_MULTIPROC_DIR emptied, or a temporary one removed at the end: the workers' metrics are summed
     from its files, whichever worker answers /metrics."""
-    chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if chosen:
-        path = Path(chosen)
-        if not path.is_dir():
+    if chosen := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        if not Path(chosen).is_dir():
             sys.exit(f"mnemo: cannot start: PROMETHEUS_MULTIPROC_DIR={chosen} is not a directory")
-        for stale in path.glob("*.db"):  # an earlier run's counters would be added to this run's
+        for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
             stale.unlink()
-        yield path
+        yield
         return
-    path = Path(tempfile.mkdtemp(prefix="mnemo-metrics-"))
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path = tempfile.mkdtemp(prefix="mnemo-metrics-")
     owner = os.getpid()
     try:
-        yield path
+        yield
     finally:
         if os.getpid() == owner:  # not in a worker leaving this block as it exits (it was forked inside it)
             shutil.rmtree(path, ignore_errors=True)

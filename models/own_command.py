@@ -1,6 +1,6 @@
-"""What `mnemo train kt` and `mnemo train similarity` run (app/cli.py holds only their options): read and check
-the user's CSV before torch loads, train with a fixed protocol, export into the artifacts directory, and say
-what was written. Every problem the user can fix raises `OwnDataError`, one line."""
+"""`mnemo train kt` and `mnemo train similarity` (app/cli.py loads them when they run): read and check the user's
+CSV before torch loads, train with a fixed protocol, export into the artifacts directory, and say what was
+written. Every problem the user can fix is one line (`OwnDataError`), never a traceback."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+import click
+
+from models.cli import MODEL_NAME
 from models.user_csv import OwnDataError
 
 
@@ -76,3 +79,71 @@ def train_command(task: str, csv_file: Path, artifacts: Path, name: str, epochs:
     given = {"--csv": csv_file, "--artifacts": artifacts, "--name": name, "--epochs": epochs, "--seed": seed}
     given |= {f"--{key}": value for key, value in more.items()}
     return shlex.join(["mnemo", "train", task, *(f"{flag}={value}" for flag, value in given.items())])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110, "show_default": True})
+def train() -> None:
+    """Train a model on your own data, export it to ONNX and add it to a manifest (needs the `train` extra)."""
+
+
+def _model_name(context: click.Context, parameter: click.Parameter, value: str) -> str:
+    if MODEL_NAME.fullmatch(value) is None:
+        raise click.BadParameter("1 to 64 of A-Z a-z 0-9 . _ -, starting with a letter or digit")
+    return value
+
+
+def own_data_options(csv_help: str) -> list[click.Option]:
+    """The options every `mnemo train` command takes (`--csv` described by `csv_help`)."""
+    directory = click.Path(path_type=Path, file_okay=False)
+    return [
+        click.Option(["--csv", "csv_file"], required=True, type=click.Path(path_type=Path), help=csv_help),
+        click.Option(
+            ["--artifacts"],
+            required=True,
+            type=directory,
+            help="Directory to write the model into; its manifest.json is created or updated.",
+        ),
+        click.Option(
+            ["--name"], required=True, callback=_model_name, help="The served model's name (and its files' stem)."
+        ),
+        click.Option(["--epochs"], type=click.IntRange(min=1), default=30, help="Maximum epochs."),
+        click.Option(["--seed"], default=1024, help="Seed of the split, weights and shuffling."),
+        click.Option(["--run-dir"], type=directory, help="Checkpoints and the run record.  [default: runs/own/NAME]"),
+        click.Option(["--resume"], is_flag=True, help="Continue the unfinished run in --run-dir from its last epoch."),
+        click.Option(["--threads"], type=click.IntRange(min=1), default=1, help="Torch CPU threads."),
+        click.Option(["--no-progress"], is_flag=True, help="No progress bar (for log files)."),
+    ]
+
+
+def _train(task: str, **options: Any) -> None:
+    try:
+        click.echo(run_own_training(task, **options))
+    except OwnDataError as error:
+        raise click.ClickException(str(error)) from None
+
+
+KT_CSV = (
+    "Answer log with a header: student, question, correct (0/1/true/false); optional order or timestamp, "
+    "question_name, skill."
+)
+SIMILARITY_CSV = (
+    "Scored sentence pairs with a header: sentence_a, sentence_b, score (relatedness, 1..5); optional label "
+    "(ENTAILMENT, NEUTRAL or CONTRADICTION, any case)."
+)
+
+
+@train.command(name="kt", params=own_data_options(KT_CSV))
+@click.option(
+    "--model", type=click.Choice(["dkvmn", "dkt"]), default="dkvmn", help="DKVMN (memory slots) or DKT (an LSTM)."
+)
+def train_kt(**options: Any) -> None:
+    """Train knowledge tracing on your answer log (split by student, tested once), export it to ONNX (parity-checked)
+    with its card into ARTIFACTS/manifest.json; requests use the CSV's own question ids."""
+    _train("kt", **options)
+
+
+@train.command(name="similarity", params=own_data_options(SIMILARITY_CSV))
+def train_similarity(**options: Any) -> None:
+    """Train the LSTM_RMC pair model on your scored sentence pairs (split by pair, tested once), export it to ONNX
+    (parity-checked) with its card into ARTIFACTS/manifest.json; without a label column it answers relatedness only."""
+    _train("similarity", **options)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -79,6 +81,22 @@ def test_serve_with_chosen_models_serves_only_them_and_says_where():
         assert answer.status_code == 200 and answer.json()["model"] == KT_MODEL
     messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
     assert f"serving {KT_MODEL} on {server.url}" in messages
+
+
+@pytest.mark.slow
+def test_a_flag_wins_over_its_variable_in_the_workers_too():
+    """The workers take the flags' settings, not the environment's: a kept-alive connection closes after
+    --keep-alive-s 1 although MNEMO_KEEP_ALIVE_S is 30."""
+    command = [sys.executable, "-m", "app", "--port", "{port}", "--models", KT_MODEL, "--keep-alive-s", "1"]
+    with running_server(COMMITTED, command=command, MNEMO_KEEP_ALIVE_S="30") as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            started, received = time.monotonic(), b""
+            while chunk := sock.recv(65536):
+                received += chunk
+            closed_after_s = time.monotonic() - started
+    assert received.startswith(b"HTTP/1.1 200") and closed_after_s < 5
 
 
 def test_importing_the_command_imports_neither_onnxruntime_nor_torch():

@@ -1,5 +1,6 @@
 """`python -m app.ray_serve --replicas 2` for real: a local Ray instance (loopback only), two replicas of the app
-over the committed models, both answering both endpoints with exactly the single-process results."""
+over the committed models, both answering both endpoints with exactly the single-process results, behind the
+launcher's API key, on the port its flag names."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_SECONDS = 240  # a local Ray instance, Serve and two replicas loading six models on two shared cores
 ROUNDS, CONCURRENCY = 12, 8  # at most 96 requests per endpoint
+API_KEY = "ray-replica-key"
 SIMILARITY = [
     {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."},
     {"sentence_a": "A dog runs in the park.", "sentence_b": "Nobody is running.", "model": "rmc-flmp-sick"},
@@ -68,7 +70,7 @@ def ray_serve(replicas: int) -> Iterator[tuple[str, subprocess.Popen]]:
     env = {
         **os.environ,
         "MNEMO_HOST": "127.0.0.1",
-        "MNEMO_PORT": str(port),
+        "MNEMO_API_KEYS": API_KEY,
         "MNEMO_ARTIFACTS_DIR": str(DEFAULT_ARTIFACTS_DIR),
         "MNEMO_PROVIDER": "cpu",
         "MNEMO_LOG_LEVEL": "warning",
@@ -77,6 +79,7 @@ def ray_serve(replicas: int) -> Iterator[tuple[str, subprocess.Popen]]:
         "OMP_NUM_THREADS": "1",
     }
     command = [sys.executable, "-m", "app.ray_serve", "--replicas", str(replicas), "--cpus-per-replica", "1"]
+    command += ["--port", str(port)]  # the settings' flags of `mnemo serve`
     log = Path(ray_tmp) / "launcher.log"
     with log.open("w") as output:
         process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
@@ -116,8 +119,10 @@ def test_two_ray_serve_replicas_answer_both_endpoints_with_the_single_process_re
         for index, body in enumerate(bodies)
     }
     started = time.monotonic()
-    with ray_serve(replicas=2) as (url, launcher), httpx.Client(base_url=url, timeout=30) as client:
+    key = {"Authorization": f"Bearer {API_KEY}"}
+    with ray_serve(replicas=2) as (url, launcher), httpx.Client(base_url=url, timeout=30, headers=key) as client:
         startup = time.monotonic() - started
+        assert httpx.post(f"{url}/similarity", json=SIMILARITY[0], timeout=30).status_code == 401  # no key
         replicas: dict[str, set[str]] = {"/similarity": set(), "/knowledge-trace": set()}
         pids: set[int] = set()
 
