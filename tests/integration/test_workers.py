@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -250,6 +251,62 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
         _check_metrics_add_up(server.url, sum(answered.values()), workers)
     assert server.process.returncode == 0
     assert tmp_path.is_dir()  # a directory the user chose stays
+
+
+def _listening(port: int) -> set[str]:
+    """The inodes of the sockets listening on `port` (IPv4 and IPv6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _owns_any(pid: int, inodes: set[str]) -> bool:
+    links = set()
+    with contextlib.suppress(FileNotFoundError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                links.add(os.readlink(fd))
+    return any(f"socket:[{inode}]" in links for inode in inodes)
+
+
+def _started_at(server: Server, pid: int) -> float | None:
+    """When worker `pid`'s app had started (uvicorn's line, after it logged its pid), in seconds since the epoch."""
+    records = [json.loads(line) for line in list(server.output) if line.startswith("{")]
+    booted = [index for index, record in enumerate(records) if record["message"] == f"Started server process [{pid}]"]
+    for record in records[booted[0] if booted else len(records) :]:
+        if record["message"] == "Application startup complete.":
+            return datetime.datetime.fromisoformat(record["time"]).timestamp()
+    return None
+
+
+def test_a_replacement_worker_listens_only_once_it_serves():
+    """Each worker has a socket of its own (SO_REUSEPORT): one that listened while its models loaded was given its
+    share of new connections, which waited unanswered until it served. The socket gunicorn opens at the fork is
+    swapped at once for one that listens when uvicorn serves: the socket it serves on is seen listening only after
+    its app has started."""
+    with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        port = int(server.url.rsplit(":", 1)[1])
+        first = set(_children(server.process.pid))
+        os.kill(min(first), signal.SIGKILL)
+        seen: dict[str, float] = {}  # listening socket of the replacement -> when first seen
+        deadline = time.monotonic() + 120
+        while (replacement := next(iter(set(_children(server.process.pid)) - first), None)) is None or (
+            started_at := _started_at(server, replacement)
+        ) is None:
+            assert time.monotonic() < deadline, server.output[-20:]
+            if replacement is not None:
+                for inode in _listening(port):
+                    if _owns_any(replacement, {inode}):
+                        seen.setdefault(inode, time.time())
+            time.sleep(0.005)
+        (served_on,) = (inode for inode in _listening(port) if _owns_any(replacement, {inode}))
+        if served_on in seen:
+            assert seen[served_on] >= started_at - 0.01, f"it listened {started_at - seen[served_on]:.2f} s early"
 
 
 def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
