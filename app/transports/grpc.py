@@ -1,10 +1,6 @@
-"""The Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, KServe v2 / Triton) on MNEMO_GRPC_PORT,
-on the HTTP app's event loop, over the same code as REST v2 (app/transports/oip/inference.py).
-
-A `ModelInferRequest` becomes the `InferenceRequest` and binary tensor data that REST's body would carry; outputs go as
-`raw_output_contents`. Messages are bounded by MNEMO_MAX_BODY_BYTES, calls in flight by MNEMO_MAX_CONNECTIONS (past it
-RESOURCE_EXHAUSTED at once); on shutdown calls in flight get MNEMO_DRAIN_S. `grpc.health.v1.Health` is served too.
-"""
+"""The Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, KServe v2 / Triton) on MNEMO_GRPC_PORT and
+the HTTP app's event loop, through REST v2's code; MNEMO_MAX_BODY_BYTES bounds a message, MNEMO_MAX_CONNECTIONS the
+calls in flight (past it RESOURCE_EXHAUSTED at once), MNEMO_DRAIN_S the drain; `grpc.health.v1.Health` is served too."""
 
 from __future__ import annotations
 
@@ -41,8 +37,6 @@ STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     499: grpc.StatusCode.CANCELLED,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -51,14 +45,17 @@ STATUS_CODES = {
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
+MALFORMED = "The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse."
+Context = grpc.aio.ServicerContext
+Method = Callable[..., Awaitable[Message]]
 
 
-def rpc(path: Callable[[Any], str]) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Message]]]:
+def rpc(path: Callable[[Any], str]) -> Callable[[Method], Method]:
     """An RPC answered through `InferenceServicer._call`, its API key checked as REST's `path(request)` would be."""
 
-    def register(answer: Callable[..., Any]) -> Callable[..., Awaitable[Message]]:
-        async def method(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Message:
-            return await self._call(answer.__name__, path(request), context, lambda: answer(self, request, context))
+    def register(answer: Method) -> Method:
+        async def method(self: InferenceServicer, request: Any, context: Context) -> Message:
+            return await self._call(answer.__name__, path(request), context, lambda: answer(self, request))
 
         return method
 
@@ -74,20 +71,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.keys = api_key_check(app.state.settings)
 
     @rpc(lambda request: "/v2/health/live")
-    def ServerLive(self, request: Message, context: Any) -> Message:
+    async def ServerLive(self, request: Message) -> Message:
         return service_pb2.ServerLiveResponse(live=True)
 
     @rpc(lambda request: "/v2/health/ready")
-    def ServerReady(self, request: Message, context: Any) -> Message:
+    async def ServerReady(self, request: Message) -> Message:
         return service_pb2.ServerReadyResponse(ready=readiness(self.state)[0] == 200)
 
     @rpc(lambda request: "/v2")
-    def ServerMetadata(self, request: Message, context: Any) -> Message:
+    async def ServerMetadata(self, request: Message) -> Message:
         app = self.app
         return service_pb2.ServerMetadataResponse(name=app.title, version=app.version, extensions=inference.EXTENSIONS)
 
     @rpc(lambda request: f"/v2/models/{request.name}/ready")
-    def ModelReady(self, request: Message, context: Any) -> Message:
+    async def ModelReady(self, request: Message) -> Message:
         try:
             inference.find_model(self.state, request.name, request.version)
         except ProtocolError as error:
@@ -97,22 +94,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=True)
 
     @rpc(lambda request: f"/v2/models/{request.name}")
-    def ModelMetadata(self, request: Message, context: Any) -> Message:
+    async def ModelMetadata(self, request: Message) -> Message:
         document = inference.metadata(*inference.find_model(self.state, request.name, request.version))
         return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
 
     @rpc(lambda request: f"/v2/models/{request.name}/config")
-    def ModelConfig(self, request: Message, context: Any) -> Message:
+    async def ModelConfig(self, request: Message) -> Message:
         document = inference.model_config(*inference.find_model(self.state, request.name, request.version))
         return service_pb2.ModelConfigResponse(config=json_format.ParseDict(document, model_config_pb2.ModelConfig()))
 
     @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
-    def ModelStatistics(self, request: Message, context: Any) -> Message:
+    async def ModelStatistics(self, request: Message) -> Message:
         document = inference.statistics(self.state, request.name, request.version)
         return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
 
     @rpc(lambda request: "/v2/repository/index")
-    def RepositoryIndex(self, request: Message, context: Any) -> Message:
+    async def RepositoryIndex(self, request: Message) -> Message:
         if request.repository_name:
             raise ProtocolError(
                 f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
@@ -120,17 +117,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         index = inference.repository_index(self.state, request.ready)
         return json_format.ParseDict({"models": index}, service_pb2.RepositoryIndexResponse())
 
-    async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> Message:
+    async def ModelInfer(self, data: bytes, context: Context) -> Message:
         """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, where grpc's own
         decoding would answer INTERNAL."""
         try:
             message = service_pb2.ModelInferRequest.FromString(data)
         except DecodeError:
-            return await self._call("ModelInfer", "/v2/models/infer", context, _malformed)
-        path = f"/v2/models/{message.model_name}/infer"
+            message = None
+        path = "/v2/models/infer" if message is None else f"/v2/models/{message.model_name}/infer"
         return await self._call("ModelInfer", path, context, lambda: self._infer(message, context))
 
-    async def _infer(self, message: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Message:
+    async def _infer(self, message: service_pb2.ModelInferRequest | None, context: Context) -> Message:
+        if message is None:
+            raise ProtocolError(MALFORMED)
         drain = self.state.drain
         if drain.draining:
             raise ProtocolError("The server is shutting down; retry on another instance.", 503)
@@ -148,7 +147,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await offload_if(not inference.small(outputs), inference_response, *response)  # large: off the loop
 
     async def _complete(
-        self, model: str, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, Any], timeout_s: float | None
+        self, model: str, context: Context, work: Coroutine[Any, Any, Any], timeout_s: float | None
     ) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
         arrival, remaining = request_arrival.get(), context.time_remaining()
@@ -162,11 +161,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await within_deadline(work, deadline)
 
     async def _call(
-        self,
-        method: str,
-        path: str,
-        context: grpc.aio.ServicerContext,
-        handler: Callable[[], Message | Awaitable[Message]],
+        self, method: str, path: str, context: Context, handler: Callable[[], Awaitable[Message]]
     ) -> Message:
         """The handler's answer, or its error as a status; the key is checked first; the call is counted."""
         started = time.perf_counter()
@@ -174,8 +169,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
             self._authenticate(path, context)
-            answer = handler()
-            return await answer if asyncio.iscoroutine(answer) else answer
+            return await handler()
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             if not self.state.drain.gave_up or context.cancelled():
@@ -191,15 +185,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
         await context.abort(code, details, trailers)
 
-    def _authenticate(self, path: str, context: grpc.aio.ServicerContext) -> None:
+    def _authenticate(self, path: str, context: Context) -> None:
         """401 (UNAUTHENTICATED) unless the call carries `authorization: Bearer <key>` or its path is open."""
         header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
         if self.keys is not None and self.keys.refusal(path, header.encode() if isinstance(header, str) else header):
             raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
-
-
-def _malformed() -> Message:
-    raise ProtocolError("The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse.")
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:

@@ -174,9 +174,8 @@ async def repository_index(request: Request) -> Response:
     openapi_extra=json_body(InferenceRequest),
 )
 async def infer(request: Request, name: str, version: str | None) -> Response:
-    """Run the model on the request's tensors (JSON data, or the binary tensor data extension). The answer is JSON,
-    or with binary outputs application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then
-    the tensors' bytes."""
+    """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
+    application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
     model, codec = inference.find_model(request.app.state, name, version)
     check_declared_charset(request)
     check_identity_encoding(request)

@@ -162,11 +162,14 @@ def json_text(value: Any) -> str:
 
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
     count = math.prod(tensor.shape)
-    if tensor.datatype == "BYTES":  # each element: its 4-byte little-endian length, then its bytes
+    if tensor.datatype == "BYTES":
         try:
             elements = deserialize_bytes_tensor(raw)
         except struct.error:
-            raise ProtocolError(f"input {tensor.name}: truncated BYTES element") from None
+            raise ProtocolError(
+                f"input {tensor.name}: truncated BYTES element (each is a 4-byte little-endian length, then that "
+                "many bytes)"
+            ) from None
         if len(elements) != count:
             raise ProtocolError(
                 f"input {tensor.name}: the shape needs {count} elements, the binary data has {len(elements)}"
