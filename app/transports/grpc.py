@@ -311,15 +311,14 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
         for service in ("", INFERENCE_SERVICE):
             await health_servicer.set(service, status)
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        address = f"{host}:{settings.grpc_port}"
         try:
-            server.add_insecure_port(f"{host}:{settings.grpc_port}")
+            server.add_insecure_port(address)
         except RuntimeError:
-            app.state.startup_error = (
-                f"cannot listen on {host}:{settings.grpc_port} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
-            )
+            app.state.startup_error = f"cannot listen on {address} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
             raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
         await server.start()
-        logger.info("gRPC (Open Inference Protocol) on %s:%d", host, settings.grpc_port)
+        logger.info("gRPC (Open Inference Protocol) on %s", address)
         try:
             yield
         finally:

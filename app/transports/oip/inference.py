@@ -116,12 +116,12 @@ async def infer(
     prepared = await off_loop(size, metrics, codec.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
         outputs = await complete(codec.infer(model, prepared), timeout_s)
-    return [Output(spec.name, spec.datatype, outputs[spec.name], binary) for spec, binary in wanted]
+    return [(spec.name, spec.datatype, outputs[spec.name], binary) for spec, binary in wanted]
 
 
 def small(outputs: Sequence[Output]) -> bool:
     """Outputs small enough to encode on the event loop."""
-    return sum(output.array.nbytes for output in outputs) <= INLINE_BYTES
+    return sum(array.nbytes for _, _, array, _ in outputs) <= INLINE_BYTES
 
 
 def check_parameters(request: InferenceRequest) -> float | None:

@@ -7,7 +7,7 @@ import math
 import struct
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
@@ -21,6 +21,7 @@ FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly,
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
 INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
 JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
+Output = tuple[str, str, np.ndarray, bool]  # a requested output: name, datatype, array, whether as binary data
 
 
 class RequestInput(BaseModel):
@@ -43,15 +44,6 @@ class InferenceRequest(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[RequestInput] = Field(min_length=1, max_length=64)
     outputs: list[RequestOutput] | None = Field(default=None, max_length=64)
-
-
-class Output(NamedTuple):
-    """A requested output, and whether it goes as binary data."""
-
-    name: str
-    datatype: str
-    array: np.ndarray
-    binary: bool
 
 
 def decode_inputs(
