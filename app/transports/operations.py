@@ -52,12 +52,7 @@ async def models(request: Request) -> JsonResponse:
     )
 
 
-@router.get(
-    "/metrics",
-    operation_id="metrics",
-    response_class=PlainTextResponse,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text"}},
-)
+@router.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
 async def metrics(request: Request) -> Response:
     """Prometheus text format, rendered off the event loop (concurrent scrapes share a render)."""
     return Response(await request.app.state.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)

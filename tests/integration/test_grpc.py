@@ -523,6 +523,9 @@ UNSET_PARAMETER = message(inputs=ONE_STEP)
 UNSET_PARAMETER.parameters["priority"].Clear()
 SEQUENCE = message(inputs=ONE_STEP)
 SEQUENCE.parameters["sequence_id"].int64_param = 5
+TYPED_NOT_UTF8 = message(SIM_MODEL)  # typed contents, one element not UTF-8
+for name, elements in (("sentence_a", [b"a", b"\xff"]), ("sentence_b", [b"a", b"b"])):
+    TYPED_NOT_UTF8.inputs.add(name=name, datatype="BYTES", shape=[2]).contents.bytes_contents.extend(elements)
 VALID = message(inputs=ONE_STEP).SerializeToString()
 HOSTILE = [
     (message(inputs=[("q", "INT64", [2**32, 2**32], b""), *ONE_STEP[1:]]).SerializeToString(), "shape"),
@@ -550,6 +553,7 @@ HOSTILE = [
         ).SerializeToString(),
         "not UTF-8 text",
     ),
+    (TYPED_NOT_UTF8.SerializeToString(), "inputs[0] (sentence_a): BYTES element 1 is not UTF-8 text"),
     (message(SIM_MODEL, inputs=ONE_STEP).SerializeToString(), "unknown input 'q'"),
     (UNSET_PARAMETER.SerializeToString(), "parameters.priority holds no value"),
     (SEQUENCE.SerializeToString(), "the sequence extension is not offered"),

@@ -1,5 +1,1 @@
-"""The Open Inference Protocol (KServe v2) over REST: `router`, included by app/main.py."""
-
-from app.transports.oip.routes import router
-
-__all__ = ["router"]
+from app.transports.oip.routes import router as router

@@ -1,16 +1,12 @@
-"""The Open Inference Protocol over the task services, whatever carries it (REST routes.py, gRPC app/transports/grpc).
-
-A transport turns its request into an `InferenceRequest` and its binary tensor data and calls `infer`; the other
-answers (metadata, Triton's model config, statistics, repository index) are dicts in the protocol's JSON form.
-"""
+"""The Open Inference Protocol over the task services, for REST (routes.py) and gRPC alike: `infer` takes an
+`InferenceRequest` and its binary tensor data; the other answers are dicts in the protocol's JSON form."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
-import numpy as np
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
 from starlette.datastructures import State
@@ -19,10 +15,10 @@ from app.core.errors import ServiceError, ort_message
 from app.core.metrics import Metrics
 from app.runtime.model import ServedModel, TensorCodec
 from app.runtime.offload import ParseQueueFull, offload_or_shed
-from app.runtime.registry import ModelRegistry
 from app.runtime.tensors import ProtocolError, TensorSpec
-from app.transports.oip.tensors import InferenceRequest, decode_inputs, json_text, requested_outputs
+from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
+logger = logging.getLogger("mnemo.oip")
 # how a transport bounds the work: `complete(work, client_timeout_s)` (deadline, client gone)
 Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
@@ -31,14 +27,9 @@ P = ParamSpec("P")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
 BACKENDS = {"onnxruntime_onnx": "onnxruntime"}  # platforms whose graph the model's tensors are (Triton's backend)
 MAX_TIMEOUT_US = 2**63 - 1  # Triton's int64
-# Parameters honoured (`timeout`, the binary extension's), accepted at their "off" value only, or accepted and not
-# needed (MLServer's codec hint `content_type`); anything else is a 400 naming it, never silently ignored.
-OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "priority": (0,),
-    "sequence_id": (0, ""),
-    "sequence_start": (False,),
-    "sequence_end": (False,),
-}
+# Parameters are honoured, accepted at their "off" value only, or accepted and not needed (MLServer's codec hint
+# `content_type`); anything else is a 400 naming it, never silently ignored.
+OFF_VALUES = {"priority": (0,), "sequence_id": (0, ""), "sequence_start": (False,), "sequence_end": (False,)}
 SEQUENCES = (
     "the sequence extension is not offered: each request is independent (a knowledge-tracing history continues "
     "by sending the state output back as the state input)"
@@ -52,41 +43,19 @@ NOT_OFFERED = {
     **dict.fromkeys(("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"), SHARED_MEMORY),
 }
 CODEC_HINT = "content_type"
+TYPED = {CODEC_HINT: (str, "a string"), **dict.fromkeys(("binary_data", "binary_data_output"), (bool, "true or false"))}
 
 
-@dataclass(frozen=True)
-class Answer:
-    """The outputs of an inference and which of them the client asked for (each with whether as binary data)."""
-
-    outputs: Mapping[str, np.ndarray]
-    wanted: Mapping[str, bool]
-    specs: list[TensorSpec]
-
-    @property
-    def small(self) -> bool:
-        """Its requested outputs are small enough to encode on the event loop."""
-        return sum(self.outputs[name].nbytes for name in self.wanted) <= INLINE_BYTES
-
-
-def registry_of(state: State) -> ModelRegistry | None:
-    return getattr(state, "registry", None)
-
-
-def server_ready(state: State) -> bool:
-    """Every model loaded, and the server not draining."""
-    registry = registry_of(state)
-    return not state.drain.draining and registry is not None and registry.ready
-
-
-def refusal(error: Exception) -> tuple[int, str, Mapping[str, str]] | None:
-    """A refused request as (status, sentence, headers), for REST and gRPC alike; None for an unexpected error."""
+def refusal(error: Exception, where: str) -> tuple[int, str, Mapping[str, str]]:
+    """A failed request as (status, sentence, headers), for REST and gRPC alike; an unexpected error is logged."""
     if isinstance(error, ProtocolError):
         return error.status, error.message, {}
     if isinstance(error, ServiceError):
         return error.status_code, error.detail, error.headers or {}
     if isinstance(error, OrtInvalidArgument):
         return 400, f"The model rejected the input: {ort_message(error)}", {}
-    return None
+    logger.exception("unexpected error in %s", where)
+    return 500, "Internal error; it has been logged.", {}
 
 
 def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
@@ -96,21 +65,21 @@ def invalid_request(error: ValidationError, what: str = "inference request") -> 
     return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
-def served(registry: ModelRegistry | None) -> list[ServedModel]:
+def served(state: State) -> list[ServedModel]:
     """The models whose task has a tensor codec (those the protocol serves)."""
+    registry = getattr(state, "registry", None)
     return [m for m in registry.models.values() if registry.tasks[m.task].tensors] if registry else []
 
 
-def find_model(
-    registry: ModelRegistry | None, name: str, version: str | None = None
-) -> tuple[ServedModel, TensorCodec]:
+def find_model(state: State, name: str, version: str | None = None) -> tuple[ServedModel, TensorCodec]:
     """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
+    registry = getattr(state, "registry", None)
     if registry is None:
         raise ProtocolError("Models are still loading.", 503)
     model = registry.models.get(name)
     codec = None if model is None else registry.tasks[model.task].tensors
     if codec is None:
-        known = ", ".join(sorted(m.name for m in served(registry))) or "none"
+        known = ", ".join(sorted(m.name for m in served(state))) or "none"
         raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
     if version and version != model.entry.version:
         raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
@@ -139,7 +108,7 @@ async def infer(
     size: int,
     metrics: Metrics,
     complete: Complete,
-) -> Answer:
+) -> list[Output]:
     """Run the model on the request's tensors (`size` bytes), admitted by its batcher, bounded by `complete`."""
     timeout_s = check_parameters(request)
     wanted = requested_outputs(request, codec.outputs(model))
@@ -147,23 +116,26 @@ async def infer(
     prepared = await off_loop(size, metrics, codec.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
         outputs = await complete(codec.infer(model, prepared), timeout_s)
-    return Answer(outputs, wanted, codec.outputs(model))
+    return [(spec.name, spec.datatype, outputs[spec.name], binary) for spec, binary in wanted]
+
+
+def small(outputs: Sequence[Output]) -> bool:
+    """Outputs small enough to encode on the event loop."""
+    return sum(array.nbytes for _, _, array, _ in outputs) <= INLINE_BYTES
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
-    """The deadline in seconds that the request's `timeout` asks for (None: the server's); 400 for any
-    parameter not honoured or of the wrong type."""
-    _check_known(request.parameters, ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES), "parameters")
+    """The deadline in seconds that the request's `timeout` asks for (None: the server's); 400 for any parameter
+    not honoured or of the wrong type."""
+    _check_known(request.parameters, "parameters", ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES))
     for name, off in OFF_VALUES.items():
         value = request.parameters.get(name, off[0])
         if not any(type(value) is type(allowed) and value == allowed for allowed in off):
             raise ProtocolError(f"parameters.{name} is {json_text(value)}: {NOT_OFFERED[name]}")
-    _check_flag(request.parameters, "binary_data_output", "parameters")
     for index, tensor in enumerate(request.inputs):
-        _check_known(tensor.parameters, ("binary_data_size", CODEC_HINT), f"inputs[{index}].parameters")
+        _check_known(tensor.parameters, f"inputs[{index}].parameters", ("binary_data_size", CODEC_HINT))
     for index, output in enumerate(request.outputs or ()):
-        _check_known(output.parameters, ("binary_data", CODEC_HINT), f"outputs[{index}].parameters")
-        _check_flag(output.parameters, "binary_data", f"outputs[{index}].parameters")
+        _check_known(output.parameters, f"outputs[{index}].parameters", ("binary_data", CODEC_HINT))
     timeout = request.parameters.get("timeout")  # Triton's: integer microseconds, 0 for none
     if timeout is not None and (type(timeout) is not int or not 0 <= timeout <= MAX_TIMEOUT_US):
         raise ProtocolError(
@@ -173,20 +145,15 @@ def check_parameters(request: InferenceRequest) -> float | None:
     return timeout / 1e6 if timeout else None
 
 
-def _check_known(parameters: dict[str, Any], known: tuple[str, ...], where: str) -> None:
+def _check_known(parameters: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
+    """400 for a parameter not in `known`, or a codec hint or binary flag of the wrong type."""
     for name in parameters:
         if name not in known:
             reason = NOT_OFFERED.get(name, f"not a parameter this server knows; it takes {', '.join(known)}")
             raise ProtocolError(f"{where}.{name[:64]}: {reason}")
-    hint = parameters.get(CODEC_HINT, "")
-    if not isinstance(hint, str):
-        raise ProtocolError(f"{where}.{CODEC_HINT} is {json_text(hint)}; it must be a string")
-
-
-def _check_flag(parameters: dict[str, Any], name: str, where: str) -> None:
-    value = parameters.get(name, False)
-    if not isinstance(value, bool):
-        raise ProtocolError(f"{where}.{name} is {json_text(value)}; it must be true or false")
+    for name, (kind, what) in TYPED.items():
+        if name in parameters and not isinstance(parameters[name], kind):
+            raise ProtocolError(f"{where}.{name} is {json_text(parameters[name])}; it must be {what}")
 
 
 def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
@@ -230,14 +197,14 @@ def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
     }
 
 
-def statistics(registry: ModelRegistry | None, name: str = "", version: str = "") -> dict[str, Any]:
+def statistics(state: State, name: str = "", version: str = "") -> dict[str, Any]:
     """Triton's statistics extension for one model (`name`) or every ready model served over the protocol."""
-    models = [find_model(registry, name, version)[0]] if name else [m for m in served(registry) if m.ready]
+    models = [find_model(state, name, version)[0]] if name else [m for m in served(state) if m.ready]
     stats = [{"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models]
     return {"model_stats": stats}
 
 
-def repository_index(registry: ModelRegistry | None, ready_only: bool = False) -> list[dict[str, str]]:
+def repository_index(state: State, ready_only: bool = False) -> list[dict[str, str]]:
     """Every model served over the protocol with its state: READY, or UNAVAILABLE with the reason."""
     return [
         {
@@ -246,6 +213,6 @@ def repository_index(registry: ModelRegistry | None, ready_only: bool = False) -
             "state": "READY" if model.ready else "UNAVAILABLE",
             "reason": "" if model.ready else str(model.error or "not loaded"),
         }
-        for model in sorted(served(registry), key=lambda model: model.name)
+        for model in sorted(served(state), key=lambda model: model.name)
         if model.ready or not ready_only
     ]

@@ -1,12 +1,8 @@
-"""The Open Inference Protocol (KServe v2) REST endpoints, and Triton's model config, statistics and repository index.
-
-Every error is the protocol's `{"error": "<sentence>"}`. A model's routes also answer under
-`/versions/{version}` (left out of the OpenAPI document). The response models document the bodies the routes build.
-"""
+"""The Open Inference Protocol (KServe v2) REST endpoints, with Triton's model config, statistics and repository
+index; every error is `{"error": "<sentence>"}`; a model's routes also answer under `/versions/{version}`."""
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,8 +16,8 @@ from app.runtime.offload import offload_if
 from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import check_declared_charset, check_identity_encoding, check_utf8_body, complete, json_body
 from app.transports.oip import inference
-from app.transports.oip.inference import registry_of
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response
+from app.transports.operations import readiness
 
 
 class ServerMetadata(BaseModel):
@@ -75,14 +71,11 @@ class InferenceResponse(BaseModel):
 
 
 class RepositoryIndexRequest(BaseModel):
-    """The optional body of POST /v2/repository/index."""
-
     model_config = ConfigDict(extra="forbid")
 
     ready: StrictBool = Field(False, description="true: only the models that are ready")
 
 
-logger = logging.getLogger("mnemo.oip")
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 Handler = Callable[..., Awaitable[Response]]
@@ -96,11 +89,7 @@ def model_route(method: str, path: str, **documented: Any) -> Callable[[Handler]
             try:
                 return await handler(request, name, request.path_params.get("version"))
             except Exception as error:
-                refused = inference.refusal(error)
-                if refused is None:
-                    logger.exception("unexpected error in the protocol endpoint %s", handler.__name__)
-                    return JsonResponse({"error": "Internal error; it has been logged."}, 500)
-                status, message, headers = refused
+                status, message, headers = inference.refusal(error, f"the protocol endpoint {handler.__name__}")
                 return JsonResponse({"error": message}, status, headers=headers)
 
         guarded.__name__, guarded.__doc__ = handler.__name__, handler.__doc__  # the operation's summary and text
@@ -128,27 +117,27 @@ async def live() -> JsonResponse:
 @router.get("/health/ready", operation_id="oip_ready", response_model=ServerReadiness)
 async def ready(request: Request) -> JsonResponse:
     """200 when every model is loaded and the server is not draining; else 503."""
-    is_ready = inference.server_ready(request.app.state)
-    return JsonResponse({"ready": is_ready}, 200 if is_ready else 503)
+    status, _ = readiness(request.app.state)
+    return JsonResponse({"ready": status == 200}, status)
 
 
 @router.get("/models/stats", operation_id="oip_statistics")
 async def all_statistics(request: Request) -> Response:
-    """Triton's statistics extension for every model: success/fail counts, queue and compute durations (ns),
-    inference and execution counts, from each model's batcher in this worker."""
-    return JsonResponse(inference.statistics(registry_of(request.app.state)))
+    """Triton's statistics extension for every model (success and failure counts, durations in ns, inference and
+    execution counts) from each model's batcher in this worker."""
+    return JsonResponse(inference.statistics(request.app.state))
 
 
 @model_route("GET", "", operation_id="oip_model_metadata", response_model=ModelMetadata)
 async def model_metadata(request: Request, name: str, version: str | None) -> Response:
     """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
-    return JsonResponse(inference.metadata(*inference.find_model(registry_of(request.app.state), name, version)))
+    return JsonResponse(inference.metadata(*inference.find_model(request.app.state, name, version)))
 
 
 @model_route("GET", "/ready", operation_id="oip_model_ready", response_model=ModelReadiness)
 async def model_ready(request: Request, name: str, version: str | None) -> Response:
     """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
-    model, _ = inference.find_model(registry_of(request.app.state), name, version)
+    model, _ = inference.find_model(request.app.state, name, version)
     return JsonResponse({"name": model.name, "ready": True})
 
 
@@ -156,13 +145,13 @@ async def model_ready(request: Request, name: str, version: str | None) -> Respo
 async def model_config(request: Request, name: str, version: str | None) -> Response:
     """Triton's model configuration: inputs and outputs (dims without the batch dimension, -1 = any size),
     `max_batch_size` and the dynamic batching in force."""
-    return JsonResponse(inference.model_config(*inference.find_model(registry_of(request.app.state), name, version)))
+    return JsonResponse(inference.model_config(*inference.find_model(request.app.state, name, version)))
 
 
 @model_route("GET", "/stats", operation_id="oip_model_statistics")
 async def model_statistics(request: Request, name: str, version: str | None) -> Response:
     """Triton's statistics extension for one model."""
-    return JsonResponse(inference.statistics(registry_of(request.app.state), name, version or ""))
+    return JsonResponse(inference.statistics(request.app.state, name, version or ""))
 
 
 @router.post("/repository/index", operation_id="oip_repository_index")
@@ -173,7 +162,7 @@ async def repository_index(request: Request) -> Response:
         ready_only = RepositoryIndexRequest.model_validate_json(await request.body() or b"{}").ready
     except ValidationError as error:
         return JsonResponse({"error": inference.invalid_request(error, "repository index request").message}, 400)
-    return JsonResponse(inference.repository_index(registry_of(request.app.state), ready_only))
+    return JsonResponse(inference.repository_index(request.app.state, ready_only))
 
 
 @model_route(
@@ -185,12 +174,9 @@ async def repository_index(request: Request) -> Response:
     openapi_extra=json_body(InferenceRequest),
 )
 async def infer(request: Request, name: str, version: str | None) -> Response:
-    """Run the model on the request's tensors (JSON data, or the binary tensor data extension).
-
-    The answer is JSON, or with binary outputs (`binary_data_output`) application/octet-stream: the JSON
-    header, `Inference-Header-Content-Length` bytes long, then the tensors' bytes.
-    """
-    model, codec = inference.find_model(registry_of(request.app.state), name, version)
+    """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
+    application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
+    model, codec = inference.find_model(request.app.state, name, version)
     check_declared_charset(request)
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
@@ -200,14 +186,13 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
         parsed = await inference.off_loop(size, metrics, InferenceRequest.model_validate_json, body)
     except ValidationError as error:
         raise inference.invalid_request(error) from None
-    answer = await inference.infer(
+    outputs = await inference.infer(
         model, codec, parsed, binary, size, metrics, lambda work, timeout: complete(request, work, model.name, timeout)
     )
     header = {"model_name": model.name, "model_version": model.entry.version}
     if parsed.id is not None:
         header["id"] = parsed.id
-    encoded = (header, answer.outputs, answer.specs, answer.wanted)
-    content, header_length = await offload_if(not answer.small, encode_response, *encoded)
+    content, header_length = await offload_if(not inference.small(outputs), encode_response, header, outputs)
     if header_length is None:
         return Response(content, media_type="application/json")
     return Response(

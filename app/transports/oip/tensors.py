@@ -1,8 +1,5 @@
-"""Open Inference Protocol tensors: the request body, and decoding/encoding of JSON and binary tensor data.
-
-Every input is checked against the model's declared `TensorSpec` before anything runs; a broken rule is a
-`ProtocolError` (400) naming the input.
-"""
+"""Open Inference Protocol tensors: the request body, and its JSON and binary tensor data decoded (each input checked
+against the model's `TensorSpec`, a `ProtocolError` naming it) and encoded."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
-from tritonclient.utils import triton_to_np_dtype
+from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
 from app.core.responses import dumps
 from app.runtime.tensors import ProtocolError, TensorSpec
@@ -24,6 +21,7 @@ FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly,
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
 INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
 JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
+Output = tuple[str, str, np.ndarray, bool]  # a requested output: name, datatype, array, whether as binary data
 
 
 class RequestInput(BaseModel):
@@ -63,26 +61,24 @@ def decode_inputs(
             raise ProtocolError(f"input {tensor.name} is given twice")
         _check_header(tensor, spec)
         size = tensor.parameters.get("binary_data_size")
-        if size is not None and tensor.data is not None:
-            raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} must be a count of bytes")
-            if size and not binary:
-                raise ProtocolError(
-                    f"input {tensor.name} has binary_data_size but the request has no binary data: send the "
-                    "Inference-Header-Content-Length header (the JSON header's length in bytes) and the data after it"
-                )
-            if offset + size > len(binary):
-                raise ProtocolError(
-                    f"input {tensor.name}: binary_data_size {json_text(size)} does not fit the binary data"
-                )
-            arrays[tensor.name] = _from_binary(tensor, binary[offset : offset + size])
-            offset += size
-        elif tensor.data is not None:
+        if size is None:
+            if tensor.data is None:
+                raise ProtocolError(f"input {tensor.name} has neither data nor binary_data_size")
             arrays[tensor.name] = _from_json(tensor)
-        else:
-            raise ProtocolError(f"input {tensor.name} has neither data nor binary_data_size")
+            continue
+        if tensor.data is not None:
+            raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
+        if type(size) is not int or size < 0:
+            raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} must be a count of bytes")
+        if size and not binary:
+            raise ProtocolError(
+                f"input {tensor.name} has binary_data_size but the request has no binary data: send the "
+                "Inference-Header-Content-Length header (the JSON header's length in bytes) and the data after it"
+            )
+        if offset + size > len(binary):
+            raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} does not fit the binary data")
+        arrays[tensor.name] = _from_binary(tensor, binary[offset : offset + size])
+        offset += size
     if offset != len(binary):
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     missing = [name for name, array in arrays.items() if array is None and not declared[name].optional]
@@ -115,22 +111,17 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
             f"JSON {what}"
         )
     dtype = triton_to_np_dtype(tensor.datatype)
-    if accepted == (int,) and elements:
-        limits = np.iinfo(dtype)
-        low, high = int(limits.min), int(limits.max)
-        outside = next((index for index, element in enumerate(elements) if not low <= element <= high), None)
-        if outside is not None:
-            raise ProtocolError(
-                f"input {tensor.name}: element {outside} is {json_text(elements[outside])}; {tensor.datatype} holds "
-                f"{low}..{high}"
-            )
     try:
         return np.array(elements, dtype=dtype).reshape(tensor.shape)
-    except OverflowError:  # an integer past the float range (numpy gives infinity for 1e999, not for 10**400)
-        huge = next(index for index, element in enumerate(elements) if abs(element) > FLOAT_MAX)
-        raise ProtocolError(
-            f"input {tensor.name}: element {huge} is {json_text(elements[huge])}; too large for {tensor.datatype}"
-        ) from None
+    except OverflowError:  # numpy names no element
+        if accepted == (int,):
+            limits = np.iinfo(dtype)
+            index = next(index for index, element in enumerate(elements) if not limits.min <= element <= limits.max)
+            rule = f"{tensor.datatype} holds {limits.min}..{limits.max}"
+        else:  # an integer past the float range (numpy gives infinity for 1e999, not for 10**400)
+            index = next(index for index, element in enumerate(elements) if abs(element) > FLOAT_MAX)
+            rule = f"too large for {tensor.datatype}"
+        raise ProtocolError(f"input {tensor.name}: element {index} is {json_text(elements[index])}; {rule}") from None
 
 
 def _json_elements(tensor: RequestInput) -> list[Any]:
@@ -164,7 +155,18 @@ def json_text(value: Any) -> str:
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
     count = math.prod(tensor.shape)
     if tensor.datatype == "BYTES":
-        return np.array(_split_bytes(tensor.name, raw, count), dtype=object).reshape(tensor.shape)
+        try:
+            elements = deserialize_bytes_tensor(raw)
+        except struct.error:
+            raise ProtocolError(
+                f"input {tensor.name}: truncated BYTES element (each is a 4-byte little-endian length, then that "
+                "many bytes)"
+            ) from None
+        if len(elements) != count:
+            raise ProtocolError(
+                f"input {tensor.name}: the shape needs {count} elements, the binary data has {len(elements)}"
+            )
+        return np.array(utf8_texts(elements, f"input {tensor.name}"), dtype=object).reshape(tensor.shape)
     dtype = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise ProtocolError(
@@ -173,65 +175,46 @@ def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("=")).reshape(tensor.shape)
 
 
-def _split_bytes(name: str, raw: bytes, count: int) -> list[str]:
-    """BYTES elements of the binary extension (4-byte little-endian length, then the bytes), as text."""
-    elements, offset = [], 0
-    while offset < len(raw):
-        if offset + 4 > len(raw):
-            raise ProtocolError(f"input {name}: truncated BYTES element length")
-        (size,) = struct.unpack_from("<I", raw, offset)
-        chunk = raw[offset + 4 : offset + 4 + size]
-        if len(chunk) != size:
-            raise ProtocolError(f"input {name}: truncated BYTES element")
+def utf8_texts(elements: Sequence[bytes], where: str) -> list[str]:
+    """BYTES elements as text; 400 naming the first that is not UTF-8."""
+    texts = []
+    for index, element in enumerate(elements):
         try:
-            elements.append(chunk.decode("utf-8"))
+            texts.append(element.decode("utf-8"))
         except UnicodeDecodeError:
-            raise ProtocolError(f"input {name}: BYTES element {len(elements)} is not UTF-8 text") from None
-        offset += 4 + size
-    if len(elements) != count:
-        raise ProtocolError(f"input {name}: the shape needs {count} elements, the binary data has {len(elements)}")
-    return elements
+            raise ProtocolError(f"{where}: BYTES element {index} is not UTF-8 text") from None
+    return texts
 
 
-def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) -> dict[str, bool]:
-    """The outputs to return (all when none are named, as `outputs` absent or empty), each with whether it
-    goes as binary data; 400 for an unknown output or one named twice."""
-    declared = [spec.name for spec in specs]
+def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) -> list[tuple[TensorSpec, bool]]:
+    """The outputs to return (all when `outputs` is absent or empty), each with whether it goes as binary data."""
+    declared = {spec.name: spec for spec in specs}
     everything_binary = request.parameters.get("binary_data_output") is True
     if not request.outputs:
-        return dict.fromkeys(declared, everything_binary)
-    wanted: dict[str, bool] = {}
+        return [(spec, everything_binary) for spec in specs]
+    wanted: dict[str, tuple[TensorSpec, bool]] = {}
     for output in request.outputs:
         if output.name not in declared:
             raise ProtocolError(f"unknown output {output.name!r}; the model returns {', '.join(declared)}")
         if output.name in wanted:
             raise ProtocolError(f"output {output.name} is requested twice")
-        wanted[output.name] = output.parameters.get("binary_data", everything_binary) is True
-    return wanted
+        wanted[output.name] = declared[output.name], output.parameters.get("binary_data", everything_binary) is True
+    return list(wanted.values())
 
 
-def encode_response(
-    header: Mapping[str, Any],
-    outputs: Mapping[str, np.ndarray],
-    specs: Sequence[TensorSpec],
-    wanted: Mapping[str, bool],
-) -> tuple[bytes, int | None]:
+def encode_response(header: Mapping[str, Any], outputs: Sequence[Output]) -> tuple[bytes, int | None]:
     """The response body and, when some outputs are binary, the length of its JSON header."""
-    datatypes = {spec.name: spec.datatype for spec in specs}
     tensors, blobs = [], []
-    for name, as_binary in wanted.items():
-        array, datatype = outputs[name], datatypes[name]
+    for name, datatype, array, binary in outputs:
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if as_binary:
+        if binary:
             blobs.append(tensor_bytes(array, datatype))
             tensor["parameters"] = {"binary_data_size": len(blobs[-1])}
         else:
             tensor["data"] = array.ravel().tolist() if datatype == "BYTES" else array.ravel()
         tensors.append(tensor)
     body = dumps({**header, "outputs": tensors})
-    if not blobs:
-        return body, None
-    return body + b"".join(blobs), len(body)
+    return (body + b"".join(blobs), len(body)) if blobs else (body, None)
 
 
 def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:

@@ -1,8 +1,6 @@
-"""`inference.GRPCInferenceService` (KServe v2 / Triton) over app/transports/oip/inference.py, as REST v2 serves it.
-
-A `ModelInferRequest` becomes the `InferenceRequest` and binary tensor data that REST's body would carry, so both
-decode tensors with the same code; outputs go as `raw_output_contents`. Methods not offered answer UNIMPLEMENTED.
-"""
+"""The Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, KServe v2 / Triton) on MNEMO_GRPC_PORT and
+the HTTP app's event loop, through REST v2's code; MNEMO_MAX_BODY_BYTES bounds a message, MNEMO_MAX_CONNECTIONS the
+calls in flight (past it RESOURCE_EXHAUSTED at once), MNEMO_DRAIN_S the drain; `grpc.health.v1.Health` is served too."""
 
 from __future__ import annotations
 
@@ -10,33 +8,35 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
 from fastapi import FastAPI
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from app.core.errors import ServiceError
 from app.core.request_context import request_arrival
+from app.runtime.model import ServedModel
 from app.runtime.offload import offload_if
 from app.runtime.tensors import ProtocolError
 from app.transports.access import api_key_check
 from app.transports.deadline import Deadline, within_deadline
 from app.transports.oip import inference
-from app.transports.oip.inference import Answer, registry_of
-from app.transports.oip.tensors import InferenceRequest, tensor_bytes
+from app.transports.oip.tensors import InferenceRequest, Output, tensor_bytes, utf8_texts
+from app.transports.operations import readiness
 
 logger = logging.getLogger("mnemo.grpc")
+INFERENCE_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     499: grpc.StatusCode.CANCELLED,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -45,14 +45,17 @@ STATUS_CODES = {
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
+MALFORMED = "The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse."
+Context = grpc.aio.ServicerContext
+Method = Callable[..., Awaitable[Message]]
 
 
-def rpc(path: Callable[[Any], str]) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Message]]]:
+def rpc(path: Callable[[Any], str]) -> Callable[[Method], Method]:
     """An RPC answered through `InferenceServicer._call`, its API key checked as REST's `path(request)` would be."""
 
-    def register(answer: Callable[..., Any]) -> Callable[..., Awaitable[Message]]:
-        async def method(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Message:
-            return await self._call(answer.__name__, path(request), context, lambda: answer(self, request, context))
+    def register(answer: Method) -> Method:
+        async def method(self: InferenceServicer, request: Any, context: Context) -> Message:
+            return await self._call(answer.__name__, path(request), context, lambda: answer(self, request))
 
         return method
 
@@ -68,22 +71,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.keys = api_key_check(app.state.settings)
 
     @rpc(lambda request: "/v2/health/live")
-    def ServerLive(self, request: Message, context: Any) -> Message:
+    async def ServerLive(self, request: Message) -> Message:
         return service_pb2.ServerLiveResponse(live=True)
 
     @rpc(lambda request: "/v2/health/ready")
-    def ServerReady(self, request: Message, context: Any) -> Message:
-        return service_pb2.ServerReadyResponse(ready=inference.server_ready(self.state))
+    async def ServerReady(self, request: Message) -> Message:
+        return service_pb2.ServerReadyResponse(ready=readiness(self.state)[0] == 200)
 
     @rpc(lambda request: "/v2")
-    def ServerMetadata(self, request: Message, context: Any) -> Message:
+    async def ServerMetadata(self, request: Message) -> Message:
         app = self.app
         return service_pb2.ServerMetadataResponse(name=app.title, version=app.version, extensions=inference.EXTENSIONS)
 
     @rpc(lambda request: f"/v2/models/{request.name}/ready")
-    def ModelReady(self, request: Message, context: Any) -> Message:
+    async def ModelReady(self, request: Message) -> Message:
         try:
-            inference.find_model(self._registry, request.name, request.version)
+            inference.find_model(self.state, request.name, request.version)
         except ProtocolError as error:
             if error.status != 503:
                 raise
@@ -91,58 +94,60 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ModelReadyResponse(ready=True)
 
     @rpc(lambda request: f"/v2/models/{request.name}")
-    def ModelMetadata(self, request: Message, context: Any) -> Message:
-        document = inference.metadata(*inference.find_model(self._registry, request.name, request.version))
-        return _from_json(document, service_pb2.ModelMetadataResponse())
+    async def ModelMetadata(self, request: Message) -> Message:
+        document = inference.metadata(*inference.find_model(self.state, request.name, request.version))
+        return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
 
     @rpc(lambda request: f"/v2/models/{request.name}/config")
-    def ModelConfig(self, request: Message, context: Any) -> Message:
-        document = inference.model_config(*inference.find_model(self._registry, request.name, request.version))
-        return service_pb2.ModelConfigResponse(config=_from_json(document, model_config_pb2.ModelConfig()))
+    async def ModelConfig(self, request: Message) -> Message:
+        document = inference.model_config(*inference.find_model(self.state, request.name, request.version))
+        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(document, model_config_pb2.ModelConfig()))
 
     @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
-    def ModelStatistics(self, request: Message, context: Any) -> Message:
-        document = inference.statistics(self._registry, request.name, request.version)
-        return _from_json(document, service_pb2.ModelStatisticsResponse())
+    async def ModelStatistics(self, request: Message) -> Message:
+        document = inference.statistics(self.state, request.name, request.version)
+        return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
 
     @rpc(lambda request: "/v2/repository/index")
-    def RepositoryIndex(self, request: Message, context: Any) -> Message:
+    async def RepositoryIndex(self, request: Message) -> Message:
         if request.repository_name:
             raise ProtocolError(
                 f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
             )
-        index = inference.repository_index(self._registry, request.ready)
-        return _from_json({"models": index}, service_pb2.RepositoryIndexResponse())
+        index = inference.repository_index(self.state, request.ready)
+        return json_format.ParseDict({"models": index}, service_pb2.RepositoryIndexResponse())
 
-    @rpc(lambda request: f"/v2/models/{request.model_name}/infer")
-    async def ModelInfer(self, message: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext) -> Message:
+    async def ModelInfer(self, data: bytes, context: Context) -> Message:
+        """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, where grpc's own
+        decoding would answer INTERNAL."""
+        try:
+            message = service_pb2.ModelInferRequest.FromString(data)
+        except DecodeError:
+            message = None
+        path = "/v2/models/infer" if message is None else f"/v2/models/{message.model_name}/infer"
+        return await self._call("ModelInfer", path, context, lambda: self._infer(message, context))
+
+    async def _infer(self, message: service_pb2.ModelInferRequest | None, context: Context) -> Message:
+        if message is None:
+            raise ProtocolError(MALFORMED)
         drain = self.state.drain
         if drain.draining:
             raise ProtocolError("The server is shutting down; retry on another instance.", 503)
-        model, codec = inference.find_model(self._registry, message.model_name, message.model_version)
+        model, codec = inference.find_model(self.state, message.model_name, message.model_version)
         size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
         parsed, binary = await offload_if(size > inference.INLINE_BYTES, inference_request, message)
         task = asyncio.current_task()
         drain.enter(task)
         try:
             bounded = functools.partial(self._complete, model.name, context)
-            answer = await inference.infer(model, codec, parsed, binary, size, self.state.metrics, bounded)
+            outputs = await inference.infer(model, codec, parsed, binary, size, self.state.metrics, bounded)
         finally:
             drain.leave(task)
-        response = (model.name, model.entry.version, parsed.id, answer)
-        return await offload_if(not answer.small, inference_response, *response)  # large outputs copied off the loop
-
-    async def ModelInferBytes(self, data: bytes, context: grpc.aio.ServicerContext) -> Message:
-        """ModelInfer from its undecoded message (server.py routes it here): a malformed one is INVALID_ARGUMENT,
-        where grpc's own decoding would answer INTERNAL."""
-        try:
-            request = service_pb2.ModelInferRequest.FromString(data)
-        except DecodeError:
-            return await self._call("ModelInfer", "/v2/models/infer", context, _malformed)
-        return await self.ModelInfer(request, context)
+        response = (message, model, outputs)
+        return await offload_if(not inference.small(outputs), inference_response, *response)  # large: off the loop
 
     async def _complete(
-        self, model: str, context: grpc.aio.ServicerContext, work: Coroutine[Any, Any, Any], timeout_s: float | None
+        self, model: str, context: Context, work: Coroutine[Any, Any, Any], timeout_s: float | None
     ) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
         arrival, remaining = request_arrival.get(), context.time_remaining()
@@ -155,16 +160,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         deadline = Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
         return await within_deadline(work, deadline)
 
-    @property
-    def _registry(self) -> Any:
-        return registry_of(self.state)
-
     async def _call(
-        self,
-        method: str,
-        path: str,
-        context: grpc.aio.ServicerContext,
-        handler: Callable[[], Message | Awaitable[Message]],
+        self, method: str, path: str, context: Context, handler: Callable[[], Awaitable[Message]]
     ) -> Message:
         """The handler's answer, or its error as a status; the key is checked first; the call is counted."""
         started = time.perf_counter()
@@ -172,47 +169,27 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
             self._authenticate(path, context)
-            answer = handler()
-            return await answer if asyncio.iscoroutine(answer) else answer
+            return await handler()
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             if not self.state.drain.gave_up or context.cancelled():
                 raise  # the client left, or its deadline passed: nobody reads an answer
             code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
         except Exception as error:
-            refused = inference.refusal(error)
-            if refused is None:
-                logger.exception("unexpected error in the gRPC method %s", method)
-                code, details = grpc.StatusCode.INTERNAL, "Internal error; it has been logged."
-            else:
-                status, details, headers = refused
-                code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
-                trailers = tuple((key.lower(), value) for key, value in headers.items())
+            status, details, headers = inference.refusal(error, f"the gRPC method {method}")
+            code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+            trailers = tuple((key.lower(), value) for key, value in headers.items())
         finally:
             metrics = self.state.metrics
             metrics.grpc_requests.labels(method, code.name).inc()
             metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
         await context.abort(code, details, trailers)
 
-    def _authenticate(self, path: str, context: grpc.aio.ServicerContext) -> None:
+    def _authenticate(self, path: str, context: Context) -> None:
         """401 (UNAUTHENTICATED) unless the call carries `authorization: Bearer <key>` or its path is open."""
         header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
         if self.keys is not None and self.keys.refusal(path, header.encode() if isinstance(header, str) else header):
-            raise ProtocolError(
-                "A valid API key is required: send the metadata authorization: Bearer <key>.", status=401
-            )
-
-
-def _malformed() -> Message:
-    raise ProtocolError("The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse.")
-
-
-def _from_json(document: Mapping[str, Any], message: Message) -> Message:
-    """A protocol answer built as JSON (oip/inference.py) read into its gRPC message."""
-    try:
-        return json_format.ParseDict(document, message)
-    except json_format.ParseError as error:  # a bug here, not the client's
-        raise ServiceError(f"Could not encode the answer: {error}") from None
+            raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
@@ -239,12 +216,7 @@ def inference_request(message: service_pb2.ModelInferRequest) -> tuple[Inference
     for index, tensor in enumerate(message.inputs):
         where = f"inputs[{index}]"
         parameters = _parameters(tensor.parameters, f"{where}.parameters")
-        entry = {
-            "name": tensor.name,
-            "shape": list(tensor.shape),
-            "datatype": tensor.datatype,
-            "parameters": parameters,
-        }
+        entry = dict(name=tensor.name, shape=list(tensor.shape), datatype=tensor.datatype, parameters=parameters)
         if "binary_data_size" in parameters:
             raise ProtocolError(f"{where}.parameters.binary_data_size is REST's; over gRPC send raw_input_contents")
         if raw:
@@ -281,22 +253,75 @@ def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str
             f"{where} ({tensor.name}): {tensor.datatype} data goes in contents.{field}, not contents.{others[0]}"
         )
     values = list(getattr(tensor.contents, field))
-    if tensor.datatype != "BYTES":
-        return values
-    try:
-        return [value.decode("utf-8") for value in values]
-    except UnicodeDecodeError:
-        raise ProtocolError(f"{where} ({tensor.name}): a BYTES element is not UTF-8 text") from None
+    return utf8_texts(values, f"{where} ({tensor.name})") if tensor.datatype == "BYTES" else values
 
 
 def inference_response(
-    model_name: str, version: str, request_id: str | None, answer: Answer
+    message: service_pb2.ModelInferRequest, model: ServedModel, outputs: list[Output]
 ) -> service_pb2.ModelInferResponse:
     """The `ModelInferResponse`: every requested output as raw contents."""
-    datatypes = {spec.name: spec.datatype for spec in answer.specs}
-    response = service_pb2.ModelInferResponse(model_name=model_name, model_version=version, id=request_id or "")
-    for name in answer.wanted:
-        array = answer.outputs[name]
-        response.outputs.add(name=name, datatype=datatypes[name], shape=array.shape)
-        response.raw_output_contents.append(tensor_bytes(array, datatypes[name]))
+    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.entry.version, id=message.id)
+    for name, datatype, array, _ in outputs:
+        response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        response.raw_output_contents.append(tensor_bytes(array, datatype))
     return response
+
+
+class RawModelInfer(grpc.aio.ServerInterceptor):
+    """Hands ModelInfer its message as bytes: `InferenceServicer.ModelInfer` decodes it itself."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if details.method != INFER_METHOD or handler is None:
+            return handler
+        return grpc.unary_unary_rpc_method_handler(handler.unary_unary, response_serializer=handler.response_serializer)
+
+
+@asynccontextmanager
+async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
+    """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs (nothing when unset)."""
+    settings = app.state.settings
+    if settings.grpc_port is None:
+        yield
+        return
+    server = grpc.aio.server(
+        interceptors=[RawModelInfer()],
+        maximum_concurrent_rpcs=settings.max_connections,  # as REST's connections bound its requests in flight
+        options=[
+            ("grpc.max_receive_message_length", settings.max_body_bytes),
+            ("grpc.so_reuseport", int(settings.workers > 1)),
+        ],
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(app), server)
+    health_servicer = health.aio.HealthServicer()  # open to all, as the probe port is
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    loop = asyncio.get_running_loop()
+
+    def not_serving() -> None:  # called in the signal handler that begins the drain: NOT_SERVING for good
+        asyncio.run_coroutine_threadsafe(health_servicer.enter_graceful_shutdown(), loop)
+
+    app.state.drain.on_begin.append(not_serving)  # before the state is read: a drain beginning now is not missed
+    try:
+        ready = readiness(app.state)[0] == 200
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", INFERENCE_SERVICE):
+            await health_servicer.set(service, status)
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        address = f"{host}:{settings.grpc_port}"
+        try:
+            server.add_insecure_port(address)
+        except RuntimeError:
+            app.state.startup_error = f"cannot listen on {address} (MNEMO_HOST:MNEMO_GRPC_PORT): in use?"
+            raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
+        await server.start()
+        logger.info("gRPC (Open Inference Protocol) on %s", address)
+        try:
+            yield
+        finally:
+            await server.stop(settings.drain_s)
+    finally:
+        app.state.drain.on_begin.remove(not_serving)
