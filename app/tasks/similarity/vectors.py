@@ -90,9 +90,6 @@ class WordVectors:
         found = min(int(np.searchsorted(self.keys, np.uint64(key))), len(self.keys) - 1)
         return int(self.rows[found]) if int(self.keys[found]) == key and int(self.checks[found]) == check else -1
 
-    def __contains__(self, token: str) -> bool:
-        return token in self.specials or bool(self.rows_of([token])[0] >= 0)
-
     def embed(self, tokens: list[str]) -> tuple[np.ndarray, list[str]]:
         """Vectors `[len(tokens), 50]` float32 and the tokens that had none (read as `<unk>`)."""
         rows = self.rows_of(tokens)
