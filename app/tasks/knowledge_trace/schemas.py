@@ -58,13 +58,17 @@ class Interaction(TypedDict):  # not a model: no object per item, so long histor
     correct: StrictBool
 
 
+Interactions = Annotated[list[Interaction], Field(min_length=1, max_length=MAX_INTERACTIONS)]
+NextQuestions = Annotated[list[QuestionKey] | None, Field(max_length=MAX_INTERACTIONS)]
+
+
 class KnowledgeTraceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_EXAMPLE]})
 
     model: ModelName = None
-    interactions: list[Interaction] = Field(min_length=1, max_length=MAX_INTERACTIONS, description="oldest first")
-    next_questions: list[QuestionKey] | None = Field(
-        default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
+    interactions: Interactions = Field(description="oldest first")
+    next_questions: NextQuestions = Field(
+        default=None, description="question ids to predict next; null = every question"
     )
     return_attention: StrictBool = Field(
         default=True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
@@ -144,12 +148,9 @@ class AppendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_APPEND_EXAMPLE]})
 
     model: ModelName = None
-    interactions: list[Interaction] = Field(
-        min_length=1, max_length=MAX_INTERACTIONS, description="the new interactions, oldest first"
-    )
-    next_questions: list[QuestionKey] | None = Field(
+    interactions: Interactions = Field(description="the new interactions, oldest first")
+    next_questions: NextQuestions = Field(
         default=None,
-        max_length=MAX_INTERACTIONS,
         description="question ids to predict after the last new interaction; null or [] = none (the default)",
     )
     expected_interactions: StrictInt | None = Field(

@@ -52,10 +52,10 @@ async def _embeddings_answer(model: ServedModel, body: EmbeddingsRequest, alone:
             for sentence, vector in zip(sentences, vectors, strict=True)
         ]
         return dumps(
-            {"model": model.name, "encoder": limits.encoder, "embedding_dim": limits.dimension, "results": results}
+            {"model": model.name, "encoder": limits.encoder, "embedding_dim": limits.embedding_dim, "results": results}
         )
 
-    return await offload_if(len(sentences) * limits.dimension > INLINE_RENDER_CELLS, render)
+    return await offload_if(len(sentences) * limits.embedding_dim > INLINE_RENDER_CELLS, render)
 
 
 async def _vector_pair_answer(model: ServedModel, body: EmbeddingPairRequest, alone: bool) -> bytes:

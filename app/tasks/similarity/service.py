@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import lru_cache, partial
 from typing import Any
 
@@ -49,10 +49,9 @@ class SimilarityState:
 
 @dataclass(frozen=True)
 class EmbeddingLimits:
-    """The sentence-vector size, the sentences per POST /embeddings and the encoder's identifier (see
-    `encoder_id`) of a model with encoder and head graphs."""
+    """A model's sentence-vector size, sentences per POST /embeddings and encoder identifier (GET /models fields)."""
 
-    dimension: int
+    embedding_dim: int
     max_sentences: int
     encoder: str
 
@@ -110,9 +109,8 @@ def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
 
 
 def encoder_id(model: ServedModel) -> str:
-    """16 hex digits of a sha256 over the manifest's sha256 of every file a sentence vector depends on: the
-    encoder graph, the special-token vectors and the vocabulary table. Another model, or new weights under the
-    same name, gives another identifier; renaming a model does not."""
+    """16 hex digits of a sha256 over the manifest's sha256 of the files a sentence vector depends on (encoder graph,
+    special-token vectors, vocabulary table): new weights give a new identifier, renaming a model does not."""
     entry = model.entry
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:ENCODER_ID_DIGITS]
@@ -122,28 +120,16 @@ def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
     described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
     if state.embeddings is not None:
-        limits = state.embeddings
-        described |= {
-            "embedding_dim": limits.dimension,
-            "max_sentences": limits.max_sentences,
-            "encoder": limits.encoder,
-        }
+        described |= asdict(state.embeddings)
     if state.paraphrase:
         described["paraphrase_labels"] = list(PARAPHRASE_LABELS)
     return described
 
 
-def field_name(location: Location) -> str:
-    """How a message names the field at `location`: `sentence_a`, or `sentences[2]` inside a list."""
-    if isinstance(location[-1], int):
-        return f"{location[-2]}[{location[-1]}]"
-    return str(location[-1])
-
-
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
     """Tokenize and embed one sentence; over the model's limits or without words is a 422 naming the field."""
     state: SimilarityState = model.state
-    field = field_name(location)
+    field = f"{location[-2]}[{location[-1]}]" if isinstance(location[-1], int) else location[-1]  # sentences[2]
     if len(text) > state.max_characters:
         raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
     if has_control_character(text):
@@ -331,11 +317,11 @@ def vector_pair(model: ServedModel, body: EmbeddingPairRequest) -> Feeds:
 
     def vector(field: str) -> np.ndarray:
         values = getattr(body, field)
-        if len(values) != limits.dimension:
+        if len(values) != limits.embedding_dim:
             raise InvalidInput(
                 ("body", field),
-                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of {limits.dimension} "
-                "(from POST /embeddings with the same model)",
+                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of "
+                f"{limits.embedding_dim} (from POST /embeddings with the same model)",
             )
         return np.asarray(values, dtype=np.float32)[np.newaxis]
 
