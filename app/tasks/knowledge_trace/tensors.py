@@ -1,9 +1,6 @@
-"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors.
-
-Inputs `q`, `r` [B,T], `len` [B] INT64 and the optional state (`mv_in` or `state_in`); outputs `p` and the state,
-for DKVMN also `corr_w` and `mastery`. Each row runs through the service's `trace`, so T may exceed `seqlen`; B x T
-is bounded by `max_interactions` and B by `max_histories` (each row carries a whole state in and out).
-"""
+"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len` and the
+optional state in; `p`, the state and DKVMN's `corr_w`, `mastery` out). Each row runs through the service's
+`trace`, so T may exceed `seqlen`."""
 
 from __future__ import annotations
 
