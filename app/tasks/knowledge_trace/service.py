@@ -1,9 +1,6 @@
-"""The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode.
-
-Two families (the manifest's `metadata.family`): DKVMN, whose memory slots are latent concepts that explain its
-answers (mastery, attention), and the DKT baseline (an LSTM, no concepts). A history longer than `seqlen` runs in
-chunks, each from the recurrent state the previous one ended with.
-"""
+"""The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode. DKVMN's memory
+slots are latent concepts that explain its answers; the DKT baseline (`metadata.family` dkt) has none. A history
+longer than `seqlen` runs in chunks, each from the recurrent state the previous one ended with."""
 
 from __future__ import annotations
 

@@ -46,9 +46,7 @@ Sentence = Annotated[
     str,
     StringConstraints(strict=True, min_length=1, max_length=MAX_CHARACTERS),
     AfterValidator(_readable_sentence),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": MAX_CHARACTERS, "pattern": SENTENCE_PATTERN},
-    ),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_CHARACTERS, "pattern": SENTENCE_PATTERN}),
 ]
 
 _PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}

@@ -1,10 +1,7 @@
-"""The similarity service, transport-free: validate, encode, run through the batcher, decode; sentence vectors
-(`encoder` graph) and the scores of two stored vectors (`head` graph, the pair graph's outputs).
-
-Pair graph: emb_a, emb_b [B,T,50] float32, len_a, len_b [B] int64 in; relatedness_log_probs [B,5], relatedness [B],
-entailment_logits [B,3], the memory-row attention of the four encoder passes attn_{a,b}_{fwd,bwd} [B,T,H,K] and,
-with a paraphrase head, paraphrase_logits [B] out. Each pair is one batch row of length max(len_a, len_b).
-"""
+"""The similarity service, transport-free: validate, encode, run through the batcher, decode. Each pair is one row
+of the pair graph (emb_a, emb_b [B,T,50], len_a, len_b [B] in; relatedness, entailment_logits, the encoder passes'
+attention attn_{a,b}_{fwd,bwd} [B,T,H,K] and any paraphrase_logits out); sentence vectors come from the `encoder`
+graph, and the `head` graph scores two stored vectors as the pair graph would."""
 
 from __future__ import annotations
 

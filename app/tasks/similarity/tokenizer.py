@@ -1,8 +1,5 @@
-"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1).
-
-Non-ASCII text is first normalised so typographic variants read as the ASCII the models were trained on (NFKC,
-curly quotes and dashes, invisible characters deleted); ASCII text (all of SICK) is left exactly as it is.
-"""
+"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1). Non-ASCII text is first
+normalised to the ASCII the models were trained on (NFKC, curly quotes and dashes, invisible characters deleted)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Frozen GloVe 6B 50d word vectors, looked up with numpy (memory-mapped, never torch).
-
-Words are found in a committed vocabulary table (`python -m export.glove_vocab`): rows `[key, check, row]` sorted by
-key, the two halves of the word's 16-byte BLAKE2b digest, so loading is a memory map and no dict is built.
-"""
+"""Frozen GloVe 6B 50d word vectors, memory-mapped, found through a committed vocabulary table (`python -m
+export.glove_vocab`: rows `[key, check, row]` sorted by key, the halves of the word's BLAKE2b digest): no dict built."""
 
 from __future__ import annotations
 
