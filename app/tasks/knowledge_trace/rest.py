@@ -23,7 +23,7 @@ MAX_CATALOG_PAGE = 1000
 INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheaper than a hop
 INLINE_RENDER_NUMBERS = 20_000  # cheaper answers (service.answer_numbers) render on the loop: no thread hop
 MASTERY_ROWS = {"all": slice(None), "last": slice(-1, None), "none": None}
-routes = APIRouter(tags=["knowledge tracing"])
+routes = APIRouter()  # tagged with the task's tag by app/transports/rest.py
 DESCRIPTION = """Predict each interaction from the ones before it, then the next questions; report concept mastery.
 
 Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of

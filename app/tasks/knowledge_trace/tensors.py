@@ -90,18 +90,11 @@ def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what
 
 async def infer(model: ServedModel, histories: Histories) -> Feeds:
     """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
-    traces = await service.trace_all(
-        model,
-        [
-            (
-                histories.questions[row, :length],
-                histories.answers[row, :length],
-                None if histories.memory is None else histories.memory[row],
-            )
-            for row, length in enumerate(histories.lengths.tolist())
-        ],
-    )
-    batch, steps = histories.questions.shape
+    questions, answers, memory = histories.questions, histories.answers, histories.memory
+    lengths = enumerate(histories.lengths.tolist())
+    rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in lengths]
+    traces = await service.trace_all(model, rows)
+    batch, steps = questions.shape
     family: service.Family = model.state.family
     result = {family.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
     sequences = {"p": "predictions"} | ({"corr_w": "attention", "mastery": "mastery"} if family.has_concepts else {})
