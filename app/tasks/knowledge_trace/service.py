@@ -10,7 +10,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -166,36 +166,32 @@ def describe(model: ServedModel) -> dict[str, Any]:
     }
 
 
-def _refuse(field: tuple[str, ...], values: Sequence[QuestionKey], indexes: list[int], why: str) -> None:
-    """When `indexes` is not empty, one 422 naming each refused question of a field (the first MAX_LISTED_ERRORS;
-    `next_questions[i]` or `interactions[i].question`) and counting all."""
-    if indexes:
-        suffix = () if field[-1] == "next_questions" else ("question",)
-        errors = [
-            InvalidInput((*field, i, *suffix), f"question {values[i]!r} {why}") for i in indexes[:MAX_LISTED_ERRORS]
-        ]
-        raise InvalidInput.joined(errors, count=len(indexes))
+def _refuse(field: tuple[str, ...], values: Sequence[QuestionKey], indexes: list[int], why: str) -> NoReturn:
+    """One 422 naming each refused question of a field (the first MAX_LISTED_ERRORS; `next_questions[i]` or
+    `interactions[i].question`) and counting all."""
+    suffix = () if field[-1] == "next_questions" else ("question",)
+    errors = [InvalidInput((*field, i, *suffix), f"question {values[i]!r} {why}") for i in indexes[:MAX_LISTED_ERRORS]]
+    raise InvalidInput.joined(errors, count=len(indexes))
 
 
 def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: tuple[str, ...]) -> np.ndarray:
     """The graph's question numbers (1..n_questions) of the ids in a request: through the model's own ids where it
     has them, else the ids themselves, integers in range. A wrong id is a 422 naming its item."""
     state: KnowledgeTraceState = model.state
-    name, ids, known = model.name, state.question_ids, f"1..{state.n_questions}"
+    name, ids, count = model.name, state.question_ids, state.n_questions
     if ids is not None:
         numbers = np.array([ids.numbers.get(value, 0) for value in values], dtype=np.int64)
-        kind = "integers" if isinstance(ids.ids[0], int) else "strings"
-        why = (
-            f"is not a question of model {name} (its question ids are {kind}; GET /models/{name}/questions lists them)"
-        )
-        _refuse(field, values, np.flatnonzero(numbers == 0).tolist(), why)
+        if unknown := np.flatnonzero(numbers == 0).tolist():
+            kind = "integers" if isinstance(ids.ids[0], int) else "strings"
+            where = f"GET /models/{name}/questions lists them"
+            _refuse(field, values, unknown, f"is not a question of model {name} (its question ids are {kind}; {where})")
         return numbers
     if str in set(map(type, values)):
         strings = [index for index, value in enumerate(values) if isinstance(value, str)]
-        _refuse(field, values, strings, f"is a string; the questions of model {name} are integers {known}")
+        _refuse(field, values, strings, f"is a string; the questions of model {name} are integers 1..{count}")
     numbers = np.fromiter(values, dtype=np.int64, count=len(values))
-    outside = np.flatnonzero((numbers < 1) | (numbers > state.n_questions)).tolist()
-    _refuse(field, values, outside, f"is outside {known}, the questions of model {name}")
+    if outside := np.flatnonzero((numbers < 1) | (numbers > count)).tolist():
+        _refuse(field, values, outside, f"is outside 1..{count}, the questions of model {name}")
     return numbers
 
 
