@@ -39,12 +39,13 @@ def similarity_answer(registry: ModelRegistry, body: bytes) -> bytes:
 def knowledge_trace_answer(registry: ModelRegistry, body: bytes) -> bytes:
     request = KnowledgeTraceRequest.model_validate_json(body)
     model = registry.get(request.model, "knowledge-trace")
-    questions, correct, wanted = knowledge_rest.arrays_of(model, request)
+    questions, correct, wanted = knowledge.request_arrays(model, request.interactions, request.next_questions)
     chunks = knowledge.history_chunks(model, questions, correct, None)
     if len(chunks) > 1:
         raise ValueError("the floor app serves histories of one chunk only")
     trace = knowledge.trace_of(model.state.family, [model.run(chunks[0][0])])
-    next_p = model.run(knowledge.next_feeds(model, trace.memory, wanted))["p"][:, 0] if len(wanted) else np.zeros(0)
+    feeds = knowledge.step_feeds(model.state.family, trace.memory, wanted)
+    next_p = model.run(feeds)["p"][:, 0] if len(wanted) else np.zeros(0)
     return knowledge_rest.render(model, request, trace, wanted, next_p)
 
 

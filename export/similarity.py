@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from app.tasks.similarity.attention import combined_map
+from app.tasks.similarity.service import combined_map
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import DEFAULT_VOCABULARY, VOCABULARY_FILE, WordVectors
 from export.cards import cpu_threads, data_files_table, duration, exporter_parser, notes_section

@@ -1,9 +1,8 @@
-"""The task families the service knows: one package each, registered here with one line."""
+"""The task families the service knows: one package each (the package is its `Task`), registered here."""
 
 from __future__ import annotations
 
 from app.runtime.model import Task
-from app.tasks.knowledge_trace import TASK as KNOWLEDGE_TRACE
-from app.tasks.similarity import TASK as SIMILARITY
+from app.tasks import knowledge_trace, similarity
 
-TASKS: dict[str, Task] = {task.name: task for task in (SIMILARITY, KNOWLEDGE_TRACE)}
+TASKS: dict[str, Task] = {task.name: task for task in (similarity, knowledge_trace)}

@@ -18,14 +18,14 @@ from app.runtime.offload import offload
 from app.students.io import StoreHolder
 from app.students.store import MAX_PAGE_SIZE, NextState, StateVersionMismatch, StudentState, update_state
 from app.tasks.knowledge_trace import service
-from app.tasks.knowledge_trace.service import TASK_NAME
-from app.tasks.knowledge_trace.student_schemas import (
+from app.tasks.knowledge_trace.schemas import (
     AppendRequest,
     AppendResponse,
     DeleteResponse,
     StudentList,
     StudentResponse,
 )
+from app.tasks.knowledge_trace.service import TASK_NAME
 from app.transports.http import complete, json_body, read_body, registry
 
 router = APIRouter(tags=["students"])

@@ -1,8 +1,5 @@
-"""The knowledge-tracing task's JSON API: POST /knowledge-trace, and GET /models/{name}/questions.
-
-POST /knowledge-trace says how its request is admitted and how its answer is computed and rendered; the REST
-transport (app/transports/rest.py) does the rest. The question catalog reads the registry only.
-"""
+"""The knowledge-tracing task's JSON API: POST /knowledge-trace (admitted and answered through
+app/transports/rest.py), and GET /models/{name}/questions."""
 
 from __future__ import annotations
 
@@ -25,19 +22,14 @@ from app.tasks.knowledge_trace.schemas import (
 MAX_CATALOG_PAGE = 1000
 INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheaper than a hop
 INLINE_RENDER_NUMBERS = 20_000  # cheaper answers (service.answer_numbers) render on the loop: no thread hop
-MASTERY_ROWS = {"all": lambda rows: rows, "last": lambda rows: rows[-1:], "none": lambda rows: None}
-routes = APIRouter(tags=["knowledge tracing"])
+MASTERY_ROWS = {"all": slice(None), "last": slice(-1, None), "none": None}
+routes = APIRouter()  # tagged with the task's tag by app/transports/rest.py
 DESCRIPTION = """Predict each interaction from the ones before it, then the next questions; report concept mastery.
 
 Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
 `seqlen`, oldest first, each chunk starting from the memory state the previous one ended with.
 A DKT model (`family` dkt) has no memory slots: its `mastery`, `attention`, `n_concepts` and `next[].concept`
 are null whatever the request asks (GET /models `supports` says which fields a model fills)."""
-
-
-def arrays_of(model: ServedModel, body: KnowledgeTraceRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Questions, answers and the questions to predict next, as the graph numbers them, checked against the model."""
-    return service.request_arrays(model, body.interactions, body.next_questions)
 
 
 def _admission(model: ServedModel, body: KnowledgeTraceRequest) -> Admission:
@@ -47,11 +39,12 @@ def _admission(model: ServedModel, body: KnowledgeTraceRequest) -> Admission:
 
 
 async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) -> bytes:
-    questions, correct, wanted = await offload_if(len(body.interactions) > INLINE_INTERACTIONS, arrays_of, model, body)
+    long_history = len(body.interactions) > INLINE_INTERACTIONS
+    fields = (body.interactions, body.next_questions)
+    questions, correct, wanted = await offload_if(long_history, service.request_arrays, model, *fields)
     trace = await service.trace(model, questions, correct)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-    mastery_rows = {"all": len(trace.predictions) + 1, "last": 1, "none": 0}[body.mastery]
-    numbers = service.answer_numbers(trace, len(wanted), body.return_attention, mastery_rows)
+    numbers = service.answer_numbers(trace, len(wanted), body.return_attention, MASTERY_ROWS[body.mastery])
     return await offload_if(numbers > INLINE_RENDER_NUMBERS, render, model, body, trace, wanted, next_p)
 
 
@@ -68,6 +61,7 @@ def render(
     model: ServedModel, body: KnowledgeTraceRequest, trace: service.Trace, wanted: np.ndarray, next_p: np.ndarray
 ) -> bytes:
     """The response's JSON."""
+    rows = MASTERY_ROWS[body.mastery]
     return dumps(
         {
             "model": model.name,
@@ -75,7 +69,7 @@ def render(
             "n_concepts": model.state.n_concepts,
             "predictions": json_floats(trace.predictions) if body.return_predictions else None,
             "next": service.next_items(model, wanted, next_p),
-            "mastery": None if trace.mastery is None else json_floats(MASTERY_ROWS[body.mastery](trace.mastery)),
+            "mastery": None if trace.mastery is None or rows is None else json_floats(trace.mastery[rows]),
             "attention": json_floats(trace.attention) if body.return_attention else None,
         }
     )

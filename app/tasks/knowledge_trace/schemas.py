@@ -1,10 +1,10 @@
-"""POST /knowledge-trace bodies, for DKVMN and the DKT baseline (for DKT, the concept fields are null)."""
+"""POST /knowledge-trace and /students bodies, for DKVMN and the DKT baseline (for DKT, the concept fields are null)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, WithJsonSchema, with_config
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt, WithJsonSchema, with_config
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict  # pydantic needs it (not typing's) before Python 3.12
 
@@ -22,10 +22,8 @@ QUESTION_KEY_SCHEMA = {
 
 
 def question_key(value: object) -> int | str:
-    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is (no coercion).
-
-    One validator, not a union of the two types: a union's errors carry each member's name in their location
-    (`question.constrained-int`) and come in pairs, so a 422 would no longer name the field alone."""
+    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is (no coercion); not a
+    union of the two types, whose 422s would come in pairs, located at `question.constrained-int`."""
     if type(value) is int:
         if value < 1:
             raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to 1")
@@ -41,6 +39,8 @@ def question_key(value: object) -> int | str:
 
 QuestionKey = Annotated[int | str, PlainValidator(question_key), WithJsonSchema(QUESTION_KEY_SCHEMA)]
 QUESTION_HELP = "the question's id: 1..n_questions, or the model's own ids (GET /models/{name}/questions)"
+ShownQuestion = Annotated[Annotated[int, Field(ge=1)] | str, Field(description=QUESTION_HELP)]
+ModelName = Annotated[str | None, Field(description="a knowledge-trace model from GET /models; null = default")]
 
 _EXAMPLE = {
     "model": "dkvmn-assist2009",
@@ -51,22 +51,24 @@ _EXAMPLE = {
 
 
 @with_config(ConfigDict(extra="forbid"))
-class Interaction(TypedDict):
-    """One answered question; `question` is its id (1..n_questions, or the ids of a model trained on your own CSV).
-
-    A TypedDict, not a model: no object per item, so long histories validate faster."""
+class Interaction(TypedDict):  # not a model: no object per item, so long histories validate faster
+    """One answered question; `question` is its id (1..n_questions, or the ids of a model trained on your own CSV)."""
 
     question: Annotated[QuestionKey, Field(description=QUESTION_HELP)]
     correct: StrictBool
 
 
+Interactions = Annotated[list[Interaction], Field(min_length=1, max_length=MAX_INTERACTIONS)]
+NextQuestions = Annotated[list[QuestionKey] | None, Field(max_length=MAX_INTERACTIONS)]
+
+
 class KnowledgeTraceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_EXAMPLE]})
 
-    model: str | None = Field(default=None, description="a knowledge-trace model from GET /models; null = default")
-    interactions: list[Interaction] = Field(min_length=1, max_length=MAX_INTERACTIONS, description="oldest first")
-    next_questions: list[QuestionKey] | None = Field(
-        default=None, max_length=MAX_INTERACTIONS, description="question ids to predict next; null = every question"
+    model: ModelName = None
+    interactions: Interactions = Field(description="oldest first")
+    next_questions: NextQuestions = Field(
+        default=None, description="question ids to predict next; null = every question"
     )
     return_attention: StrictBool = Field(
         default=True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
@@ -80,7 +82,7 @@ class KnowledgeTraceRequest(BaseModel):
 
 
 class NextPrediction(BaseModel):
-    question: Annotated[int, Field(ge=1)] | str = Field(description=QUESTION_HELP)
+    question: ShownQuestion
     p_correct: float = Field(ge=0, le=1)
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
@@ -110,7 +112,7 @@ class KnowledgeTraceResponse(BaseModel):
 
 
 class CatalogQuestion(BaseModel):
-    question: Annotated[int, Field(ge=1)] | str = Field(description=QUESTION_HELP)
+    question: ShownQuestion
     name: str | None = Field(description="the question's name where the data set has one")
     concept: int | None = Field(description="the latent concept this question weighs most; null for DKT")
 
@@ -131,3 +133,85 @@ class QuestionCatalog(BaseModel):
     concepts: list[ConceptLabel] | None = Field(
         description="every concept's label where the data set names its questions by skill (assist2009), else null"
     )
+
+
+_APPEND_EXAMPLE = {
+    "model": "dkvmn-assist2009",
+    "interactions": [{"question": 12, "correct": True}],
+    "next_questions": [3, 7, 12],
+}
+
+
+class AppendRequest(BaseModel):
+    """New interactions of one student, oldest first, appended to what the server already holds."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_APPEND_EXAMPLE]})
+
+    model: ModelName = None
+    interactions: Interactions = Field(description="the new interactions, oldest first")
+    next_questions: NextQuestions = Field(
+        default=None,
+        description="question ids to predict after the last new interaction; null or [] = none (the default)",
+    )
+    expected_interactions: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        description="the student's interaction count these extend (0: a new student); another stored count is a "
+        "409 and nothing is stored, so a retried append is never counted twice. null = append to any count",
+    )
+    return_attention: StrictBool = Field(
+        default=False,
+        description="true: `attention` holds the correlation weights of each new interaction (always null for DKT)",
+    )
+    return_mastery_steps: StrictBool = Field(
+        default=False,
+        description="true: `mastery_steps` holds the mastery before and after each new interaction "
+        "(always null for DKT)",
+    )
+
+
+class AppendResponse(BaseModel):
+    model: str
+    interactions: int = Field(description="interactions the student's state has seen, these included")
+    predictions: list[float] = Field(
+        description="for each new interaction, P(correct) predicted before seeing it (for calibration logs)"
+    )
+    mastery: list[float] | None = Field(
+        description="n_concepts mastery values after the last new interaction; null for DKT (no memory slots)"
+    )
+    next: list[NextPrediction] = Field(description="predictions for `next_questions`, in the order asked")
+    attention: list[list[float]] | None = Field(
+        default=None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
+    )
+    mastery_steps: list[list[float]] | None = Field(
+        default=None,
+        description="with return_mastery_steps: (new interactions + 1) x n_concepts, row 0 is the mastery of the "
+        "stored state before them (the prior for a new student), then one row after each; else null",
+    )
+
+
+class StudentResponse(BaseModel):
+    student_id: str
+    model: str
+    model_sha256: str = Field(description="sha256 of the model file the state was built with")
+    interactions: int
+    mastery: list[float] | None = Field(
+        description="n_concepts mastery values after the last interaction; null for DKT (no memory slots)"
+    )
+    created_at: str = Field(description="ISO 8601, UTC")
+    updated_at: str = Field(description="ISO 8601, UTC")
+
+
+class DeletedState(BaseModel):
+    model: str
+    interactions: int
+
+
+class DeleteResponse(BaseModel):
+    student_id: str
+    deleted: list[DeletedState] = Field(description="the states removed, one per model; [] if there were none")
+
+
+class StudentList(BaseModel):
+    student_ids: list[str] = Field(description="ascending code-point order")
+    next_after: str | None = Field(description="pass as `after` for the next page; null on the last page")

@@ -1,14 +1,6 @@
-"""The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode.
-
-Two model families (the manifest's `metadata.family`, default `dkvmn`): DKVMN (inputs q, r [B,T], len [B],
-mv_in [B,N,d_v]; outputs p [B,T], corr_w [B,T,N], mastery [B,T+1,N], mv_out), whose N memory slots are latent
-concepts that explain its answers, and the DKT baseline (an LSTM: state_in/state_out [B,2,S], no concepts).
-
-The state is the model's only recurrent state, so a history runs in consecutive chunks of at most `seqlen`
-steps, each from the state the previous one ended with. Where a model's `max_cells` holds several chunks, the
-k-th chunks of all histories share runs as rows; else a long history runs as a chain on a run slot, giving it
-back every `CHAIN_SLICE_S` (app/runtime/batcher.py), so a long history never holds the model while others wait.
-"""
+"""The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode. DKVMN's memory
+slots are latent concepts that explain its answers; the DKT baseline (`metadata.family` dkt) has none. A history
+longer than `seqlen` runs in chunks, each from the recurrent state the previous one ended with."""
 
 from __future__ import annotations
 
@@ -18,29 +10,27 @@ import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from app.core.errors import InvalidInput, each_checked
+from app.core.errors import MAX_LISTED_ERRORS, InvalidInput, each_checked
 from app.core.manifest import positive_int
 from app.runtime.batcher import Chain
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
-from app.tasks.knowledge_trace.question_ids import QuestionIds, QuestionKey, refuse_items
 
-# Data sets whose question names are skill names (ASSISTments 2009: one question id per skill), so a concept
-# can be labelled by its top skills. Statics names are problem steps, not readable labels.
 TASK_NAME = "knowledge-trace"
-SKILL_NAMED_DATASETS = frozenset({"assist2009"})
+SKILL_NAMED_DATASETS = frozenset({"assist2009"})  # question names are skill names: concepts get readable labels
 TOP_SKILLS = 3
 NEXT_ITEM_NUMBERS = 10  # a `next` item (a dict) takes about as long to build and render as 10 array numbers
+QuestionKey = int | str
+History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
 
 
 @dataclass(frozen=True)
 class Family:
-    """A knowledge-tracing graph family: the names of its recurrent state, and whether it has memory slots
-    (latent concepts) to explain its answers with mastery, attention and question concepts."""
+    """A graph family: the names of its recurrent state, and whether memory slots (concepts) explain its answers."""
 
     name: str
     state_input: str
@@ -54,20 +44,41 @@ FAMILIES = {family.name: family for family in (DKVMN, DKT)}
 
 
 @dataclass(frozen=True)
+class QuestionIds:
+    """A model's own question ids (asset `question_ids`, from `mnemo train kt`): `ids[k - 1]` names question k."""
+
+    ids: tuple[QuestionKey, ...]
+    numbers: dict[QuestionKey, int]
+
+    @classmethod
+    def from_asset(cls, asset: np.ndarray, n_questions: int) -> QuestionIds:
+        """Check the asset: one unique id per question, all integers or all strings."""
+        if asset.shape != (n_questions,):
+            raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
+        if asset.dtype.kind not in "iU":
+            raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
+        ids = tuple(asset.tolist())
+        numbers = {question: number for number, question in enumerate(ids, start=1)}
+        if len(numbers) != len(ids):
+            raise ValueError("question_ids repeats an id")
+        return cls(ids, numbers)
+
+
+@dataclass(frozen=True)
 class KnowledgeTraceState:
-    """What requests need from one knowledge-tracing model, checked at startup."""
+    """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT)."""
 
     family: Family
     n_questions: int
-    n_concepts: int | None  # None: no memory slots (DKT)
     seqlen: int
     max_interactions: int
     max_histories: int  # rows of one Open Inference Protocol request (each with its state in and out)
     init_memory: np.ndarray  # the state a history starts from: DKVMN [N, d_v], DKT [2, S] float32
-    concepts: np.ndarray | None  # [n_questions]: each question's main concept; None without memory slots
     names: tuple[str | None, ...] | None  # question names where the data set has them
-    concept_skills: tuple[tuple[str, ...], ...] | None  # per concept: top skill names (skill-named data sets)
-    question_ids: QuestionIds | None = None  # the user's own ids (`mnemo train kt`); None: ids are 1..n_questions
+    question_ids: QuestionIds | None  # the user's own ids; None: ids are 1..n_questions
+    n_concepts: int | None = None
+    concepts: np.ndarray | None = None  # [n_questions]: each question's main concept
+    concept_skills: tuple[tuple[str, ...], ...] | None = None  # per concept: top skill names (skill-named data sets)
 
 
 @dataclass(frozen=True)
@@ -83,11 +94,17 @@ class Trace:
 
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets and the graph."""
-    metadata, limits = model.metadata, model.limits
+    metadata = model.metadata
     family = FAMILIES.get(metadata.get("family", DKVMN.name))
     if family is None:
         raise ValueError(f"metadata.family is {metadata.get('family')!r}; known: {', '.join(FAMILIES)}")
-    _check_state_tensors(model, family)
+    inputs = {node.name: node for node in model.session.get_inputs()}
+    outputs = {node.name for node in model.session.get_outputs()}
+    if family.state_input not in inputs or family.state_output not in outputs:
+        raise ValueError(
+            f"a {family.name} graph takes {family.state_input} and gives {family.state_output}; this one takes "
+            f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
+        )
     n_questions, seqlen = (positive_int(metadata, key) for key in ("n_questions", "seqlen"))
     raw_names = model.assets.get("question_names")
     names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
@@ -99,13 +116,15 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         "family": family,
         "n_questions": n_questions,
         "seqlen": seqlen,
-        "max_interactions": positive_int(limits, "max_interactions"),
-        "max_histories": positive_int(limits, "max_histories"),
+        "max_interactions": positive_int(model.limits, "max_interactions"),
+        "max_histories": positive_int(model.limits, "max_histories"),
         "names": names,
     }
-    if not family.has_concepts:
-        initial = _zero_state(model, family)
-        return KnowledgeTraceState(**common, n_concepts=None, init_memory=initial, concepts=None, concept_skills=None)
+    if not family.has_concepts:  # a DKT history starts from zeros, shaped as the graph's state input
+        shape = inputs[family.state_input].shape[1:]
+        if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
+            raise ValueError(f"{family.state_input} must have a fixed [2, S] shape after the batch, not {shape}")
+        return KnowledgeTraceState(**common, init_memory=np.zeros(shape, dtype=np.float32))
     n_concepts = positive_int(metadata, "n_concepts")
     concepts = np.asarray(model.assets["question_concepts"]).astype(np.int64)
     if concepts.shape != (n_questions,):
@@ -116,31 +135,11 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
     skill_named = names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS
     return KnowledgeTraceState(
         **common,
-        n_concepts=n_concepts,
         init_memory=init_memory,
+        n_concepts=n_concepts,
         concepts=concepts,
         concept_skills=_concept_skills(model, init_memory, names) if skill_named else None,
     )
-
-
-def _check_state_tensors(model: ServedModel, family: Family) -> None:
-    """The graph must take and give the family's state tensors (a family mismatch stops the model at startup)."""
-    inputs = {node.name for node in model.session.get_inputs()}
-    outputs = {node.name for node in model.session.get_outputs()}
-    if family.state_input not in inputs or family.state_output not in outputs:
-        raise ValueError(
-            f"a {family.name} graph takes {family.state_input} and gives {family.state_output}; this one takes "
-            f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
-        )
-
-
-def _zero_state(model: ServedModel, family: Family) -> np.ndarray:
-    """The zero state a DKT history starts from, shaped as the graph declares its state input (after the batch)."""
-    node = next(node for node in model.session.get_inputs() if node.name == family.state_input)
-    shape = node.shape[1:]
-    if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
-        raise ValueError(f"{family.state_input} must have a fixed [2, S] shape after the batch, not {shape}")
-    return np.zeros(shape, dtype=np.float32)
 
 
 def _concept_skills(
@@ -148,8 +147,7 @@ def _concept_skills(
 ) -> tuple[tuple[str, ...], ...]:
     """Per concept, the names (without CSV quotes) of the TOP_SKILLS questions with the largest correlation weight
     on it: one step per question from the initial memory, as the weights depend on the key memory only."""
-    questions = np.arange(1, len(names) + 1, dtype=np.int64)
-    weights = model.run(step_feeds(DKVMN, init_memory, questions))["corr_w"][:, 0, :]
+    weights = model.run(step_feeds(DKVMN, init_memory, np.arange(1, len(names) + 1)))["corr_w"][:, 0, :]
     ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
     return tuple(
         tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
@@ -168,56 +166,55 @@ def describe(model: ServedModel) -> dict[str, Any]:
     }
 
 
-_QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
-
-
-def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Questions and answers (0/1) of validated `interactions` (body field `interactions`), checked against the
-    model's limits."""
-    count, limit = len(interactions), model.state.max_interactions
-    if count > limit:
-        message = f"{count} interactions; model {model.name} accepts at most {limit}"
-        raise InvalidInput(("body", "interactions"), message)
-    # map(itemgetter) runs in C: a third of the time of a generator expression
-    questions = question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
-    correct = np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
-    return questions, correct
+def _refuse(field: tuple[str, ...], values: Sequence[QuestionKey], indexes: list[int], why: str) -> NoReturn:
+    """One 422 naming each refused question of a field (the first MAX_LISTED_ERRORS; `next_questions[i]` or
+    `interactions[i].question`) and counting all."""
+    suffix = () if field[-1] == "next_questions" else ("question",)
+    errors = [InvalidInput((*field, i, *suffix), f"question {values[i]!r} {why}") for i in indexes[:MAX_LISTED_ERRORS]]
+    raise InvalidInput.joined(errors, count=len(indexes))
 
 
 def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: tuple[str, ...]) -> np.ndarray:
     """The graph's question numbers (1..n_questions) of the ids in a request: through the model's own ids where it
     has them, else the ids themselves, integers in range. A wrong id is a 422 naming its item."""
     state: KnowledgeTraceState = model.state
-    if state.question_ids is not None:
-        return state.question_ids.numbers_of(values, field, model.name)
+    name, ids, count = model.name, state.question_ids, state.n_questions
+    if ids is not None:
+        numbers = np.array([ids.numbers.get(value, 0) for value in values], dtype=np.int64)
+        if unknown := np.flatnonzero(numbers == 0).tolist():
+            kind = "integers" if isinstance(ids.ids[0], int) else "strings"
+            where = f"GET /models/{name}/questions lists them"
+            _refuse(field, values, unknown, f"is not a question of model {name} (its question ids are {kind}; {where})")
+        return numbers
     if str in set(map(type, values)):
-        refuse_items(
-            field,
-            [index for index, value in enumerate(values) if isinstance(value, str)],
-            lambda index: (
-                f"question {values[index]!r} is a string; the questions of model {model.name} are "
-                f"integers 1..{state.n_questions}"
-            ),
+        strings = [index for index, value in enumerate(values) if isinstance(value, str)]
+        _refuse(field, values, strings, f"is a string; the questions of model {name} are integers 1..{count}")
+    numbers = np.fromiter(values, dtype=np.int64, count=len(values))
+    if outside := np.flatnonzero((numbers < 1) | (numbers > count)).tolist():
+        _refuse(field, values, outside, f"is outside 1..{count}, the questions of model {name}")
+    return numbers
+
+
+_QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
+
+
+def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """Questions and answers (0/1) of validated `interactions`, checked against the model's limits."""
+    count, limit = len(interactions), model.state.max_interactions
+    if count > limit:
+        raise InvalidInput(
+            ("body", "interactions"), f"{count} interactions; model {model.name} accepts at most {limit}"
         )
-    questions = np.fromiter(values, dtype=np.int64, count=len(values))
-    bad = np.flatnonzero((questions < 1) | (questions > state.n_questions))
-    if len(bad):
-        refuse_items(
-            field,
-            bad.tolist(),
-            lambda index: (
-                f"question {int(questions[index])} is outside 1..{state.n_questions}, the questions of "
-                f"model {model.name}"
-            ),
-        )
-    return questions
+    # map(itemgetter) runs in C: a third of the time of a generator expression
+    questions = question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
+    return questions, np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
 
 
 def request_arrays(
     model: ServedModel, interactions: Sequence[Mapping[str, Any]], next_questions: Sequence[QuestionKey] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`history_arrays`, and the numbers of the questions to predict next (body field `next_questions`; None:
-    every question), checked too: one 422 lists the broken rules of both fields."""
+    """`history_arrays`, and the numbers of the questions to predict next (None: every question), checked too:
+    one 422 lists the broken rules of both fields."""
     (questions, correct), wanted = each_checked(
         [
             partial(history_arrays, model, interactions),
@@ -242,21 +239,16 @@ async def trace(
     return result
 
 
-History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
-
-
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
-    """`trace` of several `(questions, correct, memory)` histories (see the module docstring for how the
-    chunks of long ones run)."""
+    """`trace` of several `(questions, correct, memory)` histories."""
     chunked = [history_chunks(model, *history) for history in histories]
-    family = model.state.family
     run = _interleaved if chunks_share_runs(model) else _chained
-    return [trace_of(family, outputs) for outputs in await run(model, chunked)]
+    return [trace_of(model.state.family, outputs) for outputs in await run(model, chunked)]
 
 
 def chunks_share_runs(model: ServedModel) -> bool:
-    """True when the model's batching lets two chunks share a run (`max_cells` of at least two chunks): then
-    the chunks of long histories queue as rows, else each long history runs as a chain."""
+    """True when the model's `max_cells` holds two chunks: the k-th chunks of all histories then share runs as
+    rows; else each long history runs as a chain, which gives its run slot back every CHAIN_SLICE_S."""
     max_cells = model.batcher.config.max_cells
     return max_cells is None or max_cells >= 2 * model.state.seqlen
 
@@ -295,14 +287,13 @@ async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]
 def history_chunks(
     model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None
 ) -> list[tuple[Feeds, int]]:
-    """One history's graph feeds, chunk by chunk (one row of at most `seqlen` steps each), with its length; the
-    first chunk starts from `memory` (default: the initial state), the others from the state before them."""
+    """One history's feeds and length, chunk by chunk (one row of at most `seqlen` steps each); the first chunk
+    starts from `memory` (default: the initial state), the others from the state before them."""
     state: KnowledgeTraceState = model.state
     initial = (state.init_memory if memory is None else memory)[np.newaxis].astype(np.float32)
     chunks = []
     for start in range(0, len(questions), state.seqlen):
-        q = questions[start : start + state.seqlen].astype(np.int64)[np.newaxis]
-        r = correct[start : start + state.seqlen].astype(np.int64)[np.newaxis]
+        q, r = (values[start : start + state.seqlen].astype(np.int64)[np.newaxis] for values in (questions, correct))
         feeds = {"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}
         if start == 0:
             feeds[state.family.state_input] = initial
@@ -321,18 +312,6 @@ def trace_of(family: Family, chunks: list[Feeds]) -> Trace:
     return Trace(predictions, attention, mastery, memory)
 
 
-async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
-    """P(correct) of each question after the history: one step per question from the final state (a step's
-    prediction reads the state before its update, so the answer fed with it does not matter)."""
-    outputs = await model.batcher.run(next_feeds(model, memory, questions), len(questions), 1, keep=("p",))
-    return outputs["p"][:, 0]
-
-
-def next_feeds(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> Feeds:
-    """The feeds of `predict_next`."""
-    return step_feeds(model.state.family, memory, questions)
-
-
 def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Feeds:
     """One row of one step per question, each from `memory` (one read-only view of it for every row)."""
     count = len(questions)
@@ -344,18 +323,23 @@ def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Fee
     }
 
 
+async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
+    """P(correct) of each question after the history: one step per question from the final state (a step's
+    prediction reads the state before its update, so the answer fed with it does not matter)."""
+    feeds = step_feeds(model.state.family, memory, questions)
+    return (await model.batcher.run(feeds, len(questions), 1, keep=("p",)))["p"][:, 0]
+
+
 async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | None:
-    """The n_concepts mastery of a value memory: row 0 (the prior) of a one-step run from it; None for a
-    family without memory slots (DKT)."""
+    """The mastery of a value memory: row 0 (the prior) of a one-step run from it; None without memory slots."""
     if not model.state.family.has_concepts:
         return None
-    outputs = await model.batcher.run(next_feeds(model, memory, np.ones(1, dtype=np.int64)), 1, 1)
+    outputs = await model.batcher.run(step_feeds(model.state.family, memory, np.ones(1, dtype=np.int64)), 1, 1)
     return outputs["mastery"][0, 0]
 
 
 def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
-    """The `next` list: question, p_correct, its main concept (None without memory slots) and its name where
-    the data set has one."""
+    """The `next` list: question, p_correct, its main concept (None without memory slots) and its name."""
     state: KnowledgeTraceState = model.state
     ids = questions.tolist()
     concepts = [None] * len(ids) if state.concepts is None else state.concepts[questions - 1].tolist()
@@ -367,22 +351,20 @@ def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndar
     ]
 
 
-def answer_numbers(trace: Trace, next_count: int, attention: bool, mastery_rows: int) -> int:
-    """What rendering an answer costs, in numbers of its arrays: the predictions, the mastery rows wanted, the
-    attention when wanted, and NEXT_ITEM_NUMBERS per `next` item (a dict built and rendered one by one)."""
+def answer_numbers(trace: Trace, next_count: int, attention: bool, mastery_rows: slice | None) -> int:
+    """What rendering an answer costs, in numbers of its arrays (NEXT_ITEM_NUMBERS per `next` item)."""
     numbers = len(trace.predictions) + next_count * NEXT_ITEM_NUMBERS
-    if trace.mastery is not None:
-        numbers += mastery_rows * trace.mastery.shape[1]
+    if trace.mastery is not None and mastery_rows is not None:
+        numbers += trace.mastery[mastery_rows].size
     if attention and trace.attention is not None:
         numbers += trace.attention.size
     return numbers
 
 
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
-    """A page of the model's questions: id, name (where the data set has one) and main concept, and the
-    concepts' labels (top skill names) where the data set allows, else null."""
+    """A page of the model's questions (id, name, main concept), and the concepts' labels where the data set has
+    them, else null."""
     state: KnowledgeTraceState = model.state
-    ids = range(offset + 1, min(offset + limit, state.n_questions) + 1)
     return {
         "model": model.name,
         "total": state.n_questions,
@@ -394,7 +376,7 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
                 "name": state.names[question - 1] if state.names else None,
                 "concept": None if state.concepts is None else int(state.concepts[question - 1]),
             }
-            for question in ids
+            for question in range(offset + 1, min(offset + limit, state.n_questions) + 1)
         ],
         "concepts": None if state.concept_skills is None else concept_labels(state),
     }

@@ -1,9 +1,6 @@
-"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors.
-
-Inputs `q`, `r` [B,T], `len` [B] INT64 and the optional state (`mv_in` or `state_in`); outputs `p` and the state,
-for DKVMN also `corr_w` and `mastery`. Each row runs through the service's `trace`, so T may exceed `seqlen`; B x T
-is bounded by `max_interactions` and B by `max_histories` (each row carries a whole state in and out).
-"""
+"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len` and the
+optional state in; `p`, the state and DKVMN's `corr_w`, `mastery` out). Each row runs through the service's
+`trace`, so T may exceed `seqlen`."""
 
 from __future__ import annotations
 
@@ -93,18 +90,11 @@ def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what
 
 async def infer(model: ServedModel, histories: Histories) -> Feeds:
     """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
-    traces = await service.trace_all(
-        model,
-        [
-            (
-                histories.questions[row, :length],
-                histories.answers[row, :length],
-                None if histories.memory is None else histories.memory[row],
-            )
-            for row, length in enumerate(histories.lengths.tolist())
-        ],
-    )
-    batch, steps = histories.questions.shape
+    questions, answers, memory = histories.questions, histories.answers, histories.memory
+    lengths = enumerate(histories.lengths.tolist())
+    rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in lengths]
+    traces = await service.trace_all(model, rows)
+    batch, steps = questions.shape
     family: service.Family = model.state.family
     result = {family.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
     sequences = {"p": "predictions"} | ({"corr_w": "attention", "mastery": "mastery"} if family.has_concepts else {})

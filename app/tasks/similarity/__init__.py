@@ -1,4 +1,5 @@
-"""The similarity task (LSTM_RMC on SICK): service, schemas, and its JSON and tensor codecs."""
+"""The similarity task (LSTM_RMC on SICK), its attributes the `Task` protocol's: service, schemas, and its JSON
+and tensor codecs."""
 
 from __future__ import annotations
 
@@ -7,20 +8,14 @@ from types import MappingProxyType
 from fastapi import APIRouter
 
 from app.runtime.model import GraphLayout
-from app.tasks.similarity import rest, service, tensors
+from app.tasks.similarity import rest, service
+from app.tasks.similarity import tensors as tensors  # its Open Inference Protocol codec
 
-
-class SimilarityTask:
-    name = service.TASK_NAME
-    tag = "similarity"
-    endpoints = rest.ENDPOINTS
-    routes = APIRouter()
-    tensors = tensors
-    sequence_inputs = ("emb_a", "emb_b")
-    sequence_outputs = MappingProxyType({"attn_a_fwd": 0, "attn_a_bwd": 0, "attn_b_fwd": 0, "attn_b_bwd": 0})
-    graphs = MappingProxyType({"encoder": GraphLayout(sequence_inputs=("emb",)), "head": GraphLayout()})
-    prepare = staticmethod(service.prepare)
-    describe = staticmethod(service.describe)
-
-
-TASK = SimilarityTask()
+name = service.TASK_NAME
+tag = "similarity"
+endpoints = rest.ENDPOINTS
+routes = APIRouter()
+sequence_inputs = ("emb_a", "emb_b")
+sequence_outputs = MappingProxyType({"attn_a_fwd": 0, "attn_a_bwd": 0, "attn_b_fwd": 0, "attn_b_bwd": 0})
+graphs = MappingProxyType({"encoder": GraphLayout(sequence_inputs=("emb",)), "head": GraphLayout()})
+prepare, describe = service.prepare, service.describe

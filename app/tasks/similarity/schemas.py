@@ -25,8 +25,7 @@ MAX_SENTENCES = 256  # per POST /embeddings; a model's own limit (GET /models: m
 MAX_VECTOR_VALUES = 4096  # any model's sentence vector fits; the model's own size is checked by the service
 MAX_VECTOR_MAGNITUDE = 1e6  # far above what the encoder produces, far below where float32 overflows
 MAX_ENCODER_ID_CHARACTERS = 64  # an `encoder` from POST /embeddings is 16; room for a longer form later
-
-
+EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/api/test_api.py posts every example)
 ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
 # No control character, and at least one character that is neither whitespace nor ASCII punctuation
 # (the tokenizer deletes those, so a sentence without such a character has no word).
@@ -47,35 +46,33 @@ Sentence = Annotated[
     str,
     StringConstraints(strict=True, min_length=1, max_length=MAX_CHARACTERS),
     AfterValidator(_readable_sentence),
-    WithJsonSchema(
-        {"type": "string", "minLength": 1, "maxLength": MAX_CHARACTERS, "pattern": SENTENCE_PATTERN},
-    ),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_CHARACTERS, "pattern": SENTENCE_PATTERN}),
 ]
 
 _PAIR = {"sentence_a": "A man is playing a guitar.", "sentence_b": "A person plays an instrument."}
 
 
+def _strict(example: dict) -> ConfigDict:
+    """A request body's config: unknown fields refused, `example` shown in the OpenAPI document."""
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": [example]})
+
+
 class SentencePair(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_PAIR]})
+    model_config = _strict(_PAIR)
 
     sentence_a: Sentence
     sentence_b: Sentence
 
 
 class SimilarityRequest(SentencePair):
-    model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{**_PAIR, "model": None, "return_attention": True}]}
-    )
+    model_config = _strict({**_PAIR, "model": None, "return_attention": True})
 
     model: str | None = Field(default=None, description="a similarity model from GET /models; null = default")
     return_attention: StrictBool = True
 
 
 class SimilarityBatchRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"pairs": [_PAIR], "model": None, "return_attention": False}]},
-    )
+    model_config = _strict({"pairs": [_PAIR], "model": None, "return_attention": False})
 
     pairs: list[SentencePair] = Field(min_length=1, max_length=MAX_BATCH_PAIRS)
     model: str | None = None
@@ -145,10 +142,7 @@ class SimilarityBatchResponse(BaseModel):
 
 
 class EmbeddingsRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={"examples": [{"sentences": list(_PAIR.values()), "model": None}]},
-    )
+    model_config = _strict({"sentences": list(_PAIR.values()), "model": None})
 
     sentences: list[Sentence] = Field(min_length=1, max_length=MAX_SENTENCES)
     model: str | None = Field(default=None, description="a similarity model from GET /models; null = default")
@@ -171,30 +165,17 @@ class EmbeddingsResponse(BaseModel):
 
 
 VectorValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]
-EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/api/test_api.py posts every example)
 Vector = Annotated[
     list[VectorValue],
     Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),
 ]
-
-
 EncoderId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ENCODER_ID_CHARACTERS)]
 
 
 class EmbeddingPairRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "examples": [
-                {
-                    "embedding_a": [0.1] * EXAMPLE_VECTOR_VALUES,
-                    "embedding_b": [0.2] * EXAMPLE_VECTOR_VALUES,
-                    "encoder_a": None,
-                    "encoder_b": None,
-                    "model": None,
-                }
-            ]
-        },
+    model_config = _strict(
+        {"embedding_a": [0.1] * EXAMPLE_VECTOR_VALUES, "embedding_b": [0.2] * EXAMPLE_VECTOR_VALUES}
+        | {"encoder_a": None, "encoder_b": None, "model": None}
     )
 
     embedding_a: Vector

@@ -1,28 +1,24 @@
-"""The similarity service, transport-free: validate, encode, run through the batcher, decode.
-
-Graph inputs: emb_a, emb_b [B,T,50] float32 (both padded to one T), len_a, len_b [B] int64.
-Outputs: relatedness_log_probs [B,5], relatedness [B], entailment_logits [B,3] and the memory-row
-attention of the four encoder passes attn_{a,b}_{fwd,bwd} [B,T,H,K] (see attention.py); the graph of a model
-with a paraphrase head (export/paraphrase.py) also outputs paraphrase_logits [B].
-Each pair is one batch row of length max(len_a, len_b); the batcher pads rows to one T.
-"""
+"""The similarity service, transport-free: validate, encode, run through the batcher, decode. Each pair is one row
+of the pair graph (emb_a, emb_b [B,T,50], len_a, len_b [B] in; relatedness, entailment_logits, the encoder passes'
+attention attn_{a,b}_{fwd,bwd} [B,T,H,K] and any paraphrase_logits out); sentence vectors come from the `encoder`
+graph, and the `head` graph scores two stored vectors as the pair graph would."""
 
 from __future__ import annotations
 
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import asdict, dataclass
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
 
-from app.core.errors import InvalidInput, each_checked
+from app.core.errors import InvalidInput, UnknownModel, each_checked
 from app.core.manifest import positive_int
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
-from app.tasks.similarity.attention import combined_map
+from app.tasks.similarity.schemas import EmbeddingPairRequest
 from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
@@ -50,10 +46,9 @@ class SimilarityState:
 
 @dataclass(frozen=True)
 class EmbeddingLimits:
-    """The sentence-vector size, the sentences per POST /embeddings and the encoder's identifier (see
-    `encoder_id`) of a model with encoder and head graphs."""
+    """A model's sentence-vector size, sentences per POST /embeddings and encoder identifier (GET /models fields)."""
 
-    dimension: int
+    embedding_dim: int
     max_sentences: int
     encoder: str
 
@@ -111,9 +106,8 @@ def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
 
 
 def encoder_id(model: ServedModel) -> str:
-    """16 hex digits of a sha256 over the manifest's sha256 of every file a sentence vector depends on: the
-    encoder graph, the special-token vectors and the vocabulary table. Another model, or new weights under the
-    same name, gives another identifier; renaming a model does not."""
+    """16 hex digits of a sha256 over the manifest's sha256 of the files a sentence vector depends on (encoder graph,
+    special-token vectors, vocabulary table): new weights give a new identifier, renaming a model does not."""
     entry = model.entry
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:ENCODER_ID_DIGITS]
@@ -123,28 +117,16 @@ def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
     described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
     if state.embeddings is not None:
-        limits = state.embeddings
-        described |= {
-            "embedding_dim": limits.dimension,
-            "max_sentences": limits.max_sentences,
-            "encoder": limits.encoder,
-        }
+        described |= asdict(state.embeddings)
     if state.paraphrase:
         described["paraphrase_labels"] = list(PARAPHRASE_LABELS)
     return described
 
 
-def field_name(location: Location) -> str:
-    """How a message names the field at `location`: `sentence_a`, or `sentences[2]` inside a list."""
-    if isinstance(location[-1], int):
-        return f"{location[-2]}[{location[-1]}]"
-    return str(location[-1])
-
-
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
     """Tokenize and embed one sentence; over the model's limits or without words is a 422 naming the field."""
     state: SimilarityState = model.state
-    field = field_name(location)
+    field = f"{location[-2]}[{location[-1]}]" if isinstance(location[-1], int) else location[-1]  # sentences[2]
     if len(text) > state.max_characters:
         raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
     if has_control_character(text):
@@ -231,14 +213,12 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
     state: SimilarityState = model.state
     attention = None
     if return_attention:
-        la, lb = len(pair.a.tokens), len(pair.b.tokens)
+        pointer, window = state.pointer, state.window
         attention = {
-            "sentence_a": combined_map(
-                outputs["attn_a_fwd"][0, :la], outputs["attn_a_bwd"][0, :la], state.pointer, state.window
-            ),
-            "sentence_b": combined_map(
-                outputs["attn_b_fwd"][0, :lb], outputs["attn_b_bwd"][0, :lb], state.pointer, state.window
-            ),
+            f"sentence_{s}": combined_map(
+                outputs[f"attn_{s}_fwd"][0, :n], outputs[f"attn_{s}_bwd"][0, :n], pointer, window
+            )
+            for s, n in (("a", len(pair.a.tokens)), ("b", len(pair.b.tokens)))
         }
     return {
         **scores(model, outputs),
@@ -248,3 +228,100 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
         "unknown_tokens": list(dict.fromkeys(pair.a.unknown + pair.b.unknown)),
         "attention": attention,
     }
+
+
+@lru_cache(maxsize=512)
+def _cells(length: int, slots: int, pointer: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat indices of what a pass's memory row read: into its [L,K] weights, into its [L,L] map, and into that map
+    flipped back (the backward pass's cell (t, i) is (L-1-t, L-1-i))."""
+    steps = np.arange(length)
+    if pointer == "flmp":
+        step, token, slot = steps, steps, np.ones(length, dtype=np.intp)
+    else:
+        sources = steps[:, None] - window + 1 + np.arange(window)[None, :]  # [L, w]: token read in each slot
+        valid = sources >= 0
+        step, token = np.broadcast_to(steps[:, None], sources.shape)[valid], sources[valid]
+        slot = np.broadcast_to(1 + np.arange(window), sources.shape)[valid]
+    flipped = (length - 1 - step) * length + (length - 1 - token)
+    return step * slots + slot, step * length + token, flipped
+
+
+def combined_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
+    """One sentence's `len x len` attention map (MODELS.md §2.5) from the [L,H,K] per-step memory-row weights of
+    both passes: the mean of the forward map and the backward map flipped back, heads averaged."""
+    length, heads, slots = forward.shape
+    read, cells, flipped = _cells(length, slots, pointer, window)
+    result = np.zeros(length * length, dtype=np.float32)
+    result[cells] = forward.sum(axis=1, dtype=np.float32).ravel()[read]
+    result[flipped] += backward.sum(axis=1, dtype=np.float32).ravel()[read]
+    result *= 0.5 / heads
+    return result.reshape(length, length)
+
+
+def limits_of(model: ServedModel) -> EmbeddingLimits:
+    """The model's embedding limits; 404 when its manifest entry has no encoder and head graphs."""
+    state: SimilarityState = model.state
+    if state.embeddings is None:
+        raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
+    return state.embeddings
+
+
+def graph_of(model: ServedModel, key: str) -> ServedModel:
+    """The model's `encoder` or `head` graph; 404 when it has none."""
+    limits_of(model)
+    return model.graphs[key]
+
+
+def encode_sentences(model: ServedModel, texts: Sequence[str]) -> list[EncodedSentence]:
+    """Tokenize and embed each sentence of `body.sentences`; over a limit is a 422 naming the field."""
+    limits = limits_of(model)
+    if len(texts) > limits.max_sentences:
+        raise InvalidInput(
+            ("body", "sentences"),
+            f"sentences has {len(texts)} items; model {model.name} accepts at most {limits.max_sentences} per request",
+        )
+    return each_checked(
+        partial(encode_sentence, model, text, ("body", "sentences", index)) for index, text in enumerate(texts)
+    )
+
+
+async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> list[np.ndarray]:
+    """The sentence vector of each sentence; each is one row in the encoder's batches (with other requests')."""
+    requests = [
+        (
+            {"emb": sentence.vectors[np.newaxis], "len": np.array([len(sentence.tokens)], dtype=np.int64)},
+            1,
+            len(sentence.tokens),
+        )
+        for sentence in sentences
+    ]
+    return [output["embedding"][0] for output in await graph_of(model, "encoder").batcher.run_all(requests)]
+
+
+def vector_pair(model: ServedModel, body: EmbeddingPairRequest) -> Feeds:
+    """Head feeds for two stored vectors; an `encoder_a`/`encoder_b` that is not this model's, or a vector of the
+    wrong size, is a 422 naming the field (all such fields)."""
+    limits = limits_of(model)
+
+    def check_encoder(field: str) -> None:
+        if getattr(body, field) not in (None, limits.encoder):
+            raise InvalidInput(
+                ("body", field),
+                f"{field} is not {limits.encoder!r}, the encoder of model {model.name}: the vector was made by another "
+                "model or another version of it, and this model's head would score it as noise; embed the sentence "
+                f"again with POST /embeddings and model {model.name}",
+            )
+
+    def vector(field: str) -> np.ndarray:
+        values = getattr(body, field)
+        if len(values) != limits.embedding_dim:
+            raise InvalidInput(
+                ("body", field),
+                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of "
+                f"{limits.embedding_dim} (from POST /embeddings with the same model)",
+            )
+        return np.asarray(values, dtype=np.float32)[np.newaxis]
+
+    checks = [partial(check_encoder, "encoder_a"), partial(check_encoder, "encoder_b")]
+    _, _, first, second = each_checked([*checks, partial(vector, "embedding_a"), partial(vector, "embedding_b")])
+    return {"embedding_a": first, "embedding_b": second}

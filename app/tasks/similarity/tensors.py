@@ -1,9 +1,5 @@
-"""Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out.
-
-The graph reads GloVe embeddings, so the tensors are the task's: the pairs go through the service exactly as on
-POST /similarity/batch; `tokens_a`/`tokens_b` are padded with empty strings to the longest sentence;
-`entailment_probabilities` is absent for a model trained without entailment labels.
-"""
+"""Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out, through
+the service exactly as on POST /similarity/batch (the graph reads GloVe embeddings, so the tensors are the task's)."""
 
 from __future__ import annotations
 
@@ -64,27 +60,24 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
 
 
 async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
-    """Run the pairs in the model's batches and gather the protocol's output tensors."""
+    """Run the pairs in the model's batches and gather the protocol's output tensors (no entailment probabilities
+    from a model without entailment labels)."""
     state: SimilarityState = model.state
-    graph_outputs = await service.run_pairs(model, pairs.encoded)
-    results = [
-        service.decode(model, pair, output, return_attention=False)
-        for pair, output in zip(pairs.encoded, graph_outputs, strict=True)
-    ]
-    tensors = {"relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32)}
+    outputs = await service.run_pairs(model, pairs.encoded)
+    results = [service.decode(model, pair, out, False) for pair, out in zip(pairs.encoded, outputs, strict=True)]
+    columns = {"relatedness": [result["relatedness"] for result in results]}
     if state.labels:
-        probabilities = [[result["entailment"]["probabilities"][label] for label in state.labels] for result in results]
-        tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
-    tensors["tokens_a"] = _padded([result["tokens_a"] for result in results])
-    tensors["tokens_b"] = _padded([result["tokens_b"] for result in results])
+        columns["entailment_probabilities"] = [
+            list(result["entailment"]["probabilities"].values()) for result in results
+        ]
     if state.paraphrase:
-        probabilities = [result["paraphrase"]["probability"] for result in results]
-        tensors[PARAPHRASE.name] = np.array(probabilities, dtype=np.float32)
-    return tensors
+        columns[PARAPHRASE.name] = [result["paraphrase"]["probability"] for result in results]
+    tensors = {name: np.array(values, dtype=np.float32) for name, values in columns.items()}
+    return tensors | {name: _padded([result[name] for result in results]) for name in ("tokens_a", "tokens_b")}
 
 
 def _padded(token_lists: list[list[str]]) -> np.ndarray:
-    """[B, longest] of tokens, padded with empty strings (never a token)."""
+    """[B, longest] of tokens, padded with empty strings (never a token) to the longest sentence."""
     array = np.full((len(token_lists), max(len(tokens) for tokens in token_lists)), "", dtype=object)
     for row, tokens in enumerate(token_lists):
         array[row, : len(tokens)] = tokens

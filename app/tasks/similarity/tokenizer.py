@@ -1,8 +1,5 @@
-"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1).
-
-Non-ASCII text is first normalised so typographic variants read as the ASCII the models were trained on (NFKC,
-curly quotes and dashes, invisible characters deleted); ASCII text (all of SICK) is left exactly as it is.
-"""
+"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1). Non-ASCII text is first
+normalised to the ASCII the models were trained on (NFKC, curly quotes and dashes, invisible characters deleted)."""
 
 from __future__ import annotations
 
@@ -21,17 +18,7 @@ CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 control
 # Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) beyond Cf: fillers and variation
 # selectors that render as nothing (U+115F, U+3164 HANGUL FILLER, U+FE0F, U+E0100...).
 DEFAULT_IGNORABLE = (
-    (0x034F, 0x034F),
-    (0x115F, 0x1160),
-    (0x17B4, 0x17B5),
-    (0x180B, 0x180F),
-    (0x3164, 0x3164),
-    (0xFE00, 0xFE0F),
-    (0xFFA0, 0xFFA0),
-    (0xFFF0, 0xFFF8),
-    (0x1BCA0, 0x1BCA3),
-    (0x1D173, 0x1D17A),
-    (0xE0000, 0xE0FFF),
+    "034F 115F..1160 17B4..17B5 180B..180F 3164 FE00..FE0F FFA0 FFF0..FFF8 1BCA0..1BCA3 1D173..1D17A E0000..E0FFF"
 )
 _DELETE_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _TYPOGRAPHIC_TO_ASCII = str.maketrans(
@@ -64,8 +51,8 @@ def normalize(text: str) -> str:
 def _deletions() -> dict[int, None]:
     """A str.translate table deleting every invisible character, built once on the first non-ASCII text."""
     table: dict[int, None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
-    for low, high in DEFAULT_IGNORABLE:
-        table.update(dict.fromkeys(range(low, high + 1)))
+    for low, _, high in (part.partition("..") for part in DEFAULT_IGNORABLE.split()):
+        table.update(dict.fromkeys(range(int(low, 16), int(high or low, 16) + 1)))
     return table
 
 

@@ -1,8 +1,5 @@
-"""Frozen GloVe 6B 50d word vectors, looked up with numpy (memory-mapped, never torch).
-
-Words are found in a committed vocabulary table (`python -m export.glove_vocab`): rows `[key, check, row]` sorted by
-key, the two halves of the word's 16-byte BLAKE2b digest, so loading is a memory map and no dict is built.
-"""
+"""Frozen GloVe 6B 50d word vectors, memory-mapped, found through a committed vocabulary table (`python -m
+export.glove_vocab`: rows `[key, check, row]` sorted by key, the halves of the word's BLAKE2b digest): no dict built."""
 
 from __future__ import annotations
 
@@ -89,9 +86,6 @@ class WordVectors:
         key, check = word_digest(token)
         found = min(int(np.searchsorted(self.keys, np.uint64(key))), len(self.keys) - 1)
         return int(self.rows[found]) if int(self.keys[found]) == key and int(self.checks[found]) == check else -1
-
-    def __contains__(self, token: str) -> bool:
-        return token in self.specials or bool(self.rows_of([token])[0] >= 0)
 
     def embed(self, tokens: list[str]) -> tuple[np.ndarray, list[str]]:
         """Vectors `[len(tokens), 50]` float32 and the tokens that had none (read as `<unk>`)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.tasks.similarity.attention import combined_map, direction_map
+from app.tasks.similarity.service import combined_map
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors, build_vocabulary, special_vectors
 
@@ -31,11 +31,16 @@ def _weights(length: int, heads: int, width: int, slot: int) -> np.ndarray:
     return weights
 
 
+def _forward_map(weights: np.ndarray, pointer: str, window: int) -> np.ndarray:
+    """The forward pass's own map: the combined map with a backward pass that attends nothing, doubled."""
+    return 2 * combined_map(weights, np.zeros_like(weights), pointer, window)
+
+
 def test_vlmp_map_places_window_slots_on_the_right_tokens():
     window, length = 3, 5
-    newest = direction_map(_weights(length, 2, 1 + window, slot=window), "vlmp", window)
+    newest = _forward_map(_weights(length, 2, 1 + window, slot=window), "vlmp", window)
     np.testing.assert_array_equal(newest, np.eye(length))
-    previous = direction_map(_weights(length, 2, 1 + window, slot=window - 1), "vlmp", window)
+    previous = _forward_map(_weights(length, 2, 1 + window, slot=window - 1), "vlmp", window)
     np.testing.assert_array_equal(previous, np.eye(length, k=-1))  # step t attends token t-1
 
 
