@@ -32,7 +32,7 @@ from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
 from app.transports.middleware import RequestEdge
-from app.transports.probes import ProbeProcess
+from app.transports.probe_server import ProbeProcess
 from app.transports.rest import direct_routes, task_router
 
 logger = logging.getLogger("mnemo")

@@ -1,9 +1,5 @@
-"""Direct dispatch of the task endpoints and GET /health, before FastAPI's router (benchmarks/asgi_overhead.py).
-
-These endpoints take nothing from FastAPI but the `Request`; FastAPI's routing and the wrappers around each route
-cost a share of a small request's time that the latency budget does not have. FastAPI still serves and documents
-them; `ServiceApp` hands their requests straight to the app's own middlewares, `DirectRoutes` calls them.
-"""
+"""The task endpoints and GET /health called directly, skipping FastAPI's router and wrappers (a share of a small
+request's time, benchmarks/asgi_overhead.py); FastAPI still serves and documents them."""
 
 from __future__ import annotations
 

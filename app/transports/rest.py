@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 
 from app.core.responses import JsonResponse
 from app.runtime.model import Endpoint, Task
-from app.transports.http import alone, complete, json_body, read_body, registry
+from app.transports.http import complete, json_body, read_body, registry
 
 
 def task_router(tasks: Iterable[Task]) -> APIRouter:
@@ -33,10 +33,8 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
 
 
 def direct_routes(tasks: Iterable[Task]) -> dict[tuple[str, str], Callable[[Request], Awaitable[JsonResponse]]]:
-    """(method, path) -> route function of every task endpoint, for the direct dispatch (direct_routes.py)."""
-    return {
-        ("POST", endpoint.path): endpoint_route(task.name, endpoint) for task in tasks for endpoint in task.endpoints
-    }
+    """(method, path) -> route function of every task endpoint, for `DirectRoutes`."""
+    return {("POST", e.path): endpoint_route(task.name, e) for task in tasks for e in task.endpoints}
 
 
 def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
@@ -47,7 +45,7 @@ def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Aw
         model = registry(request).get(body.model, task_name)
         admission = endpoint.admit(model, body)
         with admission.batcher.admit(admission.rows, cells=admission.cells):
-            answer = endpoint.answer(model, body, alone(request))
+            answer = endpoint.answer(model, body, request.app.state.drain.alone())
             return JsonResponse(await complete(request, answer, model.name))
 
     return route
