@@ -29,7 +29,6 @@ SURROGATE = re.compile("[\ud800-\udfff]")
 LONE_SURROGATE = "must be valid Unicode text (it holds a lone UTF-16 surrogate)"
 KEY_SURROGATE = "field names must be valid Unicode text (one holds a lone UTF-16 surrogate)"
 NON_FINITE = "must be a finite number (NaN, Infinity and overflowing numbers are not allowed)"
-UTF8_NAMES = frozenset({"utf-8", "utf8"})
 UTF8_ONLY = "request bodies must be UTF-8 JSON without a byte order mark (RFC 8259)"
 Body = TypeVar("Body", bound=BaseModel)
 T = TypeVar("T")
@@ -62,7 +61,7 @@ def check_declared_charset(request: Request, content_type: str | None = None) ->
     for parameter in (content_type or header(request, b"content-type", "")).split(";")[1:]:
         name, _, value = parameter.partition("=")
         charset = value.strip().strip('"').lower()
-        if name.strip().lower() == "charset" and charset not in UTF8_NAMES:
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
             raise UnsupportedMediaType(f"charset {charset[:32]!r} is not supported: {UTF8_ONLY}.")
 
 

@@ -88,13 +88,10 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     server: _Server
 
-    def do_GET(self) -> None:
-        self._answer(with_body=True)
-
     def do_HEAD(self) -> None:
-        self._answer(with_body=False)
+        self.do_GET(with_body=False)
 
-    def _answer(self, with_body: bool) -> None:
+    def do_GET(self, with_body: bool = True) -> None:
         status, payload = self.server.answer(self.path.split("?", 1)[0])
         body = json.dumps(payload).encode()
         self.send_response(status)
