@@ -27,13 +27,12 @@ from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
 from app.transports.access import access_summary, api_keys, is_open, open_paths
 from app.transports.contract import document_contract
-from app.transports.direct_routes import DirectRoutes, ServiceApp
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
 from app.transports.middleware import RequestEdge
-from app.transports.probes import ProbeProcess
-from app.transports.rest import direct_routes, task_router
+from app.transports.probe_server import ProbeProcess
+from app.transports.rest import DirectRoutes, ServiceApp, direct_routes, task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:

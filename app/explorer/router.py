@@ -1,7 +1,5 @@
 """GET / and GET /explorer/<file>: the explorer page and its files, from this package only (no CDN: it works
-air-gapped, and its Content-Security-Policy refuses anything from elsewhere). Starlette's `StaticFiles` confines the
-paths and answers `If-None-Match` with a bodiless 304; `Cache-Control: no-cache` makes the browser ask each time.
-"""
+air-gapped; its Content-Security-Policy refuses anything from elsewhere), revalidated each time (no-cache, 304)."""
 
 from __future__ import annotations
 

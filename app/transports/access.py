@@ -13,39 +13,34 @@ from starlette.types import ASGIApp, Scope
 from app.core.responses import JsonResponse
 from app.core.settings import Settings, read_keys_file, split_list
 
-DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+# the docs, and the explorer page "/" (it asks for the key itself, kept in its memory only)
+ALWAYS_OPEN = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/"})
 DOCS_ASSETS_PREFIX = "/docs-assets/"
-EXPLORER_PATHS = frozenset({"/"})  # the page asks for the key itself (kept in its memory only)
 OPEN_PREFIXES = (DOCS_ASSETS_PREFIX, "/explorer/")
 BINARY_HEADER_LENGTH = "inference-header-content-length"  # the Open Inference Protocol's binary tensor data
+API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: Bearer <key>."
 
 
 def api_keys(settings: Settings) -> list[str]:
     """Every configured API key (none: authentication is off)."""
     keys = split_list(settings.api_keys.get_secret_value()) if settings.api_keys else []
-    if settings.api_keys_file is not None:
-        keys += read_keys_file(settings.api_keys_file)
-    return keys
+    return keys + (read_keys_file(settings.api_keys_file) if settings.api_keys_file is not None else [])
 
 
 def access_summary(settings: Settings) -> str:
     """One startup log line: whether API keys are required, and where not."""
-    keys = api_keys(settings)
-    if not keys:
+    if not (keys := api_keys(settings)):
         return "authentication: off (no MNEMO_API_KEYS or MNEMO_API_KEYS_FILE)"
     return f"authentication: on ({len(keys)} API key(s)); open paths: {', '.join(sorted(open_paths(settings)))}"
 
 
 def open_paths(settings: Settings) -> frozenset[str]:
     """Paths served without a key: MNEMO_OPEN_PATHS, the documentation and the explorer page."""
-    return frozenset(split_list(settings.open_paths)) | DOCS_PATHS | EXPLORER_PATHS
+    return frozenset(split_list(settings.open_paths)) | ALWAYS_OPEN
 
 
 def is_open(path: str, open_set: frozenset[str]) -> bool:
     return path in open_set or path.startswith(OPEN_PREFIXES)
-
-
-API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: Bearer <key>."
 
 
 class ApiKeys:
@@ -59,7 +54,8 @@ class ApiKeys:
         """None when a request for `path` with this Authorization value may pass; else its `WWW-Authenticate`."""
         if is_open(path, self.open_set):
             return None
-        presented = bearer_token(authorization)
+        scheme, _, token = authorization.strip().partition(b" ")
+        presented = token.strip() if scheme.lower() == b"bearer" and token.strip() else None
         # every key compared (no early exit): the time does not tell which key, or how much of it, matched
         if presented is not None and sum(hmac.compare_digest(presented, key) for key in self.keys):
             return None
@@ -72,14 +68,6 @@ class ApiKeys:
 def api_key_check(settings: Settings) -> ApiKeys | None:
     keys = api_keys(settings)
     return ApiKeys(keys, open_paths(settings)) if keys else None
-
-
-def bearer_token(header: bytes) -> bytes | None:
-    """The key of an `Authorization: Bearer <key>` header (None: another scheme, or none)."""
-    scheme, _, token = header.strip().partition(b" ")
-    if scheme.lower() != b"bearer" or not token.strip():
-        return None
-    return token.strip()
 
 
 class JsonCors(CORSMiddleware):
@@ -96,8 +84,7 @@ class JsonCors(CORSMiddleware):
 
 def with_cors(app: ASGIApp, settings: Settings) -> ASGIApp:
     """`app` behind Starlette's CORS if MNEMO_CORS_ORIGINS names origins."""
-    origins = split_list(settings.cors_origins)
-    if not origins:
+    if not (origins := split_list(settings.cors_origins)):
         return app
     return JsonCors(
         app,

@@ -1,6 +1,5 @@
-"""The OpenAPI contract beyond the routes' own models: the operations' response bodies, the error bodies each
-operation can answer (the service's `{"detail": ...}`, or the protocol's `{"error": ...}` under /v2), and the Bearer
-scheme when API keys are on."""
+"""The OpenAPI contract beyond the routes' own models: response bodies, the errors each operation can answer (ours
+`{"detail": ...}`, the protocol's `{"error": ...}` under /v2), and the Bearer scheme when API keys are on."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
 PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
 SERVER_READINESS_REF = "#/components/schemas/ServerReadiness"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
-# the /students operations: their store calls may be refused with 429 (too many waiting, app/students/io.py)
-STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}
+STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}  # 429: too many store calls waiting
 
 
 class ProtocolErrorBody(BaseModel):
@@ -141,9 +139,7 @@ DESCRIPTIONS = {
 
 
 def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
-    """The error statuses an operation can answer, each with its body's schema: every operation 400, 413 and 503; one
-    with a body also 404, 408, 415, 429 and 504; one with a path parameter 404; the task API's 422 when it has
-    parameters or a body (/v2 reads them itself: 400); the /students store's 409 and 429."""
+    """The error statuses an operation can answer, each with its body's schema (/v2 reads its input itself: no 422)."""
     has_body = "requestBody" in operation
     statuses = {"400", "413", "503"} | ({"404", "408", "415", "429", "504"} if has_body else set())
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):

@@ -1,8 +1,5 @@
-"""A request's work bounded by its deadline (504) and by its client (499), for REST and gRPC alike.
-
-The 504 leaves a margin before the deadline, DEADLINE_MARGIN_S plus twice the event loop's recent lag (an overloaded
-loop runs timers late), taken again every DEADLINE_CHECK_S; a stopped request's work is cancelled, dropping its rows.
-"""
+"""A request's work bounded by its deadline (504) and by its client (499), for REST and gRPC alike: the 504 leaves a
+margin that grows with the event loop's lag (an overloaded loop runs timers late); stopped work is cancelled."""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ from app.core.metrics import Metrics
 DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
 DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
 T = TypeVar("T")
-Unsubscribe = Callable[[], None]
 
 
 class ClientGone(ServiceError):
@@ -40,25 +36,24 @@ class Deadline:
     arrival: float | None = None
     client_timeout_s: float | None = None
     client_source: str = "the request's timeout parameter"
-    watch_client: Callable[[Callable[[], None]], Unsubscribe] | None = None
-
-    @property
-    def timeout_and_source(self) -> tuple[float, str]:
-        if self.client_timeout_s is not None and self.client_timeout_s < self.server_timeout_s:
-            return self.client_timeout_s, self.client_source
-        return self.server_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
+    watch_client: Callable[[Callable[[], None]], Callable[[], None]] | None = None
 
 
 async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T:
     """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`).
-    The work runs in the request's own task, which the deadline's timer or the client watch cancels; the
-    cancellation is taken back here, as `asyncio.timeout` does."""
+    The work runs in the request's own task, which the timer or the client watch cancels; the cancellation is taken
+    back here, as `asyncio.timeout` does."""
     metrics, model_name = deadline.metrics, deadline.model_name
-    timeout, source = deadline.timeout_and_source
+    timeout, source = deadline.server_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
+    if deadline.client_timeout_s is not None and deadline.client_timeout_s < timeout:
+        timeout, source = deadline.client_timeout_s, deadline.client_source
     due = (time.perf_counter() if deadline.arrival is None else deadline.arrival) + timeout
     current = asyncio.current_task()
+    loop = asyncio.get_running_loop()
     stopped_by: list[type[ServiceError]] = []
     awaiting = False  # the task is cancelled only while it awaits the work, never after
+    timer: asyncio.TimerHandle | None = None
+    unsubscribe: Callable[[], None] | None = None
 
     def stop(error: type[ServiceError]) -> None:
         if awaiting and not stopped_by:
@@ -73,9 +68,6 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
         margin = min(DEADLINE_MARGIN_S + 2 * deadline.loop_lag.recent_s, timeout / 2)
         return due - margin - time.perf_counter()
 
-    loop = asyncio.get_running_loop()
-    timer: asyncio.TimerHandle | None = None
-
     def check_deadline() -> None:
         nonlocal timer
         remaining = time_left()
@@ -84,7 +76,6 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
         else:
             timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
 
-    unsubscribe: Unsubscribe | None = None
     try:
         remaining = time_left()
         if remaining <= 0:  # expired before the work started

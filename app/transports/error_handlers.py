@@ -30,9 +30,8 @@ from app.students.io import StoreBusy
 from app.students.store import StoreError, StoreUnavailable
 
 logger = logging.getLogger("mnemo.errors")
-STORE_RETRY_AFTER_S = 1
-STORE_LOG_EVERY_S = 10.0  # an unavailable store is logged (with its location) at most this often
-store_outages = TracebackBudget(STORE_LOG_EVERY_S)  # one log line per distinct failure per window
+STORE_RETRY = {"Retry-After": "1"}
+store_outages = TracebackBudget(10.0)  # an unavailable store is logged, with its location, once per 10 s per failure
 
 
 def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
@@ -61,21 +60,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def store_error(request: Request, error: StoreError) -> JsonResponse:
         if isinstance(error, StoreBusy):
             request.app.state.metrics.refused("store_busy")
-            return JsonResponse({"detail": error.detail}, 429, headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
-        if isinstance(error, StoreUnavailable):
-            request.app.state.metrics.refused("store_unavailable")
-            log_now, unlogged = store_outages.admit(error)
-            if log_now:
-                more = f" ({unlogged} more since the last line)" if unlogged else ""
-                logger.warning("student state store unavailable: %s%s", error.internal, more)
-            affected = (
-                f"The student state store is unavailable ({error.detail}); only the /students endpoints are affected"
-            )
-            if error.until_restart:  # a retry cannot help: no Retry-After
-                return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
-            headers = {"Retry-After": str(STORE_RETRY_AFTER_S)}
-            return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=headers)
-        return JsonResponse({"detail": error.detail}, error.status_code)
+            return JsonResponse({"detail": error.detail}, 429, headers=STORE_RETRY)
+        if not isinstance(error, StoreUnavailable):
+            return JsonResponse({"detail": error.detail}, error.status_code)
+        request.app.state.metrics.refused("store_unavailable")
+        log_now, unlogged = store_outages.admit(error)
+        if log_now:
+            more = f" ({unlogged} more since the last line)" if unlogged else ""
+            logger.warning("student state store unavailable: %s%s", error.internal, more)
+        affected = f"The student state store is unavailable ({error.detail}); only the /students endpoints are affected"
+        if error.until_restart:  # a retry cannot help: no Retry-After
+            return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
+        return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=STORE_RETRY)
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:

@@ -1,11 +1,5 @@
-"""uvicorn's h11 protocol with a deadline for each request's line and headers, and its 400 in the service's shape.
-
-uvicorn arms no timer while headers arrive: a connection that sends nothing, or trickles its headers (slowloris), would
-be held for ever. `HeaderDeadline` closes, without an answer (as nginx's client_header_timeout), a connection whose
-request has not finished its headers MNEMO_HEADER_TIMEOUT_S after it opened, or after the request's first byte on a
-kept-alive connection; the idle time between requests stays uvicorn's keep-alive timeout. A request h11 refuses (bad
-framing, header syntax or size) gets the service's JSON 400 with an X-Request-ID, not uvicorn's plain text.
-"""
+"""uvicorn's h11 protocol with a deadline for each request's line and headers (MNEMO_HEADER_TIMEOUT_S; uvicorn has
+none: a slowloris connection would be held for ever), and the service's JSON 400 for a request h11 refuses."""
 
 from __future__ import annotations
 
@@ -14,9 +8,8 @@ import contextlib
 from typing import Any
 
 import h11
-from uvicorn.config import HTTP_PROTOCOLS, Config
+from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
-from uvicorn.server import ServerState
 
 from app.core.responses import dumps
 
@@ -26,20 +19,13 @@ MALFORMED = dumps({"detail": "Malformed HTTP request: its request line, a header
 
 
 class HeaderDeadline(H11Protocol):
-    """uvicorn's H11Protocol, closed when a request's headers take longer than `timeout_s` (uvicorn's `http=`)."""
+    """Closes, unanswered as nginx's client_header_timeout, a connection whose request's headers are not in `timeout_s`
+    after it opened or the request's first byte; the idle time between requests stays uvicorn's keep-alive."""
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-        *,
-        timeout_s: float,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+    def __init__(self, *args: Any, timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # uvicorn's config, server_state, app_state
         self.header_timeout_s = timeout_s
-        self.metrics = getattr(getattr(config.app, "state", None), "metrics", None)  # create_app's, if it is the app
+        self.metrics = getattr(getattr(self.config.app, "state", None), "metrics", None)  # create_app's, if the app
         self.header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -58,10 +44,9 @@ class HeaderDeadline(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        """The answer to a request h11 refused: the service's JSON 400 with a request id (the client's, if the refused
-        bytes were the body of a request it sent one with), then a close."""
-        # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set, and the request
-        # edge's imports would fix the metrics' storage (prometheus_client reads the variable once, at import)
+        """The service's JSON 400 with a request id (the client's, if the refused bytes were its body), then a close."""
+        # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set, which the request
+        # edge's imports would fix (prometheus_client reads it once, at import)
         from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
         in_body = self.cycle is not None and not self.cycle.response_complete

@@ -15,10 +15,6 @@ class IdentityHeaders:
         self.headers = [(b"x-mnemo-pid", str(os.getpid()).encode()), *extra_headers]
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
         async def send_with_headers(message: dict) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *self.headers]}

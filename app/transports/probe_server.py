@@ -1,21 +1,86 @@
-"""`python -m app.transports.probe_server HOST PORT [STALE_S]`: /health and /ready in a process of their own.
-
-Standard library only: it answers from the `[status, body]` lines the service writes to its stdin; none for STALE_S
-(the service's loop stuck) is 503, and the end of stdin (the service gone) ends it."""
+"""/health and /ready on MNEMO_PROBE_PORT from a child process (`python -m app.transports.probe_server HOST PORT
+[STALE_S]`), fed the readiness as `[status, body]` lines on its stdin: a thread of the service's process would wait for
+the GIL behind a saturated event loop. No line for STALE_S (the loop stuck) is 503; the end of stdin ends the child."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import os
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socket import SO_REUSEPORT, SOL_SOCKET
 
+logger = logging.getLogger("mnemo.probes")
+FEED_INTERVAL_S = 0.1
+START_TIMEOUT_S = 10.0
 STALE_S = 30.0  # no readiness line for this long: the service's event loop is stuck, not merely busy
 MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unanswered
 SOCKET_TIMEOUT_S = 5.0
+
+
+class ProbeProcess:
+    """Starts the probe server on `host:port`, keeps it fed with `readiness()`, stops it."""
+
+    def __init__(self, host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> None:
+        self.host, self.port, self.readiness = host, port, readiness
+        self._process: subprocess.Popen | None = None
+        self._feeder: asyncio.Task | None = None
+
+    def spawn(self) -> None:
+        """Start the child and feed it from now on: it says "loading" while the service loads its models."""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        os.set_blocking(self._process.stdin.fileno(), False)
+        self._feeder = asyncio.create_task(self._feed(), name="probe-feed")
+
+    async def start(self) -> None:
+        """Wait until the child listens; RuntimeError if it cannot (the port is taken)."""
+        try:
+            first = await asyncio.wait_for(asyncio.to_thread(self._process.stdout.readline), START_TIMEOUT_S)
+        except TimeoutError:
+            first = "no answer"
+        if first.strip() != "listening":
+            self._process.kill()
+            raise RuntimeError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
+        self.push()  # the readiness of now, before the main port opens (the feeder's first turn comes later)
+        logger.info("probes: /health and /ready also on http://%s:%d (own process)", self.host, self.port)
+
+    def push(self) -> None:
+        """Send the current readiness now (also from a signal handler: one small non-blocking write)."""
+        if self._process is None or self._process.stdin.closed:
+            return
+        with contextlib.suppress(BlockingIOError, BrokenPipeError, ValueError):
+            self._process.stdin.write(json.dumps(self.readiness()) + "\n")
+            self._process.stdin.flush()
+
+    async def _feed(self) -> None:
+        while True:
+            self.push()
+            await asyncio.sleep(FEED_INTERVAL_S)
+
+    async def stop(self) -> None:
+        if self._feeder is not None:
+            self._feeder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._feeder
+        if self._process is not None:
+            with contextlib.suppress(BrokenPipeError, BlockingIOError):
+                self._process.stdin.close()  # EOF: the probe server exits
+            try:
+                await asyncio.to_thread(self._process.wait, 5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -23,13 +88,10 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     server: _Server
 
-    def do_GET(self) -> None:
-        self._answer(with_body=True)
-
     def do_HEAD(self) -> None:
-        self._answer(with_body=False)
+        self.do_GET(with_body=False)
 
-    def _answer(self, with_body: bool) -> None:
+    def do_GET(self, with_body: bool = True) -> None:
         status, payload = self.server.answer(self.path.split("?", 1)[0])
         body = json.dumps(payload).encode()
         self.send_response(status)

@@ -1,15 +1,22 @@
 """The tasks' JSON APIs over HTTP: per `Endpoint`, a route that reads the body, picks the model (404/503), admits
-the request in its batcher (429) and awaits the answer within the deadline (504) unless the client leaves (499)."""
+the request in its batcher (429) and awaits the answer within the deadline (504) unless the client leaves (499).
+FastAPI serves and documents them, but they are called directly, skipping its router and wrappers (a share of a small
+request's time, benchmarks/asgi_overhead.py): `ServiceApp` and `DirectRoutes`."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.core.responses import JsonResponse
 from app.runtime.model import Endpoint, Task
-from app.transports.http import alone, complete, json_body, read_body, registry
+from app.transports.http import complete, json_body, read_body, registry
+
+Handler = Callable[[Request], Awaitable[Response]]  # a route that takes only the request
 
 
 def task_router(tasks: Iterable[Task]) -> APIRouter:
@@ -32,22 +39,68 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
     return router
 
 
-def direct_routes(tasks: Iterable[Task]) -> dict[tuple[str, str], Callable[[Request], Awaitable[JsonResponse]]]:
-    """(method, path) -> route function of every task endpoint, for the direct dispatch (direct_routes.py)."""
-    return {
-        ("POST", endpoint.path): endpoint_route(task.name, endpoint) for task in tasks for endpoint in task.endpoints
-    }
+def direct_routes(tasks: Iterable[Task]) -> dict[tuple[str, str], Handler]:
+    """(method, path) -> route function of every task endpoint, for `DirectRoutes`."""
+    return {("POST", e.path): endpoint_route(task.name, e) for task in tasks for e in task.endpoints}
 
 
-def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
-    """The route function of one endpoint (it takes only the request: it reads the body itself)."""
+def endpoint_route(task_name: str, endpoint: Endpoint) -> Handler:
+    """The route function of one endpoint (it reads the body itself)."""
 
     async def route(request: Request) -> JsonResponse:
         body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)
         model = registry(request).get(body.model, task_name)
         admission = endpoint.admit(model, body)
         with admission.batcher.admit(admission.rows, cells=admission.cells):
-            answer = endpoint.answer(model, body, alone(request))
+            answer = endpoint.answer(model, body, request.app.state.drain.alone())
             return JsonResponse(await complete(request, answer, model.name))
 
     return route
+
+
+class ServiceApp(FastAPI):
+    """A FastAPI app that sends the requests of `direct_paths` ((method, path) pairs) to its own middlewares only,
+    without the ones FastAPI adds around them; set `direct_paths` after adding the middlewares."""
+
+    direct_paths: frozenset[tuple[str, str]] = frozenset()
+    _own_middlewares: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (scope["method"], scope["path"]) not in self.direct_paths or self.root_path:
+            await super().__call__(scope, receive, send)
+            return
+        if self._own_middlewares is None:
+            app = self.router
+            for cls, args, kwargs in reversed(self.user_middleware):
+                app = cls(app, *args, **kwargs)
+            self._own_middlewares = app
+        scope["app"] = self
+        await self._own_middlewares(scope, receive, send)
+
+
+class DirectRoutes:
+    """Call the `routes` ((method, path) -> a function of the request) without FastAPI's router, their errors
+    answered by the app's exception handlers; the scope's `route` is FastAPI's (the access line's template)."""
+
+    def __init__(self, app: ASGIApp, fastapi: FastAPI, routes: Mapping[tuple[str, str], Handler]) -> None:
+        self.app, self.fastapi, self.routes = app, fastapi, routes
+        documented = [route for route in fastapi.routes if isinstance(route, APIRoute)]  # built at the first request
+        self.documented = {(method, route.path): route for route in documented for method in route.methods}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        key = (scope.get("method", ""), scope.get("path", ""))
+        route = self.routes.get(key) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        scope["endpoint"], scope["route"] = route, self.documented.get(key)
+        request = Request(scope, receive)
+        try:
+            response = await route(request)
+        except Exception as error:
+            handlers = self.fastapi.exception_handlers  # the handler of its class or nearest base, as Starlette's
+            handler = next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)
+            if handler is None:
+                raise
+            response = await handler(request, error)
+        await response(scope, receive, send)

@@ -1,7 +1,5 @@
-"""The /students endpoints: knowledge tracing with each student's state kept on the server (docs/students.md).
-
-An append runs only the new interactions, from the stored memory, through the batcher in the request's own task
-(its deadline and disconnect apply), then stores the result by compare-and-swap (`update_state`)."""
+"""The /students endpoints: knowledge tracing with each student's state kept on the server (docs/students.md); an
+append runs only the new interactions, from the stored memory, then stores the result by compare-and-swap."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ from app.transports.http import complete, json_body, read_body, registry
 
 router = APIRouter(tags=["students"])
 MAX_STUDENT_ID_LENGTH = 128
-# The id rules as far as a JSON Schema regex can state them, for the OpenAPI document ("printable" has no portable
-# form): `student_id_problem` is the one check.
+# the id rules as far as a JSON Schema regex can state them, for OpenAPI: `student_id_problem` is the one check
 STUDENT_ID_SCHEMA = {
     "minLength": 1,
     "maxLength": MAX_STUDENT_ID_LENGTH,

@@ -16,7 +16,7 @@ from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter
 from app.main import create_app
 from app.transports.deadline import ClientGone
-from app.transports.http import complete
+from app.transports.http import complete, unrepresentable
 from app.transports.middleware import route_label
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, app_settings
@@ -243,3 +243,12 @@ def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(
 
     asyncio.run(scenario())
     assert 'mnemo_requests_cancelled_total{model="toy-a"} 1.0' in app.state.metrics.render().decode()
+
+
+def test_unrepresentable_names_the_first_lone_surrogate_or_non_finite_number_depth_first():
+    first = unrepresentable(b'{"a": [1, {"b": "\\ud800"}], "c": NaN}')
+    assert first.location == ("body", "a", 1, "b") and "lone UTF-16 surrogate" in first.message
+    key = unrepresentable(b'{"a": {"\\udc00": 1}}')
+    assert key.location == ("body", "a") and key.message.startswith("field names")
+    assert unrepresentable(b'{"a": [0, 1e309]}').location == ("body", "a", 1)
+    assert unrepresentable(b'{"a": "\\ud83d\\ude00", "b": [1.5]}') is None  # a surrogate pair is one character
