@@ -52,6 +52,7 @@ class Batching(BaseModel):
     max_batch: int
     max_wait_ms: float
     max_queue: int
+    max_cells: int | None = Field(None, description="padded rows x length per run on a CPU instance; null: no limit")
 
 
 class InstanceInfo(BaseModel):

@@ -91,6 +91,32 @@ def test_operations_endpoints_have_typed_answers(schema):
     assert {"name", "task", "sha256", "provider", "limits", "max_tokens", "n_questions"} <= set(info)
 
 
+def undeclared(value: object, node: dict, schemas: dict, where: str = "") -> list[str]:
+    """The keys of `value`, at any depth, that its schema `node` does not declare (additional properties allowed)."""
+    if "$ref" in node:
+        return undeclared(value, schemas[node["$ref"].rsplit("/", 1)[1]], schemas, where)
+    if "anyOf" in node:
+        options = [option for option in node["anyOf"] if option.get("type") != "null"]
+        return min((undeclared(value, option, schemas, where) for option in options), key=len)
+    if isinstance(value, list) and "items" in node:
+        return [key for item in value for key in undeclared(item, node["items"], schemas, f"{where}[]")]
+    if not isinstance(value, dict) or "properties" not in node:
+        return []
+    properties = node["properties"]
+    missing = [f"{where}.{key}" for key in value if key not in properties]
+    return missing + [
+        key
+        for name, item in value.items()
+        if name in properties
+        for key in undeclared(item, properties[name], schemas, f"{where}.{name}")
+    ]
+
+
+def test_every_field_of_the_models_answer_is_declared(server, schema):
+    answer = httpx.get(f"{server.url}/models").json()
+    assert undeclared(answer, {"$ref": "#/components/schemas/ModelList"}, schema["components"]["schemas"]) == []
+
+
 def documented_schemas(response: dict) -> set[str]:
     """The names of the schemas a response documents: one `$ref`, or several under `anyOf`."""
     schema = response["content"]["application/json"]["schema"]
