@@ -4,13 +4,16 @@ what was written. Every problem the user can fix raises `OwnDataError`, one line
 
 from __future__ import annotations
 
+import json
 import shlex
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from typing import Any
 
+from export.manifest import MANIFEST_NAME, SCHEMA_VERSION
 from models.user_csv import OwnDataError
 
 
@@ -23,17 +26,23 @@ class OwnTask:
     splitter: str
     trainer: str
     exporter: str
+    served_task: str  # the manifest's `task` of the exported model
 
 
 TASKS = {
     "kt": OwnTask(
-        "models.answer_log:read_answer_log", "models.answer_log:split_students", "models.train_own_kt", "export.own_kt"
+        "models.answer_log:read_answer_log",
+        "models.answer_log:split_students",
+        "models.train_own_kt",
+        "export.own_kt",
+        "knowledge-trace",
     ),
     "similarity": OwnTask(
         "models.scored_pairs:read_scored_pairs",
         "models.scored_pairs:split_pairs",
         "models.train_own_similarity",
         "export.own_similarity",
+        "similarity",
     ),
 }
 DEFAULT_RUN_DIR = Path("runs/own")
@@ -45,6 +54,7 @@ def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **op
     own = TASKS[task]
     data = function(own.reader)(csv_file)  # a bad CSV, or one too small to split, is told before torch loads
     function(own.splitter)(data, options["seed"])
+    check_artifacts(artifacts, name, own.served_task)  # before training, not after it
     try:
         trainer, exporter = import_module(own.trainer), import_module(own.exporter)
     except ImportError as error:
@@ -56,13 +66,48 @@ def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **op
     command = train_command(task, csv_file, artifacts, name, settings["epochs"], settings["seed"], **options)
     try:
         result = trainer.train(run, data, command)
+        entry = exporter.export_run(run_dir, result, trainer.held_out(data, result), artifacts, name)
     except KeyboardInterrupt:
         raise OwnDataError(f"interrupted: rerun the same command with --resume ({run_dir})") from None
-    entry = exporter.export_run(run_dir, result, trainer.held_out(data, result), artifacts, name)
+    except OSError as error:
+        raise OwnDataError(
+            f"cannot use {error.filename or artifacts} ({error.strerror}): fix it, then rerun the same command "
+            f"with --resume ({run_dir})"
+        ) from None
     return (
         f"{name}: {trainer.summary(result)}; wrote {artifacts / entry['file']} and {artifacts / 'manifest.json'}; "
         f"serve it with MNEMO_ARTIFACTS_DIR={artifacts} mnemo serve"
     )
+
+
+def check_artifacts(artifacts: Path, name: str, task: str) -> None:
+    """Refuse an artifacts directory that cannot be written or whose manifest.json this command cannot update,
+    and a `name` that the manifest already gives to a model of another task or to one not trained by `mnemo
+    train` (a model retrained under its own name is replaced)."""
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=artifacts):
+            pass
+    except OSError as error:
+        raise OwnDataError(f"--artifacts {artifacts}: cannot write there ({error.strerror})") from None
+    path = artifacts / MANIFEST_NAME
+    if not path.exists():
+        return
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise OwnDataError(f"{path}: not a readable manifest ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
+        raise OwnDataError(f"{path}: not a mnemo manifest (a JSON object with schema_version {SCHEMA_VERSION})")
+    models = manifest.get("models")
+    named = [entry for entry in models if isinstance(entry, dict) and entry.get("name") == name] if models else []
+    for entry in named:
+        metadata = entry.get("metadata")
+        if entry.get("task") != task or not isinstance(metadata, dict) or "data_sha256" not in metadata:
+            raise OwnDataError(
+                f"--name {name}: {path} already has a {entry.get('task')} model of that name that `mnemo train` "
+                f"did not train on a CSV; choose another --name"
+            )
 
 
 def function(name: str) -> Callable:

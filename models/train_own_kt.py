@@ -123,7 +123,10 @@ def train(run: Run, log: AnswerLog, command: str) -> dict:
     splits = split_students(log, run.seed)
     check_both_outcomes(log, splits)
     protocol = protocol_of(run, log, splits)
-    check_run_dir(run.run_dir, run.resume, protocol)
+    finished = check_run_dir(run.run_dir, run.resume, protocol)
+    if finished is not None:
+        print(f"{run.run_dir} holds this finished run: exporting it again, without training or testing")
+        return finished
     write_json(run.run_dir / "protocol.json", protocol)
     set_threads(run.threads)
     generator = seed_everything(run.seed)
