@@ -41,7 +41,7 @@ from models.train_kt import (
 from models.training import load_checkpoint, seed_everything, set_threads, write_json
 from models.user_csv import TEST_SHARE, VALID_SHARE
 
-SEQLEN, BATCH = 200, 32
+SEQLEN, BATCH = 200, 32  # BATCH, or every training sequence when fewer: an epoch drops its incomplete last batch
 DKVMN_SIZES = dict(memory_size=20, key_dim=50, value_dim=100)
 DKT_HIDDEN = 200
 PATIENCE = 5
@@ -80,7 +80,7 @@ def protocol_of(run: Run, log: AnswerLog, splits: dict[str, list[str]]) -> dict:
         "max_epochs": run.epochs,
         "patience": PATIENCE,
         "seqlen": SEQLEN,
-        "batch": BATCH,
+        "batch": min(BATCH, len(sequences_of(log, splits["train"]).lengths)),
         "selection": SELECTION_RULE,
     }
 
@@ -131,7 +131,7 @@ def train(run: Run, log: AnswerLog, command: str) -> dict:
     set_threads(run.threads)
     generator = seed_everything(run.seed)
     data = {name: sequences_of(log, ids) for name, ids in splits.items()}
-    recipe = {"n_questions": log.n_questions, "seqlen": SEQLEN, "batch": BATCH}
+    recipe = {"n_questions": log.n_questions, "seqlen": SEQLEN, "batch": protocol["batch"]}
     config = model_config(run.model, log.n_questions)
     model = build_model(config)
     options = argparse.Namespace(optimizer="adam", lr=None, clip=None)
@@ -143,7 +143,9 @@ def train(run: Run, log: AnswerLog, command: str) -> dict:
     task = TrainingTask(
         model=model,
         optimizer=optimizer,
-        train_epoch=lambda: train_epoch(model, optimizer, data["train"], BATCH, generator, options.clip, run.progress),
+        train_epoch=lambda: train_epoch(
+            model, optimizer, data["train"], recipe["batch"], generator, options.clip, run.progress
+        ),
         validate=lambda: evaluate(model, data["valid"], 256),
         score=lambda metrics: metrics["auc"],
         split="valid",

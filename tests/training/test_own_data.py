@@ -269,6 +269,7 @@ def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_pa
     run = Run(tmp_path / "answers.csv", tmp_path / "run", "dkt", epochs=2, seed=0, progress=False)
     first = train(run, log, "test")
     assert first["epochs_run"] == 2
+    assert first["recipe"]["batch"] == 22 and first["history"][0]["train_loss"] > 0  # 22 train students learn
     (run.run_dir / "result.json").unlink()  # as if stopped after its last checkpoint, before the test evaluation
     with pytest.raises(AnswerLogError, match="holds an unfinished run: pass --resume"):
         train(run, log, "test")
