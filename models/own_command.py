@@ -103,11 +103,13 @@ def check_artifacts(artifacts: Path, name: str, task: str) -> None:
     named = [entry for entry in models if isinstance(entry, dict) and entry.get("name") == name] if models else []
     for entry in named:
         metadata = entry.get("metadata")
-        if entry.get("task") != task or not isinstance(metadata, dict) or "data_sha256" not in metadata:
-            raise OwnDataError(
-                f"--name {name}: {path} already has a {entry.get('task')} model of that name that `mnemo train` "
-                f"did not train on a CSV; choose another --name"
-            )
+        if entry.get("task") != task:
+            kind = f"a {entry.get('task')} model"
+        elif not isinstance(metadata, dict) or "data_sha256" not in metadata:
+            kind = f"a {task} model that `mnemo train` did not train on a CSV"
+        else:
+            continue  # a model retrained under its own name is replaced
+        raise OwnDataError(f"--name {name}: {path} already names {kind}; choose another --name")
 
 
 def function(name: str) -> Callable:

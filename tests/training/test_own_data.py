@@ -164,11 +164,11 @@ def test_a_timestamp_without_an_offset_is_utc_whatever_the_machines_time_zone(tm
         ("{not json", "m", "manifest.json: not a readable manifest (Expecting property name"),
         ("[]", "m", "manifest.json: not a mnemo manifest (a JSON object with schema_version 1)"),
         ('{"schema_version": 2, "models": []}', "m", "manifest.json: not a mnemo manifest"),
-        (None, KT_MODEL, f"--name {KT_MODEL}: "),
+        (None, KT_MODEL, "already names a knowledge-trace model that `mnemo train` did not train on a CSV; choose"),
         (
             '{"schema_version": 1, "models": [{"name": "m", "task": "similarity", "metadata": {"data_sha256": "0"}}]}',
             "m",
-            "already has a similarity model of that name that `mnemo train` did not train on a CSV; choose another",
+            "manifest.json already names a similarity model; choose another --name",
         ),
     ],
 )
