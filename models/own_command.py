@@ -97,10 +97,12 @@ def check_artifacts(artifacts: Path, name: str, task: str) -> None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise OwnDataError(f"{path}: not a readable manifest ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
-        raise OwnDataError(f"{path}: not a mnemo manifest (a JSON object with schema_version {SCHEMA_VERSION})")
-    models = manifest.get("models")
-    named = [entry for entry in models if isinstance(entry, dict) and entry.get("name") == name] if models else []
+    models = manifest.get("models") if isinstance(manifest, dict) else None
+    if not isinstance(models, list) or manifest.get("schema_version") != SCHEMA_VERSION:
+        raise OwnDataError(
+            f"{path}: not a mnemo manifest (a JSON object with schema_version {SCHEMA_VERSION} and a models list)"
+        )
+    named = [entry for entry in models if isinstance(entry, dict) and entry.get("name") == name]
     for entry in named:
         metadata = entry.get("metadata")
         if entry.get("task") != task:

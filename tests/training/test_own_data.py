@@ -162,7 +162,8 @@ def test_a_timestamp_without_an_offset_is_utc_whatever_the_machines_time_zone(tm
     ("manifest", "name", "expected"),
     [
         ("{not json", "m", "manifest.json: not a readable manifest (Expecting property name"),
-        ("[]", "m", "manifest.json: not a mnemo manifest (a JSON object with schema_version 1)"),
+        ("[]", "m", "manifest.json: not a mnemo manifest (a JSON object with schema_version 1 and a models list)"),
+        ('{"schema_version": 1, "models": 3}', "m", "manifest.json: not a mnemo manifest"),
         ('{"schema_version": 2, "models": []}', "m", "manifest.json: not a mnemo manifest"),
         (None, KT_MODEL, "already names a knowledge-trace model that `mnemo train` did not train on a CSV; choose"),
         (
