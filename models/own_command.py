@@ -46,12 +46,15 @@ TASKS = {
     ),
 }
 DEFAULT_RUN_DIR = Path("runs/own")
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds
 
 
 def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **options: Any) -> str:
     """Train and export a `task` model on `csv_file`; return the line that reports it. `options`: epochs, seed,
     run_dir, resume, threads, no_progress and the task's own (kt: model)."""
     own = TASKS[task]
+    if not 0 <= options["seed"] <= MAX_SEED:
+        raise OwnDataError(f"--seed {options['seed']}: must be 0 to {MAX_SEED}")
     data = function(own.reader)(csv_file)  # a bad CSV, or one too small to split, is told before torch loads
     function(own.splitter)(data, options["seed"])
     check_artifacts(artifacts, name, own.served_task)  # before training, not after it

@@ -191,6 +191,12 @@ def test_artifacts_under_a_file_are_refused_before_training(tmp_path):
     assert line.endswith("artifacts: cannot write there (Not a directory)")
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_numpy_and_torch_cannot_take_is_one_line(tmp_path, seed):
+    data = str(write_answer_log(tmp_path / "answers.csv", students=10))
+    assert train_error("--csv", data, "--seed", seed) == f"Error: --seed {seed}: must be 0 to 4294967295"
+
+
 def test_an_answer_log_error_names_the_file(tmp_path):
     with pytest.raises(AnswerLogError, match=r"answers.csv:2: column 'student' is empty"):
         read_answer_log(write(tmp_path, HEADER + ",q1,1\n"))
