@@ -143,5 +143,14 @@ def _assemble(rows: list[Row]) -> AnswerLog:
 
 
 def split_students(log: AnswerLog, seed: int) -> dict[str, list[str]]:
-    """Student ids of the train, valid and test splits (models/user_csv.py: `split_keys`)."""
-    return split_keys(list(log.students), seed, "student")
+    """Student ids of the train, valid and test splits (models/user_csv.py: `split_keys`); AUC needs right and
+    wrong answers in the validation and test splits."""
+    splits = split_keys(list(log.students), seed, "student")
+    for name in ("valid", "test"):
+        answers = {answer for student in splits[name] for answer in log.students[student].responses}
+        if len(answers) < 2:
+            raise AnswerLogError(
+                f"the {name} split ({len(splits[name])} students) has only {'correct' if 1 in answers else 'wrong'} "
+                "answers, so its AUC is undefined: the CSV needs more students"
+            )
+    return splits

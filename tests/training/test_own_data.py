@@ -197,6 +197,12 @@ def test_a_seed_numpy_and_torch_cannot_take_is_one_line(tmp_path, seed):
     assert train_error("--csv", data, "--seed", seed) == f"Error: --seed {seed}: must be 0 to 4294967295"
 
 
+def test_a_split_without_both_outcomes_is_told_by_the_split_before_torch_loads(tmp_path):
+    log = read_answer_log(write(tmp_path, HEADER + "".join(f"s{index},q1,1\n" for index in range(10))))
+    with pytest.raises(AnswerLogError, match=r"the valid split \(2 students\) has only correct answers, so its AUC"):
+        split_students(log, seed=0)
+
+
 def test_an_answer_log_error_names_the_file(tmp_path):
     with pytest.raises(AnswerLogError, match=r"answers.csv:2: column 'student' is empty"):
         read_answer_log(write(tmp_path, HEADER + ",q1,1\n"))
