@@ -44,8 +44,8 @@ def read_records(path: Path, required: tuple[str, ...]) -> tuple[list[str], list
             records = [(reader.line_num, _record(path, reader.line_num, record, required)) for record in reader]
     except UnicodeDecodeError as error:
         raise OwnDataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    except csv.Error as error:  # raised by the reader, so it exists and knows the line
-        raise OwnDataError(f"{path}:{reader.line_num}: not a readable CSV ({error})") from None
+    except csv.Error as error:  # raised by the csv reader, so it exists and counts the line it failed on
+        raise OwnDataError(f"{path}:{reader.reader.line_num}: not a readable CSV ({error})") from None
     except OSError as error:
         raise OwnDataError(f"{path}: cannot read it ({error.strerror})") from None
     if not records:
