@@ -39,7 +39,7 @@ def read_records(path: Path, required: tuple[str, ...]) -> tuple[list[str], list
         with path.open(newline="", encoding="utf-8-sig") as handle:
             delimiter = next((mark for mark in DELIMITERS if mark in handle.readline()), ",")
             handle.seek(0)
-            reader = csv.DictReader(handle, delimiter=delimiter)
+            reader = csv.DictReader(handle, delimiter=delimiter, strict=True)
             reader.fieldnames = names = _check_header(path, reader.fieldnames, required)
             records = [(reader.line_num, _record(path, reader.line_num, record, required)) for record in reader]
     except UnicodeDecodeError as error:
