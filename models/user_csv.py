@@ -2,10 +2,11 @@
 
 Both own-data trainers (answer logs, models/answer_log.py; scored sentence pairs, models/scored_pairs.py) read
 their file here: fields are separated by commas, or by semicolons or tabs when the header line has no comma
-(spreadsheets in many locales write those); column names are matched without case or surrounding spaces; the
-header is checked (empty file, repeated or missing column), every row must have as many fields as the header
-and a value in each required column, and values are stripped. Each problem raises `OwnDataError`, one line
-naming the file and, where it applies, the line and the column.
+(spreadsheets in many locales write those), with strict quoting (a stray quote is an error on its line, not part
+of a value); column names are matched without case or surrounding spaces; the header is checked (empty file,
+repeated or missing column), every row must have as many fields as the header and a value in each required
+column, and values are stripped. Each problem raises `OwnDataError`, one line naming the file and, where it
+applies, the line and the column.
 """
 
 from __future__ import annotations

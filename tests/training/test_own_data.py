@@ -259,11 +259,13 @@ def test_train_export_serve_and_answer_with_the_csvs_own_ids(tmp_path):
             without_model = client.post("/knowledge-trace", json={key: body[key] for key in body if key != "model"})
             assert without_model.json()["model"] == "mine"
 
-        unknown = client.post("/knowledge-trace", json={**body, "next_questions": [own_ids[0], "item-0", 7]})
+        odd = [own_ids[0], "item-0", 7, f" {own_ids[0]}"]  # unknown, another type, padded: each named
+        unknown = client.post("/knowledge-trace", json={**body, "next_questions": odd})
         assert unknown.status_code == 422
         assert [error["loc"] for error in unknown.json()["detail"]] == [
             ["body", "next_questions", 1],
             ["body", "next_questions", 2],
+            ["body", "next_questions", 3],
         ]
         assert "not a question of model mine (its question ids are strings" in unknown.json()["detail"][0]["msg"]
 
