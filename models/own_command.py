@@ -85,8 +85,8 @@ def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **op
 
 def check_artifacts(artifacts: Path, name: str, task: str) -> None:
     """Refuse an artifacts directory that cannot be written or whose manifest.json this command cannot update,
-    and a `name` that the manifest already gives to a model of another task or to one not trained by `mnemo
-    train` (a model retrained under its own name is replaced)."""
+    a `name` that the manifest already gives to a model of another task or to one not trained by `mnemo train`
+    (a model retrained under its own name is replaced), and a new `name` whose files exist."""
     try:
         artifacts.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=artifacts):
@@ -94,7 +94,9 @@ def check_artifacts(artifacts: Path, name: str, task: str) -> None:
     except OSError as error:
         raise OwnDataError(f"--artifacts {artifacts}: cannot write there ({error.strerror})") from None
     path = artifacts / MANIFEST_NAME
+    written = [artifacts / f"{name}{suffix}" for suffix in (".onnx", ".md")]  # what every exporter writes
     if not path.exists():
+        _refuse_overwriting(written, name)
         return
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -115,6 +117,15 @@ def check_artifacts(artifacts: Path, name: str, task: str) -> None:
         else:
             continue  # a model retrained under its own name is replaced
         raise OwnDataError(f"--name {name}: {path} already names {kind}; choose another --name")
+    if not named:
+        _refuse_overwriting(written, name)
+
+
+def _refuse_overwriting(files: list[Path], name: str) -> None:
+    """Refuse a new model whose files would replace files that are no model's (a README.md, say)."""
+    taken = [file for file in files if file.exists()]
+    if taken:
+        raise OwnDataError(f"--name {name}: {taken[0]} exists and is not this model's; choose another --name")
 
 
 def function(name: str) -> Callable:

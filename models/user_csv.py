@@ -34,8 +34,10 @@ def read_records(path: Path, required: tuple[str, ...]) -> tuple[list[str], list
     """The header's column names and every row of the CSV at `path`, each with the required columns filled."""
     if path.is_dir():
         raise OwnDataError(f"{path}: a directory, not a CSV file")
-    if not path.is_file():
+    if not path.exists():
         raise OwnDataError(f"{path}: no such file")
+    if not path.is_file():
+        raise OwnDataError(f"{path}: not a regular file (a CSV is read twice: once to check it, once to hash it)")
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
             delimiter = next((mark for mark in DELIMITERS if mark in handle.readline()), ",")

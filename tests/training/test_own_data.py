@@ -186,6 +186,24 @@ def test_an_artifacts_directory_it_cannot_update_is_refused_before_training(tmp_
     assert (artifacts / "manifest.json").read_text() == text and not run.exists()
 
 
+@pytest.mark.parametrize("manifest", [False, True])
+def test_a_new_model_never_overwrites_a_file_of_the_same_name(tmp_path, manifest):
+    (tmp_path / "README.md").write_text("mine")
+    if manifest:
+        (tmp_path / "manifest.json").write_text('{"schema_version": 1, "models": []}')
+    data = str(write_answer_log(tmp_path / "answers.csv", students=10))
+    line = train_error("--csv", data, "--artifacts", str(tmp_path), "--name", "README")
+    assert line.endswith("README.md exists and is not this model's; choose another --name")
+    assert (tmp_path / "README.md").read_text() == "mine"
+
+
+def test_a_csv_that_is_not_a_regular_file_is_refused():
+    assert (
+        train_error("--csv", "/dev/null")
+        == "Error: /dev/null: not a regular file (a CSV is read twice: once to check it, once to hash it)"
+    )
+
+
 def test_artifacts_under_a_file_are_refused_before_training(tmp_path):
     (tmp_path / "file").write_text("")
     data = str(write_answer_log(tmp_path / "answers.csv", students=10))
