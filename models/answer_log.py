@@ -1,21 +1,25 @@
 """A user's own answer log (CSV) for knowledge tracing: read, validate, number the questions, split by student.
 
 The CSV has a header with `student`, `question` and `correct` (0/1/true/false), and optionally `order` or
-`timestamp` (a number or an ISO 8601 date-time: each student's answers are sorted by it, ties in file order),
-`question_name` and `skill` (a question's name in the catalog: from its first row that has a `question_name`, or
-else a `skill`). Question ids are the user's own, integers or strings: the model numbers them 1..Q internally,
-and serving maps the user's ids through the model's `question_ids` asset. Every problem raises
-`AnswerLogError`, one line naming the file and, where it applies, the line and the column.
+`timestamp` (a number, or an ISO 8601 date-time read as UTC when it has no offset, one kind per student:
+each student's answers are sorted by it, ties in file order), `question_name` and `skill` (a question's name in
+the catalog: from its first row that has a `question_name`, or else a `skill`). Question ids are the user's own,
+integers or strings: the model numbers them 1..Q internally, and serving maps the user's ids through the model's
+`question_ids` asset, so ids and names hold no control character (numpy drops trailing NULs, and a request could
+not send a newline back as the same id). Every problem raises `AnswerLogError`, one line naming the file and,
+where it applies, the line and the column.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
+from app.tasks.knowledge_trace.schemas import MAX_QUESTION_ID, MAX_QUESTION_TEXT
 from models.kt_data import Student
 from models.user_csv import OwnDataError, read_records, split_keys
 
@@ -23,7 +27,6 @@ REQUIRED = ("student", "question", "correct")
 ORDER_COLUMNS = ("order", "timestamp")
 NAME_COLUMNS = ("question_name", "skill")
 TRUE, FALSE = frozenset({"1", "true"}), frozenset({"0", "false"})
-MAX_INTEGER_ID = 2**31 - 1  # the API's integer question ids are 1..2^31-1; other ids are served as strings
 INTEGER_ID = re.compile(r"[1-9][0-9]*")  # no sign, no leading zero: the id reads back as the same text
 AnswerLogError = OwnDataError
 
@@ -52,6 +55,7 @@ class Row:
     question: str
     correct: int
     order: float
+    order_kind: str  # "number" or "date-time": what the order cell holds ("" without an order column)
     name: str  # the row's question_name, else its skill, else ""
 
 
@@ -62,7 +66,16 @@ def read_answer_log(path: Path) -> AnswerLog:
     if len(orders) > 1:
         raise AnswerLogError(f"{path}:1: give either 'order' or 'timestamp', not both")
     columns = {"order": orders[0] if orders else "", **{name: name for name in NAME_COLUMNS if name in names}}
-    return _assemble([_row(path, line, record, columns) for line, record in records])
+    rows = [_row(path, line, record, columns) for line, record in records]
+    first: dict[str, Row] = {}
+    for row in rows:
+        seen = first.setdefault(row.student, row)
+        if row.order_kind != seen.order_kind:
+            raise AnswerLogError(
+                f"{path}:{row.line}: column {columns['order']!r} is a {row.order_kind}, but line {seen.line} of "
+                f"student {row.student!r} holds a {seen.order_kind}: give one student's answers one kind"
+            )
+    return _assemble(rows)
 
 
 def _row(path: Path, line: int, record: dict[str, str], columns: dict[str, str]) -> Row:
@@ -70,13 +83,22 @@ def _row(path: Path, line: int, record: dict[str, str], columns: dict[str, str])
     correct = record["correct"].lower()
     if correct not in TRUE | FALSE:
         raise AnswerLogError(f"{path}:{line}: column 'correct' is {record['correct']!r}, not 0, 1, true or false")
-    order = _order(path, line, columns["order"], record[columns["order"]]) if columns["order"] else float(line)
+    order, kind = _order(path, line, columns["order"], record[columns["order"]]) if columns["order"] else (line, "")
+    if len(record["question"]) > MAX_QUESTION_TEXT:
+        raise AnswerLogError(
+            f"{path}:{line}: column 'question' has {len(record['question'])} characters; a request's question id has "
+            f"at most {MAX_QUESTION_TEXT}"
+        )
+    for column in ("question", *NAME_COLUMNS):
+        if any(unicodedata.category(character) == "Cc" for character in record.get(column, "")):
+            raise AnswerLogError(f"{path}:{line}: column {column!r} holds a control character (a NUL, tab or newline)")
     name = next((record[column] for column in NAME_COLUMNS if column in columns and record[column]), "")
-    return Row(line, record["student"], record["question"], int(correct in TRUE), order, name)
+    return Row(line, record["student"], record["question"], int(correct in TRUE), order, kind, name)
 
 
-def _order(path: Path, line: int, column: str, text: str) -> float:
-    """The sort key of an `order` (a number) or `timestamp` (a number or an ISO 8601 date-time) cell."""
+def _order(path: Path, line: int, column: str, text: str) -> tuple[float, str]:
+    """The sort key of an `order` (a number) or `timestamp` (a number or an ISO 8601 date-time, UTC unless it
+    gives an offset) cell, and which of the two it is."""
     if not text:
         raise AnswerLogError(f"{path}:{line}: column {column!r} is empty")
     try:
@@ -84,12 +106,14 @@ def _order(path: Path, line: int, column: str, text: str) -> float:
     except ValueError:
         value = math.nan
     if math.isfinite(value):
-        return value
+        return value, "number"
     if column == "timestamp":
         try:
-            return datetime.fromisoformat(text).timestamp()
+            moment = datetime.fromisoformat(text)
         except ValueError:
             pass
+        else:
+            return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp(), "date-time"
     expected = "a number or an ISO 8601 date-time" if column == "timestamp" else "a number"
     raise AnswerLogError(f"{path}:{line}: column {column!r} is {text!r}, not {expected}")
 
@@ -98,7 +122,7 @@ def _assemble(rows: list[Row]) -> AnswerLog:
     """Number the questions (integers in numeric order when every id is one, else strings in text order) and
     build each student's history in answer order."""
     texts = sorted({row.question for row in rows})
-    if all(INTEGER_ID.fullmatch(text) and int(text) <= MAX_INTEGER_ID for text in texts):
+    if all(INTEGER_ID.fullmatch(text) and int(text) <= MAX_QUESTION_ID for text in texts):
         texts.sort(key=int)
         ids: list[int] | list[str] = [int(text) for text in texts]
     else:
@@ -119,5 +143,14 @@ def _assemble(rows: list[Row]) -> AnswerLog:
 
 
 def split_students(log: AnswerLog, seed: int) -> dict[str, list[str]]:
-    """Student ids of the train, valid and test splits (models/user_csv.py: `split_keys`)."""
-    return split_keys(list(log.students), seed, "student")
+    """Student ids of the train, valid and test splits (models/user_csv.py: `split_keys`); AUC needs right and
+    wrong answers in the validation and test splits."""
+    splits = split_keys(list(log.students), seed, "student")
+    for name in ("valid", "test"):
+        answers = {answer for student in splits[name] for answer in log.students[student].responses}
+        if len(answers) < 2:
+            raise AnswerLogError(
+                f"the {name} split ({len(splits[name])} students) has only {'correct' if 1 in answers else 'wrong'} "
+                "answers, so its AUC is undefined: the CSV needs more students"
+            )
+    return splits

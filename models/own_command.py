@@ -4,7 +4,9 @@ written. Every problem the user can fix is one line (`OwnDataError`), never a tr
 
 from __future__ import annotations
 
+import json
 import shlex
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -13,6 +15,7 @@ from typing import Any
 
 import click
 
+from export.manifest import MANIFEST_NAME, SCHEMA_VERSION
 from models.cli import MODEL_NAME
 from models.user_csv import OwnDataError
 
@@ -26,28 +29,38 @@ class OwnTask:
     splitter: str
     trainer: str
     exporter: str
+    served_task: str  # the manifest's `task` of the exported model
 
 
 TASKS = {
     "kt": OwnTask(
-        "models.answer_log:read_answer_log", "models.answer_log:split_students", "models.train_own_kt", "export.own_kt"
+        "models.answer_log:read_answer_log",
+        "models.answer_log:split_students",
+        "models.train_own_kt",
+        "export.own_kt",
+        "knowledge-trace",
     ),
     "similarity": OwnTask(
         "models.scored_pairs:read_scored_pairs",
         "models.scored_pairs:split_pairs",
         "models.train_own_similarity",
         "export.own_similarity",
+        "similarity",
     ),
 }
 DEFAULT_RUN_DIR = Path("runs/own")
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds
 
 
 def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **options: Any) -> str:
     """Train and export a `task` model on `csv_file`; return the line that reports it. `options`: epochs, seed,
     run_dir, resume, threads, no_progress and the task's own (kt: model)."""
     own = TASKS[task]
+    if not 0 <= options["seed"] <= MAX_SEED:
+        raise OwnDataError(f"--seed {options['seed']}: must be 0 to {MAX_SEED}")
     data = function(own.reader)(csv_file)  # a bad CSV, or one too small to split, is told before torch loads
     function(own.splitter)(data, options["seed"])
+    check_artifacts(artifacts, name, own.served_task)  # before training, not after it
     try:
         trainer, exporter = import_module(own.trainer), import_module(own.exporter)
     except ImportError as error:
@@ -59,13 +72,63 @@ def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **op
     command = train_command(task, csv_file, artifacts, name, settings["epochs"], settings["seed"], **options)
     try:
         result = trainer.train(run, data, command)
+        entry = exporter.export_run(run_dir, result, trainer.held_out(data, result), artifacts, name)
     except KeyboardInterrupt:
         raise OwnDataError(f"interrupted: rerun the same command with --resume ({run_dir})") from None
-    entry = exporter.export_run(run_dir, result, trainer.held_out(data, result), artifacts, name)
+    except OSError as error:
+        raise OwnDataError(
+            f"cannot use {error.filename or artifacts} ({error.strerror}): fix it, then rerun the same command "
+            f"with --resume ({run_dir})"
+        ) from None
     return (
         f"{name}: {trainer.summary(result)}; wrote {artifacts / entry['file']} and {artifacts / 'manifest.json'}; "
         f"serve it with MNEMO_ARTIFACTS_DIR={artifacts} mnemo serve"
     )
+
+
+def check_artifacts(artifacts: Path, name: str, task: str) -> None:
+    """Refuse an artifacts directory that cannot be written or whose manifest.json this command cannot update,
+    a `name` that the manifest already gives to a model of another task or to one not trained by `mnemo train`
+    (a model retrained under its own name is replaced), and a new `name` whose files exist."""
+    try:
+        artifacts.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=artifacts):
+            pass
+    except OSError as error:
+        raise OwnDataError(f"--artifacts {artifacts}: cannot write there ({error.strerror})") from None
+    path = artifacts / MANIFEST_NAME
+    written = [artifacts / f"{name}{suffix}" for suffix in (".onnx", ".md")]  # what every exporter writes
+    if not path.exists():
+        _refuse_overwriting(written, name)
+        return
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise OwnDataError(f"{path}: not a readable manifest ({error})") from None
+    models = manifest.get("models") if isinstance(manifest, dict) else None
+    if not isinstance(models, list) or manifest.get("schema_version") != SCHEMA_VERSION:
+        raise OwnDataError(
+            f"{path}: not a mnemo manifest (a JSON object with schema_version {SCHEMA_VERSION} and a models list)"
+        )
+    named = [entry for entry in models if isinstance(entry, dict) and entry.get("name") == name]
+    for entry in named:
+        metadata = entry.get("metadata")
+        if entry.get("task") != task:
+            kind = f"a {entry.get('task')} model"
+        elif not isinstance(metadata, dict) or "data_sha256" not in metadata:
+            kind = f"a {task} model that `mnemo train` did not train on a CSV"
+        else:
+            continue  # a model retrained under its own name is replaced
+        raise OwnDataError(f"--name {name}: {path} already names {kind}; choose another --name")
+    if not named:
+        _refuse_overwriting(written, name)
+
+
+def _refuse_overwriting(files: list[Path], name: str) -> None:
+    """Refuse a new model whose files would replace files that are no model's (a README.md, say)."""
+    taken = [file for file in files if file.exists()]
+    if taken:
+        raise OwnDataError(f"--name {name}: {taken[0]} exists and is not this model's; choose another --name")
 
 
 def function(name: str) -> Callable:

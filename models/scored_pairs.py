@@ -2,7 +2,8 @@
 
 The CSV has a header with `sentence_a`, `sentence_b` and `score` (relatedness, a number in 1..5), and optionally
 `label` (entailment: ENTAILMENT, NEUTRAL or CONTRADICTION, any case; then every row has one). A sentence must
-have a word after the served tokenizer removes punctuation (app/tasks/similarity/tokenizer.py). Every problem
+have a word after the served tokenizer removes punctuation (app/tasks/similarity/tokenizer.py), and no more
+characters than a request may send (app/tasks/similarity/schemas.py). Every problem
 raises `OwnDataError`, one line naming the file and, where it applies, the line and the column.
 """
 
@@ -12,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.tasks.similarity.schemas import MAX_CHARACTERS
 from app.tasks.similarity.tokenizer import has_control_character, words
 from models.sick_data import ENTAILMENT_LABELS, SickPair
 from models.user_csv import OwnDataError, read_records, split_keys
@@ -43,6 +45,11 @@ def _pair(path: Path, line: int, record: dict[str, str], required: tuple[str, ..
         if not record[column]:
             raise OwnDataError(f"{path}:{line}: column {column!r} is empty")
     for column in ("sentence_a", "sentence_b"):
+        if len(record[column]) > MAX_CHARACTERS:
+            raise OwnDataError(
+                f"{path}:{line}: column {column!r} has {len(record[column])} characters; a served sentence has at "
+                f"most {MAX_CHARACTERS}"
+            )
         if has_control_character(record[column]):
             raise OwnDataError(f"{path}:{line}: column {column!r} holds a control character")
         if not words(record[column]):

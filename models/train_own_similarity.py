@@ -132,7 +132,10 @@ def train(run: Run, data: ScoredPairs, command: str) -> dict:
     """Train, select on validation, evaluate the test split once; write and return `<run>/result.json`."""
     splits = split_pairs(data, run.seed)
     protocol = protocol_of(run, data, splits)
-    check_run_dir(run.run_dir, run.resume, protocol)
+    finished = check_run_dir(run.run_dir, run.resume, protocol)
+    if finished is not None:
+        print(f"{run.run_dir} holds this finished run: exporting it again, without training or testing")
+        return finished
     write_json(run.run_dir / "protocol.json", protocol)
     set_threads(run.threads)
     seed_everything(run.seed)

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,6 +71,17 @@ def test_importing_the_cli_and_its_train_help_loads_no_torch():
         ),
         ("student,question,correct,order,timestamp\ns1,q1,1,1,1\n", "give either 'order' or 'timestamp'"),
         (HEADER + "s1,q1,1\ns2,q1,0\n", "2 student(s): the split by student into train, valid and test needs at"),
+        (HEADER + "s1,q1,1\ns1,q2\n", "answers.csv:3: 2 field(s), the header has 3 columns"),
+        (HEADER + "s1,q1,1\ns2," + "x" * 140_000 + ",1\n", "answers.csv:3: not a readable CSV (field larger than"),
+        (HEADER + 's1,"q"1,1\n', "answers.csv:2: not a readable CSV (',' expected after '\"')"),
+        ("student,question,correct, Student\ns1,q1,1,x\n", "answers.csv:1: column 'student' appears more than once"),
+        (HEADER + "s1,q\x001,1\n", "answers.csv:2: column 'question' holds a control character"),
+        ('student,question,correct,question_name\ns1,q1,1,"a\nb"\n', "answers.csv:3: column 'question_name' holds a"),
+        (HEADER + f"s1,{'q' * 201},1\n", "answers.csv:2: column 'question' has 201 characters; a request's question"),
+        (
+            "student,question,correct,timestamp\ns1,q1,1,5\ns1,q2,0,2024-01-01T10:00\n",
+            "answers.csv:3: column 'timestamp' is a date-time, but line 2 of student 's1' holds a number: give one",
+        ),
     ],
 )
 def test_bad_csvs_get_one_line_naming_the_problem(tmp_path, text, expected):
@@ -127,6 +139,90 @@ def test_the_split_is_by_student_seeded_and_covers_everyone(tmp_path):
     assert len(splits["test"]) == len(splits["valid"]) == 6
 
 
+def test_semicolons_tabs_a_bom_crlf_and_the_case_or_padding_of_column_names_read_the_same(tmp_path):
+    plain = read_answer_log(write(tmp_path, HEADER + "s1,q2,1\ns1,q1,0\ns2,q1,1\n"))
+    spreadsheet = "\ufeff Student ;QUESTION;Correct\r\ns1;q2;1\r\ns1;q1;0\r\ns2;q1;1\r\n"
+    assert read_answer_log(write(tmp_path, spreadsheet)) == plain
+    assert read_answer_log(write(tmp_path, "student\tquestion\tcorrect\ns1\tq2\t1\ns1\tq1\t0\ns2\tq1\t1\n")) == plain
+
+
+def test_a_timestamp_without_an_offset_is_utc_whatever_the_machines_time_zone(tmp_path, monkeypatch):
+    path = write(
+        tmp_path, "student,question,correct,timestamp\ns1,q1,1,2024-01-01T12:00+00:00\ns1,q2,0,2024-01-01T10:00\n"
+    )
+    monkeypatch.setenv("TZ", "America/New_York")  # where 10:00 local is 15:00 UTC, after the other answer
+    time.tzset()
+    try:
+        log = read_answer_log(path)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert log.students["s1"].questions == [2, 1]  # 10:00 UTC, then 12:00 UTC
+
+
+@pytest.mark.parametrize(
+    ("manifest", "name", "expected"),
+    [
+        ("{not json", "m", "manifest.json: not a readable manifest (Expecting property name"),
+        ("[]", "m", "manifest.json: not a mnemo manifest (a JSON object with schema_version 1 and a models list)"),
+        ('{"schema_version": 1, "models": 3}', "m", "manifest.json: not a mnemo manifest"),
+        ('{"schema_version": 2, "models": []}', "m", "manifest.json: not a mnemo manifest"),
+        (None, KT_MODEL, "already names a knowledge-trace model that `mnemo train` did not train on a CSV; choose"),
+        (
+            '{"schema_version": 1, "models": [{"name": "m", "task": "similarity", "metadata": {"data_sha256": "0"}}]}',
+            "m",
+            "manifest.json already names a similarity model; choose another --name",
+        ),
+    ],
+)
+def test_an_artifacts_directory_it_cannot_update_is_refused_before_training(tmp_path, manifest, name, expected):
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    text = (COMMITTED / "manifest.json").read_text() if manifest is None else manifest  # the committed models
+    (artifacts / "manifest.json").write_text(text)
+    data = str(write_answer_log(tmp_path / "answers.csv", students=10))
+    run = tmp_path / "run"
+    assert expected in train_error("--csv", data, "--artifacts", str(artifacts), "--name", name, "--run-dir", str(run))
+    assert (artifacts / "manifest.json").read_text() == text and not run.exists()
+
+
+@pytest.mark.parametrize("manifest", [False, True])
+def test_a_new_model_never_overwrites_a_file_of_the_same_name(tmp_path, manifest):
+    (tmp_path / "README.md").write_text("mine")
+    if manifest:
+        (tmp_path / "manifest.json").write_text('{"schema_version": 1, "models": []}')
+    data = str(write_answer_log(tmp_path / "answers.csv", students=10))
+    line = train_error("--csv", data, "--artifacts", str(tmp_path), "--name", "README")
+    assert line.endswith("README.md exists and is not this model's; choose another --name")
+    assert (tmp_path / "README.md").read_text() == "mine"
+
+
+def test_a_csv_that_is_not_a_regular_file_is_refused():
+    assert (
+        train_error("--csv", "/dev/null")
+        == "Error: /dev/null: not a regular file (a CSV is read twice: once to check it, once to hash it)"
+    )
+
+
+def test_artifacts_under_a_file_are_refused_before_training(tmp_path):
+    (tmp_path / "file").write_text("")
+    data = str(write_answer_log(tmp_path / "answers.csv", students=10))
+    line = train_error("--csv", data, "--artifacts", str(tmp_path / "file" / "artifacts"))
+    assert line.endswith("artifacts: cannot write there (Not a directory)")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_a_seed_numpy_and_torch_cannot_take_is_one_line(tmp_path, seed):
+    data = str(write_answer_log(tmp_path / "answers.csv", students=10))
+    assert train_error("--csv", data, "--seed", seed) == f"Error: --seed {seed}: must be 0 to 4294967295"
+
+
+def test_a_split_without_both_outcomes_is_told_by_the_split_before_torch_loads(tmp_path):
+    log = read_answer_log(write(tmp_path, HEADER + "".join(f"s{index},q1,1\n" for index in range(10))))
+    with pytest.raises(AnswerLogError, match=r"the valid split \(2 students\) has only correct answers, so its AUC"):
+        split_students(log, seed=0)
+
+
 def test_an_answer_log_error_names_the_file(tmp_path):
     with pytest.raises(AnswerLogError, match=r"answers.csv:2: column 'student' is empty"):
         read_answer_log(write(tmp_path, HEADER + ",q1,1\n"))
@@ -181,11 +277,13 @@ def test_train_export_serve_and_answer_with_the_csvs_own_ids(tmp_path):
             without_model = client.post("/knowledge-trace", json={key: body[key] for key in body if key != "model"})
             assert without_model.json()["model"] == "mine"
 
-        unknown = client.post("/knowledge-trace", json={**body, "next_questions": [own_ids[0], "item-0", 7]})
+        odd = [own_ids[0], "item-0", 7, f" {own_ids[0]}"]  # unknown, another type, padded: each named
+        unknown = client.post("/knowledge-trace", json={**body, "next_questions": odd})
         assert unknown.status_code == 422
         assert [error["loc"] for error in unknown.json()["detail"]] == [
             ["body", "next_questions", 1],
             ["body", "next_questions", 2],
+            ["body", "next_questions", 3],
         ]
         assert "not a question of model mine (its question ids are strings" in unknown.json()["detail"][0]["msg"]
 
@@ -206,6 +304,7 @@ def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_pa
     run = Run(tmp_path / "answers.csv", tmp_path / "run", "dkt", epochs=2, seed=0, progress=False)
     first = train(run, log, "test")
     assert first["epochs_run"] == 2
+    assert first["recipe"]["batch"] == 22 and first["history"][0]["train_loss"] > 0  # 22 train students learn
     (run.run_dir / "result.json").unlink()  # as if stopped after its last checkpoint, before the test evaluation
     with pytest.raises(AnswerLogError, match="holds an unfinished run: pass --resume"):
         train(run, log, "test")
@@ -214,3 +313,7 @@ def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_pa
     resumed = train(replace(run, resume=True), log, "test")
     assert resumed["epochs_run"] == 2 and resumed["history"] == first["history"]
     assert resumed["test"] == first["test"]
+    with pytest.raises(AnswerLogError, match="finished run evaluated on its test split: pass --resume to export it"):
+        train(run, log, "test")
+    again = train(replace(run, resume=True), log, "test")  # an export that failed is retried without training
+    assert again["test"] == first["test"] and again["history"] == first["history"]
