@@ -37,7 +37,7 @@ SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row lengt
 INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
 PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (see `_learn_pace`)
-COLD_PACE = 6.0  # their pace while none has finished lately: a whole request takes several times its runs
+COLD_PACE = 3.0  # their pace while none has finished lately, or after an idle spell (see "Admission")
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
@@ -175,6 +175,7 @@ class ModelBatcher:
         self._admitted_seconds = 0.0  # what the admitted requests are predicted to take, one after another
         self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
         self._last_release = -math.inf  # when the last of them was done
+        self._last_done = -math.inf  # when the last request of any size was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = 0.0  # moving averages over admitted large bodies (`request_body_bytes`)
         self._cells_per_byte = 0.0
@@ -232,13 +233,14 @@ class ModelBatcher:
         """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason
         label); `timed`: the block is the request's handling, which teaches the pace."""
         now = self._clock()
+        if not self._admitted_rows and now - self._last_done > DEADLINE_SHARE * self.config.deadline_s:
+            self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
         own = self._seconds_for(rows, cells)
         predicted = self._admitted_seconds + own
         refusal = self._refusal(rows, now, predicted, large=own >= PACE_MIN_S)
         if refusal is not None:
             self._metrics.rejected.labels(self.name, refused_as or refusal[0]).inc()
             raise Overloaded(f"Model {self.name} is at capacity ({refusal[1]}); retry after the Retry-After delay.")
-        hold = (now, own) if timed and own >= PACE_MIN_S else None
         self._admitted_rows += rows
         self._admitted_seconds += own
         self._admitted_gauge.set(self._admitted_rows)
@@ -247,11 +249,12 @@ class ModelBatcher:
             yield
             finished = True
         finally:
-            if hold is not None:
-                self._learn_pace(*hold, finished)
+            if timed and own >= PACE_MIN_S:
+                self._learn_pace(now, own, finished)
             self._admitted_rows -= rows
             self._admitted_seconds -= own
             self._admitted_gauge.set(self._admitted_rows)
+            self._last_done = self._clock()
 
     def _refusal(self, rows: int, now: float, predicted: float, large: bool) -> tuple[str, str] | None:
         """Why a request `predicted` done in that many seconds at the cost models' pace (with the work ahead) is
@@ -345,7 +348,6 @@ class ModelBatcher:
             item.future.cancel()
 
     def _enqueue(self, items: list[_Item]) -> None:
-        """Put items in the queue and wake the batching loop."""
         self._queue.extend(items)
         self._queue_depth.inc(_rows(items))
         self._wakeup.set()
@@ -426,12 +428,10 @@ class ModelBatcher:
             return None
         reference = max(_rows(batch) for _, batch in batches)
 
-        def finish(candidate: tuple[Instance, list[_Item]]) -> float:
-            instance, batch = candidate
-            runs = math.ceil(reference / _rows(batch))
-            return instance.slots.free_at(now) + runs * _predicted(instance, batch)
+        def finish(instance: Instance, batch: list[_Item]) -> float:
+            return instance.slots.free_at(now) + math.ceil(reference / _rows(batch)) * _predicted(instance, batch)
 
-        return min(batches, key=finish)[0]
+        return min(batches, key=lambda pair: finish(*pair))[0]
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
         """The batch `instance` would run now (see "Batching"), spread over its free slots; empty when it cannot

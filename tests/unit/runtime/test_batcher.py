@@ -444,18 +444,34 @@ def test_admission_learns_how_much_longer_than_predicted_admitted_requests_take(
 def test_while_no_large_request_has_finished_lately_its_pace_is_taken_as_cold_pace(clock):
     """Nothing is known of the pace after a start, nor after a quarter of the deadline without a request done (the
     load may have changed): requests predicted to take at least PACE_MIN_S then count COLD_PACE times their
-    prediction, so a burst is not admitted on a stale word: two of 20 ms fit in 0.25 s (0.24 s), three do not,
+    prediction, so a burst is not admitted on a stale word: four of 20 ms fit in 0.25 s (0.24 s), five do not,
     until one has finished at its predicted pace; smaller ones count as they are."""
 
     async def scenario(batcher):
-        cold = _fits(batcher, 20, 20), _fits(batcher, 20, 20, 20), _fits(batcher, *[5] * 40)
+        cold = _fits(batcher, *[20] * 4), _fits(batcher, *[20] * 5), _fits(batcher, *[5] * 40)
         _taking(batcher, clock, 0.02, cells=20)
-        learned = _fits(batcher, 20, 20, 20)
+        learned = _fits(batcher, *[20] * 5)
         clock.advance(0.26)
-        return cold, learned, _fits(batcher, 20, 20, 20), _fits(batcher, 20, 20)
+        return cold, learned, _fits(batcher, *[20] * 5), _fits(batcher, *[20] * 4)
 
-    assert COLD_PACE == 6
+    assert COLD_PACE == 3
     assert _pacing(scenario, clock) == ((True, False, True), True, False, True)
+
+
+def test_a_pace_learned_before_an_idle_spell_is_forgotten_but_not_while_requests_stay_in_flight(clock):
+    """A pace of 9 (a crowded CPU) still holds while an admitted request has been running past the share of the
+    deadline (two of 20 ms need 0.36 s), but not once the model has been idle that long: the next burst counts
+    COLD_PACE times its prediction (two of 40 ms need 0.24 s), not a pace learned under a load that has gone."""
+
+    async def scenario(batcher):
+        _taking(batcher, clock, 0.9)  # 0.9 s for 0.1 s predicted
+        with batcher.admit(1, 20):
+            clock.advance(0.26)
+            in_flight = _fits(batcher, 20)
+        clock.advance(0.26)
+        return in_flight, _fits(batcher, 40, 40)
+
+    assert _pacing(scenario, clock) == (False, True)
 
 
 def test_a_failed_request_can_only_raise_the_pace_and_a_small_one_teaches_nothing(clock):
