@@ -234,13 +234,20 @@ class Gunicorn(BaseApplication):
         return app
 
 
+LISTENER_OPTIONS = (
+    (socket.SOL_SOCKET, socket.SO_REUSEADDR),
+    (socket.SOL_SOCKET, socket.SO_REUSEPORT),
+    (socket.IPPROTO_TCP, socket.TCP_NODELAY),
+)
+
+
 def unlistened(listener: Any) -> socket.socket:
     """A socket bound where gunicorn's `listener` is (SO_REUSEPORT) but not listening, `listener` closed: with a socket
     per worker, the kernel would hand a booting worker's socket new connections while its models load. asyncio's
     create_server listens on it once the app has started."""
     fresh = socket.socket(listener.family, socket.SOCK_STREAM)
-    fresh.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    fresh.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    for option in LISTENER_OPTIONS:  # as gunicorn set them (TCP_NODELAY: connections inherit it; no Nagle delay)
+        fresh.setsockopt(*option, listener.getsockopt(*option))
     fresh.bind(listener.getsockname())
     fresh.setblocking(False)
     listener.close()
