@@ -253,24 +253,20 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
     assert tmp_path.is_dir()  # a directory the user chose stays
 
 
-def _listening(port: int) -> set[str]:
-    """The inodes of the sockets listening on `port` (IPv4 and IPv6)."""
-    inodes = set()
+def _listening_of(pid: int, port: int) -> set[str]:
+    """The inodes of the sockets of process `pid` listening on `port` (IPv4 and IPv6)."""
+    listening = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
-
-
-def _owns_any(pid: int, inodes: set[str]) -> bool:
+                listening.add(fields[9])
     links = set()
     with contextlib.suppress(FileNotFoundError):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
             with contextlib.suppress(FileNotFoundError):
                 links.add(os.readlink(fd))
-    return any(f"socket:[{inode}]" in links for inode in inodes)
+    return {inode for inode in listening if f"socket:[{inode}]" in links}
 
 
 def _started_at(server: Server, pid: int) -> float | None:
@@ -294,17 +290,20 @@ def test_a_replacement_worker_listens_only_once_it_serves():
         first = set(_children(server.process.pid))
         os.kill(min(first), signal.SIGKILL)
         seen: dict[str, float] = {}  # listening socket of the replacement -> when first seen
-        deadline = time.monotonic() + 120
-        while (replacement := next(iter(set(_children(server.process.pid)) - first), None)) is None or (
-            started_at := _started_at(server, replacement)
-        ) is None:
+        deadline, lines_read, started_at = time.monotonic() + 120, 0, None
+        while started_at is None:
             assert time.monotonic() < deadline, server.output[-20:]
+            replacement = next(iter(set(_children(server.process.pid)) - first), None)
             if replacement is not None:
-                for inode in _listening(port):
-                    if _owns_any(replacement, {inode}):
-                        seen.setdefault(inode, time.time())
+                for inode in _listening_of(replacement, port):
+                    seen.setdefault(inode, time.time())
+                if len(server.output) != lines_read:  # its log read again only when it grew
+                    lines_read, started_at = len(server.output), _started_at(server, replacement)
             time.sleep(0.005)
-        (served_on,) = (inode for inode in _listening(port) if _owns_any(replacement, {inode}))
+        while not (serving := _listening_of(replacement, port)):  # it listens just after its startup line
+            assert time.monotonic() < deadline, server.output[-20:]
+            time.sleep(0.005)
+        (served_on,) = serving
         if served_on in seen:
             assert seen[served_on] >= started_at - 0.01, f"it listened {started_at - seen[served_on]:.2f} s early"
 
