@@ -89,15 +89,15 @@ def start(settings: Settings) -> None:
                     if port is not None:
                         sock.bind((settings.host, port))
                 except OSError as error:  # in use, or a host that does not resolve
-                    where = f"{settings.host}:{port} (MNEMO_HOST:MNEMO_{name.upper()})"
+                    where = f"{settings.address(port)} (MNEMO_HOST:MNEMO_{name.upper()})"
                     raise ValueError(f"cannot listen on {where}: {error.strerror}") from None
         entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
     except (ValueError, ManifestError) as error:
         sys.exit(f"mnemo: cannot start: {error}")
-    grpc = f", gRPC on {settings.host}:{settings.grpc_port}" if settings.grpc_port else ""
+    grpc = f", gRPC on {settings.address(settings.grpc_port)}" if settings.grpc_port else ""
     names = ", ".join(entry.name for entry in entries) or "no models"
     formatter = JsonFormatter() if settings.log_format == "json" else TextFormatter()
-    where = f"http://{settings.host}:{settings.port}{grpc}"
+    where = f"http://{settings.address(settings.port)}{grpc}"
     line = logging.LogRecord("mnemo", logging.INFO, __file__, 0, "serving %s on %s", (names, where), None)
     click.echo(formatter.format(line), err=True)  # in the log's format: a JSON log stays JSON lines
     from app.server import serve  # gunicorn and uvicorn, once the settings are known to be good

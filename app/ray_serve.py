@@ -107,7 +107,7 @@ def main(
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
         serve.run(build_application(settings, options), name=DEPLOYMENT_NAME, route_prefix="/")
-        print(f"mnemo: serving on http://{settings.host}:{settings.port} with Ray Serve ({options})", flush=True)
+        print(f"mnemo: serving on http://{settings.address(settings.port)} with Ray Serve ({options})", flush=True)
         stop.wait()
     finally:
         serve.shutdown()

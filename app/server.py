@@ -177,9 +177,8 @@ class Gunicorn(BaseApplication):
 
     def load_config(self) -> None:
         settings = self.settings
-        host = f"[{settings.host}]" if ":" in settings.host else settings.host
         options = {
-            "bind": [f"{host}:{settings.port}"],
+            "bind": [settings.address(settings.port)],
             "workers": settings.workers,
             # A socket of its own per worker (SO_REUSEPORT), so the kernel spreads new connections over the workers:
             # on one shared socket, asyncio's accept loop lets the first worker to wake take a whole burst.

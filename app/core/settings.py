@@ -285,3 +285,7 @@ class Settings(BaseSettings):
                 f"({self.intra_op_threads}) exceeds the {cpus} CPUs this process may use"
             )
         return self
+
+    def address(self, port: int) -> str:
+        """`host:port` as a bind address and a URL write it: an IPv6 host in brackets."""
+        return f"[{self.host}]:{port}" if ":" in self.host else f"{self.host}:{port}"

@@ -310,8 +310,7 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
         status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in ("", INFERENCE_SERVICE):
             await health_servicer.set(service, status)
-        host = f"[{settings.host}]" if ":" in settings.host else settings.host
-        address = f"{host}:{settings.grpc_port}"
+        address = settings.address(settings.grpc_port)
         try:
             server.add_insecure_port(address)
         except RuntimeError:

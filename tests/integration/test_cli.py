@@ -103,3 +103,30 @@ def test_importing_the_command_imports_neither_onnxruntime_nor_torch():
     code = "import sys, app.cli; print(sorted({'onnxruntime', 'torch'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_an_ipv6_host_is_bracketed_in_the_url_it_says_and_served_there():
+    port = free_port()
+    command = [sys.executable, "-m", "app.cli", "serve", "--host", "::1", "--port", str(port), "--models", KT_MODEL]
+    environment = {
+        **os.environ,
+        "MNEMO_ARTIFACTS_DIR": str(COMMITTED),
+        "MNEMO_PROVIDER": "cpu",
+        "MNEMO_LOG_FORMAT": "json",
+    }
+    with subprocess.Popen(command, env=environment, stderr=subprocess.PIPE, text=True, cwd=ROOT) as process:
+        try:
+            line = json.loads(process.stderr.readline())["message"]
+            assert line == f"serving {KT_MODEL} on http://[::1]:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    assert httpx.get(f"http://[::1]:{port}/ready", timeout=5).status_code == 200
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline and process.poll() is None, "it never served on [::1]"
+                    time.sleep(0.2)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
