@@ -1,18 +1,5 @@
-"""Micro-batching and admission for one model over its instances, sized and routed by what runs cost.
-
-docs/engine.md describes the design. In short:
-- **Admission.** `admit(rows, cells)` is 429 at once past `max_queue` admitted rows, or when the time since arrival
-  plus the admitted work and its own, predicted at the pace (`pace`), passes DEADLINE_SHARE of the deadline; alone,
-  a large request still runs. `reserve`: the same for a body being parsed, by what bodies of its size needed.
-- **Batching.** A batch starts from the earliest request's item and adds the queued items nearest in length that
-  each save at least MIN_SAVING of their own cost, within the ceilings and the head's deadline. An idle model runs
-  at once; while a run is in flight, the next batch waits for `max_batch` rows or `max_wait`.
-- **Routing.** Each batch goes to the instance predicted to finish it first (`_route`).
-- **Inline.** A lone request's batch predicted to take at most INLINE_MAX_RUN_S runs on the event loop itself.
-- **Chains.** `run_chain` runs a sequence's chunks in order on a run slot's thread, each from the state the one
-  before it ended with, giving the slot back after CHAIN_SLICE_S.
-- **Cancellation.** Items whose future is done or whose client has gone are dropped before they run.
-"""
+"""Micro-batching and admission for one model over its instances, sized and routed by what runs cost (docs/engine.md:
+admission, batching, routing, inline runs, chains, cancellation)."""
 
 from __future__ import annotations
 
@@ -32,12 +19,12 @@ from app.runtime.instances import Instance, RunGraph
 from app.runtime.stats import ModelStats
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
-DEADLINE_SHARE = 0.25  # a request must be predicted done within this share of its deadline (see "Admission")
+DEADLINE_SHARE = 0.25  # a request must be predicted done within this share of its deadline
 SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, pace, body sizes)
-INLINE_WINDOW_S = 0.02  # only in a request's first 20 ms: a long chunked history soon goes through the queue
+INLINE_WINDOW_S = 0.02  # a lone request runs inline only in its first 20 ms (a long history soon queues)
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
-PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (see `_learn_pace`)
-COLD_PACE = 3.0  # their pace while none has finished lately, or after an idle spell (see "Admission")
+PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (HTTP and JSON dominate the others)
+COLD_PACE = 3.0  # their pace while none has finished lately, or after an idle spell
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
@@ -57,21 +44,18 @@ class BatchConfig:
 
 @dataclass(eq=False)
 class Chain:
-    """The chunks of one sequence and the outputs of those run so far. Each chunk's `state_input` is the
-    `state_output` of the chunk before it (the first chunk's feeds hold the initial state)."""
+    """The chunks of one sequence, run in order, each fed the `state_output` of the one before as its `state_input`."""
 
-    chunks: Sequence[tuple[Feeds, int]]  # (feeds of one row, its length), never modified
+    chunks: Sequence[tuple[Feeds, int]]  # (feeds of one row, its length); the first's feeds hold the initial state
     state_input: str
     state_output: str
     outputs: list[Feeds] = field(default_factory=list)
 
-    def run(
-        self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock = time.perf_counter
-    ) -> list[Sample]:
-        """Run chunks in order until all are done, `budget_s` has passed or the request is no longer `wanted`."""
+    def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock) -> list[Sample]:
+        """Run chunks until all are done, `budget_s` has passed or the request is no longer `wanted`."""
         samples, started = [], clock()
-        while not self.done and wanted():
-            feeds, length = self.chunks[len(self.outputs)]
+        while self.remaining and wanted():
+            feeds, length = self.remaining[0]
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             run_started = clock()
@@ -82,16 +66,11 @@ class Chain:
         return samples
 
     @property
-    def done(self) -> bool:
-        return len(self.outputs) == len(self.chunks)
-
-    @property
     def remaining(self) -> Sequence[tuple[Feeds, int]]:
         return self.chunks[len(self.outputs) :]
 
     @property
     def cells(self) -> int:
-        """The steps of the chunks still to run (one row each)."""
         return sum(length for _, length in self.remaining)
 
 
@@ -104,9 +83,9 @@ class _Item:
     arrival: float  # when its request arrived: the earliest request's rows run first
     future: asyncio.Future[Feeds] = field(repr=False)
     connected: Callable[[], bool] | None = field(default=None, repr=False)  # is its client still there?
-    chain: Chain | None = field(default=None, repr=False)  # run alone, chunk after chunk (see "Chains")
+    chain: Chain | None = field(default=None, repr=False)
     keep: Keep = None
-    waiting: bool = True  # in the queue (or about to run inline), its wait not yet in mnemo_queue_wait_seconds
+    waiting: bool = True  # its wait not yet in mnemo_queue_wait_seconds
 
     def wanted(self) -> bool:
         """From any thread: its request still waits for it (not cancelled, client connected)."""
@@ -121,7 +100,6 @@ class _Item:
 
 
 def _smoothed(average: float | None, sample: float) -> float:
-    """The moving average (weight SMOOTHING for the newest sample); the sample itself before any (None, 0)."""
     return sample if not average else average + SMOOTHING * (sample - average)
 
 
@@ -151,24 +129,20 @@ class ModelBatcher:
         alone: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
     ) -> None:
-        """`alone()`: the server is handling a single request (see "Inline"). `clock`: the time source of every
-        wait, age and cost measured; the wait for a fuller batch is an event-loop timer, so a test that passes a
-        manual clock runs the loop on it too."""
-        self.name = name
-        self.instances = tuple(instances)
-        self._clock = clock
-        self.config = config
-        self._sequence_inputs = tuple(sequence_inputs)
-        self._sequence_outputs = dict(sequence_outputs)
-        self._metrics = metrics
+        """`alone()`: the server handles a single request (it may run inline). `clock` times every wait and run; the
+        wait for a fuller batch is an event-loop timer, so a test that passes a manual clock runs the loop on it."""
+        self.name, self.instances, self.config = name, tuple(instances), config
+        self._sequence_inputs, self._sequence_outputs = tuple(sequence_inputs), dict(sequence_outputs)
+        self._metrics, self._alone, self._clock = metrics, alone, clock
         # this model's series, bound once: a labels() lookup per row would cost more than the batching saves
         self._admitted_gauge = metrics.admitted_rows.labels(name)
         self._queue_depth = metrics.queue_depth.labels(name)
         self._queue_wait = metrics.queue_wait.labels(name)
         self._batch_size = metrics.batch_size.labels(name)
-        self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
-        self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
-        self._alone = alone
+        self._counted = {
+            i.name: (metrics.instance_runs.labels(name, i.name), metrics.instance_rows.labels(name, i.name))
+            for i in self.instances
+        }
         self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
@@ -177,15 +151,13 @@ class ModelBatcher:
         self._last_release = -math.inf  # when the last of them was done
         self._last_done = -math.inf  # when the last request of any size was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
-        self._rows_per_byte = 0.0  # moving averages over admitted large bodies (`request_body_bytes`)
-        self._cells_per_byte = 0.0
+        self._rows_per_byte = self._cells_per_byte = 0.0  # moving averages over admitted large bodies
         self._in_flight = 0
         self.runs_done = 0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._runs: set[asyncio.Task] = set()
 
-    # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
 
@@ -208,72 +180,67 @@ class ModelBatcher:
     @contextlib.contextmanager
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
         """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
-        cells = rows * self._typical_length if cells is None else cells
-        started, succeeded, size = request_arrival.get() or time.perf_counter(), False, request_body_bytes.get()
-        try:
-            with self._holding(rows, cells, timed=True):
-                if size:  # a large body, parsed: what its rows and cells per byte were
-                    self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
-                    self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
-                yield
-            succeeded = True
-        finally:
-            self.stats.request_done(time.perf_counter() - started, succeeded)
+        with self._holding(rows, rows * self._typical_length if cells is None else cells, request=True):
+            yield
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
-        """Hold the room a body of `body_bytes` bytes is expected to need while it is parsed (a row and no time until
-        a large body was admitted), or 429 at once."""
+        """Hold the room bodies of this size needed while one is parsed (a row and no time until a large body was
+        admitted), or 429 at once."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
         with self._holding(rows, body_bytes * self._cells_per_byte, refused_as="before_parsing"):
             yield
 
     @contextlib.contextmanager
-    def _holding(self, rows: int, cells: float, refused_as: str | None = None, timed: bool = False) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason
-        label); `timed`: the block is the request's handling, which teaches the pace."""
-        now = self._clock()
-        if not self._admitted_rows and now - self._last_done > DEADLINE_SHARE * self.config.deadline_s:
-            self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
-        own = self._seconds_for(rows, cells)
-        predicted = self._admitted_seconds + own
-        refusal = self._refusal(rows, now, predicted, large=own >= PACE_MIN_S)
-        if refusal is not None:
-            self._metrics.rejected.labels(self.name, refused_as or refusal[0]).inc()
-            raise Overloaded(f"Model {self.name} is at capacity ({refusal[1]}); retry after the Retry-After delay.")
-        self._admitted_rows += rows
-        self._admitted_seconds += own
-        self._admitted_gauge.set(self._admitted_rows)
-        finished = False
+    def _holding(self, rows: int, cells: float, refused_as: str | None = None, request: bool = False) -> Iterator[None]:
+        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason);
+        a `request` is counted in the statistics and teaches the pace and what its body's bytes needed."""
+        started, finished = request_arrival.get() or time.perf_counter(), False
         try:
-            yield
-            finished = True
-        finally:
-            if timed and own >= PACE_MIN_S:
-                self._learn_pace(now, own, finished)
-            self._admitted_rows -= rows
-            self._admitted_seconds -= own
+            now = self._clock()
+            if not self._admitted_rows and now - self._last_done > DEADLINE_SHARE * self.config.deadline_s:
+                self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
+            own = self._seconds_for(rows, cells)
+            self._refuse_unless_fits(rows, now, own, refused_as)
+            size = request_body_bytes.get() if request else None
+            if size:  # a large body, parsed: what its rows and cells per byte were
+                self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
+                self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
+            self._admitted_rows += rows
+            self._admitted_seconds += own
             self._admitted_gauge.set(self._admitted_rows)
-            self._last_done = self._clock()
+            try:
+                yield
+                finished = True
+            finally:
+                if request and own >= PACE_MIN_S:
+                    self._learn_pace(now, own, finished)
+                self._admitted_rows -= rows
+                self._admitted_seconds -= own
+                self._admitted_gauge.set(self._admitted_rows)
+                self._last_done = self._clock()
+        finally:
+            if request:
+                self.stats.add("success" if finished else "fail", time.perf_counter() - started)
 
-    def _refusal(self, rows: int, now: float, predicted: float, large: bool) -> tuple[str, str] | None:
-        """Why a request `predicted` done in that many seconds at the cost models' pace (with the work ahead) is
-        refused (reason, text), or None. The pace of a `large` one (PACE_MIN_S) is at least COLD_PACE when none has
-        finished within the share of the deadline: what it was learned from may no longer hold."""
-        if self._admitted_rows and self._admitted_rows + rows > self.config.max_queue:
-            return "queue_full", f"{self._admitted_rows} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-        arrival = request_arrival.get()
+    def _refuse_unless_fits(self, rows: int, now: float, own: float, refused_as: str | None) -> None:
+        """429 past max_queue rows, or when the request would not be done within DEADLINE_SHARE of its deadline with
+        the admitted work at the pace (a large one, at least COLD_PACE when none finished lately); a request alone
+        is admitted, and one already past its deadline goes on to its 504."""
+        budget, arrival, admitted = DEADLINE_SHARE * self.config.deadline_s, request_arrival.get(), self._admitted_rows
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
-        if waited >= self.config.deadline_s:  # already past its deadline: that is its answer (504), not a 429
-            return None
-        budget = DEADLINE_SHARE * self.config.deadline_s
         stale = not self._paced[1] or now - self._last_release > budget
-        pace = max(COLD_PACE, self.pace) if large and stale else self.pace
-        needed = waited + (pace * predicted if self._admitted_rows else 0.0)  # alone, a large request still runs
-        if needed > budget:
+        pace = max(COLD_PACE, self.pace) if own >= PACE_MIN_S and stale else self.pace
+        needed = waited + (pace * (self._admitted_seconds + own) if admitted else 0.0)
+        if admitted and admitted + rows > self.config.max_queue:
+            reason, text = "queue_full", f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
+        elif waited < self.config.deadline_s and needed > budget:
             allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
-            return "deadline", f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
-        return None
+            reason, text = "deadline", f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
+        else:
+            return
+        self._metrics.rejected.labels(self.name, refused_as or reason).inc()
+        raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
 
     @property
     def pace(self) -> float:
@@ -283,16 +250,15 @@ class ModelBatcher:
 
     def _learn_pace(self, since: float, own: float, finished: bool) -> None:
         """Count the wall time since a request was admitted or the one before it was done (the later) against its
-        own prediction, or against none when it failed: its work was not done. (Below PACE_MIN_S, costs the cost
-        models do not see, HTTP and JSON, dominate: such requests do not count.)"""
+        own prediction, or against none when it failed (its work was not done)."""
         now = self._clock()
         wall, self._last_release = now - max(since, self._last_release), now
         decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time to the sums, it does not age them
         self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
 
     def _seconds_for(self, rows: int, cells: float) -> float:
-        """Predicted seconds for the instances to run `rows` rows of `cells` cells in all (rows of their mean
-        length): each slot group at its best instance's rate, in runs as large as its ceilings allow."""
+        """Predicted seconds to run `rows` rows of `cells` cells in all: each slot group at its best instance's rate,
+        in runs as large as its ceilings allow."""
         length = max(1, round(cells / rows))
         rates: dict[int, float] = {}  # cells per second, per slot group
         for instance in self.instances:
@@ -329,8 +295,8 @@ class ModelBatcher:
         return [concatenate([next(done) for _ in request_parts]) for request_parts in parts]
 
     async def run_chain(self, chain: Chain) -> list[Feeds]:
-        """The outputs of each chunk of `chain` (one row each), run as described under "Chains"."""
-        item = self._item({}, 1, chain.cells, chain)
+        """The outputs of each chunk of `chain`, run on a run slot's thread in slices of CHAIN_SLICE_S."""
+        item = self._item({}, 1, chain.cells, chain=chain)
         self._enqueue([item])
         return (await self._outcomes([item]))[0]
 
@@ -352,7 +318,7 @@ class ModelBatcher:
         self._queue_depth.inc(_rows(items))
         self._wakeup.set()
 
-    def _parts(self, feeds: Feeds, rows: int, length: int, keep: Keep = None) -> list[_Item]:
+    def _parts(self, feeds: Feeds, rows: int, length: int, keep: Keep) -> list[_Item]:
         """Queue items for `rows` rows: one, or parts that the instance of the highest row ceiling can run."""
         self._typical_length = _smoothed(self._typical_length, length)
         size = max(map(self._row_ceiling, self.instances))
@@ -434,8 +400,9 @@ class ModelBatcher:
         return min(batches, key=lambda pair: finish(*pair))[0]
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
-        """The batch `instance` would run now (see "Batching"), spread over its free slots; empty when it cannot
-        run the earliest request's item."""
+        """The batch `instance` would run now, spread over its free slots: the earliest request's item, then the
+        queued items nearest in length that save MIN_SAVING within the ceilings and the head's deadline; empty when
+        it cannot run the head."""
         head = min(queue, key=lambda item: item.arrival)
         if head.chain is not None or head.rows > self._row_ceiling(instance):
             return [head] if head.chain is not None else []
@@ -470,12 +437,13 @@ class ModelBatcher:
         return [item for item in batch if not item.abandoned()]
 
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
-        """See "Inline" (`slots_held`: 1 when this batch's run slot is already taken)."""
+        """A lone request's batch predicted to take at most INLINE_MAX_RUN_S, with no other run on its slots, runs on
+        the event loop (`slots_held`: 1 when this batch's run slot is already taken)."""
         return (
             instance.cost.known
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S
             and self._clock() - min(item.arrival for item in batch) < INLINE_WINDOW_S
-            and instance.slots.free == instance.slots.runs - slots_held  # no other run in progress on its slots
+            and instance.slots.free == instance.slots.runs - slots_held
             and self._alone()
         )
 
@@ -486,22 +454,21 @@ class ModelBatcher:
             if item.waiting:
                 item.waiting = False
                 self._queue_wait.observe(now - item.enqueued)
-                self.stats.waited(now - item.enqueued)
+                self.stats.add("queue", now - item.enqueued)
 
     async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
-        """Run a batch on one of `instance`'s run-slot threads, or on the event loop itself when `inline`."""
+        """Run a batch on one of `instance`'s run-slot threads, or on the event loop itself when `inline`; a failed
+        batch is rerun item by item, so one bad input fails only its own request."""
         self._stop_waiting(batch)
-        loop = asyncio.get_running_loop()
         end = self._clock() + _predicted(instance, batch)
         instance.slots.ends.append(end)
         try:
             try:
-                execute = functools.partial(self._execute, instance, batch)
-                results, samples = execute() if inline else await loop.run_in_executor(instance.slots.executor, execute)
+                results, samples = await self._execute(instance, batch, inline)
                 outcomes: list[Feeds | BaseException] = list(results)
                 self._learn(instance, samples)
             except Exception as error:
-                outcomes = [error] if len(batch) == 1 else await self._isolate(instance, batch)
+                outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item) for item in batch]
             for item, outcome in zip(batch, outcomes, strict=True):
                 if item.future.done() or (item.chain is not None and self._requeued(item, outcome)):
                     continue
@@ -519,7 +486,7 @@ class ModelBatcher:
 
     def _requeued(self, item: _Item, outcome: Feeds | BaseException) -> bool:
         """True when a chain stopped before its last chunk: queued again for the rest, or cancelled (client gone)."""
-        if isinstance(outcome, BaseException) or item.chain.done:
+        if isinstance(outcome, BaseException) or not item.chain.remaining:
             return False
         if not item.abandoned():
             item.length, item.enqueued, item.waiting = item.chain.cells, self._clock(), True
@@ -528,23 +495,27 @@ class ModelBatcher:
 
     def _learn(self, instance: Instance, samples: list[Sample]) -> None:
         """Teach `instance`'s cost model the runs just done, and count them."""
+        runs, rows_run = self._counted[instance.name]
         for rows, length, seconds in samples:
             instance.cost.observe(rows, length, seconds)
-            self._instance_runs[instance.name].inc()
-            self._instance_rows[instance.name].inc(rows)
+            runs.inc()
+            rows_run.inc(rows)
 
-    async def _isolate(self, instance: Instance, batch: list[_Item]) -> list[Feeds | BaseException]:
-        """A failed batch is rerun item by item, so one bad input fails only its own request."""
-        loop = asyncio.get_running_loop()
-        outcomes: list[Feeds | BaseException] = []
-        for item in batch:
-            try:
-                outcomes += (await loop.run_in_executor(instance.slots.executor, self._execute, instance, [item]))[0]
-            except Exception as error:
-                outcomes.append(error)
-        return outcomes
+    async def _rerun(self, instance: Instance, item: _Item) -> Feeds | BaseException:
+        """The outputs of `item` run alone on a run-slot thread, or its error."""
+        try:
+            return (await self._execute(instance, [item]))[0][0]
+        except Exception as error:
+            return error
 
-    def _execute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
+    async def _execute(self, instance: Instance, batch: list[_Item], inline: bool = False) -> tuple[list, list[Sample]]:
+        """`_compute` on a run-slot thread of `instance`, or on the event loop when `inline`."""
+        compute = functools.partial(self._compute, instance, batch)
+        return (
+            compute() if inline else await asyncio.get_running_loop().run_in_executor(instance.slots.executor, compute)
+        )
+
+    def _compute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
         """Collate, run and split, or run a chain's next chunks; also each run's `Sample` (collating included)."""
         chain = batch[0].chain
         if chain is not None:
@@ -559,7 +530,7 @@ class ModelBatcher:
         outputs = instance.run(feeds)
         finished = self._clock()
         rows, longest = _rows(batch), max(item.length for item in batch)
-        self._batch_size.observe(rows)  # every completed run, `_isolate` reruns too
+        self._batch_size.observe(rows)  # every completed run, reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [part if i.keep is None else {n: part[n] for n in i.keep} for part, i in zip(parts, batch, strict=True)]
         self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)

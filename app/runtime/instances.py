@@ -24,13 +24,12 @@ OOM_MESSAGES = ("Failed to allocate memory", "is smaller than requested bytes", 
 
 
 class RunSlots:
-    """At most `runs` ONNX runs at once, each on its own executor thread, and the predicted end of each. Every CPU
-    instance shares the engine's (the thread budget); any other has one of its own (a GPU runs one batch at once)."""
+    """At most `runs` ONNX runs at once, each on its own executor thread. Every CPU instance shares the engine's (the
+    thread budget); any other has one of its own (a GPU runs one batch at once)."""
 
     def __init__(self, runs: int, name: str = "onnx-run") -> None:
-        self.runs = runs
+        self.runs, self.taken = runs, 0  # slots acquired and not yet released (asyncio.Semaphore does not say)
         self.semaphore = asyncio.Semaphore(runs)
-        self.taken = 0  # slots acquired and not yet released (asyncio.Semaphore does not say)
         self.executor = ThreadPoolExecutor(max_workers=runs, thread_name_prefix=name)
         self.ends: list[float] = []  # predicted end of each run in progress (the clock of its batcher)
 
@@ -73,7 +72,7 @@ class Instance:
     name: str  # unique within its model: its provider's short name and its place in MNEMO_PROVIDER (`cpu-1`)
     provider: str  # the onnxruntime provider
     run: RunGraph  # blocking: the batcher calls it on one of `slots`' threads
-    slots: RunSlots | None = None  # set by the engine (app/runtime/engine.py)
+    slots: RunSlots | None = None  # set by the engine
     session: ort.InferenceSession | None = None
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run this instance takes at most (its device's memory); None: no own limit
@@ -81,7 +80,6 @@ class Instance:
 
     @property
     def row_limit(self) -> int | None:
-        """`max_rows`, lowered to what the device was seen to hold once a batch ran out of its memory."""
         return min((limit for limit in (self.max_rows, self.fitted_rows) if limit), default=None)
 
     @property
@@ -93,13 +91,13 @@ class Instance:
 
 
 def session_instance(name: str, session: ort.InferenceSession, model: str, metrics: Metrics) -> Instance:
-    """An instance that runs `session`, each run timed in mnemo_inference_duration_seconds."""
+    """An instance that runs `session`, each run timed in mnemo_inference_duration_seconds. A batch the device cannot
+    hold is halved and each half run again (mnemo_oom_splits_total), down to one row (then 503); the batcher then
+    forms no batch larger than what fitted."""
     output_names = [output.name for output in session.get_outputs()]
     observe, on_split = metrics.inference.labels(model).observe, metrics.oom_splits.labels(model).inc
 
     def run_graph(feeds: Feeds) -> Feeds:
-        """A batch the device cannot hold is halved and each half run again (counted in mnemo_oom_splits_total),
-        down to one row (then 503); the batcher then forms no batch larger than what fitted."""
         try:
             return dict(zip(output_names, session.run(output_names, feeds), strict=True))
         except Exception as error:
@@ -114,9 +112,8 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
         half = (rows + 1) // 2
         instance.fitted_rows = min(instance.fitted_rows or half, half)
         on_split()
-        first = {key: value[:half] for key, value in feeds.items()}
-        second = {key: value[half:] for key, value in feeds.items()}
-        return concatenate([run_graph(first), run_graph(second)])
+        halves = (slice(None, half), slice(half, None))
+        return concatenate([run_graph({key: value[part] for key, value in feeds.items()}) for part in halves])
 
     def run(feeds: Feeds) -> Feeds:
         started = time.perf_counter()

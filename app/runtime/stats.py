@@ -1,5 +1,5 @@
-"""One model's inference statistics, counted by its batcher in this process, as Triton's statistics extension
-reports them: requests (a 429 at admission is a failure), queue waits, and each run's rows and phases."""
+"""One model's inference statistics in the shape of Triton's statistics extension, counted by its batcher: requests
+(a 429 at admission is a failure), queue waits, and each run's rows and phases."""
 
 from __future__ import annotations
 
@@ -16,8 +16,13 @@ def _durations(*names: str) -> Durations:
     return {name: {"count": 0, "ns": 0} for name in names}
 
 
+def _add(durations: Durations, name: str, seconds: float) -> None:
+    durations[name]["count"] += 1
+    durations[name]["ns"] += int(seconds * 1e9)
+
+
 class ModelStats:
-    """Thread-safe counters: executions are recorded on the run-slot threads, requests on the event loop."""
+    """Thread-safe counters: runs are counted on the run-slot threads, the rest on the event loop."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -26,20 +31,10 @@ class ModelStats:
         self.inference_count = self.execution_count = 0
         self.last_inference_ms = 0  # Unix time of the last execution, in milliseconds (0: none yet)
 
-    @staticmethod
-    def _add(durations: Durations, name: str, seconds: float) -> None:
-        durations[name]["count"] += 1
-        durations[name]["ns"] += int(seconds * 1e9)
-
-    def request_done(self, seconds: float, succeeded: bool) -> None:
-        """An admitted request's duration from its arrival."""
+    def add(self, name: str, seconds: float) -> None:
+        """A request done (`success` or `fail`, from its arrival) or a queue item's wait (`queue`)."""
         with self._lock:
-            self._add(self.inference, "success" if succeeded else "fail", seconds)
-
-    def waited(self, seconds: float) -> None:
-        """A queue item's wait from its submission to the start of its run."""
-        with self._lock:
-            self._add(self.inference, "queue", seconds)
+            _add(self.inference, name, seconds)
 
     def executed(self, rows: int, *phase_seconds: float) -> None:
         """A run of `rows` rows and the seconds of each of its PHASES."""
@@ -49,7 +44,7 @@ class ModelStats:
             self.last_inference_ms = int(time.time() * 1000)
             for durations in (self.inference, self.by_batch_size.setdefault(rows, _durations(*PHASES))):
                 for phase, seconds in zip(PHASES, phase_seconds, strict=True):
-                    self._add(durations, phase, seconds)
+                    _add(durations, phase, seconds)
 
     def snapshot(self) -> dict[str, Any]:
         """The counters in the statistics extension's shape (less the model's name and version)."""
@@ -60,6 +55,6 @@ class ModelStats:
                 "execution_count": self.execution_count,
                 "inference_stats": deepcopy(self.inference),
                 "batch_stats": [
-                    {"batch_size": size, **deepcopy(phases)} for size, phases in sorted(self.by_batch_size.items())
+                    {"batch_size": size, **deepcopy(by)} for size, by in sorted(self.by_batch_size.items())
                 ],
             }
