@@ -140,8 +140,8 @@ async def toy(body: ToyRequest, request: Request) -> dict:
     for index, value in enumerate(body.k):
         if value < 0:
             raise InvalidInput(("k", index), f"k must be >= 0, got {value}")
-    if len(body.k) > model.limits["max_rows"]:
-        raise InvalidInput("k", f"at most {model.limits['max_rows']} items")
+    if len(body.k) > model.entry.limits["max_rows"]:
+        raise InvalidInput("k", f"at most {model.entry.limits['max_rows']} items")
     feeds = {"x": np.array(body.x, dtype=np.float32), "k": np.array(body.k, dtype=np.int64)}
     with model.batcher.admit(len(body.k)):
         outputs = await complete(request, model.batcher.run(feeds, len(body.k), 1), model.name)
@@ -226,7 +226,7 @@ class ToyTask:
         return self._prepare(model) if self._prepare else toy_state(model)
 
     def describe(self, model: ServedModel) -> dict[str, Any]:
-        return {"width": model.metadata["width"]}
+        return {"width": model.entry.metadata["width"]}
 
 
 def toy_tasks(prepare=None) -> dict[str, ToyTask]:

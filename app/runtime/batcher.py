@@ -129,8 +129,8 @@ class ModelBatcher:
         alone: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
     ) -> None:
-        """`alone()`: the server handles a single request (it may run inline). `clock` times every wait and run; the
-        wait for a fuller batch is an event-loop timer, so a test that passes a manual clock runs the loop on it."""
+        """`alone()`: the server handles a single request. `clock` times every wait and run (a test that passes a
+        manual clock runs the event loop's timers on it too)."""
         self.name, self.instances, self.config = name, tuple(instances), config
         self._sequence_inputs, self._sequence_outputs = tuple(sequence_inputs), dict(sequence_outputs)
         self._metrics, self._alone, self._clock = metrics, alone, clock
@@ -185,16 +185,15 @@ class ModelBatcher:
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
-        """Hold the room bodies of this size needed while one is parsed (a row and no time until a large body was
-        admitted), or 429 at once."""
+        """Hold the room bodies of this size needed while one is parsed (one row until one was admitted), or 429."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
         with self._holding(rows, body_bytes * self._cells_per_byte, refused_as="before_parsing"):
             yield
 
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, refused_as: str | None = None, request: bool = False) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason);
-        a `request` is counted in the statistics and teaches the pace and what its body's bytes needed."""
+        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once; a `request` is counted in the
+        statistics and teaches the pace and what its body's bytes needed."""
         started, finished = request_arrival.get() or time.perf_counter(), False
         try:
             now = self._clock()
@@ -244,21 +243,19 @@ class ModelBatcher:
 
     @property
     def pace(self) -> float:
-        """How many times their prediction admitted requests take (at least 1): wall time per predicted second."""
+        """Wall time per predicted second that admitted requests take (at least 1)."""
         wall, predicted = self._paced
         return max(1.0, wall / predicted if predicted else 1.0)
 
     def _learn_pace(self, since: float, own: float, finished: bool) -> None:
-        """Count the wall time since a request was admitted or the one before it was done (the later) against its
-        own prediction, or against none when it failed (its work was not done)."""
+        """Count the wall time since a request's admission (or the previous end) against its prediction, or none."""
         now = self._clock()
         wall, self._last_release = now - max(since, self._last_release), now
         decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time to the sums, it does not age them
         self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
 
     def _seconds_for(self, rows: int, cells: float) -> float:
-        """Predicted seconds to run `rows` rows of `cells` cells in all: each slot group at its best instance's rate,
-        in runs as large as its ceilings allow."""
+        """Predicted seconds for `rows` rows of `cells` cells: each slot group at its best instance's rate."""
         length = max(1, round(cells / rows))
         rates: dict[int, float] = {}  # cells per second, per slot group
         for instance in self.instances:
@@ -272,10 +269,8 @@ class ModelBatcher:
 
     # -- submission --------------------------------------------------------------------------------
     async def run(self, feeds: Feeds, rows: int, length: int, keep: Collection[str] | None = None) -> Feeds:
-        """Outputs for `rows` rows of one sequence length, run in batches with other requests' rows; with `keep`,
-        only those outputs (the others of each run are freed as soon as it is split)."""
-        (outputs,) = await self.run_all([(feeds, rows, length)], keep)
-        return outputs
+        """Outputs for `rows` rows of one length, batched with other requests' rows; with `keep`, only those."""
+        return (await self.run_all([(feeds, rows, length)], keep))[0]
 
     async def run_all(
         self, requests: Sequence[tuple[Feeds, int, int]], keep: Collection[str] | None = None
@@ -383,8 +378,7 @@ class ModelBatcher:
         return min(self.config.max_batch, instance.row_limit or self.config.max_batch)
 
     def _route(self, queue: list[_Item]) -> Instance | None:
-        """The instance predicted to finish the queue's next batch first: when a slot of it frees, plus the runs it
-        needs for the rows of the largest batch any instance would take now; None for an empty queue."""
+        """The instance predicted to finish the queue's next batch first (by the largest batch any would take now)."""
         if len(self.instances) == 1:
             return self.instances[0] if queue else None
         now = self._clock()
@@ -400,9 +394,8 @@ class ModelBatcher:
         return min(batches, key=lambda pair: finish(*pair))[0]
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
-        """The batch `instance` would run now, spread over its free slots: the earliest request's item, then the
-        queued items nearest in length that save MIN_SAVING within the ceilings and the head's deadline; empty when
-        it cannot run the head."""
+        """The batch `instance` would run now: the earliest request's item, then the nearest in length that save
+        MIN_SAVING, within the ceilings, the head's deadline and a share of the queue per free slot."""
         head = min(queue, key=lambda item: item.arrival)
         if head.chain is not None or head.rows > self._row_ceiling(instance):
             return [head] if head.chain is not None else []
@@ -437,8 +430,7 @@ class ModelBatcher:
         return [item for item in batch if not item.abandoned()]
 
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
-        """A lone request's batch predicted to take at most INLINE_MAX_RUN_S, with no other run on its slots, runs on
-        the event loop (`slots_held`: 1 when this batch's run slot is already taken)."""
+        """A lone request's small batch runs on the event loop when no other run holds its slots (but its own)."""
         return (
             instance.cost.known
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S
@@ -457,8 +449,7 @@ class ModelBatcher:
                 self.stats.add("queue", now - item.enqueued)
 
     async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
-        """Run a batch on one of `instance`'s run-slot threads, or on the event loop itself when `inline`; a failed
-        batch is rerun item by item, so one bad input fails only its own request."""
+        """Run a batch on a run-slot thread or `inline`; a failed one is rerun item by item (one bad input fails)."""
         self._stop_waiting(batch)
         end = self._clock() + _predicted(instance, batch)
         instance.slots.ends.append(end)

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from app.core.manifest import ModelEntry
 from app.core.metrics import Metrics
 from app.core.settings import Settings
 from app.runtime.batcher import BatchConfig, ModelBatcher
@@ -16,18 +15,6 @@ from app.runtime.model import GraphLayout, ServedModel, graph_layouts
 from app.runtime.registry import ModelRegistry
 
 TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
-
-
-def batch_config(settings: Settings, entry: ModelEntry) -> BatchConfig:
-    """Settings, overridden per model by the manifest's `batching`."""
-    override = entry.batching
-    return BatchConfig(
-        max_batch=override.max_batch or settings.max_batch,
-        max_wait_s=(settings.max_wait_ms if override.max_wait_ms is None else override.max_wait_ms) / 1000,
-        max_queue=override.max_queue or settings.max_queue,
-        deadline_s=settings.request_timeout_s,
-        max_cells=override.max_cells,
-    )
 
 
 class Engine:
@@ -40,27 +27,29 @@ class Engine:
         cpu_slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
         self._all_slots = [cpu_slots]  # and one per instance on another provider (a GPU runs one batch at once)
         self._served: list[ServedModel] = []
-        for model in registry.models.values():
-            if not model.ready:
-                continue
-            task = registry.tasks[model.task]
+        for model in filter(lambda model: model.ready, registry.models.values()):
+            task, override = registry.tasks[model.task], model.entry.batching  # settings, overridden per model
+            config = BatchConfig(
+                max_batch=override.max_batch or settings.max_batch,
+                max_wait_s=(settings.max_wait_ms if override.max_wait_ms is None else override.max_wait_ms) / 1000,
+                max_queue=override.max_queue or settings.max_queue,
+                deadline_s=settings.request_timeout_s,
+                max_cells=override.max_cells,
+            )
             layouts = {None: GraphLayout(task.sequence_inputs, task.sequence_outputs), **graph_layouts(task)}
             for key, graph in ((None, model), *model.graphs.items()):
                 for instance in graph.instances:
                     instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
                     self._all_slots += [] if instance.on_cpu else [instance.slots]
-                layout, config = layouts[key], batch_config(settings, model.entry)
-                graph.batcher = ModelBatcher(
-                    graph.name, graph.instances, layout.sequence_inputs, layout.sequence_outputs, config, metrics, alone
-                )
+                inputs, outputs = layouts[key].sequence_inputs, layouts[key].sequence_outputs
+                graph.batcher = ModelBatcher(graph.name, graph.instances, inputs, outputs, config, metrics, alone)
                 graph.batcher.start()
                 self._served.append(graph)
         self._trimmer = asyncio.create_task(self._trim_when_idle(), name="memory-trim")
 
     async def _trim_when_idle(self) -> None:
         """After runs, once no model has work admitted, hand freed pages back to the system."""
-        batchers = [served.batcher for served in self._served if served.batcher is not None]
-        trimmed_at = 0
+        batchers, trimmed_at = [served.batcher for served in self._served], 0
         while True:
             await asyncio.sleep(TRIM_EVERY_S)
             runs = sum(batcher.runs_done for batcher in batchers)
@@ -73,8 +62,7 @@ class Engine:
         with contextlib.suppress(asyncio.CancelledError):
             await self._trimmer
         for served in self._served:
-            if served.batcher is not None:
-                await served.batcher.stop()
-                served.batcher = None
+            await served.batcher.stop()
+            served.batcher = None
         for slots in self._all_slots:
             slots.close()

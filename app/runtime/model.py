@@ -31,8 +31,7 @@ class GraphLayout:
 
 
 def graph_layouts(task: Task) -> Mapping[str, GraphLayout]:
-    """The extra graphs of the same weights (the manifest's `graphs`, e.g. a sentence encoder alone) a model of
-    `task` may carry, each with its own sessions and batcher, by manifest key (none unless the task declares them)."""
+    """The extra graphs of the same weights a model of `task` may carry (the manifest's `graphs`), by key."""
     return getattr(task, "graphs", MappingProxyType({}))
 
 
@@ -47,8 +46,8 @@ class Admission:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One POST endpoint of a task's JSON API: the body is validated as `request`, admitted as `admit` says, then
-    `answer(model, body, alone)` is awaited within the deadline (`alone`: no other request, so it may run inline)."""
+    """One POST endpoint of a task's JSON API: the body validated as `request`, admitted as `admit` says, answered by
+    `answer(model, body, alone)` within the deadline (`alone`: no other request, so it may run inline)."""
 
     path: str
     name: str
@@ -70,8 +69,7 @@ class TensorCodec(Protocol):
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
     def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
-        """The checked request (blocking, on a worker thread); its `rows` and `cells` (steps or tokens; None: the
-        batcher's estimate) are admitted by the batcher."""
+        """The checked request (blocking, on a worker thread), with the `rows` and `cells` the batcher admits."""
 
     async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
 
@@ -96,8 +94,7 @@ class Task(Protocol):
 
 @dataclass
 class ServedModel:
-    """One manifest entry and, once loaded, its sessions, assets, task state and batcher; `graphs` holds its extra
-    graphs, each a `ServedModel` named `<model>.<key>`."""
+    """One manifest entry and, once loaded, its sessions, assets, task state, batcher and extra graphs."""
 
     entry: ModelEntry
     assets: dict[str, np.ndarray] = field(default_factory=dict)
@@ -117,16 +114,7 @@ class ServedModel:
         return self.entry.task
 
     @property
-    def limits(self) -> dict[str, int | float]:
-        return self.entry.limits
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self.entry.metadata
-
-    @property
-    def session(self) -> ort.InferenceSession | None:
-        """The first instance's session (all have the same inputs and outputs)."""
+    def session(self) -> ort.InferenceSession | None:  # the first instance's: all have the same inputs and outputs
         return self.instances[0].session if self.instances else None
 
     @property

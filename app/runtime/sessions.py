@@ -51,12 +51,11 @@ def session_providers(chosen: str, settings: Settings) -> list[tuple[str, dict[s
     """The providers of a session, with their options: the chosen one, then CPU for the nodes a GPU cannot run
     (TensorRT: CUDA, then CPU)."""
     cpu = (PROVIDER_NAMES["cpu"], {})
-    if chosen == PROVIDER_NAMES["cpu"]:
+    if chosen == cpu[0]:
         return [cpu]
     cuda = (PROVIDER_NAMES["cuda"], cuda_options(settings))
-    if chosen == PROVIDER_NAMES["tensorrt"]:
-        return [(chosen, {"device_id": cuda[1]["device_id"]}), cuda, cpu]
-    return [cuda, cpu]
+    tensorrt = [(chosen, {"device_id": cuda[1]["device_id"]})] if chosen == PROVIDER_NAMES["tensorrt"] else []
+    return [*tensorrt, cuda, cpu]
 
 
 def cuda_options(settings: Settings) -> dict[str, str]:
@@ -112,15 +111,14 @@ def _open_verified(path: Path, sha256: str, settings: Settings, provider: str) -
 
 
 class PreopenedSessions:
-    """Sessions opened on background threads (ONNX Runtime builds one without the GIL), each taken at most once;
-    the registry opens any other itself, so it still reports every error."""
+    """Sessions opened on background threads (ONNX Runtime builds one without the GIL), each taken at most once."""
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
         self._sessions: dict[tuple[Path, str, str], Future[ort.InferenceSession]] = {}  # by file, sha256, provider
 
     def start(self, settings: Settings) -> None:
-        """Start verifying and opening every ONNX file the manifest names; any problem is left to the registry."""
+        """Start verifying and opening every ONNX file the manifest names; the registry reports any problem."""
         try:
             artifacts, provider = Path(settings.artifacts_dir), resolve_provider(settings.provider)
             parts = [part for entry in load_manifest(artifacts).models for part in (entry, *entry.graphs.values())]

@@ -94,7 +94,7 @@ class Trace:
 
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets and the graph."""
-    metadata = model.metadata
+    metadata = model.entry.metadata
     family = FAMILIES.get(metadata.get("family", DKVMN.name))
     if family is None:
         raise ValueError(f"metadata.family is {metadata.get('family')!r}; known: {', '.join(FAMILIES)}")
@@ -116,8 +116,8 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         "family": family,
         "n_questions": n_questions,
         "seqlen": seqlen,
-        "max_interactions": positive_int(model.limits, "max_interactions"),
-        "max_histories": positive_int(model.limits, "max_histories"),
+        "max_interactions": positive_int(model.entry.limits, "max_interactions"),
+        "max_histories": positive_int(model.entry.limits, "max_histories"),
         "names": names,
     }
     if not family.has_concepts:  # a DKT history starts from zeros, shaped as the graph's state input

@@ -72,7 +72,7 @@ class EncodedPair:
 
 def prepare(model: ServedModel) -> SimilarityState:
     """Limits and labels from the manifest; the GloVe vectors with the model's special-token vectors."""
-    limits, metadata = model.limits, model.metadata
+    limits, metadata = model.entry.limits, model.entry.metadata
     labels = tuple(metadata.get("entailment_labels", ()))
     if len(labels) not in (0, 3) or not all(isinstance(label, str) for label in labels):
         raise ValueError("metadata.entailment_labels must list the 3 entailment labels (none: relatedness only)")
@@ -98,11 +98,11 @@ def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
         return None
     if set(model.graphs) != {"encoder", "head"}:
         raise ValueError(f"graphs must be both encoder and head, not {sorted(model.graphs)}")
-    dimension = positive_int(model.metadata, "embedding_dim")
+    dimension = positive_int(model.entry.metadata, "embedding_dim")
     output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
     if output_width != dimension:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
-    return EmbeddingLimits(dimension, positive_int(model.limits, "max_sentences"), encoder_id(model))
+    return EmbeddingLimits(dimension, positive_int(model.entry.limits, "max_sentences"), encoder_id(model))
 
 
 def encoder_id(model: ServedModel) -> str:

@@ -38,7 +38,7 @@ def test_models_are_verified_loaded_with_their_assets_and_ready(toy_artifacts):
     assert model.entry.sha256 == sha256_of(toy_artifacts / "toy-a.onnx")
     assert model.provider == "CPUExecutionProvider" and model.session is not None
     np.testing.assert_array_equal(model.assets["scale"], np.arange(4, dtype=np.float32))
-    assert (model.limits, model.entry.metrics, model.metadata, model.entry.card) == (
+    assert (model.entry.limits, model.entry.metrics, model.entry.metadata, model.entry.card) == (
         {"max_rows": 64},
         {"test_score": 1.0},
         {"width": 3},
