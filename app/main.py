@@ -17,7 +17,7 @@ from app.core.loop_lag import LoopLag
 from app.core.metrics import Metrics
 from app.core.settings import Settings
 from app.explorer.router import router as explorer_router
-from app.runtime.engine import Engine
+from app.runtime.engine import engine
 from app.runtime.model import Task
 from app.runtime.offload import offload, saturated
 from app.runtime.registry import ModelLoadError, ModelRegistry
@@ -86,8 +86,7 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
             app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
             stack.push_async_callback(offload, app.state.students.close)
             await offload(app.state.students.open)
-            engine = Engine(registry, settings, metrics, alone=app.state.drain.alone)
-            stack.push_async_callback(engine.stop)
+            await stack.enter_async_context(engine(registry, alone=app.state.drain.alone))
             app.state.loop_lag.start()
             stack.push_async_callback(app.state.loop_lag.stop)
             app.state.registry = registry

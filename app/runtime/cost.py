@@ -9,8 +9,8 @@ RIDGE = 1e-3  # pull toward the previous fit, relative to each coefficient's own
 
 
 class CostModel:
-    """Seconds per run, predicted from the runs observed so far (0 until the first). Plain floats, not numpy: the fit
-    runs on the event loop after every run, where numpy's per-call overhead on 3x3 arrays would cost more."""
+    """Seconds per run, predicted from the runs observed so far (0 until the first). Plain floats: numpy's per-call
+    overhead on 3x3 arrays would cost more on the event loop, after every run."""
 
     def __init__(self) -> None:
         # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
@@ -28,8 +28,7 @@ class CostModel:
         return fixed + per_step * length + per_cell * rows * length
 
     def observe(self, rows: int, length: int, seconds: float) -> None:
-        """Fit again with a run of `rows` rows of `length` steps that took `seconds` (at most OUTLIER times the
-        prediction: a run that waited for a CPU taken by another process says nothing of its own cost)."""
+        """Fit again with a run of `rows` x `length` that took `seconds` (at most OUTLIER x the prediction)."""
         predicted = self.predict(rows, length)
         if self.known and predicted > 0:
             seconds = min(seconds, OUTLIER * predicted)
@@ -59,18 +58,12 @@ class CostModel:
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
-    """x with matrix x = vector, by Gaussian elimination with partial pivoting (the matrix is positive definite)."""
-    size = len(vector)
-    rows = [[*matrix[i], vector[i]] for i in range(size)]
-    for column in range(size):
-        pivot = max(range(column, size), key=lambda row: abs(rows[row][column]))
-        rows[column], rows[pivot] = rows[pivot], rows[column]
-        for row in range(column + 1, size):
-            factor = rows[row][column] / rows[column][column]
-            for k in range(column, size + 1):
-                rows[row][k] -= factor * rows[column][k]
-    solution = [0.0] * size
-    for row in reversed(range(size)):
-        known = sum(rows[row][k] * solution[k] for k in range(row + 1, size))
-        solution[row] = (rows[row][size] - known) / rows[row][row]
-    return solution
+    """x with matrix x = vector, by Gauss-Jordan elimination (the matrix is positive definite: no pivoting needed)."""
+    rows = [[*row, value] for row, value in zip(matrix, vector, strict=True)]
+    for i, pivot in enumerate(rows):
+        pivot[:] = [value / pivot[i] for value in pivot]
+        for row in rows:
+            if row is not pivot:
+                factor = row[i]
+                row[:] = [value - factor * top for value, top in zip(row, pivot, strict=True)]
+    return [row[-1] for row in rows]

@@ -38,8 +38,7 @@ def _dynamic(dim: object) -> bool:
 
 
 def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1) -> dict[str, np.ndarray]:
-    """One input of each graph input: a dynamic first dim `rows`, other dynamic dims `length`; integers (and
-    booleans) 1, floats 0."""
+    """Each graph input, dynamic dims `rows` (the first) and `length`: integers (and booleans) 1, floats 0."""
     feeds = {}
     for graph_input in session.get_inputs():
         shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
@@ -51,8 +50,7 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
 
 
 def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
-    """Warm the session up, then teach its cost model runs at two batch sizes and two lengths (SEED_RUNS), each
-    the faster of two (the models load in parallel: a run may wait for a CPU)."""
+    """Warm the session up, then teach its cost model SEED_RUNS, each the faster of two (models load in parallel)."""
     session.run(None, _warm_up_feeds(session))  # the first run allocates: not a fair sample
     sequences = any(_dynamic(dim) for node in session.get_inputs() for dim in node.shape[1:])
     for rows, length in SEED_RUNS:
@@ -96,7 +94,7 @@ class ModelRegistry:
             logger.error("model %s is not served: %s", model.name, error)
 
     def _load_model(self, model: ServedModel) -> Exception | None:
-        """Load one model: its assets, its sessions and those of its extra graphs, its task state; the error, if any."""
+        """Load one model's assets, sessions (its extra graphs' too) and task state; the error, if any."""
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from app.core.metrics import Metrics
-from app.runtime.engine import Engine
+from app.runtime.engine import engine
 from app.runtime.instances import Instance
 from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
@@ -54,11 +54,8 @@ def _with_engine(registry: ModelRegistry, scenario):
     async def main():
         for instance in _instances(registry):
             instance.cost = flat_cost(0.01)
-        engine = Engine(registry, registry.settings, registry.metrics)
-        try:
+        async with engine(registry):
             return await scenario()
-        finally:
-            await engine.stop()
 
     return asyncio.run(main())
 
