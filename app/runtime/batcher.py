@@ -153,7 +153,6 @@ class ModelBatcher:
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = self._cells_per_byte = 0.0  # moving averages over admitted large bodies
         self._in_flight = 0
-        self.runs_done = 0
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._runs: set[asyncio.Task] = set()
@@ -471,7 +470,6 @@ class ModelBatcher:
             instance.slots.ends.remove(end)
             instance.slots.release()
             self._in_flight -= 1
-            self.runs_done += 1
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
                 self._wakeup.set()
 

@@ -3,6 +3,7 @@ per item (its length plus a fixed extra), so no item's result depends on its bat
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -13,11 +14,9 @@ Feeds = dict[str, np.ndarray]
 def pad_rows(arrays: Sequence[np.ndarray], length: int) -> np.ndarray:
     """Stack along axis 0, zero-padding axis 1 of each array to `length`."""
     first = arrays[0]
-    out = np.zeros((sum(len(a) for a in arrays), length, *first.shape[2:]), dtype=first.dtype)
-    offset = 0
-    for array in arrays:
-        out[offset : offset + len(array), : array.shape[1]] = array
-        offset += len(array)
+    out = np.zeros((sum(map(len, arrays)), length, *first.shape[2:]), dtype=first.dtype)
+    for start, array in zip(itertools.accumulate(map(len, arrays), initial=0), arrays, strict=False):
+        out[start : start + len(array), : array.shape[1]] = array
     return out
 
 
@@ -36,19 +35,16 @@ def collate(parts: Sequence[Feeds], sequence_inputs: Sequence[str]) -> Feeds:
 
 def split(outputs: Feeds, items: Sequence[tuple[int, int]], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
     """Per item `(rows, length)`: its rows of every output, sequence outputs trimmed to `length + extra`."""
-    results, offset = [], 0
-    for rows, length in items:
-        rows_slice = slice(offset, offset + rows)
-        results.append(
-            {
-                name: value[rows_slice, : length + sequence_outputs[name]]
-                if name in sequence_outputs
-                else value[rows_slice]
-                for name, value in outputs.items()
-            }
-        )
-        offset += rows
-    return results
+    starts = itertools.accumulate((rows for rows, _ in items), initial=0)
+    return [
+        {
+            name: value[start : start + rows, : length + sequence_outputs[name]]
+            if name in sequence_outputs
+            else value[start : start + rows]
+            for name, value in outputs.items()
+        }
+        for start, (rows, length) in zip(starts, items, strict=False)
+    ]
 
 
 def concatenate(parts: Sequence[Feeds]) -> Feeds:

@@ -55,11 +55,11 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
 
 
 async def _trim_when_idle(batchers: list[ModelBatcher]) -> None:
-    """After runs, once no model has work admitted, hand freed pages back to the system."""
+    """After runs (the statistics count them), once no model has work admitted, hand freed pages back."""
     trimmed_at = 0
     while True:
         await asyncio.sleep(TRIM_EVERY_S)
-        runs = sum(batcher.runs_done for batcher in batchers)
+        runs = sum(batcher.stats.execution_count for batcher in batchers)
         if runs != trimmed_at and not any(batcher.busy for batcher in batchers):
             await asyncio.to_thread(release_free_memory)
             trimmed_at = runs

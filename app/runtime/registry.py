@@ -3,6 +3,7 @@ models loading in parallel threads, each model's task (passed in) preparing its 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import timeit
@@ -113,19 +114,19 @@ class ModelRegistry:
         except Exception as error:
             model.instances, model.error = [], str(error)
             return error
-        seconds = time.perf_counter() - started
-        logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, seconds)
+        logger.info(
+            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
+        )
         return None
 
     def _open(self, model: ServedModel) -> None:
         """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
-        path, verified = confined(self.artifacts, model.entry.file), False
+        path, entry = confined(self.artifacts, model.entry.file), model.entry
+        verify_once = functools.cache(lambda: verify(path, entry.file, entry.sha256, "model file"))
         for index, provider in enumerate(self.providers):
-            session = preopened.take(path, model.entry.sha256, provider, self.settings)
+            session = preopened.take(path, entry.sha256, provider, self.settings)
             if session is None:
-                if not verified:
-                    verify(path, model.entry.file, model.entry.sha256, "model file")
-                    verified = True
+                verify_once()
                 session = open_session(path, self.settings, provider)
             check_session_provider(session, provider, model.name)
             model.output_names = [output.name for output in session.get_outputs()]
