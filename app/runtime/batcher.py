@@ -211,12 +211,17 @@ class ModelBatcher:
                 yield
                 finished = True
             finally:
-                if request and own >= PACE_MIN_S:
-                    self._learn_pace(now, own, finished)
+                done = self._clock()
+                if request and own >= PACE_MIN_S:  # its wall time since admission (or the last end) against `own`
+                    wall, self._last_release = done - max(now, self._last_release), done
+                    decay = (
+                        1 - SMOOTHING if finished else 1.0
+                    )  # a failure adds its time, not its work, and ages nothing
+                    self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
                 self._admitted_rows -= rows
                 self._admitted_seconds -= own
                 self._admitted_gauge.set(self._admitted_rows)
-                self._last_done = self._clock()
+                self._last_done = done
         finally:
             if request:
                 self.stats.add("success" if finished else "fail", time.perf_counter() - started)
@@ -245,13 +250,6 @@ class ModelBatcher:
         """Wall time per predicted second that admitted requests take (at least 1)."""
         wall, predicted = self._paced
         return max(1.0, wall / predicted if predicted else 1.0)
-
-    def _learn_pace(self, since: float, own: float, finished: bool) -> None:
-        """Count the wall time since a request's admission (or the previous end) against its prediction, or none."""
-        now = self._clock()
-        wall, self._last_release = now - max(since, self._last_release), now
-        decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time to the sums, it does not age them
-        self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
 
     def _seconds_for(self, rows: int, cells: float) -> float:
         """Predicted seconds for `rows` rows of `cells` cells: each slot group at its best instance's rate."""
@@ -456,7 +454,11 @@ class ModelBatcher:
             try:
                 results, samples = await self._execute(instance, batch, inline)
                 outcomes: list[Feeds | BaseException] = list(results)
-                self._learn(instance, samples)
+                runs, rows_run = self._counted[instance.name]
+                for rows, length, seconds in samples:  # teach the cost model the runs just done, and count them
+                    instance.cost.observe(rows, length, seconds)
+                    runs.inc()
+                    rows_run.inc(rows)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item) for item in batch]
             for item, outcome in zip(batch, outcomes, strict=True):
@@ -481,14 +483,6 @@ class ModelBatcher:
             item.length, item.enqueued, item.waiting = item.chain.cells, self._clock(), True
             self._enqueue([item])
         return True
-
-    def _learn(self, instance: Instance, samples: list[Sample]) -> None:
-        """Teach `instance`'s cost model the runs just done, and count them."""
-        runs, rows_run = self._counted[instance.name]
-        for rows, length, seconds in samples:
-            instance.cost.observe(rows, length, seconds)
-            runs.inc()
-            rows_run.inc(rows)
 
     async def _rerun(self, instance: Instance, item: _Item) -> Feeds | BaseException:
         """The outputs of `item` run alone on a run-slot thread, or its error."""
