@@ -139,10 +139,8 @@ class ModelBatcher:
         self._queue_depth = metrics.queue_depth.labels(name)
         self._queue_wait = metrics.queue_wait.labels(name)
         self._batch_size = metrics.batch_size.labels(name)
-        self._counted = {
-            i.name: (metrics.instance_runs.labels(name, i.name), metrics.instance_rows.labels(name, i.name))
-            for i in self.instances
-        }
+        self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
+        self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self.stats = ModelStats()
         self._queue: list[_Item] = []
         self._admitted_rows = 0
@@ -212,11 +210,9 @@ class ModelBatcher:
                 finished = True
             finally:
                 done = self._clock()
-                if request and own >= PACE_MIN_S:  # its wall time since admission (or the last end) against `own`
+                if request and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per `own`
                     wall, self._last_release = done - max(now, self._last_release), done
-                    decay = (
-                        1 - SMOOTHING if finished else 1.0
-                    )  # a failure adds its time, not its work, and ages nothing
+                    decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
                     self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
                 self._admitted_rows -= rows
                 self._admitted_seconds -= own
@@ -392,10 +388,12 @@ class ModelBatcher:
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
         """The batch `instance` would run now: the earliest request's item, then the nearest in length that save
-        MIN_SAVING, within the ceilings, the head's deadline and a share of the queue per free slot."""
+        MIN_SAVING, within the ceilings, the head's deadline and a share of the queue per free slot. A head over its
+        ceiling is left to an instance whose ceiling it fits, or runs alone where none has (a run ran out of memory)."""
         head = min(queue, key=lambda item: item.arrival)
         if head.chain is not None or head.rows > self._row_ceiling(instance):
-            return [head] if head.chain is not None else []
+            fits_another = head.rows <= max(map(self._row_ceiling, self.instances))
+            return [] if head.chain is None and fits_another else [head]
         spare = instance.slots.free - (0 if slot_held else 1)
         limit = min(self._row_ceiling(instance), math.ceil(_rows(queue) / (max(0, spare) + 1)))
         max_cells = self.config.max_cells if instance.on_cpu else None
@@ -454,11 +452,10 @@ class ModelBatcher:
             try:
                 results, samples = await self._execute(instance, batch, inline)
                 outcomes: list[Feeds | BaseException] = list(results)
-                runs, rows_run = self._counted[instance.name]
                 for rows, length, seconds in samples:  # teach the cost model the runs just done, and count them
                     instance.cost.observe(rows, length, seconds)
-                    runs.inc()
-                    rows_run.inc(rows)
+                    self._instance_runs[instance.name].inc()
+                    self._instance_rows[instance.name].inc(rows)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item) for item in batch]
             for item, outcome in zip(batch, outcomes, strict=True):

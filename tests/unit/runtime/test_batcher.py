@@ -641,3 +641,31 @@ def test_a_chain_stops_between_chunks_once_its_client_has_gone(toy_runs, clock):
 
     _drive(scenario, run_then_leave, clock, max_batch=8, max_wait_s=0)
     assert toy_runs.batches == [1]
+
+
+def test_an_item_queued_before_its_instance_s_ceiling_fell_still_runs(toy_runs, clock):
+    """A run out of device memory lowers the instance's row ceiling (`fitted_rows`) below an item already queued: that
+    item runs alone (its run halves it again if it must), where the loop used to spin on it and hang the event loop.
+    The scenario runs on a daemon thread, so that such a hang fails the test instead of the suite."""
+    instance = Instance("cpu-0", CPU, toy_runs)
+
+    async def scenario(batcher):
+        hold = toy_runs.hold()
+        first = asyncio.create_task(batcher.run(_feeds(1), 1, 1))
+        await hold.started()
+        feeds = {"x": np.arange(12, dtype=np.float32).reshape(4, 3), "k": np.ones(4, dtype=np.int64)}
+        queued = asyncio.create_task(batcher.run(feeds, 4, 1))
+        await _turns()
+        instance.fitted_rows = 2  # as the halving of a run that ran out of memory sets it
+        hold.release()
+        await first
+        return await queued
+
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(_drive(scenario, None, clock, instances=[instance])))
+    thread.daemon = True
+    thread.start()
+    thread.join(WATCHDOG_S)
+    assert outcome, "the batcher never ran the item queued before its instance's ceiling fell"
+    np.testing.assert_array_equal(outcome[0]["y"], np.arange(12, dtype=np.float32).reshape(4, 3) * 2)
+    assert toy_runs.batches == [1, 4]
