@@ -64,9 +64,7 @@ class ModelRegistry:
     """Loads every model of the manifest at startup and hands them to the transports."""
 
     def __init__(self, settings: Settings, tasks: Mapping[str, Task], metrics: Metrics) -> None:
-        self.settings = settings
-        self.tasks = dict(tasks)
-        self.metrics = metrics
+        self.settings, self.tasks, self.metrics = settings, dict(tasks), metrics
         self.artifacts = Path(settings.artifacts_dir)
         self.models: dict[str, ServedModel] = {}
         self.providers: list[str] = []  # the onnxruntime provider of each instance
@@ -80,8 +78,7 @@ class ModelRegistry:
         except Exception as error:
             raise ModelLoadError(str(error)) from None
         self.models = {entry.name: ServedModel(entry) for entry in entries}
-        workers = max(1, min(len(self.models), usable_cpus()))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="model-load") as pool:
+        with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
             outcomes = list(pool.map(self._load_model, self.models.values()))
         preopened.clear()
         for model, error in zip(self.models.values(), outcomes, strict=True):
