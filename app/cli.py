@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -10,7 +11,6 @@ import socket
 import sys
 import types
 import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from app.students.factory import check_url
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}  # the subcommands inherit it
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
-CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str
+CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str, bool a switch
 
 
 def flag_name(field: str) -> str:
@@ -37,17 +37,14 @@ def settings_option(name: str, field: FieldInfo) -> click.Option:
     annotation = field.annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
         [annotation] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-    if typing.get_origin(annotation) is typing.Literal:
-        kind = click.Choice([str(choice) for choice in typing.get_args(annotation)], case_sensitive=False)
-    else:
-        kind = CLICK_TYPES.get(annotation, click.STRING)
+    literal = typing.get_origin(annotation) is typing.Literal
+    kind = click.Choice(typing.get_args(annotation), case_sensitive=False) if literal else CLICK_TYPES.get(annotation)
     flag = flag_name(name)
     shown = not field.default_factory and field.default not in (None, "")  # a computed or unset default: not shown
     help_text = " ".join((field.description or "").split()) + f" (env MNEMO_{name.upper()})"
     return click.Option(
         [f"{flag}/--no-{flag[2:]}" if annotation is bool else flag, name],
-        type=None if annotation is bool else kind,
-        default=None,
+        type=kind,
         help=help_text + (f" [default: {field.default}]" if shown else ""),
     )
 
@@ -60,16 +57,14 @@ def settings_from(flags: dict[str, Any]) -> Settings:
         return Settings(**given)
     except ValidationError as error:
         flagged = [problem for problem in error.errors() if problem["loc"] and problem["loc"][0] in given]
+        named = flag_name if flagged else lambda name: f"MNEMO_{name.upper()}"
+        problems = []
+        for problem in flagged or error.errors():  # a rule across settings (no `loc`) names them itself
+            message = str(problem["msg"]).removeprefix("Value error, ")  # pydantic's prefix of a validator's error
+            problems.append(f"{named('.'.join(map(str, problem['loc'])))}: {message}" if problem["loc"] else message)
         if flagged:
-            raise click.UsageError("; ".join(_problem(problem, flag_name) for problem in flagged)) from None
-        problems = "; ".join(_problem(problem, lambda name: f"MNEMO_{name.upper()}") for problem in error.errors())
-        sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
-
-
-def _problem(error: Any, named: Callable[[str], str]) -> str:
-    """One settings error: `name: message`, or a rule across settings (it names them itself) alone."""
-    message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's prefix of a validator's ValueError
-    return f"{named('.'.join(map(str, error['loc'])))}: {message}" if error["loc"] else message
+            raise click.UsageError("; ".join(problems)) from None
+        sys.exit(f"mnemo: cannot start: invalid settings: {'; '.join(problems)}")
 
 
 def start(settings: Settings) -> None:
@@ -160,10 +155,7 @@ def train(context: click.Context) -> None:
     train.main(context.args, prog_name=context.command_path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The `mnemo` console script."""
-    cli.main(args=argv, prog_name="mnemo")
-
+main = functools.partial(cli.main, prog_name="mnemo")  # the `mnemo` console script: main(args=sys.argv[1:])
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -1,6 +1,5 @@
 """What `python -m app` runs: gunicorn with uvicorn (h11) workers, configured from Settings. gunicorn replaces a
-worker that dies or whose event loop stops beating for MNEMO_WORKER_STALL_S; a worker's first SIGTERM (or SIGHUP)
-drains it (docs/ARCHITECTURE.md), a second stops waiting."""
+worker that dies or stalls; a worker's first SIGTERM (or SIGHUP) drains it (docs/ARCHITECTURE.md), a second stops it."""
 
 from __future__ import annotations
 
@@ -41,7 +40,11 @@ GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests
 SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
-SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
+SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns UNPROTECTED
+UNPROTECTED = (
+    "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
+    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
+)
 
 
 class DrainingServer(uvicorn.Server):
@@ -61,16 +64,6 @@ class DrainingServer(uvicorn.Server):
             runs, threads = self.settings.concurrent_runs, self.settings.intra_op_threads
             logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them (a worker is never reloaded)."""
-        previous = signal.signal(signal.SIGHUP, self.handle_exit)
-        try:
-            with super().capture_signals():
-                yield
-        finally:
-            signal.signal(signal.SIGHUP, previous)
-
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining:  # a second signal: stop now
             self.should_exit = True
@@ -81,14 +74,13 @@ class DrainingServer(uvicorn.Server):
 
     def start_drain(self, reason: str) -> None:
         if self.drain_task is None:  # else a signal that arrived inside the first one's handler
-            drain_s = self.settings.drain_s
-            logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
-            self.drain_task = asyncio.ensure_future(self.finish_drain(drain_s))
+            self.drain_task = asyncio.ensure_future(self.finish_drain(reason))
 
-    async def finish_drain(self, drain_s: float) -> None:
+    async def finish_drain(self, reason: str) -> None:
+        drain_s = self.settings.drain_s
+        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
         deadline = time.monotonic() + drain_s
-        idle = await self.drain.wait_idle(drain_s)
-        if idle:
+        if idle := await self.drain.wait_idle(drain_s):
             await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
             idle = await self.drain.wait_idle(max(0.0, deadline - time.monotonic()))
         if idle:
@@ -116,17 +108,13 @@ class Worker(UvicornWorker):
             "timeout_keep_alive": settings.keep_alive_s,
         }
         super().__init__(age, ppid, sockets, app, *args)
-        self.orphaned = False
 
     def init_process(self) -> None:
-        """In the forked worker: its socket bound but not listening until uvicorn serves (`unlistened`), its CUDA
-        device (the worker number's of MNEMO_CUDA_DEVICE_ID); then gunicorn's own."""
+        """In the forked worker: its socket not listening until uvicorn serves, its CUDA device; then gunicorn's."""
         from app.runtime.sessions import for_worker
 
         self.sockets = [unlistened(listener) for listener in self.sockets]
-
-        listed = self.app.settings.cuda_device_id
-        self.app.settings = for_worker(self.app.settings, self.number)
+        listed, self.app.settings = self.app.settings.cuda_device_id, for_worker(self.app.settings, self.number)
         if (device := self.app.settings.cuda_device_id) != listed:  # several ids: say which one this worker got
             self.log.info("worker %d is number %d: CUDA device %s", os.getpid(), self.number, device)
         super().init_process()
@@ -138,9 +126,9 @@ class Worker(UvicornWorker):
     async def callback_notify(self) -> None:
         """The heartbeat to gunicorn's master; a worker whose master is gone (killed) drains and exits, once."""
         await super().callback_notify()
-        if os.getppid() != self.ppid and not self.orphaned:
-            self.orphaned = True
+        if (parent := os.getppid()) != self.ppid:
             logger.warning("worker %d: gunicorn's master %d is gone", os.getpid(), self.ppid)
+            self.ppid = parent  # its new parent: said and drained once
             os.kill(os.getpid(), signal.SIGTERM)
 
     async def serve(self) -> None:
@@ -150,6 +138,7 @@ class Worker(UvicornWorker):
             lambda record: not (app.state.startup_error and record.getMessage().startswith("Traceback"))
         )
         server = DrainingServer(self.config)
+        signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
         if not server.started:
@@ -221,16 +210,9 @@ class Gunicorn(BaseApplication):
             cannot_start(str(error))
         tune_malloc()  # before any thread starts
         preopened.start(self.settings)
-        if self.factory is None:
+        if (factory := self.factory) is None:
             from app.main import create_app as factory
-        else:
-            factory = self.factory
-        app = factory(self.settings)
-        if self.settings.workers > 1:
-            from app.transports.identity import IdentityHeaders
-
-            app.add_middleware(IdentityHeaders)  # X-Mnemo-Pid: which worker answered
-        return app
+        return factory(self.settings)
 
 
 LISTENER_OPTIONS = (
@@ -241,9 +223,8 @@ LISTENER_OPTIONS = (
 
 
 def unlistened(listener: Any) -> socket.socket:
-    """A socket bound where gunicorn's `listener` is (SO_REUSEPORT) but not listening, `listener` closed: with a socket
-    per worker, the kernel would hand a booting worker's socket new connections while its models load. asyncio's
-    create_server listens on it once the app has started."""
+    """A socket bound where gunicorn's `listener` is (SO_REUSEPORT), with its options, but not listening: the kernel
+    would hand a booting worker's socket connections while its models load. `listener` is closed."""
     fresh = socket.socket(listener.family, socket.SOCK_STREAM)
     for option in LISTENER_OPTIONS:  # as gunicorn set them (TCP_NODELAY: connections inherit it; no Nagle delay)
         fresh.setsockopt(*option, listener.getsockopt(*option))
@@ -281,8 +262,7 @@ def number_worker(server: Arbiter, worker: Worker) -> None:
 
 @contextlib.contextmanager
 def metrics_directory() -> Iterator[None]:
-    """PROMETHEUS_MULTIPROC_DIR emptied, or a temporary one removed at the end: the workers' metrics are summed
-    from its files, whichever worker answers /metrics."""
+    """PROMETHEUS_MULTIPROC_DIR emptied, or a temporary one removed at the end: the workers' metrics files."""
     if chosen := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         if not Path(chosen).is_dir():
             sys.exit(f"mnemo: cannot start: PROMETHEUS_MULTIPROC_DIR={chosen} is not a directory")
@@ -301,17 +281,7 @@ def metrics_directory() -> Iterator[None]:
 
 def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
     """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
-    os.environ[SERVED_BY] = __name__
+    os.environ[SERVED_BY] = "app.server"
     # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
     with metrics_directory() if settings.workers > 1 else contextlib.nullcontext():
         Gunicorn(settings, factory).run()
-
-
-def unprotected_start() -> str | None:
-    """The startup warning of an app not served by `serve` (`uvicorn app.main:app`, say), else None."""
-    if os.environ.get(SERVED_BY) == __name__:
-        return None
-    return (
-        "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
-        "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
-    )
