@@ -16,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -40,6 +40,7 @@ GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests
 SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode: the workers' metrics files
 SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns UNPROTECTED
 UNPROTECTED = (
     "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
@@ -160,8 +161,8 @@ class Gunicorn(BaseApplication):
     """gunicorn configured from Settings, loading `factory(settings)` (default: `create_app`) in each worker."""
 
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
-        self.settings = settings
-        self.factory = factory
+        self.settings, self.factory = settings, factory
+        self.temporary_metrics: str | None = None  # a PROMETHEUS_MULTIPROC_DIR it made, removed at exit
         super().__init__()
 
     def load_config(self) -> None:
@@ -181,11 +182,9 @@ class Gunicorn(BaseApplication):
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "pre_fork": number_worker,
         }
-        if metrics := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the workers' metrics are summed from its files
-            from prometheus_client.multiprocess import mark_process_dead  # reads the variable as it imports
-
-            options["when_ready"] = lambda server: server.log.info("metrics of every worker in %s", metrics)
-            options["child_exit"] = lambda server, worker: mark_process_dead(worker.pid)  # drop its live gauges
+        # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
+        if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
+            options |= {"on_starting": self.open_metrics, "child_exit": drop_metrics, "on_exit": self.close_metrics}
         for key, value in options.items():
             self.cfg.set(key, value)
 
@@ -199,6 +198,21 @@ class Gunicorn(BaseApplication):
                     arbiter.halt(error.reason, error.exit_status)
                 except HaltServer as again:
                     error = again
+
+    def open_metrics(self, server: Arbiter) -> None:
+        """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a new one."""
+        if not (chosen := os.environ.get(METRICS_DIR)):
+            self.temporary_metrics = os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
+        elif not Path(chosen).is_dir():
+            sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
+        for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
+            stale.unlink()
+        server.log.info("metrics of every worker in %s", chosen)
+
+    def close_metrics(self, server: Arbiter) -> None:
+        """gunicorn's on_exit hook (in the master only): the temporary metrics directory removed."""
+        if self.temporary_metrics:
+            shutil.rmtree(self.temporary_metrics, ignore_errors=True)
 
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions open while the web stack imports (app/runtime/sessions.py)."""
@@ -260,28 +274,14 @@ def number_worker(server: Arbiter, worker: Worker) -> None:
     worker.number = min(set(range(len(taken) + 1)) - taken)
 
 
-@contextlib.contextmanager
-def metrics_directory() -> Iterator[None]:
-    """PROMETHEUS_MULTIPROC_DIR emptied, or a temporary one removed at the end: the workers' metrics files."""
-    if chosen := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        if not Path(chosen).is_dir():
-            sys.exit(f"mnemo: cannot start: PROMETHEUS_MULTIPROC_DIR={chosen} is not a directory")
-        for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
-            stale.unlink()
-        yield
-        return
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path = tempfile.mkdtemp(prefix="mnemo-metrics-")
-    owner = os.getpid()
-    try:
-        yield
-    finally:
-        if os.getpid() == owner:  # not in a worker leaving this block as it exits (it was forked inside it)
-            shutil.rmtree(path, ignore_errors=True)
+def drop_metrics(server: Arbiter, worker: Worker) -> None:
+    """gunicorn's child_exit hook: the live gauges of a worker that exited are dropped."""
+    from prometheus_client.multiprocess import mark_process_dead  # reads PROMETHEUS_MULTIPROC_DIR as it imports
+
+    mark_process_dead(worker.pid)
 
 
 def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
     """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
     os.environ[SERVED_BY] = "app.server"
-    # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
-    with metrics_directory() if settings.workers > 1 else contextlib.nullcontext():
-        Gunicorn(settings, factory).run()
+    Gunicorn(settings, factory).run()
