@@ -1,5 +1,4 @@
-"""The `mnemo` command: `mnemo serve` (one flag per `Settings` field, winning over its variable), `mnemo models`
-(what a manifest holds) and `mnemo train` (a model on your own data: models/own_command.py, loaded when it runs)."""
+"""The `mnemo` command: `serve` (a flag per setting, over its variable), `models`, `train` (models/own_command.py)."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def settings_option(name: str, field: FieldInfo) -> click.Option:
 
 
 def settings_from(flags: dict[str, Any]) -> Settings:
-    """Settings from the given flags over the environment: a flag's invalid value exits 2 naming the flag, a
-    variable's exits 1 naming the variable."""
+    """Settings from the flags given over the environment: a bad flag exits 2 naming it, a bad variable 1 naming it."""
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         return Settings(**given)
@@ -68,8 +66,7 @@ def settings_from(flags: dict[str, Any]) -> Settings:
 
 
 def start(settings: Settings) -> None:
-    """Check what the settings name (files, URLs, ports, models: one line and exit 1 if wrong), say where the
-    service listens, then serve. This process imports no ONNX Runtime: gunicorn forks the workers from it."""
+    """Check the settings' files, URL, ports and models (one line and exit 1 if wrong), say where it listens, serve."""
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
     try:
@@ -117,7 +114,9 @@ def serve(**flags: Any) -> None:
     "--artifacts",
     type=click.Path(path_type=Path, file_okay=False),
     default=DEFAULT_ARTIFACTS_DIR,
+    envvar="MNEMO_ARTIFACTS_DIR",
     show_default=True,
+    show_envvar=True,
     help="Directory holding manifest.json.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON instead of a table.")

@@ -130,3 +130,9 @@ def test_an_ipv6_host_is_bracketed_in_the_url_it_says_and_served_there():
         finally:
             process.terminate()
             process.wait(timeout=60)
+
+
+def test_models_reads_the_artifacts_directory_from_its_variable(tmp_path):
+    listed = CliRunner().invoke(cli, ["models"], env={"MNEMO_ARTIFACTS_DIR": str(tmp_path)})
+    assert listed.exit_code == 1
+    assert listed.output.strip() == f"Error: no manifest.json in {tmp_path} (set MNEMO_ARTIFACTS_DIR)"
