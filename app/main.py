@@ -1,4 +1,4 @@
-"""The FastAPI application: `create_app(settings, tasks)`, and the module-level `app` for `uvicorn app.main:app`
+"""The FastAPI application: `create_app(settings, tasks)`, and the module's `app` for `uvicorn app.main:app`
 (which lacks the drain, the worker heartbeats and the connection limits of `python -m app`)."""
 
 from __future__ import annotations
@@ -146,4 +146,10 @@ def create_app(
     return app
 
 
-app = create_app()
+def __getattr__(name: str) -> FastAPI:
+    """`app`, for `uvicorn app.main:app`, built when first read: importing `create_app` reads no MNEMO_* variable
+    (a worker's settings are the master's flags over them, and the variables may hold what the flags replace)."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()["app"] = application = create_app()
+    return application

@@ -84,11 +84,12 @@ def test_serve_with_chosen_models_serves_only_them_and_says_where():
 
 
 @pytest.mark.slow
-def test_a_flag_wins_over_its_variable_in_the_workers_too():
+@pytest.mark.parametrize("keep_alive", ["30", "not-a-number"])
+def test_a_flag_wins_over_its_variable_in_the_workers_too(keep_alive: str):
     """The workers take the flags' settings, not the environment's: a kept-alive connection closes after
-    --keep-alive-s 1 although MNEMO_KEEP_ALIVE_S is 30."""
+    --keep-alive-s 1 although MNEMO_KEEP_ALIVE_S is 30 (or invalid: the flag replaces it)."""
     command = [sys.executable, "-m", "app", "--port", "{port}", "--models", KT_MODEL, "--keep-alive-s", "1"]
-    with running_server(COMMITTED, command=command, MNEMO_KEEP_ALIVE_S="30") as server:
+    with running_server(COMMITTED, command=command, MNEMO_KEEP_ALIVE_S=keep_alive) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
