@@ -147,8 +147,7 @@ def create_app(
 
 
 def __getattr__(name: str) -> FastAPI:
-    """`app`, for `uvicorn app.main:app`, built when first read: importing `create_app` reads no MNEMO_* variable
-    (a worker's settings are the master's flags over them, and the variables may hold what the flags replace)."""
+    """`app` for `uvicorn app.main:app`, built when first read: a worker importing `create_app` reads no variable."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()["app"] = application = create_app()
