@@ -128,9 +128,8 @@ class SqliteStateStore(StateStore):
 
     def close(self) -> None:
         with self._connections_lock:
-            for connection in self._connections:
-                connection.close()
-            self._connections.clear()
+            while self._connections:
+                self._connections.pop().close()
 
     def _query(self, query: str, *parameters: Any) -> list[Any]:
         """The rows of one statement on this thread's connection (sqlite3's messages name no path)."""
