@@ -82,8 +82,9 @@ class SqliteStateStore(StateStore):
         model, student_id, *_, model_sha256 = fields
         with self._unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
             connection.execute("BEGIN IMMEDIATE")  # the write lock before the revision is read
+            now = time.time()
             current = connection.execute(f"SELECT revision, model_sha256, created_at {ONE_STATE}", (student_id, model))
-            current_revision, stored_sha256, created_at = current.fetchone() or (None, None, None)
+            current_revision, stored_sha256, created_at = current.fetchone() or (None, None, now)
             if current_revision != expected_revision:
                 raise RevisionConflict(f"state revision is {current_revision}, expected {expected_revision}")
             if stored_sha256 not in (None, model_sha256):
@@ -91,8 +92,6 @@ class SqliteStateStore(StateStore):
             (revision,) = connection.execute(
                 "UPDATE store_counter SET value = value + 1 WHERE name = 'revision' RETURNING value"
             ).fetchone()
-            now = time.time()
-            created_at = now if current_revision is None else created_at
             connection.execute(
                 f"INSERT OR REPLACE INTO student_state ({STATE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*fields, created_at, now, revision),
