@@ -58,8 +58,8 @@ class RedisStateStore(StateStore):
 
     def read(self, model: str, student_id: str) -> StudentState | None:
         with self._unavailable():
-            values = self._client.hmget(_student_key(student_id), [f"{name}:{model}" for name in ATTRIBUTES])
-        return None if values[-1] is None else _state_of(model, student_id, dict(zip(ATTRIBUTES, values, strict=True)))
+            values = self._client.hmget(_student_key(student_id), _hash_fields(model))
+        return None if values[-1] is None else _state_of(model, student_id, values)
 
     def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
         model, student_id, blob, rows, columns, interactions, model_sha256 = fields
@@ -79,12 +79,9 @@ class RedisStateStore(StateStore):
     def delete(self, student_id: str) -> list[StudentState]:
         key = _student_key(student_id)
         with self._unavailable():  # one MULTI/EXEC transaction
-            fields, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
-        by_model: dict[str, dict[str, bytes]] = {}
-        for field, value in fields.items():
-            attribute, _, model = field.decode().partition(":")
-            by_model.setdefault(model, {})[attribute] = value
-        return [_state_of(model, student_id, by_model[model]) for model in sorted(by_model)]
+            stored, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
+        models = sorted({field.decode().partition(":")[2] for field in stored})
+        return [_state_of(model, student_id, [stored[field] for field in _hash_fields(model)]) for model in models]
 
     def _ids_after(self, after: str | None, count: int) -> list[str]:
         low = b"-" if after is None else b"(" + after.encode()
@@ -106,8 +103,13 @@ def _student_key(student_id: str) -> bytes:
     return STUDENT_KEY_PREFIX + student_id.encode()
 
 
-def _state_of(model: str, student_id: str, values: dict[str, bytes]) -> StudentState:
-    rows, columns = (int(size) for size in values["shape"].split(b","))
-    counts = int(values["interactions"]), values["sha256"].decode()
-    written = float(values["created"]), float(values["updated"]), int(values["revision"])
-    return state_of(model, student_id, values["memory"], rows, columns, *counts, *written)
+def _hash_fields(model: str) -> list[bytes]:
+    """The hash fields of one model's state, in StudentState's order (the memory's shape in place of its size)."""
+    return [f"{attribute}:{model}".encode() for attribute in ATTRIBUTES]
+
+
+def _state_of(model: str, student_id: str, values: list[bytes]) -> StudentState:
+    memory, shape, interactions, sha256, created, updated, revision = values
+    rows, columns = (int(size) for size in shape.split(b","))
+    written = float(created), float(updated), int(revision)
+    return state_of(model, student_id, memory, rows, columns, int(interactions), sha256.decode(), *written)
