@@ -77,20 +77,18 @@ def load_manifest(artifacts: Path) -> Manifest:
 
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
     """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
-    manifest = load_manifest(artifacts)
-    names = [entry.name for entry in manifest.models]
-    if len(set(names)) != len(names):
+    models = load_manifest(artifacts).models
+    if len({entry.name for entry in models}) != len(models):
         raise ManifestError("manifest.json: model names must be unique")
-    for entry in manifest.models:
+    for entry in models:
         if entry.task not in tasks:
             raise ManifestError(
                 f"manifest.json: model {entry.name} has unknown task {entry.task!r}; known: {', '.join(sorted(tasks))}"
             )
-    for task in tasks:
-        defaults = [entry.name for entry in manifest.models if entry.task == task and entry.default]
+        defaults = [other.name for other in models if other.task == entry.task and other.default]
         if len(defaults) > 1:
-            raise ManifestError(f"manifest.json: at most one default {task} model, not {', '.join(defaults)}")
-    return manifest.models
+            raise ManifestError(f"manifest.json: at most one default {entry.task} model, not {', '.join(defaults)}")
+    return models
 
 
 def positive_int(values: dict[str, Any], key: str) -> int:
@@ -113,14 +111,14 @@ def confined(artifacts: Path, name: str) -> Path:
 
 
 def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
-    """The entries named in MNEMO_MODELS (all when it is empty); an unknown name is an error naming the choices."""
+    """The entries named by `--models`/MNEMO_MODELS (all when empty); an unknown name is an error naming the choices."""
     if not names:
         return entries
     known = {entry.name for entry in entries}
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ManifestError(
-            f"MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
+            f"--models/MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
             f"its models: {', '.join(sorted(known))}"
         )
     return [entry for entry in entries if entry.name in names]
