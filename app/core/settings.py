@@ -122,25 +122,20 @@ class Settings(BaseSettings):
     models: str = ""
     """Comma-separated manifest models to serve (empty: all); a name the manifest lacks stops startup, naming them."""
     probe_port: int | None = Field(None, ge=1, le=65535)
-    """Also serve `GET /health` and `GET /ready` on this port from a child process, so probes answer while the event
-    loop is overloaded (the deploy files set 8001). Must differ from `MNEMO_PORT`."""
+    """Also answer `GET /health` and `GET /ready` on this port from a child process, even while the app is busy."""
     grpc_port: int | None = Field(None, ge=1, le=65535)
     """Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off."""
     provider: Annotated[str, PROVIDERS] = "auto"
-    """ONNX Runtime execution provider of every model's instances, comma-separated: `cpu`, `cuda`, `tensorrt` or `auto`
-    (CUDA when offered, else CPU). `cuda,cpu` gives each model a GPU and a CPU session, each batch going to the one
-    predicted to finish first (docs/engine.md). A provider onnxruntime lacks, or a session falling back to another,
-    stops startup."""
+    """ONNX Runtime execution providers, comma-separated: `cpu`, `cuda`, `tensorrt` or `auto` (CUDA if offered, else
+    CPU); `cuda,cpu` serves each model from both, each batch on the one predicted to finish first (docs/engine.md)."""
     workers: int = Field(1, ge=1, le=256)
-    """Server processes on the port, each with its own copy of every model. On CPU, workers x concurrent runs x intra-op
-    threads may not exceed the CPUs (startup error)."""
+    """Server processes on the port, each with every model; on CPU, workers x concurrent runs x threads fit the CPUs."""
     worker_stall_s: float = Field(30.0, ge=2, le=3600)
     """A worker whose event loop has not reported to gunicorn's master for this long is killed and replaced."""
     intra_op_threads: int = Field(1, ge=1, le=256)
     """ONNX Runtime threads per run; these graphs are many small steps: one thread leaves the other CPUs to others."""
     concurrent_runs: int | None = Field(None, ge=1)
-    """ONNX runs at once over all models, per worker. Unset: the CPUs this process may use (affinity mask and cgroup
-    quota) // (workers x intra-op threads), at least 1."""
+    """ONNX runs at once per worker. Unset: usable CPUs (affinity, cgroup quota) // (workers x intra-op threads)."""
     cpu_arena: bool = False
     """ONNX Runtime's CPU memory arena: faster large runs, but it keeps the memory of the largest run for good."""
     cuda_device_id: Annotated[str, DEVICE_IDS] = "0"
@@ -148,13 +143,11 @@ class Settings(BaseSettings):
     cuda_tf32: bool = False
     """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`): faster, but far from CPU parity (docs/gpu.md)."""
     cuda_mem_limit_mb: int | None = Field(None, ge=1)
-    """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is split. Unset: the
-    device's memory. Budget the device's memory / (sessions x workers on it) (docs/gpu.md)."""
+    """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a larger run is split (docs/gpu.md)."""
     cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
     """How the CUDA arena grows: by what a run asks (the least memory) or in powers of two (ONNX Runtime's default)."""
     cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
-    """cuDNN's choice of convolution algorithm; `EXHAUSTIVE` benchmarks them on each new input shape, again and
-    again for batches of varying size."""
+    """cuDNN's convolution algorithm search; `EXHAUSTIVE` benchmarks every new input shape (batch size) again."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged. Choices match in any case, as for every setting with choices."""
     log_format: Literal["text", "json"] = "text"
@@ -162,11 +155,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864)
     """Request bodies larger than this get 413."""
     on_model_error: Literal["exit", "skip"] = "exit"
-    """A missing or tampered model file: `exit` stops startup naming the file and the problem; `skip` serves the other
-    models and reports that one not ready (`/ready` 503)."""
+    """A missing or tampered model file: `exit` stops startup, naming it; `skip` serves the rest, that one not ready."""
     max_batch: int = Field(32, ge=1, le=4096)
-    """Most rows (sentence pairs, history chunks) per ONNX run: a ceiling within which each instance sizes its runs by
-    their cost (docs/engine.md)."""
+    """Most rows (sentence pairs, history chunks) per ONNX run; within it, runs are sized by cost (docs/engine.md)."""
     max_wait_ms: float = Field(2.0, ge=0, le=1000)
     """While a run of the model is in flight, how long the next batch may wait to fill. An idle model never waits."""
     max_queue: int = Field(512, ge=1, le=1_000_000)
@@ -178,11 +169,9 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(5.0, gt=0, le=600)
     """Idle time allowed on a kept-alive connection between requests."""
     header_timeout_s: float = Field(10.0, gt=0, le=600)
-    """Time a request's line and headers may take, from the connection's opening or the request's first byte; then the
-    connection is closed."""
+    """Time a request's line and headers may take from the connection's opening or the request's start, else close."""
     body_timeout_s: float = Field(10.0, gt=0, le=600)
-    """Longest pause while a request body arrives, else 408; the whole body must also be in by the request's
-    deadline."""
+    """Longest pause while a body arrives, else 408; the whole body must also arrive by the request's deadline."""
     max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
     """Request line and headers; larger get 400 and a close."""
     max_connections: int = Field(default_factory=default_max_connections, ge=1, le=1_000_000)
@@ -196,11 +185,9 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = None
     """File with one API key per line (`#` comments); a file without keys stops startup."""
     open_paths: Annotated[str, PATHS] = "/health,/ready,/v2/health/live,/v2/health/ready"
-    """Comma-separated paths served without an API key. The docs and the explorer page's files are always open; add
-    `/metrics` for a scraper without a key."""
+    """Comma-separated paths served without an API key (the docs and the explorer always are; add `/metrics`)."""
     cors_origins: Annotated[str, ORIGINS] = ""
-    """Comma-separated origins allowed by CORS, `*` for any, each as browsers send it (`scheme://host[:port]`); empty
-    turns CORS off."""
+    """Comma-separated origins allowed by CORS (`scheme://host[:port]` as browsers send it), `*` for any; empty: off."""
     state_url: str = DEFAULT_STATE_URL
     """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
     the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
