@@ -44,14 +44,12 @@ class ModelEntry(Strict):
     file: str = Field(min_length=1)
     sha256: str = Field(pattern=SHA256_PATTERN)
     default: bool = False
-    limits: dict[str, int | float] = Field(default_factory=dict)
-    metrics: dict[str, float | int | None] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    assets: dict[str, AssetEntry] = Field(default_factory=dict)
-    graphs: dict[str, AssetEntry] = Field(
-        default_factory=dict, description="more ONNX graphs of the same weights (e.g. the encoder alone), by task key"
-    )
-    batching: BatchingOverride = Field(default_factory=BatchingOverride)
+    limits: dict[str, int | float] = {}
+    metrics: dict[str, float | int | None] = {}
+    metadata: dict[str, Any] = {}
+    assets: dict[str, AssetEntry] = {}
+    graphs: dict[str, AssetEntry] = {}  # more ONNX graphs of the same weights (e.g. the encoder alone), by task key
+    batching: BatchingOverride = BatchingOverride()
     card: str | None = None
 
 
