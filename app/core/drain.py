@@ -1,5 +1,4 @@
-"""Graceful drain: readiness turns 503, connections opened after it get 503, the requests in flight finish; those
-still running when its time is up are cancelled (`give_up`) and answered 503 by the request edge."""
+"""Graceful drain: new connections and readiness get 503; requests in flight finish, or are cancelled at its end."""
 
 from __future__ import annotations
 

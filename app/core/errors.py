@@ -1,5 +1,4 @@
-"""The errors the service returns to its clients, each with its status and one clear sentence that never echoes the
-offending value (answered by app/transports/error_handlers.py); any other exception is a bug, answered 500."""
+"""The errors answered to clients: a status, one sentence never echoing the bad value; any other is a bug (500)."""
 
 from __future__ import annotations
 

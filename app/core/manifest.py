@@ -1,5 +1,4 @@
-"""The manifest (`artifacts/manifest.json`): its schema, each problem one line naming the entry and the field; and
-file names confined to the artifacts directory (no absolute path, nor `..` or symlink leading outside)."""
+"""`artifacts/manifest.json`: its schema and checks, one line per problem; files confined to the artifacts dir."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
@@ -192,16 +192,13 @@ class Settings(BaseSettings):
     """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
     the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
 
-    @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
+    @field_validator("provider", "log_level", "log_format", "on_model_error", "cuda_mem_limit_mb", mode="before")
     @classmethod
-    def _choice_in_any_case(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
-
-    @field_validator("cuda_mem_limit_mb", mode="before")
-    @classmethod
-    def _blank_is_unset(cls, value: object) -> object:
-        """`MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) leaves the arena unbounded."""
-        return None if isinstance(value, str) and not value.strip() else value
+    def _normalised(cls, value: object, info: ValidationInfo) -> object:
+        """Choices match in any case; a blank `MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) is unset."""
+        if not isinstance(value, str):
+            return value
+        return None if info.field_name == "cuda_mem_limit_mb" and not value.strip() else value.strip().lower()
 
     @field_validator("api_keys")
     @classmethod
