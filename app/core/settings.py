@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import math
 import os
 import re
 import resource
@@ -95,16 +94,10 @@ def default_max_connections() -> int:
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
     """CPUs this process may use: its affinity mask, capped by the cgroup's CPU quota (v2's cpu.max, else v1's)."""
     cpus = len(os.sched_getaffinity(0))
-    try:
-        quota, period = cpu_max.read_text().split()
-    except (OSError, ValueError):
-        try:
-            quota, period = ((v1_dir / f"cpu.cfs_{part}_us").read_text().strip() for part in ("quota", "period"))
-        except OSError:
-            return cpus
-    with contextlib.suppress(ValueError, ZeroDivisionError):
-        if quota not in ("max", "-1"):
-            return max(1, min(cpus, math.floor(int(quota) / int(period))))
+    for files in ([cpu_max], [v1_dir / "cpu.cfs_quota_us", v1_dir / "cpu.cfs_period_us"]):
+        with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
+            quota, period = " ".join(file.read_text() for file in files).split()
+            return cpus if quota in ("max", "-1") else max(1, min(cpus, int(quota) // int(period)))
     return cpus
 
 
