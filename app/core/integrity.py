@@ -21,8 +21,7 @@ def verify(path: Path, name: str, sha256: str, what: str) -> None:
     """ValueError naming `what` and `name` unless the file exists and has the manifest's `sha256`."""
     if not path.is_file():
         raise ValueError(f"{what} {name} is missing")
-    actual = sha256_of(path)
-    if actual != sha256:
+    if (actual := sha256_of(path)) != sha256:
         raise ValueError(f"{what} {name} has sha256 {actual}, but the manifest says {sha256}; refusing to serve it")
 
 

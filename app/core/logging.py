@@ -36,7 +36,6 @@ CLIENT_CAUSED_WARNINGS = (
     "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
     "'websockets' or 'wsproto' manually.",
 )
-errors_logger = logging.getLogger("mnemo.errors")
 
 
 class JsonFormatter(LibraryJsonFormatter):
@@ -230,7 +229,7 @@ class TracebackBudget:
 def log_unexpected(budget: TracebackBudget, scope: Scope, error: Exception) -> None:
     """One line for an exception no handler took (a bug), with its traceback when `budget` admits it."""
     with_traceback, repeats = budget.admit(error)
-    errors_logger.error(
+    logging.getLogger("mnemo.errors").error(
         "unexpected error on %s %s: %s: %s%s",
         scope["method"],
         loggable_path(scope),  # the route template: no student id or other client text in the log
