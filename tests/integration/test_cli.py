@@ -63,7 +63,7 @@ def test_an_unknown_model_stops_startup_naming_the_choices():
     done = run_app({**os.environ, "MNEMO_PORT": str(free_port())}, "--models", "dkvmn-nope")
     assert done.returncode == 1
     names = ", ".join(sorted(model["name"] for model in manifest_models(COMMITTED)))
-    expected = f"MNEMO_MODELS names dkvmn-nope, which the manifest does not have; its models: {names}"
+    expected = f"--models/MNEMO_MODELS names dkvmn-nope, which the manifest does not have; its models: {names}"
     assert done.stderr.strip() == f"mnemo: cannot start: {expected}"
 
 
