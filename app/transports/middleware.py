@@ -93,8 +93,10 @@ def refusal(scope: Scope) -> Refusal | None:
 
 def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
     """The request announces a body (chunked, or a Content-Length other than 0) and asks for `100 Continue`."""
-    body = any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers)
-    return body and any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+    expects = any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+    return expects and any(
+        name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers
+    )
 
 
 class Answer:
@@ -187,11 +189,17 @@ class RequestEdge:
             self.metrics.observe_request(
                 route_label(scope), method if method in KNOWN_METHODS else "other", answer.status, seconds
             )
-            path, status, milliseconds = loggable_path(scope), answer.status, seconds * 1000
-            fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
-            log_fields(
-                access_logger, logging.INFO, "%s %s %d %.1fms id=%s", (method, path, status, milliseconds, rid), fields
-            )
+            self._log(scope, rid, answer.status, seconds)
+
+    @staticmethod
+    def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
+        """The access line, if logged: its path the route template (no client text in the logs)."""
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
+        method, path, milliseconds = scope["method"], loggable_path(scope), seconds * 1000
+        fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
+        line = "%s %s %d %.1fms id=%s"
+        log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         challenge = None if self.api_keys is None else self.api_keys.challenge(scope)
