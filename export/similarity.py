@@ -126,7 +126,7 @@ def attention_figure(path: Path, vectors: WordVectors, model_file: Path, config:
         outputs = dict(
             zip(OUTPUTS, session.run(None, {"emb_a": emb, "len_a": length, "emb_b": emb, "len_b": length}), strict=True)
         )
-        matrix = combined_map(outputs["attn_a_fwd"][0], outputs["attn_a_bwd"][0], config.pointer, config.window)
+        matrix = combined_map(outputs["attn_a_fwd"][0], outputs["attn_a_bwd"][0])
         heatmap(
             matrix,
             tokens,
