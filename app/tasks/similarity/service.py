@@ -11,7 +11,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from app.core.errors import InvalidInput, UnknownModel, each_checked
 from app.core.manifest import positive_int
@@ -223,12 +222,12 @@ def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
     the memory row itself; at step t, slots 1..K-1 read tokens t-K+2..t (VLMP with window K-1; FLMP: K = 2)."""
     length, heads, slots = forward.shape
     width = slots - 1
-    maps = np.zeros((2, length, length + width - 1), dtype=np.float32)  # each pass's map, w-1 columns on the left
-    plane, row, cell = maps.strides
-    band = as_strided(maps, (2, length, width), (plane, row + cell, cell))  # band[p, t, k] is maps[p, t, t + k]
-    band[0] = forward[:, :, 1:].sum(axis=1, dtype=np.float32)
-    band[1] = backward[:, :, 1:].sum(axis=1, dtype=np.float32)
-    return (maps[0, :, width - 1 :] + np.flip(maps[1, :, width - 1 :])) * (0.5 / heads)
+    flat = np.zeros((2, length * (length + width)), dtype=np.float32)  # each pass's map, width-1 columns on the left
+    steps = flat.reshape(2, length, length + width)  # row t starts where the map's row t has column t
+    steps[0, :, :width] = forward[:, :, 1:].sum(axis=1, dtype=np.float32)
+    steps[1, :, :width] = backward[:, :, 1:].sum(axis=1, dtype=np.float32)
+    maps = flat[:, : length * (length + width - 1)].reshape(2, length, length + width - 1)[:, :, width - 1 :]
+    return (maps[0] + np.flip(maps[1])) * (0.5 / heads)
 
 
 def limits_of(model: ServedModel) -> EmbeddingLimits:
