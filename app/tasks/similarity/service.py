@@ -7,7 +7,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -156,12 +156,11 @@ def encode_pairs(
 
 def pair_feeds(pair: EncodedPair) -> Feeds:
     """One batch row: both sentences padded to the pair's length."""
-    feeds = {}
-    for side, sentence in (("a", pair.a), ("b", pair.b)):
-        feeds[f"emb_{side}"] = np.zeros((1, pair.length, sentence.vectors.shape[1]), dtype=np.float32)
-        feeds[f"emb_{side}"][0, : len(sentence.tokens)] = sentence.vectors
-        feeds[f"len_{side}"] = np.array([len(sentence.tokens)], dtype=np.int64)
-    return feeds
+    emb = np.zeros((2, 1, pair.length, pair.a.vectors.shape[1]), dtype=np.float32)
+    emb[0, 0, : len(pair.a.tokens)] = pair.a.vectors
+    emb[1, 0, : len(pair.b.tokens)] = pair.b.vectors
+    lengths = np.array([[len(pair.a.tokens)], [len(pair.b.tokens)]], dtype=np.int64)
+    return {"emb_a": emb[0], "len_a": lengths[0], "emb_b": emb[1], "len_b": lengths[1]}
 
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
@@ -216,18 +215,30 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
     }
 
 
+@lru_cache(maxsize=512)
+def _cells(length: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat indices of what a pass's memory row read: into its [L,K] weights, into its [L,L] map, and into that map
+    flipped back (the backward pass's cell (t, i) is (L-1-t, L-1-i))."""
+    steps = np.arange(length)
+    sources = steps[:, None] - slots + 2 + np.arange(slots - 1)[None, :]  # [L, K-1]: token read in slots 1..K-1
+    valid = sources >= 0
+    step, token = np.broadcast_to(steps[:, None], sources.shape)[valid], sources[valid]
+    slot = np.broadcast_to(np.arange(1, slots), sources.shape)[valid]
+    flipped = (length - 1 - step) * length + (length - 1 - token)
+    return step * slots + slot, step * length + token, flipped
+
+
 def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
     """One sentence's `len x len` attention map (MODELS.md §2.5) from the [L,H,K] per-step weights of the memory
     row of both passes: the forward map and the backward map flipped back, averaged over passes and heads. Slot 0 is
     the memory row itself; at step t, slots 1..K-1 read tokens t-K+2..t (VLMP with window K-1; FLMP: K = 2)."""
     length, heads, slots = forward.shape
-    width = slots - 1
-    flat = np.zeros((2, length * (length + width)), dtype=np.float32)  # each pass's map, width-1 columns on the left
-    steps = flat.reshape(2, length, length + width)  # row t starts where the map's row t has column t
-    steps[0, :, :width] = forward[:, :, 1:].sum(axis=1, dtype=np.float32)
-    steps[1, :, :width] = backward[:, :, 1:].sum(axis=1, dtype=np.float32)
-    maps = flat[:, : length * (length + width - 1)].reshape(2, length, length + width - 1)[:, :, width - 1 :]
-    return (maps[0] + np.flip(maps[1])) * (0.5 / heads)
+    read, cells, flipped = _cells(length, slots)
+    result = np.zeros(length * length, dtype=np.float32)
+    result[cells] = forward.sum(axis=1, dtype=np.float32).ravel()[read]
+    result[flipped] += backward.sum(axis=1, dtype=np.float32).ravel()[read]
+    result *= 0.5 / heads
+    return result.reshape(length, length)
 
 
 def limits_of(model: ServedModel) -> EmbeddingLimits:
