@@ -22,7 +22,6 @@ from app.tasks.similarity.vectors import WordVectors
 
 TASK_NAME = "similarity"
 Location = tuple[str | int, ...]
-ENCODER_ID_DIGITS = 16
 PARAPHRASE_OUTPUT = "paraphrase_logits"
 
 
@@ -101,7 +100,7 @@ def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
     # the encoder id hashes the files a sentence vector depends on: new weights change it, a new model name does not
     entry = model.entry
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
-    encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:ENCODER_ID_DIGITS]
+    encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return EmbeddingLimits(dimension, positive_int(model.limits, "max_sentences"), encoder)
 
 
