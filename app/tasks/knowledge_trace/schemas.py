@@ -62,18 +62,16 @@ class KnowledgeTraceRequest(BaseModel):
 
     model: ModelName = None
     interactions: Interactions = Field(description="oldest first")
-    next_questions: NextQuestions = Field(
-        default=None, description="question ids to predict next; null = every question"
-    )
+    next_questions: NextQuestions = Field(None, description="question ids to predict next; null = every question")
     return_attention: StrictBool = Field(
-        default=True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
+        True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
     )
     mastery: Literal["all", "last", "none"] = Field(
-        default="all",
+        "all",
         description="mastery rows to return: all (the prior and one per interaction), last, none "
         "(always null for a DKT model: no memory slots)",
     )
-    return_predictions: StrictBool = Field(default=True, description="false: `predictions` is null")
+    return_predictions: StrictBool = Field(True, description="false: `predictions` is null")
 
 
 class NextPrediction(BaseModel):
@@ -82,7 +80,7 @@ class NextPrediction(BaseModel):
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
     )
-    name: str | None = Field(default=None, description="the question's name where the data set has one")
+    name: str | None = Field(None, description="the question's name where the data set has one")
 
 
 class KnowledgeTraceResponse(BaseModel):
@@ -138,21 +136,20 @@ class AppendRequest(BaseModel):
     model: ModelName = None
     interactions: Interactions = Field(description="the new interactions, oldest first")
     next_questions: NextQuestions = Field(
-        default=None,
-        description="question ids to predict after the last new interaction; null or [] = none (the default)",
+        None, description="question ids to predict after the last new interaction; null or [] = none (the default)"
     )
     expected_interactions: StrictInt | None = Field(
-        default=None,
+        None,
         ge=0,
         description="the student's interaction count these extend (0: a new student); another stored count is a "
         "409 and nothing is stored, so a retried append is never counted twice. null = append to any count",
     )
     return_attention: StrictBool = Field(
-        default=False,
+        False,
         description="true: `attention` holds the correlation weights of each new interaction (always null for DKT)",
     )
     return_mastery_steps: StrictBool = Field(
-        default=False,
+        False,
         description="true: `mastery_steps` holds the mastery before and after each new interaction "
         "(always null for DKT)",
     )
@@ -169,10 +166,10 @@ class AppendResponse(BaseModel):
     )
     next: list[NextPrediction] = Field(description="predictions for `next_questions`, in the order asked")
     attention: list[list[float]] | None = Field(
-        default=None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
+        None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
     )
     mastery_steps: list[list[float]] | None = Field(
-        default=None,
+        None,
         description="with return_mastery_steps: (new interactions + 1) x n_concepts, row 0 is the mastery of the "
         "stored state before them (the prior for a new student), then one row after each; else null",
     )

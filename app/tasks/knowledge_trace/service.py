@@ -304,22 +304,20 @@ async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | Non
     return outputs["mastery"][0, 0]
 
 
-def _questions(state: KnowledgeTraceState, numbers: list[int]) -> Iterator[tuple[QuestionKey, str | None, int | None]]:
+def _questions(state: KnowledgeTraceState, numbers: np.ndarray) -> Iterator[tuple[QuestionKey, str | None, int | None]]:
     """Each question's id as requests name it, its name and its main concept (None where the model has none)."""
-    shown = numbers if state.question_ids is None else [state.question_ids[number - 1] for number in numbers]
-    names = [state.names[number - 1] for number in numbers] if state.names else [None] * len(numbers)
-    concepts = (
-        [None] * len(numbers) if state.concepts is None else state.concepts[np.array(numbers, dtype=int) - 1].tolist()
-    )
+    ids = numbers.tolist()
+    shown = ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids]
+    names = [state.names[number - 1] for number in ids] if state.names else [None] * len(ids)
+    concepts = [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist()
     return zip(shown, names, concepts, strict=True)
 
 
 def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
     """The `next` list: question, p_correct, its main concept (None without memory slots) and its name."""
-    facts = _questions(model.state, questions.tolist())
     return [
         {"question": question, "p_correct": p, "concept": concept, "name": name}
-        for (question, name, concept), p in zip(facts, probabilities.tolist(), strict=True)
+        for (question, name, concept), p in zip(_questions(model.state, questions), probabilities.tolist(), strict=True)
     ]
 
 
@@ -327,7 +325,7 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
     """A page of the model's questions (id, name, main concept), and each concept's top skills, a label joining
     them and how many questions it is the main one of, where the data set names skills (else null)."""
     state: KnowledgeTraceState = model.state
-    page = list(range(offset + 1, min(offset + limit, state.n_questions) + 1))
+    page = np.arange(offset + 1, min(offset + limit, state.n_questions) + 1)
     main_of = None if state.concept_skills is None else np.bincount(state.concepts, minlength=state.n_concepts)
     return {
         "model": model.name,
