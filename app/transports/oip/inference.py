@@ -4,17 +4,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-from pydantic import ValidationError
 from starlette.datastructures import State
 
 from app.core.errors import ServiceError, ort_message
 from app.core.metrics import Metrics
 from app.runtime.model import ServedModel, TensorCodec
-from app.runtime.offload import ParseQueueFull, offload_or_shed
+from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
 from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
@@ -58,13 +57,6 @@ def refusal(error: Exception, where: str) -> tuple[int, str, Mapping[str, str]]:
     return 500, "Internal error; it has been logged.", {}
 
 
-def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
-    """A request that does not validate, said as its first error with where it is."""
-    first = error.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
-    return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
-
-
 def served(state: State) -> list[ServedModel]:
     """The models whose task has a tensor codec (those the protocol serves)."""
     registry = getattr(state, "registry", None)
@@ -103,25 +95,25 @@ async def off_loop(size: int, metrics: Metrics, function: Callable[P, T], *args:
 async def infer(
     model: ServedModel,
     codec: TensorCodec,
-    request: InferenceRequest,
-    binary: bytes,
     size: int,
     metrics: Metrics,
     complete: Complete,
-) -> list[Output]:
-    """Run the model on the request's tensors (`size` bytes), admitted by its batcher, bounded by `complete`."""
+    decode: Callable[[], tuple[InferenceRequest, bytes]],
+    encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
+) -> T:
+    """The transport's answer to a request of `size` bytes: `decode()` gives the request and its binary tensor data,
+    the model runs on its tensors admitted by its batcher and bounded by `complete`, `encode` answers with the
+    requested outputs; past INLINE_BYTES decoding and encoding run on worker threads."""
+    request, binary = await off_loop(size, metrics, decode)
     timeout_s = check_parameters(request)
     wanted = requested_outputs(request, codec.outputs(model))
     tensors = await off_loop(size, metrics, decode_inputs, request, binary, codec.inputs(model))
     prepared = await off_loop(size, metrics, codec.prepare, model, tensors)
     with model.batcher.admit(prepared.rows, prepared.cells):
-        outputs = await complete(codec.infer(model, prepared), timeout_s)
-    return [(spec.name, spec.datatype, outputs[spec.name], binary) for spec, binary in wanted]
-
-
-def small(outputs: Sequence[Output]) -> bool:
-    """Outputs small enough to encode on the event loop."""
-    return sum(array.nbytes for _, _, array, _ in outputs) <= INLINE_BYTES
+        arrays = await complete(codec.infer(model, prepared), timeout_s)
+    outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
+    large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES
+    return await offload_if(large, encode, model, request, outputs)
 
 
 def check_parameters(request: InferenceRequest) -> float | None:

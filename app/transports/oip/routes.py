@@ -12,11 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 from starlette.responses import Response
 
 from app.core.responses import JsonResponse
-from app.runtime.offload import offload_if
 from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import check_declared_charset, check_identity_encoding, check_utf8_body, complete, json_body
 from app.transports.oip import inference
-from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response
+from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
 from app.transports.operations import readiness
 
 
@@ -161,7 +160,7 @@ async def repository_index(request: Request) -> Response:
     try:
         ready_only = RepositoryIndexRequest.model_validate_json(await request.body() or b"{}").ready
     except ValidationError as error:
-        return JsonResponse({"error": inference.invalid_request(error, "repository index request").message}, 400)
+        return JsonResponse({"error": invalid_request(error, "repository index request").message}, 400)
     return JsonResponse(inference.repository_index(request.app.state, ready_only))
 
 
@@ -181,22 +180,14 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     check_utf8_body(body)
-    size, metrics = len(body) + len(binary), request.app.state.metrics
-    try:
-        parsed = await inference.off_loop(size, metrics, InferenceRequest.model_validate_json, body)
-    except ValidationError as error:
-        raise inference.invalid_request(error) from None
-    outputs = await inference.infer(
-        model, codec, parsed, binary, size, metrics, lambda work, timeout: complete(request, work, model.name, timeout)
-    )
-    header = {"model_name": model.name, "model_version": model.entry.version}
-    if parsed.id is not None:
-        header["id"] = parsed.id
-    content, header_length = await offload_if(not inference.small(outputs), encode_response, header, outputs)
-    if header_length is None:
-        return Response(content, media_type="application/json")
-    return Response(
-        content, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)}
+    return await inference.infer(
+        model,
+        codec,
+        len(body) + len(binary),
+        request.app.state.metrics,
+        lambda work, timeout: complete(request, work, model.name, timeout),
+        lambda: (parse_request(body), binary),
+        encode_response,
     )
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import math
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field, StrictInt
-from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+from pydantic import BaseModel, Field, StrictInt, ValidationError
+from starlette.responses import Response
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
 from app.core.responses import dumps
+from app.runtime.model import ServedModel
 from app.runtime.tensors import ProtocolError, TensorSpec
 
 MAX_RANK = 8
@@ -44,6 +46,23 @@ class InferenceRequest(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[RequestInput] = Field(min_length=1, max_length=64)
     outputs: list[RequestOutput] | None = Field(default=None, max_length=64)
+
+
+def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
+    """The request from its JSON text (REST) or its fields (gRPC); 400 naming the first error."""
+    try:
+        if isinstance(body, bytes):
+            return InferenceRequest.model_validate_json(body)
+        return InferenceRequest.model_validate(body)
+    except ValidationError as error:
+        raise invalid_request(error) from None
+
+
+def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
+    """A request that does not validate, said as its first error with where it is."""
+    first = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
 def decode_inputs(
@@ -202,8 +221,8 @@ def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) ->
     return list(wanted.values())
 
 
-def encode_response(header: Mapping[str, Any], outputs: Sequence[Output]) -> tuple[bytes, int | None]:
-    """The response body and, when some outputs are binary, the length of its JSON header."""
+def encode_response(model: ServedModel, request: InferenceRequest, outputs: Sequence[Output]) -> Response:
+    """The JSON answer, or with binary outputs its JSON header (`Inference-Header-Content-Length` bytes) then theirs."""
     tensors, blobs = [], []
     for name, datatype, array, binary in outputs:
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
@@ -213,13 +232,18 @@ def encode_response(header: Mapping[str, Any], outputs: Sequence[Output]) -> tup
         else:
             tensor["data"] = array.ravel().tolist() if datatype == "BYTES" else array.ravel()
         tensors.append(tensor)
+    header = {"model_name": model.name, "model_version": model.entry.version} | (
+        {} if request.id is None else {"id": request.id}
+    )
     body = dumps({**header, "outputs": tensors})
-    return (body + b"".join(blobs), len(body)) if blobs else (body, None)
+    if not blobs:
+        return Response(body, media_type="application/json")
+    headers = {"Inference-Header-Content-Length": str(len(body))}
+    return Response(body + b"".join(blobs), media_type="application/octet-stream", headers=headers)
 
 
 def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
     """The tensor's raw bytes as the protocol sends them: little-endian, BYTES as 4-byte lengths and the bytes."""
     if datatype == "BYTES":
-        encoded = [str(element).encode("utf-8") for element in array.ravel()]
-        return b"".join(struct.pack("<I", len(element)) + element for element in encoded)
+        return b"".join(serialize_byte_tensor(array).ravel())
     return np.ascontiguousarray(array, dtype=np.dtype(triton_to_np_dtype(datatype)).newbyteorder("<")).tobytes()
