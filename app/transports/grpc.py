@@ -31,15 +31,9 @@ from app.transports.operations import readiness
 logger = logging.getLogger("mnemo.grpc")
 INFERENCE_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
-STATUS_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    404: grpc.StatusCode.NOT_FOUND,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
+# the status of each HTTP status the service answers with (any other is INTERNAL)
+CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
+CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
@@ -86,7 +80,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     @rpc(lambda request: f"/v2/models/{request.name}/ready", service_pb2.ModelReadyResponse)
     def ModelReady(self, request: Message) -> dict:
         try:
-            return {"ready": bool(inference.find_model(self.state, request.name, request.version))}
+            return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
         except ProtocolError as error:
             if error.status != 503:
                 raise
@@ -94,15 +88,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @rpc(lambda request: f"/v2/models/{request.name}", service_pb2.ModelMetadataResponse)
     def ModelMetadata(self, request: Message) -> dict:
-        return inference.metadata(*inference.find_model(self.state, request.name, request.version))
+        return inference.model_metadata(self.state, request.name, request.version)
 
     @rpc(lambda request: f"/v2/models/{request.name}/config", service_pb2.ModelConfigResponse)
     def ModelConfig(self, request: Message) -> dict:
-        return {"config": inference.model_config(*inference.find_model(self.state, request.name, request.version))}
+        return {"config": inference.model_config(self.state, request.name, request.version)}
 
     @rpc(lambda r: f"/v2/models/{r.name}/stats" if r.name else "/v2/models/stats", service_pb2.ModelStatisticsResponse)
     def ModelStatistics(self, request: Message) -> dict:
-        return inference.statistics(self.state, request.name, request.version)
+        return inference.model_statistics(self.state, request.name, request.version)
 
     @rpc(lambda request: "/v2/repository/index", service_pb2.RepositoryIndexResponse)
     def RepositoryIndex(self, request: Message) -> dict:
@@ -150,18 +144,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             timeout_s, source = rpc_timeout_s, "the gRPC deadline"
         state = self.state
         limit_s = state.settings.request_timeout_s
-        deadline = Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
-        return await within_deadline(work, deadline)
+        return await within_deadline(
+            work, Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
+        )
 
     async def _call(
         self, method: str, path: str, context: Context, handler: Callable[[], Awaitable[Message]]
     ) -> Message:
-        """The handler's answer, or its error as a status; the key is checked first; the call is counted."""
+        """The handler's answer, or its error as a status; the API key is checked first; the call is counted."""
         started = time.perf_counter()
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
-            self._authenticate(path, context)
+            sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
+            if self.keys is not None and self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
+                raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
             return await handler()
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
@@ -170,19 +167,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
         except Exception as error:
             status, details, headers = inference.refusal(error, f"the gRPC method {method}")
-            code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+            code = grpc.StatusCode[CODES.get(status, "INTERNAL")]
             trailers = tuple((key.lower(), value) for key, value in headers.items())
         finally:
             metrics = self.state.metrics
             metrics.grpc_requests.labels(method, code.name).inc()
             metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
         await context.abort(code, details, trailers)
-
-    def _authenticate(self, path: str, context: Context) -> None:
-        """401 (UNAUTHENTICATED) unless the call carries `authorization: Bearer <key>` or its path is open."""
-        header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-        if self.keys is not None and self.keys.refusal(path, header.encode() if isinstance(header, str) else header):
-            raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:

@@ -148,8 +148,9 @@ def _check_known(parameters: dict[str, Any], where: str, known: tuple[str, ...])
             raise ProtocolError(f"{where}.{name} is {json_text(parameters[name])}; it must be {what}")
 
 
-def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
+def model_metadata(state: State, name: str, version: str | None = None) -> dict[str, Any]:
     """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
+    model, codec = find_model(state, name, version)
     return {
         "name": model.name,
         "versions": [model.entry.version],
@@ -159,9 +160,15 @@ def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
     }
 
 
-def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
-    """Triton's model configuration (its JSON form): tensors are batch-first, so `dims` leave the batch out and
-    `max_batch_size` is the rows of one run; the dynamic batching in force."""
+def model_ready(state: State, name: str, version: str | None = None) -> dict[str, Any]:
+    """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
+    return {"name": find_model(state, name, version)[0].name, "ready": True}
+
+
+def model_config(state: State, name: str, version: str | None = None) -> dict[str, Any]:
+    """Triton's model configuration: inputs and outputs (dims without the batch dimension, -1 = any size),
+    `max_batch_size` (the rows of one run) and the dynamic batching in force."""
+    model, codec = find_model(state, name, version)
     config = model.batcher.config
 
     def tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -189,8 +196,8 @@ def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
     }
 
 
-def statistics(state: State, name: str = "", version: str = "") -> dict[str, Any]:
-    """Triton's statistics extension for one model (`name`) or every ready model served over the protocol."""
+def model_statistics(state: State, name: str = "", version: str | None = None) -> dict[str, Any]:
+    """Triton's statistics extension for one model (`name`) or every ready one."""
     models = [find_model(state, name, version)[0]] if name else [m for m in served(state) if m.ready]
     stats = [{"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models]
     return {"model_stats": stats}

@@ -21,8 +21,8 @@ from app.runtime.tensors import ProtocolError, TensorSpec
 MAX_RANK = 8
 FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
-INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
-JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
+# the JSON types each datatype's elements may have (the others: int or float)
+JSON_TYPES = {"BOOL": (bool,)} | dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8"), (int,))
 Output = tuple[str, str, np.ndarray, bool]  # a requested output: name, datatype, array, whether as binary data
 
 
@@ -145,23 +145,15 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
 
 def _json_elements(tensor: RequestInput) -> list[Any]:
     """The elements of JSON `data` in row-major order: a flat list, or lists nested exactly as the shape."""
-    count = math.prod(tensor.shape)
-    data = tensor.data
+    count, data = math.prod(tensor.shape), tensor.data
     if any(isinstance(element, list) for element in data):
-        if not _nested_as(data, tensor.shape):
+        nested = np.array(data, dtype=object)  # ragged lists stay lists: the shape is where they begin
+        if nested.shape != tuple(tensor.shape):
             raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
-        for _ in tensor.shape[1:]:  # nested exactly as the shape: one level flattened at a time
-            data = [element for row in data for element in row]
+        data = nested.ravel().tolist()
     if len(data) != count:
         raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
     return data
-
-
-def _nested_as(data: Any, shape: Sequence[int]) -> bool:
-    """True when `data` is lists nested exactly as `shape` (at most MAX_RANK deep), with scalars inside."""
-    if not shape:
-        return not isinstance(data, list)
-    return isinstance(data, list) and len(data) == shape[0] and all(_nested_as(item, shape[1:]) for item in data)
 
 
 def json_text(value: Any) -> str:
@@ -232,10 +224,8 @@ def encode_response(model: ServedModel, request: InferenceRequest, outputs: Sequ
         else:
             tensor["data"] = array.ravel().tolist() if datatype == "BYTES" else array.ravel()
         tensors.append(tensor)
-    header = {"model_name": model.name, "model_version": model.entry.version} | (
-        {} if request.id is None else {"id": request.id}
-    )
-    body = dumps({**header, "outputs": tensors})
+    answer = {"model_name": model.name, "model_version": model.entry.version, "id": request.id, "outputs": tensors}
+    body = dumps({key: value for key, value in answer.items() if value is not None})
     if not blobs:
         return Response(body, media_type="application/json")
     headers = {"Inference-Header-Content-Length": str(len(body))}
