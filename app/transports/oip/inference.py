@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from starlette.datastructures import State
@@ -22,7 +22,6 @@ logger = logging.getLogger("mnemo.oip")
 Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
 T = TypeVar("T")
-P = ParamSpec("P")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
 BACKENDS = {"onnxruntime_onnx": "onnxruntime"}  # platforms whose graph the model's tensors are (Triton's backend)
 MAX_TIMEOUT_US = 2**63 - 1  # Triton's int64
@@ -80,18 +79,6 @@ def find_model(state: State, name: str, version: str | None = None) -> tuple[Ser
     return model, codec
 
 
-async def off_loop(size: int, metrics: Metrics, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`function` for a request of `size` bytes: on the event loop up to INLINE_BYTES, else on a worker thread in
-    the bounded parse queue (429, counted as parse_queue_full, while it is full)."""
-    if size <= INLINE_BYTES:
-        return function(*args, **kwargs)
-    try:
-        return await offload_or_shed(size, function, *args, **kwargs)
-    except ParseQueueFull:
-        metrics.refused("parse_queue_full")
-        raise
-
-
 async def infer(
     model: ServedModel,
     codec: TensorCodec,
@@ -103,12 +90,21 @@ async def infer(
 ) -> T:
     """The transport's answer to a request of `size` bytes: `decode()` gives the request and its binary tensor data,
     the model runs on its tensors admitted by its batcher and bounded by `complete`, `encode` answers with the
-    requested outputs; past INLINE_BYTES decoding and encoding run on worker threads."""
-    request, binary = await off_loop(size, metrics, decode)
-    timeout_s = check_parameters(request)
-    wanted = requested_outputs(request, codec.outputs(model))
-    tensors = await off_loop(size, metrics, decode_inputs, request, binary, codec.inputs(model))
-    prepared = await off_loop(size, metrics, codec.prepare, model, tensors)
+    requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse queue (429, counted
+    as parse_queue_full, while it is full), and so does encoding."""
+
+    def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Any]:
+        request, binary = decode()
+        timeout_s, wanted = check_parameters(request), requested_outputs(request, codec.outputs(model))
+        return request, timeout_s, wanted, codec.prepare(model, decode_inputs(request, binary, codec.inputs(model)))
+
+    try:
+        request, timeout_s, wanted, prepared = (
+            prepare() if size <= INLINE_BYTES else await offload_or_shed(size, prepare)
+        )
+    except ParseQueueFull:
+        metrics.refused("parse_queue_full")
+        raise
     with model.batcher.admit(prepared.rows, prepared.cells):
         arrays = await complete(codec.infer(model, prepared), timeout_s)
     outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
 from starlette.datastructures import State
 from starlette.responses import Response
 
@@ -19,19 +19,11 @@ from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
 from app.transports.operations import readiness
 
-
-class ServerMetadata(BaseModel):
-    name: str
-    version: str
-    extensions: list[str]
-
-
-class Liveness(BaseModel):
-    live: bool
-
-
-class ServerReadiness(BaseModel):
-    ready: bool = Field(description="true with 200; false with 503 (models loading, failed or draining)")
+READY = "true with 200; false with 503 (models loading, failed or draining)"
+ServerMetadata = create_model("ServerMetadata", name=str, version=str, extensions=list[str])
+Liveness = create_model("Liveness", live=bool)
+ServerReadiness = create_model("ServerReadiness", ready=(bool, Field(description=READY)))
+ModelReadiness = create_model("ModelReadiness", name=str, ready=bool)
 
 
 class TensorMetadata(BaseModel):
@@ -40,17 +32,14 @@ class TensorMetadata(BaseModel):
     shape: list[int] = Field(description="-1 = any size")
 
 
-class ModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-
-
-class ModelReadiness(BaseModel):
-    name: str
-    ready: bool
+ModelMetadata = create_model(
+    "ModelMetadata",
+    name=str,
+    versions=list[str],
+    platform=str,
+    inputs=list[TensorMetadata],
+    outputs=list[TensorMetadata],
+)
 
 
 class ResponseOutput(BaseModel):
