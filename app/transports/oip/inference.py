@@ -18,8 +18,6 @@ from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
 logger = logging.getLogger("mnemo.oip")
-# how a transport bounds the work: `complete(work, client_timeout_s)` (deadline, client gone)
-Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
 T = TypeVar("T")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
@@ -84,14 +82,14 @@ async def infer(
     codec: TensorCodec,
     size: int,
     metrics: Metrics,
-    complete: Complete,
+    complete: Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]],
     decode: Callable[[], tuple[InferenceRequest, bytes]],
     encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
 ) -> T:
     """The transport's answer to a request of `size` bytes: `decode()` gives the request and its binary tensor data,
-    the model runs on its tensors admitted by its batcher and bounded by `complete`, `encode` answers with the
-    requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse queue (429, counted
-    as parse_queue_full, while it is full), and so does encoding."""
+    the model runs on its tensors admitted by its batcher and bounded by `complete(work, client_timeout_s)`, `encode`
+    answers with the requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse
+    queue (429, counted as parse_queue_full, while it is full), and so does encoding."""
 
     def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Any]:
         request, binary = decode()
