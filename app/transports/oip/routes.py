@@ -32,14 +32,12 @@ class TensorMetadata(BaseModel):
     shape: list[int] = Field(description="-1 = any size")
 
 
-ModelMetadata = create_model(
-    "ModelMetadata",
-    name=str,
-    versions=list[str],
-    platform=str,
-    inputs=list[TensorMetadata],
-    outputs=list[TensorMetadata],
-)
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
 
 
 class ResponseOutput(BaseModel):
