@@ -1,5 +1,5 @@
-"""The Open Inference Protocol over the task services, for REST (routes.py) and gRPC alike: `infer` takes an
-`InferenceRequest` and its binary tensor data; the other answers are dicts in the protocol's JSON form."""
+"""The Open Inference Protocol's data plane over the task services, for REST (routes.py) and gRPC alike: `infer`
+runs a request between the transport's decode and encode; the other answers are dicts in the protocol's JSON form."""
 
 from __future__ import annotations
 

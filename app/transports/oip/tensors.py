@@ -1,5 +1,5 @@
-"""Open Inference Protocol tensors: the request body, and its JSON and binary tensor data decoded (each input checked
-against the model's `TensorSpec`, a `ProtocolError` naming it) and encoded."""
+"""Open Inference Protocol tensors: the request, its JSON and binary tensor data decoded (each input checked against
+the model's `TensorSpec`, a `ProtocolError` naming it), and REST's answer encoded."""
 
 from __future__ import annotations
 
