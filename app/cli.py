@@ -1,8 +1,8 @@
-"""The `mnemo` command: `mnemo serve` (one flag per `Settings` field, winning over its variable), `mnemo models`
-(what a manifest holds) and `mnemo train` (a model on your own data: models/own_command.py, loaded when it runs)."""
+"""The `mnemo` command: `serve` (a flag per setting, over its variable), `models`, `train` (models/own_command.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -10,7 +10,6 @@ import socket
 import sys
 import types
 import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from app.students.factory import check_url
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}  # the subcommands inherit it
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
-CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str
+CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str, bool a switch
 
 
 def flag_name(field: str) -> str:
@@ -37,44 +36,37 @@ def settings_option(name: str, field: FieldInfo) -> click.Option:
     annotation = field.annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
         [annotation] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-    if typing.get_origin(annotation) is typing.Literal:
-        kind = click.Choice([str(choice) for choice in typing.get_args(annotation)], case_sensitive=False)
-    else:
-        kind = CLICK_TYPES.get(annotation, click.STRING)
+    literal = typing.get_origin(annotation) is typing.Literal
+    kind = click.Choice(typing.get_args(annotation), case_sensitive=False) if literal else CLICK_TYPES.get(annotation)
     flag = flag_name(name)
     shown = not field.default_factory and field.default not in (None, "")  # a computed or unset default: not shown
     help_text = " ".join((field.description or "").split()) + f" (env MNEMO_{name.upper()})"
     return click.Option(
         [f"{flag}/--no-{flag[2:]}" if annotation is bool else flag, name],
-        type=None if annotation is bool else kind,
-        default=None,
+        type=kind,
         help=help_text + (f" [default: {field.default}]" if shown else ""),
     )
 
 
 def settings_from(flags: dict[str, Any]) -> Settings:
-    """Settings from the given flags over the environment: a flag's invalid value exits 2 naming the flag, a
-    variable's exits 1 naming the variable."""
+    """Settings from the flags given over the environment: a bad flag exits 2 naming it, a bad variable 1 naming it."""
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         return Settings(**given)
     except ValidationError as error:
         flagged = [problem for problem in error.errors() if problem["loc"] and problem["loc"][0] in given]
+        named = flag_name if flagged else lambda name: f"MNEMO_{name.upper()}"
+        problems = []
+        for problem in flagged or error.errors():  # a rule across settings (no `loc`) names them itself
+            message = str(problem["msg"]).removeprefix("Value error, ")  # pydantic's prefix of a validator's error
+            problems.append(f"{named('.'.join(map(str, problem['loc'])))}: {message}" if problem["loc"] else message)
         if flagged:
-            raise click.UsageError("; ".join(_problem(problem, flag_name) for problem in flagged)) from None
-        problems = "; ".join(_problem(problem, lambda name: f"MNEMO_{name.upper()}") for problem in error.errors())
-        sys.exit(f"mnemo: cannot start: invalid settings: {problems}")
-
-
-def _problem(error: Any, named: Callable[[str], str]) -> str:
-    """One settings error: `name: message`, or a rule across settings (it names them itself) alone."""
-    message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's prefix of a validator's ValueError
-    return f"{named('.'.join(map(str, error['loc'])))}: {message}" if error["loc"] else message
+            raise click.UsageError("; ".join(problems)) from None
+        sys.exit(f"mnemo: cannot start: invalid settings: {'; '.join(problems)}")
 
 
 def start(settings: Settings) -> None:
-    """Check what the settings name (files, URLs, ports, models: one line and exit 1 if wrong), say where the
-    service listens, then serve. This process imports no ONNX Runtime: gunicorn forks the workers from it."""
+    """Check the settings' files, URL, ports and models (one line and exit 1 if wrong), say where it listens, serve."""
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
     try:
@@ -122,7 +114,9 @@ def serve(**flags: Any) -> None:
     "--artifacts",
     type=click.Path(path_type=Path, file_okay=False),
     default=DEFAULT_ARTIFACTS_DIR,
+    envvar="MNEMO_ARTIFACTS_DIR",
     show_default=True,
+    show_envvar=True,
     help="Directory holding manifest.json.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON instead of a table.")
@@ -160,10 +154,7 @@ def train(context: click.Context) -> None:
     train.main(context.args, prog_name=context.command_path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The `mnemo` console script."""
-    cli.main(args=argv, prog_name="mnemo")
-
+main = functools.partial(cli.main, prog_name="mnemo")  # the `mnemo` console script: main(args=sys.argv[1:])
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -1,9 +1,10 @@
-"""The FastAPI application: `create_app(settings, tasks)`, and the module-level `app` for `uvicorn app.main:app`
+"""The FastAPI application: `create_app(settings, tasks)`, and the module's `app` for `uvicorn app.main:app`
 (which lacks the drain, the worker heartbeats and the connection limits of `python -m app`)."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -21,7 +22,7 @@ from app.runtime.engine import engine
 from app.runtime.model import Task
 from app.runtime.offload import offload, saturated
 from app.runtime.registry import ModelLoadError, ModelRegistry
-from app.server import unprotected_start
+from app.server import SERVED_BY, UNPROTECTED
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
@@ -30,6 +31,7 @@ from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
+from app.transports.identity import IdentityHeaders
 from app.transports.middleware import RequestEdge
 from app.transports.probe_server import ProbeProcess
 from app.transports.rest import DirectRoutes, ServiceApp, direct_routes, task_router
@@ -54,8 +56,11 @@ def package_version() -> str:
         return "0.0.0"
 
 
-def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | None = None) -> FastAPI:
-    """The app; its models are loaded, verified and warmed in the lifespan. `tasks` replaces `app.tasks.TASKS`."""
+def create_app(
+    settings: Settings | None = None, tasks: Mapping[str, Task] | None = None, identity: dict[str, str] | None = None
+) -> FastAPI:
+    """The app; its models are loaded, verified and warmed in the lifespan. `tasks` replaces `app.tasks.TASKS`. With
+    `identity` (Ray Serve's replica) or several workers, each answer says which process gave it (`X-Mnemo-Pid`)."""
     settings = settings or Settings()
     tasks = TASKS if tasks is None else tasks
     configure_logging(settings.log_level, settings.log_format)
@@ -64,8 +69,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """The probe process (if MNEMO_PROBE_PORT is set), models, student store, engine and gRPC while serving."""
-        if warning := unprotected_start():
-            logger.warning(warning)
+        if os.environ.get(SERVED_BY) is None:
+            logger.warning(UNPROTECTED)
         async with AsyncExitStack() as stack:
             stack.callback(write_out_logs)
             probes = None
@@ -124,6 +129,8 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
         app.include_router(router)
     docs.install(app)
+    if identity is not None or settings.workers > 1:  # outermost: on every answer
+        app.add_middleware(IdentityHeaders, extra=identity)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -138,4 +145,9 @@ def create_app(settings: Settings | None = None, tasks: Mapping[str, Task] | Non
     return app
 
 
-app = create_app()
+def __getattr__(name: str) -> FastAPI:
+    """`app` for `uvicorn app.main:app`, built when first read: a worker importing `create_app` reads no variable."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()["app"] = application = create_app()
+    return application

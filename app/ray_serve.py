@@ -1,6 +1,5 @@
-"""`python -m app.ray_serve`: the same FastAPI app on Ray Serve replicas (optional extra `ray`), behind Ray's HTTP
-proxy on MNEMO_HOST:MNEMO_PORT, with the settings' flags of `mnemo serve`. Each replica reserves `--cpus-per-replica`
-CPUs and runs that many ONNX Runtime threads, one run at a time; each response names its replica."""
+"""`python -m app.ray_serve`: the app on Ray Serve replicas (extra `ray`), behind Ray's HTTP proxy on
+MNEMO_HOST:MNEMO_PORT, with the settings' flags of `mnemo serve`; a replica runs one run on its CPUs' threads."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ FIXED = ("workers", "concurrent_runs", "intra_op_threads")  # a replica: one pro
 
 
 def build_application(settings: Settings, options: dict[str, Any]) -> Any:
-    """The Ray Serve application: one deployment whose replicas each serve the app, tagged with their identity
-    (`X-Mnemo-Replica`, `X-Mnemo-Pid`)."""
+    """One deployment whose replicas serve the app, each response naming its replica (`X-Mnemo-Replica`)."""
     from ray import serve
 
     @serve.deployment(name=DEPLOYMENT_NAME, **options)
@@ -33,12 +31,9 @@ def build_application(settings: Settings, options: dict[str, Any]) -> Any:
 
         def __serve_build_asgi_app__(self) -> Any:
             from app.main import create_app
-            from app.transports.identity import IdentityHeaders
 
-            app = create_app(self.replica_settings)
             replica = serve.get_replica_context().replica_id.unique_id
-            app.add_middleware(IdentityHeaders, extra={"X-Mnemo-Replica": replica})
-            return app
+            return create_app(self.replica_settings, identity={"X-Mnemo-Replica": replica})
 
     return MnemoReplica.bind(settings)  # pickled whole: a JSON dump would mask the API keys as '**********'
 
@@ -47,22 +42,20 @@ def build_application(settings: Settings, options: dict[str, Any]) -> Any:
     context_settings={"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 110},
     params=[
         click.Option(
-            ["--replicas"], type=click.IntRange(min=1), default=2, help="Replicas (the minimum when autoscaling)."
+            ["--replicas"], type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling)."
         ),
-        click.Option(["--max-replicas"], type=click.IntRange(min=1), help="Autoscale up to this many replicas."),
+        click.Option(["--max-replicas"], type=click.IntRange(1), help="Autoscale up to this many replicas."),
         click.Option(
             ["--target-ongoing-requests"],
-            type=click.FloatRange(min=0, min_open=True),
+            type=click.FloatRange(0, min_open=True),
             default=2.0,
             help="Autoscaling: requests in flight per replica.",
         ),
-        click.Option(
-            ["--cpus-per-replica"], type=click.IntRange(min=1), default=1, help="CPUs = ONNX Runtime threads."
-        ),
+        click.Option(["--cpus-per-replica"], type=click.IntRange(1), default=1, help="CPUs = ONNX Runtime threads."),
         click.Option(
             ["--address"], help="An existing Ray cluster (e.g. auto); default: a local Ray instance on 127.0.0.1."
         ),
-        *(settings_option(*field) for field in Settings.model_fields.items() if field[0] not in FIXED),
+        *(settings_option(name, field) for name, field in Settings.model_fields.items() if name not in FIXED),
     ],
 )
 def main(

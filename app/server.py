@@ -1,6 +1,5 @@
 """What `python -m app` runs: gunicorn with uvicorn (h11) workers, configured from Settings. gunicorn replaces a
-worker that dies or whose event loop stops beating for MNEMO_WORKER_STALL_S; a worker's first SIGTERM (or SIGHUP)
-drains it (docs/ARCHITECTURE.md), a second stops waiting."""
+worker that dies or stalls; a worker's first SIGTERM (or SIGHUP) drains it (docs/ARCHITECTURE.md), a second stops it."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,12 @@ GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests
 SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
-SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns (`unprotected_start`)
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode: the workers' metrics files
+SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns UNPROTECTED
+UNPROTECTED = (
+    "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
+    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
+)
 
 
 class DrainingServer(uvicorn.Server):
@@ -61,16 +65,6 @@ class DrainingServer(uvicorn.Server):
             runs, threads = self.settings.concurrent_runs, self.settings.intra_op_threads
             logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """uvicorn's handlers for SIGTERM and SIGINT, and SIGHUP handled like them (a worker is never reloaded)."""
-        previous = signal.signal(signal.SIGHUP, self.handle_exit)
-        try:
-            with super().capture_signals():
-                yield
-        finally:
-            signal.signal(signal.SIGHUP, previous)
-
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining:  # a second signal: stop now
             self.should_exit = True
@@ -81,14 +75,13 @@ class DrainingServer(uvicorn.Server):
 
     def start_drain(self, reason: str) -> None:
         if self.drain_task is None:  # else a signal that arrived inside the first one's handler
-            drain_s = self.settings.drain_s
-            logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
-            self.drain_task = asyncio.ensure_future(self.finish_drain(drain_s))
+            self.drain_task = asyncio.ensure_future(self.finish_drain(reason))
 
-    async def finish_drain(self, drain_s: float) -> None:
+    async def finish_drain(self, reason: str) -> None:
+        drain_s = self.settings.drain_s
+        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
         deadline = time.monotonic() + drain_s
-        idle = await self.drain.wait_idle(drain_s)
-        if idle:
+        if idle := await self.drain.wait_idle(drain_s):
             await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
             idle = await self.drain.wait_idle(max(0.0, deadline - time.monotonic()))
         if idle:
@@ -116,17 +109,13 @@ class Worker(UvicornWorker):
             "timeout_keep_alive": settings.keep_alive_s,
         }
         super().__init__(age, ppid, sockets, app, *args)
-        self.orphaned = False
 
     def init_process(self) -> None:
-        """In the forked worker: its socket bound but not listening until uvicorn serves (`unlistened`), its CUDA
-        device (the worker number's of MNEMO_CUDA_DEVICE_ID); then gunicorn's own."""
+        """In the forked worker: its socket not listening until uvicorn serves, its CUDA device; then gunicorn's."""
         from app.runtime.sessions import for_worker
 
         self.sockets = [unlistened(listener) for listener in self.sockets]
-
-        listed = self.app.settings.cuda_device_id
-        self.app.settings = for_worker(self.app.settings, self.number)
+        listed, self.app.settings = self.app.settings.cuda_device_id, for_worker(self.app.settings, self.number)
         if (device := self.app.settings.cuda_device_id) != listed:  # several ids: say which one this worker got
             self.log.info("worker %d is number %d: CUDA device %s", os.getpid(), self.number, device)
         super().init_process()
@@ -138,9 +127,9 @@ class Worker(UvicornWorker):
     async def callback_notify(self) -> None:
         """The heartbeat to gunicorn's master; a worker whose master is gone (killed) drains and exits, once."""
         await super().callback_notify()
-        if os.getppid() != self.ppid and not self.orphaned:
-            self.orphaned = True
+        if (parent := os.getppid()) != self.ppid:
             logger.warning("worker %d: gunicorn's master %d is gone", os.getpid(), self.ppid)
+            self.ppid = parent  # its new parent: said and drained once
             os.kill(os.getpid(), signal.SIGTERM)
 
     async def serve(self) -> None:
@@ -150,6 +139,7 @@ class Worker(UvicornWorker):
             lambda record: not (app.state.startup_error and record.getMessage().startswith("Traceback"))
         )
         server = DrainingServer(self.config)
+        signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
         if not server.started:
@@ -171,8 +161,8 @@ class Gunicorn(BaseApplication):
     """gunicorn configured from Settings, loading `factory(settings)` (default: `create_app`) in each worker."""
 
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
-        self.settings = settings
-        self.factory = factory
+        self.settings, self.factory = settings, factory
+        self.temporary_metrics: str | None = None  # a PROMETHEUS_MULTIPROC_DIR it made, removed at exit
         super().__init__()
 
     def load_config(self) -> None:
@@ -192,11 +182,9 @@ class Gunicorn(BaseApplication):
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "pre_fork": number_worker,
         }
-        if metrics := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # the workers' metrics are summed from its files
-            from prometheus_client.multiprocess import mark_process_dead  # reads the variable as it imports
-
-            options["when_ready"] = lambda server: server.log.info("metrics of every worker in %s", metrics)
-            options["child_exit"] = lambda server, worker: mark_process_dead(worker.pid)  # drop its live gauges
+        # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
+        if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
+            options |= {"on_starting": self.open_metrics, "child_exit": drop_metrics, "on_exit": self.close_metrics}
         for key, value in options.items():
             self.cfg.set(key, value)
 
@@ -211,6 +199,21 @@ class Gunicorn(BaseApplication):
                 except HaltServer as again:
                     error = again
 
+    def open_metrics(self, server: Arbiter) -> None:
+        """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a new one."""
+        if not (chosen := os.environ.get(METRICS_DIR)):
+            self.temporary_metrics = os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
+        elif not Path(chosen).is_dir():
+            sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
+        for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
+            stale.unlink()
+        server.log.info("metrics of every worker in %s", chosen)
+
+    def close_metrics(self, server: Arbiter) -> None:
+        """gunicorn's on_exit hook (in the master only): the temporary metrics directory removed."""
+        if self.temporary_metrics:
+            shutil.rmtree(self.temporary_metrics, ignore_errors=True)
+
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions open while the web stack imports (app/runtime/sessions.py)."""
         from app.runtime.sessions import ProviderUnavailable, preopened, resolve_provider
@@ -221,16 +224,9 @@ class Gunicorn(BaseApplication):
             cannot_start(str(error))
         tune_malloc()  # before any thread starts
         preopened.start(self.settings)
-        if self.factory is None:
+        if (factory := self.factory) is None:
             from app.main import create_app as factory
-        else:
-            factory = self.factory
-        app = factory(self.settings)
-        if self.settings.workers > 1:
-            from app.transports.identity import IdentityHeaders
-
-            app.add_middleware(IdentityHeaders)  # X-Mnemo-Pid: which worker answered
-        return app
+        return factory(self.settings)
 
 
 LISTENER_OPTIONS = (
@@ -241,9 +237,8 @@ LISTENER_OPTIONS = (
 
 
 def unlistened(listener: Any) -> socket.socket:
-    """A socket bound where gunicorn's `listener` is (SO_REUSEPORT) but not listening, `listener` closed: with a socket
-    per worker, the kernel would hand a booting worker's socket new connections while its models load. asyncio's
-    create_server listens on it once the app has started."""
+    """A socket bound where gunicorn's `listener` is (SO_REUSEPORT), with its options, but not listening: the kernel
+    would hand a booting worker's socket connections while its models load. `listener` is closed."""
     fresh = socket.socket(listener.family, socket.SOCK_STREAM)
     for option in LISTENER_OPTIONS:  # as gunicorn set them (TCP_NODELAY: connections inherit it; no Nagle delay)
         fresh.setsockopt(*option, listener.getsockopt(*option))
@@ -279,39 +274,14 @@ def number_worker(server: Arbiter, worker: Worker) -> None:
     worker.number = min(set(range(len(taken) + 1)) - taken)
 
 
-@contextlib.contextmanager
-def metrics_directory() -> Iterator[None]:
-    """PROMETHEUS_MULTIPROC_DIR emptied, or a temporary one removed at the end: the workers' metrics are summed
-    from its files, whichever worker answers /metrics."""
-    if chosen := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        if not Path(chosen).is_dir():
-            sys.exit(f"mnemo: cannot start: PROMETHEUS_MULTIPROC_DIR={chosen} is not a directory")
-        for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
-            stale.unlink()
-        yield
-        return
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path = tempfile.mkdtemp(prefix="mnemo-metrics-")
-    owner = os.getpid()
-    try:
-        yield
-    finally:
-        if os.getpid() == owner:  # not in a worker leaving this block as it exits (it was forked inside it)
-            shutil.rmtree(path, ignore_errors=True)
+def drop_metrics(server: Arbiter, worker: Worker) -> None:
+    """gunicorn's child_exit hook: the live gauges of a worker that exited are dropped."""
+    from prometheus_client.multiprocess import mark_process_dead  # reads PROMETHEUS_MULTIPROC_DIR as it imports
+
+    mark_process_dead(worker.pid)
 
 
 def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
     """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
-    os.environ[SERVED_BY] = __name__
-    # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
-    with metrics_directory() if settings.workers > 1 else contextlib.nullcontext():
-        Gunicorn(settings, factory).run()
-
-
-def unprotected_start() -> str | None:
-    """The startup warning of an app not served by `serve` (`uvicorn app.main:app`, say), else None."""
-    if os.environ.get(SERVED_BY) == __name__:
-        return None
-    return (
-        "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
-        "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
-    )
+    os.environ[SERVED_BY] = "app.server"
+    Gunicorn(settings, factory).run()

@@ -115,7 +115,7 @@ def largest_difference(expected: list[np.ndarray], actual: list[np.ndarray]) -> 
     return float(diffs[worst].max()), where
 
 
-def attention_figure(path: Path, vectors: WordVectors, model_file: Path, config: RMCConfig, pair, name: str) -> None:
+def attention_figure(path: Path, vectors: WordVectors, model_file: Path, pair, name: str) -> None:
     """Heatmaps of both sentences' combined attention maps for one test pair, from the ONNX graph."""
     session = ort.InferenceSession(str(model_file), providers=["CPUExecutionProvider"])
 
@@ -126,7 +126,7 @@ def attention_figure(path: Path, vectors: WordVectors, model_file: Path, config:
         outputs = dict(
             zip(OUTPUTS, session.run(None, {"emb_a": emb, "len_a": length, "emb_b": emb, "len_b": length}), strict=True)
         )
-        matrix = combined_map(outputs["attn_a_fwd"][0], outputs["attn_a_bwd"][0], config.pointer, config.window)
+        matrix = combined_map(outputs["attn_a_fwd"][0], outputs["attn_a_bwd"][0])
         heatmap(
             matrix,
             tokens,
@@ -333,9 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     trial = read_split(Path(result["data_files"]["trial"]["file"]))
     parity = check_parity(model, onnx_file, vectors, trial[:64])
     example = read_split(Path(result["data_files"]["test"]["file"]))[args.example_pair]
-    attention_figure(
-        args.artifacts / f"{args.name}.attention.png", vectors, onnx_file, model.config, example, args.name
-    )
+    attention_figure(args.artifacts / f"{args.name}.attention.png", vectors, onnx_file, example, args.name)
     training_curve(
         result["history"],
         {

@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     parity = check_parity(ensemble, onnx_file, vectors, pairs["trial"][:64])
     example = pairs["test"][args.example_pair]
     figure = args.artifacts / f"{args.name}.attention.png"
-    attention_figure(figure, vectors, onnx_file, ensemble.config, example, args.name)
+    attention_figure(figure, vectors, onnx_file, example, args.name)
     member_curves(
         {m.run.name: m.result["history"] for m in ranked},
         f"{args.name}: trial Pearson r of each candidate",

@@ -26,8 +26,11 @@ SHAPE = (20, 200)
 class InlineCalls:
     """Store calls made right where they are asked for (a writer thread or process has no event loop to spare)."""
 
-    async def read(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return function(*args, **kwargs)
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    async def read(self, call: Callable[[StateStore], Any]) -> Any:
+        return call(self.store)
 
     commit = read
 
@@ -38,7 +41,7 @@ def update(store: StateStore, student_id: str, compute: Callable, **options: Any
     async def computed(current: StudentState | None) -> NextState:
         return await asyncio.to_thread(compute, current)  # a thread: `compute` may append itself (a race)
 
-    return asyncio.run(update_state(InlineCalls(), store, MODEL, student_id, MODEL_SHA256, computed, **options))
+    return asyncio.run(update_state(InlineCalls(store), MODEL, student_id, MODEL_SHA256, computed, **options))
 
 
 def append_one(store: StateStore, student_id: str, writer: int) -> StudentState:

@@ -1,11 +1,9 @@
-"""Graceful drain: readiness turns 503, connections opened after it get 503, the requests in flight finish; those
-still running when its time is up are cancelled (`give_up`) and answered 503 by the request edge."""
+"""Graceful drain: new connections and readiness get 503; requests in flight finish, or are cancelled at its end."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterable
 
 
@@ -13,8 +11,7 @@ class Drain:
     """Shutdown state and the requests in flight (operations endpoints excluded)."""
 
     def __init__(self) -> None:
-        self.draining = False
-        self.gave_up = False
+        self.draining = self.gave_up = False
         self.open_before: set[object] = set()  # the clients (host, port) of the connections open when it began
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
         self._tasks: set[asyncio.Task] = set()
@@ -22,8 +19,7 @@ class Drain:
 
     def begin(self, open_connections: Iterable[object] = ()) -> None:
         if not self.draining:
-            self.draining = True
-            self.open_before = set(open_connections)
+            self.draining, self.open_before = True, set(open_connections)
             for listener in self.on_begin:
                 listener()
 
@@ -35,12 +31,12 @@ class Drain:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def enter(self, task: asyncio.Task) -> None:
-        self._tasks.add(task)
-
     def alone(self) -> bool:
         """At most one request in flight: called from inside a request, it is the only one."""
         return self.in_flight <= 1
+
+    def enter(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
 
     def leave(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -55,9 +51,9 @@ class Drain:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when idle."""
-        deadline = time.monotonic() + timeout_s
-        while self._tasks and (remaining := deadline - time.monotonic()) > 0:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self._tasks:
+                    self._changed.clear()
+                    await self._changed.wait()
         return not self._tasks

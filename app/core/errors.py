@@ -1,5 +1,4 @@
-"""The errors the service returns to its clients, each with its status and one clear sentence that never echoes the
-offending value (answered by app/transports/error_handlers.py); any other exception is a bug, answered 500."""
+"""The errors answered to clients: a status, one sentence never echoing the bad value; any other is a bug (500)."""
 
 from __future__ import annotations
 
@@ -29,32 +28,24 @@ class ServiceError(Exception):
 
 
 class UnknownModel(ServiceError):
-    """No model of that name (and task); the detail lists the names that exist."""
-
-    status_code = 404
+    status_code = 404  # no model of that name (and task); the detail lists the names that exist
 
 
 class ModelNotReady(ServiceError):
-    """The model is configured but not loaded (missing/tampered file with MNEMO_ON_MODEL_ERROR=skip)."""
-
-    status_code = 503
+    status_code = 503  # configured but not loaded (a missing or tampered file with MNEMO_ON_MODEL_ERROR=skip)
 
 
 class Overloaded(ServiceError):
-    """The model's queue is full: rejected at once, before any work (429, Retry-After)."""
-
-    status_code = 429
+    status_code = 429  # the model's queue is full: rejected at once, before any work
     headers = MappingProxyType({"Retry-After": "1"})
 
 
 class DeadlineExceeded(ServiceError):
-    """The request did not finish within MNEMO_REQUEST_TIMEOUT_S; its unstarted work was dropped."""
-
-    status_code = 504
+    status_code = 504  # not finished within MNEMO_REQUEST_TIMEOUT_S; its unstarted work was dropped
 
 
 def body_too_large_detail(max_bytes: int) -> str:
-    """The 413 sentence for a body over MNEMO_MAX_BODY_BYTES (used by the ASGI middleware)."""
+    """The 413 sentence for a body over MNEMO_MAX_BODY_BYTES."""
     return f"Request body is larger than the limit of {max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
 
 

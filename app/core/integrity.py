@@ -1,9 +1,14 @@
-"""File hashing shared by the exporter (writes the manifest) and the registry (verifies it)."""
+"""Artifact files: their sha256 (the exporter writes it to the manifest, the registry verifies it) and .npy arrays."""
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
+
+import numpy as np
+
+_reading_npy = threading.Lock()
 
 
 def sha256_of(path: Path) -> str:
@@ -16,6 +21,12 @@ def verify(path: Path, name: str, sha256: str, what: str) -> None:
     """ValueError naming `what` and `name` unless the file exists and has the manifest's `sha256`."""
     if not path.is_file():
         raise ValueError(f"{what} {name} is missing")
-    actual = sha256_of(path)
-    if actual != sha256:
+    if (actual := sha256_of(path)) != sha256:
         raise ValueError(f"{what} {name} has sha256 {actual}, but the manifest says {sha256}; refusing to serve it")
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """The array of an .npy file, memory-mapped read-only; one file at a time in the process: numpy parses the
+    header with `ast.literal_eval`, which CPython 3.11 cannot run in two threads at once (SystemError)."""
+    with _reading_npy:
+        return np.load(path, mmap_mode="r", allow_pickle=False)

@@ -36,7 +36,6 @@ CLIENT_CAUSED_WARNINGS = (
     "No supported WebSocket library detected. Please use \"pip install 'uvicorn[standard]'\", or install "
     "'websockets' or 'wsproto' manually.",
 )
-errors_logger = logging.getLogger("mnemo.errors")
 
 
 class JsonFormatter(LibraryJsonFormatter):
@@ -77,13 +76,12 @@ class TextFormatter(logging.Formatter):
 
 
 class EverySecondAtMost(logging.Filter):
-    """At most one record per `interval_s` for each of `messages` (templates); a timer logs how many were held back.
-    For warnings any client can cause once per request."""
+    """At most one record a second of each of `messages` (warnings any client can cause once per request); a timer
+    logs how many were held back."""
 
     def __init__(self, messages: Iterable[str], interval_s: float = 1.0) -> None:
         super().__init__()
-        self.messages = frozenset(messages)
-        self.interval_s = interval_s
+        self.messages, self.interval_s = frozenset(messages), interval_s
         self._lock = threading.Lock()  # records come from the event loop, reports from timer threads
         self._last: dict[str, float] = {}
         self._held_back: dict[str, tuple[int, logging.LogRecord]] = {}  # count, and the latest record held back
@@ -113,8 +111,6 @@ class EverySecondAtMost(logging.Filter):
 
 
 _client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
-
-
 _records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
 _wake = threading.Event()  # set: write out now (a full queue, a stop)
 
@@ -152,26 +148,23 @@ _listener: QueueListener | None = None
 _listener_lock = threading.Lock()
 
 
-def _listen(target: logging.Handler | None) -> None:
-    """Write out what is queued, then write to `target` from now on (None: stop writing)."""
+def _listen(*targets: logging.Handler) -> None:
+    """Write out what is queued, then write to `targets` from now on (none: stop writing)."""
     global _listener
     with _listener_lock:
         if _listener is not None:
             _listener.stop()  # writes out every record queued before it
-        _listener = None if target is None else IntervalListener(_records, target)
+        _listener = IntervalListener(_records, *targets) if targets else None
         if _listener is not None:
             _listener.start()
 
 
-atexit.register(_listen, None)  # registered after logging's own exit handler, so it runs before it
+atexit.register(_listen)  # registered after logging's own exit handler, so it runs before it
 
 
 def write_out_logs() -> None:
     """Write out the queued records now (when the app stops serving, or before a worker reports ready)."""
-    with _listener_lock:
-        if _listener is not None:
-            _listener.stop()
-            _listener.start()
+    _listen(*(_listener.handlers if _listener is not None else ()))
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -236,7 +229,7 @@ class TracebackBudget:
 def log_unexpected(budget: TracebackBudget, scope: Scope, error: Exception) -> None:
     """One line for an exception no handler took (a bug), with its traceback when `budget` admits it."""
     with_traceback, repeats = budget.admit(error)
-    errors_logger.error(
+    logging.getLogger("mnemo.errors").error(
         "unexpected error on %s %s: %s: %s%s",
         scope["method"],
         loggable_path(scope),  # the route template: no student id or other client text in the log

@@ -1,5 +1,4 @@
-"""The manifest (`artifacts/manifest.json`): its schema, each problem one line naming the entry and the field; and
-file names confined to the artifacts directory (no absolute path, nor `..` or symlink leading outside)."""
+"""`artifacts/manifest.json`: its schema and checks, one line per problem; files confined to the artifacts dir."""
 
 from __future__ import annotations
 
@@ -44,14 +43,12 @@ class ModelEntry(Strict):
     file: str = Field(min_length=1)
     sha256: str = Field(pattern=SHA256_PATTERN)
     default: bool = False
-    limits: dict[str, int | float] = Field(default_factory=dict)
-    metrics: dict[str, float | int | None] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    assets: dict[str, AssetEntry] = Field(default_factory=dict)
-    graphs: dict[str, AssetEntry] = Field(
-        default_factory=dict, description="more ONNX graphs of the same weights (e.g. the encoder alone), by task key"
-    )
-    batching: BatchingOverride = Field(default_factory=BatchingOverride)
+    limits: dict[str, int | float] = {}
+    metrics: dict[str, float | int | None] = {}
+    metadata: dict[str, Any] = {}
+    assets: dict[str, AssetEntry] = {}
+    graphs: dict[str, AssetEntry] = {}  # more ONNX graphs of the same weights (e.g. the encoder alone), by task key
+    batching: BatchingOverride = BatchingOverride()
     card: str | None = None
 
 
@@ -77,20 +74,18 @@ def load_manifest(artifacts: Path) -> Manifest:
 
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
     """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
-    manifest = load_manifest(artifacts)
-    names = [entry.name for entry in manifest.models]
-    if len(set(names)) != len(names):
+    models = load_manifest(artifacts).models
+    if len({entry.name for entry in models}) != len(models):
         raise ManifestError("manifest.json: model names must be unique")
-    for entry in manifest.models:
+    for entry in models:
         if entry.task not in tasks:
             raise ManifestError(
                 f"manifest.json: model {entry.name} has unknown task {entry.task!r}; known: {', '.join(sorted(tasks))}"
             )
-    for task in tasks:
-        defaults = [entry.name for entry in manifest.models if entry.task == task and entry.default]
+        defaults = [other.name for other in models if other.task == entry.task and other.default]
         if len(defaults) > 1:
-            raise ManifestError(f"manifest.json: at most one default {task} model, not {', '.join(defaults)}")
-    return manifest.models
+            raise ManifestError(f"manifest.json: at most one default {entry.task} model, not {', '.join(defaults)}")
+    return models
 
 
 def positive_int(values: dict[str, Any], key: str) -> int:
@@ -113,14 +108,14 @@ def confined(artifacts: Path, name: str) -> Path:
 
 
 def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
-    """The entries named in MNEMO_MODELS (all when it is empty); an unknown name is an error naming the choices."""
+    """The entries named by `--models`/MNEMO_MODELS (all when empty); an unknown name is an error naming the choices."""
     if not names:
         return entries
     known = {entry.name for entry in entries}
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ManifestError(
-            f"MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
+            f"--models/MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
             f"its models: {', '.join(sorted(known))}"
         )
     return [entry for entry in entries if entry.name in names]

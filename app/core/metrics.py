@@ -41,8 +41,8 @@ class Metrics:
     def __init__(self) -> None:
         self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         self._request_series: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}  # see observe_request
-        self._rendering: asyncio.Task[bytes] | None = None  # the render running (scrape)
-        self._next_render: asyncio.Task[bytes] | None = None  # the render that starts when it ends
+        self._rendering = asyncio.Lock()  # one render at a time (scrape)
+        self._next_render: asyncio.Task[bytes] | None = None  # the render that scrapes arriving now wait for
         self.registry = registry = CollectorRegistry()
 
         def counter(name: str, documentation: str, labels: Sequence[str] = ("model",)) -> Counter:
@@ -137,14 +137,10 @@ class Metrics:
         """`render()` on the render thread, off the event loop: a scrape waits for the next render to start (so it sees
         every update made before it), and that render answers every scrape that arrives until it starts."""
         if self._next_render is None:
-            self._next_render = asyncio.create_task(self._render_after(self._rendering))
+            self._next_render = asyncio.create_task(self._render_next())
         return await asyncio.shield(self._next_render)  # a scrape that is cancelled leaves the render to the others
 
-    async def _render_after(self, previous: asyncio.Task[bytes] | None) -> bytes:
-        if previous is not None:
-            await asyncio.wait([previous])
-        self._rendering, self._next_render = self._next_render, None
-        try:
+    async def _render_next(self) -> bytes:
+        async with self._rendering:
+            self._next_render = None  # it starts: a scrape arriving from now on waits for the next one
             return await asyncio.get_running_loop().run_in_executor(_render_thread, self.render)
-        finally:
-            self._rendering = None

@@ -1,5 +1,4 @@
-"""What the runtime knows of the request it works for, set by whatever transport carried it: the batcher serves the
-earliest arrivals first, drops the rows of a client that has left, and sizes the room a large body needs."""
+"""What the runtime knows of the request it serves (arrival, client still there, body size), set by its transport."""
 
 from __future__ import annotations
 

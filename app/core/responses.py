@@ -7,12 +7,10 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-ORJSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-
 
 def dumps(payload: Any) -> bytes:
     """JSON bytes of a payload that may hold numpy arrays and scalars."""
-    return orjson.dumps(payload, option=ORJSON_OPTIONS)
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
 
 
 class JsonResponse(Response):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import math
 import os
 import re
 import resource
@@ -12,13 +11,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
 DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 (older nodes, e.g. Amazon Linux 2): cpu.cfs_quota_us
+RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
 # MNEMO_* variables that are not service settings: training data, tests, compose and image builds
 OTHER_VARIABLES = {
     *("DATA_DIR", "TEST_ARTIFACTS_DIR", "CHROMIUM", "BASE_IMAGE"),
@@ -26,17 +26,15 @@ OTHER_VARIABLES = {
 }
 # what Kubernetes sets for the Services mnemo and mnemo-redis (service links): MNEMO_SERVICE_HOST, ...
 SERVICE_LINK = re.compile(r"(\w+_)?(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
-ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+"  # as browsers send it: scheme://host[:port]
 SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
 
 
 def read_keys_file(path: Path) -> list[str]:
     """The API keys of a keys file: one per line, blank lines and `#` comments ignored."""
     try:
-        text = path.read_text()
+        lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
     except OSError as error:
         raise ValueError(f"cannot read {path}: {error.strerror}") from None
-    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
     return [line for line in lines if line]
 
 
@@ -46,9 +44,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     lines = []
     for variable, value in sorted(environ.items()):
         name = variable.upper().removeprefix("MNEMO_")
-        if not variable.upper().startswith("MNEMO_") or name in fields or name in OTHER_VARIABLES:
-            continue
-        if SERVICE_LINK.fullmatch(name) or (name.endswith("PORT") and SERVICE_LINK_URL.match(value)):
+        link = SERVICE_LINK.fullmatch(name) or (name.endswith("PORT") and SERVICE_LINK_URL.match(value))
+        if name == variable.upper() or name in fields | OTHER_VARIABLES or link:  # not MNEMO_*, or not a typo
             continue
         nearest = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         hint = f" (did you mean MNEMO_{nearest[0]}?)" if nearest else ""
@@ -78,10 +75,8 @@ def entries(pattern: str, what: str, required: bool = False) -> AfterValidator:
 PROVIDERS = entries("auto|cpu|cuda|tensorrt", "a provider (comma-separated: auto, cpu, cuda, tensorrt)", required=True)
 DEVICE_IDS = entries(r"\d+", "a CUDA device id (an integer such as 0, or comma-separated: 0,1)", required=True)
 PATHS = entries("/.*", "a path (comma-separated paths such as /health)")
+ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+"  # as browsers send it: scheme://host[:port]
 ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *)")
-
-
-RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
 
 
 def open_files_limit() -> int | None:
@@ -97,19 +92,12 @@ def default_max_connections() -> int:
 
 
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
-    """CPUs this process may really use: its affinity mask, capped by the cgroup's CPU quota (v2's cpu.max, else v1's
-    cfs quota / period)."""
+    """CPUs this process may use: its affinity mask, capped by the cgroup's CPU quota (v2's cpu.max, else v1's)."""
     cpus = len(os.sched_getaffinity(0))
-    try:
-        quota, period = cpu_max.read_text().split()
-    except (OSError, ValueError):
-        try:
-            quota, period = ((v1_dir / f"cpu.cfs_{part}_us").read_text().strip() for part in ("quota", "period"))
-        except OSError:
-            return cpus
-    with contextlib.suppress(ValueError, ZeroDivisionError):
-        if quota not in ("max", "-1"):
-            return max(1, min(cpus, math.floor(int(quota) / int(period))))
+    for files in ([cpu_max], [v1_dir / "cpu.cfs_quota_us", v1_dir / "cpu.cfs_period_us"]):
+        with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
+            quota, period = " ".join(file.read_text() for file in files).split()
+            return cpus if quota in ("max", "-1") else max(1, min(cpus, int(quota) // int(period)))
     return cpus
 
 
@@ -127,45 +115,32 @@ class Settings(BaseSettings):
     models: str = ""
     """Comma-separated manifest models to serve (empty: all); a name the manifest lacks stops startup, naming them."""
     probe_port: int | None = Field(None, ge=1, le=65535)
-    """Also serve `GET /health` and `GET /ready` on this port from a child process, so probes answer at once while the
-    event loop is overloaded (the image, compose and Kubernetes files set 8001). Must differ from `MNEMO_PORT`."""
+    """Also answer `GET /health` and `GET /ready` on this port from a child process, even while the app is busy."""
     grpc_port: int | None = Field(None, ge=1, le=65535)
     """Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off."""
     provider: Annotated[str, PROVIDERS] = "auto"
-    """ONNX Runtime execution provider of each instance of every model, comma-separated: `cpu`, `cuda`, `tensorrt` or
-    `auto` (CUDA when onnxruntime offers it, else CPU; the choice is logged). `cuda,cpu` serves each model from a GPU
-    session and a CPU session, each batch going to the one predicted to finish it first (docs/engine.md). A provider
-    that onnxruntime cannot provide stops startup, naming the available ones; a session that would silently fall back to
-    another provider is an error too."""
+    """ONNX Runtime execution providers, comma-separated: `cpu`, `cuda`, `tensorrt` or `auto` (CUDA if offered, else
+    CPU); `cuda,cpu` serves each model from both, each batch on the one predicted to finish first (docs/engine.md)."""
     workers: int = Field(1, ge=1, le=256)
-    """Server processes on the port, each with its own copy of every model. On CPU, workers x concurrent runs x intra-op
-    threads may not exceed the CPUs (startup error)."""
+    """Server processes on the port, each with every model; on CPU, workers x concurrent runs x threads fit the CPUs."""
     worker_stall_s: float = Field(30.0, ge=2, le=3600)
-    """A worker whose event loop has not reported to gunicorn's master for this long (stopped, deadlocked, or still
-    starting) is killed and replaced."""
+    """A worker whose event loop has not reported to gunicorn's master for this long is killed and replaced."""
     intra_op_threads: int = Field(1, ge=1, le=256)
     """ONNX Runtime threads per run; these graphs are many small steps: one thread leaves the other CPUs to others."""
     concurrent_runs: int | None = Field(None, ge=1)
-    """ONNX runs at once over all models, per worker. Unset: the CPUs this process may use (affinity mask and cgroup v2
-    or v1 CPU quota, rounded down) // (workers x intra-op threads), at least 1."""
+    """ONNX runs at once per worker. Unset: usable CPUs (affinity, cgroup quota) // (workers x intra-op threads)."""
     cpu_arena: bool = False
     """ONNX Runtime's CPU memory arena: faster large runs, but it keeps the memory of the largest run for good."""
-    # The CUDA provider's options (app/runtime/sessions.py; docs/gpu.md)
     cuda_device_id: Annotated[str, DEVICE_IDS] = "0"
-    """CUDA device id, or comma-separated ids to spread the workers over devices: worker i (of `MNEMO_WORKERS`) runs on
-    the i-th id, modulo their number (`0,1`: workers 0, 2, ... on device 0)."""
+    """CUDA device id, or comma-separated ids: worker i runs on the i-th id, modulo their number (docs/gpu.md)."""
     cuda_tf32: bool = False
     """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`): faster, but far from CPU parity (docs/gpu.md)."""
     cuda_mem_limit_mb: int | None = Field(None, ge=1)
-    """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a run that needs more is split (docs/gpu.md).
-    Unset: the device's memory. Every model's session has its own arena: budget the device's memory / (sessions x
-    workers on it)."""
+    """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a larger run is split (docs/gpu.md)."""
     cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
-    """How the CUDA arena grows: by what a run asks (`kSameAsRequested`, keeps the least memory) or in powers of two
-    (ONNX Runtime's default, fewer but larger allocations)."""
+    """How the CUDA arena grows: by what a run asks (the least memory) or in powers of two (ONNX Runtime's default)."""
     cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
-    """cuDNN's choice of convolution algorithm (`cudnn_conv_algo_search`): `EXHAUSTIVE` benchmarks every algorithm on
-    each new input shape, which batches of varying size pay again and again."""
+    """cuDNN's convolution algorithm search; `EXHAUSTIVE` benchmarks every new input shape (batch size) again."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged. Choices match in any case, as for every setting with choices."""
     log_format: Literal["text", "json"] = "text"
@@ -173,11 +148,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864)
     """Request bodies larger than this get 413."""
     on_model_error: Literal["exit", "skip"] = "exit"
-    """A missing or tampered model file: `exit` stops startup with one line naming the file and the problem; `skip`
-    serves the other models and reports that one not ready (`/ready` 503)."""
+    """A missing or tampered model file: `exit` stops startup, naming it; `skip` serves the rest, that one not ready."""
     max_batch: int = Field(32, ge=1, le=4096)
-    """Most rows (sentence pairs, history chunks) per ONNX run, on any instance: a ceiling; within it, each run's rows
-    are chosen by what the instance's runs cost (docs/engine.md)."""
+    """Most rows (sentence pairs, history chunks) per ONNX run; within it, runs are sized by cost (docs/engine.md)."""
     max_wait_ms: float = Field(2.0, ge=0, le=1000)
     """While a run of the model is in flight, how long the next batch may wait to fill. An idle model never waits."""
     max_queue: int = Field(512, ge=1, le=1_000_000)
@@ -186,57 +159,48 @@ class Settings(BaseSettings):
     """A request's deadline, from its arrival; past it the answer is 504 and its unstarted work is dropped."""
     drain_s: float = Field(15.0, ge=0, le=3600)
     """On SIGTERM, SIGINT or SIGHUP, how long admitted requests may take to finish before the process exits."""
-    # Connections (uvicorn's limits, app/server.py; nginx in front has the rest, deploy/nginx/nginx.conf) and logs
     keep_alive_s: float = Field(5.0, gt=0, le=600)
     """Idle time allowed on a kept-alive connection between requests."""
     header_timeout_s: float = Field(10.0, gt=0, le=600)
-    """Time a request's line and headers may take, from the connection's opening or the request's first byte; then the
-    connection is closed."""
+    """Time a request's line and headers may take from the connection's opening or the request's start, else close."""
     body_timeout_s: float = Field(10.0, gt=0, le=600)
-    """Longest pause while a request body arrives; else 408. The whole body must also be in by the request's deadline
-    (`MNEMO_REQUEST_TIMEOUT_S`)."""
+    """Longest pause while a body arrives, else 408; the whole body must also arrive by the request's deadline."""
     max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
     """Request line and headers; larger get 400 and a close."""
     max_connections: int = Field(default_factory=default_max_connections, ge=1, le=1_000_000)
-    """Open connections; a new one beyond them is answered 503 and closed. Default: the open-file limit (`ulimit -n`)
-    minus 128, at most 4096; a value past that limit minus 128 stops startup. On `MNEMO_GRPC_PORT` it bounds the calls
-    in flight: one beyond them gets `RESOURCE_EXHAUSTED` at once."""
+    """Open connections; one more is answered 503 and closed (on `MNEMO_GRPC_PORT`: calls in flight, one more gets
+    `RESOURCE_EXHAUSTED`). Default: the open-file limit (`ulimit -n`) minus 128, at most 4096; more stops startup."""
     error_log_window_s: float = Field(60.0, ge=0)
     """A distinct unexpected error's traceback is logged once per window; each occurrence still logs one line."""
-    # Access control (app/transports/access.py)
     api_keys: SecretStr | None = None
     """Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths needs `Authorization:
     Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup rather than turn authentication off."""
     api_keys_file: Path | None = None
     """File with one API key per line (`#` comments); a file without keys stops startup."""
     open_paths: Annotated[str, PATHS] = "/health,/ready,/v2/health/live,/v2/health/ready"
-    """Comma-separated paths served without an API key; each starts with `/`. The docs and the explorer page's own files
-    are always open; add `/metrics` for a scraper without a key."""
+    """Comma-separated paths served without an API key (the docs and the explorer always are; add `/metrics`)."""
     cors_origins: Annotated[str, ORIGINS] = ""
-    """Comma-separated origins allowed by CORS, `*` for any, each as browsers send it (`scheme://host[:port]`, no path
-    or trailing `/`); empty turns CORS off."""
+    """Comma-separated origins allowed by CORS (`scheme://host[:port]` as browsers send it), `*` for any; empty: off."""
+    state_url: str = DEFAULT_STATE_URL
+    """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
+    the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
 
-    @field_validator("provider", "log_level", "log_format", "on_model_error", mode="before")
+    @field_validator("provider", "log_level", "log_format", "on_model_error", "cuda_mem_limit_mb", mode="before")
     @classmethod
-    def _choice_in_any_case(cls, value: object) -> object:
-        """`MNEMO_LOG_LEVEL=INFO` means info: choices match in any case, spaces ignored."""
-        return value.strip().lower() if isinstance(value, str) else value
+    def _normalised(cls, value: object, info: ValidationInfo) -> object:
+        """Choices match in any case; a blank `MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) is unset."""
+        if not isinstance(value, str):
+            return value
+        return None if info.field_name == "cuda_mem_limit_mb" and not value.strip() else value.strip().lower()
 
     @field_validator("api_keys")
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
         """Blank is unset (no authentication); anything else must hold a key."""
-        if keys is None or not keys.get_secret_value().strip():
-            return None
-        if not split_list(keys.get_secret_value()):
+        text = keys.get_secret_value() if keys else ""
+        if text.strip() and not split_list(text):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
-        return keys
-
-    @field_validator("cuda_mem_limit_mb", mode="before")
-    @classmethod
-    def _blank_is_unset(cls, value: object) -> object:
-        """`MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) leaves the arena unbounded."""
-        return None if isinstance(value, str) and not value.strip() else value
+        return keys if text.strip() else None
 
     @field_validator("api_keys_file")
     @classmethod
@@ -245,34 +209,20 @@ class Settings(BaseSettings):
             raise ValueError(f"{path} holds no API key (one per line)")
         return path
 
-    state_url: str = DEFAULT_STATE_URL
-    """Per-student state store: `sqlite:///path/to/file.db` (embedded; `?synchronous=normal` trades power-cut durability
-    for write rate) or `redis://host:port/db` (several replicas; needs the `redis` extra and a server with `appendonly
-    yes`, `appendfsync always`). See docs/students.md."""
-
     @model_validator(mode="after")
-    def _ports_differ(self) -> Settings:
+    def _rules_across_settings(self) -> Settings:
+        """Distinct ports; connections within the open-file limit (past it, accept() fails and a new connection waits
+        unanswered instead of a 503); workers x concurrent runs x intra-op threads within the CPUs (not GPU runs)."""
         if self.probe_port is not None and self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
         if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
             raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")
-        return self
-
-    @model_validator(mode="after")
-    def _connections_fit_the_open_files_limit(self) -> Settings:
-        """Past the open-file limit, accept() fails and new connections wait unanswered instead of a 503."""
-        limit = open_files_limit()
-        chosen = "max_connections" in self.model_fields_set  # the default already fits (at least 16)
-        if chosen and limit is not None and self.max_connections > limit - RESERVED_FILE_HANDLES:
+        limit, needed = open_files_limit(), self.max_connections + RESERVED_FILE_HANDLES
+        if "max_connections" in self.model_fields_set and limit is not None and needed > limit:  # a default fits
             raise ValueError(
-                f"MNEMO_MAX_CONNECTIONS ({self.max_connections}) needs {self.max_connections + RESERVED_FILE_HANDLES} "
-                f"open files, past this process's limit of {limit} (ulimit -n): raise the limit or lower the setting"
+                f"MNEMO_MAX_CONNECTIONS ({self.max_connections}) needs {needed} open files, past this process's "
+                f"limit of {limit} (ulimit -n): raise the limit or lower the setting"
             )
-        return self
-
-    @model_validator(mode="after")
-    def _thread_budget(self) -> Settings:
-        """workers x concurrent runs x intra-op threads must fit the CPUs (not GPU runs); the default: a fair share."""
         cpus = usable_cpus()
         chosen = self.concurrent_runs is not None or self.workers > 1  # else one run, even of more threads than CPUs
         if self.concurrent_runs is None:

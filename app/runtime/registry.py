@@ -16,10 +16,9 @@ import numpy as np
 import onnxruntime as ort
 
 from app.core.errors import ModelNotReady, UnknownModel
-from app.core.integrity import verify
+from app.core.integrity import load_npy, verify
 from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
-from app.core.npy import load_npy
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ServedModel, Task, graph_layouts

@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import TypeVar
 from weakref import WeakValueDictionary
 
 from app.students.factory import open_store
@@ -16,7 +16,6 @@ from app.students.store import StateStore, StoreError, StoreUnavailable
 
 STORE_THREADS = 4  # store calls wait on I/O, not on the GIL
 MAX_WAITING = 64
-P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("mnemo.students")
 
@@ -56,18 +55,14 @@ class StoreHolder:
                 self._store = open_store(self._url)
             return self._store
 
-    async def store(self) -> StateStore:
-        """The open store, opened on a store thread if it is not yet."""
-        return self._store or await self.read(self.get)
+    async def read(self, call: Callable[[StateStore], T]) -> T:
+        """`call(store)` on a store thread; a cancelled caller drops its result."""
+        return await asyncio.wrap_future(self._submit(call))
 
-    async def read(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`function(*args, **kwargs)` on a store thread; a cancelled caller drops its result."""
-        return await asyncio.wrap_future(self._submit(function, *args, **kwargs))
-
-    async def commit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def commit(self, call: Callable[[StateStore], T]) -> T:
         """A write: cancelled before it starts, it never runs; once started, its caller gets its result even when
         cancelled meanwhile, so a 504 never hides a write that happened."""
-        job = self._submit(function, *args, **kwargs)
+        job = self._submit(call)
         outcome = asyncio.wrap_future(job)
         try:
             return await asyncio.shield(outcome)
@@ -84,12 +79,12 @@ class StoreHolder:
                 self._store.close()
                 self._store = None
 
-    def _submit(self, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+    def _submit(self, call: Callable[[StateStore], T]) -> Future[T]:
         if not self._room.acquire(blocking=False):
             raise StoreBusy(
                 f"The student state store is busy: {STORE_THREADS} calls running and {MAX_WAITING} waiting, "
                 "the most it takes; only the /students endpoints are affected, retry after the Retry-After delay."
             )
-        job = self._executor.submit(function, *args, **kwargs)
+        job = self._executor.submit(lambda: call(self.get()))
         job.add_done_callback(lambda _: self._room.release())
         return job

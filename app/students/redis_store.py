@@ -4,22 +4,11 @@ whose reply was lost may have been applied)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.students.store import (
-    Fields,
-    RevisionConflict,
-    StateStore,
-    StateVersionMismatch,
-    StoreUnavailable,
-    StudentState,
-    state_of,
-)
+from app.students.store import Fields, RevisionConflict, StateStore, StateVersionMismatch, StudentState, state_of
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
 STUDENTS_KEY = b"mnemo:students"
@@ -57,29 +46,25 @@ return {1, revision, created, now}
 class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
 
+    name, driver_errors = "Redis", redis.RedisError
+
     def __init__(self, url: str) -> None:
         self._client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_timeout=REPLY_TIMEOUT_S,
-            retry=Retry(NoBackoff(), 0),
+            url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=REPLY_TIMEOUT_S, retry=Retry(NoBackoff(), 0)
         )
         self._write_script = self._client.register_script(WRITE_SCRIPT)
         where = self._client.connection_pool.connection_kwargs
-        self._where = f"{where.get('host', where.get('path'))}:{where.get('port', '')}/{where.get('db', 0)}"
+        self.where = f"{where.get('host', where.get('path'))}:{where.get('port', '')}/{where.get('db', 0)}"
 
     def read(self, model: str, student_id: str) -> StudentState | None:
-        fields = [f"{attribute}:{model}".encode() for attribute in ATTRIBUTES]
-        with self._errors_as_unavailable():
-            values = self._client.hmget(_student_key(student_id), fields)
-        if values[-1] is None:
-            return None
-        return _state_of(model, student_id, dict(zip(ATTRIBUTES, values, strict=True)))
+        with self._unavailable():
+            values = self._client.hmget(_student_key(student_id), _hash_fields(model))
+        return None if values[-1] is None else _state_of(model, student_id, values)
 
     def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
         model, student_id, blob, rows, columns, interactions, model_sha256 = fields
         expected = "" if expected_revision is None else str(expected_revision)
-        with self._errors_as_unavailable(WRITE_OUTCOME_UNKNOWN):
+        with self._unavailable(WRITE_OUTCOME_UNKNOWN):
             outcome = self._write_script(
                 keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
                 args=[model, expected, blob, f"{rows},{columns}", interactions, model_sha256, student_id],
@@ -93,45 +78,38 @@ class RedisStateStore(StateStore):
 
     def delete(self, student_id: str) -> list[StudentState]:
         key = _student_key(student_id)
-        with self._errors_as_unavailable():  # one MULTI/EXEC transaction
-            fields, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
-        by_model: dict[str, dict[str, bytes]] = {}
-        for field, value in fields.items():
-            attribute, _, model = field.decode().partition(":")
-            by_model.setdefault(model, {})[attribute] = value
-        return [_state_of(model, student_id, by_model[model]) for model in sorted(by_model)]
+        with self._unavailable():  # one MULTI/EXEC transaction
+            stored, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
+        models = sorted({field.decode().partition(":")[2] for field in stored})
+        return [_state_of(model, student_id, [stored[field] for field in _hash_fields(model)]) for model in models]
 
     def _ids_after(self, after: str | None, count: int) -> list[str]:
         low = b"-" if after is None else b"(" + after.encode()
-        with self._errors_as_unavailable():
-            members = self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=count)
-        return [member.decode() for member in members]
+        with self._unavailable():
+            return [member.decode() for member in self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=count)]
 
     def check_health(self) -> None:
-        with self._errors_as_unavailable():
+        with self._unavailable():
             self._client.ping()
 
     def close(self) -> None:
         self._client.close()
 
-    @contextmanager
-    def _errors_as_unavailable(self, consequence: str = "") -> Iterator[None]:
-        """Any redis-py error (refused, timed out, an error reply) as `StoreUnavailable`, `consequence` told too."""
-        try:
-            yield
-        except redis.RedisError as error:
-            raise StoreUnavailable(
-                f"Redis state store failed: {type(error).__name__}{consequence}",
-                f"Redis state store {self._where} failed: {type(error).__name__}: {error}",
-            ) from error
+    def _told(self, error: Exception) -> str:
+        return type(error).__name__  # redis-py's messages may name the host and port
 
 
 def _student_key(student_id: str) -> bytes:
     return STUDENT_KEY_PREFIX + student_id.encode()
 
 
-def _state_of(model: str, student_id: str, values: dict[str, bytes]) -> StudentState:
-    rows, columns = (int(size) for size in values["shape"].split(b","))
-    counts = int(values["interactions"]), values["sha256"].decode()
-    written = float(values["created"]), float(values["updated"]), int(values["revision"])
-    return state_of(model, student_id, values["memory"], rows, columns, *counts, *written)
+def _hash_fields(model: str) -> list[bytes]:
+    """The hash fields of one model's state, in StudentState's order (the memory's shape in place of its size)."""
+    return [f"{attribute}:{model}".encode() for attribute in ATTRIBUTES]
+
+
+def _state_of(model: str, student_id: str, values: list[bytes]) -> StudentState:
+    memory, shape, interactions, sha256, created, updated, revision = values
+    rows, columns = (int(size) for size in shape.split(b","))
+    written = float(created), float(updated), int(revision)
+    return state_of(model, student_id, memory, rows, columns, int(interactions), sha256.decode(), *written)

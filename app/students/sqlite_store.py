@@ -8,9 +8,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from app.students.store import (
     Fields,
@@ -43,16 +43,17 @@ logger = logging.getLogger("mnemo.students")
 STATE_COLUMNS = (
     "model, student_id, memory, n_concepts, d_v, interactions, model_sha256, created_at, updated_at, revision"
 )
+ONE_STATE = "FROM student_state WHERE student_id = ? AND model = ?"
 
 
 class SqliteStateStore(StateStore):
     """`StateStore` over one SQLite file (created with its parent directory if missing); `synchronous` is FULL
     (every commit fsync'ed) or NORMAL."""
 
+    name, driver_errors = "SQLite", sqlite3.Error
+
     def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
-        self.path = path
-        self.synchronous = synchronous
-        self._busy_timeout_s = busy_timeout_s
+        self.path, self.where, self.synchronous, self._busy_timeout_s = path, str(path), synchronous, busy_timeout_s
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -64,38 +65,33 @@ class SqliteStateStore(StateStore):
                 f"SQLite state store: cannot create its directory: {error.strerror}",
                 f"cannot create the state directory {path.parent}: {error.strerror}",
             ) from error
-        with self._errors_as_unavailable():
-            connection = self._connection()
-            if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
-                raise StoreUnavailable(
-                    "SQLite state store: its file cannot be put in WAL mode",
-                    f"SQLite state file {path} cannot be put in WAL mode",
-                )
-            connection.executescript(SCHEMA)
+        if self._query("PRAGMA journal_mode=WAL")[0][0] != "wal":
+            raise StoreUnavailable(
+                "SQLite state store: its file cannot be put in WAL mode",
+                f"SQLite state file {path} cannot be put in WAL mode",
+            )
+        with self._unavailable():
+            self._connection().executescript(SCHEMA)
         self._identity = _file_identity(path)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
-        query = f"SELECT {STATE_COLUMNS} FROM student_state WHERE student_id = ? AND model = ?"
-        with self._errors_as_unavailable():
-            row = self._connection().execute(query, (student_id, model)).fetchone()
-        return None if row is None else state_of(*row)
+        rows = self._query(f"SELECT {STATE_COLUMNS} {ONE_STATE}", student_id, model)
+        return state_of(*rows[0]) if rows else None
 
     def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
         model, student_id, *_, model_sha256 = fields
-        query = "SELECT revision, model_sha256, created_at FROM student_state WHERE student_id = ? AND model = ?"
-        with self._errors_as_unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
+        with self._unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
             connection.execute("BEGIN IMMEDIATE")  # the write lock before the revision is read
-            current = connection.execute(query, (student_id, model)).fetchone()
-            current_revision = None if current is None else current[0]
+            now = time.time()
+            current = connection.execute(f"SELECT revision, model_sha256, created_at {ONE_STATE}", (student_id, model))
+            current_revision, stored_sha256, created_at = current.fetchone() or (None, None, now)
             if current_revision != expected_revision:
                 raise RevisionConflict(f"state revision is {current_revision}, expected {expected_revision}")
-            if current is not None and current[1] != model_sha256:
-                raise StateVersionMismatch(model, current[1], model_sha256)
+            if stored_sha256 not in (None, model_sha256):
+                raise StateVersionMismatch(model, stored_sha256, model_sha256)
             (revision,) = connection.execute(
                 "UPDATE store_counter SET value = value + 1 WHERE name = 'revision' RETURNING value"
             ).fetchone()
-            now = time.time()
-            created_at = now if current is None else current[2]
             connection.execute(
                 f"INSERT OR REPLACE INTO student_state ({STATE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*fields, created_at, now, revision),
@@ -105,7 +101,7 @@ class SqliteStateStore(StateStore):
     def delete(self, student_id: str) -> list[StudentState]:
         """Delete the rows (zeroed on their pages: secure_delete), then truncate the WAL so that the erased bytes do not
         linger there; a failed checkpoint (a full disk) is logged, not raised: the delete is committed."""
-        with self._errors_as_unavailable(), self._connection() as connection:
+        with self._unavailable(), self._connection() as connection:
             connection.execute("BEGIN IMMEDIATE")
             rows = connection.execute(
                 f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
@@ -124,19 +120,20 @@ class SqliteStateStore(StateStore):
 
     def _ids_after(self, after: str | None, count: int) -> list[str]:
         query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"
-        with self._errors_as_unavailable():
-            rows = self._connection().execute(query, ("" if after is None else after, count)).fetchall()
-        return [row[0] for row in rows]
+        return [row[0] for row in self._query(query, after or "", count)]
 
     def check_health(self) -> None:
-        with self._errors_as_unavailable():
-            self._connection().execute("SELECT value FROM store_counter WHERE name = 'revision'").fetchone()
+        self._query("SELECT value FROM store_counter WHERE name = 'revision'")
 
     def close(self) -> None:
         with self._connections_lock:
-            for connection in self._connections:
-                connection.close()
-            self._connections.clear()
+            while self._connections:
+                self._connections.pop().close()
+
+    def _query(self, query: str, *parameters: Any) -> list[Any]:
+        """The rows of one statement on this thread's connection (sqlite3's messages name no path)."""
+        with self._unavailable():
+            return self._connection().execute(query, parameters).fetchall()
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's connection, once the path is checked to name the file opened at startup."""
@@ -158,15 +155,6 @@ class SqliteStateStore(StateStore):
             with self._connections_lock:
                 self._connections.append(connection)
         return connection
-
-    @contextmanager
-    def _errors_as_unavailable(self) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as error:
-            raise StoreUnavailable(  # sqlite3's messages name no path ("database is locked", "disk I/O error")
-                f"SQLite state store failed: {error}", f"SQLite state store {self.path} failed: {error}"
-            ) from error
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import methodcaller
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -51,15 +53,14 @@ class StoreError(ServiceError):
 
 
 class StoreUnavailable(StoreError):
-    """The database cannot be reached or failed: 503. `detail` names no path, host or port; `internal` (default:
-    the detail) goes to the log only. `until_restart`: no retry helps before a restart (no Retry-After)."""
+    """The database cannot be reached or failed: 503. `detail` names no path, host or port, `internal` goes to the
+    log only; `until_restart`: no retry helps before a restart (no Retry-After)."""
 
     status_code = 503
 
-    def __init__(self, detail: str, internal: str | None = None, *, until_restart: bool = False) -> None:
+    def __init__(self, detail: str, internal: str, *, until_restart: bool = False) -> None:
         super().__init__(detail)
-        self.internal = internal or detail
-        self.until_restart = until_restart
+        self.internal, self.until_restart = internal, until_restart
 
 
 class StateVersionMismatch(StoreError):
@@ -89,7 +90,7 @@ class InteractionCountMismatch(StoreError):
 
 
 class RevisionConflict(StoreError):
-    """A compare-and-swap lost: the state changed since it was read. `update_state` retries on it."""
+    """A compare-and-swap lost: the state changed since it was read (409). `update_state` retries on it."""
 
     status_code = 409
 
@@ -101,6 +102,10 @@ class TooManyConflicts(RevisionConflict):
 class StateStore(ABC):
     """Per-student state (SQLite embedded, Redis for several replicas); synchronous and thread-safe, and a
     database that cannot be reached raises `StoreUnavailable` within a bounded time."""
+
+    name: str  # the database, in the messages of `StoreUnavailable`
+    where: str  # its path or address, in the log only
+    driver_errors: type[Exception] | tuple[type[Exception], ...]
 
     @abstractmethod
     def read(self, model: str, student_id: str) -> StudentState | None: ...
@@ -148,6 +153,21 @@ class StateStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def _told(self, error: Exception) -> str:
+        """What the client is told of a driver error: its message, which names no path, host or port."""
+        return str(error)
+
+    @contextmanager
+    def _unavailable(self, consequence: str = "") -> Iterator[None]:
+        """The driver's errors as `StoreUnavailable`, `consequence` told too; the log also gets `where`."""
+        try:
+            yield
+        except self.driver_errors as error:
+            raise StoreUnavailable(
+                f"{self.name} state store failed: {self._told(error)}{consequence}",
+                f"{self.name} state store {self.where} failed: {type(error).__name__}: {error}",
+            ) from error
+
 
 def state_of(model: str, student_id: str, blob: bytes, rows: int, columns: int, *stored: Any) -> StudentState:
     """A StudentState from its stored fields in StudentState's order, the memory as a blob and its shape (read-only)."""
@@ -165,16 +185,15 @@ class NextState(Generic[Result]):
 
 
 class StoreRunner(Protocol):
-    """How `update_state` calls the store: `StoreHolder` in the service, inline calls in a test writer."""
+    """How `update_state` runs `call(store)`: on `StoreHolder`'s threads, or inline in a test writer."""
 
-    async def read(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+    async def read(self, call: Callable[[StateStore], Any]) -> Any: ...
 
-    async def commit(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+    async def commit(self, call: Callable[[StateStore], Any]) -> Any: ...
 
 
 async def update_state(
     calls: StoreRunner,
-    store: StateStore,
     model: str,
     student_id: str,
     model_sha256: str,
@@ -187,7 +206,7 @@ async def update_state(
     delay) to the student's state and store the result by compare-and-swap. Before `compute`: `StateVersionMismatch`
     or `InteractionCountMismatch`; `TooManyConflicts` after `max_attempts` lost races."""
     for attempt in range(max_attempts):
-        current = await calls.read(store.read, model, student_id)
+        current = await calls.read(methodcaller("read", model, student_id))
         if current is not None and current.model_sha256 != model_sha256:
             raise StateVersionMismatch(model, current.model_sha256, model_sha256)
         stored = 0 if current is None else current.interactions
@@ -196,13 +215,15 @@ async def update_state(
         step = await compute(current)
         try:
             state = await calls.commit(
-                store.write,
-                model,
-                student_id,
-                memory=step.memory,
-                interactions=step.interactions,
-                model_sha256=model_sha256,
-                expected_revision=None if current is None else current.revision,
+                methodcaller(
+                    "write",
+                    model,
+                    student_id,
+                    memory=step.memory,
+                    interactions=step.interactions,
+                    model_sha256=model_sha256,
+                    expected_revision=None if current is None else current.revision,
+                )
             )
         except RevisionConflict:
             await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))

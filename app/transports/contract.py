@@ -172,10 +172,9 @@ def document_contract(
         components[model.__name__] = document
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
-    for path, operations in schema.get("paths", {}).items():
+    for path, operations in schema["paths"].items():
+        protocol = is_protocol_path(path)
         for operation in operations.values():
-            operation.setdefault("responses", {})
-            protocol = is_protocol_path(path)
             if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
                 operation["responses"].pop("422", None)
             errors = _errors(operation, protocol)

@@ -40,16 +40,15 @@ class Deadline:
 
 
 async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T:
-    """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`).
-    The work runs in the request's own task, which the timer or the client watch cancels; the cancellation is taken
-    back here, as `asyncio.timeout` does."""
+    """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`):
+    the timer or the client watch cancels the request's own task, and the cancellation is taken back here, as
+    `asyncio.timeout` does."""
     metrics, model_name = deadline.metrics, deadline.model_name
     timeout, source = deadline.server_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
     if deadline.client_timeout_s is not None and deadline.client_timeout_s < timeout:
         timeout, source = deadline.client_timeout_s, deadline.client_source
     due = (time.perf_counter() if deadline.arrival is None else deadline.arrival) + timeout
-    current = asyncio.current_task()
-    loop = asyncio.get_running_loop()
+    current, loop = asyncio.current_task(), asyncio.get_running_loop()
     stopped_by: list[type[ServiceError]] = []
     awaiting = False  # the task is cancelled only while it awaits the work, never after
     timer: asyncio.TimerHandle | None = None
@@ -64,25 +63,22 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
         metrics.timed_out.labels(model_name).inc()
         return DeadlineExceeded(f"The request did not complete within {timeout:g} s ({source}); retry later.")
 
-    def time_left() -> float:
-        margin = min(DEADLINE_MARGIN_S + 2 * deadline.loop_lag.recent_s, timeout / 2)
-        return due - margin - time.perf_counter()
-
-    def check_deadline() -> None:
+    def check_deadline() -> bool:
+        """Whether time is left (then checked again in DEADLINE_CHECK_S at most), else stop."""
         nonlocal timer
-        remaining = time_left()
+        margin = min(DEADLINE_MARGIN_S + 2 * deadline.loop_lag.recent_s, timeout / 2)
+        remaining = due - margin - time.perf_counter()
         if remaining <= 0:
             stop(DeadlineExceeded)
-        else:
-            timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
+            return False
+        timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
+        return True
 
     try:
-        remaining = time_left()
-        if remaining <= 0:  # expired before the work started
+        if not check_deadline():  # expired before the work started
             raise expired()
         if deadline.watch_client is not None:
             unsubscribe = deadline.watch_client(lambda: stop(ClientGone))
-        timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
         awaiting = True
         return await work
     except asyncio.CancelledError:

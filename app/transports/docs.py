@@ -17,7 +17,6 @@ from fastapi.staticfiles import StaticFiles
 from app.transports.access import DOCS_ASSETS_PREFIX
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
-OPENAPI_URL = "/openapi.json"
 INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
 
 
@@ -40,7 +39,7 @@ def install(app: FastAPI) -> None:
     assets, favicon = DOCS_ASSETS_PREFIX, f"{DOCS_ASSETS_PREFIX}favicon.png"
     pages = {
         "/docs": get_swagger_ui_html(
-            openapi_url=OPENAPI_URL,
+            openapi_url=app.openapi_url,
             title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{assets}swagger-ui-bundle.js",
             swagger_css_url=f"{assets}swagger-ui.css",
@@ -49,7 +48,7 @@ def install(app: FastAPI) -> None:
         ),
         "/docs/oauth2-redirect": get_swagger_ui_oauth2_redirect_html(),
         "/redoc": get_redoc_html(
-            openapi_url=OPENAPI_URL,
+            openapi_url=app.openapi_url,
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{assets}redoc.standalone.js",
             redoc_favicon_url=favicon,

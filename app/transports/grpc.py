@@ -17,31 +17,23 @@ from fastapi import FastAPI
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from pydantic import ValidationError
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from app.core.request_context import request_arrival
 from app.runtime.model import ServedModel
-from app.runtime.offload import offload_if
 from app.runtime.tensors import ProtocolError
 from app.transports.access import api_key_check
 from app.transports.deadline import Deadline, within_deadline
 from app.transports.oip import inference
-from app.transports.oip.tensors import InferenceRequest, Output, tensor_bytes, utf8_texts
+from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
 from app.transports.operations import readiness
 
 logger = logging.getLogger("mnemo.grpc")
 INFERENCE_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
-STATUS_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    404: grpc.StatusCode.NOT_FOUND,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
+# the status of each HTTP status the service answers with (any other is INTERNAL)
+CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
+CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
@@ -50,12 +42,15 @@ Context = grpc.aio.ServicerContext
 Method = Callable[..., Awaitable[Message]]
 
 
-def rpc(path: Callable[[Any], str]) -> Callable[[Method], Method]:
-    """An RPC answered through `InferenceServicer._call`, its API key checked as REST's `path(request)` would be."""
+def rpc(path: Callable[[Any], str], answer: type[Message]) -> Callable[[Callable[..., dict]], Method]:
+    """An RPC whose REST v2 answer (a dict) is sent as `answer`, its API key checked as REST's `path(request)` is."""
 
-    def register(answer: Method) -> Method:
+    def register(document: Callable[..., dict]) -> Method:
         async def method(self: InferenceServicer, request: Any, context: Context) -> Message:
-            return await self._call(answer.__name__, path(request), context, lambda: answer(self, request))
+            async def respond() -> Message:
+                return json_format.ParseDict(document(self, request), answer())
+
+            return await self._call(document.__name__, path(request), context, respond)
 
         return method
 
@@ -70,52 +65,46 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state = app.state
         self.keys = api_key_check(app.state.settings)
 
-    @rpc(lambda request: "/v2/health/live")
-    async def ServerLive(self, request: Message) -> Message:
-        return service_pb2.ServerLiveResponse(live=True)
+    @rpc(lambda request: "/v2/health/live", service_pb2.ServerLiveResponse)
+    def ServerLive(self, request: Message) -> dict:
+        return {"live": True}
 
-    @rpc(lambda request: "/v2/health/ready")
-    async def ServerReady(self, request: Message) -> Message:
-        return service_pb2.ServerReadyResponse(ready=readiness(self.state)[0] == 200)
+    @rpc(lambda request: "/v2/health/ready", service_pb2.ServerReadyResponse)
+    def ServerReady(self, request: Message) -> dict:
+        return {"ready": readiness(self.state)[0] == 200}
 
-    @rpc(lambda request: "/v2")
-    async def ServerMetadata(self, request: Message) -> Message:
-        app = self.app
-        return service_pb2.ServerMetadataResponse(name=app.title, version=app.version, extensions=inference.EXTENSIONS)
+    @rpc(lambda request: "/v2", service_pb2.ServerMetadataResponse)
+    def ServerMetadata(self, request: Message) -> dict:
+        return {"name": self.app.title, "version": self.app.version, "extensions": list(inference.EXTENSIONS)}
 
-    @rpc(lambda request: f"/v2/models/{request.name}/ready")
-    async def ModelReady(self, request: Message) -> Message:
+    @rpc(lambda request: f"/v2/models/{request.name}/ready", service_pb2.ModelReadyResponse)
+    def ModelReady(self, request: Message) -> dict:
         try:
-            inference.find_model(self.state, request.name, request.version)
+            return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
         except ProtocolError as error:
             if error.status != 503:
                 raise
-            return service_pb2.ModelReadyResponse(ready=False)
-        return service_pb2.ModelReadyResponse(ready=True)
+            return {"ready": False}
 
-    @rpc(lambda request: f"/v2/models/{request.name}")
-    async def ModelMetadata(self, request: Message) -> Message:
-        document = inference.metadata(*inference.find_model(self.state, request.name, request.version))
-        return json_format.ParseDict(document, service_pb2.ModelMetadataResponse())
+    @rpc(lambda request: f"/v2/models/{request.name}", service_pb2.ModelMetadataResponse)
+    def ModelMetadata(self, request: Message) -> dict:
+        return inference.model_metadata(self.state, request.name, request.version)
 
-    @rpc(lambda request: f"/v2/models/{request.name}/config")
-    async def ModelConfig(self, request: Message) -> Message:
-        document = inference.model_config(*inference.find_model(self.state, request.name, request.version))
-        return service_pb2.ModelConfigResponse(config=json_format.ParseDict(document, model_config_pb2.ModelConfig()))
+    @rpc(lambda request: f"/v2/models/{request.name}/config", service_pb2.ModelConfigResponse)
+    def ModelConfig(self, request: Message) -> dict:
+        return {"config": inference.model_config(self.state, request.name, request.version)}
 
-    @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
-    async def ModelStatistics(self, request: Message) -> Message:
-        document = inference.statistics(self.state, request.name, request.version)
-        return json_format.ParseDict(document, service_pb2.ModelStatisticsResponse())
+    @rpc(lambda r: f"/v2/models/{r.name}/stats" if r.name else "/v2/models/stats", service_pb2.ModelStatisticsResponse)
+    def ModelStatistics(self, request: Message) -> dict:
+        return inference.model_statistics(self.state, request.name, request.version)
 
-    @rpc(lambda request: "/v2/repository/index")
-    async def RepositoryIndex(self, request: Message) -> Message:
+    @rpc(lambda request: "/v2/repository/index", service_pb2.RepositoryIndexResponse)
+    def RepositoryIndex(self, request: Message) -> dict:
         if request.repository_name:
             raise ProtocolError(
                 f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
             )
-        index = inference.repository_index(self.state, request.ready)
-        return json_format.ParseDict({"models": index}, service_pb2.RepositoryIndexResponse())
+        return {"models": inference.repository_index(self.state, request.ready)}
 
     async def ModelInfer(self, data: bytes, context: Context) -> Message:
         """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, where grpc's own
@@ -135,16 +124,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise ProtocolError("The server is shutting down; retry on another instance.", 503)
         model, codec = inference.find_model(self.state, message.model_name, message.model_version)
         size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
-        parsed, binary = await offload_if(size > inference.INLINE_BYTES, inference_request, message)
+        bounded = functools.partial(self._complete, model.name, context)
+        decode = functools.partial(inference_request, message)
         task = asyncio.current_task()
         drain.enter(task)
         try:
-            bounded = functools.partial(self._complete, model.name, context)
-            outputs = await inference.infer(model, codec, parsed, binary, size, self.state.metrics, bounded)
+            return await inference.infer(model, codec, size, self.state.metrics, bounded, decode, inference_response)
         finally:
             drain.leave(task)
-        response = (message, model, outputs)
-        return await offload_if(not inference.small(outputs), inference_response, *response)  # large: off the loop
 
     async def _complete(
         self, model: str, context: Context, work: Coroutine[Any, Any, Any], timeout_s: float | None
@@ -157,18 +144,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             timeout_s, source = rpc_timeout_s, "the gRPC deadline"
         state = self.state
         limit_s = state.settings.request_timeout_s
-        deadline = Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
-        return await within_deadline(work, deadline)
+        return await within_deadline(
+            work, Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
+        )
 
     async def _call(
         self, method: str, path: str, context: Context, handler: Callable[[], Awaitable[Message]]
     ) -> Message:
-        """The handler's answer, or its error as a status; the key is checked first; the call is counted."""
+        """The handler's answer, or its error as a status; the API key is checked first; the call is counted."""
         started = time.perf_counter()
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
-            self._authenticate(path, context)
+            sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
+            if self.keys is not None and self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
+                raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
             return await handler()
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
@@ -177,19 +167,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
         except Exception as error:
             status, details, headers = inference.refusal(error, f"the gRPC method {method}")
-            code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+            code = grpc.StatusCode[CODES.get(status, "INTERNAL")]
             trailers = tuple((key.lower(), value) for key, value in headers.items())
         finally:
             metrics = self.state.metrics
             metrics.grpc_requests.labels(method, code.name).inc()
             metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
         await context.abort(code, details, trailers)
-
-    def _authenticate(self, path: str, context: Context) -> None:
-        """401 (UNAUTHENTICATED) unless the call carries `authorization: Bearer <key>` or its path is open."""
-        header = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-        if self.keys is not None and self.keys.refusal(path, header.encode() if isinstance(header, str) else header):
-            raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
@@ -216,28 +200,23 @@ def inference_request(message: service_pb2.ModelInferRequest) -> tuple[Inference
     for index, tensor in enumerate(message.inputs):
         where = f"inputs[{index}]"
         parameters = _parameters(tensor.parameters, f"{where}.parameters")
-        entry = dict(name=tensor.name, shape=list(tensor.shape), datatype=tensor.datatype, parameters=parameters)
         if "binary_data_size" in parameters:
             raise ProtocolError(f"{where}.parameters.binary_data_size is REST's; over gRPC send raw_input_contents")
         if raw:
             if tensor.HasField("contents"):
                 raise ProtocolError(f"{where} has contents and raw_input_contents; send one of them for every input")
             parameters["binary_data_size"] = len(raw[index])
-        else:
-            entry["data"] = _contents(tensor, where)
-        inputs.append(entry)
+        data = None if raw else _contents(tensor, where)
+        inputs.append(
+            dict(name=tensor.name, shape=list(tensor.shape), datatype=tensor.datatype, parameters=parameters, data=data)
+        )
     outputs = [
         {"name": output.name, "parameters": _parameters(output.parameters, f"outputs[{index}].parameters")}
         for index, output in enumerate(message.outputs)
     ]
     parameters = _parameters(message.parameters, "parameters")
-    try:
-        request = InferenceRequest.model_validate(
-            {"id": message.id or None, "parameters": parameters, "inputs": inputs, "outputs": outputs}
-        )
-    except ValidationError as error:
-        raise inference.invalid_request(error) from None
-    return request, b"".join(raw)
+    request = {"id": message.id or None, "parameters": parameters, "inputs": inputs, "outputs": outputs}
+    return parse_request(request), b"".join(raw)
 
 
 def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str) -> list[Any]:
@@ -257,10 +236,11 @@ def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str
 
 
 def inference_response(
-    message: service_pb2.ModelInferRequest, model: ServedModel, outputs: list[Output]
+    model: ServedModel, request: InferenceRequest, outputs: list[Output]
 ) -> service_pb2.ModelInferResponse:
     """The `ModelInferResponse`: every requested output as raw contents."""
-    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.entry.version, id=message.id)
+    response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.entry.version)
+    response.id = request.id or ""
     for name, datatype, array, _ in outputs:
         response.outputs.add(name=name, datatype=datatype, shape=array.shape)
         response.raw_output_contents.append(tensor_bytes(array, datatype))

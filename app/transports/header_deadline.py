@@ -30,14 +30,14 @@ class HeaderDeadline(H11Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.arm()
+        self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the request's headers are in (or the connection failed)
             self.disarm()
         elif self.header_timer is None:  # a new request's first bytes on a kept-alive connection
-            self.arm()
+            self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
@@ -62,9 +62,6 @@ class HeaderDeadline(H11Protocol):
             for event in (*answer, h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
         self.transport.close()
-
-    def arm(self) -> None:
-        self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
 
     def disarm(self) -> None:
         if self.header_timer is not None:

@@ -30,8 +30,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 FIRST_KEY_MODEL = re.compile(rb'\s*\{\s*"model"\s*:\s*"([A-Za-z0-9._-]{1,64})"')  # a body opening with its model
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
-# methods the metrics name; any other (PROPFIND, M-SEARCH, ...) is counted as "other"
-KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})
+KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})  # any other (PROPFIND, ...) is counted as "other"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
 BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
@@ -50,11 +49,12 @@ SINGLE_HEADERS = {
 }
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
 RETRY_AND_CLOSE = {**RETRY, **CLOSE}
+Refusal = tuple[int, dict, dict[str, str]]  # status, payload, headers
 
 
 async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
     body = dumps(payload)
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     raw += [(key.lower().encode(), value.encode()) for key, value in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
@@ -67,14 +67,13 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return incoming[0].decode() if kept else os.urandom(16).hex()
 
 
-def refusal(scope: Scope) -> tuple[str, dict[str, str]] | None:
-    """Why the request is refused with 400, and the answer's headers, in one pass over its headers: an HTTP version
-    other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length (RFC 9112 6.1) or an HTTP/1.1
-    request without exactly one Host (RFC 9112 3.2), all closing the connection; else a header of SINGLE_HEADERS
-    sent twice."""
+def refusal(scope: Scope) -> Refusal | None:
+    """The 400 of an HTTP version other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length
+    (RFC 9112 6.1) or an HTTP/1.1 request without exactly one Host (RFC 9112 3.2), closing the connection; else of a
+    header of SINGLE_HEADERS sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
-        return f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE
+        return 400, {"detail": f"HTTP/{version} is not spoken here: send HTTP/1.1."}, CLOSE
     seen, hosts, repeated = set(), 0, None
     for name, _ in scope["headers"]:
         if name == b"host":
@@ -83,74 +82,63 @@ def refusal(scope: Scope) -> tuple[str, dict[str, str]] | None:
             repeated = repeated or (SINGLE_HEADERS.get(name) if name in seen else None)
             seen.add(name)
     if b"transfer-encoding" in seen and b"content-length" in seen:
-        return "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one.", CLOSE
+        detail = "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
+        return 400, {"detail": detail}, CLOSE
     if version == "1.1" and hosts != 1:
-        return "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2).", CLOSE
-    return None if repeated is None else (f"The header {repeated} was sent more than once; send it once.", {})
+        return 400, {"detail": "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2)."}, CLOSE
+    if repeated is not None:
+        return 400, {"detail": f"The header {repeated} was sent more than once; send it once."}, {}
+    return None
 
 
 def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
     """The request announces a body (chunked, or a Content-Length other than 0) and asks for `100 Continue`."""
-    body = any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers)
-    return body and any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+    expects = any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
+    return expects and any(
+        name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers
+    )
 
 
 class Answer:
-    """One request's `send`: the request's id and nosniff on its head, no body for HEAD (its GET's head, RFC 9110),
-    a JSON error under /v2 rewritten in the protocol's shape; `status` is 499 until a head is sent."""
+    """One request's `send` and `receive`: its id and nosniff on its head, and `Connection: close` while draining or
+    before a `100 Continue` body was read (the client may skip it: the connection would read its next request as that
+    body); a JSON error under /v2 in the protocol's shape; `status` is 499 until a head is sent. (A HEAD's body is
+    dropped by the server: uvicorn and Starlette's TestClient send none.)"""
 
-    def __init__(
-        self, send: Send, request_id: str, head: bool, protocol: bool, body_unread: bool, drain: Drain
-    ) -> None:
-        self._send = send
-        self._drain = drain
+    def __init__(self, send: Send, receive: Receive, request_id: str, protocol: bool, drain: Drain, unread: bool):
+        self._send, self._receive, self._protocol, self._drain = send, receive, protocol, drain
         self._headers = [(REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
-        self._head = head
-        self._protocol = protocol
         self._held: Message | None = None  # a /v2 error's start, sent once its body is rewritten
-        self._chunks: list[bytes] = []
+        self._held_body = b""
         self.status = 499
-        self.body_unread = body_unread  # a `100 Continue` request whose body has not been read to its end
+        self.body_unread = unread  # a `100 Continue` request whose body has not been read to its end
 
-    async def receive_tracking(self, receive: Receive) -> Message:
-        message = await receive()
+    async def receive(self) -> Message:
+        message = await self._receive()
         self.body_unread = self.body_unread and message["type"] == "http.request" and message.get("more_body", False)
         return message
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            if self._protocol and is_json_error(message):
-                self._held = message
-                return
+        if message["type"] == "http.response.start" and self._protocol and is_json_error(message):
+            self._held = message
+        elif message["type"] == "http.response.start":
             await self._start(message)
-            return
-        if message["type"] != "http.response.body":
+        elif self._held is None or message["type"] != "http.response.body":
             await self._send(message)
-            return
-        if self._held is not None:
-            self._chunks.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
-            body = protocol_body(b"".join(self._chunks))
-            start, self._held = self._held, None
-            headers = [(key, value) for key, value in start.get("headers", []) if key.lower() != b"content-length"]
-            await self._start({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-            message = {"type": "http.response.body", "body": body}
-        if self._head:
-            if message.get("more_body", False):
-                return
-            message = {"type": "http.response.body", "body": b""}
-        await self._send(message)
+        elif not message.get("more_body", False):
+            body = protocol_body(self._held_body + message.get("body", b""))
+            headers = [(key, value) for key, value in self._held.get("headers", []) if key.lower() != b"content-length"]
+            await self._start({**self._held, "headers": [*headers, (b"content-length", b"%d" % len(body))]})
+            await self._send({"type": "http.response.body", "body": body})
+        else:
+            self._held_body += message.get("body", b"")
 
     async def _start(self, message: Message) -> None:
-        """The head with the edge's headers, and `Connection: close` while draining or before a `100 Continue`
-        body was read (the client may skip it: the connection would read its next request as that body)."""
         self.status = message["status"]
         headers = [*message.get("headers", []), *self._headers]
         if (self.body_unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
             headers.append((b"connection", b"close"))
-        message["headers"] = headers
-        await self._send(message)
+        await self._send({**message, "headers": headers})
 
 
 class RequestEdge:
@@ -167,10 +155,7 @@ class RequestEdge:
         saturated: Callable[[], bool],
         in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
     ) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.drain = drain
-        self.saturated = saturated
+        self.app, self.metrics, self.drain, self.saturated = app, metrics, drain, saturated
         self.api_keys = api_key_check(settings)
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes = settings.max_body_bytes
@@ -184,52 +169,50 @@ class RequestEdge:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id(scope["headers"])
+        headers, method = scope["headers"], scope["method"]
+        rid = request_id(headers)
         arrived = time.perf_counter()
         request_arrival.set(arrived)
-        head = scope["method"] == "HEAD"
-        protocol = is_protocol_path(scope["path"])
-        answer = Answer(send, rid, head, protocol, awaits_continue(scope["headers"]), self.drain)
-        inner = {**scope, "method": "GET"} if head else scope
+        answer = Answer(send, receive, rid, is_protocol_path(scope["path"]), self.drain, awaits_continue(headers))
+        inner = {**scope, "method": "GET"} if method == "HEAD" else scope  # a HEAD is its GET without the body
         self.metrics.in_flight.inc()
         try:
             refused = refusal(scope)
             if refused is not None:
-                await send_json(answer.send, 400, {"detail": refused[0]}, refused[1])
+                await send_json(answer.send, *refused)
             else:
-                tracked = receive if not answer.body_unread else lambda: answer.receive_tracking(receive)
-                await self.admitted(inner, tracked, answer.send)
+                await self.admitted(inner, answer.receive if answer.body_unread else receive, answer.send)
         finally:
-            if head and "route" in inner:  # the route GET matched: the access line and metrics name it
-                scope["route"] = inner["route"]
+            scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()
-            self._record(scope, rid, answer.status, time.perf_counter() - arrived)
+            seconds = time.perf_counter() - arrived
+            self.metrics.observe_request(
+                route_label(scope), method if method in KNOWN_METHODS else "other", answer.status, seconds
+            )
+            self._log(scope, rid, answer.status, seconds)
 
-    def _record(self, scope: Scope, rid: str, status: int, seconds: float) -> None:
-        """The request's metrics and access line (its path the route template: no client text in the logs)."""
-        method = scope["method"]
-        known = method if method in KNOWN_METHODS else "other"
-        self.metrics.observe_request(route_label(scope), known, status, seconds)
-        path, milliseconds = loggable_path(scope), seconds * 1000
+    @staticmethod
+    def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
+        """The access line, if logged: its path the route template (no client text in the logs)."""
+        if not access_logger.isEnabledFor(logging.INFO):
+            return
+        method, path, milliseconds = scope["method"], loggable_path(scope), seconds * 1000
         fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
-        log_fields(
-            access_logger, logging.INFO, "%s %s %d %.1fms id=%s", (method, path, status, milliseconds, rid), fields
-        )
+        line = "%s %s %d %.1fms id=%s"
+        log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.api_keys is not None:
-            challenge = self.api_keys.challenge(scope)
-            if challenge is not None:
-                await send_json(send, 401, {"detail": API_KEY_REQUIRED}, {"WWW-Authenticate": challenge})
-                return
+        challenge = None if self.api_keys is None else self.api_keys.challenge(scope)
         gated = scope["path"] not in OPERATIONS_PATHS
-        if gated and self.drain.refuses(scope.get("client")):
-            self.metrics.refused("draining")
-            await send_json(send, 503, DRAINING, RETRY_AND_CLOSE)
-            return
-        if gated and scope["method"] == "POST" and self.saturated():
-            self.metrics.refused("parse_queue_full")
-            await send_json(send, 429, PARSER_BUSY, RETRY)
+        refused = None
+        if challenge is not None:
+            refused = 401, {"detail": API_KEY_REQUIRED}, {"WWW-Authenticate": challenge}
+        elif gated and self.drain.refuses(scope.get("client")):
+            refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
+        elif gated and scope["method"] == "POST" and self.saturated():
+            refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
+        if refused is not None:
+            await send_json(send, *refused)
             return
         task = asyncio.current_task()
         started = False
@@ -247,8 +230,7 @@ class RequestEdge:
             if not (gated and self.drain.gave_up) or started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            self.metrics.refused("drain_timeout")
-            await send_json(send, 503, GIVEN_UP, RETRY_AND_CLOSE)
+            await send_json(send, *self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE))
         except Exception as error:
             log_unexpected(self.tracebacks, scope, error)
             if not started:
@@ -257,25 +239,24 @@ class RequestEdge:
             if gated:
                 self.drain.leave(task)
 
+    def _refused(self, reason: str, status: int, payload: dict, headers: dict[str, str]) -> Refusal:
+        """A refusal, counted under `reason`."""
+        self.metrics.refused(reason)
+        return status, payload, headers
+
     async def _read_body_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Read the body, then call the app with it: 413 past `max_bytes`, 408 when it stalls or misses the request's
         deadline, 429 (keeping the connection: reconnects would queue) when the bodies held would pass
-        `in_memory_bytes`."""
+        `in_memory_bytes` or (`_refused_unread`) the model it names is full."""
         headers = dict(scope["headers"])
         if b"content-length" not in headers and b"transfer-encoding" not in headers:  # no body: nothing to hold
             await self.app(scope, receive, send)
             return
         declared = headers.get(b"content-length", b"").strip()  # the parser keeps trailing spaces
         declared_bytes = int(declared) if declared.isdigit() else 0
-        if declared_bytes > self.max_bytes:
-            await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE)
-            return
-        if declared_bytes and self.held_bytes and self.held_bytes + declared_bytes > self.in_memory_bytes:
-            self.metrics.refused("bodies_in_memory")
-            await send_json(send, 429, BODIES_BUSY, RETRY)
-            return
+        refused = self._over_limits(declared_bytes, self.held_bytes + declared_bytes) if declared_bytes else None
         deadline = (request_arrival.get() or time.perf_counter()) + self.deadline_s
-        chunks, size, more = [], 0, True
+        chunks, size, more = [], 0, refused is None
         try:
             while more:
                 late = deadline - time.perf_counter() < self.stall_timeout_s  # the deadline comes before a stall
@@ -288,31 +269,35 @@ class RequestEdge:
                         if late
                         else f"stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
                     )
-                    await send_json(send, 408, {"detail": f"The request body {limit}."}, CLOSE)
-                    return
+                    refused = 408, {"detail": f"The request body {limit}."}, CLOSE
+                    break
                 if message["type"] == "http.disconnect":
                     return
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 self.held_bytes += len(chunks[-1])
-                more = message.get("more_body", False)
-                if size > self.max_bytes:
-                    await send_json(send, 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE)
-                    return
-                if self.held_bytes > self.in_memory_bytes and self.held_bytes > size:  # alone, a body may fill it
-                    self.metrics.refused("bodies_in_memory")
-                    await send_json(send, 429, BODIES_BUSY, RETRY)
-                    return
-                refused = len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
-                if refused:
-                    await send_json(send, 429, {"detail": refused}, RETRY)
-                    return
-            await self.app(scope, _replay(b"".join(chunks), receive), send)
+                refused = self._over_limits(size, self.held_bytes) or (
+                    len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
+                )
+                more = message.get("more_body", False) and not refused
+            if refused:
+                await send_json(send, *refused)
+            else:
+                await self.app(scope, _replay(b"".join(chunks), receive), send)
         finally:
             self.held_bytes -= size
 
+    def _over_limits(self, size: int, held: int) -> Refusal | None:
+        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass `in_memory_bytes` (alone, a
+        body may fill it)."""
+        if size > self.max_bytes:
+            return 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE
+        if held > self.in_memory_bytes and held > size:
+            return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
+        return None
+
     @staticmethod
-    def _refused_unread(scope: Scope, declared_bytes: int, head: bytes) -> str | None:
+    def _refused_unread(scope: Scope, declared_bytes: int, head: bytes) -> Refusal | None:
         """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
         of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
         task = scope["app"].state.reserving.get(scope["path"]) if declared_bytes > INLINE_BODY_BYTES else None
@@ -323,8 +308,8 @@ class RequestEdge:
         try:
             with model.batcher.reserve(declared_bytes):
                 return None
-        except Overloaded as refusal:
-            return refusal.detail
+        except Overloaded as refused:
+            return 429, {"detail": refused.detail}, RETRY
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

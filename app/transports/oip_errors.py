@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from starlette.types import Message
 
@@ -24,19 +22,11 @@ def is_json_error(start: Message) -> bool:
 
 
 def protocol_body(body: bytes) -> bytes:
-    """`{"detail": X}` as `{"error": "<sentence>"}` (validation errors as "where: message; ..."); else unchanged."""
+    """`{"detail": "<sentence>"}` as `{"error": "<sentence>"}`; any other body unchanged."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return body
     if not isinstance(payload, dict) or "detail" not in payload or "error" in payload:
         return body
-    detail = payload["detail"]
-    return dumps({"error": "; ".join(map(_sentence, detail)) if isinstance(detail, list) else str(detail)})
-
-
-def _sentence(item: Any) -> str:
-    if not isinstance(item, dict) or "msg" not in item:
-        return str(item)
-    where = ".".join(str(part) for part in item.get("loc", ()))
-    return f"{where}: {item['msg']}" if where else str(item["msg"])
+    return dumps({"error": str(payload["detail"])})

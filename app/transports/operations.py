@@ -1,4 +1,4 @@
-"""GET (and HEAD) /health and /ready, GET /models and /metrics."""
+"""GET /health, /ready, /models and /metrics (HEAD as GET: the request edge, app/transports/middleware.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ from app.transports.contract import Health, ModelList, Readiness
 router = APIRouter(tags=["operations"])
 
 
-@router.head("/health", include_in_schema=False)
 @router.get("/health", operation_id="health", response_model=Health)
 async def health() -> JsonResponse:
     """200 while the process is up (also while draining: it is alive, just not ready)."""
     return JsonResponse({"status": "ok"})
 
 
-@router.head("/ready", include_in_schema=False)
 @router.get("/ready", operation_id="ready", response_model=Readiness)
 async def ready(request: Request) -> JsonResponse:
     """200 when every configured model is loaded, verified and warmed; 503 while loading or draining."""
@@ -32,11 +30,9 @@ def readiness(state: State) -> tuple[int, dict]:
     """The /ready answer (status, body) from the app's state; also called from the probe listener's thread."""
     if state.drain.draining:
         return 503, {"detail": "The server is shutting down."}
-    registry = getattr(state, "registry", None)
-    if registry is None:
+    if (registry := getattr(state, "registry", None)) is None:
         return 503, {"detail": "Models are still loading."}
-    not_ready = [name for name, model in registry.models.items() if not model.ready]
-    if not_ready:
+    if not_ready := [name for name, model in registry.models.items() if not model.ready]:
         return 503, {"detail": f"Models not ready: {', '.join(not_ready)}."}
     return 200, {"status": "ready", "models": len(registry.models)}
 
@@ -44,8 +40,7 @@ def readiness(state: State) -> tuple[int, dict]:
 @router.get("/models", operation_id="list_models", response_model=ModelList)
 async def models(request: Request) -> JsonResponse:
     """Every configured model with its task, provider really in use, limits, batching, metrics and metadata."""
-    registry = getattr(request.app.state, "registry", None)
-    if registry is None:
+    if (registry := getattr(request.app.state, "registry", None)) is None:
         return JsonResponse({"detail": "Models are still loading."}, 503)
     return JsonResponse(
         {"models": [model.public_info(registry.tasks.get(model.task)) for model in registry.models.values()]}

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from socket import SO_REUSEPORT, SOL_SOCKET
 
 logger = logging.getLogger("mnemo.probes")
 FEED_INTERVAL_S = 0.1
@@ -26,12 +25,13 @@ SOCKET_TIMEOUT_S = 5.0
 
 
 class ProbeProcess:
-    """Starts the probe server on `host:port`, keeps it fed with `readiness()`, stops it."""
+    """Starts the probe server on `host:port` (`spawn`, then `start`), keeps it fed with `readiness()`, stops it."""
+
+    _process: subprocess.Popen
+    _feeder: asyncio.Task
 
     def __init__(self, host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> None:
         self.host, self.port, self.readiness = host, port, readiness
-        self._process: subprocess.Popen | None = None
-        self._feeder: asyncio.Task | None = None
 
     def spawn(self) -> None:
         """Start the child and feed it from now on: it says "loading" while the service loads its models."""
@@ -58,9 +58,7 @@ class ProbeProcess:
 
     def push(self) -> None:
         """Send the current readiness now (also from a signal handler: one small non-blocking write)."""
-        if self._process is None or self._process.stdin.closed:
-            return
-        with contextlib.suppress(BlockingIOError, BrokenPipeError, ValueError):
+        with contextlib.suppress(BlockingIOError, BrokenPipeError, ValueError):  # ValueError: stdin closed (stopped)
             self._process.stdin.write(json.dumps(self.readiness()) + "\n")
             self._process.stdin.flush()
 
@@ -70,17 +68,15 @@ class ProbeProcess:
             await asyncio.sleep(FEED_INTERVAL_S)
 
     async def stop(self) -> None:
-        if self._feeder is not None:
-            self._feeder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._feeder
-        if self._process is not None:
-            with contextlib.suppress(BrokenPipeError, BlockingIOError):
-                self._process.stdin.close()  # EOF: the probe server exits
-            try:
-                await asyncio.to_thread(self._process.wait, 5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
+        self._feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._feeder
+        with contextlib.suppress(BrokenPipeError, BlockingIOError):
+            self._process.stdin.close()  # EOF: the probe server exits
+        try:
+            await asyncio.to_thread(self._process.wait, 5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -108,8 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     """At most MAX_CONNECTIONS probes at once (more are closed unanswered), on a port shared by every worker's."""
 
-    daemon_threads = True
-    allow_reuse_address = True
+    daemon_threads = allow_reuse_address = allow_reuse_port = True  # reuse port: one probe process per worker
 
     def __init__(self, address: tuple[str, int], stale_s: float) -> None:
         self.stale_s, self.fed_at = stale_s, time.monotonic()
@@ -125,15 +120,11 @@ class _Server(ThreadingHTTPServer):
             return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
         return (200, {"status": "ok"}) if path == "/health" else self.readiness
 
-    def server_bind(self) -> None:
-        self.socket.setsockopt(SOL_SOCKET, SO_REUSEPORT, 1)  # one probe process per worker, one port
-        super().server_bind()
-
     def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
+        if self.slots.acquire(blocking=False):
+            super().process_request(request, client_address)
+        else:
             self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -156,8 +147,7 @@ def main(host: str, port: int, stale_s: float = STALE_S) -> None:
         except (ValueError, TypeError):  # a line cut by a full pipe: the next one comes 0.1 s later
             continue
         server.readiness, server.fed_at = (int(status), payload), time.monotonic()
-    server.shutdown()
-    os._exit(0)
+    os._exit(0)  # the end of stdin: the service is gone (its serving threads end with the process)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.routing import APIRoute
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -80,20 +79,16 @@ class ServiceApp(FastAPI):
 
 class DirectRoutes:
     """Call the `routes` ((method, path) -> a function of the request) without FastAPI's router, their errors
-    answered by the app's exception handlers; the scope's `route` is FastAPI's (the access line's template)."""
+    answered by the app's exception handlers."""
 
     def __init__(self, app: ASGIApp, fastapi: FastAPI, routes: Mapping[tuple[str, str], Handler]) -> None:
         self.app, self.fastapi, self.routes = app, fastapi, routes
-        documented = [route for route in fastapi.routes if isinstance(route, APIRoute)]  # built at the first request
-        self.documented = {(method, route.path): route for route in documented for method in route.methods}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        key = (scope.get("method", ""), scope.get("path", ""))
-        route = self.routes.get(key) if scope["type"] == "http" else None
+        route = self.routes.get((scope.get("method", ""), scope.get("path", ""))) if scope["type"] == "http" else None
         if route is None:
             await self.app(scope, receive, send)
             return
-        scope["endpoint"], scope["route"] = route, self.documented.get(key)
         request = Request(scope, receive)
         try:
             response = await route(request)

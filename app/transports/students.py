@@ -97,7 +97,6 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     questions, correct, wanted = await offload(
         service.request_arrays, model, body.interactions, body.next_questions or []
     )
-    store = await holder.store()
 
     async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
         """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
@@ -111,7 +110,6 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         async with holder.writers.setdefault((model.name, student_id), asyncio.Lock()):
             state, (trace, next_p) = await update_state(
                 holder,
-                store,
                 model.name,
                 student_id,
                 model.entry.sha256,
@@ -144,10 +142,9 @@ async def get_student(
     """A student's state under one model: interaction count, current mastery, times, model version."""
     holder = _holder(request, student_id)
     served = registry(request).get(model, TASK_NAME)
-    store = await holder.store()
 
     async def describe() -> dict[str, Any]:
-        state = await holder.read(store.read, served.name, student_id)
+        state = await holder.read(lambda store: store.read(served.name, student_id))
         if state is None:
             raise StudentNotFound(
                 f"This student has no state under model {served.name}; "
@@ -173,7 +170,7 @@ async def get_student(
 async def delete_student(request: Request, student_id: StudentIdPath) -> JsonResponse:
     """Erase everything about a student, under every model, at once; answers which states were removed."""
     holder = _holder(request, student_id)
-    removed = await holder.commit((await holder.store()).delete, student_id)
+    removed = await holder.commit(lambda store: store.delete(student_id))
     deleted = [{"model": state.model, "interactions": state.interactions} for state in removed]
     return JsonResponse({"student_id": student_id, "deleted": deleted})
 
@@ -188,5 +185,5 @@ async def list_students(
 ) -> JsonResponse:
     """A page of the ids of students with a state, in ascending code-point order (keyset paging)."""
     holder = request.app.state.students if after is None else _holder(request, after, ("query", "after"))
-    page = await holder.read((await holder.store()).list_students, after=after, limit=limit)
+    page = await holder.read(lambda store: store.list_students(after=after, limit=limit))
     return JsonResponse({"student_ids": page.student_ids, "next_after": page.next_after})

@@ -236,3 +236,15 @@ def test_a_graph_the_task_does_not_use_stops_that_model(artifacts_copy):
         info = {m["name"]: m for m in client.get("/models").json()["models"]}
         assert info[SIM_MODEL]["ready"] and not info[FLMP_MODEL]["ready"]
         assert "'decoder'" in info[FLMP_MODEL]["error"] and "encoder, head" in info[FLMP_MODEL]["error"]
+
+
+def test_a_model_whose_metadata_does_not_describe_its_attention_stops_that_model(artifacts_copy):
+    def widen_window(entry: dict) -> None:
+        if entry["name"] == SIM_MODEL:
+            entry["metadata"]["window"] += 1
+
+    rewrite_manifest(artifacts_copy, widen_window)
+    with app_client(artifacts_copy, on_model_error="skip") as client:
+        info = {m["name"]: m for m in client.get("/models").json()["models"]}
+        assert info[FLMP_MODEL]["ready"] and not info[SIM_MODEL]["ready"]
+        assert "6 slots" in info[SIM_MODEL]["error"] and "window 6" in info[SIM_MODEL]["error"]

@@ -63,7 +63,7 @@ def test_an_unknown_model_stops_startup_naming_the_choices():
     done = run_app({**os.environ, "MNEMO_PORT": str(free_port())}, "--models", "dkvmn-nope")
     assert done.returncode == 1
     names = ", ".join(sorted(model["name"] for model in manifest_models(COMMITTED)))
-    expected = f"MNEMO_MODELS names dkvmn-nope, which the manifest does not have; its models: {names}"
+    expected = f"--models/MNEMO_MODELS names dkvmn-nope, which the manifest does not have; its models: {names}"
     assert done.stderr.strip() == f"mnemo: cannot start: {expected}"
 
 
@@ -84,11 +84,12 @@ def test_serve_with_chosen_models_serves_only_them_and_says_where():
 
 
 @pytest.mark.slow
-def test_a_flag_wins_over_its_variable_in_the_workers_too():
+@pytest.mark.parametrize("keep_alive", ["30", "not-a-number"])
+def test_a_flag_wins_over_its_variable_in_the_workers_too(keep_alive: str):
     """The workers take the flags' settings, not the environment's: a kept-alive connection closes after
-    --keep-alive-s 1 although MNEMO_KEEP_ALIVE_S is 30."""
+    --keep-alive-s 1 although MNEMO_KEEP_ALIVE_S is 30 (or invalid: the flag replaces it)."""
     command = [sys.executable, "-m", "app", "--port", "{port}", "--models", KT_MODEL, "--keep-alive-s", "1"]
-    with running_server(COMMITTED, command=command, MNEMO_KEEP_ALIVE_S="30") as server:
+    with running_server(COMMITTED, command=command, MNEMO_KEEP_ALIVE_S=keep_alive) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
@@ -130,3 +131,9 @@ def test_an_ipv6_host_is_bracketed_in_the_url_it_says_and_served_there():
         finally:
             process.terminate()
             process.wait(timeout=60)
+
+
+def test_models_reads_the_artifacts_directory_from_its_variable(tmp_path):
+    listed = CliRunner().invoke(cli, ["models"], env={"MNEMO_ARTIFACTS_DIR": str(tmp_path)})
+    assert listed.exit_code == 1
+    assert listed.output.strip() == f"Error: no manifest.json in {tmp_path} (set MNEMO_ARTIFACTS_DIR)"

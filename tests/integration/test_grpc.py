@@ -300,6 +300,9 @@ def test_health_is_not_serving_while_a_model_is_not_ready(artifacts_copy: Path) 
         assert client.get("/v2/health/ready").status_code == 503
         address = f"127.0.0.1:{port}"
         assert health_of(address, "") == health_of(address, INFERENCE_SERVICE) == NOT_SERVING  # open: no key
+        with grpcclient.InferenceServerClient(address) as triton:  # REST's 503 is ready=false over gRPC
+            key = {"authorization": "Bearer k-one"}
+            assert not triton.is_model_ready(KT_MODEL, headers=key) and triton.is_model_ready(SIM_MODEL, headers=key)
 
 
 def test_health_turns_not_serving_when_the_drain_begins_and_watchers_are_told() -> None:

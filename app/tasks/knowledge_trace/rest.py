@@ -21,7 +21,8 @@ from app.tasks.knowledge_trace.schemas import (
 
 MAX_CATALOG_PAGE = 1000
 INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheaper than a hop
-INLINE_RENDER_NUMBERS = 20_000  # cheaper answers (service.answer_numbers) render on the loop: no thread hop
+INLINE_RENDER_NUMBERS = 20_000  # answers of fewer numbers render on the loop: no thread hop
+NEXT_ITEM_NUMBERS = 10  # a `next` item (a dict) takes about as long to build and render as 10 array numbers
 MASTERY_ROWS = {"all": slice(None), "last": slice(-1, None), "none": None}
 routes = APIRouter()  # tagged with the task's tag by app/transports/rest.py
 DESCRIPTION = """Predict each interaction from the ones before it, then the next questions; report concept mastery.
@@ -44,17 +45,15 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) 
     questions, correct, wanted = await offload_if(long_history, service.request_arrays, model, *fields)
     trace = await service.trace(model, questions, correct)
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-    numbers = service.answer_numbers(trace, len(wanted), body.return_attention, MASTERY_ROWS[body.mastery])
+    concepts, mastery_rows = model.state.n_concepts or 0, {"all": len(questions) + 1, "last": 1, "none": 0}
+    numbers = len(questions) * (1 + concepts * body.return_attention) + concepts * mastery_rows[body.mastery]
+    numbers += len(wanted) * NEXT_ITEM_NUMBERS
     return await offload_if(numbers > INLINE_RENDER_NUMBERS, render, model, body, trace, wanted, next_p)
 
 
 def json_floats(array: np.ndarray | None) -> np.ndarray | None:
-    """Probabilities as float64 rounded to 7 decimals (float32's resolution near 1): orjson writes these faster and
-    shorter than float32 arrays."""
-    if array is None:
-        return None
-    wide = array.astype(np.float64)
-    return np.round(wide, 7, out=wide)
+    """Float64 rounded to 7 decimals (float32's resolution near 1): orjson writes it faster and shorter than float32."""
+    return None if array is None else np.round(wide := array.astype(np.float64), 7, out=wide)
 
 
 def render(

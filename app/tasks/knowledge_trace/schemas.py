@@ -11,8 +11,7 @@ from typing_extensions import TypedDict  # pydantic needs it (not typing's) befo
 MAX_INTERACTIONS = 10_000
 MAX_QUESTION_ID = 2**31 - 1  # ids are int64 in the graph; each model's own range (n_questions) is checked after
 MAX_QUESTION_TEXT = 200  # characters of a string question id (a model trained on your own CSV may have them)
-# A question as requests name it: the built-in models' ids are integers 1..n_questions; a model trained with
-# `mnemo train kt` takes the CSV's own ids, integers or strings (GET /models/{name}/questions lists them).
+# the built-in models' questions are 1..n_questions; a model of `mnemo train kt` takes the CSV's ids, int or str
 QUESTION_KEY_SCHEMA = {
     "anyOf": [
         {"type": "integer", "minimum": 1, "maximum": MAX_QUESTION_ID},
@@ -22,8 +21,8 @@ QUESTION_KEY_SCHEMA = {
 
 
 def question_key(value: object) -> int | str:
-    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is (no coercion); not a
-    union of the two types, whose 422s would come in pairs, located at `question.constrained-int`."""
+    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is: one 422 per bad id
+    (a union of the two types would give two, located at `question.constrained-int`)."""
     if type(value) is int:
         if value < 1:
             raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to 1")
@@ -41,13 +40,9 @@ QuestionKey = Annotated[int | str, PlainValidator(question_key), WithJsonSchema(
 QUESTION_HELP = "the question's id: 1..n_questions, or the model's own ids (GET /models/{name}/questions)"
 ShownQuestion = Annotated[Annotated[int, Field(ge=1)] | str, Field(description=QUESTION_HELP)]
 ModelName = Annotated[str | None, Field(description="a knowledge-trace model from GET /models; null = default")]
-
-_EXAMPLE = {
-    "model": "dkvmn-assist2009",
-    "interactions": [{"question": 12, "correct": True}, {"question": 12, "correct": False}],
-    "next_questions": [3, 7],
-    "return_attention": True,
-}
+TWO_ANSWERS = [{"question": 12, "correct": True}, {"question": 12, "correct": False}]
+EXAMPLE = {"model": "dkvmn-assist2009", "interactions": TWO_ANSWERS, "next_questions": [3, 7], "return_attention": True}
+APPEND_EXAMPLE = {"model": "dkvmn-assist2009", "interactions": TWO_ANSWERS[:1], "next_questions": [3, 7, 12]}
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -63,22 +58,20 @@ NextQuestions = Annotated[list[QuestionKey] | None, Field(max_length=MAX_INTERAC
 
 
 class KnowledgeTraceRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_EXAMPLE]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [EXAMPLE]})
 
     model: ModelName = None
     interactions: Interactions = Field(description="oldest first")
-    next_questions: NextQuestions = Field(
-        default=None, description="question ids to predict next; null = every question"
-    )
+    next_questions: NextQuestions = Field(None, description="question ids to predict next; null = every question")
     return_attention: StrictBool = Field(
-        default=True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
+        True, description="false: `attention` is null (always null for a DKT model: no memory slots)"
     )
     mastery: Literal["all", "last", "none"] = Field(
-        default="all",
+        "all",
         description="mastery rows to return: all (the prior and one per interaction), last, none "
         "(always null for a DKT model: no memory slots)",
     )
-    return_predictions: StrictBool = Field(default=True, description="false: `predictions` is null")
+    return_predictions: StrictBool = Field(True, description="false: `predictions` is null")
 
 
 class NextPrediction(BaseModel):
@@ -87,7 +80,7 @@ class NextPrediction(BaseModel):
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
     )
-    name: str | None = Field(default=None, description="the question's name where the data set has one")
+    name: str | None = Field(None, description="the question's name where the data set has one")
 
 
 class KnowledgeTraceResponse(BaseModel):
@@ -135,36 +128,28 @@ class QuestionCatalog(BaseModel):
     )
 
 
-_APPEND_EXAMPLE = {
-    "model": "dkvmn-assist2009",
-    "interactions": [{"question": 12, "correct": True}],
-    "next_questions": [3, 7, 12],
-}
-
-
 class AppendRequest(BaseModel):
     """New interactions of one student, oldest first, appended to what the server already holds."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [_APPEND_EXAMPLE]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [APPEND_EXAMPLE]})
 
     model: ModelName = None
     interactions: Interactions = Field(description="the new interactions, oldest first")
     next_questions: NextQuestions = Field(
-        default=None,
-        description="question ids to predict after the last new interaction; null or [] = none (the default)",
+        None, description="question ids to predict after the last new interaction; null or [] = none (the default)"
     )
     expected_interactions: StrictInt | None = Field(
-        default=None,
+        None,
         ge=0,
         description="the student's interaction count these extend (0: a new student); another stored count is a "
         "409 and nothing is stored, so a retried append is never counted twice. null = append to any count",
     )
     return_attention: StrictBool = Field(
-        default=False,
+        False,
         description="true: `attention` holds the correlation weights of each new interaction (always null for DKT)",
     )
     return_mastery_steps: StrictBool = Field(
-        default=False,
+        False,
         description="true: `mastery_steps` holds the mastery before and after each new interaction "
         "(always null for DKT)",
     )
@@ -181,10 +166,10 @@ class AppendResponse(BaseModel):
     )
     next: list[NextPrediction] = Field(description="predictions for `next_questions`, in the order asked")
     attention: list[list[float]] | None = Field(
-        default=None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
+        None, description="with return_attention: new interactions x n_concepts correlation weights; else null"
     )
     mastery_steps: list[list[float]] | None = Field(
-        default=None,
+        None,
         description="with return_mastery_steps: (new interactions + 1) x n_concepts, row 0 is the mastery of the "
         "stored state before them (the prior for a new student), then one row after each; else null",
     )

@@ -1,16 +1,15 @@
-"""The knowledge-tracing service, transport-free: validate, chunk, run through the batcher, decode. DKVMN's memory
-slots are latent concepts that explain its answers; the DKT baseline (`metadata.family` dkt) has none. A history
-longer than `seqlen` runs in chunks, each from the recurrent state the previous one ended with."""
+"""The knowledge-tracing service, transport-free: check a request, run each history through the batcher in chunks of
+`seqlen` (each from the state the one before ended with), decode. DKVMN's memory slots are latent concepts."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,6 @@ from app.runtime.model import ServedModel
 TASK_NAME = "knowledge-trace"
 SKILL_NAMED_DATASETS = frozenset({"assist2009"})  # question names are skill names: concepts get readable labels
 TOP_SKILLS = 3
-NEXT_ITEM_NUMBERS = 10  # a `next` item (a dict) takes about as long to build and render as 10 array numbers
 QuestionKey = int | str
 History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
 
@@ -44,27 +42,6 @@ FAMILIES = {family.name: family for family in (DKVMN, DKT)}
 
 
 @dataclass(frozen=True)
-class QuestionIds:
-    """A model's own question ids (asset `question_ids`, from `mnemo train kt`): `ids[k - 1]` names question k."""
-
-    ids: tuple[QuestionKey, ...]
-    numbers: dict[QuestionKey, int]
-
-    @classmethod
-    def from_asset(cls, asset: np.ndarray, n_questions: int) -> QuestionIds:
-        """Check the asset: one unique id per question, all integers or all strings."""
-        if asset.shape != (n_questions,):
-            raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
-        if asset.dtype.kind not in "iU":
-            raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
-        ids = tuple(asset.tolist())
-        numbers = {question: number for number, question in enumerate(ids, start=1)}
-        if len(numbers) != len(ids):
-            raise ValueError("question_ids repeats an id")
-        return cls(ids, numbers)
-
-
-@dataclass(frozen=True)
 class KnowledgeTraceState:
     """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT)."""
 
@@ -75,7 +52,8 @@ class KnowledgeTraceState:
     max_histories: int  # rows of one Open Inference Protocol request (each with its state in and out)
     init_memory: np.ndarray  # the state a history starts from: DKVMN [N, d_v], DKT [2, S] float32
     names: tuple[str | None, ...] | None  # question names where the data set has them
-    question_ids: QuestionIds | None  # the user's own ids; None: ids are 1..n_questions
+    question_ids: tuple[QuestionKey, ...] | None  # the model's own ids (`mnemo train kt`), of questions 1..n; or None
+    numbers: dict[QuestionKey, int] | None  # each own id's question number
     n_concepts: int | None = None
     concepts: np.ndarray | None = None  # [n_questions]: each question's main concept
     concept_skills: tuple[tuple[str, ...], ...] | None = None  # per concept: top skill names (skill-named data sets)
@@ -83,8 +61,7 @@ class KnowledgeTraceState:
 
 @dataclass(frozen=True)
 class Trace:
-    """Per-step predictions [T], correlation weights [T,N], mastery [T+1,N] (None without memory slots),
-    and the final state (DKVMN memory [N,d_v], DKT LSTM state [2,S])."""
+    """Predictions [T], correlation weights [T,N] and mastery [T+1,N] (None without slots), and the final state."""
 
     predictions: np.ndarray
     attention: np.ndarray | None
@@ -94,7 +71,7 @@ class Trace:
 
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets and the graph."""
-    metadata = model.entry.metadata
+    metadata, assets = model.entry.metadata, model.assets
     family = FAMILIES.get(metadata.get("family", DKVMN.name))
     if family is None:
         raise ValueError(f"metadata.family is {metadata.get('family')!r}; known: {', '.join(FAMILIES)}")
@@ -106,40 +83,42 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
             f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
         )
     n_questions, seqlen = (positive_int(metadata, key) for key in ("n_questions", "seqlen"))
-    raw_names = model.assets.get("question_names")
-    names = tuple(str(name) or None for name in raw_names) if raw_names is not None else None
+    names = None if "question_names" not in assets else tuple(str(name) or None for name in assets["question_names"])
     if names is not None and len(names) != n_questions:
         raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
-    raw_ids = model.assets.get("question_ids")
-    common = {
-        "question_ids": None if raw_ids is None else QuestionIds.from_asset(np.asarray(raw_ids), n_questions),
-        "family": family,
-        "n_questions": n_questions,
-        "seqlen": seqlen,
-        "max_interactions": positive_int(model.entry.limits, "max_interactions"),
-        "max_histories": positive_int(model.entry.limits, "max_histories"),
-        "names": names,
-    }
-    if not family.has_concepts:  # a DKT history starts from zeros, shaped as the graph's state input
+    ids = None if "question_ids" not in assets else _question_ids(np.asarray(assets["question_ids"]), n_questions)
+    limits = [positive_int(model.entry.limits, key) for key in ("max_interactions", "max_histories")]
+    n_concepts = concepts = skills = None
+    if family.has_concepts:
+        n_concepts = positive_int(metadata, "n_concepts")
+        concepts = np.asarray(assets["question_concepts"]).astype(np.int64)
+        if concepts.shape != (n_questions,):
+            raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
+        init_memory = np.asarray(assets["init_memory"], dtype=np.float32)
+        if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
+            raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
+        if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:
+            skills = _concept_skills(model, init_memory, names)
+    else:  # a DKT history starts from zeros, shaped as the graph's state input
         shape = inputs[family.state_input].shape[1:]
         if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
             raise ValueError(f"{family.state_input} must have a fixed [2, S] shape after the batch, not {shape}")
-        return KnowledgeTraceState(**common, init_memory=np.zeros(shape, dtype=np.float32))
-    n_concepts = positive_int(metadata, "n_concepts")
-    concepts = np.asarray(model.assets["question_concepts"]).astype(np.int64)
-    if concepts.shape != (n_questions,):
-        raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
-    init_memory = np.asarray(model.assets["init_memory"], dtype=np.float32)
-    if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
-        raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
-    skill_named = names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS
+        init_memory = np.zeros(shape, dtype=np.float32)
+    numbers = None if ids is None else {question: number for number, question in enumerate(ids, start=1)}
     return KnowledgeTraceState(
-        **common,
-        init_memory=init_memory,
-        n_concepts=n_concepts,
-        concepts=concepts,
-        concept_skills=_concept_skills(model, init_memory, names) if skill_named else None,
+        family, n_questions, seqlen, *limits, init_memory, names, ids, numbers, n_concepts, concepts, skills
     )
+
+
+def _question_ids(asset: np.ndarray, n_questions: int) -> tuple[QuestionKey, ...]:
+    """The asset `question_ids` (`ids[k - 1]` names question k), checked: unique, all integers or all strings."""
+    if asset.shape != (n_questions,):
+        raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
+    if asset.dtype.kind not in "iU":
+        raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
+    if len(np.unique(asset)) != n_questions:
+        raise ValueError("question_ids repeats an id")
+    return tuple(asset.tolist())
 
 
 def _concept_skills(
@@ -166,32 +145,29 @@ def describe(model: ServedModel) -> dict[str, Any]:
     }
 
 
-def _refuse(field: tuple[str, ...], values: Sequence[QuestionKey], indexes: list[int], why: str) -> NoReturn:
-    """One 422 naming each refused question of a field (the first MAX_LISTED_ERRORS; `next_questions[i]` or
-    `interactions[i].question`) and counting all."""
-    suffix = () if field[-1] == "next_questions" else ("question",)
-    errors = [InvalidInput((*field, i, *suffix), f"question {values[i]!r} {why}") for i in indexes[:MAX_LISTED_ERRORS]]
-    raise InvalidInput.joined(errors, count=len(indexes))
-
-
 def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: tuple[str, ...]) -> np.ndarray:
-    """The graph's question numbers (1..n_questions) of the ids in a request: through the model's own ids where it
-    has them, else the ids themselves, integers in range. A wrong id is a 422 naming its item."""
+    """The graph's question numbers (1..n_questions) of a request's ids, through the model's own ids where it has
+    them; one 422 names each wrong id's item (the first MAX_LISTED_ERRORS) and counts all."""
     state: KnowledgeTraceState = model.state
-    name, ids, count = model.name, state.question_ids, state.n_questions
-    if ids is not None:
-        numbers = np.array([ids.numbers.get(value, 0) for value in values], dtype=np.int64)
-        if unknown := np.flatnonzero(numbers == 0).tolist():
-            kind = "integers" if isinstance(ids.ids[0], int) else "strings"
-            where = f"GET /models/{name}/questions lists them"
-            _refuse(field, values, unknown, f"is not a question of model {name} (its question ids are {kind}; {where})")
-        return numbers
-    if str in set(map(type, values)):
-        strings = [index for index, value in enumerate(values) if isinstance(value, str)]
-        _refuse(field, values, strings, f"is a string; the questions of model {name} are integers 1..{count}")
-    numbers = np.fromiter(values, dtype=np.int64, count=len(values))
-    if outside := np.flatnonzero((numbers < 1) | (numbers > count)).tolist():
-        _refuse(field, values, outside, f"is outside 1..{count}, the questions of model {name}")
+    name, count = model.name, state.n_questions
+    if state.numbers is not None:
+        numbers = np.array([state.numbers.get(value, 0) for value in values], dtype=np.int64)
+        kind = "integers" if isinstance(state.question_ids[0], int) else "strings"
+        refused = numbers == 0
+        why = (
+            f"is not a question of model {name} (its question ids are {kind}; GET /models/{name}/questions lists them)"
+        )
+    elif str in set(map(type, values)):
+        numbers, refused = None, np.array([isinstance(value, str) for value in values])
+        why = f"is a string; the questions of model {name} are integers 1..{count}"
+    else:
+        numbers = np.fromiter(values, dtype=np.int64, count=len(values))
+        refused, why = (numbers < 1) | (numbers > count), f"is outside 1..{count}, the questions of model {name}"
+    if indexes := np.flatnonzero(refused).tolist():
+        suffix = () if field[-1] == "next_questions" else ("question",)
+        listed = indexes[:MAX_LISTED_ERRORS]
+        errors = [InvalidInput((*field, i, *suffix), f"question {values[i]!r} {why}") for i in listed]
+        raise InvalidInput.joined(errors, count=len(indexes))
     return numbers
 
 
@@ -213,17 +189,14 @@ def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]
 def request_arrays(
     model: ServedModel, interactions: Sequence[Mapping[str, Any]], next_questions: Sequence[QuestionKey] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`history_arrays`, and the numbers of the questions to predict next (None: every question), checked too:
-    one 422 lists the broken rules of both fields."""
-    (questions, correct), wanted = each_checked(
-        [
-            partial(history_arrays, model, interactions),
-            partial(np.arange, 1, model.state.n_questions + 1, dtype=np.int64)
-            if next_questions is None
-            else partial(question_numbers, model, next_questions, ("body", "next_questions")),
-        ]
+    """`history_arrays` and the numbers of the questions to predict next (None: all); one 422 for both fields."""
+    wanted = (
+        partial(np.arange, 1, model.state.n_questions + 1, dtype=np.int64)
+        if next_questions is None
+        else partial(question_numbers, model, next_questions, ("body", "next_questions"))
     )
-    return questions, correct, wanted
+    (questions, correct), numbers = each_checked([partial(history_arrays, model, interactions), wanted])
+    return questions, correct, numbers
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
@@ -235,8 +208,7 @@ async def trace(
     model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None = None
 ) -> Trace:
     """Run one history (oldest first) from `memory` (default: the model's initial state), chunk by chunk."""
-    (result,) = await trace_all(model, [(questions, correct, memory)])
-    return result
+    return (await trace_all(model, [(questions, correct, memory)]))[0]
 
 
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
@@ -258,27 +230,22 @@ async def _chained(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -
     family = model.state.family
     one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) < 2])
     chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
-    if chains:
-        short, *long = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains))
-    else:  # no task per coroutine (gather's): a turn of the event loop less
-        short, long = await one_chunk, []
-    short, long = iter(short), iter(long)
+    # without chains, no task per coroutine (gather's): a turn of the event loop less
+    runs = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains)) if chains else [await one_chunk]
+    short, long = iter(runs[0]), iter(runs[1:])
     return [[next(short)] if len(chunks) < 2 else next(long) for chunks in chunked]
 
 
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
-    """The outputs of each history's chunks: the k-th chunks of all histories are queued together, as rows
-    that share runs, each starting from the state its history's chunk k-1 ended with."""
-    family = model.state.family
+    """The outputs of each history's chunks: the k-th chunks of all histories are queued together, sharing runs."""
+    state_input, state_output = model.state.family.state_input, model.state.family.state_output
     outputs: list[list[Feeds]] = [[] for _ in chunked]
     for k in range(max(map(len, chunked), default=0)):
         active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
         requests = []
         for index in active:
             feeds, length = chunked[index][k]
-            if k:
-                feeds = {**feeds, family.state_input: outputs[index][-1][family.state_output]}
-            requests.append((feeds, 1, length))
+            requests.append(({**feeds, state_input: outputs[index][-1][state_output]} if k else feeds, 1, length))
         for index, result in zip(active, await model.batcher.run_all(requests), strict=True):
             outputs[index].append(result)
     return outputs
@@ -287,16 +254,15 @@ async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]
 def history_chunks(
     model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None
 ) -> list[tuple[Feeds, int]]:
-    """One history's feeds and length, chunk by chunk (one row of at most `seqlen` steps each); the first chunk
-    starts from `memory` (default: the initial state), the others from the state before them."""
+    """One history's feeds and length per chunk of `seqlen` steps, the first from `memory` (None: the initial one)."""
     state: KnowledgeTraceState = model.state
-    initial = (state.init_memory if memory is None else memory)[np.newaxis].astype(np.float32)
     chunks = []
     for start in range(0, len(questions), state.seqlen):
         q, r = (values[start : start + state.seqlen].astype(np.int64)[np.newaxis] for values in (questions, correct))
         feeds = {"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}
         if start == 0:
-            feeds[state.family.state_input] = initial
+            initial = state.init_memory if memory is None else memory
+            feeds[state.family.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
         chunks.append((feeds, q.shape[1]))
     return chunks
 
@@ -319,13 +285,13 @@ def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Fee
         "q": questions.astype(np.int64).reshape(count, 1),
         "r": np.zeros((count, 1), dtype=np.int64),
         "len": np.ones(count, dtype=np.int64),
-        family.state_input: np.broadcast_to(memory.astype(np.float32), (count, *memory.shape)),
+        family.state_input: np.broadcast_to(memory.astype(np.float32, copy=False), (count, *memory.shape)),
     }
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
-    """P(correct) of each question after the history: one step per question from the final state (a step's
-    prediction reads the state before its update, so the answer fed with it does not matter)."""
+    """P(correct) of each question after the history: one step per question from its final state (a step's
+    prediction reads the state before its update, so the answer fed does not matter)."""
     feeds = step_feeds(model.state.family, memory, questions)
     return (await model.batcher.run(feeds, len(questions), 1, keep=("p",)))["p"][:, 0]
 
@@ -338,54 +304,39 @@ async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | Non
     return outputs["mastery"][0, 0]
 
 
+def _questions(state: KnowledgeTraceState, numbers: np.ndarray) -> Iterator[tuple[QuestionKey, str | None, int | None]]:
+    """Each question's id as requests name it, its name and its main concept (None where the model has none)."""
+    ids = numbers.tolist()
+    shown = ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids]
+    names = [state.names[number - 1] for number in ids] if state.names else [None] * len(ids)
+    concepts = [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist()
+    return zip(shown, names, concepts, strict=True)
+
+
 def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
     """The `next` list: question, p_correct, its main concept (None without memory slots) and its name."""
-    state: KnowledgeTraceState = model.state
-    ids = questions.tolist()
-    concepts = [None] * len(ids) if state.concepts is None else state.concepts[questions - 1].tolist()
-    names = [state.names[question - 1] for question in ids] if state.names else [None] * len(ids)
-    shown = ids if state.question_ids is None else [state.question_ids.ids[question - 1] for question in ids]
     return [
         {"question": question, "p_correct": p, "concept": concept, "name": name}
-        for question, p, concept, name in zip(shown, probabilities.tolist(), concepts, names, strict=True)
+        for (question, name, concept), p in zip(_questions(model.state, questions), probabilities.tolist(), strict=True)
     ]
 
 
-def answer_numbers(trace: Trace, next_count: int, attention: bool, mastery_rows: slice | None) -> int:
-    """What rendering an answer costs, in numbers of its arrays (NEXT_ITEM_NUMBERS per `next` item)."""
-    numbers = len(trace.predictions) + next_count * NEXT_ITEM_NUMBERS
-    if trace.mastery is not None and mastery_rows is not None:
-        numbers += trace.mastery[mastery_rows].size
-    if attention and trace.attention is not None:
-        numbers += trace.attention.size
-    return numbers
-
-
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
-    """A page of the model's questions (id, name, main concept), and the concepts' labels where the data set has
-    them, else null."""
+    """A page of the model's questions (id, name, main concept), and each concept's top skills, a label joining
+    them and how many questions it is the main one of, where the data set names skills (else null)."""
     state: KnowledgeTraceState = model.state
+    page = np.arange(offset + 1, min(offset + limit, state.n_questions) + 1)
+    main_of = None if state.concept_skills is None else np.bincount(state.concepts, minlength=state.n_concepts)
     return {
         "model": model.name,
         "total": state.n_questions,
         "offset": offset,
         "limit": limit,
-        "questions": [
-            {
-                "question": question if state.question_ids is None else state.question_ids.ids[question - 1],
-                "name": state.names[question - 1] if state.names else None,
-                "concept": None if state.concepts is None else int(state.concepts[question - 1]),
-            }
-            for question in range(offset + 1, min(offset + limit, state.n_questions) + 1)
+        "questions": [{"question": q, "name": name, "concept": c} for q, name, c in _questions(state, page)],
+        "concepts": None
+        if main_of is None
+        else [
+            dict(concept=concept, label=", ".join(skills), top_skills=list(skills), main_of=int(main_of[concept]))
+            for concept, skills in enumerate(state.concept_skills)
         ],
-        "concepts": None if state.concept_skills is None else concept_labels(state),
     }
-
-
-def concept_labels(state: KnowledgeTraceState) -> list[dict[str, Any]]:
-    """Each concept with its top skill names, a label joining them, and how many questions it is the main one of."""
-    main_of = np.bincount(state.concepts, minlength=state.n_concepts)
-    return [
-        {"concept": concept, "label": ", ".join(skills), "top_skills": list(skills), "main_of": int(main_of[concept])}
-        for concept, skills in enumerate(state.concept_skills)
-    ]

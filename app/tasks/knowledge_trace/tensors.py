@@ -1,6 +1,6 @@
 """Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len` and the
-optional state in; `p`, the state and DKVMN's `corr_w`, `mastery` out). Each row runs through the service's
-`trace`, so T may exceed `seqlen`."""
+optional state in; `p`, the state and DKVMN's `corr_w`, `mastery` out), each row run through `service.trace_all`, so
+T may exceed `seqlen`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from app.runtime.collate import Feeds
+from app.runtime.collate import Feeds, pad_rows
 from app.runtime.model import ServedModel
 from app.runtime.tensors import ProtocolError, TensorSpec, onnx_spec
 from app.tasks.knowledge_trace import service
@@ -21,12 +21,10 @@ OPTIONAL_INPUTS = frozenset({service.DKVMN.state_input, service.DKT.state_input}
 
 @dataclass(frozen=True)
 class Histories:
-    """A checked request: each row's questions, answers and starting state (None: the initial one)."""
+    """A checked request: each row's history without its padding, and the padded length T."""
 
-    questions: np.ndarray  # [B,T]
-    answers: np.ndarray  # [B,T]
-    lengths: np.ndarray  # [B]
-    memory: np.ndarray | None  # [B,N,d_v] (DKVMN) or [B,2,S] (DKT)
+    histories: list[service.History]
+    steps: int
     rows: int  # batch rows the request puts through the graph
     cells: int  # steps the request runs (padding excluded), as POST /knowledge-trace counts its interactions
 
@@ -57,8 +55,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
         raise ProtocolError(f"input len has shape {list(lengths.shape)}; it must be [{batch}], one per row of q")
     if memory is not None and memory.shape[0] != batch:
         raise ProtocolError(f"input {state_input} has {memory.shape[0]} rows; q has {batch}")
-    short = np.flatnonzero((lengths < 1) | (lengths > steps))
-    if len(short):
+    if len(short := np.flatnonzero((lengths < 1) | (lengths > steps))):
         row = int(short[0])
         raise ProtocolError(f"input len[{row}] is {int(lengths[row])}; it must be within 1..{steps} (q's T)")
     if batch > state.max_histories:
@@ -71,37 +68,30 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
             f"accepts at most {state.max_interactions} per request"
         )
     live = np.arange(steps)[np.newaxis] < lengths[:, np.newaxis]
-    _check_range(questions, live, 1, state.n_questions, f"q (the question ids of model {model.name})")
-    _check_range(answers, live, 0, 1, "r (answers)")
+    for values, low, high, what in (
+        (questions, 1, state.n_questions, f"q (the question ids of model {model.name})"),
+        (answers, 0, 1, "r (answers)"),
+    ):
+        if len(bad := np.argwhere(live & ((values < low) | (values > high)))):
+            row, step = (int(index) for index in bad[0])
+            raise ProtocolError(
+                f"input {what}: element [{row}, {step}] is {int(values[row, step])}; it must be within {low}..{high}"
+            )
     if memory is not None and not np.isfinite(memory).all():
         raise ProtocolError(f"input {state_input} holds NaN or infinite values")
-    rows = sum(math.ceil(int(length) / state.seqlen) for length in lengths)
-    return Histories(questions, answers, lengths, memory, rows, cells=int(lengths.sum()))
-
-
-def _check_range(values: np.ndarray, live: np.ndarray, low: int, high: int, what: str) -> None:
-    bad = np.argwhere(live & ((values < low) | (values > high)))
-    if len(bad):
-        row, step = (int(index) for index in bad[0])
-        raise ProtocolError(
-            f"input {what}: element [{row}, {step}] is {int(values[row, step])}; it must be within {low}..{high}"
-        )
+    counts = lengths.tolist()
+    rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in enumerate(counts)]
+    return Histories(rows, steps, sum(math.ceil(n / state.seqlen) for n in counts), cells=sum(counts))
 
 
 async def infer(model: ServedModel, histories: Histories) -> Feeds:
     """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
-    questions, answers, memory = histories.questions, histories.answers, histories.memory
-    lengths = enumerate(histories.lengths.tolist())
-    rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in lengths]
-    traces = await service.trace_all(model, rows)
-    batch, steps = questions.shape
+    traces = await service.trace_all(model, histories.histories)
     family: service.Family = model.state.family
     result = {family.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
     sequences = {"p": "predictions"} | ({"corr_w": "attention", "mastery": "mastery"} if family.has_concepts else {})
     for name, field in sequences.items():
-        rows = [getattr(trace, field) for trace in traces]
-        prior = len(rows[0]) - len(traces[0].predictions)  # mastery's row 0, before any step
-        result[name] = padded = np.zeros((batch, steps + prior, *rows[0].shape[1:]), dtype=np.float32)
-        for row, values in enumerate(rows):
-            padded[row, : len(values)] = values
+        rows = [getattr(trace, field)[np.newaxis] for trace in traces]
+        prior = rows[0].shape[1] - len(traces[0].predictions)  # mastery's row 0, before any step
+        result[name] = pad_rows(rows, histories.steps + prior).astype(np.float32, copy=False)
     return result

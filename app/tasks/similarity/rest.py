@@ -6,25 +6,17 @@ from __future__ import annotations
 from app.core.responses import dumps
 from app.runtime.model import Admission, Endpoint, ServedModel
 from app.runtime.offload import offload, offload_if
-from app.tasks.similarity import service
-from app.tasks.similarity.schemas import (
-    EmbeddingPairRequest,
-    EmbeddingPairResponse,
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    SimilarityBatchRequest,
-    SimilarityBatchResponse,
-    SimilarityRequest,
-    SimilarityResponse,
-)
+from app.tasks.similarity import schemas, service
 
 INLINE_RENDER_CELLS = 2048  # answers with fewer numbers (attention cells, vector entries) are rendered on the loop
 
 
-async def _pairs_answer(model: ServedModel, body: SimilarityRequest | SimilarityBatchRequest, alone: bool) -> bytes:
+async def _pairs_answer(
+    model: ServedModel, body: schemas.SimilarityRequest | schemas.SimilarityBatchRequest, alone: bool
+) -> bytes:
     """The JSON of POST /similarity or /similarity/batch; pairs are tokenized on a worker thread unless one pair
     comes `alone`."""
-    batch, return_attention = isinstance(body, SimilarityBatchRequest), body.return_attention
+    batch, return_attention = isinstance(body, schemas.SimilarityBatchRequest), body.return_attention
     texts = [(pair.sentence_a, pair.sentence_b) for pair in (body.pairs if batch else [body])]
     locations = [("body", "pairs", index) for index in range(len(texts))] if batch else [("body",)]
     pairs = await offload_if(batch or not alone, service.encode_pairs, model, texts, locations)
@@ -41,7 +33,7 @@ async def _pairs_answer(model: ServedModel, body: SimilarityRequest | Similarity
     return await offload_if(cells > INLINE_RENDER_CELLS, render)
 
 
-async def _embeddings_answer(model: ServedModel, body: EmbeddingsRequest, alone: bool) -> bytes:
+async def _embeddings_answer(model: ServedModel, body: schemas.EmbeddingsRequest, alone: bool) -> bytes:
     sentences = await offload(service.encode_sentences, model, body.sentences)
     vectors = await service.embed(model, sentences)
     limits = service.limits_of(model)
@@ -58,7 +50,7 @@ async def _embeddings_answer(model: ServedModel, body: EmbeddingsRequest, alone:
     return await offload_if(len(sentences) * limits.embedding_dim > INLINE_RENDER_CELLS, render)
 
 
-async def _vector_pair_answer(model: ServedModel, body: EmbeddingPairRequest, alone: bool) -> bytes:
+async def _vector_pair_answer(model: ServedModel, body: schemas.EmbeddingPairRequest, alone: bool) -> bytes:
     outputs = await service.graph_of(model, "head").batcher.run(service.vector_pair(model, body), 1, 1)
     return dumps(service.scores(model, outputs))
 
@@ -68,8 +60,8 @@ ENDPOINTS = (
         path="/similarity",
         name="similarity",
         operation_id="similarity",
-        request=SimilarityRequest,
-        response=SimilarityResponse,
+        request=schemas.SimilarityRequest,
+        response=schemas.SimilarityResponse,
         description="Relatedness (1..5), entailment probabilities and per-sentence attention maps of one pair.",
         admit=lambda model, body: Admission(model.batcher, 1),
         answer=_pairs_answer,
@@ -78,8 +70,8 @@ ENDPOINTS = (
         path="/similarity/batch",
         name="similarity_batch",
         operation_id="similarity_batch",
-        request=SimilarityBatchRequest,
-        response=SimilarityBatchResponse,
+        request=schemas.SimilarityBatchRequest,
+        response=schemas.SimilarityBatchResponse,
         description="Up to 256 pairs in one call; results in request order, each as from POST /similarity.",
         admit=lambda model, body: Admission(model.batcher, len(body.pairs)),
         answer=_pairs_answer,
@@ -88,8 +80,8 @@ ENDPOINTS = (
         path="/embeddings",
         name="sentence_embeddings",
         operation_id="embeddings",
-        request=EmbeddingsRequest,
-        response=EmbeddingsResponse,
+        request=schemas.EmbeddingsRequest,
+        response=schemas.EmbeddingsResponse,
         description="Up to 256 sentences: each one's sentence vector (the final memory of the forward pass, then "
         "of the backward pass: what the pair heads read) and its tokens. Score two stored vectors with "
         "POST /similarity/from-embeddings.",
@@ -101,8 +93,8 @@ ENDPOINTS = (
         path="/similarity/from-embeddings",
         name="similarity_from_embeddings",
         operation_id="similarity_from_embeddings",
-        request=EmbeddingPairRequest,
-        response=EmbeddingPairResponse,
+        request=schemas.EmbeddingPairRequest,
+        response=schemas.EmbeddingPairResponse,
         description="Relatedness and entailment of two stored sentence vectors from POST /embeddings of the same "
         "model: only the pair heads run, with the same result as POST /similarity on the two sentences.",
         admit=lambda model, body: Admission(service.graph_of(model, "head").batcher, 1),

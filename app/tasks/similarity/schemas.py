@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StringConstraints,
-    WithJsonSchema,
-)
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, create_model
 
-from app.tasks.similarity.tokenizer import CONTROL_CHARACTERS, has_control_character
+from app.tasks.similarity.tokenizer import CONTROL_CHARACTERS
 
 MAX_CHARACTERS = 1000
 MAX_BATCH_PAIRS = 256
@@ -26,26 +16,15 @@ MAX_VECTOR_VALUES = 4096  # any model's sentence vector fits; the model's own si
 MAX_VECTOR_MAGNITUDE = 1e6  # far above what the encoder produces, far below where float32 overflows
 MAX_ENCODER_ID_CHARACTERS = 64  # an `encoder` from POST /embeddings is 16; room for a longer form later
 EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/api/test_api.py posts every example)
+ENTAILMENT_LABELS = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION")  # as the SICK-trained models list them
+PARAPHRASE_LABELS = ("NOT_PARAPHRASE", "PARAPHRASE")  # the label of a logit below 0, of a logit from 0 up
 ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
-# No control character, and at least one character that is neither whitespace nor ASCII punctuation
-# (the tokenizer deletes those, so a sentence without such a character has no word).
+# What the service checks (app/tasks/similarity/service.py: encode_sentence), documented: no control character, and
+# a character that is neither whitespace nor ASCII punctuation (the tokenizer deletes those: no word without one).
 SENTENCE_PATTERN = rf"^[^{CONTROL_CHARACTERS}]*[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}][^{CONTROL_CHARACTERS}]*$"
-_WORD_CHARACTER = re.compile(rf"[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}]")
-
-
-def _readable_sentence(text: str) -> str:
-    """The rules of SENTENCE_PATTERN, each with its own message."""
-    if has_control_character(text):
-        raise ValueError("must not contain control characters (other than tab and newline)")
-    if not _WORD_CHARACTER.search(text):
-        raise ValueError("must contain a word: it is empty, whitespace or punctuation only")
-    return text
-
-
 Sentence = Annotated[
     str,
     StringConstraints(strict=True, min_length=1, max_length=MAX_CHARACTERS),
-    AfterValidator(_readable_sentence),
     WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_CHARACTERS, "pattern": SENTENCE_PATTERN}),
 ]
 
@@ -68,7 +47,7 @@ class SimilarityRequest(SentencePair):
     model_config = _strict({**_PAIR, "model": None, "return_attention": True})
 
     model: str | None = Field(default=None, description="a similarity model from GET /models; null = default")
-    return_attention: StrictBool = True
+    return_attention: bool = Field(True, strict=True)
 
 
 class SimilarityBatchRequest(BaseModel):
@@ -76,32 +55,18 @@ class SimilarityBatchRequest(BaseModel):
 
     pairs: list[SentencePair] = Field(min_length=1, max_length=MAX_BATCH_PAIRS)
     model: str | None = None
-    return_attention: StrictBool = False
-
-
-class EntailmentLabel(StrEnum):
-    ENTAILMENT = "ENTAILMENT"
-    NEUTRAL = "NEUTRAL"
-    CONTRADICTION = "CONTRADICTION"
+    return_attention: bool = Field(False, strict=True)
 
 
 Probability = Annotated[float, Field(ge=0, le=1)]
-
-
-class EntailmentProbabilities(BaseModel):
-    ENTAILMENT: Probability
-    NEUTRAL: Probability
-    CONTRADICTION: Probability
+EntailmentLabel = StrEnum("EntailmentLabel", {label: label for label in ENTAILMENT_LABELS})
+EntailmentProbabilities = create_model("EntailmentProbabilities", **dict.fromkeys(ENTAILMENT_LABELS, Probability))
+ParaphraseLabel = StrEnum("ParaphraseLabel", {label: label for label in PARAPHRASE_LABELS})
 
 
 class Entailment(BaseModel):
     label: EntailmentLabel = Field(description="the most probable label")
     probabilities: EntailmentProbabilities
-
-
-class ParaphraseLabel(StrEnum):
-    NOT_PARAPHRASE = "NOT_PARAPHRASE"
-    PARAPHRASE = "PARAPHRASE"
 
 
 class Paraphrase(BaseModel):
@@ -164,7 +129,9 @@ class EmbeddingsResponse(BaseModel):
     results: list[SentenceEmbedding] = Field(description="one per sentence, in request order")
 
 
-VectorValue = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]
+VectorValue = Annotated[
+    float, Field(strict=True, allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)
+]
 Vector = Annotated[
     list[VectorValue],
     Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),

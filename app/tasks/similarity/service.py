@@ -1,7 +1,5 @@
-"""The similarity service, transport-free: validate, encode, run through the batcher, decode. Each pair is one row
-of the pair graph (emb_a, emb_b [B,T,50], len_a, len_b [B] in; relatedness, entailment_logits, the encoder passes'
-attention attn_{a,b}_{fwd,bwd} [B,T,H,K] and any paraphrase_logits out); sentence vectors come from the `encoder`
-graph, and the `head` graph scores two stored vectors as the pair graph would."""
+"""The similarity service, transport-free: validate, encode, run through the batcher, decode. A pair is one row of
+the pair graph; the `encoder` graph makes sentence vectors and the `head` graph scores two of them as the pair graph."""
 
 from __future__ import annotations
 
@@ -18,15 +16,13 @@ from app.core.errors import InvalidInput, UnknownModel, each_checked
 from app.core.manifest import positive_int
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
-from app.tasks.similarity.schemas import EmbeddingPairRequest
+from app.tasks.similarity.schemas import PARAPHRASE_LABELS, EmbeddingPairRequest
 from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
 TASK_NAME = "similarity"
 Location = tuple[str | int, ...]
-ENCODER_ID_DIGITS = 16
 PARAPHRASE_OUTPUT = "paraphrase_logits"
-PARAPHRASE_LABELS = ("NOT_PARAPHRASE", "PARAPHRASE")  # the label of a logit below 0, of a logit from 0 up
 
 
 @dataclass(frozen=True)
@@ -38,15 +34,13 @@ class SimilarityState:
     max_characters: int
     max_batch_pairs: int
     labels: tuple[str, ...]  # empty for a model trained without entailment labels: its answers omit entailment
-    pointer: str
-    window: int
     embeddings: EmbeddingLimits | None  # None: the model has no encoder and head graphs
     paraphrase: bool  # its graph outputs PARAPHRASE_OUTPUT: its answers carry `paraphrase`
 
 
 @dataclass(frozen=True)
 class EmbeddingLimits:
-    """A model's sentence-vector size, sentences per POST /embeddings and encoder identifier (GET /models fields)."""
+    """A model's GET /models fields of POST /embeddings."""
 
     embedding_dim: int
     max_sentences: int
@@ -76,17 +70,18 @@ def prepare(model: ServedModel) -> SimilarityState:
     labels = tuple(metadata.get("entailment_labels", ()))
     if len(labels) not in (0, 3) or not all(isinstance(label, str) for label in labels):
         raise ValueError("metadata.entailment_labels must list the 3 entailment labels (none: relatedness only)")
-    pointer = metadata.get("pointer")
+    pointer, window = metadata.get("pointer"), positive_int(metadata, "window")
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
+    slots = {output.name: output.shape[-1] for output in model.session.get_outputs()}["attn_a_fwd"]
+    if slots != (2 if pointer == "flmp" else 1 + window):  # the memory row, then the tokens it read (combined_map)
+        raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
     return SimilarityState(
         vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
         max_tokens=positive_int(limits, "max_tokens"),
         max_characters=positive_int(limits, "max_characters"),
         max_batch_pairs=positive_int(limits, "max_batch_pairs"),
         labels=labels,
-        pointer=pointer,
-        window=positive_int(metadata, "window"),
         embeddings=_embedding_limits(model),
         paraphrase=PARAPHRASE_OUTPUT in model.output_names,
     )
@@ -102,15 +97,11 @@ def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
     output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
     if output_width != dimension:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
-    return EmbeddingLimits(dimension, positive_int(model.entry.limits, "max_sentences"), encoder_id(model))
-
-
-def encoder_id(model: ServedModel) -> str:
-    """16 hex digits of a sha256 over the manifest's sha256 of the files a sentence vector depends on (encoder graph,
-    special-token vectors, vocabulary table): new weights give a new identifier, renaming a model does not."""
+    # the encoder id hashes the files a sentence vector depends on: new weights change it, a new model name does not
     entry = model.entry
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:ENCODER_ID_DIGITS]
+    encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return EmbeddingLimits(dimension, positive_int(model.entry.limits, "max_sentences"), encoder)
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
@@ -167,12 +158,8 @@ def pair_feeds(pair: EncodedPair) -> Feeds:
     emb = np.zeros((2, 1, pair.length, pair.a.vectors.shape[1]), dtype=np.float32)
     emb[0, 0, : len(pair.a.tokens)] = pair.a.vectors
     emb[1, 0, : len(pair.b.tokens)] = pair.b.vectors
-    return {
-        "emb_a": emb[0],
-        "len_a": np.array([len(pair.a.tokens)], dtype=np.int64),
-        "emb_b": emb[1],
-        "len_b": np.array([len(pair.b.tokens)], dtype=np.int64),
-    }
+    lengths = np.array([[len(pair.a.tokens)], [len(pair.b.tokens)]], dtype=np.int64)
+    return {"emb_a": emb[0], "len_a": lengths[0], "emb_b": emb[1], "len_b": lengths[1]}
 
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
@@ -213,11 +200,8 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
     state: SimilarityState = model.state
     attention = None
     if return_attention:
-        pointer, window = state.pointer, state.window
         attention = {
-            f"sentence_{s}": combined_map(
-                outputs[f"attn_{s}_fwd"][0, :n], outputs[f"attn_{s}_bwd"][0, :n], pointer, window
-            )
+            f"sentence_{s}": combined_map(outputs[f"attn_{s}_fwd"][0, :n], outputs[f"attn_{s}_bwd"][0, :n])
             for s, n in (("a", len(pair.a.tokens)), ("b", len(pair.b.tokens)))
         }
     return {
@@ -231,26 +215,24 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
 
 
 @lru_cache(maxsize=512)
-def _cells(length: int, slots: int, pointer: str, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _cells(length: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Flat indices of what a pass's memory row read: into its [L,K] weights, into its [L,L] map, and into that map
     flipped back (the backward pass's cell (t, i) is (L-1-t, L-1-i))."""
     steps = np.arange(length)
-    if pointer == "flmp":
-        step, token, slot = steps, steps, np.ones(length, dtype=np.intp)
-    else:
-        sources = steps[:, None] - window + 1 + np.arange(window)[None, :]  # [L, w]: token read in each slot
-        valid = sources >= 0
-        step, token = np.broadcast_to(steps[:, None], sources.shape)[valid], sources[valid]
-        slot = np.broadcast_to(1 + np.arange(window), sources.shape)[valid]
+    sources = steps[:, None] - slots + 2 + np.arange(slots - 1)[None, :]  # [L, K-1]: token read in slots 1..K-1
+    valid = sources >= 0
+    step, token = np.broadcast_to(steps[:, None], sources.shape)[valid], sources[valid]
+    slot = np.broadcast_to(np.arange(1, slots), sources.shape)[valid]
     flipped = (length - 1 - step) * length + (length - 1 - token)
     return step * slots + slot, step * length + token, flipped
 
 
-def combined_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
-    """One sentence's `len x len` attention map (MODELS.md §2.5) from the [L,H,K] per-step memory-row weights of
-    both passes: the mean of the forward map and the backward map flipped back, heads averaged."""
+def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """One sentence's `len x len` attention map (MODELS.md §2.5) from the [L,H,K] per-step weights of the memory
+    row of both passes: the forward map and the backward map flipped back, averaged over passes and heads. Slot 0 is
+    the memory row itself; at step t, slots 1..K-1 read tokens t-K+2..t (VLMP with window K-1; FLMP: K = 2)."""
     length, heads, slots = forward.shape
-    read, cells, flipped = _cells(length, slots, pointer, window)
+    read, cells, flipped = _cells(length, slots)
     result = np.zeros(length * length, dtype=np.float32)
     result[cells] = forward.sum(axis=1, dtype=np.float32).ravel()[read]
     result[flipped] += backward.sum(axis=1, dtype=np.float32).ravel()[read]
@@ -287,13 +269,10 @@ def encode_sentences(model: ServedModel, texts: Sequence[str]) -> list[EncodedSe
 
 async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> list[np.ndarray]:
     """The sentence vector of each sentence; each is one row in the encoder's batches (with other requests')."""
+    lengths = [len(sentence.tokens) for sentence in sentences]
     requests = [
-        (
-            {"emb": sentence.vectors[np.newaxis], "len": np.array([len(sentence.tokens)], dtype=np.int64)},
-            1,
-            len(sentence.tokens),
-        )
-        for sentence in sentences
+        ({"emb": sentence.vectors[np.newaxis], "len": np.array([length], dtype=np.int64)}, 1, length)
+        for sentence, length in zip(sentences, lengths, strict=True)
     ]
     return [output["embedding"][0] for output in await graph_of(model, "encoder").batcher.run_all(requests)]
 
@@ -301,27 +280,25 @@ async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> lis
 def vector_pair(model: ServedModel, body: EmbeddingPairRequest) -> Feeds:
     """Head feeds for two stored vectors; an `encoder_a`/`encoder_b` that is not this model's, or a vector of the
     wrong size, is a 422 naming the field (all such fields)."""
-    limits = limits_of(model)
-
-    def check_encoder(field: str) -> None:
-        if getattr(body, field) not in (None, limits.encoder):
-            raise InvalidInput(
-                ("body", field),
-                f"{field} is not {limits.encoder!r}, the encoder of model {model.name}: the vector was made by another "
-                "model or another version of it, and this model's head would score it as noise; embed the sentence "
-                f"again with POST /embeddings and model {model.name}",
-            )
-
-    def vector(field: str) -> np.ndarray:
-        values = getattr(body, field)
-        if len(values) != limits.embedding_dim:
-            raise InvalidInput(
-                ("body", field),
-                f"{field} has {len(values)} values; model {model.name} takes sentence vectors of "
-                f"{limits.embedding_dim} (from POST /embeddings with the same model)",
-            )
-        return np.asarray(values, dtype=np.float32)[np.newaxis]
-
-    checks = [partial(check_encoder, "encoder_a"), partial(check_encoder, "encoder_b")]
-    _, _, first, second = each_checked([*checks, partial(vector, "embedding_a"), partial(vector, "embedding_b")])
-    return {"embedding_a": first, "embedding_b": second}
+    limits, name = limits_of(model), model.name
+    errors = [
+        InvalidInput(
+            field,
+            f"{field} is not {limits.encoder!r}, the encoder of model {name}: the vector was made by another model or "
+            "another version of it, and this model's head would score it as noise; embed the sentence again with "
+            f"POST /embeddings and model {name}",
+        )
+        for field in ("encoder_a", "encoder_b")
+        if getattr(body, field) not in (None, limits.encoder)
+    ] + [
+        InvalidInput(
+            field,
+            f"{field} has {len(values)} values; model {name} takes sentence vectors of {limits.embedding_dim} (from "
+            "POST /embeddings with the same model)",
+        )
+        for field, values in (("embedding_a", body.embedding_a), ("embedding_b", body.embedding_b))
+        if len(values) != limits.embedding_dim
+    ]
+    if errors:
+        raise InvalidInput.joined(errors)
+    return {field: np.array([getattr(body, field)], dtype=np.float32) for field in ("embedding_a", "embedding_b")}

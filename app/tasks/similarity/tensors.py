@@ -3,7 +3,7 @@ the service exactly as on POST /similarity/batch (the graph reads GloVe embeddin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +25,7 @@ OUTPUTS = [
 PARAPHRASE = TensorSpec("paraphrase_probability", "FP32", (-1,))
 
 
-@dataclass(frozen=True)
-class Pairs:
+class Pairs(NamedTuple):
     encoded: list[EncodedPair]
     rows: int
     cells: None = None  # as on POST /similarity: the batcher estimates a pair's cost from the rows it has run
@@ -60,25 +59,17 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
 
 
 async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
-    """Run the pairs in the model's batches and gather the protocol's output tensors (no entailment probabilities
-    from a model without entailment labels)."""
+    """Run the pairs in the model's batches and gather the protocol's output tensors (`outputs(model)`)."""
     state: SimilarityState = model.state
     outputs = await service.run_pairs(model, pairs.encoded)
     results = [service.decode(model, pair, out, False) for pair, out in zip(pairs.encoded, outputs, strict=True)]
-    columns = {"relatedness": [result["relatedness"] for result in results]}
+    tensors = {"relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32)}
     if state.labels:
-        columns["entailment_probabilities"] = [
-            list(result["entailment"]["probabilities"].values()) for result in results
-        ]
+        probabilities = [list(result["entailment"]["probabilities"].values()) for result in results]
+        tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
     if state.paraphrase:
-        columns[PARAPHRASE.name] = [result["paraphrase"]["probability"] for result in results]
-    tensors = {name: np.array(values, dtype=np.float32) for name, values in columns.items()}
-    return tensors | {name: _padded([result[name] for result in results]) for name in ("tokens_a", "tokens_b")}
-
-
-def _padded(token_lists: list[list[str]]) -> np.ndarray:
-    """[B, longest] of tokens, padded with empty strings (never a token) to the longest sentence."""
-    array = np.full((len(token_lists), max(len(tokens) for tokens in token_lists)), "", dtype=object)
-    for row, tokens in enumerate(token_lists):
-        array[row, : len(tokens)] = tokens
-    return array
+        tensors[PARAPHRASE.name] = np.array([result["paraphrase"]["probability"] for result in results], np.float32)
+    for name in ("tokens_a", "tokens_b"):
+        width = max(len(result[name]) for result in results)  # padded with empty strings, never a token
+        tensors[name] = np.array([result[name] + [""] * (width - len(result[name])) for result in results], object)
+    return tensors

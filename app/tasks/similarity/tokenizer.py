@@ -44,16 +44,17 @@ def normalize(text: str) -> str:
     """Typographic and compatibility forms as ASCII, invisible characters deleted; ASCII unchanged."""
     if text.isascii():
         return text
-    return unicodedata.normalize("NFKC", text).translate(_TYPOGRAPHIC_TO_ASCII).translate(_deletions())
+    return unicodedata.normalize("NFKC", text).translate(_to_ascii())
 
 
 @functools.cache
-def _deletions() -> dict[int, None]:
-    """A str.translate table deleting every invisible character, built once on the first non-ASCII text."""
-    table: dict[int, None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
+def _to_ascii() -> dict[int, str | None]:
+    """The str.translate table of `normalize`: every invisible character deleted, typographic forms as ASCII (none
+    is invisible); built once, on the first non-ASCII text."""
+    table: dict[int, str | None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
     for low, _, high in (part.partition("..") for part in DEFAULT_IGNORABLE.split()):
         table.update(dict.fromkeys(range(int(low, 16), int(high or low, 16) + 1)))
-    return table
+    return table | _TYPOGRAPHIC_TO_ASCII
 
 
 def words(text: str) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.core.npy import load_npy
+from app.core.integrity import load_npy
 from app.tasks.similarity.tokenizer import SPECIAL_TOKENS, UNKNOWN
 
 EMBEDDING_DIM = 50

@@ -1,29 +1,25 @@
-"""The Open Inference Protocol over the task services, for REST (routes.py) and gRPC alike: `infer` takes an
-`InferenceRequest` and its binary tensor data; the other answers are dicts in the protocol's JSON form."""
+"""The Open Inference Protocol's data plane over the task services, for REST (routes.py) and gRPC alike: `infer`
+runs a request between the transport's decode and encode; the other answers are dicts in the protocol's JSON form."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-from pydantic import ValidationError
 from starlette.datastructures import State
 
 from app.core.errors import ServiceError, ort_message
 from app.core.metrics import Metrics
 from app.runtime.model import ServedModel, TensorCodec
-from app.runtime.offload import ParseQueueFull, offload_or_shed
+from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
 from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
 logger = logging.getLogger("mnemo.oip")
-# how a transport bounds the work: `complete(work, client_timeout_s)` (deadline, client gone)
-Complete = Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]]
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
 T = TypeVar("T")
-P = ParamSpec("P")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
 BACKENDS = {"onnxruntime_onnx": "onnxruntime"}  # platforms whose graph the model's tensors are (Triton's backend)
 MAX_TIMEOUT_US = 2**63 - 1  # Triton's int64
@@ -58,13 +54,6 @@ def refusal(error: Exception, where: str) -> tuple[int, str, Mapping[str, str]]:
     return 500, "Internal error; it has been logged.", {}
 
 
-def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
-    """A request that does not validate, said as its first error with where it is."""
-    first = error.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
-    return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
-
-
 def served(state: State) -> list[ServedModel]:
     """The models whose task has a tensor codec (those the protocol serves)."""
     registry = getattr(state, "registry", None)
@@ -88,40 +77,37 @@ def find_model(state: State, name: str, version: str | None = None) -> tuple[Ser
     return model, codec
 
 
-async def off_loop(size: int, metrics: Metrics, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`function` for a request of `size` bytes: on the event loop up to INLINE_BYTES, else on a worker thread in
-    the bounded parse queue (429, counted as parse_queue_full, while it is full)."""
-    if size <= INLINE_BYTES:
-        return function(*args, **kwargs)
-    try:
-        return await offload_or_shed(size, function, *args, **kwargs)
-    except ParseQueueFull:
-        metrics.refused("parse_queue_full")
-        raise
-
-
 async def infer(
     model: ServedModel,
     codec: TensorCodec,
-    request: InferenceRequest,
-    binary: bytes,
     size: int,
     metrics: Metrics,
-    complete: Complete,
-) -> list[Output]:
-    """Run the model on the request's tensors (`size` bytes), admitted by its batcher, bounded by `complete`."""
-    timeout_s = check_parameters(request)
-    wanted = requested_outputs(request, codec.outputs(model))
-    tensors = await off_loop(size, metrics, decode_inputs, request, binary, codec.inputs(model))
-    prepared = await off_loop(size, metrics, codec.prepare, model, tensors)
+    complete: Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]],
+    decode: Callable[[], tuple[InferenceRequest, bytes]],
+    encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
+) -> T:
+    """The transport's answer to a request of `size` bytes: `decode()` gives the request and its binary tensor data,
+    the model runs on its tensors admitted by its batcher and bounded by `complete(work, client_timeout_s)`, `encode`
+    answers with the requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse
+    queue (429, counted as parse_queue_full, while it is full), and so does encoding."""
+
+    def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Any]:
+        request, binary = decode()
+        timeout_s, wanted = check_parameters(request), requested_outputs(request, codec.outputs(model))
+        return request, timeout_s, wanted, codec.prepare(model, decode_inputs(request, binary, codec.inputs(model)))
+
+    try:
+        request, timeout_s, wanted, prepared = (
+            prepare() if size <= INLINE_BYTES else await offload_or_shed(size, prepare)
+        )
+    except ParseQueueFull:
+        metrics.refused("parse_queue_full")
+        raise
     with model.batcher.admit(prepared.rows, prepared.cells):
-        outputs = await complete(codec.infer(model, prepared), timeout_s)
-    return [(spec.name, spec.datatype, outputs[spec.name], binary) for spec, binary in wanted]
-
-
-def small(outputs: Sequence[Output]) -> bool:
-    """Outputs small enough to encode on the event loop."""
-    return sum(array.nbytes for _, _, array, _ in outputs) <= INLINE_BYTES
+        arrays = await complete(codec.infer(model, prepared), timeout_s)
+    outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
+    large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES
+    return await offload_if(large, encode, model, request, outputs)
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
@@ -156,8 +142,9 @@ def _check_known(parameters: dict[str, Any], where: str, known: tuple[str, ...])
             raise ProtocolError(f"{where}.{name} is {json_text(parameters[name])}; it must be {what}")
 
 
-def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
+def model_metadata(state: State, name: str, version: str | None = None) -> dict[str, Any]:
     """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
+    model, codec = find_model(state, name, version)
     return {
         "name": model.name,
         "versions": [model.entry.version],
@@ -167,9 +154,15 @@ def metadata(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
     }
 
 
-def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
-    """Triton's model configuration (its JSON form): tensors are batch-first, so `dims` leave the batch out and
-    `max_batch_size` is the rows of one run; the dynamic batching in force."""
+def model_ready(state: State, name: str, version: str | None = None) -> dict[str, Any]:
+    """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
+    return {"name": find_model(state, name, version)[0].name, "ready": True}
+
+
+def model_config(state: State, name: str, version: str | None = None) -> dict[str, Any]:
+    """Triton's model configuration: inputs and outputs (dims without the batch dimension, -1 = any size),
+    `max_batch_size` (the rows of one run) and the dynamic batching in force."""
+    model, codec = find_model(state, name, version)
     config = model.batcher.config
 
     def tensor(spec: TensorSpec) -> dict[str, Any]:
@@ -197,8 +190,8 @@ def model_config(model: ServedModel, codec: TensorCodec) -> dict[str, Any]:
     }
 
 
-def statistics(state: State, name: str = "", version: str = "") -> dict[str, Any]:
-    """Triton's statistics extension for one model (`name`) or every ready model served over the protocol."""
+def model_statistics(state: State, name: str = "", version: str | None = None) -> dict[str, Any]:
+    """Triton's statistics extension for one model (`name`) or every ready one."""
     models = [find_model(state, name, version)[0]] if name else [m for m in served(state) if m.ready]
     stats = [{"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models]
     return {"model_stats": stats}

@@ -8,30 +8,22 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
+from starlette.datastructures import State
 from starlette.responses import Response
 
 from app.core.responses import JsonResponse
-from app.runtime.offload import offload_if
 from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import check_declared_charset, check_identity_encoding, check_utf8_body, complete, json_body
 from app.transports.oip import inference
-from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response
+from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
 from app.transports.operations import readiness
 
-
-class ServerMetadata(BaseModel):
-    name: str
-    version: str
-    extensions: list[str]
-
-
-class Liveness(BaseModel):
-    live: bool
-
-
-class ServerReadiness(BaseModel):
-    ready: bool = Field(description="true with 200; false with 503 (models loading, failed or draining)")
+READY = "true with 200; false with 503 (models loading, failed or draining)"
+ServerMetadata = create_model("ServerMetadata", name=str, version=str, extensions=list[str])
+Liveness = create_model("Liveness", live=bool)
+ServerReadiness = create_model("ServerReadiness", ready=(bool, Field(description=READY)))
+ModelReadiness = create_model("ModelReadiness", name=str, ready=bool)
 
 
 class TensorMetadata(BaseModel):
@@ -46,11 +38,6 @@ class ModelMetadata(BaseModel):
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
-
-
-class ModelReadiness(BaseModel):
-    name: str
-    ready: bool
 
 
 class ResponseOutput(BaseModel):
@@ -81,24 +68,30 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 Handler = Callable[..., Awaitable[Response]]
 
 
-def model_route(method: str, path: str, **documented: Any) -> Callable[[Handler], Handler]:
+def model_route(method: str, path: str, handler: Handler, **documented: Any) -> None:
     """Route `/models/{name}<path>` and its `/versions/{version}` twin to `handler`, failures as `{"error": ...}`."""
 
-    def register(handler: Handler) -> Handler:
-        async def guarded(request: Request, name: str) -> Response:
-            try:
-                return await handler(request, name, request.path_params.get("version"))
-            except Exception as error:
-                status, message, headers = inference.refusal(error, f"the protocol endpoint {handler.__name__}")
-                return JsonResponse({"error": message}, status, headers=headers)
+    async def guarded(request: Request, name: str) -> Response:
+        try:
+            return await handler(request, name, request.path_params.get("version"))
+        except Exception as error:
+            status, message, headers = inference.refusal(error, f"the protocol endpoint {handler.__name__}")
+            return JsonResponse({"error": message}, status, headers=headers)
 
-        guarded.__name__, guarded.__doc__ = handler.__name__, handler.__doc__  # the operation's summary and text
-        router.add_api_route(f"/models/{{name}}{path}", guarded, methods=[method], **documented)
-        versioned = f"/models/{{name}}/versions/{{version}}{path}"
-        router.add_api_route(versioned, guarded, methods=[method], include_in_schema=False)
-        return guarded
+    guarded.__name__, guarded.__doc__ = handler.__name__, handler.__doc__  # the operation's summary and text
+    router.add_api_route(f"/models/{{name}}{path}", guarded, methods=[method], **documented)
+    versioned = f"/models/{{name}}/versions/{{version}}{path}"
+    router.add_api_route(versioned, guarded, methods=[method], include_in_schema=False)
 
-    return register
+
+def answering(answer: Callable[[State, str, str | None], dict]) -> Handler:
+    """A handler whose answer is `answer`'s dict (shared with gRPC), documented by its docstring."""
+
+    async def handler(request: Request, name: str, version: str | None) -> Response:
+        return JsonResponse(answer(request.app.state, name, version))
+
+    handler.__name__, handler.__doc__ = answer.__name__, answer.__doc__
+    return handler
 
 
 @router.get("", operation_id="oip_server_metadata", response_model=ServerMetadata)
@@ -125,33 +118,18 @@ async def ready(request: Request) -> JsonResponse:
 async def all_statistics(request: Request) -> Response:
     """Triton's statistics extension for every model (success and failure counts, durations in ns, inference and
     execution counts) from each model's batcher in this worker."""
-    return JsonResponse(inference.statistics(request.app.state))
+    return JsonResponse(inference.model_statistics(request.app.state))
 
 
-@model_route("GET", "", operation_id="oip_model_metadata", response_model=ModelMetadata)
-async def model_metadata(request: Request, name: str, version: str | None) -> Response:
-    """The model's inputs and outputs (name, datatype, shape; -1 = any size) and its platform."""
-    return JsonResponse(inference.metadata(*inference.find_model(request.app.state, name, version)))
-
-
-@model_route("GET", "/ready", operation_id="oip_model_ready", response_model=ModelReadiness)
-async def model_ready(request: Request, name: str, version: str | None) -> Response:
-    """200 when the model is loaded, 404 when unknown, 503 when it failed to load."""
-    model, _ = inference.find_model(request.app.state, name, version)
-    return JsonResponse({"name": model.name, "ready": True})
-
-
-@model_route("GET", "/config", operation_id="oip_model_config")
-async def model_config(request: Request, name: str, version: str | None) -> Response:
-    """Triton's model configuration: inputs and outputs (dims without the batch dimension, -1 = any size),
-    `max_batch_size` and the dynamic batching in force."""
-    return JsonResponse(inference.model_config(*inference.find_model(request.app.state, name, version)))
-
-
-@model_route("GET", "/stats", operation_id="oip_model_statistics")
-async def model_statistics(request: Request, name: str, version: str | None) -> Response:
-    """Triton's statistics extension for one model."""
-    return JsonResponse(inference.statistics(request.app.state, name, version or ""))
+# after /models/stats, which the first would take for a model
+model_route(
+    "GET", "", answering(inference.model_metadata), operation_id="oip_model_metadata", response_model=ModelMetadata
+)
+model_route(
+    "GET", "/ready", answering(inference.model_ready), operation_id="oip_model_ready", response_model=ModelReadiness
+)
+model_route("GET", "/config", answering(inference.model_config), operation_id="oip_model_config")
+model_route("GET", "/stats", answering(inference.model_statistics), operation_id="oip_model_statistics")
 
 
 @router.post("/repository/index", operation_id="oip_repository_index")
@@ -161,18 +139,10 @@ async def repository_index(request: Request) -> Response:
     try:
         ready_only = RepositoryIndexRequest.model_validate_json(await request.body() or b"{}").ready
     except ValidationError as error:
-        return JsonResponse({"error": inference.invalid_request(error, "repository index request").message}, 400)
+        return JsonResponse({"error": invalid_request(error, "repository index request").message}, 400)
     return JsonResponse(inference.repository_index(request.app.state, ready_only))
 
 
-@model_route(
-    "POST",
-    "/infer",
-    operation_id="oip_infer",
-    response_model=InferenceResponse,
-    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
-    openapi_extra=json_body(InferenceRequest),
-)
 async def infer(request: Request, name: str, version: str | None) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
@@ -181,23 +151,26 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     check_utf8_body(body)
-    size, metrics = len(body) + len(binary), request.app.state.metrics
-    try:
-        parsed = await inference.off_loop(size, metrics, InferenceRequest.model_validate_json, body)
-    except ValidationError as error:
-        raise inference.invalid_request(error) from None
-    outputs = await inference.infer(
-        model, codec, parsed, binary, size, metrics, lambda work, timeout: complete(request, work, model.name, timeout)
+    return await inference.infer(
+        model,
+        codec,
+        len(body) + len(binary),
+        request.app.state.metrics,
+        lambda work, timeout: complete(request, work, model.name, timeout),
+        lambda: (parse_request(body), binary),
+        encode_response,
     )
-    header = {"model_name": model.name, "model_version": model.entry.version}
-    if parsed.id is not None:
-        header["id"] = parsed.id
-    content, header_length = await offload_if(not inference.small(outputs), encode_response, header, outputs)
-    if header_length is None:
-        return Response(content, media_type="application/json")
-    return Response(
-        content, media_type="application/octet-stream", headers={"Inference-Header-Content-Length": str(header_length)}
-    )
+
+
+model_route(
+    "POST",
+    "/infer",
+    infer,
+    operation_id="oip_infer",
+    response_model=InferenceResponse,
+    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+    openapi_extra=json_body(InferenceRequest),
+)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

@@ -1,26 +1,28 @@
-"""Open Inference Protocol tensors: the request body, and its JSON and binary tensor data decoded (each input checked
-against the model's `TensorSpec`, a `ProtocolError` naming it) and encoded."""
+"""Open Inference Protocol tensors: the request, its JSON and binary tensor data decoded (each input checked against
+the model's `TensorSpec`, a `ProtocolError` naming it), and REST's answer encoded."""
 
 from __future__ import annotations
 
 import math
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field, StrictInt
-from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+from pydantic import BaseModel, Field, StrictInt, ValidationError
+from starlette.responses import Response
+from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
 from app.core.responses import dumps
+from app.runtime.model import ServedModel
 from app.runtime.tensors import ProtocolError, TensorSpec
 
 MAX_RANK = 8
 FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
-INTEGERS = ("INT8", "INT16", "INT32", "INT64", "UINT8")
-JSON_TYPES: dict[str, tuple[type, ...]] = {"BOOL": (bool,), **dict.fromkeys(INTEGERS, (int,))}  # else int or float
+# the JSON types each datatype's elements may have (the others: int or float)
+JSON_TYPES = {"BOOL": (bool,)} | dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8"), (int,))
 Output = tuple[str, str, np.ndarray, bool]  # a requested output: name, datatype, array, whether as binary data
 
 
@@ -44,6 +46,23 @@ class InferenceRequest(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     inputs: list[RequestInput] = Field(min_length=1, max_length=64)
     outputs: list[RequestOutput] | None = Field(default=None, max_length=64)
+
+
+def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
+    """The request from its JSON text (REST) or its fields (gRPC); 400 naming the first error."""
+    try:
+        if isinstance(body, bytes):
+            return InferenceRequest.model_validate_json(body)
+        return InferenceRequest.model_validate(body)
+    except ValidationError as error:
+        raise invalid_request(error) from None
+
+
+def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
+    """A request that does not validate, said as its first error with where it is."""
+    first = error.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
 def decode_inputs(
@@ -126,23 +145,15 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
 
 def _json_elements(tensor: RequestInput) -> list[Any]:
     """The elements of JSON `data` in row-major order: a flat list, or lists nested exactly as the shape."""
-    count = math.prod(tensor.shape)
-    data = tensor.data
+    count, data = math.prod(tensor.shape), tensor.data
     if any(isinstance(element, list) for element in data):
-        if not _nested_as(data, tensor.shape):
+        nested = np.array(data, dtype=object)  # ragged lists stay lists: the shape is where they begin
+        if nested.shape != tuple(tensor.shape):
             raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
-        for _ in tensor.shape[1:]:  # nested exactly as the shape: one level flattened at a time
-            data = [element for row in data for element in row]
+        data = nested.ravel().tolist()
     if len(data) != count:
         raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
     return data
-
-
-def _nested_as(data: Any, shape: Sequence[int]) -> bool:
-    """True when `data` is lists nested exactly as `shape` (at most MAX_RANK deep), with scalars inside."""
-    if not shape:
-        return not isinstance(data, list)
-    return isinstance(data, list) and len(data) == shape[0] and all(_nested_as(item, shape[1:]) for item in data)
 
 
 def json_text(value: Any) -> str:
@@ -202,8 +213,8 @@ def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) ->
     return list(wanted.values())
 
 
-def encode_response(header: Mapping[str, Any], outputs: Sequence[Output]) -> tuple[bytes, int | None]:
-    """The response body and, when some outputs are binary, the length of its JSON header."""
+def encode_response(model: ServedModel, request: InferenceRequest, outputs: Sequence[Output]) -> Response:
+    """The JSON answer, or with binary outputs its JSON header (`Inference-Header-Content-Length` bytes) then theirs."""
     tensors, blobs = [], []
     for name, datatype, array, binary in outputs:
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
@@ -213,13 +224,16 @@ def encode_response(header: Mapping[str, Any], outputs: Sequence[Output]) -> tup
         else:
             tensor["data"] = array.ravel().tolist() if datatype == "BYTES" else array.ravel()
         tensors.append(tensor)
-    body = dumps({**header, "outputs": tensors})
-    return (body + b"".join(blobs), len(body)) if blobs else (body, None)
+    answer = {"model_name": model.name, "model_version": model.entry.version, "id": request.id, "outputs": tensors}
+    body = dumps({key: value for key, value in answer.items() if value is not None})
+    if not blobs:
+        return Response(body, media_type="application/json")
+    headers = {"Inference-Header-Content-Length": str(len(body))}
+    return Response(body + b"".join(blobs), media_type="application/octet-stream", headers=headers)
 
 
 def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
     """The tensor's raw bytes as the protocol sends them: little-endian, BYTES as 4-byte lengths and the bytes."""
     if datatype == "BYTES":
-        encoded = [str(element).encode("utf-8") for element in array.ravel()]
-        return b"".join(struct.pack("<I", len(element)) + element for element in encoded)
+        return b"".join(serialize_byte_tensor(array).ravel())
     return np.ascontiguousarray(array, dtype=np.dtype(triton_to_np_dtype(datatype)).newbyteorder("<")).tobytes()

@@ -177,7 +177,7 @@ def test_state_of_another_model_version_is_never_mixed(store: StateStore) -> Non
         )
     assert mismatch.value.status_code == 409 and "DELETE /students/" in mismatch.value.detail
     with pytest.raises(StateVersionMismatch):
-        asyncio.run(update_state(InlineCalls(), store, MODEL, "s1", "cd" * 32, must_not_compute))
+        asyncio.run(update_state(InlineCalls(store), MODEL, "s1", "cd" * 32, must_not_compute))
     assert store.read(MODEL, "s1").memory.tobytes() == stored.memory.tobytes()
 
 

@@ -31,16 +31,16 @@ def _weights(length: int, heads: int, width: int, slot: int) -> np.ndarray:
     return weights
 
 
-def _forward_map(weights: np.ndarray, pointer: str, window: int) -> np.ndarray:
+def _forward_map(weights: np.ndarray) -> np.ndarray:
     """The forward pass's own map: the combined map with a backward pass that attends nothing, doubled."""
-    return 2 * combined_map(weights, np.zeros_like(weights), pointer, window)
+    return 2 * combined_map(weights, np.zeros_like(weights))
 
 
 def test_vlmp_map_places_window_slots_on_the_right_tokens():
     window, length = 3, 5
-    newest = _forward_map(_weights(length, 2, 1 + window, slot=window), "vlmp", window)
+    newest = _forward_map(_weights(length, 2, 1 + window, slot=window))
     np.testing.assert_array_equal(newest, np.eye(length))
-    previous = _forward_map(_weights(length, 2, 1 + window, slot=window - 1), "vlmp", window)
+    previous = _forward_map(_weights(length, 2, 1 + window, slot=window - 1))
     np.testing.assert_array_equal(previous, np.eye(length, k=-1))  # step t attends token t-1
 
 
@@ -48,13 +48,13 @@ def test_backward_pass_is_reindexed_to_the_original_token_order():
     window, length = 3, 5
     forward = np.zeros((length, 2, 1 + window), dtype=np.float32)
     backward = _weights(length, 2, 1 + window, slot=window - 1)  # reversed step t attends reversed token t-1
-    combined = combined_map(forward, backward, "vlmp", window)
+    combined = combined_map(forward, backward)
     np.testing.assert_array_equal(combined, np.eye(length, k=1) / 2)  # original token t+1
 
 
 def test_flmp_map_is_diagonal_and_self_weight_is_excluded():
     weights = np.full((4, 8, 2), 0.5, dtype=np.float32)
-    np.testing.assert_allclose(combined_map(weights, weights, "flmp", 5), np.eye(4) * 0.5)
+    np.testing.assert_allclose(combined_map(weights, weights), np.eye(4) * 0.5)
 
 
 def _reference_map(forward: np.ndarray, backward: np.ndarray, pointer: str, window: int) -> np.ndarray:
@@ -78,7 +78,7 @@ def test_attention_maps_match_the_cell_by_cell_definition():
         width = 1 + (window if pointer == "vlmp" else 1)
         for length in (1, 2, 4, 9):
             forward, backward = (rng.random((length, 4, width), dtype=np.float32) for _ in range(2))
-            combined = combined_map(forward, backward, pointer, window)
+            combined = combined_map(forward, backward)
             assert combined.dtype == np.float32 and combined.flags.c_contiguous
             np.testing.assert_allclose(combined, _reference_map(forward, backward, pointer, window), atol=1e-6)
 
