@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 
-LOCATION_ROOTS = ("body", "query", "path", "header")
+LOCATION_ROOTS = ("body", "query", "path", "header", "cookie")
 MAX_LISTED_ERRORS = 20
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 INTERNAL_ERROR = {"detail": "Internal error; it has been logged."}
@@ -53,13 +53,13 @@ class InvalidInput(Exception):
     """A broken rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location such as
     `("body", "interactions", 3, "question")` (relative to the body unless it starts with body/query/path/header)."""
 
-    def __init__(self, field: str | Sequence[str | int], message: str) -> None:
+    def __init__(self, field: str | Sequence[str | int], message: str, kind: str = "value_error") -> None:
         super().__init__(message)
         location = (field,) if isinstance(field, str) else tuple(field)
         if not location or location[0] not in LOCATION_ROOTS:
             location = ("body", *location)
         self.location: tuple[str | int, ...] = location
-        self.message = message
+        self.message, self.kind = message, kind
         self.listed: list[InvalidInput] = [self]  # the rules listed in the 422 (see `joined`), this one first
         self.count = 1  # the rules broken, listed or not
 
@@ -71,9 +71,25 @@ class InvalidInput(Exception):
         first.count = sum(error.count for error in errors) if count is None else count
         return first
 
-    def detail(self) -> list[dict]:
-        """The `detail` list of FastAPI's 422 body."""
-        return [{"loc": list(error.location), "msg": error.message, "type": "value_error"} for error in self.listed]
+    @classmethod
+    def from_pydantic(cls, errors: Sequence[dict], count: int, root: tuple[str, ...] = ()) -> InvalidInput:
+        """Pydantic's (or FastAPI's) `errors` as one 422: locations under `root`, text made encodable and bounded."""
+        return cls.joined(
+            [
+                cls(
+                    (*root, *(part if isinstance(part, int) else printable(str(part)) for part in error["loc"])),
+                    printable(str(error["msg"])),
+                    str(error["type"]),
+                )
+                for error in errors[:MAX_LISTED_ERRORS]
+            ],
+            count,
+        )
+
+    def payload(self) -> dict:
+        """FastAPI's 422 body: the rules listed, and `error_count`, how many were broken in all."""
+        detail = [{"loc": list(error.location), "msg": error.message, "type": error.kind} for error in self.listed]
+        return {"detail": detail, "error_count": self.count}
 
 
 def each_checked(checks: Iterable[Callable[[], T]]) -> list[T]:
@@ -89,36 +105,15 @@ def each_checked(checks: Iterable[Callable[[], T]]) -> list[T]:
     return results
 
 
-class InvalidBody(Exception):
-    """A body that failed validation, with its bounded 422 payload already built (off the event loop)."""
-
-    def __init__(self, payload: dict) -> None:
-        super().__init__("invalid body")
-        self.payload = payload
-
-
-def validation_detail(errors: Sequence[dict], prefix: tuple[str, ...] = ()) -> dict:
-    """A bounded, always-encodable 422 body: the first errors (location, message, type) and the count."""
-    listed = [
-        {
-            "loc": [*prefix, *(part if isinstance(part, int) else printable(str(part)) for part in error["loc"])],
-            "msg": printable(str(error["msg"])),
-            "type": str(error["type"]),
-        }
-        for error in errors[:MAX_LISTED_ERRORS]
-    ]
-    return {"detail": listed, "error_count": len(errors)}
-
-
 def printable(text: str, limit: int = 300) -> str:
     """Text safe to encode as UTF-8 JSON: no lone surrogates, bounded length."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
-def body_errors(error: ValidationError) -> dict:
-    """The bounded 422 payload of a request body's ValidationError (the first errors and their count)."""
-    listed = error.errors(include_url=False, include_input=False, include_context=False)[:MAX_LISTED_ERRORS]
-    return {**validation_detail(listed, ("body",)), "error_count": error.error_count()}
+def body_invalid(error: ValidationError) -> InvalidInput:
+    """The 422 of a request body that failed `model_validate_json` (its locations under `body`)."""
+    errors = error.errors(include_url=False, include_input=False, include_context=False)
+    return InvalidInput.from_pydantic(errors, error.error_count(), ("body",))
 
 
 def ort_message(error: Exception) -> str:

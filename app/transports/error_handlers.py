@@ -15,15 +15,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import Scope
 
-from app.core.errors import (
-    HTTP_METHODS,
-    InvalidBody,
-    InvalidInput,
-    ServiceError,
-    body_errors,
-    ort_message,
-    validation_detail,
-)
+from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, body_invalid, ort_message
 from app.core.logging import TracebackBudget, loggable_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
@@ -75,19 +67,19 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
-        return JsonResponse({"detail": error.detail(), "error_count": error.count}, 422)
+        return JsonResponse(error.payload(), 422)
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, error: RequestValidationError) -> JsonResponse:
-        return JsonResponse(validation_detail(list(error.errors())), 422)
+        errors = error.errors()
+        return JsonResponse(InvalidInput.from_pydantic(errors, len(errors)).payload(), 422)
 
     @app.exception_handler(ValidationError)
-    @app.exception_handler(InvalidBody)
-    async def invalid_body(request: Request, error: ValidationError | InvalidBody) -> JsonResponse:
-        return JsonResponse(error.payload if isinstance(error, InvalidBody) else body_errors(error), 422)
+    async def invalid_body(request: Request, error: ValidationError) -> JsonResponse:
+        return JsonResponse(body_invalid(error).payload(), 422)
 
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
         message = f"The model rejected the input: {ort_message(error)}"
-        return JsonResponse({"detail": InvalidInput(("body",), message).detail(), "error_count": 1}, 422)
+        return JsonResponse(InvalidInput(("body",), message).payload(), 422)

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.core.errors import InvalidBody, InvalidInput, ServiceError, body_errors
+from app.core.errors import InvalidInput, ServiceError, body_invalid
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
@@ -74,15 +74,15 @@ def check_utf8_body(body: bytes) -> None:
 
 
 def validate(schema: type[Body], body: bytes) -> Body:
-    """`schema` from the JSON `body` (pydantic's parser); a failure carries its bounded 422 payload, built here rather
-    than on the loop, naming the field where pydantic only says "invalid JSON" (`unrepresentable`)."""
+    """`schema` from the JSON `body` (pydantic's parser); a failure is its bounded 422, built here rather than on the
+    loop, naming the field where pydantic only says "invalid JSON" (`unrepresentable`)."""
     try:
         return schema.model_validate_json(body)
     except ValidationError as error:
-        problems = error.errors(include_url=False, include_input=False)
-        if any(problem["type"] == "json_invalid" for problem in problems) and (located := unrepresentable(body)):
+        invalid = body_invalid(error)
+        if any(listed.kind == "json_invalid" for listed in invalid.listed) and (located := unrepresentable(body)):
             raise located from None
-        raise InvalidBody(body_errors(error)) from None
+        raise invalid from None
 
 
 def unrepresentable(body: bytes) -> InvalidInput | None:
