@@ -34,7 +34,7 @@ from app.transports.http import BODY_SCHEMAS
 from app.transports.identity import IdentityHeaders
 from app.transports.middleware import RequestEdge
 from app.transports.probe_server import ProbeProcess
-from app.transports.rest import DirectRoutes, ServiceApp, direct_routes, task_router
+from app.transports.rest import ServiceApp, direct_routes, task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -120,11 +120,10 @@ def create_app(
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     app.state.reserving = {e.path: task.name for task in tasks.values() for e in task.endpoints if e.reserve}
     install_error_handlers(app)
-    # innermost: the task routes and GET /health skip FastAPI's router (they are included below, for the docs)
-    routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}
-    app.add_middleware(DirectRoutes, fastapi=app, routes=routes)
-    app.direct_paths = frozenset([*routes, ("HEAD", "/health")])  # HEAD: answered as GET by the request edge
-    # outside it: each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
+    # the task routes and GET /health skip FastAPI's router (they are included below, for the docs)
+    app.direct_routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}
+    app.direct_paths = frozenset([*app.direct_routes, ("HEAD", "/health")])  # HEAD: answered as GET by the edge
+    # each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
     app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
     for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
         app.include_router(router)

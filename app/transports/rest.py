@@ -1,7 +1,7 @@
 """The tasks' JSON APIs over HTTP: per `Endpoint`, a route that reads the body, picks the model (404/503), admits
 the request in its batcher (429) and awaits the answer within the deadline (504) unless the client leaves (499).
 FastAPI serves and documents them, but they are called directly, skipping its router and wrappers (a share of a small
-request's time, benchmarks/asgi_overhead.py): `ServiceApp` and `DirectRoutes`."""
+request's time, benchmarks/asgi_overhead.py): `ServiceApp`."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
 
 
 def direct_routes(tasks: Iterable[Task]) -> dict[tuple[str, str], Handler]:
-    """(method, path) -> route function of every task endpoint, for `DirectRoutes`."""
+    """(method, path) -> route function of every task endpoint, for `ServiceApp.direct_routes`."""
     return {("POST", e.path): endpoint_route(task.name, e) for task in tasks for e in task.endpoints}
 
 
@@ -58,10 +58,12 @@ def endpoint_route(task_name: str, endpoint: Endpoint) -> Handler:
 
 
 class ServiceApp(FastAPI):
-    """A FastAPI app that sends the requests of `direct_paths` ((method, path) pairs) to its own middlewares only,
-    without the ones FastAPI adds around them; set `direct_paths` after adding the middlewares."""
+    """A FastAPI app that calls `direct_routes` ((method, path) -> a function of the request) for the requests of
+    `direct_paths` inside its own middlewares only, skipping FastAPI's router and the middlewares it adds; their
+    errors are answered by the app's exception handlers."""
 
-    direct_paths: frozenset[tuple[str, str]] = frozenset()
+    direct_routes: Mapping[tuple[str, str], Handler] = {}
+    direct_paths: frozenset[tuple[str, str]] = frozenset()  # with the HEADs the middlewares answer as GETs
     _own_middlewares: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,31 +71,20 @@ class ServiceApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         if self._own_middlewares is None:
-            app = self.router
+            app = self.direct
             for cls, args, kwargs in reversed(self.user_middleware):
                 app = cls(app, *args, **kwargs)
             self._own_middlewares = app
         scope["app"] = self
         await self._own_middlewares(scope, receive, send)
 
-
-class DirectRoutes:
-    """Call the `routes` ((method, path) -> a function of the request) without FastAPI's router, their errors
-    answered by the app's exception handlers."""
-
-    def __init__(self, app: ASGIApp, fastapi: FastAPI, routes: Mapping[tuple[str, str], Handler]) -> None:
-        self.app, self.fastapi, self.routes = app, fastapi, routes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get((scope.get("method", ""), scope.get("path", ""))) if scope["type"] == "http" else None
-        if route is None:
-            await self.app(scope, receive, send)
-            return
+    async def direct(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Call the direct route of the request (the middlewares may have turned a HEAD into its GET)."""
         request = Request(scope, receive)
         try:
-            response = await route(request)
+            response = await self.direct_routes[scope["method"], scope["path"]](request)
         except Exception as error:
-            handlers = self.fastapi.exception_handlers  # the handler of its class or nearest base, as Starlette's
+            handlers = self.exception_handlers  # the handler of its class or nearest base, as Starlette's
             handler = next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)
             if handler is None:
                 raise

@@ -182,8 +182,8 @@ def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
 
 
 def test_health_is_answered_directly_and_counted_under_its_route(client):
-    """GET and HEAD /health skip FastAPI's router (`DirectRoutes`) with the same answer, and the metrics name the
-    route's template, as for a routed request."""
+    """GET and HEAD /health skip FastAPI's router (`ServiceApp.direct_routes`) with the same answer, and the metrics
+    name the route's template, as for a routed request."""
     get, head = client.get("/health"), client.head("/health")
     assert (get.status_code, get.json(), head.status_code, head.content) == (200, {"status": "ok"}, 200, b"")
     assert head.headers["content-length"] == get.headers["content-length"] and head.headers["x-request-id"]
