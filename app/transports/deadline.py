@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from starlette.datastructures import State
+
 from app.core.errors import DeadlineExceeded, ServiceError
-from app.core.loop_lag import LoopLag
-from app.core.metrics import Metrics
+from app.core.request_context import request_arrival
 
 DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
 DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
@@ -24,30 +24,23 @@ class ClientGone(ServiceError):
     status_code = 499
 
 
-@dataclass(slots=True)
-class Deadline:
-    """When a request must be answered (the shorter of the server's and the client's timeout, from `arrival`) and
-    `watch_client(callback)`: calls back when the client leaves, returns how to stop (None: cannot tell)."""
-
-    model_name: str
-    metrics: Metrics
-    loop_lag: LoopLag
-    server_timeout_s: float
-    arrival: float | None = None
-    client_timeout_s: float | None = None
-    client_source: str = "the request's timeout parameter"
-    watch_client: Callable[[Callable[[], None]], Callable[[], None]] | None = None
-
-
-async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T:
-    """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`):
-    the timer or the client watch cancels the request's own task, and the cancellation is taken back here, as
-    `asyncio.timeout` does."""
-    metrics, model_name = deadline.metrics, deadline.model_name
-    timeout, source = deadline.server_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
-    if deadline.client_timeout_s is not None and deadline.client_timeout_s < timeout:
-        timeout, source = deadline.client_timeout_s, deadline.client_source
-    due = (time.perf_counter() if deadline.arrival is None else deadline.arrival) + timeout
+async def within_deadline(
+    work: Coroutine[Any, Any, T],
+    state: State,
+    model_name: str,
+    client_timeout_s: float | None = None,
+    client_source: str = "the request's timeout parameter",
+    watch_client: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
+) -> T:
+    """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`).
+    The deadline is the shorter of MNEMO_REQUEST_TIMEOUT_S and `client_timeout_s`, from the request's arrival;
+    `watch_client(callback)` calls back when the client leaves and returns how to stop. The timer or the client watch
+    cancels the request's own task, and the cancellation is taken back here, as `asyncio.timeout` does."""
+    metrics, arrival = state.metrics, request_arrival.get()
+    timeout, source = state.settings.request_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
+    if client_timeout_s is not None and client_timeout_s < timeout:
+        timeout, source = client_timeout_s, client_source
+    due = (time.perf_counter() if arrival is None else arrival) + timeout
     current, loop = asyncio.current_task(), asyncio.get_running_loop()
     stopped_by: list[type[ServiceError]] = []
     awaiting = False  # the task is cancelled only while it awaits the work, never after
@@ -66,7 +59,7 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
     def check_deadline() -> bool:
         """Whether time is left (then checked again in DEADLINE_CHECK_S at most), else stop."""
         nonlocal timer
-        margin = min(DEADLINE_MARGIN_S + 2 * deadline.loop_lag.recent_s, timeout / 2)
+        margin = min(DEADLINE_MARGIN_S + 2 * state.loop_lag.recent_s, timeout / 2)
         remaining = due - margin - time.perf_counter()
         if remaining <= 0:
             stop(DeadlineExceeded)
@@ -77,8 +70,8 @@ async def within_deadline(work: Coroutine[Any, Any, T], deadline: Deadline) -> T
     try:
         if not check_deadline():  # expired before the work started
             raise expired()
-        if deadline.watch_client is not None:
-            unsubscribe = deadline.watch_client(lambda: stop(ClientGone))
+        if watch_client is not None:
+            unsubscribe = watch_client(lambda: stop(ClientGone))
         awaiting = True
         return await work
     except asyncio.CancelledError:

@@ -23,7 +23,7 @@ from app.core.request_context import request_arrival
 from app.runtime.model import ServedModel
 from app.runtime.tensors import ProtocolError
 from app.transports.access import api_key_check
-from app.transports.deadline import Deadline, within_deadline
+from app.transports.deadline import within_deadline
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
 from app.transports.operations import readiness
@@ -142,11 +142,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         source = "the request's timeout parameter"
         if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
             timeout_s, source = rpc_timeout_s, "the gRPC deadline"
-        state = self.state
-        limit_s = state.settings.request_timeout_s
-        return await within_deadline(
-            work, Deadline(model, state.metrics, state.loop_lag, limit_s, arrival, timeout_s, source)
-        )
+        return await within_deadline(work, self.state, model, timeout_s, source)
 
     async def _call(
         self, method: str, path: str, context: Context, handler: Callable[[], Awaitable[Message]]

@@ -16,11 +16,11 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.core.errors import InvalidInput, ServiceError, body_invalid
-from app.core.request_context import request_arrival, request_body_bytes, request_connected
+from app.core.request_context import request_body_bytes, request_connected
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.runtime.registry import ModelRegistry
-from app.transports.deadline import Deadline, within_deadline
+from app.transports.deadline import within_deadline
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
@@ -153,17 +153,8 @@ async def complete(
 ) -> T:
     """The work's result unless its deadline (MNEMO_REQUEST_TIMEOUT_S, or a shorter `client_timeout_s`, from
     arrival) passes first (504) or the client leaves (499)."""
-    state = request.app.state
-    deadline = Deadline(
-        model_name,
-        state.metrics,
-        state.loop_lag,
-        state.settings.request_timeout_s,
-        request_arrival.get(),
-        client_timeout_s,
-        watch_client=functools.partial(watch_client, request),
-    )
-    return await within_deadline(work, deadline)
+    watch = functools.partial(watch_client, request)
+    return await within_deadline(work, request.app.state, model_name, client_timeout_s, watch_client=watch)
 
 
 def watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
