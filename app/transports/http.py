@@ -47,26 +47,19 @@ def header(request: Request, name: bytes, default: str) -> str:
     return next((value.decode("latin-1") for key, value in request.scope["headers"] if key == name), default)
 
 
-def check_identity_encoding(request: Request) -> None:
-    """A compressed body is 415 naming the coding: inflating it would let a small body take any memory."""
-    coding = header(request, b"content-encoding", "identity").strip().lower()
-    if coding not in ("", "identity"):
-        raise UnsupportedMediaType(
-            f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity)."
-        )
-
-
-def check_declared_charset(request: Request, content_type: str | None = None) -> None:
-    """A Content-Type declaring a charset other than UTF-8 (`charset=latin-1`, `utf-16`) is 415."""
+def check_utf8(request: Request, body: bytes, content_type: str | None = None) -> None:
+    """415 naming the problem for a declared charset other than UTF-8, a compressed body (inflating it would let a
+    small body take any memory), or a body with a byte order mark or in UTF-16/32 (not a 422 on column 1)."""
     for parameter in (content_type or header(request, b"content-type", "")).split(";")[1:]:
         name, _, value = parameter.partition("=")
         charset = value.strip().strip('"').lower()
         if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
             raise UnsupportedMediaType(f"charset {charset[:32]!r} is not supported: {UTF8_ONLY}.")
-
-
-def check_utf8_body(body: bytes) -> None:
-    """A byte order mark, or UTF-16/32 (a NUL among the first bytes), is 415 saying so, not a 422 on column 1."""
+    coding = header(request, b"content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity)."
+        )
     if body.startswith(b"\xef\xbb\xbf"):
         raise UnsupportedMediaType(f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
     if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:4]:
@@ -116,10 +109,8 @@ async def read_body(request: Request, schema: type[Body], task: str | None = Non
     media_type = content_type.split(";")[0].strip().lower()
     if media_type != "application/json" and not media_type.endswith("+json"):
         raise UnsupportedMediaType("Content-Type must be application/json.")
-    check_declared_charset(request, content_type)
-    check_identity_encoding(request)
     body = await request.body()
-    check_utf8_body(body)
+    check_utf8(request, body, content_type)
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
     request_body_bytes.set(len(body))

@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from app.core.responses import JsonResponse
 from app.transports.access import BINARY_HEADER_LENGTH
-from app.transports.http import check_declared_charset, check_identity_encoding, check_utf8_body, complete, json_body
+from app.transports.http import check_utf8, complete, json_body
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
 from app.transports.operations import readiness
@@ -147,10 +147,8 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
     model, codec = inference.find_model(request.app.state, name, version)
-    check_declared_charset(request)
-    check_identity_encoding(request)
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
-    check_utf8_body(body)
+    check_utf8(request, body)
     return await inference.infer(
         model,
         codec,
