@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from app.students.factory import open_store
-from app.students.store import NextState, StateStore, StudentState, update_state
+from app.students.store import StateStore, StudentState, update_state
 
 MODEL = "dkvmn-test"
 MODEL_SHA256 = "ab" * 32
@@ -38,7 +38,7 @@ class InlineCalls:
 def update(store: StateStore, student_id: str, compute: Callable, **options: Any) -> tuple[StudentState, Any]:
     """`update_state` with inline store calls and a plain function as `compute`, run to completion."""
 
-    async def computed(current: StudentState | None) -> NextState:
+    async def computed(current: StudentState | None) -> tuple[np.ndarray, int, Any]:
         return await asyncio.to_thread(compute, current)  # a thread: `compute` may append itself (a race)
 
     return asyncio.run(update_state(InlineCalls(store), MODEL, student_id, MODEL_SHA256, computed, **options))
@@ -47,10 +47,10 @@ def update(store: StateStore, student_id: str, compute: Callable, **options: Any
 def append_one(store: StateStore, student_id: str, writer: int) -> StudentState:
     """One read-modify-CAS-retry append; returns the state as stored."""
 
-    def compute(current: StudentState | None) -> NextState[None]:
+    def compute(current: StudentState | None) -> tuple[np.ndarray, int, None]:
         memory = np.zeros(SHAPE, dtype=np.float32) if current is None else current.memory.copy()
         memory[writer] += 1
-        return NextState(memory, 1 if current is None else current.interactions + 1, None)
+        return memory, 1 if current is None else current.interactions + 1, None
 
     stored, _ = update(store, student_id, compute)
     return stored

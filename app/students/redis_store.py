@@ -83,7 +83,7 @@ class RedisStateStore(StateStore):
         models = sorted({field.decode().partition(":")[2] for field in stored})
         return [_state_of(model, student_id, [stored[field] for field in _hash_fields(model)]) for model in models]
 
-    def _ids_after(self, after: str | None, count: int) -> list[str]:
+    def ids_after(self, after: str | None, count: int) -> list[str]:
         low = b"-" if after is None else b"(" + after.encode()
         with self._unavailable():
             return [member.decode() for member in self._client.zrangebylex(STUDENTS_KEY, low, b"+", start=0, num=count)]

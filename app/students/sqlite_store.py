@@ -118,7 +118,7 @@ class SqliteStateStore(StateStore):
             )
         return sorted((state_of(*row) for row in rows), key=lambda state: state.model)
 
-    def _ids_after(self, after: str | None, count: int) -> list[str]:
+    def ids_after(self, after: str | None, count: int) -> list[str]:
         query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"
         return [row[0] for row in self._query(query, after or "", count)]
 

@@ -10,13 +10,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import methodcaller
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from app.core.errors import ServiceError
 
-MAX_PAGE_SIZE = 1000
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
 MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 0.05
@@ -38,14 +37,6 @@ class StudentState:
     created_at: float  # Unix seconds, UTC
     updated_at: float
     revision: int
-
-
-@dataclass(frozen=True)
-class StudentPage:
-    """Student ids in ascending code-point order; `next_after` is the cursor of the next page (None: last)."""
-
-    student_ids: list[str]
-    next_after: str | None
 
 
 class StoreError(ServiceError):
@@ -95,10 +86,6 @@ class RevisionConflict(StoreError):
     status_code = 409
 
 
-class TooManyConflicts(RevisionConflict):
-    """Every attempt lost the compare-and-swap to another writer of the same student: 409, retry later."""
-
-
 class StateStore(ABC):
     """Per-student state (SQLite embedded, Redis for several replicas); synchronous and thread-safe, and a
     database that cannot be reached raises `StoreUnavailable` within a bounded time."""
@@ -136,16 +123,9 @@ class StateStore(ABC):
     def delete(self, student_id: str) -> list[StudentState]:
         """Remove everything about `student_id`, under every model, atomically; return what was removed."""
 
-    def list_students(self, *, after: str | None = None, limit: int = 100) -> StudentPage:
-        """Up to `limit` (1..MAX_PAGE_SIZE) ids with a state, in ascending order, each greater than `after`."""
-        if not 1 <= limit <= MAX_PAGE_SIZE:
-            raise ValueError(f"limit must be 1 to {MAX_PAGE_SIZE}, got {limit}")
-        ids = self._ids_after(after, limit + 1)
-        return StudentPage(ids[:limit], ids[limit - 1] if len(ids) > limit else None)
-
     @abstractmethod
-    def _ids_after(self, after: str | None, count: int) -> list[str]:
-        """Up to `count` ids in ascending order, each greater than `after` (None: from the first)."""
+    def ids_after(self, after: str | None, count: int) -> list[str]:
+        """Up to `count` ids with a state in ascending code-point order, each greater than `after` (None: the first)."""
 
     @abstractmethod
     def check_health(self) -> None: ...
@@ -175,15 +155,6 @@ def state_of(model: str, student_id: str, blob: bytes, rows: int, columns: int, 
     return StudentState(model, student_id, memory, *stored)
 
 
-@dataclass(frozen=True)
-class NextState(Generic[Result]):
-    """What an update computed from the current state: the new memory and count, and a result to return."""
-
-    memory: np.ndarray
-    interactions: int
-    result: Result
-
-
 class StoreRunner(Protocol):
     """How `update_state` runs `call(store)`: on `StoreHolder`'s threads, or inline in a test writer."""
 
@@ -197,14 +168,15 @@ async def update_state(
     model: str,
     student_id: str,
     model_sha256: str,
-    compute: Callable[[StudentState | None], Awaitable[NextState[Result]]],
+    compute: Callable[[StudentState | None], Awaitable[tuple[np.ndarray, int, Result]]],
     *,
     expected_interactions: int | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> tuple[StudentState, Result]:
-    """Apply `compute` (side-effect free: it reruns on the latest state after each lost race, after a random growing
-    delay) to the student's state and store the result by compare-and-swap. Before `compute`: `StateVersionMismatch`
-    or `InteractionCountMismatch`; `TooManyConflicts` after `max_attempts` lost races."""
+    """Apply `compute` (the new memory, count and a result; side-effect free: it reruns on the latest state after each
+    lost race, after a random growing delay) to the student's state and store it by compare-and-swap. Before
+    `compute`: `StateVersionMismatch` or `InteractionCountMismatch`; `RevisionConflict` after `max_attempts` lost
+    races."""
     for attempt in range(max_attempts):
         current = await calls.read(methodcaller("read", model, student_id))
         if current is not None and current.model_sha256 != model_sha256:
@@ -212,15 +184,15 @@ async def update_state(
         stored = 0 if current is None else current.interactions
         if expected_interactions is not None and stored != expected_interactions:
             raise InteractionCountMismatch(model, stored, expected_interactions)
-        step = await compute(current)
+        memory, interactions, result = await compute(current)
         try:
             state = await calls.commit(
                 methodcaller(
                     "write",
                     model,
                     student_id,
-                    memory=step.memory,
-                    interactions=step.interactions,
+                    memory=memory,
+                    interactions=interactions,
                     model_sha256=model_sha256,
                     expected_revision=None if current is None else current.revision,
                 )
@@ -228,7 +200,7 @@ async def update_state(
         except RevisionConflict:
             await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))
             continue
-        return state, step.result
-    raise TooManyConflicts(
+        return state, result
+    raise RevisionConflict(
         f"the state of this student changed {max_attempts} times while this update was computed; retry the request"
     )

@@ -14,7 +14,7 @@ from app.core.errors import InvalidInput, ServiceError
 from app.core.responses import JsonResponse
 from app.runtime.offload import offload
 from app.students.io import StoreHolder
-from app.students.store import MAX_PAGE_SIZE, NextState, StateVersionMismatch, StudentState, update_state
+from app.students.store import StateVersionMismatch, StudentState, update_state
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.schemas import (
     AppendRequest,
@@ -27,6 +27,7 @@ from app.tasks.knowledge_trace.service import TASK_NAME
 from app.transports.http import complete, json_body, read_body, registry
 
 router = APIRouter(tags=["students"])
+MAX_PAGE_SIZE = 1000  # student ids per page of GET /students
 MAX_STUDENT_ID_LENGTH = 128
 # the id rules as far as a JSON Schema regex can state them, for OpenAPI: `student_id_problem` is the one check
 STUDENT_ID_SCHEMA = {
@@ -98,13 +99,13 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         service.request_arrays, model, body.interactions, body.next_questions or []
     )
 
-    async def compute(current: StudentState | None) -> NextState[tuple[service.Trace, np.ndarray]]:
+    async def compute(current: StudentState | None) -> tuple[np.ndarray, int, tuple[service.Trace, np.ndarray]]:
         """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
         the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
         trace = await service.trace(model, questions, correct, None if current is None else current.memory)
         next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
         seen = 0 if current is None else current.interactions
-        return NextState(trace.memory, seen + len(questions), (trace, next_p))
+        return trace.memory, seen + len(questions), (trace, next_p)
 
     async def append() -> dict[str, Any]:
         async with holder.writers.setdefault((model.name, student_id), asyncio.Lock()):
@@ -185,5 +186,5 @@ async def list_students(
 ) -> JsonResponse:
     """A page of the ids of students with a state, in ascending code-point order (keyset paging)."""
     holder = request.app.state.students if after is None else _holder(request, after, ("query", "after"))
-    page = await holder.read(lambda store: store.list_students(after=after, limit=limit))
-    return JsonResponse({"student_ids": page.student_ids, "next_after": page.next_after})
+    ids = await holder.read(lambda store: store.ids_after(after, limit + 1))  # one more: is there a next page?
+    return JsonResponse({"student_ids": ids[:limit], "next_after": ids[limit - 1] if len(ids) > limit else None})

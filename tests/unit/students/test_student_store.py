@@ -20,13 +20,11 @@ import redis
 from app.students.factory import open_store
 from app.students.sqlite_store import SqliteStateStore
 from app.students.store import (
-    NextState,
     RevisionConflict,
     StateStore,
     StateVersionMismatch,
     StoreUnavailable,
     StudentState,
-    TooManyConflicts,
     update_state,
 )
 from tests.redis_server import RedisServer, require_redis_server
@@ -160,7 +158,7 @@ def test_revisions_are_never_reused_after_an_erasure(store: StateStore) -> None:
         )
 
 
-async def must_not_compute(current: StudentState | None) -> NextState[None]:
+async def must_not_compute(current: StudentState | None) -> tuple[np.ndarray, int, None]:
     pytest.fail("must not compute")
 
 
@@ -186,12 +184,12 @@ def test_update_gives_up_after_losing_every_race(store: StateStore) -> None:
     create(store, "contested")
     attempts = []
 
-    def compute_while_another_writer_wins(current: StudentState | None) -> NextState[None]:
+    def compute_while_another_writer_wins(current: StudentState | None) -> tuple[np.ndarray, int, None]:
         attempts.append(current.revision)
         append_one(store, "contested", 1)
-        return NextState(current.memory.copy(), current.interactions + 1, None)
+        return current.memory.copy(), current.interactions + 1, None
 
-    with pytest.raises(TooManyConflicts, match="changed 3 times") as conflict:
+    with pytest.raises(RevisionConflict, match="changed 3 times") as conflict:
         update(store, "contested", compute_while_another_writer_wins, max_attempts=3)
     assert conflict.value.status_code == 409
     assert len(attempts) == 3 and attempts == sorted(set(attempts))  # each attempt saw a newer state
@@ -296,7 +294,7 @@ def test_delete_removes_everything_about_a_student(store: StateStore, store_url:
     assert removed[0].memory.tobytes() == random_memory().tobytes()
     assert store.read("model-a", "gone") is None and store.read("model-b", "gone") is None
     assert leftovers(store_url, "gone") == []
-    assert store.list_students().student_ids == ["kept"]
+    assert store.ids_after(None, 100) == ["kept"]
     assert store.read(MODEL, "kept").interactions == 3
     assert store.delete("gone") == []
 
@@ -307,20 +305,12 @@ def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
         create(store, student_id, model="model-a")
     for student_id in ids[:5]:
         create(store, student_id, model="model-b")  # two states, still one id
-    pages, after = [], None
-    while True:
-        page = store.list_students(after=after, limit=7)
-        pages.append(page.student_ids)
-        if page.next_after is None:
-            break
-        after = page.next_after
-    assert [len(page) for page in pages] == [7, 7, 7, 4]
+    pages = [store.ids_after(None, 7)]
+    while pages[-1]:
+        pages.append(store.ids_after(pages[-1][-1], 7))
+    assert [len(page) for page in pages] == [7, 7, 7, 4, 0]
     assert [student_id for page in pages for student_id in page] == sorted(ids)
-    assert store.list_students(limit=25).next_after is None
-    assert store.list_students(after=sorted(ids)[-1]).student_ids == []
-    for bad in (0, 1001):
-        with pytest.raises(ValueError, match="limit must be 1 to 1000"):
-            store.list_students(limit=bad)
+    assert store.ids_after(None, 26) == sorted(ids)
 
 
 # -- durability: SIGKILL in the middle of a stream of appends -------------------------------------------
@@ -391,7 +381,7 @@ def assert_unavailable_quickly(store: StateStore) -> None:
         lambda: store.read(MODEL, "s1"),
         lambda: create(store, "s2"),
         lambda: store.delete("s1"),
-        lambda: store.list_students(),
+        lambda: store.ids_after(None, 100),
         store.check_health,
     ]
     for operation in operations:
