@@ -117,7 +117,7 @@ def body_invalid(error: ValidationError) -> InvalidInput:
 
 
 def ort_message(error: Exception) -> str:
-    """onnxruntime's message without its status prefix and boilerplate, on one line."""
+    """What the client is told of onnxruntime's rejection: its message without the status prefix and boilerplate."""
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip())
     text = text.replace("Please fix either the inputs/outputs or the model.", "")
-    return " ".join(text.split())
+    return f"The model rejected the input: {' '.join(text.split())}"

@@ -81,5 +81,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
-        message = f"The model rejected the input: {ort_message(error)}"
-        return JsonResponse(InvalidInput(("body",), message).payload(), 422)
+        return JsonResponse(InvalidInput(("body",), ort_message(error)).payload(), 422)

@@ -49,7 +49,7 @@ def refusal(error: Exception, where: str) -> tuple[int, str, Mapping[str, str]]:
     if isinstance(error, ServiceError):
         return error.status_code, error.detail, error.headers or {}
     if isinstance(error, OrtInvalidArgument):
-        return 400, f"The model rejected the input: {ort_message(error)}", {}
+        return 400, ort_message(error), {}
     logger.exception("unexpected error in %s", where)
     return 500, "Internal error; it has been logged.", {}
 
