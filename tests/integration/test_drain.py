@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -210,21 +209,46 @@ def _starting_server(**env: str) -> subprocess.Popen:
     return subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_until_it_catches_sigterm(pids: Callable[[], list[int]], count: int) -> None:
-    """Until `count` processes catch SIGTERM; each must do so before its imports load ONNX Runtime."""
-    deadline = time.monotonic() + 60
-    while len(catching := [pid for pid in pids() if _catches_sigterm(pid)]) < count:
-        assert time.monotonic() < deadline, "no SIGTERM handler after 60 s"
-        time.sleep(0.001)
-    assert not any(_onnxruntime_loaded(pid) for pid in catching), "SIGTERM went unhandled during the imports"
+# a `sitecustomize` that holds the server at its first import of GATED (its first import after `python -m app` began):
+# it writes the file named by MNEMO_TEST_AT_GATE, then sleeps, which a signal's handler interrupts by raising
+IMPORT_GATE = """
+import os, sys, time
+
+class Gate:
+    def find_spec(self, name, path=None, target=None):
+        if name == {gated!r}:
+            sys.meta_path.remove(self)
+            open(os.environ["MNEMO_TEST_AT_GATE"], "w").close()
+            time.sleep(60)
+        return None
+
+sys.meta_path.insert(0, Gate())
+"""
+GATED = "app.cli"
 
 
-def test_sigterm_during_the_imports_stops_the_server_at_once_with_status_0():
+def _server_held_in_its_imports(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A starting `python -m app` held before it imports GATED (IMPORT_GATE), and the file it writes once there."""
+    gate, at_gate = tmp_path / "gate", tmp_path / "at-gate"
+    gate.mkdir()
+    (gate / "sitecustomize.py").write_text(IMPORT_GATE.format(gated=GATED))
+    path = os.pathsep.join(filter(None, [str(gate), os.environ.get("PYTHONPATH")]))
+    return _starting_server(PYTHONPATH=path, MNEMO_TEST_AT_GATE=str(at_gate)), at_gate
+
+
+def test_sigterm_during_the_imports_stops_the_server_at_once_with_status_0(tmp_path):
     """PID 1 of a container ignores a signal it has no handler for: a `docker stop` during the imports (about
-    half a second, before uvicorn's handlers) waited for the stop timeout, then SIGKILL. Elsewhere it was 143."""
-    process = _starting_server()
+    half a second, before uvicorn's handlers) waited for the stop timeout, then SIGKILL. Elsewhere it was 143.
+    The server is held at the start of its imports until SIGTERM, so that the signal arrives there however slow
+    the machine is (polling for its handler, the test could send it after gunicorn's had replaced it)."""
+    process, at_gate = _server_held_in_its_imports(tmp_path)
     try:
-        _wait_until_it_catches_sigterm(lambda: [process.pid], 1)
+        deadline = time.monotonic() + 60
+        while not at_gate.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "the server never reached the gate"
+            time.sleep(0.01)
+        assert _catches_sigterm(process.pid), "SIGTERM went unhandled during the imports"
+        assert not _onnxruntime_loaded(process.pid)  # its workers load ONNX Runtime, not the server
         process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=30)
     finally:

@@ -48,16 +48,22 @@ def committed_registry() -> ModelRegistry:
 
 
 def _with_engine(registry: ModelRegistry, scenario):
-    """Run `scenario` with the engine started, every instance's cost model made flat (10 ms a run whatever its
-    rows), so that whatever is queued together runs together: these tests compare results, not batch sizes."""
+    """Run `scenario` with the engine started and the cost models flat (`_flat_costs`)."""
 
     async def main():
-        for instance in _instances(registry):
-            instance.cost = flat_cost(0.01)
+        _flat_costs(registry)
         async with engine(registry):
             return await scenario()
 
     return asyncio.run(main())
+
+
+def _flat_costs(registry: ModelRegistry) -> None:
+    """Make every instance's cost model flat (10 ms a run whatever its rows), so that whatever is queued together
+    runs together: these tests compare results, not batch sizes. Runs teach the cost models this machine's times,
+    which under load can say that batching saves nothing: a scenario calls it again before its batched pass."""
+    for instance in _instances(registry):
+        instance.cost = flat_cost(0.01)
 
 
 def _instances(registry: ModelRegistry) -> list[Instance]:
@@ -99,6 +105,7 @@ def test_knowledge_trace_results_do_not_depend_on_the_batch(committed_registry, 
 
     async def scenario():
         alone = [await kt_service.trace(model, q, r) for q, r in histories]
+        _flat_costs(committed_registry)  # the runs alone taught them this machine's times
         together = await kt_service.trace_all(model, [(q, r, None) for q, r in histories])
         assert kt_service.chunks_share_runs(model) is chunks_share_runs
         return alone, together

@@ -384,6 +384,9 @@ def test_calls_past_max_connections_are_resource_exhausted_at_once_and_the_serve
 # -- deadline, cancellation and drain, with real work ---------------------------------------------------------
 FLOOD_MODEL = "dkvmn-assist2009"  # the largest knowledge-tracing model: 20 concepts, memory 20 x 200
 FLOOD_STEPS = 10_000  # a chain of 50 chunks of 200 steps, run one after another
+# the flood tests' server: admission refuses what is predicted past a quarter of its deadline (300 s), and a loaded
+# machine's cost model predicted a flood call of 12 at 30.5 s (a quarter of 120 s is 30 s)
+FLOOD_SERVER = {"MNEMO_REQUEST_TIMEOUT_S": "1200", "MNEMO_MAX_QUEUE": "4096"}
 
 
 def flood(client: grpcclient.InferenceServerClient, count: int) -> list:
@@ -409,7 +412,7 @@ def wait_admitted(server: Server) -> None:
 
 def test_a_deadline_shorter_than_the_queue_is_deadline_exceeded_and_drops_the_work() -> None:
     port = free_port()
-    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_MAX_QUEUE": "4096"}
+    environment = {"MNEMO_GRPC_PORT": str(port), **FLOOD_SERVER}
     with running_server(COMMITTED, **environment) as running:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         results = flood(client, 12)
@@ -436,7 +439,7 @@ def test_a_cancelled_call_drops_its_queued_work() -> None:
     """The client cancels a call queued behind a flood: grpc cancels its handler, whose rows leave the queue
     unrun (the model's executions are the flood's alone) and which the statistics count as failed."""
     port = free_port()
-    environment = {"MNEMO_GRPC_PORT": str(port), "MNEMO_REQUEST_TIMEOUT_S": "120", "MNEMO_MAX_QUEUE": "4096"}
+    environment = {"MNEMO_GRPC_PORT": str(port), **FLOOD_SERVER}
     with running_server(COMMITTED, **environment) as running:
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
         before = client.get_inference_statistics(FLOOD_MODEL).model_stats[0]
