@@ -44,6 +44,7 @@ def settings_option(name: str, field: FieldInfo) -> click.Option:
     return click.Option(
         [f"{flag}/--no-{flag[2:]}" if annotation is bool else flag, name],
         type=kind,
+        default=None,  # unset: the variable (or the field's default) holds, a switch's too
         help=help_text + (f" [default: {field.default}]" if shown else ""),
     )
 

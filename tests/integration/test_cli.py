@@ -59,6 +59,15 @@ def test_a_flag_wins_over_its_variable_and_a_bad_flag_is_named():
     assert done.returncode == 2 and "--port: Input should be less than or equal to 65535" in done.stderr
 
 
+@pytest.mark.parametrize("variable", ["MNEMO_CPU_ARENA", "MNEMO_CUDA_TF32"])
+def test_a_switch_unset_on_the_command_line_leaves_its_variable_in_force(variable: str):
+    done = run_app({**os.environ, variable: "maybe"}, "--port", str(free_port()))  # read, so refused
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"mnemo: cannot start: invalid settings: {variable}: Input should be a valid boolean, unable to interpret input"
+    )
+
+
 def test_an_unknown_model_stops_startup_naming_the_choices():
     done = run_app({**os.environ, "MNEMO_PORT": str(free_port())}, "--models", "dkvmn-nope")
     assert done.returncode == 1
