@@ -393,5 +393,5 @@ def test_a_trickled_body_gets_408_at_the_request_deadline(tmp_path):
         started = time.monotonic()
         answer = _trickle_body(server.url, 100_000, every_s=0.5, for_s=15)
         assert answer.startswith(b"HTTP/1.1 408") and b"MNEMO_REQUEST_TIMEOUT_S" in answer, answer[:300]
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 10  # the trickle would go on for 15 s
         assert httpx.post(f"{server.url}/toy", json=toy_body()).status_code == 200
