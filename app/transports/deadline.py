@@ -87,5 +87,6 @@ async def within_deadline(
         work.close()  # a coroutine that never started (the deadline had passed) is closed, not left unawaited
         if timer is not None:
             timer.cancel()
+        check_deadline = None  # it calls itself: left, its cycle would hold the request until a garbage collection
         if unsubscribe is not None:
             unsubscribe()

@@ -158,11 +158,8 @@ class RequestEdge:
         self.app, self.metrics, self.drain, self.saturated = app, metrics, drain, saturated
         self.api_keys = api_key_check(settings)
         self.admitted = with_cors(self._admit, settings)
-        self.max_bytes = settings.max_body_bytes
-        self.stall_timeout_s = settings.body_timeout_s
-        self.deadline_s = settings.request_timeout_s
-        self.in_memory_bytes = in_memory_bytes
-        self.held_bytes = 0
+        self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
+        self.deadline_s, self.in_memory_bytes, self.held_bytes = settings.request_timeout_s, in_memory_bytes, 0
         self.tracebacks = TracebackBudget(settings.error_log_window_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
