@@ -1,5 +1,5 @@
-"""A request's deadline frees what it holds when the request ends: a reference cycle would keep the request's objects
-until the next garbage collection, which then costs the event loop time on every request."""
+"""A request's deadline frees what it holds when the request ends: a reference cycle would keep the request's task
+and what it refers to until the next garbage collection, which then costs the event loop time on every request."""
 
 from __future__ import annotations
 
@@ -7,32 +7,35 @@ import asyncio
 import gc
 import weakref
 
+from starlette.datastructures import State
+
 from app.core.loop_lag import LoopLag
 from app.core.metrics import Metrics
-from app.transports.deadline import Deadline, within_deadline
+from app.core.settings import Settings
+from app.transports.deadline import within_deadline
 
 
 async def answer() -> str:
     return "answer"
 
 
-async def request(watched: list[weakref.ref]) -> str:
-    """One request's work within its deadline; `watched` gets a weak reference to its client watch."""
-
-    def watch_client(callback):  # a function: its weak reference says when the deadline let it go
-        return lambda: None
-
-    watched.append(weakref.ref(watch_client))
+async def request(tasks: list[weakref.ref]) -> str:
+    """One request's work within its deadline, on its own task; `tasks` gets a weak reference to that task."""
+    tasks.append(weakref.ref(asyncio.current_task()))
     metrics = Metrics()
-    deadline = Deadline("model", metrics, LoopLag(metrics.loop_lag), 30.0, watch_client=watch_client)
-    return await within_deadline(answer(), deadline)
+    state = State({"metrics": metrics, "loop_lag": LoopLag(metrics.loop_lag), "settings": Settings()})
+    return await within_deadline(answer(), state, "model", watch_client=lambda callback: lambda: None)
+
+
+async def serve_one(tasks: list[weakref.ref]) -> str:
+    return await asyncio.create_task(request(tasks))
 
 
 def test_a_finished_request_leaves_nothing_for_the_garbage_collector():
-    watched: list[weakref.ref] = []
+    tasks: list[weakref.ref] = []
     gc.disable()
     try:
-        assert asyncio.run(request(watched)) == "answer"
-        assert watched[0]() is None
+        assert asyncio.run(serve_one(tasks)) == "answer"
+        assert tasks[0]() is None, "the request's task outlived it: a reference cycle holds it"
     finally:
         gc.enable()
