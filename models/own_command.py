@@ -4,7 +4,6 @@ written. Every problem the user can fix is one line (`OwnDataError`), never a tr
 
 from __future__ import annotations
 
-import json
 import shlex
 import tempfile
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import Any
 
 import click
 
-from export.manifest import MANIFEST_NAME, SCHEMA_VERSION
+from export.manifest import MANIFEST_NAME, SCHEMA_VERSION, load_manifest
 from models.cli import MODEL_NAME
 from models.user_csv import OwnDataError
 
@@ -98,11 +97,8 @@ def check_artifacts(artifacts: Path, name: str, task: str) -> None:
         raise OwnDataError(f"--artifacts {artifacts}: cannot write there ({error.strerror})") from None
     path = artifacts / MANIFEST_NAME
     written = [artifacts / f"{name}{suffix}" for suffix in (".onnx", ".md")]  # what every exporter writes
-    if not path.exists():
-        _refuse_overwriting(written, name)
-        return
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = load_manifest(artifacts)  # an absent one is empty
     except (OSError, ValueError) as error:
         raise OwnDataError(f"{path}: not a readable manifest ({error})") from None
     models = manifest.get("models") if isinstance(manifest, dict) else None
