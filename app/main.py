@@ -32,7 +32,7 @@ from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
 from app.transports.identity import IdentityHeaders
-from app.transports.middleware import RequestEdge
+from app.transports.middleware import EdgeShared, RequestEdge
 from app.transports.probe_server import ProbeProcess
 from app.transports.rest import ServiceApp, direct_routes, task_router
 
@@ -124,7 +124,14 @@ def create_app(
     app.direct_routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}
     app.direct_paths = frozenset([*app.direct_routes, ("HEAD", "/health")])  # HEAD: answered as GET by the edge
     # each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
-    app.add_middleware(RequestEdge, settings=settings, metrics=metrics, drain=app.state.drain, saturated=saturated)
+    app.add_middleware(
+        RequestEdge,
+        settings=settings,
+        metrics=metrics,
+        drain=app.state.drain,
+        saturated=saturated,
+        shared=EdgeShared(settings),  # one body budget for the routed and the direct requests' edges
+    )
     for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
         app.include_router(router)
     docs.install(app)

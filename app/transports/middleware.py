@@ -141,6 +141,14 @@ class Answer:
         await self._send({**message, "headers": headers})
 
 
+class EdgeShared:
+    """What every request edge of one app shares: the bytes of the bodies held in memory and the traceback budget
+    (ServiceApp runs its direct routes through a second instance of the app's middleware stack)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.tracebacks, self.held_bytes = TracebackBudget(settings.error_log_window_s), 0
+
+
 class RequestEdge:
     """Outermost first: the id, access line and metrics (`Answer`); the 400s (`refusal`); CORS; the API key (401);
     the drain gate (503 on a connection opened while draining, or given up by the drain) and the parse queue (429),
@@ -153,14 +161,14 @@ class RequestEdge:
         metrics: Metrics,
         drain: Drain,
         saturated: Callable[[], bool],
+        shared: EdgeShared,
         in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
     ) -> None:
         self.app, self.metrics, self.drain, self.saturated = app, metrics, drain, saturated
         self.api_keys = api_key_check(settings)
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
-        self.deadline_s, self.in_memory_bytes, self.held_bytes = settings.request_timeout_s, in_memory_bytes, 0
-        self.tracebacks = TracebackBudget(settings.error_log_window_s)
+        self.deadline_s, self.in_memory_bytes, self.shared = settings.request_timeout_s, in_memory_bytes, shared
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -229,7 +237,7 @@ class RequestEdge:
             task.uncancel()  # given up by the drain: answered here, in the service's shape
             await send_json(send, *self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE))
         except Exception as error:
-            log_unexpected(self.tracebacks, scope, error)
+            log_unexpected(self.shared.tracebacks, scope, error)
             if not started:
                 await send_json(send, 500, INTERNAL_ERROR)
         finally:
@@ -251,7 +259,7 @@ class RequestEdge:
             return
         declared = headers.get(b"content-length", b"").strip()  # the parser keeps trailing spaces
         declared_bytes = int(declared) if declared.isdigit() else 0
-        refused = self._over_limits(declared_bytes, self.held_bytes + declared_bytes) if declared_bytes else None
+        refused = self._over_limits(declared_bytes, self.shared.held_bytes + declared_bytes) if declared_bytes else None
         deadline = (request_arrival.get() or time.perf_counter()) + self.deadline_s
         chunks, size, more = [], 0, refused is None
         try:
@@ -272,8 +280,8 @@ class RequestEdge:
                     return
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
-                self.held_bytes += len(chunks[-1])
-                refused = self._over_limits(size, self.held_bytes) or (
+                self.shared.held_bytes += len(chunks[-1])
+                refused = self._over_limits(size, self.shared.held_bytes) or (
                     len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
                 )
                 more = message.get("more_body", False) and not refused
@@ -282,7 +290,7 @@ class RequestEdge:
             else:
                 await self.app(scope, _replay(b"".join(chunks), receive), send)
         finally:
-            self.held_bytes -= size
+            self.shared.held_bytes -= size
 
     def _over_limits(self, size: int, held: int) -> Refusal | None:
         """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass `in_memory_bytes` (alone, a

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import socket
 
 import pytest
+from fastapi.testclient import TestClient
 
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS
+from app.transports.middleware import RequestEdge
 from app.transports.rest import direct_routes
-from tests.helpers import ROOT, free_port, run_app
+from tests.helpers import ROOT, app_settings, free_port, run_app
 
 
 def test_both_tasks_are_registered_with_their_routes():
@@ -28,6 +31,18 @@ def test_the_task_endpoints_are_dispatched_directly_and_documented_by_fastapi():
     assert set(routes) == {("POST", path) for path in paths}
     documented = create_app(Settings(provider="cpu")).openapi()["paths"]
     assert all("post" in documented[path] for path in paths)
+
+
+def test_the_direct_and_the_routed_requests_share_one_body_budget():
+    """ServiceApp runs its direct routes through a second instance of the middleware stack: the bodies held in
+    memory (MNEMO's in-memory budget) and the traceback budget must still be one per app, not one per stack."""
+    app = create_app(app_settings(DEFAULT_ARTIFACTS_DIR))
+    with TestClient(app) as client:
+        assert client.post("/similarity", json={"sentence_a": "a man", "sentence_b": "a dog"}).status_code == 200
+        assert client.get("/ready").status_code == 200
+    edges = [edge for edge in gc.get_objects() if isinstance(edge, RequestEdge) and edge.drain is app.state.drain]
+    assert len(edges) == 2  # the routed stack's and the direct routes'
+    assert edges[0].shared is edges[1].shared
 
 
 def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
