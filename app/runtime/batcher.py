@@ -54,8 +54,8 @@ class Chain:
     def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock) -> list[Sample]:
         """Run chunks until all are done, `budget_s` has passed or the request is no longer `wanted`."""
         samples, started = [], clock()
-        while self.remaining and wanted():
-            feeds, length = self.remaining[0]
+        while not self.done and wanted():
+            feeds, length = self.chunks[len(self.outputs)]
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             run_started = clock()
@@ -64,6 +64,10 @@ class Chain:
             if clock() - started >= budget_s:
                 break
         return samples
+
+    @property
+    def done(self) -> bool:
+        return len(self.outputs) == len(self.chunks)
 
     @property
     def remaining(self) -> Sequence[tuple[Feeds, int]]:
@@ -474,7 +478,7 @@ class ModelBatcher:
 
     def _requeued(self, item: _Item, outcome: Feeds | BaseException) -> bool:
         """True when a chain stopped before its last chunk: queued again for the rest, or cancelled (client gone)."""
-        if isinstance(outcome, BaseException) or not item.chain.remaining:
+        if isinstance(outcome, BaseException) or item.chain.done:
             return False
         if not item.abandoned():
             item.length, item.enqueued, item.waiting = item.chain.cells, self._clock(), True
