@@ -180,9 +180,19 @@ class ModelBatcher:
     # -- admission ---------------------------------------------------------------------------------
     @contextlib.contextmanager
     def admit(self, rows: int, cells: float | None = None) -> Iterator[None]:
-        """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once."""
-        with self._holding(rows, rows * self._typical_length if cells is None else cells, request=True):
-            yield
+        """Hold room for `rows` rows (`cells` padded steps or tokens) while the request is handled, or 429 at once;
+        the request is counted in the statistics, refused or not."""
+        cells = rows * self._typical_length if cells is None else cells
+        started, succeeded = request_arrival.get() or time.perf_counter(), False
+        try:
+            with self._holding(rows, cells, teaches_pace=True):
+                if size := request_body_bytes.get():  # a large body, parsed: what its rows and cells per byte were
+                    self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
+                    self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
+                yield
+            succeeded = True
+        finally:
+            self.stats.add("success" if succeeded else "fail", time.perf_counter() - started)
 
     @contextlib.contextmanager
     def reserve(self, body_bytes: int) -> Iterator[None]:
@@ -192,39 +202,33 @@ class ModelBatcher:
             yield
 
     @contextlib.contextmanager
-    def _holding(self, rows: int, cells: float, refused_as: str | None = None, request: bool = False) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once; a `request` is counted in the
-        statistics and teaches the pace and what its body's bytes needed."""
-        started, finished = request_arrival.get() or time.perf_counter(), False
+    def _holding(
+        self, rows: int, cells: float, refused_as: str | None = None, teaches_pace: bool = False
+    ) -> Iterator[None]:
+        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason);
+        a request's handling `teaches_pace`."""
+        now = self._clock()
+        if not self._admitted_rows and now - self._last_done > DEADLINE_SHARE * self.config.deadline_s:
+            self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
+        own = self._seconds_for(rows, cells)
+        self._refuse_unless_fits(rows, now, own, refused_as)
+        self._admitted_rows += rows
+        self._admitted_seconds += own
+        self._admitted_gauge.set(self._admitted_rows)
+        finished = False
         try:
-            now = self._clock()
-            if not self._admitted_rows and now - self._last_done > DEADLINE_SHARE * self.config.deadline_s:
-                self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
-            own = self._seconds_for(rows, cells)
-            self._refuse_unless_fits(rows, now, own, refused_as)
-            size = request_body_bytes.get() if request else None
-            if size:  # a large body, parsed: what its rows and cells per byte were
-                self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
-                self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
-            self._admitted_rows += rows
-            self._admitted_seconds += own
-            self._admitted_gauge.set(self._admitted_rows)
-            try:
-                yield
-                finished = True
-            finally:
-                done = self._clock()
-                if request and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per `own`
-                    wall, self._last_release = done - max(now, self._last_release), done
-                    decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
-                    self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
-                self._admitted_rows -= rows
-                self._admitted_seconds -= own
-                self._admitted_gauge.set(self._admitted_rows)
-                self._last_done = done
+            yield
+            finished = True
         finally:
-            if request:
-                self.stats.add("success" if finished else "fail", time.perf_counter() - started)
+            done = self._clock()
+            if teaches_pace and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per `own`
+                wall, self._last_release = done - max(now, self._last_release), done
+                decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
+                self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
+            self._admitted_rows -= rows
+            self._admitted_seconds -= own
+            self._admitted_gauge.set(self._admitted_rows)
+            self._last_done = done
 
     def _refuse_unless_fits(self, rows: int, now: float, own: float, refused_as: str | None) -> None:
         """429 past max_queue rows, or when the request would not be done within DEADLINE_SHARE of its deadline with
