@@ -40,7 +40,7 @@ def test_the_direct_and_the_routed_requests_share_one_body_budget():
     with TestClient(app) as client:
         assert client.post("/similarity", json={"sentence_a": "a man", "sentence_b": "a dog"}).status_code == 200
         assert client.get("/ready").status_code == 200
-    edges = [edge for edge in gc.get_objects() if isinstance(edge, RequestEdge) and edge.drain is app.state.drain]
+    edges = [edge for edge in gc.get_objects() if type(edge) is RequestEdge and edge.drain is app.state.drain]
     assert len(edges) == 2  # the routed stack's and the direct routes'
     assert edges[0].shared is edges[1].shared
 
