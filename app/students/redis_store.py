@@ -8,7 +8,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.students.store import Fields, RevisionConflict, StateStore, StateVersionMismatch, StudentState, state_of
+from app.students.store import (
+    Fields,
+    RevisionConflict,
+    StateStore,
+    StateVersionMismatch,
+    StudentState,
+    state_of,
+    stored_count,
+)
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
 STUDENTS_KEY = b"mnemo:students"
@@ -59,7 +67,11 @@ class RedisStateStore(StateStore):
     def read(self, model: str, student_id: str) -> StudentState | None:
         with self._unavailable():
             values = self._client.hmget(_student_key(student_id), _hash_fields(model))
-        return None if values[-1] is None else _state_of(model, student_id, values)
+        if all(value is None for value in values):
+            return None
+        memory, shape, *stored = values
+        rows, _, columns = (None, None, None) if shape is None else shape.partition(b",")
+        return state_of(model, student_id, memory, rows, columns, *stored)
 
     def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
         model, student_id, blob, rows, columns, interactions, model_sha256 = fields
@@ -76,12 +88,12 @@ class RedisStateStore(StateStore):
         _, revision, created, updated = outcome
         return float(created), float(updated), int(revision)
 
-    def delete(self, student_id: str) -> list[StudentState]:
+    def delete(self, student_id: str) -> dict[str, int | None]:
         key = _student_key(student_id)
         with self._unavailable():  # one MULTI/EXEC transaction
             stored, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
-        models = sorted({field.decode().partition(":")[2] for field in stored})
-        return [_state_of(model, student_id, [stored[field] for field in _hash_fields(model)]) for model in models]
+        models = sorted({field.decode(errors="replace").partition(":")[2] for field in stored} - {""})
+        return {model: stored_count(stored.get(f"interactions:{model}".encode())) for model in models}
 
     def ids_after(self, after: str | None, count: int) -> list[str]:
         low = b"-" if after is None else b"(" + after.encode()
@@ -106,10 +118,3 @@ def _student_key(student_id: str) -> bytes:
 def _hash_fields(model: str) -> list[bytes]:
     """The hash fields of one model's state, in StudentState's order (the memory's shape in place of its size)."""
     return [f"{attribute}:{model}".encode() for attribute in ATTRIBUTES]
-
-
-def _state_of(model: str, student_id: str, values: list[bytes]) -> StudentState:
-    memory, shape, interactions, sha256, created, updated, revision = values
-    rows, columns = (int(size) for size in shape.split(b","))
-    written = float(created), float(updated), int(revision)
-    return state_of(model, student_id, memory, rows, columns, int(interactions), sha256.decode(), *written)

@@ -20,6 +20,7 @@ from app.students.store import (
     StoreUnavailable,
     StudentState,
     state_of,
+    stored_count,
 )
 
 SCHEMA = """
@@ -98,13 +99,13 @@ class SqliteStateStore(StateStore):
             )
         return created_at, now, revision
 
-    def delete(self, student_id: str) -> list[StudentState]:
+    def delete(self, student_id: str) -> dict[str, int | None]:
         """Delete the rows (zeroed on their pages: secure_delete), then truncate the WAL so that the erased bytes do not
         linger there; a failed checkpoint (a full disk) is logged, not raised: the delete is committed."""
         with self._unavailable(), self._connection() as connection:
             connection.execute("BEGIN IMMEDIATE")
             rows = connection.execute(
-                f"DELETE FROM student_state WHERE student_id = ? RETURNING {STATE_COLUMNS}", (student_id,)
+                "DELETE FROM student_state WHERE student_id = ? RETURNING model, interactions", (student_id,)
             ).fetchall()
         try:
             if rows:
@@ -116,7 +117,7 @@ class SqliteStateStore(StateStore):
                 self.path,
                 error,
             )
-        return sorted((state_of(*row) for row in rows), key=lambda state: state.model)
+        return dict(sorted((str(model), stored_count(interactions)) for model, interactions in rows))
 
     def ids_after(self, after: str | None, count: int) -> list[str]:
         query = "SELECT DISTINCT student_id FROM student_state WHERE student_id > ? ORDER BY student_id LIMIT ?"

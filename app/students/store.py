@@ -13,12 +13,14 @@ from operator import methodcaller
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError
 
 from app.core.errors import ServiceError
 
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
 MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 0.05
+COUNT = TypeAdapter(NonNegativeInt)
 Result = TypeVar("Result")
 # What a write stores before its times and revision, in StudentState's order: model, student_id, memory blob, rows,
 # columns, interactions, model_sha256.
@@ -80,6 +82,18 @@ class InteractionCountMismatch(StoreError):
         )
 
 
+class UnreadableState(StoreError):
+    """A stored state this service cannot read (not written by it): 409, saying what is wrong and how to reset."""
+
+    status_code = 409
+
+    def __init__(self, model: str, student_id: str, problem: str) -> None:
+        super().__init__(
+            f"The stored state of student {student_id!r} under model {model} cannot be read ({problem}); it was not "
+            f"written by this service. DELETE /students/{student_id} erases it; then send the history again."
+        )
+
+
 class RevisionConflict(StoreError):
     """A compare-and-swap lost: the state changed since it was read (409). `update_state` retries on it."""
 
@@ -120,8 +134,9 @@ class StateStore(ABC):
         """`write` in the database: the stored (created_at, updated_at, revision)."""
 
     @abstractmethod
-    def delete(self, student_id: str) -> list[StudentState]:
-        """Remove everything about `student_id`, under every model, atomically; return what was removed."""
+    def delete(self, student_id: str) -> dict[str, int | None]:
+        """Remove everything about `student_id`, under every model, atomically; return each removed state's
+        interaction count by model (None: unreadable), in model order."""
 
     @abstractmethod
     def ids_after(self, after: str | None, count: int) -> list[str]:
@@ -149,10 +164,41 @@ class StateStore(ABC):
             ) from error
 
 
-def state_of(model: str, student_id: str, blob: bytes, rows: int, columns: int, *stored: Any) -> StudentState:
-    """A StudentState from its stored fields in StudentState's order, the memory as a blob and its shape (read-only)."""
-    memory = np.frombuffer(blob, dtype=MEMORY_DTYPE).reshape(rows, columns)
-    return StudentState(model, student_id, memory, *stored)
+class _Stored(BaseModel):
+    """A state's stored fields in StudentState's order, the memory as a blob and its shape: checked, since a row or
+    hash written by something else may lack any of them or hold another type."""
+
+    memory: bytes
+    rows: PositiveInt
+    columns: PositiveInt
+    interactions: NonNegativeInt
+    model_sha256: str
+    created_at: float
+    updated_at: float
+    revision: int
+
+
+def state_of(model: str, student_id: str, *stored: Any) -> StudentState:
+    """A StudentState (its memory read-only) from its stored fields (None: missing), or `UnreadableState`."""
+    given = {name: value for name, value in zip(_Stored.model_fields, stored, strict=True) if value is not None}
+    try:
+        fields = _Stored(**given)
+    except ValidationError as error:
+        problem = "; ".join(f"{detail['loc'][0]}: {detail['msg']}" for detail in error.errors())
+        raise UnreadableState(model, student_id, problem) from None
+    if len(fields.memory) != fields.rows * fields.columns * MEMORY_DTYPE.itemsize:
+        shape = f"{fields.rows} x {fields.columns} float32"
+        raise UnreadableState(model, student_id, f"memory holds {len(fields.memory)} bytes, not {shape}")
+    memory = np.frombuffer(fields.memory, dtype=MEMORY_DTYPE).reshape(fields.rows, fields.columns)
+    return StudentState(model, student_id, memory, *fields.model_dump(exclude={"memory", "rows", "columns"}).values())
+
+
+def stored_count(value: Any) -> int | None:
+    """The interaction count of a state being erased; None when it cannot be read."""
+    try:
+        return COUNT.validate_python(value)
+    except ValidationError:
+        return None
 
 
 class StoreRunner(Protocol):

@@ -172,7 +172,7 @@ async def delete_student(request: Request, student_id: StudentIdPath) -> JsonRes
     """Erase everything about a student, under every model, at once; answers which states were removed."""
     holder = _holder(request, student_id)
     removed = await holder.commit(lambda store: store.delete(student_id))
-    deleted = [{"model": state.model, "interactions": state.interactions} for state in removed]
+    deleted = [{"model": model, "interactions": interactions} for model, interactions in removed.items()]
     return JsonResponse({"student_id": student_id, "deleted": deleted})
 
 

@@ -200,6 +200,30 @@ def test_a_state_of_another_model_version_is_409_saying_how_to_reset(api: httpx.
     assert append(api, student_id, history(1, seed=1)).json()["interactions"] == 1
 
 
+def test_a_state_not_written_by_the_service_is_a_409_saying_what_is_wrong_and_delete_erases_it(
+    api: httpx.Client, store_url: str
+) -> None:
+    """A stored state with a malformed count (a hand edit, another program) answered GET, appends and DELETE with a
+    bare 500."""
+    student_id = unique_id("spoilt")
+    assert append(api, student_id, history(2, seed=3)).status_code == 200
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as connection:
+            connection.execute("UPDATE student_state SET interactions = 'x' WHERE student_id = ?", (student_id,))
+    else:
+        redis.Redis.from_url(store_url).hset(f"mnemo:student:{student_id}", f"interactions:{MODEL}", "x")
+    for response in (append(api, student_id, history(1, seed=1)), api.get(student(student_id))):
+        assert response.status_code == 409, response.text
+        detail = response.json()["detail"]
+        assert f"student {student_id!r} under model {MODEL} cannot be read (interactions: " in detail
+        assert f"DELETE /students/{student_id} erases it" in detail
+    erased = api.delete(student(student_id))
+    assert erased.status_code == 200
+    assert erased.json() == {"student_id": student_id, "deleted": [{"model": MODEL, "interactions": None}]}
+    assert raw_records(store_url, student_id) == 0
+    assert append(api, student_id, history(1, seed=1)).json()["interactions"] == 1
+
+
 def test_erasure_removes_everything_under_every_model(api: httpx.Client, store_url: str) -> None:
     student_id = unique_id("erase-me")
     assert append(api, student_id, history(3, seed=2)).status_code == 200

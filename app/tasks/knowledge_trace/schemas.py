@@ -189,7 +189,7 @@ class StudentResponse(BaseModel):
 
 class DeletedState(BaseModel):
     model: str
-    interactions: int
+    interactions: int | None = Field(description="null: its stored count was unreadable (not written by mnemo)")
 
 
 class DeleteResponse(BaseModel):

@@ -25,6 +25,7 @@ from app.students.store import (
     StateVersionMismatch,
     StoreUnavailable,
     StudentState,
+    UnreadableState,
     update_state,
 )
 from tests.redis_server import RedisServer, require_redis_server
@@ -261,7 +262,7 @@ try:
 except StoreUnavailable as error:
     print("full:", error.detail)
 ballast.unlink()  # room for the delete in the WAL, not for the database file to grow to the WAL's pages
-print("deleted:", [state.student_id for state in store.delete("s0")], "left:", store.read("m", "s0"))
+print("deleted:", store.delete("s0"), "left:", store.read("m", "s0"))
 """
 
 
@@ -278,7 +279,7 @@ def test_a_delete_on_a_full_disk_answers_that_it_deleted(tmp_path: Path) -> None
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr
     assert "full: SQLite state store failed: database or disk is full" in done.stdout
-    assert "deleted: ['s0'] left: None" in done.stdout
+    assert "deleted: {'m': 1} left: None" in done.stdout
     assert "could not be checkpointed (database or disk is full)" in done.stderr
 
 
@@ -286,17 +287,51 @@ def test_delete_removes_everything_about_a_student(store: StateStore, store_url:
     create(store, "gone", model="model-a", interactions=5)
     create(store, "gone", model="model-b", interactions=9)
     create(store, "kept")
-    removed = store.delete("gone")
-    assert [(state.model, state.student_id, state.interactions) for state in removed] == [
-        ("model-a", "gone", 5),
-        ("model-b", "gone", 9),
-    ]
-    assert removed[0].memory.tobytes() == random_memory().tobytes()
+    assert store.delete("gone") == {"model-a": 5, "model-b": 9}
     assert store.read("model-a", "gone") is None and store.read("model-b", "gone") is None
     assert leftovers(store_url, "gone") == []
     assert store.ids_after(None, 100) == ["kept"]
     assert store.read(MODEL, "kept").interactions == 3
-    assert store.delete("gone") == []
+    assert store.delete("gone") == {}
+
+
+def corrupt(store_url: str, student_id: str, how: str) -> None:
+    """Spoil a stored state the way a hand edit or another program could: a field missing or malformed."""
+    if store_url.startswith("sqlite://"):
+        column, value = {"missing": ("memory", b""), "malformed": ("interactions", "many")}[how]
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as connection:
+            query = f"UPDATE student_state SET {column} = ? WHERE student_id = ? AND model = ?"
+            connection.execute(query, (value, student_id, MODEL))
+        return
+    client, key = redis.Redis.from_url(store_url), f"mnemo:student:{student_id}"
+    if how == "missing":
+        client.hdel(key, f"shape:{MODEL}", f"revision:{MODEL}")
+    else:
+        client.hset(key, f"interactions:{MODEL}", "many")
+
+
+@pytest.mark.parametrize("how", ["missing", "malformed"])
+def test_an_unreadable_state_is_a_409_naming_it_and_delete_still_erases_it(
+    store: StateStore, store_url: str, how: str
+) -> None:
+    """A state this service did not write (a field missing or malformed) raised TypeError, ValueError or KeyError:
+    a bare 500 on GET, appends and DELETE. Reads and appends now say what is wrong; DELETE erases it."""
+    create(store, "spoilt", interactions=5)
+    create(store, "spoilt", model="model-b", interactions=2)
+    corrupt(store_url, "spoilt", how)
+    with pytest.raises(UnreadableState) as unreadable:
+        store.read(MODEL, "spoilt")
+    assert unreadable.value.status_code == 409
+    assert f"student 'spoilt' under model {MODEL} cannot be read" in unreadable.value.detail
+    problem = {"malformed": "interactions: Input should be a valid integer", "missing": "Field required"}[how]
+    problem = "memory holds 0 bytes" if how == "missing" and store_url.startswith("sqlite://") else problem
+    assert problem in unreadable.value.detail
+    assert "DELETE /students/spoilt" in unreadable.value.detail
+    with pytest.raises(UnreadableState):
+        asyncio.run(update_state(InlineCalls(store), MODEL, "spoilt", MODEL_SHA256, must_not_compute))
+    assert store.delete("spoilt") == {MODEL: None if how == "malformed" else 5, "model-b": 2}
+    assert leftovers(store_url, "spoilt") == [] and store.read(MODEL, "spoilt") is None
+    assert create(store, "spoilt").interactions == 3
 
 
 def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
