@@ -376,7 +376,7 @@ class ModelBatcher:
         self._queue = live
 
     def _row_ceiling(self, instance: Instance) -> int:
-        return min(self.config.max_batch, instance.row_limit or self.config.max_batch)
+        return min(self.config.max_batch, instance.max_rows or self.config.max_batch)
 
     def _route(self, queue: list[_Item]) -> Instance | None:
         """The instance predicted to finish the queue's next batch first (by the largest batch any would take now)."""

@@ -75,19 +75,14 @@ class Instance:
     slots: RunSlots | None = None  # set by the engine
     session: ort.InferenceSession | None = None
     cost: CostModel = field(default_factory=CostModel)
-    max_rows: int | None = None  # rows per run this instance takes at most (its device's memory); None: no own limit
-    fitted_rows: int | None = None  # the most rows seen to fit, once a run failed for memory
-
-    @property
-    def row_limit(self) -> int | None:
-        return min((limit for limit in (self.max_rows, self.fitted_rows) if limit), default=None)
+    max_rows: int | None = None  # rows per run it takes at most (None: no own limit), lowered when one ran out of memory
 
     @property
     def on_cpu(self) -> bool:
         return self.provider == CPU
 
     def public_info(self) -> dict:
-        return {"name": self.name, "provider": self.provider, "max_rows": self.row_limit, "cost": self.cost.describe()}
+        return {"name": self.name, "provider": self.provider, "max_rows": self.max_rows, "cost": self.cost.describe()}
 
 
 def session_instance(name: str, session: ort.InferenceSession, model: str, metrics: Metrics) -> Instance:
@@ -110,7 +105,7 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
                     "or send a shorter input."
                 ) from error
         half = (rows + 1) // 2
-        instance.fitted_rows = min(instance.fitted_rows or half, half)
+        instance.max_rows = min(instance.max_rows or half, half)
         on_split()
         halves = (slice(None, half), slice(half, None))
         return concatenate([run_graph({key: value[part] for key, value in feeds.items()}) for part in halves])

@@ -644,7 +644,7 @@ def test_a_chain_stops_between_chunks_once_its_client_has_gone(toy_runs, clock):
 
 
 def test_an_item_queued_before_its_instance_s_ceiling_fell_still_runs(toy_runs, clock):
-    """A run out of device memory lowers the instance's row ceiling (`fitted_rows`) below an item already queued: that
+    """A run out of device memory lowers the instance's row ceiling (`max_rows`) below an item already queued: that
     item runs alone (its run halves it again if it must), where the loop used to spin on it and hang the event loop.
     The scenario runs on a daemon thread, so that such a hang fails the test instead of the suite."""
     instance = Instance("cpu-0", CPU, toy_runs)
@@ -656,7 +656,7 @@ def test_an_item_queued_before_its_instance_s_ceiling_fell_still_runs(toy_runs, 
         feeds = {"x": np.arange(12, dtype=np.float32).reshape(4, 3), "k": np.ones(4, dtype=np.int64)}
         queued = asyncio.create_task(batcher.run(feeds, 4, 1))
         await _turns()
-        instance.fitted_rows = 2  # as the halving of a run that ran out of memory sets it
+        instance.max_rows = 2  # as the halving of a run that ran out of memory sets it
         hold.release()
         await first
         return await queued

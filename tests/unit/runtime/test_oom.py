@@ -72,7 +72,7 @@ def test_a_batch_too_large_for_the_device_is_split_and_answers_the_same(bounded_
     feeds = _rows(64)
     outputs = instance.run(feeds)
     np.testing.assert_array_equal(outputs["y"], np.maximum(feeds["x"], 0) * 2)
-    assert 1 <= instance.row_limit <= 32  # the most rows seen to fit: the batcher's ceiling from now on
+    assert 1 <= instance.max_rows <= 32  # the most rows seen to fit: the batcher's ceiling from now on
     assert metrics.registry.get_sample_value("mnemo_oom_splits_total", {"model": "relu"}) >= 1
     assert instance.run(_rows(8))["y"].shape == (8, ROW_FLOATS)  # the session serves on
 
@@ -89,4 +89,4 @@ def test_other_errors_are_not_taken_for_memory(bounded_session):
     instance = _instance(bounded_session, Metrics())
     with pytest.raises(Exception, match=r"INVALID_ARGUMENT|Invalid rank") as raised:
         instance.run({"x": np.ones(4, np.float32)})
-    assert not is_out_of_memory(raised.value) and instance.row_limit is None
+    assert not is_out_of_memory(raised.value) and instance.max_rows is None
