@@ -97,7 +97,7 @@ def create_app(
             app.state.registry = registry
             models = {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
             metrics.record_build(app.version, models)
-            logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
+            logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
             logger.info(access_summary(settings))
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
             if probes is not None:

@@ -141,11 +141,6 @@ class ModelRegistry:
         return cached
 
     @property
-    def provider(self) -> str:
-        """The providers of the instances, as logged."""
-        return ", ".join(self.providers)
-
-    @property
     def ready(self) -> bool:
         return all(model.ready for model in self.models.values())
 

@@ -21,7 +21,7 @@ from app.students.store import (
 STUDENT_KEY_PREFIX = b"mnemo:student:"
 STUDENTS_KEY = b"mnemo:students"
 REVISION_KEY = b"mnemo:revision"
-ATTRIBUTES = ("memory", "shape", "interactions", "sha256", "created", "updated", "revision")
+ATTRIBUTES = ("memory", "shape", "interactions", "sha256", "created", "updated", "revision")  # StudentState's order
 CONNECT_TIMEOUT_S = 1.0
 # A write sent to a stalled server (busy, paused) runs when it wakes up, after the client gave up on its reply.
 WRITE_OUTCOME_UNKNOWN = (
@@ -54,7 +54,7 @@ return {1, revision, created, now}
 class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
 
-    name, driver_errors = "Redis", redis.RedisError
+    name, driver_errors, tells_driver_messages = "Redis", redis.RedisError, False  # its messages may name the host
 
     def __init__(self, url: str) -> None:
         self._client = redis.Redis.from_url(
@@ -66,7 +66,7 @@ class RedisStateStore(StateStore):
 
     def read(self, model: str, student_id: str) -> StudentState | None:
         with self._unavailable():
-            values = self._client.hmget(_student_key(student_id), _hash_fields(model))
+            values = self._client.hmget(_student_key(student_id), [f"{name}:{model}" for name in ATTRIBUTES])
         if all(value is None for value in values):
             return None
         memory, shape, *stored = values
@@ -107,14 +107,6 @@ class RedisStateStore(StateStore):
     def close(self) -> None:
         self._client.close()
 
-    def _told(self, error: Exception) -> str:
-        return type(error).__name__  # redis-py's messages may name the host and port
-
 
 def _student_key(student_id: str) -> bytes:
     return STUDENT_KEY_PREFIX + student_id.encode()
-
-
-def _hash_fields(model: str) -> list[bytes]:
-    """The hash fields of one model's state, in StudentState's order (the memory's shape in place of its size)."""
-    return [f"{attribute}:{model}".encode() for attribute in ATTRIBUTES]

@@ -8,12 +8,11 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from operator import methodcaller
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError
+from pydantic import BaseModel, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError, model_validator
 
 from app.core.errors import ServiceError
 
@@ -22,23 +21,34 @@ MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 0.05
 COUNT = TypeAdapter(NonNegativeInt)
 Result = TypeVar("Result")
-# What a write stores before its times and revision, in StudentState's order: model, student_id, memory blob, rows,
-# columns, interactions, model_sha256.
-Fields = tuple[str, str, bytes, int, int, int, str]
+Fields = tuple[str, str, bytes, int, int, int, str]  # what a write stores: StudentState's fields up to model_sha256
 
 
-@dataclass(frozen=True, eq=False)  # no field-wise ==: comparing numpy arrays has no single truth value
-class StudentState:
-    """One student's recurrent state under one model; `memory` is read-only float32 (DKVMN [N, d_v], DKT [2, S])."""
+class StudentState(BaseModel, frozen=True):
+    """One student's recurrent state under one model, checked as read: a row or hash written by something else may
+    lack a field or hold another type. `memory` is read-only float32 (DKVMN [N, d_v], DKT [2, S])."""
 
     model: str
     student_id: str
-    memory: np.ndarray
-    interactions: int
+    memory_bytes: bytes
+    rows: PositiveInt
+    columns: PositiveInt
+    interactions: NonNegativeInt
     model_sha256: str
     created_at: float  # Unix seconds, UTC
     updated_at: float
     revision: int
+
+    @model_validator(mode="after")
+    def _sized(self) -> StudentState:
+        if len(self.memory_bytes) != self.rows * self.columns * MEMORY_DTYPE.itemsize:
+            shape = f"{self.rows} x {self.columns} float32"
+            raise ValueError(f"memory holds {len(self.memory_bytes)} bytes, not {shape}")
+        return self
+
+    @property
+    def memory(self) -> np.ndarray:
+        return np.frombuffer(self.memory_bytes, dtype=MEMORY_DTYPE).reshape(self.rows, self.columns)
 
 
 class StoreError(ServiceError):
@@ -107,6 +117,7 @@ class StateStore(ABC):
     name: str  # the database, in the messages of `StoreUnavailable`
     where: str  # its path or address, in the log only
     driver_errors: type[Exception] | tuple[type[Exception], ...]
+    tells_driver_messages = True  # False where they may name a path, host or port: the client gets the error's type
 
     @abstractmethod
     def read(self, model: str, student_id: str) -> StudentState | None: ...
@@ -148,49 +159,27 @@ class StateStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def _told(self, error: Exception) -> str:
-        """What the client is told of a driver error: its message, which names no path, host or port."""
-        return str(error)
-
     @contextmanager
     def _unavailable(self, consequence: str = "") -> Iterator[None]:
         """The driver's errors as `StoreUnavailable`, `consequence` told too; the log also gets `where`."""
         try:
             yield
         except self.driver_errors as error:
+            told = error if self.tells_driver_messages else type(error).__name__
             raise StoreUnavailable(
-                f"{self.name} state store failed: {self._told(error)}{consequence}",
+                f"{self.name} state store failed: {told}{consequence}",
                 f"{self.name} state store {self.where} failed: {type(error).__name__}: {error}",
             ) from error
 
 
-class _Stored(BaseModel):
-    """A state's stored fields in StudentState's order, the memory as a blob and its shape: checked, since a row or
-    hash written by something else may lack any of them or hold another type."""
-
-    memory: bytes
-    rows: PositiveInt
-    columns: PositiveInt
-    interactions: NonNegativeInt
-    model_sha256: str
-    created_at: float
-    updated_at: float
-    revision: int
-
-
 def state_of(model: str, student_id: str, *stored: Any) -> StudentState:
-    """A StudentState (its memory read-only) from its stored fields (None: missing), or `UnreadableState`."""
-    given = {name: value for name, value in zip(_Stored.model_fields, stored, strict=True) if value is not None}
+    """A StudentState from its stored fields in its order (None: missing), or `UnreadableState` saying what is wrong."""
+    given = zip(StudentState.model_fields, (model, student_id, *stored), strict=True)
     try:
-        fields = _Stored(**given)
+        return StudentState(**{name: value for name, value in given if value is not None})
     except ValidationError as error:
-        problem = "; ".join(f"{detail['loc'][0]}: {detail['msg']}" for detail in error.errors())
+        problem = "; ".join(": ".join([*map(str, detail["loc"]), detail["msg"]]) for detail in error.errors())
         raise UnreadableState(model, student_id, problem) from None
-    if len(fields.memory) != fields.rows * fields.columns * MEMORY_DTYPE.itemsize:
-        shape = f"{fields.rows} x {fields.columns} float32"
-        raise UnreadableState(model, student_id, f"memory holds {len(fields.memory)} bytes, not {shape}")
-    memory = np.frombuffer(fields.memory, dtype=MEMORY_DTYPE).reshape(fields.rows, fields.columns)
-    return StudentState(model, student_id, memory, *fields.model_dump(exclude={"memory", "rows", "columns"}).values())
 
 
 def stored_count(value: Any) -> int | None:
