@@ -75,7 +75,7 @@ class Instance:
     slots: RunSlots | None = None  # set by the engine
     session: ort.InferenceSession | None = None
     cost: CostModel = field(default_factory=CostModel)
-    max_rows: int | None = None  # rows per run it takes at most (None: no own limit), lowered when one ran out of memory
+    max_rows: int | None = None  # rows per run at most (None: no own limit), lowered when one ran out of memory
 
     @property
     def on_cpu(self) -> bool:

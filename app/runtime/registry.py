@@ -3,7 +3,6 @@ models loading in parallel threads, each model's task (passed in) preparing its 
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import timeit
@@ -118,11 +117,10 @@ class ModelRegistry:
     def _open(self, model: ServedModel) -> None:
         """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
         path, entry = confined(self.artifacts, model.entry.file), model.entry
-        verify_once = functools.cache(lambda: verify(path, entry.file, entry.sha256, "model file"))
         for index, provider in enumerate(self.providers):
             session = preopened.take(path, entry.sha256, provider, self.settings)
             if session is None:
-                verify_once()
+                verify(path, entry.file, entry.sha256, "model file")
                 session = open_session(path, self.settings, provider)
             check_session_provider(session, provider, model.name)
             model.output_names = [output.name for output in session.get_outputs()]
