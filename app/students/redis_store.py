@@ -14,6 +14,7 @@ from app.students.store import (
     StateStore,
     StateVersionMismatch,
     StudentState,
+    UnreadableState,
     state_of,
     stored_count,
 )
@@ -66,7 +67,12 @@ class RedisStateStore(StateStore):
 
     def read(self, model: str, student_id: str) -> StudentState | None:
         with self._unavailable():
-            values = self._client.hmget(_student_key(student_id), [f"{name}:{model}" for name in ATTRIBUTES])
+            try:
+                values = self._client.hmget(_student_key(student_id), [f"{name}:{model}" for name in ATTRIBUTES])
+            except redis.ResponseError as error:
+                if not str(error).startswith("WRONGTYPE"):
+                    raise
+                raise UnreadableState(model, student_id, "its Redis key is not a hash") from None
         if all(value is None for value in values):
             return None
         memory, shape, *stored = values
@@ -90,8 +96,10 @@ class RedisStateStore(StateStore):
 
     def delete(self, student_id: str) -> dict[str, int | None]:
         key = _student_key(student_id)
-        with self._unavailable():  # one MULTI/EXEC transaction
-            stored, *_ = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id).execute()
+        with self._unavailable():  # one MULTI/EXEC transaction; a key that is not a hash is erased as holding nothing
+            pipeline = self._client.pipeline().hgetall(key).delete(key).zrem(STUDENTS_KEY, student_id)
+            stored, *_ = pipeline.execute(raise_on_error=False)
+        stored = {} if isinstance(stored, redis.ResponseError) else stored
         models = sorted({field.decode(errors="replace").partition(":")[2] for field in stored} - {""})
         return {model: stored_count(stored.get(f"interactions:{model}".encode())) for model in models}
 

@@ -334,6 +334,24 @@ def test_an_unreadable_state_is_a_409_naming_it_and_delete_still_erases_it(
     assert create(store, "spoilt").interactions == 3
 
 
+def test_a_redis_key_that_is_not_a_hash_is_a_409_and_delete_erases_it(redis_server: RedisServer) -> None:
+    """A student key of another type (written by something else) was a 503 "Redis state store failed" on reads, and
+    on DELETE too, although the key was erased."""
+    redis.Redis.from_url(redis_server.url()).flushdb()
+    store = open_store(redis_server.url())
+    try:
+        create(store, "stringy")
+        redis.Redis.from_url(redis_server.url()).set("mnemo:student:stringy", "not a hash")
+        with pytest.raises(
+            UnreadableState, match=rf"'stringy' under model {MODEL} cannot be read \(its Redis key is not"
+        ):
+            store.read(MODEL, "stringy")
+        assert store.delete("stringy") == {}
+        assert leftovers(redis_server.url(), "stringy") == [] and store.read(MODEL, "stringy") is None
+    finally:
+        store.close()
+
+
 def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
     ids = [f"student-{index:02d}" for index in range(20)] + ["Zoë", "学生7", "a:b@c.d", "~tilde", "+plus"]
     for student_id in ids:
