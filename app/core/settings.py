@@ -104,7 +104,9 @@ def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) ->
 class Settings(BaseSettings):
     """Every setting of the service, each an `MNEMO_*` environment variable (docs/configuration.md, generated)."""
 
-    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(
+        env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True, allow_inf_nan=False  # nan passes no bound
+    )
 
     artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
     """Directory of `manifest.json`, the ONNX files and their assets, each checked against its sha256 at startup."""
