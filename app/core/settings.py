@@ -105,7 +105,10 @@ class Settings(BaseSettings):
     """Every setting of the service, each an `MNEMO_*` environment variable (docs/configuration.md, generated)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True, allow_inf_nan=False  # nan passes no bound
+        env_prefix="MNEMO_",
+        extra="ignore",
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,  # nan passes no bound
     )
 
     artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
