@@ -176,8 +176,6 @@ class Gunicorn(BaseApplication):
             "worker_class": f"{Worker.__module__}.{Worker.__qualname__}",
             "timeout": math.ceil(settings.worker_stall_s),  # gunicorn takes whole seconds
             "graceful_timeout": math.ceil(settings.drain_s + SHUTDOWN_GRACE_S + GIVE_UP_S) + 1,
-            "loglevel": settings.log_level,
-            "accesslog": None,
             "logconfig_dict": log_config(settings.log_level, settings.log_format),
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "pre_fork": number_worker,

@@ -25,16 +25,11 @@ SOCKET_TIMEOUT_S = 5.0
 
 
 class ProbeProcess:
-    """Starts the probe server on `host:port` (`spawn`, then `start`), keeps it fed with `readiness()`, stops it."""
-
-    _process: subprocess.Popen
-    _feeder: asyncio.Task
+    """The probe server on `host:port`, started and fed `readiness()` from now on (it says "loading" while the service
+    loads its models); `start` waits until it listens, `stop` ends it."""
 
     def __init__(self, host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> None:
         self.host, self.port, self.readiness = host, port, readiness
-
-    def spawn(self) -> None:
-        """Start the child and feed it from now on: it says "loading" while the service loads its models."""
         self._process = subprocess.Popen(
             [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
             stdin=subprocess.PIPE,
