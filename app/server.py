@@ -79,7 +79,7 @@ class DrainingServer(uvicorn.Server):
 
     async def finish_drain(self, reason: str) -> None:
         drain_s = self.settings.drain_s
-        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
+        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, len(self.drain.tasks), drain_s)
         deadline = time.monotonic() + drain_s
         if idle := await self.drain.wait_idle(drain_s):
             await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
