@@ -179,7 +179,7 @@ class Settings(BaseSettings):
     `RESOURCE_EXHAUSTED`). Default: the open-file limit (`ulimit -n`) minus 128, at most 4096; more stops startup."""
     error_log_window_s: float = Field(60.0, ge=0)
     """A distinct unexpected error's traceback is logged once per window; each occurrence still logs one line."""
-    api_keys: SecretStr | None = None
+    api_keys: Annotated[SecretStr | None, BLANK_IS_UNSET] = None
     """Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths needs `Authorization:
     Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup rather than turn authentication off."""
     api_keys_file: Path | None = None
@@ -195,11 +195,10 @@ class Settings(BaseSettings):
     @field_validator("api_keys")
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
-        """Blank is unset (no authentication); anything else must hold a key."""
-        text = keys.get_secret_value() if keys else ""
-        if text.strip() and not split_list(text):
+        """Set (not blank), it must hold a key: `,` never turns authentication off."""
+        if keys is not None and not split_list(keys.get_secret_value()):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
-        return keys if text.strip() else None
+        return keys
 
     @field_validator("api_keys_file")
     @classmethod
