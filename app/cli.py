@@ -71,8 +71,7 @@ def start(settings: Settings) -> None:
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
     try:
-        if not (settings.artifacts_dir / "manifest.json").is_file():
-            raise ValueError(f"MNEMO_ARTIFACTS_DIR {settings.artifacts_dir} holds no manifest.json")
+        entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
         check_url(settings.state_url)
         for name in ("probe_port", "grpc_port", "port"):
             port = getattr(settings, name)
@@ -84,7 +83,6 @@ def start(settings: Settings) -> None:
                 except OSError as error:  # in use, or a host that does not resolve
                     where = f"{settings.address(port)} (MNEMO_HOST:MNEMO_{name.upper()})"
                     raise ValueError(f"cannot listen on {where}: {error.strerror}") from None
-        entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
     except (ValueError, ManifestError) as error:
         sys.exit(f"mnemo: cannot start: {error}")
     grpc = f", gRPC on {settings.address(settings.grpc_port)}" if settings.grpc_port else ""

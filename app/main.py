@@ -73,12 +73,14 @@ def create_app(
             logger.warning(UNPROTECTED)
         async with AsyncExitStack() as stack:
             stack.callback(write_out_logs)
+            app.state.loop_lag.start()
+            stack.push_async_callback(app.state.loop_lag.stop)
             probes = None
             if settings.probe_port is not None:
                 probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
-                probes.spawn()
                 stack.push_async_callback(probes.stop)
                 app.state.drain.on_begin.append(probes.push)
+                app.state.loop_lag.on_sample.append(probes.push)
             registry = ModelRegistry(settings, tasks, metrics)
             try:
                 await offload(registry.load)
@@ -92,11 +94,10 @@ def create_app(
             stack.push_async_callback(offload, app.state.students.close)
             await offload(app.state.students.open)
             await stack.enter_async_context(engine(registry, alone=app.state.drain.alone))
-            app.state.loop_lag.start()
-            stack.push_async_callback(app.state.loop_lag.stop)
             app.state.registry = registry
-            models = {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
-            metrics.record_build(app.version, models)
+            metrics.build_info.labels(app.version).set(1)
+            for name, model in registry.models.items():
+                metrics.model_info.labels(name, model.entry.version, model.entry.sha256).set(1)
             logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
             logger.info(access_summary(settings))
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine

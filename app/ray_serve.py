@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from app.cli import settings_from, settings_option
+from app.cli import CONTEXT, settings_from, settings_option
 from app.core.settings import Settings
 
 LOCAL_OBJECT_STORE_BYTES = 256 * 1024 * 1024  # requests and responses are small; Ray's default is 30% of RAM
@@ -39,7 +39,7 @@ def build_application(settings: Settings, options: dict[str, Any]) -> Any:
 
 
 @click.command(
-    context_settings={"help_option_names": ["-h", "--help"], "show_default": True, "max_content_width": 110},
+    context_settings={**CONTEXT, "show_default": True},
     params=[
         click.Option(
             ["--replicas"], type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling)."

@@ -79,7 +79,7 @@ class DrainingServer(uvicorn.Server):
 
     async def finish_drain(self, reason: str) -> None:
         drain_s = self.settings.drain_s
-        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, self.drain.in_flight, drain_s)
+        logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, len(self.drain.tasks), drain_s)
         deadline = time.monotonic() + drain_s
         if idle := await self.drain.wait_idle(drain_s):
             await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
@@ -176,8 +176,6 @@ class Gunicorn(BaseApplication):
             "worker_class": f"{Worker.__module__}.{Worker.__qualname__}",
             "timeout": math.ceil(settings.worker_stall_s),  # gunicorn takes whole seconds
             "graceful_timeout": math.ceil(settings.drain_s + SHUTDOWN_GRACE_S + GIVE_UP_S) + 1,
-            "loglevel": settings.log_level,
-            "accesslog": None,
             "logconfig_dict": log_config(settings.log_level, settings.log_format),
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "pre_fork": number_worker,

@@ -14,7 +14,7 @@ class Drain:
         self.draining = self.gave_up = False
         self.open_before: set[object] = set()  # the clients (host, port) of the connections open when it began
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
-        self._tasks: set[asyncio.Task] = set()
+        self.tasks: set[asyncio.Task] = set()  # the requests in flight
         self._changed = asyncio.Event()  # set when a request leaves
 
     def begin(self, open_connections: Iterable[object] = ()) -> None:
@@ -27,33 +27,29 @@ class Drain:
         """Draining, and `client`'s connection was opened after the drain began."""
         return self.draining and client not in self.open_before
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
-
     def alone(self) -> bool:
         """At most one request in flight: called from inside a request, it is the only one."""
-        return self.in_flight <= 1
+        return len(self.tasks) <= 1
 
     def enter(self, task: asyncio.Task) -> None:
-        self._tasks.add(task)
+        self.tasks.add(task)
 
     def leave(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
+        self.tasks.discard(task)
         self._changed.set()
 
     def give_up(self) -> int:
         """Cancel the requests still in flight (the drain's time is up); returns how many."""
         self.gave_up = True
-        for task in self._tasks:
+        for task in self.tasks:
             task.cancel("the drain's time is up")
-        return len(self._tasks)
+        return len(self.tasks)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when idle."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                while self._tasks:
+                while self.tasks:
                     self._changed.clear()
                     await self._changed.wait()
-        return not self._tasks
+        return not self.tasks

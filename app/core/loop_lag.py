@@ -1,10 +1,12 @@
-"""How late the event loop runs: sampled continuously, so deadlines can be met with the answer already sent."""
+"""How late the event loop runs: sampled continuously, so deadlines can be met with the answer already sent; each sample
+is also the loop's heartbeat (the probe process takes a loop that stops sampling for stuck)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 from prometheus_client import Gauge
 
@@ -17,6 +19,7 @@ class LoopLag:
 
     def __init__(self, gauge: Gauge) -> None:
         self.recent_s = 0.0
+        self.on_sample: list[Callable[[], None]] = []  # called after each sample (the heartbeat)
         self._gauge = gauge
         self._task: asyncio.Task | None = None
 
@@ -35,3 +38,5 @@ class LoopLag:
             await asyncio.sleep(SAMPLE_EVERY_S)
             self.recent_s = max(time.perf_counter() - due, self.recent_s * DECAY)
             self._gauge.set(self.recent_s)
+            for listener in self.on_sample:
+                listener()

@@ -61,7 +61,10 @@ def load_manifest(artifacts: Path) -> Manifest:
     """`artifacts/manifest.json` read and checked against the schema (ManifestError otherwise)."""
     path = artifacts / "manifest.json"
     if not path.is_file():
-        raise ManifestError(f"no manifest.json in {artifacts} (set MNEMO_ARTIFACTS_DIR)")
+        raise ManifestError(
+            f"no manifest.json in {artifacts}: set MNEMO_ARTIFACTS_DIR (--artifacts-dir) to a directory that has one, "
+            "such as a checkout's artifacts/ (the committed models, which `make serve` serves)"
+        )
     try:
         return Manifest.model_validate(json.loads(path.read_text()))
     except json.JSONDecodeError as error:

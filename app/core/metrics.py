@@ -103,12 +103,6 @@ class Metrics:
         ready = "1 when the model is loaded and warmed (in every live worker)"
         self.model_ready = gauge("mnemo_model_ready", ready, mode="livemin")
 
-    def record_build(self, version: str, models: dict[str, tuple[str, str]]) -> None:
-        """The service version and, per model name, its (version, sha256)."""
-        self.build_info.labels(version).set(1)
-        for name, (model_version, sha256) in models.items():
-            self.model_info.labels(name, model_version, sha256).set(1)
-
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
         series = self._request_series.get(key)

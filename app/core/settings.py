@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
@@ -72,6 +72,8 @@ def entries(pattern: str, what: str, required: bool = False) -> AfterValidator:
     return AfterValidator(check)
 
 
+ANY_CASE = BeforeValidator(lambda value: value.strip().lower() if isinstance(value, str) else value)  # of choices
+BLANK_IS_UNSET = BeforeValidator(lambda value: (value.strip() or None) if isinstance(value, str) else value)
 PROVIDERS = entries("auto|cpu|cuda|tensorrt", "a provider (comma-separated: auto, cpu, cuda, tensorrt)", required=True)
 DEVICE_IDS = entries(r"\d+", "a CUDA device id (an integer such as 0, or comma-separated: 0,1)", required=True)
 PATHS = entries("/.*", "a path (comma-separated paths such as /health)")
@@ -104,7 +106,12 @@ def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) ->
 class Settings(BaseSettings):
     """Every setting of the service, each an `MNEMO_*` environment variable (docs/configuration.md, generated)."""
 
-    model_config = SettingsConfigDict(env_prefix="MNEMO_", extra="ignore", use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(
+        env_prefix="MNEMO_",
+        extra="ignore",
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,  # nan passes no bound
+    )
 
     artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
     """Directory of `manifest.json`, the ONNX files and their assets, each checked against its sha256 at startup."""
@@ -118,7 +125,7 @@ class Settings(BaseSettings):
     """Also answer `GET /health` and `GET /ready` on this port from a child process, even while the app is busy."""
     grpc_port: int | None = Field(None, ge=1, le=65535)
     """Also serve the Open Inference Protocol over gRPC on this port; unset, gRPC is off."""
-    provider: Annotated[str, PROVIDERS] = "auto"
+    provider: Annotated[str, ANY_CASE, PROVIDERS] = "auto"
     """ONNX Runtime execution providers, comma-separated: `cpu`, `cuda`, `tensorrt` or `auto` (CUDA if offered, else
     CPU); `cuda,cpu` serves each model from both, each batch on the one predicted to finish first (docs/engine.md)."""
     workers: int = Field(1, ge=1, le=256)
@@ -135,19 +142,19 @@ class Settings(BaseSettings):
     """CUDA device id, or comma-separated ids: worker i runs on the i-th id, modulo their number (docs/gpu.md)."""
     cuda_tf32: bool = False
     """TF32 matrix products on CUDA (ONNX Runtime's `use_tf32`): faster, but far from CPU parity (docs/gpu.md)."""
-    cuda_mem_limit_mb: int | None = Field(None, ge=1)
+    cuda_mem_limit_mb: Annotated[int | None, BLANK_IS_UNSET] = Field(None, ge=1)  # a config map's empty value
     """Bound of each CUDA session's memory arena in MiB (`gpu_mem_limit`); a larger run is split (docs/gpu.md)."""
     cuda_arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
     """How the CUDA arena grows: by what a run asks (the least memory) or in powers of two (ONNX Runtime's default)."""
     cuda_conv_algo_search: Literal["HEURISTIC", "EXHAUSTIVE", "DEFAULT"] = "HEURISTIC"
     """cuDNN's convolution algorithm search; `EXHAUSTIVE` benchmarks every new input shape (batch size) again."""
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], ANY_CASE] = "info"
     """Lowest level logged. Choices match in any case, as for every setting with choices."""
-    log_format: Literal["text", "json"] = "text"
+    log_format: Annotated[Literal["text", "json"], ANY_CASE] = "text"
     """`text`, or `json` for one JSON object per line (uvicorn's own lines included)."""
     max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864)
     """Request bodies larger than this get 413."""
-    on_model_error: Literal["exit", "skip"] = "exit"
+    on_model_error: Annotated[Literal["exit", "skip"], ANY_CASE] = "exit"
     """A missing or tampered model file: `exit` stops startup, naming it; `skip` serves the rest, that one not ready."""
     max_batch: int = Field(32, ge=1, le=4096)
     """Most rows (sentence pairs, history chunks) per ONNX run; within it, runs are sized by cost (docs/engine.md)."""
@@ -172,7 +179,7 @@ class Settings(BaseSettings):
     `RESOURCE_EXHAUSTED`). Default: the open-file limit (`ulimit -n`) minus 128, at most 4096; more stops startup."""
     error_log_window_s: float = Field(60.0, ge=0)
     """A distinct unexpected error's traceback is logged once per window; each occurrence still logs one line."""
-    api_keys: SecretStr | None = None
+    api_keys: Annotated[SecretStr | None, BLANK_IS_UNSET] = None
     """Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths needs `Authorization:
     Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup rather than turn authentication off."""
     api_keys_file: Path | None = None
@@ -185,22 +192,13 @@ class Settings(BaseSettings):
     """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
     the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
 
-    @field_validator("provider", "log_level", "log_format", "on_model_error", "cuda_mem_limit_mb", mode="before")
-    @classmethod
-    def _normalised(cls, value: object, info: ValidationInfo) -> object:
-        """Choices match in any case; a blank `MNEMO_CUDA_MEM_LIMIT_MB=` (a config map's empty value) is unset."""
-        if not isinstance(value, str):
-            return value
-        return None if info.field_name == "cuda_mem_limit_mb" and not value.strip() else value.strip().lower()
-
     @field_validator("api_keys")
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
-        """Blank is unset (no authentication); anything else must hold a key."""
-        text = keys.get_secret_value() if keys else ""
-        if text.strip() and not split_list(text):
+        """Set (not blank), it must hold a key: `,` never turns authentication off."""
+        if keys is not None and not split_list(keys.get_secret_value()):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
-        return keys if text.strip() else None
+        return keys
 
     @field_validator("api_keys_file")
     @classmethod

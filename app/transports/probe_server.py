@@ -17,7 +17,6 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 logger = logging.getLogger("mnemo.probes")
-FEED_INTERVAL_S = 0.1
 START_TIMEOUT_S = 10.0
 STALE_S = 30.0  # no readiness line for this long: the service's event loop is stuck, not merely busy
 MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unanswered
@@ -25,16 +24,11 @@ SOCKET_TIMEOUT_S = 5.0
 
 
 class ProbeProcess:
-    """Starts the probe server on `host:port` (`spawn`, then `start`), keeps it fed with `readiness()`, stops it."""
-
-    _process: subprocess.Popen
-    _feeder: asyncio.Task
+    """The probe server on `host:port`, started now (it says "loading" while the service loads its models) and told
+    `readiness()` on each `push` (the event loop's heartbeat); `start` waits until it listens, `stop` ends it."""
 
     def __init__(self, host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> None:
         self.host, self.port, self.readiness = host, port, readiness
-
-    def spawn(self) -> None:
-        """Start the child and feed it from now on: it says "loading" while the service loads its models."""
         self._process = subprocess.Popen(
             [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
             stdin=subprocess.PIPE,
@@ -42,7 +36,6 @@ class ProbeProcess:
             text=True,
         )
         os.set_blocking(self._process.stdin.fileno(), False)
-        self._feeder = asyncio.create_task(self._feed(), name="probe-feed")
 
     async def start(self) -> None:
         """Wait until the child listens; RuntimeError if it cannot (the port is taken)."""
@@ -53,7 +46,7 @@ class ProbeProcess:
         if first.strip() != "listening":
             self._process.kill()
             raise RuntimeError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
-        self.push()  # the readiness of now, before the main port opens (the feeder's first turn comes later)
+        self.push()  # the readiness of now, before the main port opens (the next heartbeat comes later)
         logger.info("probes: /health and /ready also on http://%s:%d (own process)", self.host, self.port)
 
     def push(self) -> None:
@@ -62,15 +55,7 @@ class ProbeProcess:
             self._process.stdin.write(json.dumps(self.readiness()) + "\n")
             self._process.stdin.flush()
 
-    async def _feed(self) -> None:
-        while True:
-            self.push()
-            await asyncio.sleep(FEED_INTERVAL_S)
-
     async def stop(self) -> None:
-        self._feeder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._feeder
         with contextlib.suppress(BrokenPipeError, BlockingIOError):
             self._process.stdin.close()  # EOF: the probe server exits
         try:

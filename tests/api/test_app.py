@@ -118,7 +118,8 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "NOT_A_DB"}, "pyproject.toml, a file that is not an SQLite database"),  # was: /ready 200
         ({"MNEMO_OPEN_PATHS": "/ready,health"}, "MNEMO_OPEN_PATHS: 'health' is not a path"),  # was: 401
         ({"MNEMO_CORS_ORIGINS": "https://a.example/"}, "'https://a.example/' is not an origin"),
-        ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"),
+        ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "no manifest.json in /nonexistent: set MNEMO_ARTIFACTS_DIR"),
+        ({"MNEMO_REQUEST_TIMEOUT_S": "nan"}, "MNEMO_REQUEST_TIMEOUT_S: Input should be a finite number"),
         ({"MNEMO_INTRA_OP_THREADS": "100000"}, "MNEMO_INTRA_OP_THREADS: Input should be less than or equal to 256"),
         ({"MNEMO_MAX_QUEUE": "10000000"}, "MNEMO_MAX_QUEUE: Input should be less than or equal to 1000000"),
         ({"MNEMO_MAX_BODY_BYTES": str(1 << 30)}, "MNEMO_MAX_BODY_BYTES: Input should be less than or equal to 6710"),

@@ -19,6 +19,14 @@ from tests.conftest import COMMITTED, KT_MODEL, manifest_models
 from tests.helpers import ROOT, free_port, run_app, running_server
 
 
+def no_manifest(directory: object) -> str:
+    """The one message for a directory without a manifest: its path, the variable, the committed models' command."""
+    return (
+        f"no manifest.json in {directory}: set MNEMO_ARTIFACTS_DIR (--artifacts-dir) to a directory that has one, "
+        "such as a checkout's artifacts/ (the committed models, which `make serve` serves)"
+    )
+
+
 def test_serve_help_lists_a_flag_and_its_variable_for_every_setting():
     shown = CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200)
     assert shown.exit_code == 0
@@ -47,14 +55,14 @@ def test_models_prints_every_manifest_entry_with_its_version():
 def test_models_of_a_directory_without_a_manifest_is_one_line_and_status_1(tmp_path):
     listed = CliRunner().invoke(cli, ["models", "--artifacts", str(tmp_path)])
     assert listed.exit_code == 1
-    assert listed.output.strip() == f"Error: no manifest.json in {tmp_path} (set MNEMO_ARTIFACTS_DIR)"
+    assert listed.output.strip() == f"Error: {no_manifest(tmp_path)}"
 
 
 def test_a_flag_wins_over_its_variable_and_a_bad_flag_is_named():
     env = {**os.environ, "MNEMO_PORT": "not-a-port", "MNEMO_ARTIFACTS_DIR": "/nonexistent"}
     done = run_app(env, "--port", str(free_port()))
     assert done.returncode == 1  # the port flag was taken: the next problem is the artifacts directory
-    assert done.stderr.strip() == "mnemo: cannot start: MNEMO_ARTIFACTS_DIR /nonexistent holds no manifest.json"
+    assert done.stderr.strip() == f"mnemo: cannot start: {no_manifest('/nonexistent')}"  # as `mnemo models` says it
     done = run_app({**os.environ}, "--port", "99999")
     assert done.returncode == 2 and "--port: Input should be less than or equal to 65535" in done.stderr
 
@@ -145,4 +153,4 @@ def test_an_ipv6_host_is_bracketed_in_the_url_it_says_and_served_there():
 def test_models_reads_the_artifacts_directory_from_its_variable(tmp_path):
     listed = CliRunner().invoke(cli, ["models"], env={"MNEMO_ARTIFACTS_DIR": str(tmp_path)})
     assert listed.exit_code == 1
-    assert listed.output.strip() == f"Error: no manifest.json in {tmp_path} (set MNEMO_ARTIFACTS_DIR)"
+    assert listed.output.strip() == f"Error: {no_manifest(tmp_path)}"

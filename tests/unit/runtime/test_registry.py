@@ -162,7 +162,7 @@ def test_empty_manifest_is_valid_and_ready(tmp_path):
 @pytest.mark.parametrize(
     ("manifest", "message"),
     [
-        (None, "no manifest.json in .* \\(set MNEMO_ARTIFACTS_DIR\\)"),
+        (None, "no manifest.json in .*: set MNEMO_ARTIFACTS_DIR"),
         ("{not json", "manifest.json is not JSON"),
         ("[]", "does not match the schema: the manifest: Input should be a valid dictionary"),
         ({"models": [{"name": "x"}]}, "models.0.task: Field required"),
