@@ -1,4 +1,5 @@
-"""A served model (`ServedModel`) and what the runtime needs from its task family (the `Task` protocol)."""
+"""A served model (`ServedModel`), what the runtime needs from its task family (the `Task` protocol) and the tensor
+vocabulary of its codecs and the Open Inference Protocol (`TensorSpec`, `ProtocolError`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,46 @@ import onnxruntime as ort
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from app.core.errors import ModelNotReady
+from app.core.errors import ModelNotReady, ServiceError
 from app.core.manifest import ModelEntry
 from app.runtime.collate import Feeds
-from app.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from app.runtime.batcher import ModelBatcher
     from app.runtime.instances import Instance
+
+# ONNX tensor element types as the protocol's datatypes (numpy's dtype of each: tritonclient's triton_to_np_dtype)
+ONNX_TYPES = {"tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(string)": "BYTES"}
+ONNX_TYPES |= {f"tensor({name})": name.upper() for name in ("bool", "int8", "int16", "int32", "int64", "uint8")}
+
+
+class ProtocolError(ServiceError):
+    """A request the protocol adapter refuses: `{"error": detail}` with its status (400 unless said)."""
+
+    def __init__(self, detail: str, status_code: int = 400) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A declared input or output: name, datatype and shape (-1 = any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    optional: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
+    """The protocol's view of an ONNX graph input or output: symbolic dims become -1."""
+    if node.type not in ONNX_TYPES:
+        raise ValueError(f"graph tensor {node.name} has type {node.type}, which the protocol adapter does not map")
+    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape)
+    return TensorSpec(node.name, ONNX_TYPES[node.type], shape, optional)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ from fastapi import FastAPI
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from app.core.errors import INTERNAL_ERROR, ServiceError, ort_message
 from app.core.request_context import request_arrival
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError
+from app.runtime.model import ProtocolError, ServedModel
 from app.transports.access import api_key_check
 from app.transports.deadline import within_deadline
 from app.transports.oip import inference
@@ -82,7 +83,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
         except ProtocolError as error:
-            if error.status != 503:
+            if error.status_code != 503:
                 raise
             return {"ready": False}
 
@@ -161,10 +162,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if not self.state.drain.gave_up or context.cancelled():
                 raise  # the client left, or its deadline passed: nobody reads an answer
             code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
-        except Exception as error:
-            status, details, headers = inference.refusal(error, f"the gRPC method {method}")
-            code = grpc.StatusCode[CODES.get(status, "INTERNAL")]
-            trailers = tuple((key.lower(), value) for key, value in headers.items())
+        except ServiceError as error:
+            code, details = grpc.StatusCode[CODES.get(error.status_code, "INTERNAL")], error.detail
+            trailers = tuple((key.lower(), value) for key, value in (error.headers or {}).items())
+        except OrtInvalidArgument as error:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, ort_message(error)
+        except Exception:
+            logger.exception("unexpected error in the gRPC method %s", method)
+            code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
         finally:
             metrics = self.state.metrics
             metrics.grpc_requests.labels(method, code.name).inc()

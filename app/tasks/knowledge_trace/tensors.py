@@ -5,13 +5,12 @@ T may exceed `seqlen`."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from app.runtime.collate import Feeds, pad_rows
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError, TensorSpec, onnx_spec
+from app.runtime.model import ProtocolError, ServedModel, TensorSpec, onnx_spec
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.service import KnowledgeTraceState
 
@@ -31,14 +30,11 @@ class Histories:
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
     """The graph's inputs; the state (`mv_in`, `state_in`) may be left out."""
-    return [
-        replace(onnx_spec(node.name, node.type, node.shape), optional=node.name in OPTIONAL_INPUTS)
-        for node in model.session.get_inputs()
-    ]
+    return [onnx_spec(node, node.name in OPTIONAL_INPUTS) for node in model.session.get_inputs()]
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
-    return [onnx_spec(node.name, node.type, node.shape) for node in model.session.get_outputs()]
+    return [onnx_spec(node) for node in model.session.get_outputs()]
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histories:

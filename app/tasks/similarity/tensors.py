@@ -9,8 +9,7 @@ import numpy as np
 
 from app.core.errors import InvalidInput
 from app.runtime.collate import Feeds
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError, TensorSpec
+from app.runtime.model import ProtocolError, ServedModel, TensorSpec
 from app.tasks.similarity import service
 from app.tasks.similarity.service import EncodedPair, SimilarityState
 

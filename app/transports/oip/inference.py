@@ -3,21 +3,16 @@ runs a request between the transport's decode and encode; the other answers are 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from starlette.datastructures import State
 
-from app.core.errors import ServiceError, ort_message
 from app.core.metrics import Metrics
-from app.runtime.model import ServedModel, TensorCodec
+from app.runtime.model import ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
-from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
-logger = logging.getLogger("mnemo.oip")
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
 T = TypeVar("T")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
@@ -40,18 +35,6 @@ NOT_OFFERED = {
 }
 CODEC_HINT = "content_type"
 TYPED = {CODEC_HINT: (str, "a string"), **dict.fromkeys(("binary_data", "binary_data_output"), (bool, "true or false"))}
-
-
-def refusal(error: Exception, where: str) -> tuple[int, str, Mapping[str, str]]:
-    """A failed request as (status, sentence, headers), for REST and gRPC alike; an unexpected error is logged."""
-    if isinstance(error, ProtocolError):
-        return error.status, error.message, {}
-    if isinstance(error, ServiceError):
-        return error.status_code, error.detail, error.headers or {}
-    if isinstance(error, OrtInvalidArgument):
-        return 400, ort_message(error), {}
-    logger.exception("unexpected error in %s", where)
-    return 500, "Internal error; it has been logged.", {}
 
 
 def served(state: State) -> list[ServedModel]:

@@ -1,5 +1,5 @@
 """The Open Inference Protocol (KServe v2) REST endpoints, with Triton's model config, statistics and repository
-index; every error is `{"error": "<sentence>"}`; a model's routes also answer under `/versions/{version}`."""
+index; a model's routes also answer under `/versions/{version}`; errors are shaped by oip_errors.py."""
 
 from __future__ import annotations
 
@@ -69,26 +69,17 @@ Handler = Callable[..., Awaitable[Response]]
 
 
 def model_route(method: str, path: str, handler: Handler, **documented: Any) -> None:
-    """Route `/models/{name}<path>` and its `/versions/{version}` twin to `handler`, failures as `{"error": ...}`."""
-
-    async def guarded(request: Request, name: str) -> Response:
-        try:
-            return await handler(request, name, request.path_params.get("version"))
-        except Exception as error:
-            status, message, headers = inference.refusal(error, f"the protocol endpoint {handler.__name__}")
-            return JsonResponse({"error": message}, status, headers=headers)
-
-    guarded.__name__, guarded.__doc__ = handler.__name__, handler.__doc__  # the operation's summary and text
-    router.add_api_route(f"/models/{{name}}{path}", guarded, methods=[method], **documented)
+    """Route `/models/{name}<path>` and its `/versions/{version}` twin (undocumented) to `handler`."""
+    router.add_api_route(f"/models/{{name}}{path}", handler, methods=[method], **documented)
     versioned = f"/models/{{name}}/versions/{{version}}{path}"
-    router.add_api_route(versioned, guarded, methods=[method], include_in_schema=False)
+    router.add_api_route(versioned, handler, methods=[method], include_in_schema=False)
 
 
 def answering(answer: Callable[[State, str, str | None], dict]) -> Handler:
     """A handler whose answer is `answer`'s dict (shared with gRPC), documented by its docstring."""
 
-    async def handler(request: Request, name: str, version: str | None) -> Response:
-        return JsonResponse(answer(request.app.state, name, version))
+    async def handler(request: Request, name: str) -> Response:
+        return JsonResponse(answer(request.app.state, name, request.path_params.get("version")))
 
     handler.__name__, handler.__doc__ = answer.__name__, answer.__doc__
     return handler
@@ -139,14 +130,14 @@ async def repository_index(request: Request) -> Response:
     try:
         ready_only = RepositoryIndexRequest.model_validate_json(await request.body() or b"{}").ready
     except ValidationError as error:
-        return JsonResponse({"error": invalid_request(error, "repository index request").message}, 400)
+        raise invalid_request(error, "repository index request") from None
     return JsonResponse(inference.repository_index(request.app.state, ready_only))
 
 
-async def infer(request: Request, name: str, version: str | None) -> Response:
+async def infer(request: Request, name: str) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
-    model, codec = inference.find_model(request.app.state, name, version)
+    model, codec = inference.find_model(request.app.state, name, request.path_params.get("version"))
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     check_utf8(request, body)
     return await inference.infer(
