@@ -63,11 +63,6 @@ class GraphLayout:
     sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
-def graph_layouts(task: Task) -> Mapping[str, GraphLayout]:
-    """The extra graphs of the same weights a model of `task` may carry (the manifest's `graphs`), by key."""
-    return getattr(task, "graphs", MappingProxyType({}))
-
-
 @dataclass(frozen=True)
 class Admission:
     """The room a request takes before it runs: in which batcher, how many rows and cells (None: estimated)."""
@@ -101,8 +96,8 @@ class TensorCodec(Protocol):
     def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
-    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
-        """The checked request (blocking, on a worker thread), with the `rows` and `cells` the batcher admits."""
+    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Any]:
+        """The room the request takes and the checked request (blocking, on a worker thread)."""
 
     async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
 
@@ -115,8 +110,8 @@ class Task(Protocol):
     endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/rest.py)
     routes: APIRouter  # its other REST routes, which need none of the transport's machinery
     tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
-    sequence_inputs: tuple[str, ...]
-    sequence_outputs: Mapping[str, int]
+    layout: GraphLayout  # its model's graph's
+    graphs: Mapping[str, GraphLayout]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
 
     def prepare(self, model: ServedModel) -> Any:
         """Check the model's metadata, limits and assets once loaded; return the typed state (`model.state`)."""

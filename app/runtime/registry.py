@@ -22,7 +22,7 @@ from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
-from app.runtime.model import ONNX_TYPES, ServedModel, Task, graph_layouts
+from app.runtime.model import ONNX_TYPES, ServedModel, Task
 from app.runtime.sessions import ProviderUnavailable, check_session_provider, open_session, preopened, resolve_provider
 
 logger = logging.getLogger("mnemo.registry")
@@ -97,7 +97,7 @@ class ModelRegistry:
             for key, asset in entry.assets.items():
                 model.assets[key] = self._asset(asset.file, asset.sha256, key)
             self._open(model)
-            layouts = graph_layouts(self.tasks[model.task])
+            layouts = self.tasks[model.task].graphs
             for key, graph in entry.graphs.items():
                 if key not in layouts:
                     known = ", ".join(sorted(layouts)) or "none"

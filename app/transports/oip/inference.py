@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from starlette.datastructures import State
 
 from app.core.metrics import Metrics
-from app.runtime.model import ProtocolError, ServedModel, TensorCodec, TensorSpec
+from app.runtime.model import Admission, ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
@@ -74,19 +74,19 @@ async def infer(
     answers with the requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse
     queue (429, counted as parse_queue_full, while it is full), and so does encoding."""
 
-    def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Any]:
+    def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Admission, Any]:
         request, binary = decode()
         timeout_s, wanted = check_parameters(request), requested_outputs(request, codec.outputs(model))
-        return request, timeout_s, wanted, codec.prepare(model, decode_inputs(request, binary, codec.inputs(model)))
+        return request, timeout_s, wanted, *codec.prepare(model, decode_inputs(request, binary, codec.inputs(model)))
 
     try:
-        request, timeout_s, wanted, prepared = (
+        request, timeout_s, wanted, admission, prepared = (
             prepare() if size <= INLINE_BYTES else await offload_or_shed(size, prepare)
         )
     except ParseQueueFull:
         metrics.refused("parse_queue_full")
         raise
-    with model.batcher.admit(prepared.rows, prepared.cells):
+    with admission.batcher.admit(admission.rows, admission.cells):
         arrays = await complete(codec.infer(model, prepared), timeout_s)
     outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
     large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES
