@@ -27,11 +27,7 @@ ONNX_TYPES |= {f"tensor({name})": name.upper() for name in ("bool", "int8", "int
 
 
 class ProtocolError(ServiceError):
-    """A request the protocol adapter refuses: `{"error": detail}` with its status (400 unless said)."""
-
-    def __init__(self, detail: str, status_code: int = 400) -> None:
-        super().__init__(detail)
-        self.status_code = status_code
+    status_code = 400  # a request the protocol adapter refuses, answered `{"error": detail}`
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from app.core.errors import INTERNAL_ERROR, ServiceError, ort_message
+from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
 from app.runtime.model import ProtocolError, ServedModel
 from app.transports.access import api_key_check
@@ -33,14 +33,19 @@ logger = logging.getLogger("mnemo.grpc")
 INFERENCE_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
 # the status of each HTTP status the service answers with (any other is INTERNAL)
-CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
+CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
 CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
 MALFORMED = "The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse."
+API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization: Bearer <key>."
 Context = grpc.aio.ServicerContext
 Method = Callable[..., Awaitable[Message]]
+
+
+class ShuttingDown(ServiceError):
+    status_code = 503  # a call that arrives while the server drains
 
 
 def rpc(path: Callable[[Any], str], answer: type[Message]) -> Callable[[Callable[..., dict]], Method]:
@@ -82,9 +87,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def ModelReady(self, request: Message) -> dict:
         try:
             return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
-        except ProtocolError as error:
-            if error.status_code != 503:
-                raise
+        except ModelNotReady:
             return {"ready": False}
 
     @rpc(lambda request: f"/v2/models/{request.name}", service_pb2.ModelMetadataResponse)
@@ -122,7 +125,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise ProtocolError(MALFORMED)
         drain = self.state.drain
         if drain.draining:
-            raise ProtocolError("The server is shutting down; retry on another instance.", 503)
+            raise ShuttingDown("The server is shutting down; retry on another instance.")
         model, codec = inference.find_model(self.state, message.model_name, message.model_version)
         size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
         bounded = functools.partial(self._complete, model.name, context)
@@ -154,9 +157,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
             sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-            if self.keys is not None and self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
-                raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
-            return await handler()
+            if self.keys is None or not self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
+                return await handler()
+            code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             if not self.state.drain.gave_up or context.cancelled():

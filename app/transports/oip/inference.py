@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from starlette.datastructures import State
 
+from app.core.errors import ModelNotReady, UnknownModel
 from app.core.metrics import Metrics
 from app.runtime.model import Admission, ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
@@ -47,16 +48,16 @@ def find_model(state: State, name: str, version: str | None = None) -> tuple[Ser
     """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
     registry = getattr(state, "registry", None)
     if registry is None:
-        raise ProtocolError("Models are still loading.", 503)
+        raise ModelNotReady("Models are still loading.")
     model = registry.models.get(name)
     codec = None if model is None else registry.tasks[model.task].tensors
     if codec is None:
         known = ", ".join(sorted(m.name for m in served(state))) or "none"
-        raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
+        raise UnknownModel(f"Unknown model {name[:100]!r}; available: {known}.")
     if version and version != model.entry.version:
-        raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
+        raise UnknownModel(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.")
     if not model.ready:
-        raise ProtocolError(f"Model {name} is not ready: {model.error}", 503)
+        raise ModelNotReady(f"Model {name} is not ready: {model.error}")
     return model, codec
 
 
