@@ -1,6 +1,5 @@
-"""The Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, KServe v2 / Triton) on MNEMO_GRPC_PORT and
-the HTTP app's event loop, through REST v2's code; MNEMO_MAX_BODY_BYTES bounds a message, MNEMO_MAX_CONNECTIONS the
-calls in flight (past it RESOURCE_EXHAUSTED at once), MNEMO_DRAIN_S the drain; `grpc.health.v1.Health` is served too."""
+"""The Open Inference Protocol over gRPC (KServe v2 / Triton's `inference.GRPCInferenceService`, and
+`grpc.health.v1.Health`) on MNEMO_GRPC_PORT and the HTTP app's event loop, through REST v2's code."""
 
 from __future__ import annotations
 
@@ -48,10 +47,12 @@ class ShuttingDown(ServiceError):
     status_code = 503  # a call that arrives while the server drains
 
 
-def rpc(path: Callable[[Any], str], answer: type[Message]) -> Callable[[Callable[..., dict]], Method]:
-    """An RPC whose REST v2 answer (a dict) is sent as `answer`, its API key checked as REST's `path(request)` is."""
+def rpc(path: Callable[[Any], str]) -> Callable[[Callable[..., dict]], Method]:
+    """An RPC answering REST v2's dict as its `<name>Response`, its API key checked as REST's `path(request)` is."""
 
     def register(document: Callable[..., dict]) -> Method:
+        answer = getattr(service_pb2, f"{document.__name__}Response")
+
         async def method(self: InferenceServicer, request: Any, context: Context) -> Message:
             async def respond() -> Message:
                 return json_format.ParseDict(document(self, request), answer())
@@ -71,38 +72,38 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state = app.state
         self.keys = api_key_check(app.state.settings)
 
-    @rpc(lambda request: "/v2/health/live", service_pb2.ServerLiveResponse)
+    @rpc(lambda request: "/v2/health/live")
     def ServerLive(self, request: Message) -> dict:
         return {"live": True}
 
-    @rpc(lambda request: "/v2/health/ready", service_pb2.ServerReadyResponse)
+    @rpc(lambda request: "/v2/health/ready")
     def ServerReady(self, request: Message) -> dict:
         return {"ready": readiness(self.state)[0] == 200}
 
-    @rpc(lambda request: "/v2", service_pb2.ServerMetadataResponse)
+    @rpc(lambda request: "/v2")
     def ServerMetadata(self, request: Message) -> dict:
         return {"name": self.app.title, "version": self.app.version, "extensions": list(inference.EXTENSIONS)}
 
-    @rpc(lambda request: f"/v2/models/{request.name}/ready", service_pb2.ModelReadyResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}/ready")
     def ModelReady(self, request: Message) -> dict:
         try:
             return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
         except ModelNotReady:
             return {"ready": False}
 
-    @rpc(lambda request: f"/v2/models/{request.name}", service_pb2.ModelMetadataResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}")
     def ModelMetadata(self, request: Message) -> dict:
         return inference.model_metadata(self.state, request.name, request.version)
 
-    @rpc(lambda request: f"/v2/models/{request.name}/config", service_pb2.ModelConfigResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}/config")
     def ModelConfig(self, request: Message) -> dict:
         return {"config": inference.model_config(self.state, request.name, request.version)}
 
-    @rpc(lambda r: f"/v2/models/{r.name}/stats" if r.name else "/v2/models/stats", service_pb2.ModelStatisticsResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
     def ModelStatistics(self, request: Message) -> dict:
         return inference.model_statistics(self.state, request.name, request.version)
 
-    @rpc(lambda request: "/v2/repository/index", service_pb2.RepositoryIndexResponse)
+    @rpc(lambda request: "/v2/repository/index")
     def RepositoryIndex(self, request: Message) -> dict:
         if request.repository_name:
             raise ProtocolError(
@@ -111,8 +112,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return {"models": inference.repository_index(self.state, request.ready)}
 
     async def ModelInfer(self, data: bytes, context: Context) -> Message:
-        """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, where grpc's own
-        decoding would answer INTERNAL."""
+        """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, not grpc's INTERNAL."""
         try:
             message = service_pb2.ModelInferRequest.FromString(data)
         except DecodeError:
@@ -137,9 +137,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             drain.leave(task)
 
-    async def _complete(
-        self, model: str, context: Context, work: Coroutine[Any, Any, Any], timeout_s: float | None
-    ) -> Any:
+    async def _complete(self, model: str, context: Context, work: Coroutine, timeout_s: float | None) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
         arrival, remaining = request_arrival.get(), context.time_remaining()
         rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
@@ -192,8 +190,8 @@ def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -
 
 
 def inference_request(message: service_pb2.ModelInferRequest) -> tuple[InferenceRequest, bytes]:
-    """The request as the protocol's `InferenceRequest` and the binary tensor data its inputs claim:
-    `raw_input_contents` (one entry per input, in order) as binary data, typed `contents` as JSON `data`."""
+    """REST's request and binary data: `raw_input_contents` (one per input, in order) as binary data, typed `contents`
+    as JSON `data`."""
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
         raise ProtocolError(
@@ -239,9 +237,7 @@ def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str
     return utf8_texts(values, f"{where} ({tensor.name})") if tensor.datatype == "BYTES" else values
 
 
-def inference_response(
-    model: ServedModel, request: InferenceRequest, outputs: list[Output]
-) -> service_pb2.ModelInferResponse:
+def inference_response(model: ServedModel, request: InferenceRequest, outputs: list[Output]) -> Message:
     """The `ModelInferResponse`: every requested output as raw contents."""
     response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.entry.version)
     response.id = request.id or ""

@@ -70,10 +70,8 @@ async def infer(
     decode: Callable[[], tuple[InferenceRequest, bytes]],
     encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
 ) -> T:
-    """The transport's answer to a request of `size` bytes: `decode()` gives the request and its binary tensor data,
-    the model runs on its tensors admitted by its batcher and bounded by `complete(work, client_timeout_s)`, `encode`
-    answers with the requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse
-    queue (429, counted as parse_queue_full, while it is full), and so does encoding."""
+    """`encode`'s answer to the request `decode()` gives (with its binary data), run within `complete(work, timeout)`;
+    past INLINE_BYTES, decoding and encoding run on the bounded parse queue's threads (429 while it is full)."""
 
     def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Admission, Any]:
         request, binary = decode()
@@ -95,8 +93,8 @@ async def infer(
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
-    """The deadline in seconds that the request's `timeout` asks for (None: the server's); 400 for any parameter
-    not honoured or of the wrong type."""
+    """The deadline in seconds the `timeout` parameter asks for (None: the server's); 400 for any parameter not
+    honoured or of the wrong type."""
     _check_known(request.parameters, "parameters", ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES))
     for name, off in OFF_VALUES.items():
         value = request.parameters.get(name, off[0])
