@@ -125,7 +125,6 @@ class ServedModel:
     state: Any = None
     error: str | None = None
     instances: list[Instance] = field(default_factory=list)  # one session per MNEMO_PROVIDER entry
-    output_names: list[str] = field(default_factory=list)
     graphs: dict[str, ServedModel] = field(default_factory=dict)
     batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
 

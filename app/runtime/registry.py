@@ -125,7 +125,6 @@ class ModelRegistry:
                 verify_once()
                 session = open_session(path, self.settings, provider)
             check_session_provider(session, provider, model.name)
-            model.output_names = [output.name for output in session.get_outputs()]
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             instance = session_instance(name, session, model.name, self.metrics)
             _seed_cost(instance, session)
