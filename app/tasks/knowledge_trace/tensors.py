@@ -1,6 +1,5 @@
-"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len` and the
-optional state in; `p`, the state and DKVMN's `corr_w`, `mastery` out), each row run through `service.trace_all`, so
-T may exceed `seqlen`."""
+"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len`, the optional
+state in; `p`, the state, DKVMN's `corr_w`, `mastery` out), run by `service.trace_all`, so T may exceed `seqlen`."""
 
 from __future__ import annotations
 
