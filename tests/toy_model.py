@@ -28,7 +28,7 @@ from app.core.errors import InvalidInput
 from app.core.settings import Settings
 from app.main import create_app
 from app.runtime.cost import CostModel
-from app.runtime.model import ServedModel
+from app.runtime.model import GraphLayout, ServedModel
 from app.transports.http import complete, read_body, registry
 from export.manifest import upsert_model
 
@@ -215,8 +215,8 @@ class ToyTask:
     endpoints = ()
     routes = toy_router
     tensors = None
-    sequence_inputs = ()
-    sequence_outputs = MappingProxyType({})
+    layout = GraphLayout()
+    graphs = MappingProxyType({})
 
     def __init__(self, name: str = TOY_TASK, prepare=None) -> None:
         self.name = name

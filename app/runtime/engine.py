@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from app.runtime.batcher import BatchConfig, ModelBatcher
 from app.runtime.instances import RunSlots
 from app.runtime.memory import release_free_memory
-from app.runtime.model import GraphLayout, graph_layouts
 from app.runtime.registry import ModelRegistry
 
 TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
@@ -31,7 +30,7 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
             deadline_s=settings.request_timeout_s,
             max_cells=override.max_cells,
         )
-        layouts = {None: GraphLayout(task.sequence_inputs, task.sequence_outputs), **graph_layouts(task)}
+        layouts = {None: task.layout, **task.graphs}
         for key, graph in ((None, model), *model.graphs.items()):
             for instance in graph.instances:
                 instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")

@@ -1,4 +1,5 @@
-"""A served model (`ServedModel`) and what the runtime needs from its task family (the `Task` protocol)."""
+"""A served model (`ServedModel`), what the runtime needs from its task family (the `Task` protocol) and the tensor
+vocabulary of its codecs and the Open Inference Protocol (`TensorSpec`, `ProtocolError`)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,42 @@ import onnxruntime as ort
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from app.core.errors import ModelNotReady
+from app.core.errors import ModelNotReady, ServiceError
 from app.core.manifest import ModelEntry
 from app.runtime.collate import Feeds
-from app.runtime.tensors import TensorSpec
 
 if TYPE_CHECKING:
     from app.runtime.batcher import ModelBatcher
     from app.runtime.instances import Instance
+
+# ONNX tensor element types as the protocol's datatypes (numpy's dtype of each: tritonclient's triton_to_np_dtype)
+ONNX_TYPES = {"tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(string)": "BYTES"}
+ONNX_TYPES |= {f"tensor({name})": name.upper() for name in ("bool", "int8", "int16", "int32", "int64", "uint8")}
+
+
+class ProtocolError(ServiceError):
+    status_code = 400  # a request the protocol adapter refuses, answered `{"error": detail}`
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A declared input or output: name, datatype and shape (-1 = any size)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    optional: bool = False
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
+    """The protocol's view of an ONNX graph input or output: symbolic dims become -1."""
+    if node.type not in ONNX_TYPES:
+        raise ValueError(f"graph tensor {node.name} has type {node.type}, which the protocol adapter does not map")
+    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape)
+    return TensorSpec(node.name, ONNX_TYPES[node.type], shape, optional)
 
 
 @dataclass(frozen=True)
@@ -28,11 +57,6 @@ class GraphLayout:
 
     sequence_inputs: tuple[str, ...] = ()
     sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-
-def graph_layouts(task: Task) -> Mapping[str, GraphLayout]:
-    """The extra graphs of the same weights a model of `task` may carry (the manifest's `graphs`), by key."""
-    return getattr(task, "graphs", MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -68,8 +92,8 @@ class TensorCodec(Protocol):
     def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
-    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Any:
-        """The checked request (blocking, on a worker thread), with the `rows` and `cells` the batcher admits."""
+    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Any]:
+        """The room the request takes and the checked request (blocking, on a worker thread)."""
 
     async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
 
@@ -82,8 +106,8 @@ class Task(Protocol):
     endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/rest.py)
     routes: APIRouter  # its other REST routes, which need none of the transport's machinery
     tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
-    sequence_inputs: tuple[str, ...]
-    sequence_outputs: Mapping[str, int]
+    layout: GraphLayout  # its model's graph's
+    graphs: Mapping[str, GraphLayout]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
 
     def prepare(self, model: ServedModel) -> Any:
         """Check the model's metadata, limits and assets once loaded; return the typed state (`model.state`)."""
@@ -101,7 +125,6 @@ class ServedModel:
     state: Any = None
     error: str | None = None
     instances: list[Instance] = field(default_factory=list)  # one session per MNEMO_PROVIDER entry
-    output_names: list[str] = field(default_factory=list)
     graphs: dict[str, ServedModel] = field(default_factory=dict)
     batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from tritonclient.utils import triton_to_np_dtype
 
 from app.core.errors import ModelNotReady, UnknownModel
 from app.core.integrity import load_npy, verify
@@ -20,9 +21,8 @@ from app.core.manifest import chosen, confined, read_manifest
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
-from app.runtime.model import ServedModel, Task, graph_layouts
+from app.runtime.model import ONNX_TYPES, ServedModel, Task
 from app.runtime.sessions import ProviderUnavailable, check_session_provider, open_session, preopened, resolve_provider
-from app.runtime.tensors import ONNX_TYPES
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
@@ -41,8 +41,8 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
     feeds = {}
     for graph_input in session.get_inputs():
         shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
-        _, dtype = ONNX_TYPES.get(graph_input.type, (None, None))
-        if dtype is None:
+        dtype = triton_to_np_dtype(ONNX_TYPES.get(graph_input.type, "BYTES"))
+        if dtype is np.object_:
             raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
         feeds[graph_input.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
     return feeds
@@ -96,7 +96,7 @@ class ModelRegistry:
             for key, asset in entry.assets.items():
                 model.assets[key] = self._asset(asset.file, asset.sha256, key)
             self._open(model)
-            layouts = graph_layouts(self.tasks[model.task])
+            layouts = self.tasks[model.task].graphs
             for key, graph in entry.graphs.items():
                 if key not in layouts:
                     known = ", ".join(sorted(layouts)) or "none"
@@ -123,7 +123,6 @@ class ModelRegistry:
                 verify(path, entry.file, entry.sha256, "model file")
                 session = open_session(path, self.settings, provider)
             check_session_provider(session, provider, model.name)
-            model.output_names = [output.name for output in session.get_outputs()]
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             instance = session_instance(name, session, model.name, self.metrics)
             _seed_cost(instance, session)

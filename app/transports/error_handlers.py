@@ -20,6 +20,7 @@ from app.core.logging import TracebackBudget, loggable_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
 from app.students.store import StoreError, StoreUnavailable
+from app.transports.oip_errors import is_protocol_path
 
 logger = logging.getLogger("mnemo.errors")
 STORE_RETRY = {"Retry-After": "1"}
@@ -81,4 +82,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
+        if is_protocol_path(request.scope["path"]):  # the protocol's 400, shaped by oip_errors.py
+            return JsonResponse({"detail": ort_message(error)}, 400)
         return JsonResponse(InvalidInput(("body",), ort_message(error)).payload(), 422)

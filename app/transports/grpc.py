@@ -1,6 +1,5 @@
-"""The Open Inference Protocol over gRPC (`inference.GRPCInferenceService`, KServe v2 / Triton) on MNEMO_GRPC_PORT and
-the HTTP app's event loop, through REST v2's code; MNEMO_MAX_BODY_BYTES bounds a message, MNEMO_MAX_CONNECTIONS the
-calls in flight (past it RESOURCE_EXHAUSTED at once), MNEMO_DRAIN_S the drain; `grpc.health.v1.Health` is served too."""
+"""The Open Inference Protocol over gRPC (KServe v2 / Triton's `inference.GRPCInferenceService`, and
+`grpc.health.v1.Health`) on MNEMO_GRPC_PORT and the HTTP app's event loop, through REST v2's code."""
 
 from __future__ import annotations
 
@@ -17,11 +16,12 @@ from fastapi import FastAPI
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError
+from app.runtime.model import ProtocolError, ServedModel
 from app.transports.access import api_key_check
 from app.transports.deadline import within_deadline
 from app.transports.oip import inference
@@ -32,20 +32,27 @@ logger = logging.getLogger("mnemo.grpc")
 INFERENCE_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
 # the status of each HTTP status the service answers with (any other is INTERNAL)
-CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
+CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
 CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
 MALFORMED = "The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse."
+API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization: Bearer <key>."
 Context = grpc.aio.ServicerContext
 Method = Callable[..., Awaitable[Message]]
 
 
-def rpc(path: Callable[[Any], str], answer: type[Message]) -> Callable[[Callable[..., dict]], Method]:
-    """An RPC whose REST v2 answer (a dict) is sent as `answer`, its API key checked as REST's `path(request)` is."""
+class ShuttingDown(ServiceError):
+    status_code = 503  # a call that arrives while the server drains
+
+
+def rpc(path: Callable[[Any], str]) -> Callable[[Callable[..., dict]], Method]:
+    """An RPC answering REST v2's dict as its `<name>Response`, its API key checked as REST's `path(request)` is."""
 
     def register(document: Callable[..., dict]) -> Method:
+        answer = getattr(service_pb2, f"{document.__name__}Response")
+
         async def method(self: InferenceServicer, request: Any, context: Context) -> Message:
             async def respond() -> Message:
                 return json_format.ParseDict(document(self, request), answer())
@@ -65,40 +72,38 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.state = app.state
         self.keys = api_key_check(app.state.settings)
 
-    @rpc(lambda request: "/v2/health/live", service_pb2.ServerLiveResponse)
+    @rpc(lambda request: "/v2/health/live")
     def ServerLive(self, request: Message) -> dict:
         return {"live": True}
 
-    @rpc(lambda request: "/v2/health/ready", service_pb2.ServerReadyResponse)
+    @rpc(lambda request: "/v2/health/ready")
     def ServerReady(self, request: Message) -> dict:
         return {"ready": readiness(self.state)[0] == 200}
 
-    @rpc(lambda request: "/v2", service_pb2.ServerMetadataResponse)
+    @rpc(lambda request: "/v2")
     def ServerMetadata(self, request: Message) -> dict:
         return {"name": self.app.title, "version": self.app.version, "extensions": list(inference.EXTENSIONS)}
 
-    @rpc(lambda request: f"/v2/models/{request.name}/ready", service_pb2.ModelReadyResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}/ready")
     def ModelReady(self, request: Message) -> dict:
         try:
             return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
-        except ProtocolError as error:
-            if error.status != 503:
-                raise
+        except ModelNotReady:
             return {"ready": False}
 
-    @rpc(lambda request: f"/v2/models/{request.name}", service_pb2.ModelMetadataResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}")
     def ModelMetadata(self, request: Message) -> dict:
         return inference.model_metadata(self.state, request.name, request.version)
 
-    @rpc(lambda request: f"/v2/models/{request.name}/config", service_pb2.ModelConfigResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}/config")
     def ModelConfig(self, request: Message) -> dict:
         return {"config": inference.model_config(self.state, request.name, request.version)}
 
-    @rpc(lambda r: f"/v2/models/{r.name}/stats" if r.name else "/v2/models/stats", service_pb2.ModelStatisticsResponse)
+    @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
     def ModelStatistics(self, request: Message) -> dict:
         return inference.model_statistics(self.state, request.name, request.version)
 
-    @rpc(lambda request: "/v2/repository/index", service_pb2.RepositoryIndexResponse)
+    @rpc(lambda request: "/v2/repository/index")
     def RepositoryIndex(self, request: Message) -> dict:
         if request.repository_name:
             raise ProtocolError(
@@ -107,8 +112,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return {"models": inference.repository_index(self.state, request.ready)}
 
     async def ModelInfer(self, data: bytes, context: Context) -> Message:
-        """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, where grpc's own
-        decoding would answer INTERNAL."""
+        """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, not grpc's INTERNAL."""
         try:
             message = service_pb2.ModelInferRequest.FromString(data)
         except DecodeError:
@@ -121,7 +125,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise ProtocolError(MALFORMED)
         drain = self.state.drain
         if drain.draining:
-            raise ProtocolError("The server is shutting down; retry on another instance.", 503)
+            raise ShuttingDown("The server is shutting down; retry on another instance.")
         model, codec = inference.find_model(self.state, message.model_name, message.model_version)
         size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
         bounded = functools.partial(self._complete, model.name, context)
@@ -133,9 +137,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             drain.leave(task)
 
-    async def _complete(
-        self, model: str, context: Context, work: Coroutine[Any, Any, Any], timeout_s: float | None
-    ) -> Any:
+    async def _complete(self, model: str, context: Context, work: Coroutine, timeout_s: float | None) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
         arrival, remaining = request_arrival.get(), context.time_remaining()
         rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
@@ -153,18 +155,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
             sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-            if self.keys is not None and self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
-                raise ProtocolError("A valid API key is required: send the metadata authorization: Bearer <key>.", 401)
-            return await handler()
+            if self.keys is None or not self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
+                return await handler()
+            code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             if not self.state.drain.gave_up or context.cancelled():
                 raise  # the client left, or its deadline passed: nobody reads an answer
             code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
-        except Exception as error:
-            status, details, headers = inference.refusal(error, f"the gRPC method {method}")
-            code = grpc.StatusCode[CODES.get(status, "INTERNAL")]
-            trailers = tuple((key.lower(), value) for key, value in headers.items())
+        except ServiceError as error:
+            code, details = grpc.StatusCode[CODES.get(error.status_code, "INTERNAL")], error.detail
+            trailers = tuple((key.lower(), value) for key, value in (error.headers or {}).items())
+        except OrtInvalidArgument as error:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, ort_message(error)
+        except Exception:
+            logger.exception("unexpected error in the gRPC method %s", method)
+            code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
         finally:
             metrics = self.state.metrics
             metrics.grpc_requests.labels(method, code.name).inc()
@@ -184,8 +190,8 @@ def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -
 
 
 def inference_request(message: service_pb2.ModelInferRequest) -> tuple[InferenceRequest, bytes]:
-    """The request as the protocol's `InferenceRequest` and the binary tensor data its inputs claim:
-    `raw_input_contents` (one entry per input, in order) as binary data, typed `contents` as JSON `data`."""
+    """REST's request and binary data: `raw_input_contents` (one per input, in order) as binary data, typed `contents`
+    as JSON `data`."""
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
         raise ProtocolError(
@@ -231,9 +237,7 @@ def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str
     return utf8_texts(values, f"{where} ({tensor.name})") if tensor.datatype == "BYTES" else values
 
 
-def inference_response(
-    model: ServedModel, request: InferenceRequest, outputs: list[Output]
-) -> service_pb2.ModelInferResponse:
+def inference_response(model: ServedModel, request: InferenceRequest, outputs: list[Output]) -> Message:
     """The `ModelInferResponse`: every requested output as raw contents."""
     response = service_pb2.ModelInferResponse(model_name=model.name, model_version=model.entry.version)
     response.id = request.id or ""

@@ -22,7 +22,7 @@ from app.core.responses import dumps
 from app.core.settings import Settings
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
 from app.transports.http import INLINE_BODY_BYTES
-from app.transports.oip_errors import is_json_error, is_protocol_path, protocol_body
+from app.transports.oip_errors import is_protocol_path, protocol_body
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -119,7 +119,7 @@ class Answer:
         return message
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and self._protocol and is_json_error(message):
+        if message["type"] == "http.response.start" and self._protocol and message["status"] >= 400:
             self._held = message
         elif message["type"] == "http.response.start":
             await self._start(message)

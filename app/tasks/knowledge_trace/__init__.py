@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from app.runtime.model import GraphLayout
 from app.tasks.knowledge_trace import rest, service
 from app.tasks.knowledge_trace import tensors as tensors  # its Open Inference Protocol codec
 
@@ -12,6 +13,6 @@ name = service.TASK_NAME
 tag = "knowledge tracing"
 endpoints = rest.ENDPOINTS
 routes = rest.routes
-sequence_inputs = ("q", "r")
-sequence_outputs = MappingProxyType({"p": 0, "corr_w": 0, "mastery": 1})
+layout = GraphLayout(("q", "r"), MappingProxyType({"p": 0, "corr_w": 0, "mastery": 1}))
+graphs = MappingProxyType({})
 prepare, describe = service.prepare, service.describe

@@ -1,48 +1,34 @@
-"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len` and the
-optional state in; `p`, the state and DKVMN's `corr_w`, `mastery` out), each row run through `service.trace_all`, so
-T may exceed `seqlen`."""
+"""Knowledge-tracing models over the Open Inference Protocol: the graph's own tensors (`q`, `r`, `len`, the optional
+state in; `p`, the state, DKVMN's `corr_w`, `mastery` out), run by `service.trace_all`, so T may exceed `seqlen`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import numpy as np
 
 from app.runtime.collate import Feeds, pad_rows
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError, TensorSpec, onnx_spec
+from app.runtime.model import Admission, ProtocolError, ServedModel, TensorSpec, onnx_spec
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.service import KnowledgeTraceState
 
 PLATFORM = "onnxruntime_onnx"
+Histories = tuple[list[service.History], int]  # each row's history without its padding, and the padded length T
 OPTIONAL_INPUTS = frozenset({service.DKVMN.state_input, service.DKT.state_input})
-
-
-@dataclass(frozen=True)
-class Histories:
-    """A checked request: each row's history without its padding, and the padded length T."""
-
-    histories: list[service.History]
-    steps: int
-    rows: int  # batch rows the request puts through the graph
-    cells: int  # steps the request runs (padding excluded), as POST /knowledge-trace counts its interactions
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
     """The graph's inputs; the state (`mv_in`, `state_in`) may be left out."""
-    return [
-        replace(onnx_spec(node.name, node.type, node.shape), optional=node.name in OPTIONAL_INPUTS)
-        for node in model.session.get_inputs()
-    ]
+    return [onnx_spec(node, node.name in OPTIONAL_INPUTS) for node in model.session.get_inputs()]
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
-    return [onnx_spec(node.name, node.type, node.shape) for node in model.session.get_outputs()]
+    return [onnx_spec(node) for node in model.session.get_outputs()]
 
 
-def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histories:
-    """Check shapes against each other and values against the model (400 naming the input and element)."""
+def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Histories]:
+    """Check shapes against each other and values against the model (400 naming the input and element); the rows
+    are the graph's, the cells the steps run (padding excluded), as POST /knowledge-trace counts its interactions."""
     state: KnowledgeTraceState = model.state
     state_input = state.family.state_input
     questions, answers, lengths, memory = (tensors[name] for name in ("q", "r", "len", state_input))
@@ -81,17 +67,19 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Histor
         raise ProtocolError(f"input {state_input} holds NaN or infinite values")
     counts = lengths.tolist()
     rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in enumerate(counts)]
-    return Histories(rows, steps, sum(math.ceil(n / state.seqlen) for n in counts), cells=sum(counts))
+    admission = Admission(model.batcher, sum(math.ceil(n / state.seqlen) for n in counts), cells=sum(counts))
+    return admission, (rows, steps)
 
 
-async def infer(model: ServedModel, histories: Histories) -> Feeds:
+async def infer(model: ServedModel, prepared: Histories) -> Feeds:
     """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
-    traces = await service.trace_all(model, histories.histories)
+    histories, steps = prepared
+    traces = await service.trace_all(model, histories)
     family: service.Family = model.state.family
     result = {family.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
     sequences = {"p": "predictions"} | ({"corr_w": "attention", "mastery": "mastery"} if family.has_concepts else {})
     for name, field in sequences.items():
         rows = [getattr(trace, field)[np.newaxis] for trace in traces]
         prior = rows[0].shape[1] - len(traces[0].predictions)  # mastery's row 0, before any step
-        result[name] = pad_rows(rows, histories.steps + prior).astype(np.float32, copy=False)
+        result[name] = pad_rows(rows, steps + prior).astype(np.float32, copy=False)
     return result

@@ -15,7 +15,8 @@ name = service.TASK_NAME
 tag = "similarity"
 endpoints = rest.ENDPOINTS
 routes = APIRouter()
-sequence_inputs = ("emb_a", "emb_b")
-sequence_outputs = MappingProxyType({"attn_a_fwd": 0, "attn_a_bwd": 0, "attn_b_fwd": 0, "attn_b_bwd": 0})
+layout = GraphLayout(
+    ("emb_a", "emb_b"), MappingProxyType({"attn_a_fwd": 0, "attn_a_bwd": 0, "attn_b_fwd": 0, "attn_b_bwd": 0})
+)
 graphs = MappingProxyType({"encoder": GraphLayout(sequence_inputs=("emb",)), "head": GraphLayout()})
 prepare, describe = service.prepare, service.describe

@@ -83,7 +83,7 @@ def prepare(model: ServedModel) -> SimilarityState:
         max_batch_pairs=positive_int(limits, "max_batch_pairs"),
         labels=labels,
         embeddings=_embedding_limits(model),
-        paraphrase=PARAPHRASE_OUTPUT in model.output_names,
+        paraphrase=any(output.name == PARAPHRASE_OUTPUT for output in model.session.get_outputs()),
     )
 
 

@@ -3,14 +3,11 @@ the service exactly as on POST /similarity/batch (the graph reads GloVe embeddin
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from app.core.errors import InvalidInput
 from app.runtime.collate import Feeds
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError, TensorSpec
+from app.runtime.model import Admission, ProtocolError, ServedModel, TensorSpec
 from app.tasks.similarity import service
 from app.tasks.similarity.service import EncodedPair, SimilarityState
 
@@ -25,12 +22,6 @@ OUTPUTS = [
 PARAPHRASE = TensorSpec("paraphrase_probability", "FP32", (-1,))
 
 
-class Pairs(NamedTuple):
-    encoded: list[EncodedPair]
-    rows: int
-    cells: None = None  # as on POST /similarity: the batcher estimates a pair's cost from the rows it has run
-
-
 def inputs(model: ServedModel) -> list[TensorSpec]:
     return INPUTS
 
@@ -41,8 +32,9 @@ def outputs(model: ServedModel) -> list[TensorSpec]:
     return [*specs, PARAPHRASE] if state.paraphrase else specs
 
 
-def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
-    """Tokenize and embed every pair; the service's limits answer 400 naming the input and element."""
+def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, list[EncodedPair]]:
+    """Tokenize and embed every pair, a row each (as on POST /similarity/batch); the service's limits answer 400
+    naming the input and element."""
     first, second = tensors["sentence_a"], tensors["sentence_b"]
     if len(first) != len(second):
         raise ProtocolError(f"sentence_a has {len(first)} elements and sentence_b {len(second)}; they must pair up")
@@ -55,14 +47,14 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> Pairs:
         where = error.location[1:]  # ("body", index, "sentence_a") or ("body", "pairs")
         name = f"input {where[1]}[{where[0]}]" if len(where) == 2 else "inputs sentence_a/sentence_b"
         raise ProtocolError(f"{name}: {error.message}") from None
-    return Pairs(encoded, len(encoded))
+    return Admission(model.batcher, len(encoded)), encoded
 
 
-async def infer(model: ServedModel, pairs: Pairs) -> Feeds:
+async def infer(model: ServedModel, pairs: list[EncodedPair]) -> Feeds:
     """Run the pairs in the model's batches and gather the protocol's output tensors (`outputs(model)`)."""
     state: SimilarityState = model.state
-    outputs = await service.run_pairs(model, pairs.encoded)
-    results = [service.decode(model, pair, out, False) for pair, out in zip(pairs.encoded, outputs, strict=True)]
+    outputs = await service.run_pairs(model, pairs)
+    results = [service.decode(model, pair, out, False) for pair, out in zip(pairs, outputs, strict=True)]
     tensors = {"relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32)}
     if state.labels:
         probabilities = [list(result["entailment"]["probabilities"].values()) for result in results]

@@ -3,21 +3,17 @@ runs a request between the transport's decode and encode; the other answers are 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from starlette.datastructures import State
 
-from app.core.errors import ServiceError, ort_message
+from app.core.errors import ModelNotReady, UnknownModel
 from app.core.metrics import Metrics
-from app.runtime.model import ServedModel, TensorCodec
+from app.runtime.model import Admission, ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
-from app.runtime.tensors import ProtocolError, TensorSpec
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
-logger = logging.getLogger("mnemo.oip")
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
 T = TypeVar("T")
 EXTENSIONS = ("model_configuration", "statistics")  # Triton's, beside the core protocol, over REST and gRPC
@@ -42,18 +38,6 @@ CODEC_HINT = "content_type"
 TYPED = {CODEC_HINT: (str, "a string"), **dict.fromkeys(("binary_data", "binary_data_output"), (bool, "true or false"))}
 
 
-def refusal(error: Exception, where: str) -> tuple[int, str, Mapping[str, str]]:
-    """A failed request as (status, sentence, headers), for REST and gRPC alike; an unexpected error is logged."""
-    if isinstance(error, ProtocolError):
-        return error.status, error.message, {}
-    if isinstance(error, ServiceError):
-        return error.status_code, error.detail, error.headers or {}
-    if isinstance(error, OrtInvalidArgument):
-        return 400, ort_message(error), {}
-    logger.exception("unexpected error in %s", where)
-    return 500, "Internal error; it has been logged.", {}
-
-
 def served(state: State) -> list[ServedModel]:
     """The models whose task has a tensor codec (those the protocol serves)."""
     registry = getattr(state, "registry", None)
@@ -64,16 +48,16 @@ def find_model(state: State, name: str, version: str | None = None) -> tuple[Ser
     """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
     registry = getattr(state, "registry", None)
     if registry is None:
-        raise ProtocolError("Models are still loading.", 503)
+        raise ModelNotReady("Models are still loading.")
     model = registry.models.get(name)
     codec = None if model is None else registry.tasks[model.task].tensors
     if codec is None:
         known = ", ".join(sorted(m.name for m in served(state))) or "none"
-        raise ProtocolError(f"Unknown model {name[:100]!r}; available: {known}.", 404)
+        raise UnknownModel(f"Unknown model {name[:100]!r}; available: {known}.")
     if version and version != model.entry.version:
-        raise ProtocolError(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.", 404)
+        raise UnknownModel(f"Model {name} has no version {version[:40]!r}; it serves {model.entry.version}.")
     if not model.ready:
-        raise ProtocolError(f"Model {name} is not ready: {model.error}", 503)
+        raise ModelNotReady(f"Model {name} is not ready: {model.error}")
     return model, codec
 
 
@@ -86,24 +70,22 @@ async def infer(
     decode: Callable[[], tuple[InferenceRequest, bytes]],
     encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
 ) -> T:
-    """The transport's answer to a request of `size` bytes: `decode()` gives the request and its binary tensor data,
-    the model runs on its tensors admitted by its batcher and bounded by `complete(work, client_timeout_s)`, `encode`
-    answers with the requested outputs. Past INLINE_BYTES, decoding runs on a worker thread in the bounded parse
-    queue (429, counted as parse_queue_full, while it is full), and so does encoding."""
+    """`encode`'s answer to the request `decode()` gives (with its binary data), run within `complete(work, timeout)`;
+    past INLINE_BYTES, decoding and encoding run on the bounded parse queue's threads (429 while it is full)."""
 
-    def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Any]:
+    def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Admission, Any]:
         request, binary = decode()
         timeout_s, wanted = check_parameters(request), requested_outputs(request, codec.outputs(model))
-        return request, timeout_s, wanted, codec.prepare(model, decode_inputs(request, binary, codec.inputs(model)))
+        return request, timeout_s, wanted, *codec.prepare(model, decode_inputs(request, binary, codec.inputs(model)))
 
     try:
-        request, timeout_s, wanted, prepared = (
+        request, timeout_s, wanted, admission, prepared = (
             prepare() if size <= INLINE_BYTES else await offload_or_shed(size, prepare)
         )
     except ParseQueueFull:
         metrics.refused("parse_queue_full")
         raise
-    with model.batcher.admit(prepared.rows, prepared.cells):
+    with admission.batcher.admit(admission.rows, admission.cells):
         arrays = await complete(codec.infer(model, prepared), timeout_s)
     outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
     large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES
@@ -111,8 +93,8 @@ async def infer(
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
-    """The deadline in seconds that the request's `timeout` asks for (None: the server's); 400 for any parameter
-    not honoured or of the wrong type."""
+    """The deadline in seconds the `timeout` parameter asks for (None: the server's); 400 for any parameter not
+    honoured or of the wrong type."""
     _check_known(request.parameters, "parameters", ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES))
     for name, off in OFF_VALUES.items():
         value = request.parameters.get(name, off[0])

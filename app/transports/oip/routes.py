@@ -1,10 +1,10 @@
 """The Open Inference Protocol (KServe v2) REST endpoints, with Triton's model config, statistics and repository
-index; every error is `{"error": "<sentence>"}`; a model's routes also answer under `/versions/{version}`."""
+index; a model's routes also answer under `/versions/{version}`; errors are shaped by oip_errors.py."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -65,33 +65,17 @@ class RepositoryIndexRequest(BaseModel):
 
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
-Handler = Callable[..., Awaitable[Response]]
 
 
-def model_route(method: str, path: str, handler: Handler, **documented: Any) -> None:
-    """Route `/models/{name}<path>` and its `/versions/{version}` twin to `handler`, failures as `{"error": ...}`."""
+def model_route(path: str, answer: Callable[[State, str, str | None], dict], **documented: Any) -> None:
+    """GET `/models/{name}<path>` (and `/models/{name}/versions/{version}<path>`): `answer`'s dict, shared with gRPC."""
 
-    async def guarded(request: Request, name: str) -> Response:
-        try:
-            return await handler(request, name, request.path_params.get("version"))
-        except Exception as error:
-            status, message, headers = inference.refusal(error, f"the protocol endpoint {handler.__name__}")
-            return JsonResponse({"error": message}, status, headers=headers)
+    async def handler(request: Request, name: str) -> Response:
+        return JsonResponse(answer(request.app.state, name, request.path_params.get("version")))
 
-    guarded.__name__, guarded.__doc__ = handler.__name__, handler.__doc__  # the operation's summary and text
-    router.add_api_route(f"/models/{{name}}{path}", guarded, methods=[method], **documented)
-    versioned = f"/models/{{name}}/versions/{{version}}{path}"
-    router.add_api_route(versioned, guarded, methods=[method], include_in_schema=False)
-
-
-def answering(answer: Callable[[State, str, str | None], dict]) -> Handler:
-    """A handler whose answer is `answer`'s dict (shared with gRPC), documented by its docstring."""
-
-    async def handler(request: Request, name: str, version: str | None) -> Response:
-        return JsonResponse(answer(request.app.state, name, version))
-
-    handler.__name__, handler.__doc__ = answer.__name__, answer.__doc__
-    return handler
+    handler.__name__, handler.__doc__ = answer.__name__, answer.__doc__  # the operation's summary and text
+    router.get(f"/models/{{name}}{path}", **documented)(handler)
+    router.get(f"/models/{{name}}/versions/{{version}}{path}", include_in_schema=False)(handler)
 
 
 @router.get("", operation_id="oip_server_metadata", response_model=ServerMetadata)
@@ -122,14 +106,10 @@ async def all_statistics(request: Request) -> Response:
 
 
 # after /models/stats, which the first would take for a model
-model_route(
-    "GET", "", answering(inference.model_metadata), operation_id="oip_model_metadata", response_model=ModelMetadata
-)
-model_route(
-    "GET", "/ready", answering(inference.model_ready), operation_id="oip_model_ready", response_model=ModelReadiness
-)
-model_route("GET", "/config", answering(inference.model_config), operation_id="oip_model_config")
-model_route("GET", "/stats", answering(inference.model_statistics), operation_id="oip_model_statistics")
+model_route("", inference.model_metadata, operation_id="oip_model_metadata", response_model=ModelMetadata)
+model_route("/ready", inference.model_ready, operation_id="oip_model_ready", response_model=ModelReadiness)
+model_route("/config", inference.model_config, operation_id="oip_model_config")
+model_route("/stats", inference.model_statistics, operation_id="oip_model_statistics")
 
 
 @router.post("/repository/index", operation_id="oip_repository_index")
@@ -139,14 +119,22 @@ async def repository_index(request: Request) -> Response:
     try:
         ready_only = RepositoryIndexRequest.model_validate_json(await request.body() or b"{}").ready
     except ValidationError as error:
-        return JsonResponse({"error": invalid_request(error, "repository index request").message}, 400)
+        raise invalid_request(error, "repository index request") from None
     return JsonResponse(inference.repository_index(request.app.state, ready_only))
 
 
-async def infer(request: Request, name: str, version: str | None) -> Response:
+@router.post(
+    "/models/{name}/infer",
+    operation_id="oip_infer",
+    response_model=InferenceResponse,
+    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+    openapi_extra=json_body(InferenceRequest),
+)
+@router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
+async def infer(request: Request, name: str) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
-    model, codec = inference.find_model(request.app.state, name, version)
+    model, codec = inference.find_model(request.app.state, name, request.path_params.get("version"))
     body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
     check_utf8(request, body)
     return await inference.infer(
@@ -158,17 +146,6 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
         lambda: (parse_request(body), binary),
         encode_response,
     )
-
-
-model_route(
-    "POST",
-    "/infer",
-    infer,
-    operation_id="oip_infer",
-    response_model=InferenceResponse,
-    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
-    openapi_extra=json_body(InferenceRequest),
-)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

@@ -15,8 +15,7 @@ from starlette.responses import Response
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
 from app.core.responses import dumps
-from app.runtime.model import ServedModel
-from app.runtime.tensors import ProtocolError, TensorSpec
+from app.runtime.model import ProtocolError, ServedModel, TensorSpec
 
 MAX_RANK = 8
 FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow

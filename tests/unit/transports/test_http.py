@@ -20,7 +20,7 @@ from app.transports.http import complete, unrepresentable
 from app.transports.middleware import route_label
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, app_settings
-from tests.toy_model import toy_app, toy_entry, write_toy_artifacts
+from tests.toy_model import toy, toy_app, toy_entry, write_toy_artifacts
 
 GOOD = {"x": [[1, 2, 3]], "k": [1]}
 
@@ -97,6 +97,14 @@ def test_input_the_graph_rejects_is_422_not_500(toy_client, body, mnemo_logs):
     assert "dimension" in error["msg"].lower()
     assert any("model rejected the input" in line for line in mnemo_logs.messages("mnemo.errors"))  # a warning
     assert toy_client.get("/health").status_code == 200
+
+
+def test_input_the_graph_rejects_under_v2_is_the_protocols_400(toy_client):
+    """The Open Inference Protocol answers onnxruntime's rejection as its 400, in its shape (`error`)."""
+    toy_client.app.router.add_api_route("/v2/toy", toy, methods=["POST"])
+    response = toy_client.post("/v2/toy", json={"x": [[1, 2]], "k": [1]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith("The model rejected the input:")
 
 
 def test_a_feed_of_the_wrong_dtype_is_422_not_500(tmp_path):
