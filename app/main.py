@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 from app.core.drain import Drain
 from app.core.logging import configure_logging, write_out_logs
@@ -31,10 +32,9 @@ from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
-from app.transports.identity import IdentityHeaders
-from app.transports.middleware import EdgeShared, RequestEdge
+from app.transports.middleware import RequestEdge
 from app.transports.probe_server import ProbeProcess
-from app.transports.rest import ServiceApp, direct_routes, task_router
+from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -104,7 +104,7 @@ def create_app(
                 await probes.start()
             yield
 
-    app = ServiceApp(
+    app = FastAPI(
         title="mnemo",
         version=package_version(),
         description=DESCRIPTION,
@@ -120,23 +120,22 @@ def create_app(
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     app.state.reserving = {e.path: task.name for task in tasks.values() for e in task.endpoints if e.reserve}
     install_error_handlers(app)
-    # the task routes and GET /health skip FastAPI's router (they are included below, for the docs)
-    app.direct_routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}
-    app.direct_paths = frozenset([*app.direct_routes, ("HEAD", "/health")])  # HEAD: answered as GET by the edge
-    # each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
+    routers = (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router)
+    for router in routers:
+        app.include_router(router)
+    docs.install(app)
+    direct = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
+    routes = {(m, r.path): r for router in routers for r in router.routes if isinstance(r, APIRoute) for m in r.methods}
+    # each request's id, access line, HEAD, limits, gates and 500; the `direct` routes skip FastAPI's router
     app.add_middleware(
         RequestEdge,
         settings=settings,
         metrics=metrics,
         drain=app.state.drain,
         saturated=saturated,
-        shared=EdgeShared(settings),  # one body budget for the routed and the direct requests' edges
+        direct={key: routes[key] for key in direct},
+        identity=identity,
     )
-    for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
-        app.include_router(router)
-    docs.install(app)
-    if identity is not None or settings.workers > 1:  # outermost: on every answer
-        app.add_middleware(IdentityHeaders, extra=identity)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
