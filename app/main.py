@@ -21,13 +21,13 @@ from app.core.settings import Settings
 from app.explorer.router import router as explorer_router
 from app.runtime.engine import engine
 from app.runtime.model import Task
-from app.runtime.offload import offload, saturated
+from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.server import SERVED_BY, UNPROTECTED
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
-from app.transports.access import access_summary, api_keys, is_open, open_paths
+from app.transports.access import ApiKeys
 from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
@@ -98,7 +98,7 @@ def create_app(
             models = {name: (model.entry.version, model.entry.sha256) for name, model in registry.models.items()}
             metrics.record_build(app.version, models)
             logger.info("ready: %d model(s) on %s", len(registry.models), registry.provider)
-            logger.info(access_summary(settings))
+            logger.info(ApiKeys(settings).summary())
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
             if probes is not None:
                 await probes.start()
@@ -132,7 +132,6 @@ def create_app(
         settings=settings,
         metrics=metrics,
         drain=app.state.drain,
-        saturated=saturated,
         direct={key: routes[key] for key in direct},
         identity=identity,
     )
@@ -140,10 +139,7 @@ def create_app(
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            protected = None
-            if api_keys(settings):
-                protected = {path for path in schema.get("paths", {}) if not is_open(path, open_paths(settings))}
-            app.openapi_schema = document_contract(schema, protected, BODY_SCHEMAS.values())
+            app.openapi_schema = document_contract(schema, ApiKeys(settings), BODY_SCHEMAS.values())
         return app.openapi_schema
 
     app.openapi = openapi

@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
@@ -25,6 +25,7 @@ from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.core.responses import dumps
 from app.core.settings import Settings
+from app.runtime.offload import saturated
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
 from app.transports.http import INLINE_BODY_BYTES
 from app.transports.oip_errors import is_json_error, is_protocol_path, protocol_body
@@ -38,10 +39,10 @@ NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer a
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})  # any other (PROPFIND, ...) is counted as "other"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
-BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
-DRAINING = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
-PARSER_BUSY = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
-GIVEN_UP = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
+BODIES_BUSY = "The server holds too many request bodies; retry after the Retry-After delay."
+DRAINING = "The server is shutting down and takes no new requests; retry on another replica."
+PARSER_BUSY = "The server is busy reading other requests; retry after the Retry-After delay."
+GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."
 # Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
 # 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
 SINGLE_HEADERS = {
@@ -55,22 +56,21 @@ SINGLE_HEADERS = {
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
 RETRY_AND_CLOSE = {**RETRY, **CLOSE}
 FRAMING = (b"content-length", b"transfer-encoding")  # a request with a body has one of them
-Refusal = tuple[int, dict, dict[str, str]]  # status, payload, headers
 
 
 class Refused(ServiceError, HTTPException):
-    """A refusal of the edge raised while the app reads the body, answered by the app's exception handlers (an
-    HTTPException too: FastAPI's own body parsing lets those through)."""
+    """A refusal of the edge: answered by the edge, or raised while the app reads the body and answered by the app's
+    exception handlers (an HTTPException too: FastAPI's own body parsing lets those through)."""
 
-    def __init__(self, status: int, payload: dict, headers: dict[str, str]) -> None:
-        HTTPException.__init__(self, status, payload["detail"], headers)
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        HTTPException.__init__(self, status, detail, headers)
 
 
-async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
-    body = dumps(payload)
+async def send_refusal(send: Send, refused: Refused) -> None:
+    body = dumps({"detail": refused.detail})
     raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    raw += [(key.lower().encode(), value.encode()) for key, value in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
+    raw += [(key.lower().encode(), value.encode()) for key, value in (refused.headers or {}).items()]
+    await send({"type": "http.response.start", "status": refused.status_code, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -81,13 +81,13 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return incoming[0].decode() if kept else os.urandom(16).hex()
 
 
-def refusal(scope: Scope) -> Refusal | None:
+def refusal(scope: Scope) -> Refused | None:
     """The 400 of an HTTP version other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length
     (RFC 9112 6.1) or an HTTP/1.1 request without exactly one Host (RFC 9112 3.2), closing the connection; else of a
     header of SINGLE_HEADERS sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
-        return 400, {"detail": f"HTTP/{version} is not spoken here: send HTTP/1.1."}, CLOSE
+        return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
     seen, hosts, repeated = set(), 0, None
     for name, _ in scope["headers"]:
         if name == b"host":
@@ -97,20 +97,12 @@ def refusal(scope: Scope) -> Refusal | None:
             seen.add(name)
     if b"transfer-encoding" in seen and b"content-length" in seen:
         detail = "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
-        return 400, {"detail": detail}, CLOSE
+        return Refused(400, detail, CLOSE)
     if version == "1.1" and hosts != 1:
-        return 400, {"detail": "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2)."}, CLOSE
+        return Refused(400, "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2).", CLOSE)
     if repeated is not None:
-        return 400, {"detail": f"The header {repeated} was sent more than once; send it once."}, {}
+        return Refused(400, f"The header {repeated} was sent more than once; send it once.")
     return None
-
-
-def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
-    """The request announces a body (chunked, or a Content-Length other than 0) and asks for `100 Continue`."""
-    expects = any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
-    return expects and any(
-        name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers
-    )
 
 
 class Body:
@@ -121,8 +113,9 @@ class Body:
 
     def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive) -> None:
         self.edge, self.scope, self._receive = edge, scope, receive
-        self.size, self.done, self.started = 0, False, False
-        self.continue_unread = awaits_continue(scope["headers"])  # a `100 Continue` body not read to its end
+        self.size, self.done = 0, False
+        expect = (b"expect", b"100-continue")  # the body is sent only after `100 Continue`: unread till it is read
+        self.continue_unread = any((name, value.lower()) == expect for name, value in scope["headers"])
 
     async def receive(self) -> Message:
         if self.done:
@@ -139,21 +132,21 @@ class Body:
                 if late
                 else f"stalled for {edge.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
             )
-            raise Refused(408, {"detail": f"The request body {limit}."}, CLOSE) from None
+            raise Refused(408, f"The request body {limit}.", CLOSE) from None
         if message["type"] == "http.disconnect":
-            raise Refused(499, {"detail": "The client disconnected before sending the whole body."}, {})
+            raise Refused(499, "The client disconnected before sending the whole body.")
         chunk = message.get("body", b"")
         self.size += len(chunk)
         edge.held_bytes += len(chunk)
         self.done = not message.get("more_body", False)
         self.continue_unread &= not self.done
-        first, self.started = not self.started, True
+        first = self.size == len(chunk)  # nothing (but empty chunks) came before
         refused = edge.over_limits(self.size, edge.held_bytes) or (first and self.refused_unread(chunk))
         if refused:
-            raise Refused(*refused)
+            raise refused
         return message
 
-    def refused_unread(self, head: bytes) -> Refusal | None:
+    def refused_unread(self, head: bytes) -> Refused | None:
         """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
         of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
         declared = declared_bytes(self.scope["headers"])
@@ -166,7 +159,7 @@ class Body:
             with model.batcher.reserve(declared):
                 return None
         except Overloaded as refused:
-            return 429, {"detail": refused.detail}, RETRY
+            return Refused(429, refused.detail, RETRY)
 
 
 class Answer:
@@ -217,16 +210,14 @@ class RequestEdge:
         settings: Settings,
         metrics: Metrics,
         drain: Drain,
-        saturated: Callable[[], bool],
         direct: Mapping[tuple[str, str], APIRoute],
         identity: dict[str, str] | None = None,
-        in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
     ) -> None:
-        self.app, self.metrics, self.drain, self.saturated, self.direct = app, metrics, drain, saturated, direct
+        self.app, self.metrics, self.drain, self.direct = app, metrics, drain, direct
         self.api_keys = api_key_check(settings)
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
-        self.deadline_s, self.in_memory_bytes, self.held_bytes = settings.request_timeout_s, in_memory_bytes, 0
+        self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
         self.tracebacks = TracebackBudget(settings.error_log_window_s)
         self.headers = [NOSNIFF]  # and which process answered: with several workers, or `identity` (a Ray replica)
         if identity is not None or settings.workers > 1:
@@ -251,7 +242,7 @@ class RequestEdge:
         try:
             refused = refusal(scope)
             if refused is not None:
-                await send_json(answer.send, *refused)
+                await send_refusal(answer.send, refused)
             else:
                 await self.admitted(inner, receive if body is None else body.receive, answer.send)
         finally:
@@ -275,20 +266,21 @@ class RequestEdge:
         log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        challenge = None if self.api_keys is None else self.api_keys.challenge(scope)
+        authorization = b"" if self.api_keys is None else dict(scope["headers"]).get(b"authorization", b"")
+        challenge = None if self.api_keys is None else self.api_keys.refusal(scope["path"], authorization)
         gated = scope["path"] not in OPERATIONS_PATHS
         declared = declared_bytes(scope["headers"])
         refused = None
         if challenge is not None:
-            refused = 401, {"detail": API_KEY_REQUIRED}, {"WWW-Authenticate": challenge}
+            refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
         elif gated and self.drain.refuses(scope.get("client")):
             refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
-        elif gated and scope["method"] == "POST" and self.saturated():
+        elif gated and scope["method"] == "POST" and saturated():
             refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
         elif declared:
             refused = self.over_limits(declared, self.held_bytes + declared)
         if refused is not None:
-            await send_json(send, *refused)
+            await send_refusal(send, refused)
             return
         task = asyncio.current_task()
         started = False
@@ -306,11 +298,11 @@ class RequestEdge:
             if not (gated and self.drain.gave_up) or started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            await send_json(send, *self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE))
+            await send_refusal(send, self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE))
         except Exception as error:
             log_unexpected(self.tracebacks, scope, error)
             if not started:
-                await send_json(send, 500, INTERNAL_ERROR)
+                await send_refusal(send, Refused(500, INTERNAL_ERROR["detail"]))
         finally:
             if gated:
                 self.drain.leave(task)
@@ -331,17 +323,17 @@ class RequestEdge:
             response = await handler(request, error)
         await response(scope, receive, send)
 
-    def _refused(self, reason: str, status: int, payload: dict, headers: dict[str, str]) -> Refusal:
+    def _refused(self, reason: str, status: int, detail: str, headers: dict[str, str]) -> Refused:
         """A refusal, counted under `reason`."""
         self.metrics.refused(reason)
-        return status, payload, headers
+        return Refused(status, detail, headers)
 
-    def over_limits(self, size: int, held: int) -> Refusal | None:
-        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass `in_memory_bytes` (alone, a
-        body may fill it)."""
+    def over_limits(self, size: int, held: int) -> Refused | None:
+        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass BODIES_IN_MEMORY_BYTES
+        (alone, a body may fill it)."""
         if size > self.max_bytes:
-            return 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE
-        if held > self.in_memory_bytes and held > size:
+            return Refused(413, body_too_large_detail(self.max_bytes), CLOSE)
+        if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
         return None
 
