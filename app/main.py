@@ -32,7 +32,7 @@ from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
-from app.transports.middleware import RequestEdge
+from app.transports.middleware import ServiceApp
 from app.transports.probe_server import ProbeProcess
 from app.transports.rest import task_router
 
@@ -104,7 +104,7 @@ def create_app(
                 await probes.start()
             yield
 
-    app = FastAPI(
+    app = ServiceApp(
         title="mnemo",
         version=package_version(),
         description=DESCRIPTION,
@@ -127,8 +127,7 @@ def create_app(
     direct = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
     routes = {(m, r.path): r for router in routers for r in router.routes if isinstance(r, APIRoute) for m in r.methods}
     # each request's id, access line, HEAD, limits, gates and 500; the `direct` routes skip FastAPI's router
-    app.add_middleware(
-        RequestEdge,
+    app.add_edge(
         settings=settings,
         metrics=metrics,
         drain=app.state.drain,

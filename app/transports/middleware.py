@@ -1,7 +1,6 @@
 """The request edge: one ASGI layer giving every request its id, access line and metrics, its refusals before the
 app (400, 401, 413, 429, 503), while the app reads the body (408, 413, 429) and after it (500), in the service's JSON
-shape; it calls the task endpoints and /health itself, skipping FastAPI's router (a share of a small request's time,
-benchmarks/asgi_overhead.py)."""
+shape; it calls the task endpoints and /health itself, skipping FastAPI's router and wrappers (`ServiceApp`)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,9 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from typing import Any
 
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -214,6 +215,7 @@ class RequestEdge:
         identity: dict[str, str] | None = None,
     ) -> None:
         self.app, self.metrics, self.drain, self.direct = app, metrics, drain, direct
+        self.direct_paths = frozenset(path for _, path in direct)
         self.api_keys = api_key_check(settings)
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
@@ -336,6 +338,30 @@ class RequestEdge:
         if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
         return None
+
+
+class ServiceApp(FastAPI):
+    """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of the edge's
+    direct routes: FastAPI's own wrappers (telemetry, body limit, error middleware) are a share of a small request's
+    time (benchmarks/asgi_overhead.py)."""
+
+    edge: RequestEdge
+
+    def add_edge(self, **options: Any) -> None:
+        def build(app: ASGIApp) -> RequestEdge:
+            self.edge = RequestEdge(app, **options)
+            return self.edge
+
+        self.add_middleware(build)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        if scope["type"] == "http" and scope["path"] in self.edge.direct_paths:
+            scope["app"] = self
+            await self.edge(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def declared_bytes(headers: list[tuple[bytes, bytes]]) -> int:
