@@ -1,6 +1,5 @@
-"""The request edge: one ASGI layer giving every request its id, access line and metrics, its refusals before the
-app (400, 401, 413, 429, 503), while the app reads the body (408, 413, 429) and after it (500), in the service's JSON
-shape; it calls the task endpoints and /health itself, skipping FastAPI's router and wrappers (`ServiceApp`)."""
+"""The request edge: every request's id, access line and metrics, and its refusals before the app (400, 401, 413, 429,
+503), while the app reads the body (408, 413, 429) and after it (500); it calls the direct routes itself."""
 
 from __future__ import annotations
 
@@ -107,10 +106,8 @@ def refusal(scope: Scope) -> Refused | None:
 
 
 class Body:
-    """A request body as the app reads it through `receive`: 408 when it stalls or misses the request's deadline,
-    413 past MNEMO_MAX_BODY_BYTES, 429 (keeping the connection: reconnects would queue) when the bodies held pass
-    the edge's budget or, on its first chunk, the model it names would refuse its declared size. Read only if the app
-    reads it: a request answered without it gets no `100 Continue` (RFC 9110 10.1.1)."""
+    """The body's limits, checked as the app reads it (unread, it costs no `100 Continue`): 408, 413, and 429 keeping
+    the connection (reconnects would queue)."""
 
     def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive) -> None:
         self.edge, self.scope, self._receive = edge, scope, receive
@@ -164,10 +161,8 @@ class Body:
 
 
 class Answer:
-    """One request's `send`: its id, nosniff and identity headers on its head, and `Connection: close` while draining
-    or before a `100 Continue` body was read (the client may skip it: the connection would read its next request as
-    that body); a JSON error under /v2 in the protocol's shape; `status` is 499 until a head is sent. (A HEAD's body
-    is dropped by the server: uvicorn and Starlette's TestClient send none.)"""
+    """One request's `send`: the edge's headers, `Connection: close` while draining or before a `100 Continue` body
+    was read (the client may have skipped it), /v2 errors in the protocol's shape; `status` is 499 until a head."""
 
     def __init__(self, send: Send, headers: list[tuple[bytes, bytes]], protocol: bool, drain: Drain, body: Body | None):
         self._send, self._headers, self._protocol, self._drain, self._body = send, headers, protocol, drain, body
@@ -200,10 +195,8 @@ class Answer:
 
 
 class RequestEdge:
-    """Outermost first: the id, access line and metrics (`Answer`); the 400s (`refusal`); CORS; the API key (401);
-    the drain gate (503 on a connection opened while draining, or given up by the drain) and the parse queue (429),
-    operations paths excepted; the declared body size (413, 429) and the `Body` limits; the `direct` routes
-    ((method, path) -> route) called without FastAPI's router; a 500 for an exception no handler took."""
+    """Outermost first: id, access line and metrics; the 400s; CORS; API key (401); drain gate (503) and parse queue
+    (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
     def __init__(
         self,
