@@ -23,7 +23,7 @@ from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, ServiceErr
 from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
-from app.core.responses import dumps
+from app.core.responses import JsonResponse
 from app.core.settings import Settings
 from app.runtime.offload import saturated
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
@@ -65,13 +65,8 @@ class Refused(ServiceError, HTTPException):
     def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
         HTTPException.__init__(self, status, detail, headers)
 
-
-async def send_refusal(send: Send, refused: Refused) -> None:
-    body = dumps({"detail": refused.detail})
-    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    raw += [(key.lower().encode(), value.encode()) for key, value in (refused.headers or {}).items()]
-    await send({"type": "http.response.start", "status": refused.status_code, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+    def response(self) -> JsonResponse:
+        return JsonResponse({"detail": self.detail}, self.status_code, headers=self.headers)
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> str:
@@ -237,7 +232,7 @@ class RequestEdge:
         try:
             refused = refusal(scope)
             if refused is not None:
-                await send_refusal(answer.send, refused)
+                await refused.response()(scope, receive, answer.send)
             else:
                 await self.admitted(inner, receive if body is None else body.receive, answer.send)
         finally:
@@ -275,7 +270,7 @@ class RequestEdge:
         elif declared:
             refused = self.over_limits(declared, self.held_bytes + declared)
         if refused is not None:
-            await send_refusal(send, refused)
+            await refused.response()(scope, receive, send)
             return
         task = asyncio.current_task()
         started = False
@@ -293,11 +288,11 @@ class RequestEdge:
             if not (gated and self.drain.gave_up) or started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            await send_refusal(send, self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE))
+            await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE).response()(scope, receive, send)
         except Exception as error:
             log_unexpected(self.tracebacks, scope, error)
             if not started:
-                await send_refusal(send, Refused(500, INTERNAL_ERROR["detail"]))
+                await Refused(500, INTERNAL_ERROR["detail"]).response()(scope, receive, send)
         finally:
             if gated:
                 self.drain.leave(task)
