@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 from app.core.drain import Drain
 from app.core.logging import configure_logging, write_out_logs
@@ -20,21 +21,20 @@ from app.core.settings import Settings
 from app.explorer.router import router as explorer_router
 from app.runtime.engine import engine
 from app.runtime.model import Task
-from app.runtime.offload import offload, saturated
+from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from app.server import SERVED_BY, UNPROTECTED
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
-from app.transports.access import access_summary, api_keys, is_open, open_paths
+from app.transports.access import ApiKeys
 from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
-from app.transports.identity import IdentityHeaders
-from app.transports.middleware import EdgeShared, RequestEdge
+from app.transports.middleware import ServiceApp
 from app.transports.probe_server import ProbeProcess
-from app.transports.rest import ServiceApp, direct_routes, task_router
+from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
 DESCRIPTION = """Memory-augmented neural models behind one API:
@@ -99,7 +99,7 @@ def create_app(
             for name, model in registry.models.items():
                 metrics.model_info.labels(name, model.entry.version, model.entry.sha256).set(1)
             logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
-            logger.info(access_summary(settings))
+            logger.info(ApiKeys(settings).summary())
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
             if probes is not None:
                 await probes.start()
@@ -121,31 +121,25 @@ def create_app(
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     app.state.reserving = {e.path: task.name for task in tasks.values() for e in task.endpoints if e.reserve}
     install_error_handlers(app)
-    # the task routes and GET /health skip FastAPI's router (they are included below, for the docs)
-    app.direct_routes = {**direct_routes(tasks.values()), ("GET", "/health"): lambda request: operations.health()}
-    app.direct_paths = frozenset([*app.direct_routes, ("HEAD", "/health")])  # HEAD: answered as GET by the edge
-    # each request's id, access line, HEAD, limits, gates and 500 (app/transports/middleware.py)
-    app.add_middleware(
-        RequestEdge,
+    routers = (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router)
+    for router in routers:
+        app.include_router(router)
+    docs.install(app)
+    direct = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
+    routes = {(m, r.path): r for router in routers for r in router.routes if isinstance(r, APIRoute) for m in r.methods}
+    # each request's id, access line, HEAD, limits, gates and 500; the `direct` routes skip FastAPI's router
+    app.add_edge(
         settings=settings,
         metrics=metrics,
         drain=app.state.drain,
-        saturated=saturated,
-        shared=EdgeShared(settings),  # one body budget for the routed and the direct requests' edges
+        direct={key: routes[key] for key in direct},
+        identity=identity,
     )
-    for router in (operations.router, explorer_router, task_router(tasks.values()), students.router, oip.router):
-        app.include_router(router)
-    docs.install(app)
-    if identity is not None or settings.workers > 1:  # outermost: on every answer
-        app.add_middleware(IdentityHeaders, extra=identity)
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            protected = None
-            if api_keys(settings):
-                protected = {path for path in schema.get("paths", {}) if not is_open(path, open_paths(settings))}
-            app.openapi_schema = document_contract(schema, protected, BODY_SCHEMAS.values())
+            app.openapi_schema = document_contract(schema, ApiKeys(settings), BODY_SCHEMAS.values())
         return app.openapi_schema
 
     app.openapi = openapi

@@ -8,7 +8,7 @@ import hmac
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
-from starlette.types import ASGIApp, Scope
+from starlette.types import ASGIApp
 
 from app.core.responses import JsonResponse
 from app.core.settings import Settings, read_keys_file, split_list
@@ -21,38 +21,22 @@ BINARY_HEADER_LENGTH = "inference-header-content-length"  # the Open Inference P
 API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: Bearer <key>."
 
 
-def api_keys(settings: Settings) -> list[str]:
-    """Every configured API key (none: authentication is off)."""
-    keys = split_list(settings.api_keys.get_secret_value()) if settings.api_keys else []
-    return keys + (read_keys_file(settings.api_keys_file) if settings.api_keys_file is not None else [])
-
-
-def access_summary(settings: Settings) -> str:
-    """One startup log line: whether API keys are required, and where not."""
-    if not (keys := api_keys(settings)):
-        return "authentication: off (no MNEMO_API_KEYS or MNEMO_API_KEYS_FILE)"
-    return f"authentication: on ({len(keys)} API key(s)); open paths: {', '.join(sorted(open_paths(settings)))}"
-
-
-def open_paths(settings: Settings) -> frozenset[str]:
-    """Paths served without a key: MNEMO_OPEN_PATHS, the documentation and the explorer page."""
-    return frozenset(split_list(settings.open_paths)) | ALWAYS_OPEN
-
-
-def is_open(path: str, open_set: frozenset[str]) -> bool:
-    return path in open_set or path.startswith(OPEN_PREFIXES)
-
-
 class ApiKeys:
-    """The API-key check of REST and gRPC: `Bearer <one of the keys>`, on every path but the open ones."""
+    """The API-key check of REST and gRPC: `Bearer <one of the keys>`, on every path but the open ones
+    (MNEMO_OPEN_PATHS, the documentation and the explorer page); no key: authentication is off."""
 
-    def __init__(self, keys: list[str], open_set: frozenset[str]) -> None:
+    def __init__(self, settings: Settings) -> None:
+        keys = split_list(settings.api_keys.get_secret_value()) if settings.api_keys else []
+        keys += read_keys_file(settings.api_keys_file) if settings.api_keys_file is not None else []
         self.keys = [key.encode() for key in keys]
-        self.open_set = open_set
+        self.open_paths = frozenset(split_list(settings.open_paths)) | ALWAYS_OPEN
+
+    def protects(self, path: str) -> bool:
+        return bool(self.keys) and path not in self.open_paths and not path.startswith(OPEN_PREFIXES)
 
     def refusal(self, path: str, authorization: bytes) -> str | None:
         """None when a request for `path` with this Authorization value may pass; else its `WWW-Authenticate`."""
-        if is_open(path, self.open_set):
+        if not self.protects(path):
             return None
         scheme, _, token = authorization.strip().partition(b" ")
         presented = token.strip() if scheme.lower() == b"bearer" and token.strip() else None
@@ -61,13 +45,15 @@ class ApiKeys:
             return None
         return 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
 
-    def challenge(self, scope: Scope) -> str | None:
-        return self.refusal(scope["path"], dict(scope["headers"]).get(b"authorization", b""))
+    def summary(self) -> str:
+        """One startup log line: whether API keys are required, and where not."""
+        if not self.keys:
+            return "authentication: off (no MNEMO_API_KEYS or MNEMO_API_KEYS_FILE)"
+        return f"authentication: on ({len(self.keys)} API key(s)); open paths: {', '.join(sorted(self.open_paths))}"
 
 
 def api_key_check(settings: Settings) -> ApiKeys | None:
-    keys = api_keys(settings)
-    return ApiKeys(keys, open_paths(settings)) if keys else None
+    return keys if (keys := ApiKeys(settings)).keys else None
 
 
 class JsonCors(CORSMiddleware):

@@ -7,7 +7,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
 
+from app.transports.access import ApiKeys
 from app.transports.oip_errors import is_protocol_path
 
 ERROR_REF = "#/components/schemas/ErrorBody"
@@ -159,17 +161,12 @@ def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
     return errors
 
 
-def document_contract(
-    schema: dict[str, Any], protected: set[str] | None, bodies: Iterable[type[BaseModel]]
-) -> dict[str, Any]:
-    """Add the `bodies` the routes read themselves, the error responses of every operation and, when `protected` is
-    given (API keys on), the Bearer scheme with those paths requiring it."""
+def document_contract(schema: dict[str, Any], keys: ApiKeys, bodies: Iterable[type[BaseModel]]) -> dict[str, Any]:
+    """Add the `bodies` the routes read themselves, the error responses of every operation and, when API keys are on,
+    the Bearer scheme with the paths they protect requiring it."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (*bodies, *CONTRACT_MODELS):
-        document = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, nested in document.pop("$defs", {}).items():
-            components.setdefault(name, nested)
-        components[model.__name__] = document
+    models = [(model, "validation") for model in (*bodies, *CONTRACT_MODELS)]
+    components.update(models_json_schema(models, ref_template="#/components/schemas/{model}")[1]["$defs"])
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     for path, operations in schema["paths"].items():
@@ -178,13 +175,13 @@ def document_contract(
             if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
                 operation["responses"].pop("422", None)
             errors = _errors(operation, protocol)
-            if protected is not None and path in protected:
+            if keys.protects(path):
                 errors["401"] = PROTOCOL_REF if protocol else ERROR_REF
                 operation["security"] = [{"bearerAuth": []}]
             for status, reference in sorted(errors.items()):
                 content = {"application/json": {"schema": {"$ref": reference}}}
                 operation["responses"][status] = {"description": DESCRIPTIONS[status], "content": content}
-    if protected is not None:
+    if keys.keys:
         schema["components"]["securitySchemes"] = {
             "bearerAuth": {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}
         }

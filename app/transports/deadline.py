@@ -32,15 +32,13 @@ async def within_deadline(
     client_source: str = "the request's timeout parameter",
     watch_client: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
 ) -> T:
-    """The work's result, unless the deadline passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`).
-    The deadline is the shorter of MNEMO_REQUEST_TIMEOUT_S and `client_timeout_s`, from the request's arrival;
-    `watch_client(callback)` calls back when the client leaves and returns how to stop. The timer or the client watch
-    cancels the request's own task, and the cancellation is taken back here, as `asyncio.timeout` does."""
-    metrics, arrival = state.metrics, request_arrival.get()
-    timeout, source = state.settings.request_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
+    """The work's result, unless the deadline (the shorter of MNEMO_REQUEST_TIMEOUT_S and `client_timeout_s`, from the
+    request's arrival) passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`: `watch_client(callback)`
+    calls back then, and returns how to stop). Either cancels the task, taken back here as `asyncio.timeout` does."""
+    metrics, timeout, source = state.metrics, state.settings.request_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
     if client_timeout_s is not None and client_timeout_s < timeout:
         timeout, source = client_timeout_s, client_source
-    due = (time.perf_counter() if arrival is None else arrival) + timeout
+    due = (request_arrival.get() or time.perf_counter()) + timeout
     current, loop = asyncio.current_task(), asyncio.get_running_loop()
     stopped_by: list[type[ServiceError]] = []
     awaiting = False  # the task is cancelled only while it awaits the work, never after

@@ -6,12 +6,10 @@ import logging
 from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import Scope
 
@@ -38,16 +36,14 @@ def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the mapping from exceptions to responses."""
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, error: HTTPException) -> Response:
-        allowed = allowed_methods(request.app.router.routes, request.scope) if error.status_code == 405 else None
-        if allowed:  # else Starlette's own (a mounted app's 405)
-            error.headers = {**(error.headers or {}), "Allow": allowed}
-        return await http_exception_handler(request, error)
+    async def http_error(request: Request, error: HTTPException | ServiceError) -> JsonResponse:
+        headers = error.headers
+        if error.status_code == 405 and (allowed := allowed_methods(request.app.router.routes, request.scope)):
+            headers = {**(headers or {}), "Allow": allowed}  # else Starlette's own (a mounted app's 405)
+        return JsonResponse({"detail": error.detail}, error.status_code, headers=headers)
 
-    @app.exception_handler(ServiceError)
-    async def service_error(request: Request, error: ServiceError) -> JsonResponse:
-        return JsonResponse({"detail": error.detail}, error.status_code, headers=error.headers)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(ServiceError, http_error)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, error: StoreError) -> JsonResponse:

@@ -1,5 +1,5 @@
-"""The request edge: one ASGI layer giving every request its id, access line and metrics, and its refusals before
-the app (400, 401, 408, 413, 429, 503) and after it (500), in the service's JSON shape."""
+"""The request edge: every request's id, access line and metrics, and its refusals before the app (400, 401, 413, 429,
+503), while the app reads the body (408, 413, 429) and after it (500); it calls the direct routes itself."""
 
 from __future__ import annotations
 
@@ -8,18 +8,24 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
 
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, body_too_large_detail
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, ServiceError, body_too_large_detail
 from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
-from app.core.responses import dumps
+from app.core.responses import JsonResponse
 from app.core.settings import Settings
+from app.runtime.offload import saturated
 from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
 from app.transports.http import INLINE_BODY_BYTES
 from app.transports.oip_errors import is_protocol_path, protocol_body
@@ -33,10 +39,10 @@ NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer a
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})  # any other (PROPFIND, ...) is counted as "other"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
-BODIES_BUSY = {"detail": "The server holds too many request bodies; retry after the Retry-After delay."}
-DRAINING = {"detail": "The server is shutting down and takes no new requests; retry on another replica."}
-PARSER_BUSY = {"detail": "The server is busy reading other requests; retry after the Retry-After delay."}
-GIVEN_UP = {"detail": "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."}
+BODIES_BUSY = "The server holds too many request bodies; retry after the Retry-After delay."
+DRAINING = "The server is shutting down and takes no new requests; retry on another replica."
+PARSER_BUSY = "The server is busy reading other requests; retry after the Retry-After delay."
+GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."
 # Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
 # 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
 SINGLE_HEADERS = {
@@ -49,15 +55,18 @@ SINGLE_HEADERS = {
 }
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
 RETRY_AND_CLOSE = {**RETRY, **CLOSE}
-Refusal = tuple[int, dict, dict[str, str]]  # status, payload, headers
+FRAMING = (b"content-length", b"transfer-encoding")  # a request with a body has one of them
 
 
-async def send_json(send: Send, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
-    body = dumps(payload)
-    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    raw += [(key.lower().encode(), value.encode()) for key, value in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+class Refused(ServiceError, HTTPException):
+    """A refusal of the edge: answered by the edge, or raised while the app reads the body and answered by the app's
+    exception handlers (an HTTPException too: FastAPI's own body parsing lets those through)."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        HTTPException.__init__(self, status, detail, headers)
+
+    def response(self) -> JsonResponse:
+        return JsonResponse({"detail": self.detail}, self.status_code, headers=self.headers)
 
 
 def request_id(headers: list[tuple[bytes, bytes]]) -> str:
@@ -67,13 +76,13 @@ def request_id(headers: list[tuple[bytes, bytes]]) -> str:
     return incoming[0].decode() if kept else os.urandom(16).hex()
 
 
-def refusal(scope: Scope) -> Refusal | None:
+def refusal(scope: Scope) -> Refused | None:
     """The 400 of an HTTP version other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length
     (RFC 9112 6.1) or an HTTP/1.1 request without exactly one Host (RFC 9112 3.2), closing the connection; else of a
     header of SINGLE_HEADERS sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
-        return 400, {"detail": f"HTTP/{version} is not spoken here: send HTTP/1.1."}, CLOSE
+        return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
     seen, hosts, repeated = set(), 0, None
     for name, _ in scope["headers"]:
         if name == b"host":
@@ -83,40 +92,78 @@ def refusal(scope: Scope) -> Refusal | None:
             seen.add(name)
     if b"transfer-encoding" in seen and b"content-length" in seen:
         detail = "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
-        return 400, {"detail": detail}, CLOSE
+        return Refused(400, detail, CLOSE)
     if version == "1.1" and hosts != 1:
-        return 400, {"detail": "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2)."}, CLOSE
+        return Refused(400, "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2).", CLOSE)
     if repeated is not None:
-        return 400, {"detail": f"The header {repeated} was sent more than once; send it once."}, {}
+        return Refused(400, f"The header {repeated} was sent more than once; send it once.")
     return None
 
 
-def awaits_continue(headers: list[tuple[bytes, bytes]]) -> bool:
-    """The request announces a body (chunked, or a Content-Length other than 0) and asks for `100 Continue`."""
-    expects = any(name == b"expect" and value.lower() == b"100-continue" for name, value in headers)
-    return expects and any(
-        name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in headers
-    )
+class Body:
+    """The body's limits, checked as the app reads it (unread, it costs no `100 Continue`): 408, 413, and 429 keeping
+    the connection (reconnects would queue)."""
+
+    def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive) -> None:
+        self.edge, self.scope, self._receive = edge, scope, receive
+        self.size, self.done = 0, False
+        expect = (b"expect", b"100-continue")  # the body is sent only after `100 Continue`: unread till it is read
+        self.continue_unread = any((name, value.lower()) == expect for name, value in scope["headers"])
+
+    async def receive(self) -> Message:
+        if self.done:
+            return await self._receive()
+        edge, now = self.edge, time.perf_counter()
+        deadline = (request_arrival.get() or now) + edge.deadline_s
+        late = deadline - now < edge.stall_timeout_s  # the deadline comes before a stall
+        try:
+            async with asyncio.timeout(min(edge.stall_timeout_s, deadline - now)):
+                message = await self._receive()
+        except TimeoutError:
+            limit = (
+                f"was not complete within {edge.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)"
+                if late
+                else f"stalled for {edge.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
+            )
+            raise Refused(408, f"The request body {limit}.", CLOSE) from None
+        if message["type"] == "http.disconnect":
+            raise Refused(499, "The client disconnected before sending the whole body.")
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        edge.held_bytes += len(chunk)
+        self.done = not message.get("more_body", False)
+        self.continue_unread &= not self.done
+        first = self.size == len(chunk)  # nothing (but empty chunks) came before
+        refused = edge.over_limits(self.size, edge.held_bytes) or (first and self.refused_unread(chunk))
+        if refused:
+            raise refused
+        return message
+
+    def refused_unread(self, head: bytes) -> Refused | None:
+        """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
+        of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
+        declared = declared_bytes(self.scope["headers"])
+        task = self.scope["app"].state.reserving.get(self.scope["path"]) if declared > INLINE_BODY_BYTES else None
+        named = task and FIRST_KEY_MODEL.match(head)
+        model = self.scope["app"].state.registry.models.get(named[1].decode()) if named else None
+        if model is None or model.task != task or not model.ready:
+            return None
+        try:
+            with model.batcher.reserve(declared):
+                return None
+        except Overloaded as refused:
+            return Refused(429, refused.detail, RETRY)
 
 
 class Answer:
-    """One request's `send` and `receive`: its id and nosniff on its head, and `Connection: close` while draining or
-    before a `100 Continue` body was read (the client may skip it: the connection would read its next request as that
-    body); a JSON error under /v2 in the protocol's shape; `status` is 499 until a head is sent. (A HEAD's body is
-    dropped by the server: uvicorn and Starlette's TestClient send none.)"""
+    """One request's `send`: the edge's headers, `Connection: close` while draining or before a `100 Continue` body
+    was read (the client may have skipped it), /v2 errors in the protocol's shape; `status` is 499 until a head."""
 
-    def __init__(self, send: Send, receive: Receive, request_id: str, protocol: bool, drain: Drain, unread: bool):
-        self._send, self._receive, self._protocol, self._drain = send, receive, protocol, drain
-        self._headers = [(REQUEST_ID_HEADER, request_id.encode()), NOSNIFF]
+    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]], protocol: bool, drain: Drain, body: Body | None):
+        self._send, self._headers, self._protocol, self._drain, self._body = send, headers, protocol, drain, body
         self._held: Message | None = None  # a /v2 error's start, sent once its body is rewritten
         self._held_body = b""
         self.status = 499
-        self.body_unread = unread  # a `100 Continue` request whose body has not been read to its end
-
-    async def receive(self) -> Message:
-        message = await self._receive()
-        self.body_unread = self.body_unread and message["type"] == "http.request" and message.get("more_body", False)
-        return message
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start" and self._protocol and message["status"] >= 400:
@@ -136,23 +183,15 @@ class Answer:
     async def _start(self, message: Message) -> None:
         self.status = message["status"]
         headers = [*message.get("headers", []), *self._headers]
-        if (self.body_unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
+        unread = self._body is not None and self._body.continue_unread
+        if (unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
             headers.append((b"connection", b"close"))
         await self._send({**message, "headers": headers})
 
 
-class EdgeShared:
-    """What every request edge of one app shares: the bytes of the bodies held in memory and the traceback budget
-    (ServiceApp runs its direct routes through a second instance of the app's middleware stack)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.tracebacks, self.held_bytes = TracebackBudget(settings.error_log_window_s), 0
-
-
 class RequestEdge:
-    """Outermost first: the id, access line and metrics (`Answer`); the 400s (`refusal`); CORS; the API key (401);
-    the drain gate (503 on a connection opened while draining, or given up by the drain) and the parse queue (429),
-    operations paths excepted; the body limits (`_read_body_and_call`); a 500 for an exception no handler took."""
+    """Outermost first: id, access line and metrics; the 400s; CORS; API key (401); drain gate (503) and parse queue
+    (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
     def __init__(
         self,
@@ -160,15 +199,20 @@ class RequestEdge:
         settings: Settings,
         metrics: Metrics,
         drain: Drain,
-        saturated: Callable[[], bool],
-        shared: EdgeShared,
-        in_memory_bytes: int = BODIES_IN_MEMORY_BYTES,
+        direct: Mapping[tuple[str, str], APIRoute],
+        identity: dict[str, str] | None = None,
     ) -> None:
-        self.app, self.metrics, self.drain, self.saturated = app, metrics, drain, saturated
+        self.app, self.metrics, self.drain, self.direct = app, metrics, drain, direct
+        self.direct_paths = frozenset(path for _, path in direct)
         self.api_keys = api_key_check(settings)
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
-        self.deadline_s, self.in_memory_bytes, self.shared = settings.request_timeout_s, in_memory_bytes, shared
+        self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
+        self.tracebacks = TracebackBudget(settings.error_log_window_s)
+        self.headers = [NOSNIFF]  # and which process answered: with several workers, or `identity` (a Ray replica)
+        if identity is not None or settings.workers > 1:
+            self.headers += [(b"x-mnemo-pid", b"%d" % os.getpid())]
+            self.headers += [(key.lower().encode(), value.encode()) for key, value in (identity or {}).items()]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -178,16 +222,21 @@ class RequestEdge:
         rid = request_id(headers)
         arrived = time.perf_counter()
         request_arrival.set(arrived)
-        answer = Answer(send, receive, rid, is_protocol_path(scope["path"]), self.drain, awaits_continue(headers))
+        body = Body(self, scope, receive) if any(name in FRAMING for name, _ in headers) else None
+        answer_headers = [(REQUEST_ID_HEADER, rid.encode()), *self.headers]
+        answer = Answer(send, answer_headers, is_protocol_path(scope["path"]), self.drain, body)
         inner = {**scope, "method": "GET"} if method == "HEAD" else scope  # a HEAD is its GET without the body
+        if (route := self.direct.get((inner["method"], scope["path"]))) and not scope.get("root_path"):
+            inner["route"] = route  # called by `_call`, without FastAPI's router
         self.metrics.in_flight.inc()
         try:
             refused = refusal(scope)
             if refused is not None:
-                await send_json(answer.send, *refused)
+                await refused.response()(scope, receive, answer.send)
             else:
-                await self.admitted(inner, answer.receive if answer.body_unread else receive, answer.send)
+                await self.admitted(inner, receive if body is None else body.receive, answer.send)
         finally:
+            self.held_bytes -= 0 if body is None else body.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()
             seconds = time.perf_counter() - arrived
@@ -207,17 +256,21 @@ class RequestEdge:
         log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        challenge = None if self.api_keys is None else self.api_keys.challenge(scope)
+        authorization = b"" if self.api_keys is None else dict(scope["headers"]).get(b"authorization", b"")
+        challenge = None if self.api_keys is None else self.api_keys.refusal(scope["path"], authorization)
         gated = scope["path"] not in OPERATIONS_PATHS
+        declared = declared_bytes(scope["headers"])
         refused = None
         if challenge is not None:
-            refused = 401, {"detail": API_KEY_REQUIRED}, {"WWW-Authenticate": challenge}
+            refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
         elif gated and self.drain.refuses(scope.get("client")):
             refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
-        elif gated and scope["method"] == "POST" and self.saturated():
+        elif gated and scope["method"] == "POST" and saturated():
             refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
+        elif declared:
+            refused = self.over_limits(declared, self.held_bytes + declared)
         if refused is not None:
-            await send_json(send, *refused)
+            await refused.response()(scope, receive, send)
             return
         task = asyncio.current_task()
         started = False
@@ -230,114 +283,90 @@ class RequestEdge:
         if gated:
             self.drain.enter(task)
         try:
-            await self._read_body_and_call(scope, receive, tracking_send)
+            await self._call(scope, receive, tracking_send)
         except asyncio.CancelledError:
             if not (gated and self.drain.gave_up) or started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            await send_json(send, *self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE))
+            await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE).response()(scope, receive, send)
         except Exception as error:
-            log_unexpected(self.shared.tracebacks, scope, error)
+            log_unexpected(self.tracebacks, scope, error)
             if not started:
-                await send_json(send, 500, INTERNAL_ERROR)
+                await Refused(500, INTERNAL_ERROR["detail"]).response()(scope, receive, send)
         finally:
             if gated:
                 self.drain.leave(task)
 
-    def _refused(self, reason: str, status: int, payload: dict, headers: dict[str, str]) -> Refusal:
-        """A refusal, counted under `reason`."""
-        self.metrics.refused(reason)
-        return status, payload, headers
-
-    async def _read_body_and_call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Read the body, then call the app with it: 413 past `max_bytes`, 408 when it stalls or misses the request's
-        deadline, 429 (keeping the connection: reconnects would queue) when the bodies held would pass
-        `in_memory_bytes` or (`_refused_unread`) the model it names is full."""
-        headers = dict(scope["headers"])
-        if b"content-length" not in headers and b"transfer-encoding" not in headers:  # no body: nothing to hold
+    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, or the request's direct route, its errors answered by the app's exception handlers."""
+        if (route := scope.get("route")) is None:
             await self.app(scope, receive, send)
             return
-        declared = headers.get(b"content-length", b"").strip()  # the parser keeps trailing spaces
-        declared_bytes = int(declared) if declared.isdigit() else 0
-        refused = self._over_limits(declared_bytes, self.shared.held_bytes + declared_bytes) if declared_bytes else None
-        deadline = (request_arrival.get() or time.perf_counter()) + self.deadline_s
-        chunks, size, more = [], 0, refused is None
+        request = Request(scope, receive)
         try:
-            while more:
-                late = deadline - time.perf_counter() < self.stall_timeout_s  # the deadline comes before a stall
-                try:
-                    async with asyncio.timeout(min(self.stall_timeout_s, deadline - time.perf_counter())):
-                        message = await receive()  # (asyncio.timeout: no task per message, unlike wait_for)
-                except TimeoutError:
-                    limit = (
-                        f"was not complete within {self.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)"
-                        if late
-                        else f"stalled for {self.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
-                    )
-                    refused = 408, {"detail": f"The request body {limit}."}, CLOSE
-                    break
-                if message["type"] == "http.disconnect":
-                    return
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
-                self.shared.held_bytes += len(chunks[-1])
-                refused = self._over_limits(size, self.shared.held_bytes) or (
-                    len(chunks) == 1 and self._refused_unread(scope, declared_bytes, chunks[0])
-                )
-                more = message.get("more_body", False) and not refused
-            if refused:
-                await send_json(send, *refused)
-            else:
-                await self.app(scope, _replay(b"".join(chunks), receive), send)
-        finally:
-            self.shared.held_bytes -= size
+            response = await route.endpoint(request)
+        except Exception as error:
+            handlers = scope["app"].exception_handlers  # the handler of its class or nearest base, as Starlette's
+            handler = next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)
+            if handler is None:
+                raise
+            response = await handler(request, error)
+        await response(scope, receive, send)
 
-    def _over_limits(self, size: int, held: int) -> Refusal | None:
-        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass `in_memory_bytes` (alone, a
-        body may fill it)."""
+    def _refused(self, reason: str, status: int, detail: str, headers: dict[str, str]) -> Refused:
+        """A refusal, counted under `reason`."""
+        self.metrics.refused(reason)
+        return Refused(status, detail, headers)
+
+    def over_limits(self, size: int, held: int) -> Refused | None:
+        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass BODIES_IN_MEMORY_BYTES
+        (alone, a body may fill it)."""
         if size > self.max_bytes:
-            return 413, {"detail": body_too_large_detail(self.max_bytes)}, CLOSE
-        if held > self.in_memory_bytes and held > size:
+            return Refused(413, body_too_large_detail(self.max_bytes), CLOSE)
+        if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
         return None
 
-    @staticmethod
-    def _refused_unread(scope: Scope, declared_bytes: int, head: bytes) -> Refusal | None:
-        """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
-        of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
-        task = scope["app"].state.reserving.get(scope["path"]) if declared_bytes > INLINE_BODY_BYTES else None
-        named = task and FIRST_KEY_MODEL.match(head)
-        model = scope["app"].state.registry.models.get(named[1].decode()) if named else None
-        if model is None or model.task != task or not model.ready:
-            return None
-        try:
-            with model.batcher.reserve(declared_bytes):
-                return None
-        except Overloaded as refused:
-            return 429, {"detail": refused.detail}, RETRY
+
+class ServiceApp(FastAPI):
+    """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of the edge's
+    direct routes: FastAPI's own wrappers (telemetry, body limit, error middleware) are a share of a small request's
+    time (benchmarks/asgi_overhead.py)."""
+
+    edge: RequestEdge
+
+    def add_edge(self, **options: Any) -> None:
+        def build(app: ASGIApp) -> RequestEdge:
+            self.edge = RequestEdge(app, **options)
+            return self.edge
+
+        self.add_middleware(build)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        if scope["type"] == "http" and scope["path"] in self.edge.direct_paths:
+            scope["app"] = self
+            await self.edge(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that gives the app the body already read, in one message, then the connection's own."""
-    read = iter([{"type": "http.request", "body": body, "more_body": False}])
-
-    async def replay() -> Message:
-        return next(read, None) or await receive()
-
-    return replay
+def declared_bytes(headers: list[tuple[bytes, bytes]]) -> int:
+    """The Content-Length, else 0 (the parser keeps trailing spaces)."""
+    declared = next((value.strip() for name, value in headers if name == b"content-length"), b"")
+    return int(declared) if declared.isdigit() else 0
 
 
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
 
 
 def route_label(scope: Scope) -> str:
-    """The template of the route the request matched, or (answered before routing: 413, 401, 429, 503) the path of a
-    direct route, else the documented template its path fits; "unmatched" only for paths the service does not have."""
+    """The template of the route the request matched (a direct route: before it is called), else (answered before
+    routing: 413, 401, 429, 503) the documented template its path fits; "unmatched" for paths the service lacks."""
     route, app = scope.get("route"), scope.get("app")
     if route is not None or app is None:
         return "unmatched" if route is None else route.path
-    if (scope["method"], scope["path"]) in getattr(app, "direct_paths", ()):  # (its template: no openapi() to build)
-        return scope["path"]
     if getattr(app.state, "route_templates", None) is None:
         paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
         app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]

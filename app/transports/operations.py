@@ -14,8 +14,8 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/health", operation_id="health", response_model=Health)
-async def health() -> JsonResponse:
-    """200 while the process is up (also while draining: it is alive, just not ready)."""
+async def health(request: Request) -> JsonResponse:
+    """200 while the process is up (also while draining: it is alive, just not ready); called directly by the edge."""
     return JsonResponse({"status": "ok"})
 
 

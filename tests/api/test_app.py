@@ -15,7 +15,6 @@ from app.main import create_app
 from app.students.factory import open_store
 from app.tasks import TASKS
 from app.transports.middleware import RequestEdge
-from app.transports.rest import direct_routes
 from tests.helpers import ROOT, app_settings, free_port, run_app
 
 
@@ -26,23 +25,16 @@ def test_both_tasks_are_registered_with_their_routes():
 
 
 def test_the_task_endpoints_are_dispatched_directly_and_documented_by_fastapi():
-    routes = direct_routes(TASKS.values())
-    paths = ("/similarity", "/similarity/batch", "/embeddings", "/similarity/from-embeddings", "/knowledge-trace")
-    assert set(routes) == {("POST", path) for path in paths}
-    documented = create_app(Settings(provider="cpu")).openapi()["paths"]
-    assert all("post" in documented[path] for path in paths)
-
-
-def test_the_direct_and_the_routed_requests_share_one_body_budget():
-    """ServiceApp runs its direct routes through a second instance of the middleware stack: the bodies held in
-    memory (MNEMO's in-memory budget) and the traceback budget must still be one per app, not one per stack."""
+    """The request edge calls the task endpoints and GET /health without FastAPI's router; the one edge of the app
+    holds the one body budget and traceback budget of every request, direct or routed."""
     app = create_app(app_settings(DEFAULT_ARTIFACTS_DIR))
     with TestClient(app) as client:
         assert client.post("/similarity", json={"sentence_a": "a man", "sentence_b": "a dog"}).status_code == 200
         assert client.get("/ready").status_code == 200
-    edges = [edge for edge in gc.get_objects() if type(edge) is RequestEdge and edge.drain is app.state.drain]
-    assert len(edges) == 2  # the routed stack's and the direct routes'
-    assert edges[0].shared is edges[1].shared
+    (edge,) = [edge for edge in gc.get_objects() if type(edge) is RequestEdge and edge.drain is app.state.drain]
+    paths = ("/similarity", "/similarity/batch", "/embeddings", "/similarity/from-embeddings", "/knowledge-trace")
+    assert set(edge.direct) == {("POST", path) for path in paths} | {("GET", "/health")}
+    assert all("post" in app.openapi()["paths"][path] for path in paths)
 
 
 def test_settings_come_from_mnemo_variables(monkeypatch, tmp_path):
@@ -198,7 +190,7 @@ def test_an_unknown_mnemo_variable_is_reported_with_the_nearest_setting():
 
 
 def test_health_is_answered_directly_and_counted_under_its_route(client):
-    """GET and HEAD /health skip FastAPI's router (`ServiceApp.direct_routes`) with the same answer, and the metrics
+    """GET and HEAD /health skip FastAPI's router (`RequestEdge.direct`) with the same answer, and the metrics
     name the route's template, as for a routed request."""
     get, head = client.get("/health"), client.head("/health")
     assert (get.status_code, get.json(), head.status_code, head.content) == (200, {"status": "ok"}, 200, b"")

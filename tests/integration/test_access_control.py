@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import httpx
 import pytest
 
 from tests.helpers import Server, run_app, running_server
+from tests.integration.test_connection_limits import final_answer_without_100_continue
+from tests.integration.test_hostile_requests import status_of
 from tests.toy_model import write_empty_manifest
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
@@ -191,3 +194,11 @@ def test_other_headers_read_as_one_value_may_not_be_repeated(server, name):
     response = httpx.post(f"{server.url}/similarity", headers=headers, content=b"{}")
     assert response.status_code == 400 and name in response.json()["detail"], response.text
     assert response.headers["x-request-id"] not in values and response.headers["x-content-type-options"] == "nosniff"
+
+
+@pytest.mark.parametrize("path", [b"/similarity", b"/v2/models/dkvmn-assist2009/infer"])
+def test_a_request_without_a_key_gets_its_401_without_100_continue(server, path):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        head = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        assert status_of(final_answer_without_100_continue(sock, head)) == 401

@@ -151,6 +151,31 @@ def test_a_content_length_with_trailing_spaces_over_the_limit_gets_the_413_befor
         assert status_of(read_response(sock)) == 413
 
 
+def final_answer_without_100_continue(sock: socket.socket, head: bytes) -> bytes:
+    """Send `head` (announcing a 40-byte body and `Expect: 100-continue`) but no body, and read the answer: the final
+    one, not a `100 Continue` asking for a body the server will not read (RFC 9110 10.1.1)."""
+    sock.sendall(head + b"Expect: 100-continue\r\nContent-Length: 40\r\n\r\n")
+    answer = read_response(sock)
+    assert not answer.startswith(b"HTTP/1.1 100"), answer
+    assert b"connection: close" in answer.lower(), answer  # the body was not read: the connection cannot go on
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /no-such-path HTTP/1.1\r\nHost: x\r\n", 404),
+        (b"PUT /similarity HTTP/1.1\r\nHost: x\r\n", 405),
+        (b"POST /ready HTTP/1.1\r\nHost: x\r\n", 405),
+        (b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n", 415),
+        (b"POST /students/a%20b/interactions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n", 422),
+    ],
+)
+def test_a_request_answered_without_its_body_gets_no_100_continue(server, head, status):
+    with connect(server) as sock:
+        assert status_of(final_answer_without_100_continue(sock, head)) == status
+
+
 def rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
 

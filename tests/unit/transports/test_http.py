@@ -17,7 +17,6 @@ from app.core.logging import JsonFormatter
 from app.main import create_app
 from app.transports.deadline import ClientGone
 from app.transports.http import complete, unrepresentable
-from app.transports.middleware import route_label
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, app_settings
 from tests.toy_model import toy, toy_app, toy_entry, write_toy_artifacts
@@ -186,9 +185,10 @@ def test_one_access_line_per_request_with_its_id(toy_client, mnemo_logs):
 def test_a_task_endpoint_answered_before_routing_is_labelled_without_building_the_openapi_document():
     """A 413 or an early 429 on a task endpoint (a direct route) is labelled by its path: building the OpenAPI document
     (a fraction of a second of the event loop, in the midst of an overload) is left to /openapi.json."""
-    app = create_app(app_settings(COMMITTED))
-    scope = {"type": "http", "method": "POST", "path": "/knowledge-trace", "app": app}
-    assert route_label(scope) == "/knowledge-trace" and app.openapi_schema is None
+    app = create_app(app_settings(COMMITTED, max_body_bytes=4096))
+    assert TestClient(app).post("/knowledge-trace", content=b"x" * 5000).status_code == 413
+    assert 'route="/knowledge-trace",status="413"' in app.state.metrics.render().decode()
+    assert app.openapi_schema is None
 
 
 def test_metrics_by_route_template_and_status_and_inference_by_model(toy_client):
