@@ -107,8 +107,12 @@ class Body:
     def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive) -> None:
         self.edge, self.scope, self._receive = edge, scope, receive
         self.size, self.done = 0, False
-        expect = (b"expect", b"100-continue")  # the body is sent only after `100 Continue`: unread till it is read
-        self.continue_unread = any((name, value.lower()) == expect for name, value in scope["headers"])
+        # left unread, a body sent only after `100 Continue` may never come, and one with no length (chunked) would
+        # be read and thrown away for as long as the client sends: either closes the connection after the answer
+        expect = (b"expect", b"100-continue")
+        self.close_unread = any(
+            (name, value.lower()) == expect or name == b"transfer-encoding" for name, value in scope["headers"]
+        )
 
     async def receive(self) -> Message:
         if self.done:
@@ -132,7 +136,7 @@ class Body:
         self.size += len(chunk)
         edge.held_bytes += len(chunk)
         self.done = not message.get("more_body", False)
-        self.continue_unread &= not self.done
+        self.close_unread &= not self.done
         first = self.size == len(chunk)  # nothing (but empty chunks) came before
         refused = edge.over_limits(self.size, edge.held_bytes) or (first and self.refused_unread(chunk))
         if refused:
@@ -156,8 +160,8 @@ class Body:
 
 
 class Answer:
-    """One request's `send`: the edge's headers, `Connection: close` while draining or before a `100 Continue` body
-    was read (the client may have skipped it), /v2 errors in the protocol's shape; `status` is 499 until a head."""
+    """One request's `send`: the edge's headers, `Connection: close` while draining or when the body was left unread
+    (`Body.close_unread`), /v2 errors in the protocol's shape; `status` is 499 until a head."""
 
     def __init__(self, send: Send, headers: list[tuple[bytes, bytes]], protocol: bool, drain: Drain, body: Body | None):
         self._send, self._headers, self._protocol, self._drain, self._body = send, headers, protocol, drain, body
@@ -183,7 +187,7 @@ class Answer:
     async def _start(self, message: Message) -> None:
         self.status = message["status"]
         headers = [*message.get("headers", []), *self._headers]
-        unread = self._body is not None and self._body.continue_unread
+        unread = self._body is not None and self._body.close_unread
         if (unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
             headers.append((b"connection", b"close"))
         await self._send({**message, "headers": headers})

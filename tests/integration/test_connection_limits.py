@@ -176,6 +176,27 @@ def test_a_request_answered_without_its_body_gets_no_100_continue(server, head, 
         assert status_of(final_answer_without_100_continue(sock, head)) == status
 
 
+@pytest.mark.parametrize("head", [b"POST /no-such-path HTTP/1.1\r\n", b"POST /ready HTTP/1.1\r\n"])
+def test_a_chunked_body_left_unread_closes_the_connection(server, head):
+    """A body with no length that the answer left unread: kept alive, the server would read and throw away whatever
+    the client goes on sending, for as long as it sends."""
+    with connect(server) as sock:
+        sock.sendall(head + b"Host: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n")
+        answer = read_response(sock)
+        assert status_of(answer) in (404, 405) and b"connection: close" in answer.lower(), answer
+        sock.settimeout(0.2)
+        closed, ends = False, time.monotonic() + 5
+        while not closed and time.monotonic() < ends:
+            try:
+                sock.sendall(b"400\r\n" + b"x" * 1024 + b"\r\n")
+                closed = sock.recv(65536) == b""
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+    assert closed, "the server went on reading a body it had answered"
+
+
 def rss_mb(pid: int) -> float:
     return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
 
