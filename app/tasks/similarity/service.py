@@ -7,7 +7,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import lru_cache, partial
+from functools import cached_property, lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ class EncodedPair:
     a: EncodedSentence
     b: EncodedSentence
 
-    @property
+    @cached_property  # read by the feeds, the batcher's item and the render's estimate
     def length(self) -> int:
         return max(len(self.a.tokens), len(self.b.tokens))
 

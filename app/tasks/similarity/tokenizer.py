@@ -58,14 +58,14 @@ def _to_ascii() -> dict[int, str | None]:
 
 
 def words(text: str) -> list[str]:
-    """The words of a sentence, without the `<s>`/`</s>` markers."""
+    """The words of a sentence, without the `<s>`/`</s>` markers, nor words of combining marks alone (category M:
+    accents, enclosing marks), which show no letter."""
     cleaned = normalize(text).translate(_DELETE_PUNCTUATION).lower()
-    return [NUMBER if word.isdigit() else word for word in cleaned.split() if not _marks_only(word)]
-
-
-def _marks_only(word: str) -> bool:
-    """True for a word of combining marks alone (category M: accents, enclosing marks), which shows no letter."""
-    return not word.isascii() and all(unicodedata.category(character)[0] == "M" for character in word)
+    return [
+        NUMBER if word.isdigit() else word
+        for word in cleaned.split()
+        if word.isascii() or not all(unicodedata.category(character)[0] == "M" for character in word)
+    ]
 
 
 def tokenize(text: str) -> list[str]:

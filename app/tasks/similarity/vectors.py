@@ -79,8 +79,8 @@ class WordVectors:
     def rows_of(self, tokens: list[str]) -> np.ndarray:
         """GloVe row of each token, -1 where it has none."""
         cached, find = self._cached_row, self._row_of
-        rows = (cached(token) if len(token) <= ROW_CACHE_MAX_CHARS else find(token) for token in tokens)
-        return np.fromiter(rows, dtype=np.int64, count=len(tokens))
+        rows = [cached(token) if len(token) <= ROW_CACHE_MAX_CHARS else find(token) for token in tokens]
+        return np.array(rows, dtype=np.int64)
 
     def _row_of(self, token: str) -> int:
         key, check = word_digest(token)
