@@ -32,24 +32,13 @@ class CostModel:
         predicted = self.predict(rows, length)
         if self.known and predicted > 0:
             seconds = min(seconds, OUTLIER * predicted)
-        x = (1.0, float(length), float(rows * length))
+        x = (1.0, length, rows * length)
         for i in range(3):
             self._moments[i] = DECAY * self._moments[i] + x[i] * seconds
             for j in range(3):
                 self._gram[i][j] = DECAY * self._gram[i][j] + x[i] * x[j]
         self.runs += 1
-        pull = [RIDGE * self._gram[i][i] + 1e-12 for i in range(3)]
-        gram = [[self._gram[i][j] + (pull[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
-        moments = [self._moments[i] + pull[i] * self.coefficients[i] for i in range(3)]
-        free = [0, 1, 2]  # non-negative: a coefficient that fits below 0 is left out and the rest fitted again
-        solution: list[float] = []
-        while free:
-            solution = _solve([[gram[i][j] for j in free] for i in free], [moments[i] for i in free])
-            if min(solution) >= 0:
-                break
-            free.pop(solution.index(min(solution)))
-        fitted = dict(zip(free, solution, strict=False))  # none when every one fits below 0
-        self.coefficients = tuple(fitted.get(index, 0.0) for index in range(3))
+        self.coefficients = _fit(self._gram, self._moments, self.coefficients)
 
     def describe(self) -> dict[str, float]:
         """The fit, for GET /models: milliseconds per run and microseconds per step and per cell."""
@@ -57,13 +46,24 @@ class CostModel:
         return {"fixed_ms": fixed * 1e3, "per_step_us": per_step * 1e6, "per_cell_us": per_cell * 1e6}
 
 
-def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
-    """x with matrix x = vector, by Gauss-Jordan elimination (the matrix is positive definite: no pivoting needed)."""
-    rows = [[*row, value] for row, value in zip(matrix, vector, strict=True)]
-    for i, pivot in enumerate(rows):
-        pivot[:] = [value / pivot[i] for value in pivot]
-        for row in rows:
-            if row is not pivot:
-                factor = row[i]
-                row[:] = [value - factor * top for value, top in zip(row, pivot, strict=True)]
-    return [row[-1] for row in rows]
+def _fit(gram: list[list[float]], moments: list[float], previous: tuple) -> tuple[float, float, float]:
+    """The coefficients, pulled toward `previous`, by Cramer's rule (this runs on the event loop after every run);
+    while one fits below 0, the most negative is left out (its row and column made the identity's), the rest refit."""
+    (a, b, c), (_, d, e), (_, _, f) = gram
+    (m0, m1, m2), (v0, v1, v2) = moments, previous
+    pa, pd, pf = RIDGE * a + 1e-12, RIDGE * d + 1e-12, RIDGE * f + 1e-12
+    a, d, f, y0, y1, y2 = a + pa, d + pd, f + pf, m0 + pa * v0, m1 + pd * v1, m2 + pf * v2
+    while True:
+        p, q, r = d * f - e * e, c * e - b * f, b * e - c * d  # the cofactors of the symmetric matrix
+        s, t, u = a * f - c * c, b * c - a * e, a * d - b * b
+        det = a * p + b * q + c * r
+        x = ((p * y0 + q * y1 + r * y2) / det, (q * y0 + s * y1 + t * y2) / det, (r * y0 + t * y1 + u * y2) / det)
+        if min(x) >= 0:
+            return x
+        left_out = x.index(min(x))
+        if left_out == 0:
+            a, b, c, y0 = 1.0, 0.0, 0.0, 0.0
+        elif left_out == 1:
+            b, d, e, y1 = 0.0, 1.0, 0.0, 0.0
+        else:
+            c, e, f, y2 = 0.0, 0.0, 1.0, 0.0

@@ -18,7 +18,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.runtime.batcher import BatchConfig, ModelBatcher
-from app.runtime.cost import CostModel
+from app.runtime.cost import DECAY, CostModel
 from app.runtime.instances import CPU, Instance, RunSlots
 from tests.manual_clock import ManualClock, run_on_clock
 from tests.toy_profiles import (
@@ -92,6 +92,18 @@ def test_the_cost_model_never_predicts_a_negative_cost():
         cost.observe(rows, 100, 1e-5 * rows**1.3 * 100)
     assert min(cost.coefficients) >= 0
     assert 0 < cost.predict(1, 100) < cost.predict(8, 100) < cost.predict(32, 100)
+
+
+def test_coefficients_that_fit_below_0_are_left_out_and_the_rest_fitted_again():
+    """Single rows whose runs get faster with length: per step and per cell both fit below 0, so the fixed cost alone
+    fits the runs, the decayed mean of their seconds."""
+    cost, runs = CostModel(), [(10, 0.002), (40, 0.001)] * 10
+    for length, seconds in runs:
+        cost.observe(1, length, seconds)
+    weights = [DECAY**age for age in range(len(runs))][::-1]
+    mean = sum(weight * seconds for weight, (_, seconds) in zip(weights, runs, strict=True)) / sum(weights)
+    assert cost.coefficients[1:] == (0.0, 0.0)
+    assert cost.coefficients[0] == pytest.approx(mean, rel=1e-3)
 
 
 def test_the_cost_model_follows_the_recent_runs_but_not_a_single_outlier():
