@@ -12,13 +12,9 @@ PHASES = ("compute_input", "compute_infer", "compute_output")  # collating the i
 Durations = dict[str, dict[str, int]]  # by name: a count and the cumulative nanoseconds of what it counts
 
 
-def _durations(*names: str) -> Durations:
-    return {name: {"count": 0, "ns": 0} for name in names}
-
-
-def _add(durations: Durations, name: str, seconds: float) -> None:
-    durations[name]["count"] += 1
-    durations[name]["ns"] += int(seconds * 1e9)
+def _phases(sums: list[int]) -> Durations:
+    """The PHASES' durations of runs summed as [runs, then each phase's nanoseconds]."""
+    return {phase: {"count": sums[0], "ns": ns} for phase, ns in zip(PHASES, sums[1:], strict=True)}
 
 
 class ModelStats:
@@ -26,15 +22,16 @@ class ModelStats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.inference = _durations("success", "fail", "queue", *PHASES)
-        self.by_batch_size: dict[int, Durations] = {}
+        self.inference: Durations = {name: {"count": 0, "ns": 0} for name in ("success", "fail", "queue")}
+        self._runs: dict[int, list[int]] = {}  # by batch size: runs, then each phase's nanoseconds (see `_phases`)
         self.inference_count = self.execution_count = 0
         self.last_inference_ms = 0  # Unix time of the last execution, in milliseconds (0: none yet)
 
     def add(self, name: str, seconds: float) -> None:
         """A request done (`success` or `fail`, from its arrival) or a queue item's wait (`queue`)."""
         with self._lock:
-            _add(self.inference, name, seconds)
+            self.inference[name]["count"] += 1
+            self.inference[name]["ns"] += int(seconds * 1e9)
 
     def executed(self, rows: int, *phase_seconds: float) -> None:
         """A run of `rows` rows and the seconds of each of its PHASES."""
@@ -42,19 +39,19 @@ class ModelStats:
             self.execution_count += 1
             self.inference_count += rows
             self.last_inference_ms = int(time.time() * 1000)
-            for durations in (self.inference, self.by_batch_size.setdefault(rows, _durations(*PHASES))):
-                for phase, seconds in zip(PHASES, phase_seconds, strict=True):
-                    _add(durations, phase, seconds)
+            sums = self._runs.setdefault(rows, [0, 0, 0, 0])
+            sums[0] += 1
+            for phase, seconds in enumerate(phase_seconds, 1):
+                sums[phase] += int(seconds * 1e9)
 
     def snapshot(self) -> dict[str, Any]:
         """The counters in the statistics extension's shape (less the model's name and version)."""
         with self._lock:
+            totals = [sum(column) for column in zip(*self._runs.values(), strict=True)] or [0, 0, 0, 0]
             return {
                 "last_inference": self.last_inference_ms,
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,
-                "inference_stats": deepcopy(self.inference),
-                "batch_stats": [
-                    {"batch_size": size, **deepcopy(by)} for size, by in sorted(self.by_batch_size.items())
-                ],
+                "inference_stats": deepcopy(self.inference) | _phases(totals),
+                "batch_stats": [{"batch_size": size, **_phases(sums)} for size, sums in sorted(self._runs.items())],
             }
