@@ -19,12 +19,13 @@ from app.runtime.instances import Instance, RunGraph
 from app.runtime.stats import ModelStats
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
-DEADLINE_SHARE = 0.25  # a request must be predicted done within this share of its deadline
+DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline
 SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, pace, body sizes)
 INLINE_WINDOW_S = 0.02  # a lone request runs inline only in its first 20 ms (a long history soon queues)
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
 PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (HTTP and JSON dominate the others)
-COLD_PACE = 3.0  # their pace while none has finished lately, or after an idle spell
+STALE_SHARE = 0.25  # a pace with no request done within this share of the deadline is stale, an idle model's forgotten
+COLD_PACE = 6.0  # their pace while it is stale or forgotten
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
@@ -208,7 +209,7 @@ class ModelBatcher:
         """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason);
         a request's handling `teaches_pace`."""
         now = self._clock()
-        if not self._admitted_rows and now - self._last_done > DEADLINE_SHARE * self.config.deadline_s:
+        if not self._admitted_rows and now - self._last_done > STALE_SHARE * self.config.deadline_s:
             self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
         own = self._seconds_for(rows, cells)
         self._refuse_unless_fits(rows, now, own, refused_as)
@@ -221,10 +222,11 @@ class ModelBatcher:
             finished = True
         finally:
             done = self._clock()
-            if teaches_pace and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per `own`
+            if teaches_pace and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per work
                 wall, self._last_release = done - max(now, self._last_release), done
                 decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
-                self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + (own if finished else 0.0)]
+                work = self._seconds_for(rows, cells) if finished else 0.0  # as the cost model now predicts it
+                self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + work]
             self._admitted_rows -= rows
             self._admitted_seconds -= own
             self._admitted_gauge.set(self._admitted_rows)
@@ -236,7 +238,7 @@ class ModelBatcher:
         is admitted, and one already past its deadline goes on to its 504."""
         budget, arrival, admitted = DEADLINE_SHARE * self.config.deadline_s, request_arrival.get(), self._admitted_rows
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
-        stale = not self._paced[1] or now - self._last_release > budget
+        stale = not self._paced[1] or now - self._last_release > STALE_SHARE * self.config.deadline_s
         pace = max(COLD_PACE, self.pace) if own >= PACE_MIN_S and stale else self.pace
         needed = waited + (pace * (self._admitted_seconds + own) if admitted else 0.0)
         if admitted and admitted + rows > self.config.max_queue:
