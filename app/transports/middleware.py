@@ -376,4 +376,5 @@ def route_label(scope: Scope) -> str:
     if getattr(app.state, "route_templates", None) is None:
         paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
         app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
-    return next((template for template, regex in app.state.route_templates if regex.match(route_path(scope))), "unmatched")
+    path = route_path(scope)
+    return next((template for template, regex in app.state.route_templates if regex.match(path)), "unmatched")
