@@ -76,10 +76,12 @@ def _iso(seconds: float) -> str:
 
 
 def memory_of(state: StudentState, model: ServedModel) -> np.ndarray:
-    """The stored memory, if of the shape the model takes: one of another shape was not written by this service."""
+    """The stored memory, if of the shape the model takes and finite: any other was not written by this service."""
     stored, taken = (" x ".join(map(str, memory.shape)) for memory in (state.memory, model.state.init_memory))
     if stored != taken:
         raise UnreadableState(model.name, state.student_id, f"memory has shape {stored}; the model takes {taken}")
+    if not np.isfinite(state.memory).all():
+        raise UnreadableState(model.name, state.student_id, "memory holds nan or inf")
     return state.memory
 
 
