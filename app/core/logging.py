@@ -189,13 +189,19 @@ def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fi
         logger.handle(logger.makeRecord(logger.name, level, "", 0, message, args, None, extra=fields))
 
 
+def route_path(scope: Scope) -> str:
+    """The path below the app's `root_path` (a proxy's prefix, `--root-path`), as the routes match it."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path
+
+
 def loggable_path(scope: Scope) -> str:
     """The matched route's template (`/students/{student_id}`), never client text such as an id; else the path
     percent-encoded (one field of the access line), truncated, and cut after any prefix followed by an id."""
     template = getattr(scope.get("route"), "path", None)
     if template:
         return template
-    path: str = scope.get("path", "")
+    path = route_path(scope)
     for prefix in ID_BEARING_PREFIXES:
         if path.startswith(prefix):
             return prefix + "…"

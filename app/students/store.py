@@ -9,10 +9,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from operator import methodcaller
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError, model_validator
 
 from app.core.errors import ServiceError
 
@@ -21,6 +21,8 @@ MAX_ATTEMPTS = 100
 MAX_BACKOFF_S = 0.05
 COUNT = TypeAdapter(NonNegativeInt)
 Result = TypeVar("Result")
+# Unix seconds, UTC, from 1970 to a date Python's datetime holds (9999-12-31): not nan, inf or 1e300
+Timestamp = Annotated[float, Field(ge=0, le=253402300799, allow_inf_nan=False)]
 Fields = tuple[str, str, bytes, int, int, int, str]  # what a write stores: StudentState's fields up to model_sha256
 
 
@@ -35,8 +37,8 @@ class StudentState(BaseModel, frozen=True):
     columns: PositiveInt
     interactions: NonNegativeInt
     model_sha256: str
-    created_at: float  # Unix seconds, UTC
-    updated_at: float
+    created_at: Timestamp
+    updated_at: Timestamp
     revision: int
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import Scope
 
 from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, body_invalid, ort_message
-from app.core.logging import TracebackBudget, loggable_path
+from app.core.logging import TracebackBudget, loggable_path, route_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
 from app.students.store import StoreError, StoreUnavailable
@@ -78,6 +78,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
-        if is_protocol_path(request.scope["path"]):  # the protocol's 400, shaped by oip_errors.py
+        if is_protocol_path(route_path(request.scope)):  # the protocol's 400, shaped by oip_errors.py
             return JsonResponse({"detail": ort_message(error)}, 400)
         return JsonResponse(InvalidInput(("body",), ort_message(error)).payload(), 422)

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
 from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, ServiceError, body_too_large_detail
-from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path
+from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path, route_path
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.core.responses import JsonResponse
@@ -147,7 +147,7 @@ class Body:
         """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
         of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
         declared = declared_bytes(self.scope["headers"])
-        task = self.scope["app"].state.reserving.get(self.scope["path"]) if declared > INLINE_BODY_BYTES else None
+        task = self.scope["app"].state.reserving.get(route_path(self.scope)) if declared > INLINE_BODY_BYTES else None
         named = task and FIRST_KEY_MODEL.match(head)
         model = self.scope["app"].state.registry.models.get(named[1].decode()) if named else None
         if model is None or model.task != task or not model.ready:
@@ -228,9 +228,10 @@ class RequestEdge:
         request_arrival.set(arrived)
         body = Body(self, scope, receive) if any(name in FRAMING for name, _ in headers) else None
         answer_headers = [(REQUEST_ID_HEADER, rid.encode()), *self.headers]
-        answer = Answer(send, answer_headers, is_protocol_path(scope["path"]), self.drain, body)
+        path = route_path(scope)
+        answer = Answer(send, answer_headers, is_protocol_path(path), self.drain, body)
         inner = {**scope, "method": "GET"} if method == "HEAD" else scope  # a HEAD is its GET without the body
-        if (route := self.direct.get((inner["method"], scope["path"]))) and not scope.get("root_path"):
+        if route := self.direct.get((inner["method"], path)):
             inner["route"] = route  # called by `_call`, without FastAPI's router
         self.metrics.in_flight.inc()
         try:
@@ -261,8 +262,9 @@ class RequestEdge:
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         authorization = b"" if self.api_keys is None else dict(scope["headers"]).get(b"authorization", b"")
-        challenge = None if self.api_keys is None else self.api_keys.refusal(scope["path"], authorization)
-        gated = scope["path"] not in OPERATIONS_PATHS
+        path = route_path(scope)
+        challenge = None if self.api_keys is None else self.api_keys.refusal(path, authorization)
+        gated = path not in OPERATIONS_PATHS
         declared = declared_bytes(scope["headers"])
         refused = None
         if challenge is not None:
@@ -374,4 +376,5 @@ def route_label(scope: Scope) -> str:
     if getattr(app.state, "route_templates", None) is None:
         paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
         app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
-    return next((template for template, regex in app.state.route_templates if regex.match(scope["path"])), "unmatched")
+    path = route_path(scope)
+    return next((template for template, regex in app.state.route_templates if regex.match(path)), "unmatched")

@@ -12,9 +12,10 @@ from fastapi import APIRouter, Path, Query, Request
 
 from app.core.errors import InvalidInput, ServiceError
 from app.core.responses import JsonResponse
+from app.runtime.model import ServedModel
 from app.runtime.offload import offload
 from app.students.io import StoreHolder
-from app.students.store import StateVersionMismatch, StudentState, update_state
+from app.students.store import StateVersionMismatch, StudentState, UnreadableState, update_state
 from app.tasks.knowledge_trace import service
 from app.tasks.knowledge_trace.schemas import (
     AppendRequest,
@@ -74,6 +75,16 @@ def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def memory_of(state: StudentState, model: ServedModel) -> np.ndarray:
+    """The stored memory, if of the shape the model takes and finite: any other was not written by this service."""
+    stored, taken = (" x ".join(map(str, memory.shape)) for memory in (state.memory, model.state.init_memory))
+    if stored != taken:
+        raise UnreadableState(model.name, state.student_id, f"memory has shape {stored}; the model takes {taken}")
+    if not np.isfinite(state.memory).all():
+        raise UnreadableState(model.name, state.student_id, "memory holds nan or inf")
+    return state.memory
+
+
 def _listed(values: np.ndarray | None) -> list[float] | None:
     return None if values is None else values.tolist()
 
@@ -102,7 +113,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     async def compute(current: StudentState | None) -> tuple[np.ndarray, int, tuple[service.Trace, np.ndarray]]:
         """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
         the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
-        trace = await service.trace(model, questions, correct, None if current is None else current.memory)
+        trace = await service.trace(model, questions, correct, None if current is None else memory_of(current, model))
         next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
         seen = 0 if current is None else current.interactions
         return trace.memory, seen + len(questions), (trace, next_p)
@@ -158,7 +169,7 @@ async def get_student(
             "model": served.name,
             "model_sha256": state.model_sha256,
             "interactions": state.interactions,
-            "mastery": _listed(await service.mastery_of(served, state.memory)),
+            "mastery": _listed(await service.mastery_of(served, memory_of(state, served))),
             "created_at": _iso(state.created_at),
             "updated_at": _iso(state.updated_at),
         }

@@ -197,3 +197,17 @@ def test_health_is_answered_directly_and_counted_under_its_route(client):
     assert head.headers["content-length"] == get.headers["content-length"] and head.headers["x-request-id"]
     metrics = client.get("/metrics").text
     assert 'mnemo_http_requests_total{method="HEAD",route="/health",status="200"}' in metrics, metrics
+
+
+def test_behind_a_root_path_the_edge_reads_the_path_below_it():
+    """Served under a prefix (`uvicorn --root-path /api`, Ray Serve's route_prefix), the edge's checks read the path
+    the routes see: /v2 errors in the protocol's shape, the open paths open, the task routes called directly."""
+    app = create_app(app_settings(DEFAULT_ARTIFACTS_DIR, api_keys="k1"))
+    with TestClient(app, root_path="/api") as client:
+        assert client.get("/api/health").status_code == 200  # an open path: no key
+        missing = client.get("/api/v2/models/nope", headers={"Authorization": "Bearer k1"})
+        assert missing.status_code == 404
+        assert set(missing.json()) == {"error"} and "nope" in missing.json()["error"]
+        assert client.get("/api/v2/models/nope").json() == {"error": client.get("/v2/models/nope").json()["error"]}
+        answer = client.post("/api/similarity", json={}, headers={"Authorization": "Bearer k1"})
+        assert answer.status_code == 422 and answer.request.url.path == "/api/similarity"

@@ -224,6 +224,36 @@ def test_a_state_not_written_by_the_service_is_a_409_saying_what_is_wrong_and_de
     assert append(api, student_id, history(1, seed=1)).json()["interactions"] == 1
 
 
+@pytest.mark.parametrize(
+    ("spoil", "problem"),
+    [
+        (lambda memory: memory.reshape(40, 100), "memory has shape 40 x 100; the model takes 20 x 200"),
+        (
+            lambda memory: np.where(np.arange(memory.size).reshape(memory.shape) == 7, np.nan, memory),
+            "memory holds nan",
+        ),
+    ],
+)
+def test_a_stored_memory_the_model_cannot_take_is_a_409(api: httpx.Client, store_url: str, spoil, problem: str) -> None:
+    """A state with the right bytes in a shape the model does not take (40 x 100 for 20 x 200) reached the model: a 422
+    blaming the request body for the graph's "invalid dimensions for input: mv_in"; one holding nan answered 200 with
+    null probabilities (and stored nan again)."""
+    student_id = unique_id("reshaped")
+    assert append(api, student_id, history(2, seed=3)).status_code == 200
+    store = open_store(store_url)
+    try:
+        state = store.read(MODEL, student_id)
+        memory = spoil(state.memory).astype(np.float32)
+        fields = {"interactions": state.interactions, "model_sha256": state.model_sha256}
+        store.write(MODEL, student_id, memory=memory, expected_revision=state.revision, **fields)
+    finally:
+        store.close()
+    for response in (append(api, student_id, history(1, seed=1)), api.get(student(student_id))):
+        assert response.status_code == 409, response.text
+        assert f"cannot be read ({problem}" in response.json()["detail"]
+    assert api.delete(student(student_id)).json()["deleted"] == [{"model": MODEL, "interactions": 2}]
+
+
 def test_erasure_removes_everything_under_every_model(api: httpx.Client, store_url: str) -> None:
     student_id = unique_id("erase-me")
     assert append(api, student_id, history(3, seed=2)).status_code == 200

@@ -334,6 +334,21 @@ def test_an_unreadable_state_is_a_409_naming_it_and_delete_still_erases_it(
     assert create(store, "spoilt").interactions == 3
 
 
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "1e300", "-1e20"])
+def test_a_stored_time_no_date_can_hold_is_unreadable(store: StateStore, store_url: str, seconds: str) -> None:
+    """created_at or updated_at set by hand to a number no UTC date holds was read, then a 500 when GET formatted it."""
+    create(store, "timeless")
+    if store_url.startswith("sqlite://"):
+        with sqlite3.connect(store_url.removeprefix("sqlite://")) as connection:
+            query = "UPDATE student_state SET updated_at = ? WHERE student_id = ?"
+            connection.execute(query, (seconds, "timeless"))  # REAL affinity: "1e300" a number, "nan" text
+    else:
+        redis.Redis.from_url(store_url).hset("mnemo:student:timeless", f"updated:{MODEL}", seconds)
+    with pytest.raises(UnreadableState, match="updated_at"):
+        store.read(MODEL, "timeless")
+    assert store.delete("timeless") == {MODEL: 3}
+
+
 def test_a_redis_key_that_is_not_a_hash_is_a_409_and_delete_erases_it(redis_server: RedisServer) -> None:
     """A student key of another type (written by something else) was a 503 "Redis state store failed" on reads, and
     on DELETE too, although the key was erased."""
