@@ -230,7 +230,9 @@ class RequestEdge:
         answer_headers = [(REQUEST_ID_HEADER, rid.encode()), *self.headers]
         path = route_path(scope)
         answer = Answer(send, answer_headers, is_protocol_path(path), self.drain, body)
-        inner = {**scope, "method": "GET"} if method == "HEAD" else scope  # a HEAD is its GET without the body
+        # the app's own copy: routing rewrites it (a Mount its root_path), while the edge labels what it received; a
+        # HEAD is its GET without the body
+        inner = {**scope, "method": "GET" if method == "HEAD" else method}
         if route := self.direct.get((inner["method"], path)):
             inner["route"] = route  # called by `_call`, without FastAPI's router
         self.metrics.in_flight.inc()

@@ -64,7 +64,9 @@ def test_docs_openapi_and_413_answers_are_labelled_by_route(server):
     assert httpx.post(f"{server.url}/similarity", content=b"x" * 4096).status_code == 413
     assert httpx.post(f"{server.url}/knowledge-trace", json={"interactions": []}).status_code == 422
     httpx.get(f"{server.url}/no-such-path")
+    assert httpx.get(f"{server.url}/docs-assets/swagger-ui.css").status_code == 200  # a Mount rewrites the root_path
     text = httpx.get(f"{server.url}/metrics").text
+    assert 'mnemo_http_requests_total{method="GET",route="/docs-assets/{asset:path}",status="200"}' in text
     assert 'mnemo_http_requests_total{method="GET",route="/openapi.json",status="200"}' in text
     assert 'mnemo_http_requests_total{method="GET",route="/docs",status="200"}' in text
     assert 'mnemo_http_requests_total{method="POST",route="/similarity",status="413"}' in text
