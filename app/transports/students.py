@@ -77,12 +77,13 @@ def _iso(seconds: float) -> str:
 
 def memory_of(state: StudentState, model: ServedModel) -> np.ndarray:
     """The stored memory, if of the shape the model takes and finite: any other was not written by this service."""
-    stored, taken = (" x ".join(map(str, memory.shape)) for memory in (state.memory, model.state.init_memory))
-    if stored != taken:
-        raise UnreadableState(model.name, state.student_id, f"memory has shape {stored}; the model takes {taken}")
-    if not np.isfinite(state.memory).all():
+    memory, taken = state.memory, model.state.init_memory.shape
+    if memory.shape != taken:
+        stored, taken_text = (" x ".join(map(str, shape)) for shape in (memory.shape, taken))
+        raise UnreadableState(model.name, state.student_id, f"memory has shape {stored}; the model takes {taken_text}")
+    if not np.isfinite(memory).all():
         raise UnreadableState(model.name, state.student_id, "memory holds nan or inf")
-    return state.memory
+    return memory
 
 
 def _listed(values: np.ndarray | None) -> list[float] | None:
