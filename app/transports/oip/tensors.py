@@ -3,9 +3,9 @@ the model's `TensorSpec`, a `ProtocolError` naming it), and REST's answer encode
 
 from __future__ import annotations
 
+import json
 import math
 import struct
-import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -18,7 +18,6 @@ from app.core.responses import dumps
 from app.runtime.model import ProtocolError, ServedModel, TensorSpec
 
 MAX_RANK = 8
-FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
 # the JSON types each datatype's elements may have (the others: int or float)
 JSON_TYPES = {"BOOL": (bool,)} | dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8"), (int,))
@@ -130,16 +129,17 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
         )
     dtype = triton_to_np_dtype(tensor.datatype)
     try:
-        return np.array(elements, dtype=dtype).reshape(tensor.shape)
-    except OverflowError:  # numpy names no element
-        if accepted == (int,):
-            limits = np.iinfo(dtype)
-            index = next(index for index, element in enumerate(elements) if not limits.min <= element <= limits.max)
-            rule = f"{tensor.datatype} holds {limits.min}..{limits.max}"
-        else:  # an integer past the float range (numpy gives infinity for 1e999, not for 10**400)
-            index = next(index for index, element in enumerate(elements) if abs(element) > FLOAT_MAX)
-            rule = f"too large for {tensor.datatype}"
-        raise ProtocolError(f"input {tensor.name}: element {index} is {json_text(elements[index])}; {rule}") from None
+        with np.errstate(over="raise"):  # a finite number past the datatype's range (1e39 as FP32) is refused
+            return np.array(elements, dtype=dtype).reshape(tensor.shape)
+    except (OverflowError, FloatingPointError):  # numpy names no element
+        limits = np.iinfo(dtype) if accepted == (int,) else np.finfo(dtype)
+        # as Python numbers, which compare with any int exactly (numpy's float32 would overflow on 10**400)
+        low, high = (limits.min, limits.max) if accepted == (int,) else (-float(limits.max), float(limits.max))
+        index = next(index for index, element in enumerate(elements) if not low <= element <= high)
+        raise ProtocolError(
+            f"input {tensor.name}: element {index} is {json_text(elements[index])}; "
+            f"{tensor.datatype} holds {limits.min!s}..{limits.max!s}"
+        ) from None
 
 
 def _json_elements(tensor: RequestInput) -> list[Any]:
@@ -159,6 +159,8 @@ def json_text(value: Any) -> str:
     """A JSON value as the client wrote it, cut to 40 characters; a huge integer by its size (unprintable)."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # NaN, Infinity, -Infinity (orjson writes null)
     return dumps(value).decode()[:40]
 
 
