@@ -48,10 +48,9 @@ class InferenceRequest(BaseModel):
 
 def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
     """The request from its JSON text (REST) or its fields (gRPC); 400 naming the first error."""
+    validate = InferenceRequest.model_validate_json if isinstance(body, bytes) else InferenceRequest.model_validate
     try:
-        if isinstance(body, bytes):
-            return InferenceRequest.model_validate_json(body)
-        return InferenceRequest.model_validate(body)
+        return validate(body)
     except ValidationError as error:
         raise invalid_request(error) from None
 
@@ -76,7 +75,16 @@ def decode_inputs(
             raise ProtocolError(f"unknown input {tensor.name!r}; the model takes {', '.join(declared)}")
         if arrays[tensor.name] is not None:
             raise ProtocolError(f"input {tensor.name} is given twice")
-        _check_header(tensor, spec)
+        if tensor.datatype != spec.datatype:
+            raise ProtocolError(
+                f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}"
+            )
+        shape = tensor.shape
+        wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
+        if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
+            raise ProtocolError(
+                f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)"
+            )
         size = tensor.parameters.get("binary_data_size")
         if size is None:
             if tensor.data is None:
@@ -104,17 +112,18 @@ def decode_inputs(
     return arrays
 
 
-def _check_header(tensor: RequestInput, spec: TensorSpec) -> None:
-    if tensor.datatype != spec.datatype:
-        raise ProtocolError(f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}")
-    shape = tensor.shape
-    wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
-    if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
-        raise ProtocolError(f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)")
-
-
 def _from_json(tensor: RequestInput) -> np.ndarray:
-    elements = _json_elements(tensor)
+    """The JSON `data`, a flat list or lists nested exactly as the shape, as an array of the datatype."""
+    count, elements = math.prod(tensor.shape), tensor.data
+    if any(isinstance(element, list) for element in elements):
+        nested = np.array(elements, dtype=object)  # ragged lists stay lists: the shape is where they begin
+        if nested.shape != tuple(tensor.shape):
+            raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
+        elements = nested.ravel().tolist()
+    if len(elements) != count:
+        raise ProtocolError(
+            f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(elements)}"
+        )
     if tensor.datatype == "BYTES":
         if not all(isinstance(element, str) for element in elements):
             raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
@@ -140,19 +149,6 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
             f"input {tensor.name}: element {index} is {json_text(elements[index])}; "
             f"{tensor.datatype} holds {limits.min!s}..{limits.max!s}"
         ) from None
-
-
-def _json_elements(tensor: RequestInput) -> list[Any]:
-    """The elements of JSON `data` in row-major order: a flat list, or lists nested exactly as the shape."""
-    count, data = math.prod(tensor.shape), tensor.data
-    if any(isinstance(element, list) for element in data):
-        nested = np.array(data, dtype=object)  # ragged lists stay lists: the shape is where they begin
-        if nested.shape != tuple(tensor.shape):
-            raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
-        data = nested.ravel().tolist()
-    if len(data) != count:
-        raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
-    return data
 
 
 def json_text(value: Any) -> str:
