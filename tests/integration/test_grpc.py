@@ -179,6 +179,8 @@ def test_statistics_count_the_engine_work_and_equal_rest(clients) -> None:
     assert stats.last_inference >= before.last_inference
     every = over_grpc.get_inference_statistics()
     assert KT_MODEL in {model.name for model in every.model_stats}
+    status, message = grpc_status(lambda: over_grpc.get_inference_statistics(model_version="9"))  # was all models
+    assert status == "StatusCode.INVALID_ARGUMENT" and "version '9' names no model" in message
 
 
 # -- statuses ---------------------------------------------------------------------------------------------
