@@ -62,7 +62,7 @@ def repository_index(app: FastAPI, request: Any) -> dict:
 
 # each RPC: the REST path whose API-key rule it follows, and its answer as REST's dict (ModelInfer: `_infer`)
 RPCS: dict[str, tuple[Callable[[Any], str], Callable[[FastAPI, Any], dict] | None]] = {
-    "ServerLive": (lambda request: "/v2/health/live", lambda app, request: {"live": True}),
+    "ServerLive": (lambda request: "/v2/health/live", lambda app, _: {"live": True}),
     "ServerReady": (lambda request: "/v2/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
     "ServerMetadata": (
         lambda request: "/v2",

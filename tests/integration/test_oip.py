@@ -460,6 +460,9 @@ def test_a_classification_output_is_400(triton) -> None:
         ({"timeout": float("nan")}, "parameters.timeout is NaN; it must be an integer count of microseconds within 0"),
         ({"timeout": float("inf")}, "parameters.timeout is Infinity; it must be an integer count of microseconds"),
         ({"priority": float("-inf")}, "parameters.priority is -Infinity: requests are not prioritised"),
+        # values orjson cannot write (an integer past 64 bits in a list or object): they were a 500
+        ({"content_type": [2**100]}, "parameters.content_type is [1267650600228229401496703205376]; it must be"),
+        ({"priority": {"level": 2**64}}, 'parameters.priority is {"level":18446744073709551616}: requests are not'),
         ({"timeout": True}, "parameters.timeout is true"),
         ({"timeout": 2**63}, "parameters.timeout is 9223372036854775808"),
         ({"timeout": HUGE}, "parameters.timeout is an integer of about 4000 digits"),
@@ -489,6 +492,10 @@ def test_tensor_parameters_are_checked(server: Server) -> None:
     hinted = [{**tensor, "parameters": {"content_type": "np"}} for tensor in ONE_STEP["inputs"]]
     mlserver_style = {"inputs": hinted, "parameters": {"content_type": "np"}, "outputs": [{"name": "p"}]}
     assert httpx.post(url, json=mlserver_style, timeout=30).status_code == 200  # MLServer's codec hints
+    huge_size = {**ONE_STEP["inputs"][0], "data": None, "parameters": {"binary_data_size": [2**64]}}
+    response = httpx.post(url, json={"inputs": [huge_size, *ONE_STEP["inputs"][1:]]}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"] == "input q: binary_data_size [18446744073709551616] must be a count of bytes"
     wrong_hint = {**ONE_STEP, "parameters": {"content_type": 1}}
     response = httpx.post(url, json=wrong_hint, timeout=30)
     assert response.status_code == 400 and "parameters.content_type is 1; it must be a string" in response.text
