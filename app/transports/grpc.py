@@ -7,7 +7,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
@@ -30,99 +30,121 @@ from app.transports.operations import readiness
 
 logger = logging.getLogger("mnemo.grpc")
 INFERENCE_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
-INFER_METHOD = f"/{INFERENCE_SERVICE}/ModelInfer"
 # the status of each HTTP status the service answers with (any other is INTERNAL)
 CODES = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED"}
 CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
-MALFORMED = "The message is not a ModelInferRequest (inference.GRPCInferenceService): it does not parse."
+MALFORMED = "The message is not a {}Request (" + INFERENCE_SERVICE + "): it does not parse."
 API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization: Bearer <key>."
 Context = grpc.aio.ServicerContext
-Method = Callable[..., Awaitable[Message]]
 
 
 class ShuttingDown(ServiceError):
     status_code = 503  # a call that arrives while the server drains
 
 
-def rpc(path: Callable[[Any], str]) -> Callable[[Callable[..., dict]], Method]:
-    """An RPC answering REST v2's dict as its `<name>Response`, its API key checked as REST's `path(request)` is."""
-
-    def register(document: Callable[..., dict]) -> Method:
-        answer = getattr(service_pb2, f"{document.__name__}Response")
-
-        async def method(self: InferenceServicer, request: Any, context: Context) -> Message:
-            async def respond() -> Message:
-                return json_format.ParseDict(document(self, request), answer())
-
-            return await self._call(document.__name__, path(request), context, respond)
-
-        return method
-
-    return register
+def model_ready(app: FastAPI, request: Any) -> dict:
+    try:
+        return {"ready": inference.model_ready(app.state, request.name, request.version)["ready"]}
+    except ModelNotReady:
+        return {"ready": False}
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """The service over the app's registry, drain, metrics and settings (read from `app.state` at each call)."""
+def repository_index(app: FastAPI, request: Any) -> dict:
+    if request.repository_name:
+        raise ProtocolError(
+            f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
+        )
+    return {"models": inference.repository_index(app.state, request.ready)}
+
+
+# each RPC: the REST path whose API-key rule it follows, and its answer as REST's dict (ModelInfer: `_infer`)
+RPCS: dict[str, tuple[Callable[[Any], str], Callable[[FastAPI, Any], dict] | None]] = {
+    "ServerLive": (lambda request: "/v2/health/live", lambda app, _: {"live": True}),
+    "ServerReady": (lambda request: "/v2/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
+    "ServerMetadata": (
+        lambda request: "/v2",
+        lambda app, _: {"name": app.title, "version": app.version, "extensions": list(inference.EXTENSIONS)},
+    ),
+    "ModelReady": (lambda request: f"/v2/models/{request.name}/ready", model_ready),
+    "ModelMetadata": (
+        lambda request: f"/v2/models/{request.name}",
+        lambda app, request: inference.model_metadata(app.state, request.name, request.version),
+    ),
+    "ModelConfig": (
+        lambda request: f"/v2/models/{request.name}/config",
+        lambda app, request: {"config": inference.model_config(app.state, request.name, request.version)},
+    ),
+    "ModelStatistics": (
+        lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats",
+        lambda app, request: inference.model_statistics(app.state, request.name, request.version),
+    ),
+    "RepositoryIndex": (lambda request: "/v2/repository/index", repository_index),
+    "ModelInfer": (lambda request: f"/v2/models/{request.model_name}/infer", None),
+}
+
+
+class InferenceService:
+    """The RPCs over the app's registry, drain, metrics and settings (read from `app.state` at each call)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.state = app.state
         self.keys = api_key_check(app.state.settings)
 
-    @rpc(lambda request: "/v2/health/live")
-    def ServerLive(self, request: Message) -> dict:
-        return {"live": True}
+    def register(self, server: grpc.aio.Server) -> None:
+        """Serve the RPCs on `server`, as grpc's generated `add_..._to_server` does (registered: the faster lookup)."""
+        methods = {name: self._method(name) for name in RPCS}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, methods),))
+        server.add_registered_method_handlers(INFERENCE_SERVICE, methods)
 
-    @rpc(lambda request: "/v2/health/ready")
-    def ServerReady(self, request: Message) -> dict:
-        return {"ready": readiness(self.state)[0] == 200}
+    def _method(self, name: str) -> grpc.RpcMethodHandler:
+        """The RPC `name`: it decodes its own message (a malformed one is INVALID_ARGUMENT, not grpc's UNKNOWN), checks
+        the API key as REST does its path, and answers, or aborts with its error as a status; each call is counted."""
+        path, answer = RPCS[name]
+        request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
 
-    @rpc(lambda request: "/v2")
-    def ServerMetadata(self, request: Message) -> dict:
-        return {"name": self.app.title, "version": self.app.version, "extensions": list(inference.EXTENSIONS)}
+        async def call(data: bytes, context: Context) -> Message:
+            started = time.perf_counter()
+            request_arrival.set(started)
+            code, details, trailers = grpc.StatusCode.OK, "", ()
+            try:
+                try:
+                    request = request_type.FromString(data)
+                except DecodeError:
+                    request = None
+                sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
+                if self.keys is not None and self.keys.refusal(path(request or request_type()), sent.encode()):
+                    code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
+                elif request is None:
+                    raise ProtocolError(MALFORMED.format(name))
+                elif answer is None:
+                    return await self._infer(request, context)
+                else:
+                    return json_format.ParseDict(answer(self.app, request), response_type())
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                if not self.state.drain.gave_up or context.cancelled():
+                    raise  # the client left, or its deadline passed: nobody reads an answer
+                code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
+            except ServiceError as error:
+                code, details = grpc.StatusCode[CODES.get(error.status_code, "INTERNAL")], error.detail
+                trailers = tuple((key.lower(), value) for key, value in (error.headers or {}).items())
+            except OrtInvalidArgument as error:
+                code, details = grpc.StatusCode.INVALID_ARGUMENT, ort_message(error)
+            except Exception:
+                logger.exception("unexpected error in the gRPC method %s", name)
+                code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
+            finally:
+                self.state.metrics.grpc_requests.labels(name, code.name).inc()
+                self.state.metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
+            await context.abort(code, details, trailers)
 
-    @rpc(lambda request: f"/v2/models/{request.name}/ready")
-    def ModelReady(self, request: Message) -> dict:
-        try:
-            return {"ready": inference.model_ready(self.state, request.name, request.version)["ready"]}
-        except ModelNotReady:
-            return {"ready": False}
+        return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
 
-    @rpc(lambda request: f"/v2/models/{request.name}")
-    def ModelMetadata(self, request: Message) -> dict:
-        return inference.model_metadata(self.state, request.name, request.version)
-
-    @rpc(lambda request: f"/v2/models/{request.name}/config")
-    def ModelConfig(self, request: Message) -> dict:
-        return {"config": inference.model_config(self.state, request.name, request.version)}
-
-    @rpc(lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats")
-    def ModelStatistics(self, request: Message) -> dict:
-        return inference.model_statistics(self.state, request.name, request.version)
-
-    @rpc(lambda request: "/v2/repository/index")
-    def RepositoryIndex(self, request: Message) -> dict:
-        if request.repository_name:
-            raise ProtocolError(
-                f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
-            )
-        return {"models": inference.repository_index(self.state, request.ready)}
-
-    async def ModelInfer(self, data: bytes, context: Context) -> Message:
-        """Its message comes undecoded (`RawModelInfer`): a malformed one is INVALID_ARGUMENT, not grpc's INTERNAL."""
-        try:
-            message = service_pb2.ModelInferRequest.FromString(data)
-        except DecodeError:
-            message = None
-        path = "/v2/models/infer" if message is None else f"/v2/models/{message.model_name}/infer"
-        return await self._call("ModelInfer", path, context, lambda: self._infer(message, context))
-
-    async def _infer(self, message: service_pb2.ModelInferRequest | None, context: Context) -> Message:
-        if message is None:
-            raise ProtocolError(MALFORMED)
+    async def _infer(self, message: service_pb2.ModelInferRequest, context: Context) -> Message:
         drain = self.state.drain
         if drain.draining:
             raise ShuttingDown("The server is shutting down; retry on another instance.")
@@ -145,37 +167,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
             timeout_s, source = rpc_timeout_s, "the gRPC deadline"
         return await within_deadline(work, self.state, model, timeout_s, source)
-
-    async def _call(
-        self, method: str, path: str, context: Context, handler: Callable[[], Awaitable[Message]]
-    ) -> Message:
-        """The handler's answer, or its error as a status; the API key is checked first; the call is counted."""
-        started = time.perf_counter()
-        request_arrival.set(started)
-        code, details, trailers = grpc.StatusCode.OK, "", ()
-        try:
-            sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-            if self.keys is None or not self.keys.refusal(path, sent.encode() if isinstance(sent, str) else sent):
-                return await handler()
-            code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            if not self.state.drain.gave_up or context.cancelled():
-                raise  # the client left, or its deadline passed: nobody reads an answer
-            code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
-        except ServiceError as error:
-            code, details = grpc.StatusCode[CODES.get(error.status_code, "INTERNAL")], error.detail
-            trailers = tuple((key.lower(), value) for key, value in (error.headers or {}).items())
-        except OrtInvalidArgument as error:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, ort_message(error)
-        except Exception:
-            logger.exception("unexpected error in the gRPC method %s", method)
-            code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
-        finally:
-            metrics = self.state.metrics
-            metrics.grpc_requests.labels(method, code.name).inc()
-            metrics.grpc_latency.labels(method).observe(time.perf_counter() - started)
-        await context.abort(code, details, trailers)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
@@ -247,20 +238,6 @@ def inference_response(model: ServedModel, request: InferenceRequest, outputs: l
     return response
 
 
-class RawModelInfer(grpc.aio.ServerInterceptor):
-    """Hands ModelInfer its message as bytes: `InferenceServicer.ModelInfer` decodes it itself."""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if details.method != INFER_METHOD or handler is None:
-            return handler
-        return grpc.unary_unary_rpc_method_handler(handler.unary_unary, response_serializer=handler.response_serializer)
-
-
 @asynccontextmanager
 async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
     """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs (nothing when unset)."""
@@ -269,14 +246,13 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
         yield
         return
     server = grpc.aio.server(
-        interceptors=[RawModelInfer()],
         maximum_concurrent_rpcs=settings.max_connections,  # as REST's connections bound its requests in flight
         options=[
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.so_reuseport", int(settings.workers > 1)),
         ],
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(app), server)
+    InferenceService(app).register(server)
     health_servicer = health.aio.HealthServicer()  # open to all, as the probe port is
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     loop = asyncio.get_running_loop()

@@ -179,6 +179,8 @@ def test_statistics_count_the_engine_work_and_equal_rest(clients) -> None:
     assert stats.last_inference >= before.last_inference
     every = over_grpc.get_inference_statistics()
     assert KT_MODEL in {model.name for model in every.model_stats}
+    status, message = grpc_status(lambda: over_grpc.get_inference_statistics(model_version="9"))  # was all models
+    assert status == "StatusCode.INVALID_ARGUMENT" and "version '9' names no model" in message
 
 
 # -- statuses ---------------------------------------------------------------------------------------------
@@ -529,6 +531,9 @@ UNSET_PARAMETER = message(inputs=ONE_STEP)
 UNSET_PARAMETER.parameters["priority"].Clear()
 SEQUENCE = message(inputs=ONE_STEP)
 SEQUENCE.parameters["sequence_id"].int64_param = 5
+NAN_TIMEOUT, INFINITE_PRIORITY = message(inputs=ONE_STEP), message(inputs=ONE_STEP)
+NAN_TIMEOUT.parameters["timeout"].double_param = float("nan")
+INFINITE_PRIORITY.parameters["priority"].double_param = float("inf")
 TYPED_NOT_UTF8 = message(SIM_MODEL)  # typed contents, one element not UTF-8
 for name, elements in (("sentence_a", [b"a", b"\xff"]), ("sentence_b", [b"a", b"b"])):
     TYPED_NOT_UTF8.inputs.add(name=name, datatype="BYTES", shape=[2]).contents.bytes_contents.extend(elements)
@@ -563,6 +568,11 @@ HOSTILE = [
     (message(SIM_MODEL, inputs=ONE_STEP).SerializeToString(), "unknown input 'q'"),
     (UNSET_PARAMETER.SerializeToString(), "parameters.priority holds no value"),
     (SEQUENCE.SerializeToString(), "the sequence extension is not offered"),
+    (
+        NAN_TIMEOUT.SerializeToString(),
+        "parameters.timeout is NaN; it must be an integer count of microseconds within 0..9223372036854775807",
+    ),
+    (INFINITE_PRIORITY.SerializeToString(), "parameters.priority is Infinity: requests are not prioritised"),
     (VALID[:-3], "does not parse"),
     (b"\x1a\x02\xff\xfe" + VALID, "does not parse"),  # the request id (a proto3 string) not in UTF-8
 ]
@@ -576,6 +586,19 @@ def test_hostile_messages_are_invalid_argument_and_the_server_lives(server, clie
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     assert words in caught.value.details()
     assert clients[0].is_server_ready()
+
+
+@pytest.mark.parametrize("method", ["ServerLive", "ModelMetadata", "ModelConfig", "RepositoryIndex", "ModelInfer"])
+def test_a_malformed_message_to_any_rpc_is_invalid_argument_and_counted(server, method: str) -> None:
+    """Each RPC decodes its own message: grpc's decoder answered UNKNOWN with the exception's class, uncounted."""
+    running, address = server
+    before = metric(running, "mnemo_grpc_requests_total", f'code="INVALID_ARGUMENT",method="{method}"')
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary(f"/{INFERENCE_SERVICE}/{method}")(b"\xff\xff\xff\xff not a protobuf", timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    assert f"The message is not a {method}Request ({INFERENCE_SERVICE}): it does not parse." == caught.value.details()
+    after = metric(running, "mnemo_grpc_requests_total", f'code="INVALID_ARGUMENT",method="{method}"')
+    assert after == before + 1
 
 
 def manifest_version(name: str) -> str:

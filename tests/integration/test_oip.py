@@ -329,6 +329,7 @@ HUGE = 987654321  # stands for a 4,000-digit integer: the JSON parser takes it, 
 
 # KT_MODEL's memory (5 slots x 10), its first number past the float range
 MEMORY_OF_HUGE = {"name": "mv_in", "shape": [1, 5, 10], "datatype": "FP32", "data": [10**400] + [0.0] * 49}
+MEMORY_PAST_FP32 = {**MEMORY_OF_HUGE, "data": [0.0, -1e39] + [0.0] * 48}  # a finite double, infinite as FP32
 
 
 def huge_number(body: dict) -> bytes:
@@ -353,6 +354,10 @@ def huge_number(body: dict) -> bytes:
         (huge_number(step_inputs(3, [1, 2, 3], q_shape=[HUGE, 1])), "inputs.0.shape.0"),
         (step_inputs(0, [], q_shape=[2**62, 0]), "inputs.0.shape.0: Input should be less than or equal to 2147483647"),
         ({"inputs": [*step_inputs(1, [1])["inputs"], MEMORY_OF_HUGE]}, "mv_in: element 0 is an integer of about"),
+        (
+            {"inputs": [*step_inputs(1, [1])["inputs"], MEMORY_PAST_FP32]},
+            "input mv_in: element 1 is -1e+39; FP32 holds -3.4028235e+38..3.4028235e+38",
+        ),
     ],
 )
 def test_json_tensor_data_must_hold_the_datatype_in_the_shape(server: Server, body: dict | bytes, message: str) -> None:
@@ -452,6 +457,12 @@ def test_a_classification_output_is_400(triton) -> None:
         ({"timeout": -1}, "parameters.timeout is -1"),
         ({"timeout": 1e30}, "parameters.timeout is 1e+30"),
         ({"timeout": 1.5}, "parameters.timeout is 1.5"),
+        ({"timeout": float("nan")}, "parameters.timeout is NaN; it must be an integer count of microseconds within 0"),
+        ({"timeout": float("inf")}, "parameters.timeout is Infinity; it must be an integer count of microseconds"),
+        ({"priority": float("-inf")}, "parameters.priority is -Infinity: requests are not prioritised"),
+        # values orjson cannot write (an integer past 64 bits in a list or object): they were a 500
+        ({"content_type": [2**100]}, "parameters.content_type is [1267650600228229401496703205376]; it must be"),
+        ({"priority": {"level": 2**64}}, 'parameters.priority is {"level":18446744073709551616}: requests are not'),
         ({"timeout": True}, "parameters.timeout is true"),
         ({"timeout": 2**63}, "parameters.timeout is 9223372036854775808"),
         ({"timeout": HUGE}, "parameters.timeout is an integer of about 4000 digits"),
@@ -481,6 +492,10 @@ def test_tensor_parameters_are_checked(server: Server) -> None:
     hinted = [{**tensor, "parameters": {"content_type": "np"}} for tensor in ONE_STEP["inputs"]]
     mlserver_style = {"inputs": hinted, "parameters": {"content_type": "np"}, "outputs": [{"name": "p"}]}
     assert httpx.post(url, json=mlserver_style, timeout=30).status_code == 200  # MLServer's codec hints
+    huge_size = {**ONE_STEP["inputs"][0], "data": None, "parameters": {"binary_data_size": [2**64]}}
+    response = httpx.post(url, json={"inputs": [huge_size, *ONE_STEP["inputs"][1:]]}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"] == "input q: binary_data_size [18446744073709551616] must be a count of bytes"
     wrong_hint = {**ONE_STEP, "parameters": {"content_type": 1}}
     response = httpx.post(url, json=wrong_hint, timeout=30)
     assert response.status_code == 400 and "parameters.content_type is 1; it must be a string" in response.text

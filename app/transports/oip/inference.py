@@ -174,6 +174,8 @@ def model_config(state: State, name: str, version: str | None = None) -> dict[st
 
 def model_statistics(state: State, name: str = "", version: str | None = None) -> dict[str, Any]:
     """Triton's statistics extension for one model (`name`) or every ready one."""
+    if version and not name:  # gRPC's request may carry one: it would be ignored
+        raise ProtocolError(f"version {version[:40]!r} names no model: send the model's name too, or no version")
     models = [find_model(state, name, version)[0]] if name else [m for m in served(state) if m.ready]
     stats = [{"name": model.name, "version": model.entry.version, **model.batcher.stats.snapshot()} for model in models]
     return {"model_stats": stats}

@@ -3,9 +3,9 @@ the model's `TensorSpec`, a `ProtocolError` naming it), and REST's answer encode
 
 from __future__ import annotations
 
+import json
 import math
 import struct
-import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -18,7 +18,6 @@ from app.core.responses import dumps
 from app.runtime.model import ProtocolError, ServedModel, TensorSpec
 
 MAX_RANK = 8
-FLOAT_MAX = sys.float_info.max  # a Python float: compared with any int exactly, where numpy would overflow
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
 # the JSON types each datatype's elements may have (the others: int or float)
 JSON_TYPES = {"BOOL": (bool,)} | dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8"), (int,))
@@ -49,10 +48,9 @@ class InferenceRequest(BaseModel):
 
 def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
     """The request from its JSON text (REST) or its fields (gRPC); 400 naming the first error."""
+    validate = InferenceRequest.model_validate_json if isinstance(body, bytes) else InferenceRequest.model_validate
     try:
-        if isinstance(body, bytes):
-            return InferenceRequest.model_validate_json(body)
-        return InferenceRequest.model_validate(body)
+        return validate(body)
     except ValidationError as error:
         raise invalid_request(error) from None
 
@@ -77,7 +75,16 @@ def decode_inputs(
             raise ProtocolError(f"unknown input {tensor.name!r}; the model takes {', '.join(declared)}")
         if arrays[tensor.name] is not None:
             raise ProtocolError(f"input {tensor.name} is given twice")
-        _check_header(tensor, spec)
+        if tensor.datatype != spec.datatype:
+            raise ProtocolError(
+                f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}"
+            )
+        shape = tensor.shape
+        wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
+        if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
+            raise ProtocolError(
+                f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)"
+            )
         size = tensor.parameters.get("binary_data_size")
         if size is None:
             if tensor.data is None:
@@ -105,17 +112,18 @@ def decode_inputs(
     return arrays
 
 
-def _check_header(tensor: RequestInput, spec: TensorSpec) -> None:
-    if tensor.datatype != spec.datatype:
-        raise ProtocolError(f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}")
-    shape = tensor.shape
-    wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
-    if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
-        raise ProtocolError(f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)")
-
-
 def _from_json(tensor: RequestInput) -> np.ndarray:
-    elements = _json_elements(tensor)
+    """The JSON `data`, a flat list or lists nested exactly as the shape, as an array of the datatype."""
+    count, elements = math.prod(tensor.shape), tensor.data
+    if any(isinstance(element, list) for element in elements):
+        nested = np.array(elements, dtype=object)  # ragged lists stay lists: the shape is where they begin
+        if nested.shape != tuple(tensor.shape):
+            raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
+        elements = nested.ravel().tolist()
+    if len(elements) != count:
+        raise ProtocolError(
+            f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(elements)}"
+        )
     if tensor.datatype == "BYTES":
         if not all(isinstance(element, str) for element in elements):
             raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
@@ -130,36 +138,24 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
         )
     dtype = triton_to_np_dtype(tensor.datatype)
     try:
-        return np.array(elements, dtype=dtype).reshape(tensor.shape)
-    except OverflowError:  # numpy names no element
-        if accepted == (int,):
-            limits = np.iinfo(dtype)
-            index = next(index for index, element in enumerate(elements) if not limits.min <= element <= limits.max)
-            rule = f"{tensor.datatype} holds {limits.min}..{limits.max}"
-        else:  # an integer past the float range (numpy gives infinity for 1e999, not for 10**400)
-            index = next(index for index, element in enumerate(elements) if abs(element) > FLOAT_MAX)
-            rule = f"too large for {tensor.datatype}"
-        raise ProtocolError(f"input {tensor.name}: element {index} is {json_text(elements[index])}; {rule}") from None
-
-
-def _json_elements(tensor: RequestInput) -> list[Any]:
-    """The elements of JSON `data` in row-major order: a flat list, or lists nested exactly as the shape."""
-    count, data = math.prod(tensor.shape), tensor.data
-    if any(isinstance(element, list) for element in data):
-        nested = np.array(data, dtype=object)  # ragged lists stay lists: the shape is where they begin
-        if nested.shape != tuple(tensor.shape):
-            raise ProtocolError(f"input {tensor.name}: nested data must follow the shape {tensor.shape}, or be flat")
-        data = nested.ravel().tolist()
-    if len(data) != count:
-        raise ProtocolError(f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(data)}")
-    return data
+        with np.errstate(over="raise"):  # a finite number past the datatype's range (1e39 as FP32) is refused
+            return np.array(elements, dtype=dtype).reshape(tensor.shape)
+    except (OverflowError, FloatingPointError):  # numpy names no element
+        limits = np.iinfo(dtype) if accepted == (int,) else np.finfo(dtype)
+        # as Python numbers, which compare with any int exactly (numpy's float32 would overflow on 10**400)
+        low, high = (limits.min, limits.max) if accepted == (int,) else (-float(limits.max), float(limits.max))
+        index = next(index for index, element in enumerate(elements) if not low <= element <= high)
+        raise ProtocolError(
+            f"input {tensor.name}: element {index} is {json_text(elements[index])}; "
+            f"{tensor.datatype} holds {limits.min!s}..{limits.max!s}"
+        ) from None
 
 
 def json_text(value: Any) -> str:
-    """A JSON value as the client wrote it, cut to 40 characters; a huge integer by its size (unprintable)."""
+    """A JSON value as the client wrote it (NaN and Infinity too), cut to 40 characters; a huge integer by its size."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
-    return dumps(value).decode()[:40]
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:40]  # orjson: no NaN, no 65-bit integers
 
 
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
