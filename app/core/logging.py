@@ -192,7 +192,7 @@ def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fi
 def route_path(scope: Scope) -> str:
     """The path below the app's `root_path` (a proxy's prefix, `--root-path`), as the routes match it."""
     path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root + "/") else path
+    return path[len(root) :] or "/" if root and (path + "/").startswith(root + "/") else path
 
 
 def loggable_path(scope: Scope) -> str:
