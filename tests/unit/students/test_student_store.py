@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -379,6 +380,24 @@ def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
     assert [len(page) for page in pages] == [7, 7, 7, 4, 0]
     assert [student_id for page in pages for student_id in page] == sorted(ids)
     assert store.ids_after(None, 26) == sorted(ids)
+
+
+def test_ids_are_compared_exactly_as_given(store: StateStore) -> None:
+    """An id in NFC and NFD form are two students; glob and SQL metacharacters and the longest ids are plain text."""
+    nfc, nfd = unicodedata.normalize("NFC", "Zoë"), unicodedata.normalize("NFD", "Zoë")
+    assert nfc != nfd
+    ids = [nfc, nfd, "*", "?", "[a]", "\\", "[", "-", "+", "(x", "%", "_", "a*b", "'--", "𝔘" * 128, "é" * 128]
+    for index, student_id in enumerate(ids):
+        create(store, student_id, interactions=index + 1)
+    assert [store.read(MODEL, student_id).interactions for student_id in ids] == list(range(1, len(ids) + 1))
+    pages = [store.ids_after(None, 1)]
+    while pages[-1]:
+        pages.append(store.ids_after(pages[-1][-1], 1))
+    assert [student_id for page in pages for student_id in page] == sorted(ids)  # each cursor is exact, too
+    for index, student_id in enumerate(ids):
+        assert store.delete(student_id) == {MODEL: index + 1}
+        assert store.read(MODEL, student_id) is None
+    assert store.ids_after(None, 100) == []
 
 
 # -- durability: SIGKILL in the middle of a stream of appends -------------------------------------------
