@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import redis
 
-from app.students.factory import open_store
+from app.students.io import open_store
 from tests.conftest import COMMITTED
 from tests.helpers import Server, app_client, running_server
 from tests.redis_server import RedisServer, require_redis_server

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import redis
 
-from app.students.factory import open_store
+from app.students.io import open_store
 from app.students.sqlite_store import SqliteStateStore
 from app.students.store import (
     RevisionConflict,
