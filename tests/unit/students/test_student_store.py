@@ -519,6 +519,24 @@ def test_sqlite_locked_by_another_writer_is_unavailable(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_write_the_sqlite_file_was_deleted_under_is_unavailable_not_stored(tmp_path: Path) -> None:
+    """The file deleted while a write runs (after the store checked it, before the commit): that write went into the
+    unlinked file, lost at the next start, so it must not be answered as stored."""
+    directory = tmp_path / "state"
+    store = SqliteStateStore(directory / "students.db")
+    create(store, "s1")
+
+    def delete_the_file_before_the_insert(statement: str) -> None:
+        if statement.startswith("INSERT OR REPLACE") and directory.exists():
+            shutil.rmtree(directory)
+
+    store._connection().set_trace_callback(delete_the_file_before_the_insert)
+    with pytest.raises(StoreUnavailable, match="deleted or replaced") as unavailable:
+        create(store, "s2")
+    assert unavailable.value.until_restart
+    store.close()
+
+
 @pytest.mark.parametrize("how", ["directory removed", "file replaced"])
 def test_sqlite_file_deleted_or_replaced_under_the_service_is_unavailable(tmp_path: Path, how: str) -> None:
     """Writes went on into the unlinked file, answered as stored and lost at the next start."""
