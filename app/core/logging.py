@@ -26,7 +26,7 @@ WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
 MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
 MAX_TRACKED_ERRORS = 1024
 MAX_UNMATCHED_PATH = 64
-# Unmatched paths under these prefixes may still carry an id (e.g. /students/<id>/typo): cut after the prefix.
+# Unmatched paths under these one-segment prefixes may still carry an id (/students/<id>/typo): cut after the prefix.
 ID_BEARING_PREFIXES = ("/students/",)
 # What could end a text line early or rewrite the terminal: C0 and C1 controls, DEL, Unicode line separators.
 UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -198,9 +198,8 @@ def loggable_path(scope: Scope) -> str:
     if template:
         return template
     path = route_path(scope)
-    for prefix in ID_BEARING_PREFIXES:
-        if path.startswith(prefix):
-            return prefix + "…"
+    if path.startswith(ID_BEARING_PREFIXES):
+        return path[: path.index("/", 1) + 1] + "…"  # the prefix
     path = quote(path, safe="/:@!$&'()*+,;=")  # RFC 3986's characters of a path stay as they are
     return path if len(path) <= MAX_UNMATCHED_PATH else path[:MAX_UNMATCHED_PATH] + "…"
 
