@@ -36,12 +36,8 @@ def open_store(url: str) -> StateStore:
         path, synchronous = _sqlite_options(url.removeprefix(SQLITE_PREFIX))
         return SqliteStateStore(path, synchronous=synchronous)
     check_url(url)  # here too: started as `uvicorn app.main:app`, nothing checks it at startup
-    try:  # redis-py is the optional extra mnemo[redis]
-        from app.students.redis_store import RedisStateStore
-    except ModuleNotFoundError as error:
-        raise ValueError(
-            "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
-        ) from error
+    from app.students.redis_store import RedisStateStore  # redis-py, the optional extra mnemo[redis]: checked above
+
     return RedisStateStore(url)
 
 
@@ -60,7 +56,9 @@ def check_url(url: str) -> None:
     try:
         from redis.connection import parse_url
     except ModuleNotFoundError:
-        return  # open_store says that the redis extra is missing
+        raise ValueError(
+            "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
+        ) from None
     try:
         _ = parts.port  # parsed on access
     except ValueError:  # urllib's message quotes the port, which may be a piece of the password

@@ -580,6 +580,22 @@ def test_state_url_must_name_a_known_store() -> None:
         open_store("sqlite://")
 
 
+def test_a_redis_url_without_the_redis_extra_says_how_to_install_it() -> None:
+    program = (
+        "import sys\n"
+        "sys.modules['redis'] = None  # as if the optional extra mnemo[redis] were not installed\n"
+        "from app.students.io import check_url, open_store\n"
+        "for call in (check_url, open_store):\n"
+        "    try:\n"
+        "        call('redis://127.0.0.1:6379/0')\n"
+        "    except ValueError as error:\n"
+        "        print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    expected = "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
+    assert done.stdout.splitlines() == [expected, expected], done.stdout + done.stderr
+
+
 def test_default_state_url_is_a_file_under_the_project_state_directory() -> None:
     from app.core.settings import Settings
 
