@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from app.core.logging import JsonFormatter, TextFormatter
 from app.core.manifest import ManifestError, chosen, load_manifest
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
-from app.students.factory import check_url
+from app.students.io import check_url
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}  # the subcommands inherit it
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)

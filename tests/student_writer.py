@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from app.students.factory import open_store
+from app.students.io import open_store
 from app.students.store import StateStore, StudentState, update_state
 
 MODEL = "dkvmn-test"

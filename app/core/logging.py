@@ -3,6 +3,7 @@ that a request that logs only queues its record; and what the log may say about 
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import queue
@@ -25,7 +26,7 @@ WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
 MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
 MAX_TRACKED_ERRORS = 1024
 MAX_UNMATCHED_PATH = 64
-# Unmatched paths under these prefixes may still carry an id (e.g. /students/<id>/typo): cut after the prefix.
+# Unmatched paths under these one-segment prefixes may still carry an id (/students/<id>/typo): cut after the prefix.
 ID_BEARING_PREFIXES = ("/students/",)
 # What could end a text line early or rewrite the terminal: C0 and C1 controls, DEL, Unicode line separators.
 UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -76,36 +77,31 @@ class TextFormatter(logging.Formatter):
 
 
 class EverySecondAtMost(logging.Filter):
-    """At most one record a second of each of `messages` (warnings any client can cause once per request); a timer
-    logs how many were held back."""
+    """At most one record a second of each of `messages` (warnings any client can cause once per request, all logged on
+    the event loop); the loop logs how many were held back when their second is over."""
 
-    def __init__(self, messages: Iterable[str], interval_s: float = 1.0) -> None:
+    def __init__(self, messages: Iterable[str]) -> None:
         super().__init__()
-        self.messages, self.interval_s = frozenset(messages), interval_s
-        self._lock = threading.Lock()  # records come from the event loop, reports from timer threads
+        self.messages = frozenset(messages)
         self._last: dict[str, float] = {}
         self._held_back: dict[str, tuple[int, logging.LogRecord]] = {}  # count, and the latest record held back
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg not in self.messages:
             return True
-        with self._lock:
-            since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
-            if since_last >= self.interval_s:
-                self._last[record.msg] = time.monotonic()
-                return True
-            count, _ = self._held_back.get(record.msg, (0, record))
-            self._held_back[record.msg] = (count + 1, record)
-        if count == 0:  # the first held back in this interval: report them all when it ends
-            timer = threading.Timer(self.interval_s - since_last, self._report, (record.msg,))
-            timer.daemon = True
-            timer.start()
+        since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
+        if since_last >= 1:
+            self._last[record.msg] = time.monotonic()
+            return True
+        count, _ = self._held_back.get(record.msg, (0, record))
+        self._held_back[record.msg] = (count + 1, record)
+        if count == 0:  # the first held back in this second: report them all when it ends
+            asyncio.get_running_loop().call_later(1 - since_last, self._report, record.msg)
         return False
 
     def _report(self, message: str) -> None:
-        with self._lock:
-            count, record = self._held_back.pop(message)
-            self._last[message] = time.monotonic()
+        count, record = self._held_back.pop(message)
+        self._last[message] = time.monotonic()
         report = logging.makeLogRecord({**vars(record), "msg": f"{message} ({count} more since the last line)"})
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
@@ -192,7 +188,7 @@ def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fi
 def route_path(scope: Scope) -> str:
     """The path below the app's `root_path` (a proxy's prefix, `--root-path`), as the routes match it."""
     path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root + "/") else path
+    return path[len(root) :] or "/" if root and (path + "/").startswith(root + "/") else path
 
 
 def loggable_path(scope: Scope) -> str:
@@ -202,9 +198,8 @@ def loggable_path(scope: Scope) -> str:
     if template:
         return template
     path = route_path(scope)
-    for prefix in ID_BEARING_PREFIXES:
-        if path.startswith(prefix):
-            return prefix + "…"
+    if path.startswith(ID_BEARING_PREFIXES):
+        return path[: path.index("/", 1) + 1] + "…"  # the prefix
     path = quote(path, safe="/:@!$&'()*+,;=")  # RFC 3986's characters of a path stay as they are
     return path if len(path) <= MAX_UNMATCHED_PATH else path[:MAX_UNMATCHED_PATH] + "…"
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -31,7 +31,7 @@ class BatchingOverride(Strict):
     """Per-model overrides of MNEMO_MAX_BATCH, MNEMO_MAX_WAIT_MS, MNEMO_MAX_QUEUE, and a cap on padded cells."""
 
     max_batch: int | None = Field(None, ge=1, le=4096)
-    max_wait_ms: float | None = Field(None, ge=0, le=1000)
+    max_wait_ms: FiniteFloat | None = Field(None, ge=0, le=1000)
     max_queue: int | None = Field(None, ge=1)
     max_cells: int | None = Field(None, ge=1, description="padded rows x length per run (steps or tokens)")
 
@@ -43,7 +43,7 @@ class ModelEntry(Strict):
     file: str = Field(min_length=1)
     sha256: str = Field(pattern=SHA256_PATTERN)
     default: bool = False
-    limits: dict[str, int | float] = {}
+    limits: dict[str, int] = {}
     metrics: dict[str, float | int | None] = {}
     metadata: dict[str, Any] = {}
     assets: dict[str, AssetEntry] = {}
@@ -66,13 +66,20 @@ def load_manifest(artifacts: Path) -> Manifest:
             "such as a checkout's artifacts/ (the committed models, which `make serve` serves)"
         )
     try:
-        return Manifest.model_validate(json.loads(path.read_text()))
+        raw = json.loads(path.read_text())
+        return Manifest.model_validate(raw)
     except json.JSONDecodeError as error:
         raise ManifestError(f"manifest.json is not JSON: {error}") from None
     except ValidationError as error:
-        errors = error.errors(include_url=False)[:10]
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the manifest'}: {e['msg']}" for e in errors)
+        problems = "; ".join(_problem(raw, e["loc"], e["msg"]) for e in error.errors(include_url=False)[:10])
         raise ManifestError(f"manifest.json does not match the schema: {problems}") from None
+
+
+def _problem(raw: Any, loc: tuple, message: str) -> str:
+    """`models.1.batching.max_wait_ms: <rule> (model <name>)`: where, the rule broken, and the entry's name."""
+    entry = raw["models"][loc[1]] if loc[:1] == ("models",) and len(loc) > 2 else None
+    name = f" (model {entry['name']})" if isinstance(entry, dict) and isinstance(entry.get("name"), str) else ""
+    return f"{'.'.join(map(str, loc)) or 'the manifest'}: {message}{name}"
 
 
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:

@@ -1,5 +1,6 @@
-"""The service's one store (`StoreHolder`), whose blocking calls run on threads of their own, so that a stalled
-database holds up the /students endpoints only, never the threads that parse other requests."""
+"""The service's one store: `open_store(url)` and `check_url(url)` read MNEMO_STATE_URL (messages never echo it: it may
+hold a password); `StoreHolder` runs the store's blocking calls on threads of their own, so that a stalled database
+holds up the /students endpoints only, never the threads that parse other requests."""
 
 from __future__ import annotations
 
@@ -8,16 +9,96 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
+from urllib.parse import parse_qs, urlsplit
 from weakref import WeakValueDictionary
 
-from app.students.factory import open_store
+from app.students.sqlite_store import SqliteStateStore
 from app.students.store import StateStore, StoreError, StoreUnavailable
 
 STORE_THREADS = 4  # store calls wait on I/O, not on the GIL
 MAX_WAITING = 64
 T = TypeVar("T")
 logger = logging.getLogger("mnemo.students")
+SQLITE_PREFIX = "sqlite://"
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+SYNCHRONOUS_MODES = ("full", "normal")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+# A password holding one of these cuts the URL early: its rest reads as the port or the database.
+ENCODE_HINT = "(a password holding / ? # or @ must be percent-encoded)"
+
+
+def open_store(url: str) -> StateStore:
+    """`sqlite://PATH[?synchronous=full|normal]` (a relative PATH is taken from the working directory) or
+    `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options such as `socket_timeout`)."""
+    if url.startswith(SQLITE_PREFIX):
+        path, synchronous = _sqlite_options(url.removeprefix(SQLITE_PREFIX))
+        return SqliteStateStore(path, synchronous=synchronous)
+    check_url(url)  # here too: started as `uvicorn app.main:app`, nothing checks it at startup
+    from app.students.redis_store import RedisStateStore  # redis-py, the optional extra mnemo[redis]: checked above
+
+    return RedisStateStore(url)
+
+
+def check_url(url: str) -> None:
+    """ValueError naming MNEMO_STATE_URL when the URL is malformed (checked at startup, without connecting)."""
+    if url.startswith(SQLITE_PREFIX):
+        _check_sqlite_file(_sqlite_options(url.removeprefix(SQLITE_PREFIX))[0])
+        return
+    try:
+        parts = urlsplit(url)
+    except ValueError as error:  # e.g. "Invalid IPv6 URL": the message names no part of the URL
+        raise ValueError(f"MNEMO_STATE_URL is not a valid URL: {error}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        schemes = "sqlite:// or redis:// (also rediss://, unix://)"
+        raise ValueError(f"MNEMO_STATE_URL must start with {schemes}; got scheme {parts.scheme!r}")
+    try:
+        from redis.connection import parse_url
+    except ModuleNotFoundError:
+        raise ValueError(
+            "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
+        ) from None
+    try:
+        _ = parts.port  # parsed on access
+    except ValueError:  # urllib's message quotes the port, which may be a piece of the password
+        raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: its port is not a number {ENCODE_HINT}") from None
+    try:
+        parse_url(url)
+    except ValueError as error:  # redis-py's own messages name the part (or query option), not its value
+        raise ValueError(f"MNEMO_STATE_URL is not a valid Redis URL: {error}") from None
+    database = parts.path.removeprefix("/")
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
+        raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0) {ENCODE_HINT}")
+
+
+def _check_sqlite_file(path: Path) -> None:
+    """ValueError when the path is a directory or a file that is no SQLite database: no restart would mend it."""
+    if path.is_dir():
+        example = path / "students.db"
+        raise ValueError(f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {example}")
+    try:
+        with path.open("rb") as file:
+            header = file.read(len(SQLITE_HEADER))
+    except OSError:
+        return  # absent (created on opening) or unreadable (opening says why)
+    if header and header != SQLITE_HEADER:
+        raise ValueError(f"MNEMO_STATE_URL names {path}, a file that is not an SQLite database")
+
+
+def _sqlite_options(path_and_query: str) -> tuple[Path, str]:
+    """The database file and the synchronous mode of `sqlite://PATH[?synchronous=full|normal]`."""
+    path, _, query = path_and_query.partition("?")
+    if not path:
+        raise ValueError("MNEMO_STATE_URL sqlite:// needs a file path, e.g. sqlite:///var/lib/mnemo/students.db")
+    options = parse_qs(query, keep_blank_values=True)
+    if unknown := sorted(set(options) - {"synchronous"}):
+        raise ValueError(f"MNEMO_STATE_URL sqlite:// takes only the option synchronous=full|normal, not {unknown}")
+    synchronous = options.get("synchronous", ["full"])[-1].lower()
+    if synchronous not in SYNCHRONOUS_MODES:
+        raise ValueError(f"MNEMO_STATE_URL sqlite:// option synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}")
+    return Path(path).resolve(), synchronous.upper()
 
 
 class StoreBusy(StoreError):

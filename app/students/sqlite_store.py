@@ -97,6 +97,7 @@ class SqliteStateStore(StateStore):
                 f"INSERT OR REPLACE INTO student_state ({STATE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*fields, created_at, now, revision),
             )
+        self._check_file()  # deleted or replaced during the write: it went into the unlinked file
         return created_at, now, revision
 
     def delete(self, student_id: str) -> dict[str, int | None]:
@@ -138,13 +139,7 @@ class SqliteStateStore(StateStore):
 
     def _connection(self) -> sqlite3.Connection:
         """This thread's connection, once the path is checked to name the file opened at startup."""
-        if self._identity is not None and _file_identity(self.path) != self._identity:
-            raise StoreUnavailable(
-                "SQLite state store: its file was deleted or replaced while the service ran",
-                f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
-                "to open the file now there (students written since were kept only in the deleted file)",
-                until_restart=True,
-            )
+        self._check_file()
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = sqlite3.connect(
@@ -156,6 +151,16 @@ class SqliteStateStore(StateStore):
             with self._connections_lock:
                 self._connections.append(connection)
         return connection
+
+    def _check_file(self) -> None:
+        """`StoreUnavailable` until a restart once the path no longer names the file opened at startup."""
+        if self._identity is not None and _file_identity(self.path) != self._identity:
+            raise StoreUnavailable(
+                "SQLite state store: its file was deleted or replaced while the service ran",
+                f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
+                "to open the file now there (students written since were kept only in the deleted file)",
+                until_restart=True,
+            )
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

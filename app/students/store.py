@@ -9,12 +9,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from operator import methodcaller
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, Field, NonNegativeInt, PositiveInt, TypeAdapter, ValidationError, model_validator
 
 from app.core.errors import ServiceError
+
+if TYPE_CHECKING:
+    from app.students.io import StoreHolder  # or a test's inline stand-in with its read and commit
 
 MEMORY_DTYPE = np.dtype("<f4")  # float32, little-endian on disk whatever the machine
 MAX_ATTEMPTS = 100
@@ -192,16 +195,8 @@ def stored_count(value: Any) -> int | None:
         return None
 
 
-class StoreRunner(Protocol):
-    """How `update_state` runs `call(store)`: on `StoreHolder`'s threads, or inline in a test writer."""
-
-    async def read(self, call: Callable[[StateStore], Any]) -> Any: ...
-
-    async def commit(self, call: Callable[[StateStore], Any]) -> Any: ...
-
-
 async def update_state(
-    calls: StoreRunner,
+    calls: StoreHolder,
     model: str,
     student_id: str,
     model_sha256: str,

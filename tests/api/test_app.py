@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, usable_cpus
 from app.main import create_app
-from app.students.factory import open_store
+from app.students.io import open_store
 from app.tasks import TASKS
 from app.transports.middleware import RequestEdge
 from tests.helpers import ROOT, app_settings, free_port, run_app

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import threading
 import time
+import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 import redis
 
-from app.students.factory import open_store
+from app.students.io import open_store
 from tests.conftest import COMMITTED
 from tests.helpers import Server, app_client, running_server
 from tests.redis_server import RedisServer, require_redis_server
@@ -282,6 +283,19 @@ def all_ids(client: httpx.Client) -> list[str]:
         after = page["next_after"]
         if after is None:
             return ids
+
+
+def test_an_nfc_and_an_nfd_id_are_two_students_over_http(api: httpx.Client) -> None:
+    prefix = unique_id("élève")
+    nfc, nfd = unicodedata.normalize("NFC", prefix), unicodedata.normalize("NFD", prefix)
+    for student_id, count in ((nfc, 1), (nfd, 2)):
+        assert append(api, student_id, history(count, seed=count)).status_code == 200
+    for student_id, count in ((nfc, 1), (nfd, 2)):
+        state = api.get(student(student_id), params={"model": MODEL}).json()
+        assert (state["student_id"], state["interactions"]) == (student_id, count)
+    assert [student_id for student_id in all_ids(api) if student_id in (nfc, nfd)] == sorted([nfc, nfd])
+    for student_id, count in ((nfc, 1), (nfd, 2)):
+        assert api.delete(student(student_id)).json()["deleted"] == [{"model": MODEL, "interactions": count}]
 
 
 def raw_records(store_url: str, student_id: str) -> int:

@@ -94,3 +94,13 @@ def test_a_traceback_in_the_text_format_is_indented_so_its_message_cannot_start_
     assert first.endswith(" ERROR mnemo.errors: bug") and rest[0] == "  Traceback (most recent call last):", rest
     assert all(line.startswith("  ") for line in rest) and "\x1b" not in "".join(rest), rest
     assert rest[-2:] == ["  ValueError: student abc", "  2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\\x1b[2J"]
+
+
+def test_route_path_is_the_path_below_the_root_path_as_starlette_routes_it():
+    def route(path: str, root_path: str = "") -> str:
+        return service_logging.route_path({"path": path, "root_path": root_path})
+
+    assert route("/api", "/api") == "/"  # the root itself: Starlette's routing takes it for "/" (redirected there)
+    assert route("/api/students", "/api") == "/students"
+    assert route("/apiary", "/api") == "/apiary"  # another path that only starts with the same letters
+    assert route("/students") == "/students"

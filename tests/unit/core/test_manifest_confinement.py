@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,21 @@ def test_a_wrong_shaped_manifest_is_one_clear_line(tmp_path):
     ):
         pass
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize(
+    ("field", "changes"),
+    [
+        ("batching.max_wait_ms", lambda value: {"batching": {"max_wait_ms": value}}),
+        ("batching.max_cells", lambda value: {"batching": {"max_cells": value}}),
+        ("limits.max_tokens", lambda value: {"limits": {"max_tokens": value}}),
+    ],
+)
+def test_a_number_that_is_not_finite_stops_startup_naming_the_model_the_field_and_the_rule(
+    tmp_path, field, changes, value
+):
+    artifacts, _ = _artifacts_with(tmp_path, **changes(value))
+    expected = rf"models\.1\.{re.escape(field)}: Input should be a finite number \(model toy-b\)$"
+    with pytest.raises(ModelLoadError, match=expected), app_client(artifacts, toy=True):
+        pass

@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import redis
 
-from app.students.factory import open_store
+from app.students.io import open_store
 from app.students.sqlite_store import SqliteStateStore
 from app.students.store import (
     RevisionConflict,
@@ -381,6 +382,24 @@ def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
     assert store.ids_after(None, 26) == sorted(ids)
 
 
+def test_ids_are_compared_exactly_as_given(store: StateStore) -> None:
+    """An id in NFC and NFD form are two students; glob and SQL metacharacters and the longest ids are plain text."""
+    nfc, nfd = unicodedata.normalize("NFC", "Zoë"), unicodedata.normalize("NFD", "Zoë")
+    assert nfc != nfd
+    ids = [nfc, nfd, "*", "?", "[a]", "\\", "[", "-", "+", "(x", "%", "_", "a*b", "'--", "𝔘" * 128, "é" * 128]
+    for index, student_id in enumerate(ids):
+        create(store, student_id, interactions=index + 1)
+    assert [store.read(MODEL, student_id).interactions for student_id in ids] == list(range(1, len(ids) + 1))
+    pages = [store.ids_after(None, 1)]
+    while pages[-1]:
+        pages.append(store.ids_after(pages[-1][-1], 1))
+    assert [student_id for page in pages for student_id in page] == sorted(ids)  # each cursor is exact, too
+    for index, student_id in enumerate(ids):
+        assert store.delete(student_id) == {MODEL: index + 1}
+        assert store.read(MODEL, student_id) is None
+    assert store.ids_after(None, 100) == []
+
+
 # -- durability: SIGKILL in the middle of a stream of appends -------------------------------------------
 def start_stream(store_url: str) -> subprocess.Popen:
     return subprocess.Popen(
@@ -500,6 +519,24 @@ def test_sqlite_locked_by_another_writer_is_unavailable(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_write_the_sqlite_file_was_deleted_under_is_unavailable_not_stored(tmp_path: Path) -> None:
+    """The file deleted while a write runs (after the store checked it, before the commit): that write went into the
+    unlinked file, lost at the next start, so it must not be answered as stored."""
+    directory = tmp_path / "state"
+    store = SqliteStateStore(directory / "students.db")
+    create(store, "s1")
+
+    def delete_the_file_before_the_insert(statement: str) -> None:
+        if statement.startswith("INSERT OR REPLACE") and directory.exists():
+            shutil.rmtree(directory)
+
+    store._connection().set_trace_callback(delete_the_file_before_the_insert)
+    with pytest.raises(StoreUnavailable, match="deleted or replaced") as unavailable:
+        create(store, "s2")
+    assert unavailable.value.until_restart
+    store.close()
+
+
 @pytest.mark.parametrize("how", ["directory removed", "file replaced"])
 def test_sqlite_file_deleted_or_replaced_under_the_service_is_unavailable(tmp_path: Path, how: str) -> None:
     """Writes went on into the unlinked file, answered as stored and lost at the next start."""
@@ -541,6 +578,22 @@ def test_state_url_must_name_a_known_store() -> None:
         open_store("postgres://user:secret@host/db")
     with pytest.raises(ValueError, match="needs a file path"):
         open_store("sqlite://")
+
+
+def test_a_redis_url_without_the_redis_extra_says_how_to_install_it() -> None:
+    program = (
+        "import sys\n"
+        "sys.modules['redis'] = None  # as if the optional extra mnemo[redis] were not installed\n"
+        "from app.students.io import check_url, open_store\n"
+        "for call in (check_url, open_store):\n"
+        "    try:\n"
+        "        call('redis://127.0.0.1:6379/0')\n"
+        "    except ValueError as error:\n"
+        "        print(error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    expected = "MNEMO_STATE_URL is a Redis URL but redis-py is not installed: pip install 'mnemo[redis]'"
+    assert done.stdout.splitlines() == [expected, expected], done.stdout + done.stderr
 
 
 def test_default_state_url_is_a_file_under_the_project_state_directory() -> None:
