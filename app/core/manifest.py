@@ -69,6 +69,8 @@ def load_manifest(artifacts: Path) -> Manifest:
         return Manifest.model_validate(json.loads(path.read_text()))
     except json.JSONDecodeError as error:
         raise ManifestError(f"manifest.json is not JSON: {error}") from None
+    except OSError as error:
+        raise ManifestError(f"cannot read {path}: {error.strerror}") from None
     except ValidationError as error:
         errors = error.errors(include_url=False)[:10]
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the manifest'}: {e['msg']}" for e in errors)
