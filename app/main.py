@@ -10,7 +10,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 
 from app.core.drain import Drain
@@ -125,21 +124,15 @@ def create_app(
     for router in routers:
         app.include_router(router)
     docs.install(app)
-    direct = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
     routes = {(m, r.path): r for router in routers for r in router.routes if isinstance(r, APIRoute) for m in r.methods}
+    keys = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
+    direct = {key: routes[key] for key in keys}
     # each request's id, access line, HEAD, limits, gates and 500; the `direct` routes skip FastAPI's router
-    app.add_edge(
-        settings=settings,
-        metrics=metrics,
-        drain=app.state.drain,
-        direct={key: routes[key] for key in direct},
-        identity=identity,
-    )
+    app.add_edge(settings=settings, metrics=metrics, drain=app.state.drain, direct=direct, identity=identity)
 
     def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-            app.openapi_schema = document_contract(schema, ApiKeys(settings), BODY_SCHEMAS.values())
+        if app.openapi_schema is None:  # FastAPI's schema, with the contract the routes do not declare
+            app.openapi_schema = document_contract(FastAPI.openapi(app), ApiKeys(settings), BODY_SCHEMAS.values())
         return app.openapi_schema
 
     app.openapi = openapi

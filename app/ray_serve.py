@@ -23,19 +23,12 @@ def build_application(settings: Settings, options: dict[str, Any]) -> Any:
     """One deployment whose replicas serve the app, each response naming its replica (`X-Mnemo-Replica`)."""
     from ray import serve
 
-    @serve.deployment(name=DEPLOYMENT_NAME, **options)
-    @serve.ingress()
-    class MnemoReplica:
-        def __init__(self, replica_settings: Settings) -> None:
-            self.replica_settings = replica_settings
+    def replica_app() -> Any:  # Ray calls it in each replica; pickled whole, the settings keep their API keys
+        from app.main import create_app
 
-        def __serve_build_asgi_app__(self) -> Any:
-            from app.main import create_app
+        return create_app(settings, identity={"X-Mnemo-Replica": serve.get_replica_context().replica_id.unique_id})
 
-            replica = serve.get_replica_context().replica_id.unique_id
-            return create_app(self.replica_settings, identity={"X-Mnemo-Replica": replica})
-
-    return MnemoReplica.bind(settings)  # pickled whole: a JSON dump would mask the API keys as '**********'
+    return serve.deployment(name=DEPLOYMENT_NAME, **options)(serve.ingress(replica_app)()).bind()
 
 
 @click.command(
@@ -74,12 +67,8 @@ def main(
     if max_replicas is None:
         options["num_replicas"] = replicas
     else:
-        options["autoscaling_config"] = {
-            "min_replicas": replicas,
-            "initial_replicas": replicas,
-            "max_replicas": max_replicas,
-            "target_ongoing_requests": target_ongoing_requests,
-        }
+        scaling = {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas}
+        options["autoscaling_config"] = {**scaling, "target_ongoing_requests": target_ongoing_requests}
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

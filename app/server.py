@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -67,24 +66,25 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining:  # a second signal: stop now
-            self.should_exit = True
-            self.force_exit = self.force_exit or sig == signal.SIGINT
-            return
-        self.drain.begin(connection.client for connection in self.server_state.connections)
-        self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
+            self.should_exit, self.force_exit = True, self.force_exit or sig == signal.SIGINT
+        else:
+            self.drain.begin(connection.client for connection in self.server_state.connections)
+            self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
 
     def start_drain(self, reason: str) -> None:
         if self.drain_task is None:  # else a signal that arrived inside the first one's handler
             self.drain_task = asyncio.ensure_future(self.finish_drain(reason))
 
     async def finish_drain(self, reason: str) -> None:
+        """Requests in flight finish, then SETTLE_S more for those sent but not yet read; past drain_s, a 503."""
         drain_s = self.settings.drain_s
         logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, len(self.drain.tasks), drain_s)
-        deadline = time.monotonic() + drain_s
-        if idle := await self.drain.wait_idle(drain_s):
-            await asyncio.sleep(min(SETTLE_S, max(0.0, deadline - time.monotonic())))
-            idle = await self.drain.wait_idle(max(0.0, deadline - time.monotonic()))
-        if idle:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_s):
+                await self.drain.wait_idle(drain_s)
+                await asyncio.sleep(SETTLE_S)
+                await self.drain.wait_idle(drain_s)
+        if not self.drain.tasks:
             logger.info("drained: no request in flight")
         else:
             given_up = self.drain.give_up()
@@ -256,9 +256,7 @@ def log_config(level: str, fmt: str) -> dict:
     """gunicorn's and uvicorn's own lines in the service's format, on stderr (their access logs are off: the app's)."""
     formatter = "app.core.logging.JsonFormatter" if fmt == "json" else "app.core.logging.TextFormatter"
     to_stderr = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
+    return {  # over gunicorn's CONFIG_DEFAULTS (dictConfig version 1, existing loggers kept)
         "formatters": {"mnemo": {"()": formatter}},
         "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}},
         "root": {"level": "WARNING", "handlers": []},  # replaces gunicorn's default, which names its own handler

@@ -70,6 +70,8 @@ def load_manifest(artifacts: Path) -> Manifest:
         return Manifest.model_validate(raw)
     except json.JSONDecodeError as error:
         raise ManifestError(f"manifest.json is not JSON: {error}") from None
+    except OSError as error:
+        raise ManifestError(f"cannot read {path}: {error.strerror}") from None
     except ValidationError as error:
         problems = "; ".join(_problem(raw, e["loc"], e["msg"]) for e in error.errors(include_url=False)[:10])
         raise ManifestError(f"manifest.json does not match the schema: {problems}") from None

@@ -58,6 +58,16 @@ def test_models_of_a_directory_without_a_manifest_is_one_line_and_status_1(tmp_p
     assert listed.output.strip() == f"Error: {no_manifest(tmp_path)}"
 
 
+def test_an_unreadable_manifest_is_one_line_naming_it_and_status_1(tmp_path):
+    """/proc/self/mem is a file that even root cannot read from its start (EIO): no traceback, here or at serve."""
+    (tmp_path / "manifest.json").symlink_to("/proc/self/mem")
+    expected = f"cannot read {tmp_path / 'manifest.json'}: Input/output error"
+    listed = CliRunner().invoke(cli, ["models", "--artifacts", str(tmp_path)])
+    assert listed.exit_code == 1 and listed.output.strip() == f"Error: {expected}"
+    done = run_app({**os.environ, "MNEMO_ARTIFACTS_DIR": str(tmp_path), "MNEMO_PORT": str(free_port())})
+    assert done.returncode == 1 and done.stderr.strip() == f"mnemo: cannot start: {expected}"
+
+
 def test_a_flag_wins_over_its_variable_and_a_bad_flag_is_named():
     env = {**os.environ, "MNEMO_PORT": "not-a-port", "MNEMO_ARTIFACTS_DIR": "/nonexistent"}
     done = run_app(env, "--port", str(free_port()))

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str]]]:
-    """Start `python -m uvicorn <target>` on a free port; yield its URL once /ready is 200, then SIGTERM it.
+def _uvicorn(target: list[str], artifacts: Path, server: str = "uvicorn") -> Iterator[tuple[str, list[str]]]:
+    """Start `python -m uvicorn <target>` (or gunicorn's) on a free port; yield its URL once /ready is 200, then
+    SIGTERM it.
 
     The list yielded fills with the process output lines after it stops.
     """
@@ -37,7 +38,8 @@ def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str
         "MNEMO_INTRA_OP_THREADS": "1",
         "MNEMO_LOG_FORMAT": "json",
     }
-    command = [sys.executable, "-m", "uvicorn", *target, "--host", "127.0.0.1", "--port", str(port)]
+    where = ["--bind", f"127.0.0.1:{port}"] if server == "gunicorn" else ["--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", server, *target, *where]
     process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url, output = f"http://127.0.0.1:{port}", []
     try:
@@ -49,7 +51,7 @@ def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"uvicorn never became ready: {process.communicate(timeout=10)[0]}")
+                pytest.fail(f"{server} never became ready: {process.communicate(timeout=10)[0]}")
             time.sleep(0.2)
         yield url, output
     finally:
@@ -58,8 +60,13 @@ def _uvicorn(target: list[str], artifacts: Path) -> Iterator[tuple[str, list[str
         assert process.returncode in (0, -15)
 
 
-def test_module_level_app_under_the_uvicorn_cli_with_an_empty_manifest(tmp_path):
-    with _uvicorn(["app.main:app"], write_empty_manifest(tmp_path)) as (url, output):
+@pytest.mark.parametrize(
+    ("server", "target"),
+    [("uvicorn", ["app.main:app"]), ("gunicorn", ["app.main:app", "-k", "uvicorn_worker.UvicornWorker"])],
+)
+def test_module_level_app_under_the_uvicorn_cli_with_an_empty_manifest(tmp_path, server: str, target: list[str]):
+    """Served without `python -m app` (uvicorn's CLI, or gunicorn with uvicorn's worker), the app warns once."""
+    with _uvicorn(target, write_empty_manifest(tmp_path), server) as (url, output):
         assert httpx.get(f"{url}/ready").json() == {"status": "ready", "models": 0}
         assert httpx.get(f"{url}/models").json() == {"models": []}
     assert any("Application shutdown complete" in line for line in output)
