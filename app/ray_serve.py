@@ -74,8 +74,8 @@ def main(
         signal.signal(signum, lambda *_: stop.set())
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address:
-        # Ray otherwise replaces 127.0.0.1 by the host's routable address so that other nodes could join;
-        # with multi-node clusters disabled its processes reach each other on 127.0.0.1. Read at import.
+        # Ray otherwise gives its processes the host's routable address so that other nodes could join; with
+        # multi-node clusters disabled they reach each other on 127.0.0.1. Read at import.
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     try:
         import ray
@@ -85,7 +85,7 @@ def main(
     if address:
         ray.init(address=address)
     else:
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+        ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
         serve.run(build_application(settings, options), name=DEPLOYMENT_NAME, route_prefix="/")
