@@ -109,21 +109,19 @@ def describe(model: ServedModel) -> dict[str, Any]:
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
     """Tokenize and embed one sentence; over the model's limits or without words is a 422 naming the field."""
     state: SimilarityState = model.state
-    field = f"{location[-2]}[{location[-1]}]" if isinstance(location[-1], int) else location[-1]  # sentences[2]
     if len(text) > state.max_characters:
-        raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
-    if has_control_character(text):
-        raise InvalidInput(location, f"{field} must not contain control characters (other than tab and newline)")
-    tokens = tokenize(text)
-    if len(tokens) <= 2:
-        raise InvalidInput(location, f"{field} has no words after removing punctuation and invisible characters")
-    if len(tokens) > state.max_tokens:
-        raise InvalidInput(
-            location,
-            f"{field} has {len(tokens)} tokens; model {model.name} accepts at most {state.max_tokens} "
-            "(including the <s> and </s> markers)",
-        )
-    return EncodedSentence(tokens, *state.vectors.embed(tokens))
+        problem = f"has {len(text)} characters; at most {state.max_characters}"
+    elif has_control_character(text):
+        problem = "must not contain control characters (other than tab, newline and carriage return)"
+    elif len(tokens := tokenize(text)) <= 2:
+        problem = "has no words after removing punctuation, invisible characters and combining marks with no letter"
+    elif len(tokens) > state.max_tokens:
+        limit = f"model {model.name} accepts at most {state.max_tokens} (including the <s> and </s> markers)"
+        problem = f"has {len(tokens)} tokens; {limit}"
+    else:
+        return EncodedSentence(tokens, *state.vectors.embed(tokens))
+    field = f"{location[-2]}[{location[-1]}]" if isinstance(location[-1], int) else location[-1]  # sentences[2]
+    raise InvalidInput(location, f"{field} {problem}")
 
 
 def encode_pairs(
