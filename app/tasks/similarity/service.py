@@ -91,11 +91,8 @@ def _embedding_limits(model: ServedModel) -> dict[str, Any]:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
     encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return {
-        "embedding_dim": dimension,
-        "max_sentences": positive_int(entry.limits, "max_sentences"),
-        "encoder": encoder,
-    }
+    max_sentences = positive_int(entry.limits, "max_sentences")
+    return {"embedding_dim": dimension, "max_sentences": max_sentences, "encoder": encoder}
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
