@@ -4,7 +4,6 @@ air-gapped; its Content-Security-Policy refuses anything from elsewhere), revali
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.staticfiles import StaticFiles
@@ -15,28 +14,15 @@ CONTENT_SECURITY_POLICY = (
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 HEADERS = {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "Cache-Control": "no-cache"}
-
-
-class ExplorerFiles(StaticFiles):
-    """The files of static/, each answer (200 or 304) with the page's security and cache headers."""
-
-    def file_response(self, *args: Any, **kwargs: Any) -> Response:
-        response = super().file_response(*args, **kwargs)
-        response.headers.update(HEADERS)
-        return response
-
-
-FILES = ExplorerFiles(directory=STATIC_DIR)
+FILES = StaticFiles(directory=STATIC_DIR)
 router = APIRouter(tags=["explorer"], include_in_schema=False)
 
 
 @router.get("/")
-async def explorer_page(request: Request) -> Response:
-    """The explorer: similarity and knowledge-tracing tabs over this server's API."""
-    return await FILES.get_response("index.html", request.scope)
-
-
 @router.get("/explorer/{name:path}")
-async def explorer_asset(name: str, request: Request) -> Response:
-    """A script, style sheet or icon of the explorer page."""
-    return await FILES.get_response(name, request.scope)
+async def explorer_file(request: Request) -> Response:
+    """The explorer page (similarity and knowledge-tracing tabs over this server's API) or one of its scripts, style
+    sheets and icons; each answer (200 or 304) with the page's security and cache headers."""
+    response = await FILES.get_response(request.path_params.get("name", "index.html"), request.scope)
+    response.headers.update(HEADERS)
+    return response

@@ -139,3 +139,17 @@ def test_unknown_or_wrong_task_model_is_404_listing_the_names(client):
         assert response.status_code == 404
         assert SIM_MODEL in response.json()["detail"] and FLMP_MODEL in response.json()["detail"]
     assert client.post("/similarity/batch", json={"pairs": [PAIR], "model": "nope"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("sentence", "words"),
+    [
+        ("\u0301 \u20e3", "combining marks"),  # marks with no letter: the 422 says why they are no word
+        ("\u200f\u202e\u200b", "invisible characters"),  # direction and zero-width marks only
+        ("a\x07b", "other than tab, newline and carriage return"),  # the three it allows, all named
+    ],
+)
+def test_a_sentence_that_only_looks_like_text_is_422_saying_why(client, sentence, words):
+    detail = client.post("/similarity", json={"sentence_a": "a", "sentence_b": sentence}).json()["detail"]
+    assert detail[0]["loc"] == ["body", "sentence_b"] and words in detail[0]["msg"], detail
+    assert client.post("/similarity", json={"sentence_a": "a", "sentence_b": "a\r\nb\tc"}).status_code == 200

@@ -36,18 +36,17 @@ async def _pairs_answer(
 async def _embeddings_answer(model: ServedModel, body: schemas.EmbeddingsRequest, alone: bool) -> bytes:
     sentences = await offload(service.encode_sentences, model, body.sentences)
     vectors = await service.embed(model, sentences)
-    limits = service.limits_of(model)
+    limits = model.state.embeddings
 
     def render() -> bytes:
         results = [
             {"embedding": vector, "tokens": sentence.tokens, "unknown_tokens": list(dict.fromkeys(sentence.unknown))}
             for sentence, vector in zip(sentences, vectors, strict=True)
         ]
-        return dumps(
-            {"model": model.name, "encoder": limits.encoder, "embedding_dim": limits.embedding_dim, "results": results}
-        )
+        head = {"model": model.name, "encoder": limits["encoder"], "embedding_dim": limits["embedding_dim"]}
+        return dumps(head | {"results": results})
 
-    return await offload_if(len(sentences) * limits.embedding_dim > INLINE_RENDER_CELLS, render)
+    return await offload_if(len(sentences) * limits["embedding_dim"] > INLINE_RENDER_CELLS, render)
 
 
 async def _vector_pair_answer(model: ServedModel, body: schemas.EmbeddingPairRequest, alone: bool) -> bytes:

@@ -79,14 +79,14 @@ class Attention(BaseModel):
     sentence_b: list[list[float]]
 
 
-NO_ENTAILMENT = "absent when the model was trained without entailment labels (GET /models: entailment_labels [])"
-
-
 class EmbeddingPairResponse(BaseModel):
     model: str
     relatedness: float = Field(ge=1, le=5, description="SICK relatedness, 1..5")
     similarity: float = Field(ge=0, le=1, description="(relatedness - 1) / 4, in 0..1")
-    entailment: Entailment | None = Field(default=None, description=NO_ENTAILMENT)
+    entailment: Entailment | None = Field(
+        default=None,
+        description="absent when the model was trained without entailment labels (GET /models: entailment_labels [])",
+    )
 
 
 class SimilarityResponse(EmbeddingPairResponse):  # the scores of two stored vectors, and what the text gave

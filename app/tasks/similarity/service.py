@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
 from typing import Any
 
@@ -34,17 +34,8 @@ class SimilarityState:
     max_characters: int
     max_batch_pairs: int
     labels: tuple[str, ...]  # empty for a model trained without entailment labels: its answers omit entailment
-    embeddings: EmbeddingLimits | None  # None: the model has no encoder and head graphs
+    embeddings: dict[str, Any]  # GET /models: embedding_dim, max_sentences, encoder; {} without encoder and head
     paraphrase: bool  # its graph outputs PARAPHRASE_OUTPUT: its answers carry `paraphrase`
-
-
-@dataclass(frozen=True)
-class EmbeddingLimits:
-    """A model's GET /models fields of POST /embeddings."""
-
-    embedding_dim: int
-    max_sentences: int
-    encoder: str
 
 
 @dataclass(frozen=True)
@@ -73,7 +64,8 @@ def prepare(model: ServedModel) -> SimilarityState:
     pointer, window = metadata.get("pointer"), positive_int(metadata, "window")
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
-    slots = {output.name: output.shape[-1] for output in model.session.get_outputs()}["attn_a_fwd"]
+    outputs = {output.name: output.shape[-1] for output in model.session.get_outputs()}
+    slots = outputs["attn_a_fwd"]
     if slots != (2 if pointer == "flmp" else 1 + window):  # the memory row, then the tokens it read (combined_map)
         raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
     return SimilarityState(
@@ -82,33 +74,30 @@ def prepare(model: ServedModel) -> SimilarityState:
         max_characters=positive_int(limits, "max_characters"),
         max_batch_pairs=positive_int(limits, "max_batch_pairs"),
         labels=labels,
-        embeddings=_embedding_limits(model),
-        paraphrase=any(output.name == PARAPHRASE_OUTPUT for output in model.session.get_outputs()),
+        embeddings=_embedding_limits(model) if model.graphs else {},
+        paraphrase=PARAPHRASE_OUTPUT in outputs,
     )
 
 
-def _embedding_limits(model: ServedModel) -> EmbeddingLimits | None:
-    """Limits of the encoder and head graphs, checked against the encoder's output; None without them."""
-    if not model.graphs:
-        return None
+def _embedding_limits(model: ServedModel) -> dict[str, Any]:
+    """Limits of the encoder and head graphs, checked against the encoder's output; the encoder id hashes the files
+    a sentence vector depends on (new weights change it, a new model name does not)."""
+    entry = model.entry
     if set(model.graphs) != {"encoder", "head"}:
         raise ValueError(f"graphs must be both encoder and head, not {sorted(model.graphs)}")
-    dimension = positive_int(model.entry.metadata, "embedding_dim")
+    dimension = positive_int(entry.metadata, "embedding_dim")
     output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
     if output_width != dimension:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
-    # the encoder id hashes the files a sentence vector depends on: new weights change it, a new model name does not
-    entry = model.entry
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
     encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-    return EmbeddingLimits(dimension, positive_int(model.entry.limits, "max_sentences"), encoder)
+    max_sentences = positive_int(entry.limits, "max_sentences")
+    return {"embedding_dim": dimension, "max_sentences": max_sentences, "encoder": encoder}
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
-    described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels)}
-    if state.embeddings is not None:
-        described |= asdict(state.embeddings)
+    described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels), **state.embeddings}
     if state.paraphrase:
         described["paraphrase_labels"] = list(PARAPHRASE_LABELS)
     return described
@@ -117,22 +106,19 @@ def describe(model: ServedModel) -> dict[str, Any]:
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
     """Tokenize and embed one sentence; over the model's limits or without words is a 422 naming the field."""
     state: SimilarityState = model.state
-    field = f"{location[-2]}[{location[-1]}]" if isinstance(location[-1], int) else location[-1]  # sentences[2]
     if len(text) > state.max_characters:
-        raise InvalidInput(location, f"{field} has {len(text)} characters; at most {state.max_characters}")
-    if has_control_character(text):
-        raise InvalidInput(location, f"{field} must not contain control characters (other than tab and newline)")
-    tokens = tokenize(text)
-    if len(tokens) <= 2:
-        raise InvalidInput(location, f"{field} has no words after removing punctuation and invisible characters")
-    if len(tokens) > state.max_tokens:
-        raise InvalidInput(
-            location,
-            f"{field} has {len(tokens)} tokens; model {model.name} accepts at most {state.max_tokens} "
-            "(including the <s> and </s> markers)",
-        )
-    matrix, unknown = state.vectors.embed(tokens)
-    return EncodedSentence(tokens, matrix, unknown)
+        problem = f"has {len(text)} characters; at most {state.max_characters}"
+    elif has_control_character(text):
+        problem = "must not contain control characters (other than tab, newline and carriage return)"
+    elif len(tokens := tokenize(text)) <= 2:
+        problem = "has no words after removing punctuation, invisible characters and combining marks with no letter"
+    elif len(tokens) > state.max_tokens:
+        limit = f"model {model.name} accepts at most {state.max_tokens} (including the <s> and </s> markers)"
+        problem = f"has {len(tokens)} tokens; {limit}"
+    else:
+        return EncodedSentence(tokens, *state.vectors.embed(tokens))
+    field = f"{location[-2]}[{location[-1]}]" if isinstance(location[-1], int) else location[-1]  # sentences[2]
+    raise InvalidInput(location, f"{field} {problem}")
 
 
 def encode_pairs(
@@ -180,38 +166,27 @@ def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
     exponentials = [math.exp(logit - largest) for logit in logits]
     total = sum(exponentials)
     probabilities = [value / total for value in exponentials]
-    answer["entailment"] = {
-        "label": state.labels[probabilities.index(max(probabilities))],
-        "probabilities": dict(zip(state.labels, probabilities, strict=True)),
-    }
+    label = state.labels[probabilities.index(max(probabilities))]
+    answer["entailment"] = {"label": label, "probabilities": dict(zip(state.labels, probabilities, strict=True))}
     return answer
-
-
-def paraphrase(outputs: Feeds) -> dict[str, Any]:
-    """The first pair's paraphrase label and the probability that its sentences are paraphrases."""
-    logit = float(outputs[PARAPHRASE_OUTPUT][0])
-    exponential = math.exp(-abs(logit))  # never overflows
-    probability = 1 / (1 + exponential) if logit >= 0 else exponential / (1 + exponential)
-    return {"label": PARAPHRASE_LABELS[logit >= 0], "probability": probability}
 
 
 def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attention: bool) -> dict[str, Any]:
     """The response fields of one pair (numpy arrays where the response has matrices)."""
-    state: SimilarityState = model.state
-    attention = None
+    answer = scores(model, outputs)
+    if model.state.paraphrase:  # the probability of PARAPHRASE, the sigmoid of the logit (never overflowing)
+        logit = float(outputs[PARAPHRASE_OUTPUT][0])
+        exponential = math.exp(-abs(logit))
+        probability = 1 / (1 + exponential) if logit >= 0 else exponential / (1 + exponential)
+        answer["paraphrase"] = {"label": PARAPHRASE_LABELS[logit >= 0], "probability": probability}
+    unknown = list(dict.fromkeys(pair.a.unknown + pair.b.unknown))
+    answer |= {"tokens_a": pair.a.tokens, "tokens_b": pair.b.tokens, "unknown_tokens": unknown, "attention": None}
     if return_attention:
-        attention = {
+        answer["attention"] = {
             f"sentence_{s}": combined_map(outputs[f"attn_{s}_fwd"][0, :n], outputs[f"attn_{s}_bwd"][0, :n])
             for s, n in (("a", len(pair.a.tokens)), ("b", len(pair.b.tokens)))
         }
-    return {
-        **scores(model, outputs),
-        **({"paraphrase": paraphrase(outputs)} if state.paraphrase else {}),
-        "tokens_a": pair.a.tokens,
-        "tokens_b": pair.b.tokens,
-        "unknown_tokens": list(dict.fromkeys(pair.a.unknown + pair.b.unknown)),
-        "attention": attention,
-    }
+    return answer
 
 
 @lru_cache(maxsize=512)
@@ -240,27 +215,21 @@ def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
     return result.reshape(length, length)
 
 
-def limits_of(model: ServedModel) -> EmbeddingLimits:
-    """The model's embedding limits; 404 when its manifest entry has no encoder and head graphs."""
-    state: SimilarityState = model.state
-    if state.embeddings is None:
-        raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
-    return state.embeddings
-
-
 def graph_of(model: ServedModel, key: str) -> ServedModel:
-    """The model's `encoder` or `head` graph; 404 when it has none."""
-    limits_of(model)
+    """The model's `encoder` or `head` graph; 404 when it has none. Every /embeddings and /from-embeddings request
+    is admitted through it, so what runs after may read `model.state.embeddings`."""
+    if not model.graphs:
+        raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
     return model.graphs[key]
 
 
 def encode_sentences(model: ServedModel, texts: Sequence[str]) -> list[EncodedSentence]:
     """Tokenize and embed each sentence of `body.sentences`; over a limit is a 422 naming the field."""
-    limits = limits_of(model)
-    if len(texts) > limits.max_sentences:
+    limit = model.state.embeddings["max_sentences"]
+    if len(texts) > limit:
         raise InvalidInput(
             ("body", "sentences"),
-            f"sentences has {len(texts)} items; model {model.name} accepts at most {limits.max_sentences} per request",
+            f"sentences has {len(texts)} items; model {model.name} accepts at most {limit} per request",
         )
     return each_checked(
         partial(encode_sentence, model, text, ("body", "sentences", index)) for index, text in enumerate(texts)
@@ -280,24 +249,24 @@ async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> lis
 def vector_pair(model: ServedModel, body: EmbeddingPairRequest) -> Feeds:
     """Head feeds for two stored vectors; an `encoder_a`/`encoder_b` that is not this model's, or a vector of the
     wrong size, is a 422 naming the field (all such fields)."""
-    limits, name = limits_of(model), model.name
+    encoder, dimension, name = model.state.embeddings["encoder"], model.state.embeddings["embedding_dim"], model.name
     errors = [
         InvalidInput(
             field,
-            f"{field} is not {limits.encoder!r}, the encoder of model {name}: the vector was made by another model or "
+            f"{field} is not {encoder!r}, the encoder of model {name}: the vector was made by another model or "
             "another version of it, and this model's head would score it as noise; embed the sentence again with "
             f"POST /embeddings and model {name}",
         )
         for field in ("encoder_a", "encoder_b")
-        if getattr(body, field) not in (None, limits.encoder)
+        if getattr(body, field) not in (None, encoder)
     ] + [
         InvalidInput(
             field,
-            f"{field} has {len(values)} values; model {name} takes sentence vectors of {limits.embedding_dim} (from "
+            f"{field} has {len(values)} values; model {name} takes sentence vectors of {dimension} (from "
             "POST /embeddings with the same model)",
         )
         for field, values in (("embedding_a", body.embedding_a), ("embedding_b", body.embedding_b))
-        if len(values) != limits.embedding_dim
+        if len(values) != dimension
     ]
     if errors:
         raise InvalidInput.joined(errors)

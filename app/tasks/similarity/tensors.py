@@ -9,7 +9,7 @@ from app.core.errors import InvalidInput
 from app.runtime.collate import Feeds
 from app.runtime.model import Admission, ProtocolError, ServedModel, TensorSpec
 from app.tasks.similarity import service
-from app.tasks.similarity.service import EncodedPair, SimilarityState
+from app.tasks.similarity.service import EncodedPair
 
 PLATFORM = "mnemo_similarity"
 INPUTS = [TensorSpec("sentence_a", "BYTES", (-1,)), TensorSpec("sentence_b", "BYTES", (-1,))]
@@ -27,9 +27,8 @@ def inputs(model: ServedModel) -> list[TensorSpec]:
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
-    state: SimilarityState = model.state
-    specs = OUTPUTS if state.labels else [spec for spec in OUTPUTS if spec.name != "entailment_probabilities"]
-    return [*specs, PARAPHRASE] if state.paraphrase else specs
+    specs = OUTPUTS if model.state.labels else [spec for spec in OUTPUTS if spec.name != "entailment_probabilities"]
+    return [*specs, PARAPHRASE] if model.state.paraphrase else specs
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, list[EncodedPair]]:
@@ -52,14 +51,13 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
 
 async def infer(model: ServedModel, pairs: list[EncodedPair]) -> Feeds:
     """Run the pairs in the model's batches and gather the protocol's output tensors (`outputs(model)`)."""
-    state: SimilarityState = model.state
     outputs = await service.run_pairs(model, pairs)
     results = [service.decode(model, pair, out, False) for pair, out in zip(pairs, outputs, strict=True)]
     tensors = {"relatedness": np.array([result["relatedness"] for result in results], dtype=np.float32)}
-    if state.labels:
+    if model.state.labels:
         probabilities = [list(result["entailment"]["probabilities"].values()) for result in results]
         tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
-    if state.paraphrase:
+    if model.state.paraphrase:
         tensors[PARAPHRASE.name] = np.array([result["paraphrase"]["probability"] for result in results], np.float32)
     for name in ("tokens_a", "tokens_b"):
         width = max(len(result[name]) for result in results)  # padded with empty strings, never a token

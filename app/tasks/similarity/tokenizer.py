@@ -8,11 +8,7 @@ import re
 import string
 import unicodedata
 
-SENTENCE_START = "<s>"
-SENTENCE_END = "</s>"
-NUMBER = "<number>"
-UNKNOWN = "<unk>"
-SPECIAL_TOKENS = (SENTENCE_START, SENTENCE_END, NUMBER, UNKNOWN)
+SPECIAL_TOKENS = SENTENCE_START, SENTENCE_END, NUMBER, UNKNOWN = ("<s>", "</s>", "<number>", "<unk>")
 
 CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls except tab, newline, return
 # Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) beyond Cf: fillers and variation
@@ -30,8 +26,6 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
         "\u2800": " ",  # braille pattern blank: renders as a space, is not Unicode whitespace
     }
 )
-
-
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 
 
@@ -40,17 +34,10 @@ def has_control_character(text: str) -> bool:
     return _CONTROL.search(text) is not None
 
 
-def normalize(text: str) -> str:
-    """Typographic and compatibility forms as ASCII, invisible characters deleted; ASCII unchanged."""
-    if text.isascii():
-        return text
-    return unicodedata.normalize("NFKC", text).translate(_to_ascii())
-
-
 @functools.cache
 def _to_ascii() -> dict[int, str | None]:
-    """The str.translate table of `normalize`: every invisible character deleted, typographic forms as ASCII (none
-    is invisible); built once, on the first non-ASCII text."""
+    """The str.translate table of non-ASCII text after NFKC: every invisible character deleted, typographic forms as
+    ASCII (none is invisible); built once, on the first non-ASCII text."""
     table: dict[int, str | None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
     for low, _, high in (part.partition("..") for part in DEFAULT_IGNORABLE.split()):
         table.update(dict.fromkeys(range(int(low, 16), int(high or low, 16) + 1)))
@@ -58,9 +45,10 @@ def _to_ascii() -> dict[int, str | None]:
 
 
 def words(text: str) -> list[str]:
-    """The words of a sentence, without the `<s>`/`</s>` markers, nor words of combining marks alone (category M:
-    accents, enclosing marks), which show no letter."""
-    cleaned = normalize(text).translate(_DELETE_PUNCTUATION).lower()
+    """The words of a sentence (non-ASCII text normalised first), without the `<s>`/`</s>` markers, nor words of
+    combining marks alone (category M: accents, enclosing marks), which show no letter."""
+    normalized = text if text.isascii() else unicodedata.normalize("NFKC", text).translate(_to_ascii())
+    cleaned = normalized.translate(_DELETE_PUNCTUATION).lower()
     return [
         NUMBER if word.isdigit() else word
         for word in cleaned.split()
