@@ -22,7 +22,6 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
 from app.runtime.model import ProtocolError, ServedModel
-from app.transports.access import api_key_check
 from app.transports.deadline import within_deadline
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
@@ -70,7 +69,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.state = app.state
-        self.keys = api_key_check(app.state.settings)
+        self.keys = app.state.api_keys
 
     @rpc(lambda request: "/v2/health/live")
     def ServerLive(self, request: Message) -> dict:

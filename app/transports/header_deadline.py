@@ -61,11 +61,12 @@ class HeaderDeadline(H11Protocol):
         from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
         in_body = self.cycle is not None and not self.cycle.response_complete
+        ids = [value for name, value in self.headers if name == REQUEST_ID_HEADER] if in_body else []
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(MALFORMED)),
             (b"connection", b"close"),
-            (REQUEST_ID_HEADER, request_id(self.headers if in_body else []).encode()),
+            (REQUEST_ID_HEADER, request_id(ids).encode()),
             NOSNIFF,
         ]
         answer = (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=MALFORMED))

@@ -21,7 +21,7 @@ logger = logging.getLogger("mnemo.probes")
 START_TIMEOUT_S = 10.0
 STALE_S = 30.0  # no readiness line for this long: the service's event loop is stuck, not merely busy
 MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unanswered
-SOCKET_TIMEOUT_S = 5.0  # a connection's whole life, not only each read: trickled bytes cannot hold a slot for ever
+CONNECTION_TIMEOUT_S = 5.0  # a connection's whole life, not only each read: trickled bytes cannot hold a slot for ever
 
 
 class ProbeProcess:
@@ -67,12 +67,11 @@ class ProbeProcess:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT_S
     server: _Server
 
     def setup(self) -> None:
         super().setup()
-        self.deadline = threading.Timer(SOCKET_TIMEOUT_S, self.cut_off)
+        self.deadline = threading.Timer(CONNECTION_TIMEOUT_S, self.cut_off)
         self.deadline.start()
 
     def cut_off(self) -> None:
