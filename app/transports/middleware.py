@@ -223,10 +223,11 @@ class RequestEdge:
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
-        challenge = self.api_keys.refusal(exchange.path, exchange.fields.get(b"authorization", [b""])[0])
+        keys, authorization = self.api_keys, exchange.fields.get(b"authorization", [b""])[0]
+        challenge = keys.keys and keys.refusal(exchange.path, authorization)  # no keys: no call
         gated, declared = exchange.path not in OPERATIONS_PATHS, exchange.declared
         refused = None
-        if challenge is not None:
+        if challenge:
             refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
         elif gated and self.drain.refuses(scope.get("client")):
             refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
