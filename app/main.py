@@ -26,7 +26,6 @@ from app.server import SERVED_BY, UNPROTECTED
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
-from app.transports.access import ApiKeys
 from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
@@ -98,7 +97,7 @@ def create_app(
             for name, model in registry.models.items():
                 metrics.model_info.labels(name, model.entry.version, model.entry.sha256).set(1)
             logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
-            logger.info(ApiKeys(settings).summary())
+            logger.info(app.state.api_keys.summary())
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
             if probes is not None:
                 await probes.start()
@@ -132,7 +131,7 @@ def create_app(
 
     def openapi() -> dict:
         if app.openapi_schema is None:  # FastAPI's schema, with the contract the routes do not declare
-            app.openapi_schema = document_contract(FastAPI.openapi(app), ApiKeys(settings), BODY_SCHEMAS.values())
+            app.openapi_schema = document_contract(FastAPI.openapi(app), app.state.api_keys, BODY_SCHEMAS.values())
         return app.openapi_schema
 
     app.openapi = openapi

@@ -10,8 +10,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from app.core.responses import JsonResponse
 from app.core.settings import Settings, read_keys_file, split_list
+from app.transports.error_handlers import Refused
 
 # the docs, and the explorer page "/" (it asks for the key itself, kept in its memory only)
 ALWAYS_OPEN = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/"})
@@ -52,20 +52,16 @@ class ApiKeys:
         return f"authentication: on ({len(self.keys)} API key(s)); open paths: {', '.join(sorted(self.open_paths))}"
 
 
-def api_key_check(settings: Settings) -> ApiKeys | None:
-    return keys if (keys := ApiKeys(settings)).keys else None
-
-
 class JsonCors(CORSMiddleware):
-    """Starlette's CORS, with a refused preflight answered `{"detail": "Disallowed CORS origin"}` as JSON."""
+    """Starlette's CORS, with a refused preflight answered as JSON in its path's shape (`Refused`), not plain text."""
 
-    def preflight_response(self, request_headers: Headers) -> Response:
+    def preflight_response(self, request_headers: Headers) -> Response | Refused:
         response = super().preflight_response(request_headers)
         if response.status_code < 400:
             return response
         kept = {key: value for key, value in response.headers.items() if key not in ("content-type", "content-length")}
         detail = f"{response.body.decode()}: the CORS policy (MNEMO_CORS_ORIGINS) does not allow this request."
-        return JsonResponse({"detail": detail}, response.status_code, headers=kept)
+        return Refused(response.status_code, detail, kept)
 
 
 def with_cors(app: ASGIApp, settings: Settings) -> ASGIApp:

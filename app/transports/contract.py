@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from app.transports.access import ApiKeys
-from app.transports.oip_errors import is_protocol_path
+from app.transports.error_handlers import is_protocol_path
 
 ERROR_REF = "#/components/schemas/ErrorBody"
 VALIDATION_REF = "#/components/schemas/ValidationErrorBody"

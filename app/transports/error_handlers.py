@@ -1,9 +1,11 @@
-"""The one place that maps the service's errors to HTTP answers (`{"detail": ...}`; 422 in FastAPI's shape)."""
+"""The one place that maps the service's errors to HTTP answers: `{"detail": ...}` (422 in FastAPI's shape), under /v2
+the Open Inference Protocol's `{"error": ...}`, the only field clients such as tritonclient read."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -11,18 +13,39 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtIn
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import BaseRoute, Match, Mount
-from starlette.types import Scope
+from starlette.types import Receive, Scope, Send
 
 from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, body_invalid, ort_message
-from app.core.logging import TracebackBudget, loggable_path, route_path
+from app.core.logging import TracebackBudget, loggable_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
 from app.students.store import StoreError, StoreUnavailable
-from app.transports.oip_errors import is_protocol_path
 
 logger = logging.getLogger("mnemo.errors")
 STORE_RETRY = {"Retry-After": "1"}
 store_outages = TracebackBudget(10.0)  # an unavailable store is logged, with its location, once per 10 s per failure
+EXCHANGE = "mnemo.exchange"  # the request edge's record of the request, in the app's scope (middleware.py)
+
+
+def is_protocol_path(path: str) -> bool:
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_answer(scope: Scope, status: int, detail: Any, headers: Mapping[str, str] | None = None) -> JsonResponse:
+    """An error in its path's shape: `{"error": "<sentence>"}` under /v2, else `{"detail": ...}`."""
+    payload = {"error": str(detail)} if is_protocol_path(scope[EXCHANGE].path) else {"detail": detail}
+    return JsonResponse(payload, status, headers=headers)
+
+
+class Refused(ServiceError, HTTPException):
+    """A refusal of the request edge or the CORS policy: an ASGI app answering it in its path's shape, or raised while
+    the app reads the body and answered by `http_error` (an HTTPException: FastAPI's body parsing lets it through)."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        HTTPException.__init__(self, status, detail, headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_answer(scope, self.status_code, self.detail, self.headers)(scope, receive, send)
 
 
 def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
@@ -40,10 +63,10 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = error.headers
         if error.status_code == 405 and (allowed := allowed_methods(request.app.router.routes, request.scope)):
             headers = {**(headers or {}), "Allow": allowed}  # else Starlette's own (a mounted app's 405)
-        return JsonResponse({"detail": error.detail}, error.status_code, headers=headers)
+        return error_answer(request.scope, error.status_code, error.detail, headers)
 
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(ServiceError, http_error)
+    for kind in (HTTPException, ServiceError):
+        app.add_exception_handler(kind, http_error)
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, error: StoreError) -> JsonResponse:
@@ -62,22 +85,17 @@ def install_error_handlers(app: FastAPI) -> None:
             return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
         return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=STORE_RETRY)
 
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(request: Request, error: InvalidInput) -> JsonResponse:
-        return JsonResponse(error.payload(), 422)
+    async def invalid(request: Request, error: InvalidInput | RequestValidationError | ValidationError) -> JsonResponse:
+        if isinstance(error, RequestValidationError):
+            error = InvalidInput.from_pydantic(error.errors(), len(error.errors()))
+        return JsonResponse((body_invalid(error) if isinstance(error, ValidationError) else error).payload(), 422)
 
-    @app.exception_handler(RequestValidationError)
-    async def request_validation(request: Request, error: RequestValidationError) -> JsonResponse:
-        errors = error.errors()
-        return JsonResponse(InvalidInput.from_pydantic(errors, len(errors)).payload(), 422)
-
-    @app.exception_handler(ValidationError)
-    async def invalid_body(request: Request, error: ValidationError) -> JsonResponse:
-        return JsonResponse(body_invalid(error).payload(), 422)
+    for kind in (InvalidInput, RequestValidationError, ValidationError):
+        app.add_exception_handler(kind, invalid)
 
     @app.exception_handler(OrtInvalidArgument)
     async def rejected_by_model(request: Request, error: OrtInvalidArgument) -> JsonResponse:
         logger.warning("model rejected the input on %s %s: %s", request.method, loggable_path(request.scope), error)
-        if is_protocol_path(route_path(request.scope)):  # the protocol's 400, shaped by oip_errors.py
-            return JsonResponse({"detail": ort_message(error)}, 400)
+        if is_protocol_path(request.scope[EXCHANGE].path):  # the protocol's 400
+            return error_answer(request.scope, 400, ort_message(error))
         return JsonResponse(InvalidInput(("body",), ort_message(error)).payload(), 422)

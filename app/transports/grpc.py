@@ -22,7 +22,6 @@ from tritonclient.grpc import service_pb2
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
 from app.runtime.model import ProtocolError, ServedModel
-from app.transports.access import api_key_check
 from app.transports.deadline import within_deadline
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
@@ -92,7 +91,7 @@ class InferenceService:
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.state = app.state
-        self.keys = api_key_check(app.state.settings)
+        self.keys = app.state.api_keys
 
     def register(self, server: grpc.aio.Server) -> None:
         """Serve the RPCs on `server`, as grpc's generated `add_..._to_server` does (registered: the faster lookup)."""
@@ -116,7 +115,7 @@ class InferenceService:
                 except DecodeError:
                     request = None
                 sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-                if self.keys is not None and self.keys.refusal(path(request or request_type()), sent.encode()):
+                if self.keys.refusal(path(request or request_type()), sent.encode()):
                     code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
                 elif request is None:
                     raise ProtocolError(MALFORMED.format(name))

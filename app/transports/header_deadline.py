@@ -1,5 +1,6 @@
-"""uvicorn's h11 protocol with a deadline for each request's line and headers (MNEMO_HEADER_TIMEOUT_S; uvicorn has
-none: a slowloris connection would be held for ever), and the service's JSON 400 for a request h11 refuses."""
+"""uvicorn's h11 protocol with a deadline for each request's line and headers, and for the rest of a body its route
+left unread (MNEMO_HEADER_TIMEOUT_S; uvicorn has none: a slowloris connection would be held for ever), and the service's
+JSON 400 for a request h11 refuses."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ MALFORMED = dumps({"detail": "Malformed HTTP request: its request line, a header
 
 class HeaderDeadline(H11Protocol):
     """Closes, unanswered as nginx's client_header_timeout, a connection whose request's headers are not in `timeout_s`
-    after it opened or the request's first byte; the idle time between requests stays uvicorn's keep-alive."""
+    after it opened or the request's first byte, or whose unread body is not in `timeout_s` after the answer (each
+    byte of it stops uvicorn's keep-alive timer); the idle time between requests stays uvicorn's keep-alive."""
 
     def __init__(self, *args: Any, timeout_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # uvicorn's config, server_state, app_state
@@ -30,14 +32,23 @@ class HeaderDeadline(H11Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
+        self.arm()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the request's headers are in (or the connection failed)
+        if self.conn.their_state is not h11.IDLE and not self.unread_rest():  # the headers are in (or it failed)
             self.disarm()
-        elif self.header_timer is None:  # a new request's first bytes on a kept-alive connection
-            self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
+        else:  # a new request's first bytes on a kept-alive connection, or the rest of an unread body
+            self.arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.unread_rest():
+            self.arm()
+
+    def unread_rest(self) -> bool:
+        """Whether the client owes the rest of a body after its answer (uvicorn discards it as it comes)."""
+        return self.conn.their_state is h11.SEND_BODY and self.cycle is not None and self.cycle.response_complete
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.disarm()
@@ -50,11 +61,12 @@ class HeaderDeadline(H11Protocol):
         from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
         in_body = self.cycle is not None and not self.cycle.response_complete
+        ids = [value for name, value in self.headers if name == REQUEST_ID_HEADER] if in_body else []
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(MALFORMED)),
             (b"connection", b"close"),
-            (REQUEST_ID_HEADER, request_id(self.headers if in_body else []).encode()),
+            (REQUEST_ID_HEADER, request_id(ids).encode()),
             NOSNIFF,
         ]
         answer = (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=MALFORMED))
@@ -63,6 +75,10 @@ class HeaderDeadline(H11Protocol):
                 self.transport.write(self.conn.send(event))
         self.transport.close()
 
+    def arm(self) -> None:
+        if self.header_timer is None:
+            self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
+
     def disarm(self) -> None:
         if self.header_timer is not None:
             self.header_timer.cancel()
@@ -70,7 +86,7 @@ class HeaderDeadline(H11Protocol):
 
     def expire(self) -> None:
         self.header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+        if (self.conn.their_state is h11.IDLE or self.unread_rest()) and not self.transport.is_closing():
             self.transport.close()
             if self.metrics is not None:
                 self.metrics.header_timeouts.inc()

@@ -13,22 +13,20 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, ServiceError, body_too_large_detail
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, body_too_large_detail
 from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path, route_path
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
-from app.core.responses import JsonResponse
 from app.core.settings import Settings
 from app.runtime.offload import saturated
-from app.transports.access import API_KEY_REQUIRED, api_key_check, with_cors
+from app.transports.access import API_KEY_REQUIRED, ApiKeys, with_cors
+from app.transports.error_handlers import EXCHANGE, Refused
 from app.transports.http import INLINE_BODY_BYTES
-from app.transports.oip_errors import is_protocol_path, protocol_body
 
 access_logger = logging.getLogger("mnemo.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -55,64 +53,64 @@ SINGLE_HEADERS = {
 }
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
 RETRY_AND_CLOSE = {**RETRY, **CLOSE}
-FRAMING = (b"content-length", b"transfer-encoding")  # a request with a body has one of them
+READ_HEADERS = frozenset({*SINGLE_HEADERS, b"host", b"transfer-encoding", b"expect"})  # what the edge reads
 
 
-class Refused(ServiceError, HTTPException):
-    """A refusal of the edge: answered by the edge, or raised while the app reads the body and answered by the app's
-    exception handlers (an HTTPException too: FastAPI's own body parsing lets those through)."""
-
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        HTTPException.__init__(self, status, detail, headers)
-
-    def response(self) -> JsonResponse:
-        return JsonResponse({"detail": self.detail}, self.status_code, headers=self.headers)
+def request_id(ids: list[bytes]) -> str:
+    """The client's X-Request-ID if it sent one usable id, else a new random one (two ids, a 400: neither)."""
+    return ids[0].decode() if len(ids) == 1 and REQUEST_ID.fullmatch(ids[0]) else os.urandom(16).hex()
 
 
-def request_id(headers: list[tuple[bytes, bytes]]) -> str:
-    """The client's X-Request-ID if it sent one usable id, else a new random one."""
-    incoming = [value for name, value in headers if name == REQUEST_ID_HEADER]
-    kept = len(incoming) == 1 and REQUEST_ID.fullmatch(incoming[0])  # two ids (refused with 400): neither
-    return incoming[0].decode() if kept else os.urandom(16).hex()
-
-
-def refusal(scope: Scope) -> Refused | None:
+def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
     """The 400 of an HTTP version other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length
     (RFC 9112 6.1) or an HTTP/1.1 request without exactly one Host (RFC 9112 3.2), closing the connection; else of a
     header of SINGLE_HEADERS sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
-    seen, hosts, repeated = set(), 0, None
-    for name, _ in scope["headers"]:
-        if name == b"host":
-            hosts += 1
-        elif name in SINGLE_HEADERS or name == b"transfer-encoding":
-            repeated = repeated or (SINGLE_HEADERS.get(name) if name in seen else None)
-            seen.add(name)
-    if b"transfer-encoding" in seen and b"content-length" in seen:
+    if b"transfer-encoding" in fields and b"content-length" in fields:
         detail = "Transfer-Encoding and Content-Length were both sent: the body's length is ambiguous; send one."
         return Refused(400, detail, CLOSE)
-    if version == "1.1" and hosts != 1:
+    if version == "1.1" and len(fields.get(b"host", ())) != 1:
         return Refused(400, "An HTTP/1.1 request carries exactly one Host header (RFC 9112 3.2).", CLOSE)
-    if repeated is not None:
-        return Refused(400, f"The header {repeated} was sent more than once; send it once.")
+    for name, values in fields.items():
+        if len(values) > 1 and name in SINGLE_HEADERS:
+            return Refused(400, f"The header {SINGLE_HEADERS[name]} was sent more than once; send it once.")
     return None
 
 
-class Body:
-    """The body's limits, checked as the app reads it (unread, it costs no `100 Continue`): 408, 413, and 429 keeping
-    the connection (reconnects would queue)."""
+class Exchange:
+    """One request at the edge: the headers it reads (`fields`, in one pass) and its path below the root_path; its
+    answer's `send` (the edge's headers, `Connection: close` while draining or when the body was left unread; `status`
+    499 until a head); with a body, its `receive` checking the body's limits as the app reads it (unread, it costs no
+    `100 Continue`): 408, 413, and 429 keeping the connection (reconnects would queue)."""
 
-    def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive) -> None:
-        self.edge, self.scope, self._receive = edge, scope, receive
-        self.size, self.done = 0, False
-        # left unread, a body sent only after `100 Continue` may never come, and one with no length (chunked) would
-        # be read and thrown away for as long as the client sends: either closes the connection after the answer
-        expect = (b"expect", b"100-continue")
-        self.close_unread = any(
-            (name, value.lower()) == expect or name == b"transfer-encoding" for name, value in scope["headers"]
-        )
+    def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive, send: Send) -> None:
+        self.edge, self.scope, self._receive, self._send = edge, scope, receive, send
+        self.fields: dict[bytes, list[bytes]] = {}
+        for name, value in scope["headers"]:
+            if name in READ_HEADERS:
+                self.fields.setdefault(name, []).append(value)
+        self.rid = request_id(self.fields.get(REQUEST_ID_HEADER, []))
+        self.headers = [(REQUEST_ID_HEADER, self.rid.encode()), *edge.headers]
+        self.path, self.status, self.started, self.size, self.done = route_path(scope), 499, False, 0, False
+        self.framed = b"content-length" in self.fields or b"transfer-encoding" in self.fields
+        length = self.fields.get(b"content-length", [b""])[0].strip()  # the parser keeps trailing spaces
+        self.declared = int(length) if length.isdigit() else 0
+        # left unread, a body sent only after `100 Continue` may never come, and a chunked one would be read and thrown
+        # away for as long as the client sends: either closes the connection after the answer
+        expects = [value.lower() for value in self.fields.get(b"expect", [])]
+        self.close_unread = b"transfer-encoding" in self.fields or b"100-continue" in expects
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status, self.started = message["status"], True
+            headers = [*message.get("headers", []), *self.headers]
+            unread = self.close_unread or self.edge.drain.draining
+            if unread and not any(name.lower() == b"connection" for name, _ in headers):
+                headers.append((b"connection", b"close"))
+            message = {**message, "headers": headers}
+        await self._send(message)
 
     async def receive(self) -> Message:
         if self.done:
@@ -146,51 +144,17 @@ class Body:
     def refused_unread(self, head: bytes) -> Refused | None:
         """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
         of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
-        declared = declared_bytes(self.scope["headers"])
-        task = self.scope["app"].state.reserving.get(route_path(self.scope)) if declared > INLINE_BODY_BYTES else None
+        state = self.scope["app"].state
+        task = state.reserving.get(self.path) if self.declared > INLINE_BODY_BYTES else None
         named = task and FIRST_KEY_MODEL.match(head)
-        model = self.scope["app"].state.registry.models.get(named[1].decode()) if named else None
+        model = state.registry.models.get(named[1].decode()) if named else None
         if model is None or model.task != task or not model.ready:
             return None
         try:
-            with model.batcher.reserve(declared):
+            with model.batcher.reserve(self.declared):
                 return None
         except Overloaded as refused:
             return Refused(429, refused.detail, RETRY)
-
-
-class Answer:
-    """One request's `send`: the edge's headers, `Connection: close` while draining or when the body was left unread
-    (`Body.close_unread`), /v2 errors in the protocol's shape; `status` is 499 until a head."""
-
-    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]], protocol: bool, drain: Drain, body: Body | None):
-        self._send, self._headers, self._protocol, self._drain, self._body = send, headers, protocol, drain, body
-        self._held: Message | None = None  # a /v2 error's start, sent once its body is rewritten
-        self._held_body = b""
-        self.status = 499
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and self._protocol and message["status"] >= 400:
-            self._held = message
-        elif message["type"] == "http.response.start":
-            await self._start(message)
-        elif self._held is None or message["type"] != "http.response.body":
-            await self._send(message)
-        elif not message.get("more_body", False):
-            body = protocol_body(self._held_body + message.get("body", b""))
-            headers = [(key, value) for key, value in self._held.get("headers", []) if key.lower() != b"content-length"]
-            await self._start({**self._held, "headers": [*headers, (b"content-length", b"%d" % len(body))]})
-            await self._send({"type": "http.response.body", "body": body})
-        else:
-            self._held_body += message.get("body", b"")
-
-    async def _start(self, message: Message) -> None:
-        self.status = message["status"]
-        headers = [*message.get("headers", []), *self._headers]
-        unread = self._body is not None and self._body.close_unread
-        if (unread or self._drain.draining) and not any(name.lower() == b"connection" for name, _ in headers):
-            headers.append((b"connection", b"close"))
-        await self._send({**message, "headers": headers})
 
 
 class RequestEdge:
@@ -204,11 +168,12 @@ class RequestEdge:
         metrics: Metrics,
         drain: Drain,
         direct: Mapping[tuple[str, str], APIRoute],
+        api_keys: ApiKeys,
         identity: dict[str, str] | None = None,
     ) -> None:
         self.app, self.metrics, self.drain, self.direct = app, metrics, drain, direct
         self.direct_paths = frozenset(path for _, path in direct)
-        self.api_keys = api_key_check(settings)
+        self.api_keys = api_keys
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
         self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
@@ -222,35 +187,29 @@ class RequestEdge:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers, method = scope["headers"], scope["method"]
-        rid = request_id(headers)
-        arrived = time.perf_counter()
+        method, arrived = scope["method"], time.perf_counter()
         request_arrival.set(arrived)
-        body = Body(self, scope, receive) if any(name in FRAMING for name, _ in headers) else None
-        answer_headers = [(REQUEST_ID_HEADER, rid.encode()), *self.headers]
-        path = route_path(scope)
-        answer = Answer(send, answer_headers, is_protocol_path(path), self.drain, body)
+        exchange = Exchange(self, scope, receive, send)
         # the app's own copy: routing rewrites it (a Mount its root_path), while the edge labels what it received; a
         # HEAD is its GET without the body
-        inner = {**scope, "method": "GET" if method == "HEAD" else method}
-        if route := self.direct.get((inner["method"], path)):
+        inner = {**scope, "method": "GET" if method == "HEAD" else method, EXCHANGE: exchange}
+        if route := self.direct.get((inner["method"], exchange.path)):
             inner["route"] = route  # called by `_call`, without FastAPI's router
         self.metrics.in_flight.inc()
         try:
-            refused = refusal(scope)
+            refused = refusal(scope, exchange.fields)
             if refused is not None:
-                await refused.response()(scope, receive, answer.send)
+                await refused(inner, receive, exchange.send)
             else:
-                await self.admitted(inner, receive if body is None else body.receive, answer.send)
+                await self.admitted(inner, exchange.receive if exchange.framed else receive, exchange.send)
         finally:
-            self.held_bytes -= 0 if body is None else body.size
+            self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()
-            seconds = time.perf_counter() - arrived
-            self.metrics.observe_request(
-                route_label(scope), method if method in KNOWN_METHODS else "other", answer.status, seconds
-            )
-            self._log(scope, rid, answer.status, seconds)
+            seconds, status = time.perf_counter() - arrived, exchange.status
+            label = route_label(scope, exchange.path)
+            self.metrics.observe_request(label, method if method in KNOWN_METHODS else "other", status, seconds)
+            self._log(scope, exchange.rid, status, seconds)
 
     @staticmethod
     def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
@@ -263,13 +222,12 @@ class RequestEdge:
         log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
-        authorization = b"" if self.api_keys is None else dict(scope["headers"]).get(b"authorization", b"")
-        path = route_path(scope)
-        challenge = None if self.api_keys is None else self.api_keys.refusal(path, authorization)
-        gated = path not in OPERATIONS_PATHS
-        declared = declared_bytes(scope["headers"])
+        exchange: Exchange = scope[EXCHANGE]
+        keys, authorization = self.api_keys, exchange.fields.get(b"authorization", [b""])[0]
+        challenge = keys.keys and keys.refusal(exchange.path, authorization)  # no keys: no call
+        gated, declared = exchange.path not in OPERATIONS_PATHS, exchange.declared
         refused = None
-        if challenge is not None:
+        if challenge:
             refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
         elif gated and self.drain.refuses(scope.get("client")):
             refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
@@ -278,29 +236,22 @@ class RequestEdge:
         elif declared:
             refused = self.over_limits(declared, self.held_bytes + declared)
         if refused is not None:
-            await refused.response()(scope, receive, send)
+            await refused(scope, receive, send)
             return
         task = asyncio.current_task()
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
         if gated:
             self.drain.enter(task)
         try:
-            await self._call(scope, receive, tracking_send)
+            await self._call(scope, receive, send)
         except asyncio.CancelledError:
-            if not (gated and self.drain.gave_up) or started:
+            if not (gated and self.drain.gave_up) or exchange.started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE).response()(scope, receive, send)
+            await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE)(scope, receive, send)
         except Exception as error:
             log_unexpected(self.tracebacks, scope, error)
-            if not started:
-                await Refused(500, INTERNAL_ERROR["detail"]).response()(scope, receive, send)
+            if not exchange.started:
+                await Refused(500, INTERNAL_ERROR["detail"])(scope, receive, send)
         finally:
             if gated:
                 self.drain.leave(task)
@@ -344,8 +295,11 @@ class ServiceApp(FastAPI):
     edge: RequestEdge
 
     def add_edge(self, **options: Any) -> None:
+        """The edge of the middleware stack; the API keys it checks in `state.api_keys` (read once, for gRPC too)."""
+        self.state.api_keys = ApiKeys(options["settings"])
+
         def build(app: ASGIApp) -> RequestEdge:
-            self.edge = RequestEdge(app, **options)
+            self.edge = RequestEdge(app, api_keys=self.state.api_keys, **options)
             return self.edge
 
         self.add_middleware(build)
@@ -360,16 +314,10 @@ class ServiceApp(FastAPI):
             await super().__call__(scope, receive, send)
 
 
-def declared_bytes(headers: list[tuple[bytes, bytes]]) -> int:
-    """The Content-Length, else 0 (the parser keeps trailing spaces)."""
-    declared = next((value.strip() for name, value in headers if name == b"content-length"), b"")
-    return int(declared) if declared.isdigit() else 0
-
-
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
 
 
-def route_label(scope: Scope) -> str:
+def route_label(scope: Scope, path: str) -> str:
     """The template of the route the request matched (a direct route: before it is called), else (answered before
     routing: 413, 401, 429, 503) the documented template its path fits; "unmatched" for paths the service lacks."""
     route, app = scope.get("route"), scope.get("app")
@@ -378,5 +326,4 @@ def route_label(scope: Scope) -> str:
     if getattr(app.state, "route_templates", None) is None:
         paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
         app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
-    path = route_path(scope)
     return next((template for template, regex in app.state.route_templates if regex.match(path)), "unmatched")

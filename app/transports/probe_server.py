@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ logger = logging.getLogger("mnemo.probes")
 START_TIMEOUT_S = 10.0
 STALE_S = 30.0  # no readiness line for this long: the service's event loop is stuck, not merely busy
 MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unanswered
-SOCKET_TIMEOUT_S = 5.0
+CONNECTION_TIMEOUT_S = 5.0  # a connection's whole life, not only each read: trickled bytes cannot hold a slot for ever
 
 
 class ProbeProcess:
@@ -66,8 +67,20 @@ class ProbeProcess:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT_S
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.deadline = threading.Timer(CONNECTION_TIMEOUT_S, self.cut_off)
+        self.deadline.start()
+
+    def cut_off(self) -> None:
+        with contextlib.suppress(OSError):  # already closed
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self.deadline.cancel()
+        super().finish()
 
     def do_HEAD(self) -> None:
         self.do_GET(with_body=False)

@@ -103,3 +103,14 @@ def header_timeouts(server: Server) -> float:
     found = re.search(r"(?m)^mnemo_header_timeouts_total (\S+)$", text)
     assert found, "mnemo_header_timeouts_total is not exported"
     return float(found.group(1))
+
+
+def test_the_unread_rest_of_a_body_trickled_after_the_answer_is_cut_off(server):
+    """A body the route does not read (GET /health) is owed after the answer: trickled, it held the connection for
+    ever (each byte stopped uvicorn's keep-alive timer); it has the header deadline to come in."""
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx")
+        assert status_of(read_response(sock)) == 200
+        started = time.monotonic()
+        closed, _ = trickle(sock, b"y" * 40, every_s=0.25)  # 10 s if let through
+    assert closed and time.monotonic() - started < 3 * HEADER_TIMEOUT_S

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -86,3 +87,31 @@ def test_a_taken_probe_port_stops_startup_with_a_clear_message(tmp_path):
         env["MNEMO_PROBE_PORT"] = str(taken.getsockname()[1])
         result = subprocess.run(TOY_SERVER, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "MNEMO_PROBE_PORT" in result.stdout + result.stderr
+
+
+def test_connections_trickling_their_requests_cannot_hold_every_probe_slot():
+    """16 connections (MAX_CONNECTIONS) each sending a byte a second kept every probe unanswered for as long as they
+    trickled (the socket timeout bounds each read, not the connection): each connection now ends within 5 s."""
+    port = free_port()
+    command = [sys.executable, "-m", "app.transports.probe_server", "127.0.0.1", str(port)]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    held = []
+    try:
+        assert process.stdout.readline().strip() == "listening"
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+        started = answered = time.monotonic()
+        while time.monotonic() - started < 12:
+            for sock in held:
+                with contextlib.suppress(OSError):
+                    sock.send(b"G")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    answered = time.monotonic()
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        assert 0 < answered - started < 8
+    finally:
+        for sock in held:
+            sock.close()
+        process.kill()

@@ -1,5 +1,5 @@
 """The Open Inference Protocol (KServe v2) REST endpoints, with Triton's model config, statistics and repository
-index; a model's routes also answer under `/versions/{version}`; errors are shaped by oip_errors.py."""
+index; a model's routes also answer under `/versions/{version}`; errors are shaped by error_handlers.py."""
 
 from __future__ import annotations
 

@@ -13,12 +13,12 @@ from onnx import TensorProto
 from starlette.requests import Request
 
 from app.core.integrity import sha256_of
-from app.core.logging import JsonFormatter
+from app.core.logging import JsonFormatter, route_path
 from app.main import create_app
 from app.transports.deadline import ClientGone
 from app.transports.http import complete, unrepresentable
 from tests.conftest import COMMITTED
-from tests.helpers import app_client, app_settings
+from tests.helpers import app_client, app_settings, free_port
 from tests.toy_model import toy, toy_app, toy_entry, write_toy_artifacts
 
 GOOD = {"x": [[1, 2, 3]], "k": [1]}
@@ -260,3 +260,34 @@ def test_unrepresentable_names_the_first_lone_surrogate_or_non_finite_number_dep
     assert key.location == ("body", "a") and key.message.startswith("field names")
     assert unrepresentable(b'{"a": [0, 1e309]}').location == ("body", "a", 1)
     assert unrepresentable(b'{"a": "\\ud83d\\ude00", "b": [1.5]}') is None  # a surrogate pair is one character
+
+
+def test_the_edge_takes_a_request_path_below_the_root_once(toy_artifacts, monkeypatch):
+    """Refusals (413, a reserving route's body), routed and unmatched requests: one `route_path` each."""
+    from app.transports import middleware
+
+    calls = []
+    monkeypatch.setattr(middleware, "route_path", lambda scope: calls.append(scope["path"]) or route_path(scope))
+    large = b'{"model": "toy-a", "x": [' + b"1," * 3000 + b"1]}"
+    with app_client(toy_artifacts, toy=True, max_body_bytes=4096) as client:
+        for request in (
+            lambda: client.post("/toy", content=b"x" * 5000),
+            lambda: client.post("/toy", json=GOOD),
+            lambda: client.post("/toy/read", content=large),
+            lambda: client.get("/ready"),
+            lambda: client.get("/no-such-path"),
+        ):
+            calls.clear()
+            request()
+            assert len(calls) == 1, calls
+
+
+def test_the_api_keys_are_read_once_for_the_edge_grpc_the_contract_and_the_log(toy_artifacts, monkeypatch):
+    from app.transports.access import ApiKeys
+
+    built, init = [], ApiKeys.__init__
+    monkeypatch.setattr(ApiKeys, "__init__", lambda keys, settings: built.append(1) or init(keys, settings))
+    with app_client(toy_artifacts, toy=True, api_keys="key-1", grpc_port=free_port()) as client:
+        assert client.get("/models").status_code == 401
+        assert "bearerAuth" in client.get("/openapi.json").json()["components"]["securitySchemes"]
+    assert len(built) == 1
