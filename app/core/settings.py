@@ -169,7 +169,8 @@ class Settings(BaseSettings):
     keep_alive_s: float = Field(5.0, gt=0, le=600)
     """Idle time allowed on a kept-alive connection between requests."""
     header_timeout_s: float = Field(10.0, gt=0, le=600)
-    """Time a request's line and headers may take from the connection's opening or the request's start, else close."""
+    """Time a request's line and headers may take from the connection's opening or the request's start (and the rest
+    of a body its route left unread, from the answer), else close."""
     body_timeout_s: float = Field(10.0, gt=0, le=600)
     """Longest pause while a body arrives, else 408; the whole body must also arrive by the request's deadline."""
     max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
