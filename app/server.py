@@ -214,14 +214,13 @@ class Gunicorn(BaseApplication):
 
     def load(self) -> FastAPI:
         """In each worker: the ONNX sessions open while the web stack imports (app/runtime/sessions.py)."""
-        from app.runtime.sessions import ProviderUnavailable, preopened, resolve_provider
+        from app.runtime.sessions import ProviderUnavailable, preopen
 
+        tune_malloc()  # before any thread starts
         try:
-            resolve_provider(self.settings.provider)
+            preopen(self.settings)
         except ProviderUnavailable as error:
             cannot_start(str(error))
-        tune_malloc()  # before any thread starts
-        preopened.start(self.settings)
         if (factory := self.factory) is None:
             from app.main import create_app as factory
         return factory(self.settings)

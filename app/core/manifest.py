@@ -67,7 +67,7 @@ def load_manifest(artifacts: Path) -> Manifest:
         )
     try:
         return Manifest.model_validate(json.loads(path.read_text()))
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ManifestError(f"manifest.json is not JSON: {error}") from None
     except ValidationError as error:
         errors = error.errors(include_url=False)[:10]
@@ -78,8 +78,8 @@ def load_manifest(artifacts: Path) -> Manifest:
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
     """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
     models = load_manifest(artifacts).models
-    if len({entry.name for entry in models}) != len(models):
-        raise ManifestError("manifest.json: model names must be unique")
+    if twice := sorted({entry.name for entry in models if [other.name for other in models].count(entry.name) > 1}):
+        raise ManifestError(f"manifest.json: model names must be unique, not {', '.join(twice)} (listed twice)")
     for entry in models:
         if entry.task not in tasks:
             raise ManifestError(

@@ -17,7 +17,7 @@ from app.runtime.sessions import (
     check_session_provider,
     cuda_options,
     for_worker,
-    resolve_provider,
+    resolve_providers,
     session_providers,
 )
 from tests.helpers import app_client, run_app
@@ -46,7 +46,8 @@ def test_auto_chooses_cpu_here_and_logs_the_choice(toy_artifacts, mnemo_logs):
 
 
 def test_auto_prefers_cuda_when_onnxruntime_offers_it():
-    assert resolve_provider("auto", ["CUDAExecutionProvider", CPU]) == "CUDAExecutionProvider"
+    assert resolve_providers("auto", ["CUDAExecutionProvider", CPU]) == ["CUDAExecutionProvider"]
+    assert resolve_providers("auto,cpu", ["CUDAExecutionProvider", CPU]) == ["CUDAExecutionProvider", CPU]
     chosen = session_providers("CUDAExecutionProvider", Settings())
     assert [name for name, _ in chosen] == ["CUDAExecutionProvider", CPU]
 
