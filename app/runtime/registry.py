@@ -23,7 +23,7 @@ from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ONNX_TYPES, ServedModel, Task
-from app.runtime.sessions import ProviderUnavailable, model_session, preopened, resolve_providers
+from app.runtime.sessions import ProviderUnavailable, check_session_provider, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
@@ -78,7 +78,6 @@ class ModelRegistry:
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
             list(pool.map(self._load_model, self.models.values()))
-        preopened.clear()
         for model in self.models.values():
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
             if model.error and self.settings.on_model_error == "exit":
@@ -119,10 +118,12 @@ class ModelRegistry:
         )
 
     def _open(self, model: ServedModel) -> None:
-        """Open the model's file (verified) once per provider listed, warm each session up and seed its cost model."""
+        """Verify the model's file, open it once per provider listed, warm each session up and seed its cost model."""
         path, entry = confined(self.artifacts, model.entry.file), model.entry
+        verify(path, entry.file, entry.sha256, "model file")
         for index, provider in enumerate(self.providers):
-            session = model_session(path, entry.file, entry.sha256, self.settings, provider)
+            session = open_session(path, self.settings, provider)
+            check_session_provider(session, provider, model.name)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             model.instances.append(session_instance(name, session, model.name, self.metrics))
             _seed_cost(model.instances[-1], session)

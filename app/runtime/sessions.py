@@ -1,19 +1,14 @@
-"""ONNX Runtime sessions: the execution provider (never silently another than asked), the options from the thread
-budget, and every session opened early, while the web stack imports, for a faster start."""
+"""ONNX Runtime sessions: the execution provider (never silently another than asked) and the options from the thread
+budget and the MNEMO_CUDA_* settings."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import product
 from pathlib import Path
 
 import onnxruntime as ort
 
-from app.core.integrity import verify
-from app.core.manifest import confined, load_manifest
-from app.core.settings import Settings, split_list, usable_cpus
+from app.core.settings import Settings, split_list
 
 logger = logging.getLogger("mnemo.providers")
 PROVIDER_NAMES = {
@@ -21,8 +16,6 @@ PROVIDER_NAMES = {
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
 }
-# Sessions `preopen` started, by file, sha256 and provider, with the settings they were opened with; each taken once
-preopened: dict[tuple[Path, str, str], tuple[Settings, Future[ort.InferenceSession]]] = {}
 
 
 class ProviderUnavailable(RuntimeError):
@@ -99,37 +92,3 @@ def session_options(settings: Settings) -> ort.SessionOptions:
 def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
     """The one place a session is created: the thread budget's options, the provider's options from settings."""
     return ort.InferenceSession(str(path), session_options(settings), providers=session_providers(provider, settings))
-
-
-def _open_verified(path: Path, name: str, sha256: str, settings: Settings, provider: str) -> ort.InferenceSession:
-    verify(path, name, sha256, "model file")
-    return open_session(path, settings, provider)
-
-
-def model_session(path: Path, name: str, sha256: str, settings: Settings, provider: str) -> ort.InferenceSession:
-    """The session of model file `name`, verified against `sha256`, on `provider` and no other: the one `preopen`
-    opened for this file, provider and settings, else one opened now."""
-    session, (opened_with, future) = None, preopened.pop((path, sha256, provider), (None, None))
-    if future is not None and opened_with == settings:
-        with contextlib.suppress(Exception):  # opened again below, which reports the error
-            session = future.result()
-    session = session or _open_verified(path, name, sha256, settings, provider)
-    check_session_provider(session, provider, name)
-    return session
-
-
-def preopen(settings: Settings) -> None:
-    """Start verifying and opening every ONNX file of the manifest on every provider on background threads (ONNX
-    Runtime builds a session without the GIL); ProviderUnavailable when MNEMO_PROVIDER cannot be served."""
-    providers, artifacts = resolve_providers(settings.provider), Path(settings.artifacts_dir)
-    try:
-        parts = [part for entry in load_manifest(artifacts).models for part in (entry, *entry.graphs.values())]
-        files = [(confined(artifacts, part.file), part.sha256) for part in parts]
-    except Exception:  # the registry reads the manifest again and reports what is wrong
-        return
-    # One CPU is left to the imports that run meanwhile on the main thread.
-    pool = ThreadPoolExecutor(max_workers=max(1, usable_cpus() - 1), thread_name_prefix="preopen")
-    for (path, sha256), provider in product(files, providers):
-        opening = pool.submit(_open_verified, path, path.name, sha256, settings, provider)
-        preopened[(path, sha256, provider)] = (settings, opening)
-    pool.shutdown(wait=False)

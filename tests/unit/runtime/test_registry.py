@@ -14,7 +14,6 @@ from onnx import TensorProto, helper
 from app.core.errors import ModelNotReady, UnknownModel
 from app.core.integrity import sha256_of
 from app.core.metrics import Metrics
-from app.runtime import sessions
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from tests.helpers import app_client, app_settings
 from tests.toy_model import (
@@ -244,43 +243,3 @@ def test_two_defaults_for_one_task_are_refused(tmp_path):
     artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a", default=True), toy_entry("toy-b", default=True)])
     with pytest.raises(ModelLoadError, match="at most one default toy model, not toy-a, toy-b"):
         _registry(artifacts)
-
-
-@pytest.fixture
-def preopening():
-    """`preopened` as `python -m app` fills it before importing the web stack; emptied after the test."""
-    yield sessions.preopened
-    sessions.preopened.clear()
-
-
-def _key(artifacts, name):
-    path = artifacts / name
-    return path, sha256_of(path), "CPUExecutionProvider"
-
-
-def test_the_registry_takes_the_sessions_opened_early_and_drops_the_rest(toy_artifacts, preopening):
-    settings = app_settings(toy_artifacts)
-    sessions.preopen(settings)
-    registry = ModelRegistry(settings, toy_tasks(), Metrics())
-    key = _key(toy_artifacts, "toy-a.onnx")
-    early = preopening[key][1].result()
-    registry.load()
-    assert registry.models["toy-a"].ready and registry.models["toy-a"].session is early  # taken, not opened again
-    assert preopening == {}
-    assert sessions.model_session(key[0], "toy-a.onnx", key[1], settings, key[2]) is not early  # taken once
-
-
-def test_a_file_tampered_before_the_early_open_is_still_refused_by_the_registry(toy_artifacts, preopening):
-    _tamper(toy_artifacts / "toy-b.onnx")
-    settings = app_settings(toy_artifacts)
-    sessions.preopen(settings)
-    with pytest.raises(ModelLoadError, match=r"toy-b: .*toy-b.onnx has sha256 \w+, but the manifest says"):
-        ModelRegistry(settings, toy_tasks(), Metrics()).load()
-
-
-def test_sessions_opened_early_under_other_settings_are_not_used(toy_artifacts, preopening):
-    sessions.preopen(app_settings(toy_artifacts))
-    path, sha256, provider = key = _key(toy_artifacts, "toy-a.onnx")
-    early = preopening[key][1].result()
-    other = app_settings(toy_artifacts, cpu_arena=True)
-    assert sessions.model_session(path, "toy-a.onnx", sha256, other, provider) is not early
