@@ -23,7 +23,7 @@ from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ONNX_TYPES, ServedModel, Task
-from app.runtime.sessions import ProviderUnavailable, check_session_provider, open_session, resolve_providers
+from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
@@ -107,8 +107,8 @@ class ModelRegistry:
                 model.graphs[key] = part = ServedModel(entry.model_copy(update=update))
                 self._open(part)
             model.state = self.tasks[model.task].prepare(model)
-        except ProviderUnavailable:
-            raise  # never a per-model problem: the whole service would run on the wrong provider
+        except ProviderUnavailable as error:  # never one model's problem: the service would run on the wrong provider
+            raise ModelLoadError(str(error)) from None
         except Exception as error:
             model.instances = []
             model.error = " ".join(str(error).split()).replace(f"{self.artifacts.resolve()}{os.sep}", "")
@@ -123,7 +123,6 @@ class ModelRegistry:
         verify(path, entry.file, entry.sha256, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
-            check_session_provider(session, provider, model.name)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             model.instances.append(session_instance(name, session, model.name, self.metrics))
             _seed_cost(model.instances[-1], session)

@@ -42,10 +42,9 @@ def resolve_providers(requested: str, available: list[str] | None = None) -> lis
 def session_providers(chosen: str, settings: Settings) -> list[tuple[str, dict[str, str]]]:
     """The providers of a session, with their options: the chosen one, then CPU for the nodes a GPU cannot run
     (TensorRT: CUDA, then CPU)."""
-    cuda = (PROVIDER_NAMES["cuda"], cuda_options(settings))
-    tensorrt = (chosen, {"device_id": cuda[1]["device_id"]})
-    gpu = {PROVIDER_NAMES["cpu"]: [], PROVIDER_NAMES["cuda"]: [cuda], PROVIDER_NAMES["tensorrt"]: [tensorrt, cuda]}
-    return [*gpu[chosen], (PROVIDER_NAMES["cpu"], {})]
+    cpu, cuda = (PROVIDER_NAMES["cpu"], {}), (PROVIDER_NAMES["cuda"], cuda_options(settings))
+    tensorrt = (PROVIDER_NAMES["tensorrt"], {"device_id": cuda[1]["device_id"]})
+    return {cpu[0]: [cpu], cuda[0]: [cuda, cpu], tensorrt[0]: [tensorrt, cuda, cpu]}[chosen]
 
 
 def cuda_options(settings: Settings) -> dict[str, str]:
@@ -67,12 +66,12 @@ def for_worker(settings: Settings, worker: int) -> Settings:
     return settings.model_copy(update={"cuda_device_id": ids[worker % len(ids)]})
 
 
-def check_session_provider(session: ort.InferenceSession, chosen: str, model_name: str) -> str:
-    """The provider the session really uses; a silent fallback is an error."""
+def check_session_provider(session: ort.InferenceSession, chosen: str, name: str) -> str:
+    """The provider the session of model file `name` really uses; a silent fallback is an error."""
     in_use = session.get_providers()[0]
     if in_use != chosen:
         raise ProviderUnavailable(
-            f"model {model_name}: asked for {chosen} but onnxruntime created the session on {in_use}"
+            f"model file {name}: asked for {chosen} but onnxruntime created the session on {in_use}"
         )
     return in_use
 
@@ -90,5 +89,9 @@ def session_options(settings: Settings) -> ort.SessionOptions:
 
 
 def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
-    """The one place a session is created: the thread budget's options, the provider's options from settings."""
-    return ort.InferenceSession(str(path), session_options(settings), providers=session_providers(provider, settings))
+    """The one place a session is created: the thread budget's options, the provider's options from settings, on
+    `provider` and no other."""
+    options, providers = session_options(settings), session_providers(provider, settings)
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    check_session_provider(session, provider, path.name)
+    return session
