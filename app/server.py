@@ -213,15 +213,14 @@ class Gunicorn(BaseApplication):
             shutil.rmtree(self.temporary_metrics, ignore_errors=True)
 
     def load(self) -> FastAPI:
-        """In each worker: the ONNX sessions open while the web stack imports (app/runtime/sessions.py)."""
-        from app.runtime.sessions import ProviderUnavailable, preopened, resolve_provider
+        """In each worker: the app, once MNEMO_PROVIDER is known to be served by this onnxruntime (else one line)."""
+        from app.runtime.sessions import ProviderUnavailable, resolve_providers
 
         try:
-            resolve_provider(self.settings.provider)
+            resolve_providers(self.settings.provider)
         except ProviderUnavailable as error:
             cannot_start(str(error))
         tune_malloc()  # before any thread starts
-        preopened.start(self.settings)
         if (factory := self.factory) is None:
             from app.main import create_app as factory
         return factory(self.settings)

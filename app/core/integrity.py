@@ -29,4 +29,4 @@ def load_npy(path: Path) -> np.ndarray:
     """The array of an .npy file, memory-mapped read-only; one file at a time in the process: numpy parses the
     header with `ast.literal_eval`, which CPython 3.11 cannot run in two threads at once (SystemError)."""
     with _reading_npy:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        return np.lib.format.open_memmap(path, mode="r")  # an .npy file only: never a pickle, nor an .npz

@@ -68,7 +68,7 @@ def load_manifest(artifacts: Path) -> Manifest:
     try:
         raw = json.loads(path.read_text())
         return Manifest.model_validate(raw)
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ManifestError(f"manifest.json is not JSON: {error}") from None
     except OSError as error:
         raise ManifestError(f"cannot read {path}: {error.strerror}") from None
@@ -87,8 +87,8 @@ def _problem(raw: Any, loc: tuple, message: str) -> str:
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
     """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
     models = load_manifest(artifacts).models
-    if len({entry.name for entry in models}) != len(models):
-        raise ManifestError("manifest.json: model names must be unique")
+    if twice := sorted({entry.name for entry in models if [other.name for other in models].count(entry.name) > 1}):
+        raise ManifestError(f"manifest.json: model names must be unique, not {', '.join(twice)} (listed twice)")
     for entry in models:
         if entry.task not in tasks:
             raise ManifestError(

@@ -18,24 +18,18 @@ TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
 async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: False) -> AsyncIterator[None]:
     """While the block runs (inside the event loop): a batcher for every ready model and each of its extra graphs, and
     freed memory handed back when they idle; `alone()`: the server handles a single request (it may run inline)."""
-    settings, metrics = registry.settings, registry.metrics
-    cpu_slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
-    all_slots, served = [cpu_slots], []  # and a slot per instance on another provider (a GPU runs one batch at once)
+    settings, served = registry.settings, []
+    cpu_slots = RunSlots(settings.concurrent_runs or 1)  # every CPU instance's: the thread budget (a GPU has its own)
+    defaults = settings.model_dump(include={"max_batch", "max_wait_ms", "max_queue"})  # overridden per model
+    defaults["deadline_s"] = settings.request_timeout_s
     for model in filter(lambda model: model.ready, registry.models.values()):
-        task, override = registry.tasks[model.task], model.entry.batching  # settings, overridden per model
-        config = BatchConfig(
-            max_batch=override.max_batch or settings.max_batch,
-            max_wait_s=(settings.max_wait_ms if override.max_wait_ms is None else override.max_wait_ms) / 1000,
-            max_queue=override.max_queue or settings.max_queue,
-            deadline_s=settings.request_timeout_s,
-            max_cells=override.max_cells,
-        )
-        layouts = {None: task.layout, **task.graphs}
+        task, limits = registry.tasks[model.task], defaults | model.entry.batching.model_dump(exclude_none=True)
+        config = BatchConfig(max_wait_s=limits.pop("max_wait_ms") / 1000, **limits)
         for key, graph in ((None, model), *model.graphs.items()):
             for instance in graph.instances:
                 instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
-                all_slots += [] if instance.on_cpu else [instance.slots]
-            inputs, outputs = layouts[key].sequence_inputs, layouts[key].sequence_outputs
+            layout = task.graphs[key] if key else task.layout
+            inputs, outputs, metrics = layout.sequence_inputs, layout.sequence_outputs, registry.metrics
             graph.batcher = ModelBatcher(graph.name, graph.instances, inputs, outputs, config, metrics, alone)
             graph.batcher.start()
             served.append(graph)
@@ -49,7 +43,7 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
         for graph in served:
             await graph.batcher.stop()
             graph.batcher = None
-        for slots in all_slots:
+        for slots in {cpu_slots, *(instance.slots for graph in served for instance in graph.instances)}:
             slots.close()
 
 

@@ -4,6 +4,7 @@ models loading in parallel threads, each model's task (passed in) preparing its 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import timeit
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
 from app.runtime.model import ONNX_TYPES, ServedModel, Task
-from app.runtime.sessions import ProviderUnavailable, check_session_provider, open_session, preopened, resolve_provider
+from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
@@ -66,35 +67,36 @@ class ModelRegistry:
         self.artifacts = Path(settings.artifacts_dir)
         self.models: dict[str, ServedModel] = {}
         self.providers: list[str] = []  # the onnxruntime provider of each instance
-        self._asset_cache: dict[tuple[Path, str], np.ndarray] = {}
 
     def load(self) -> None:
         """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
-        self.providers = [resolve_provider(entry) for entry in split_list(self.settings.provider)]
+        self.providers = resolve_providers(self.settings.provider)
         try:
             entries = chosen(read_manifest(self.artifacts, set(self.tasks)), split_list(self.settings.models))
         except Exception as error:
             raise ModelLoadError(str(error)) from None
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
-            outcomes = list(pool.map(self._load_model, self.models.values()))
-        preopened.clear()
-        for model, error in zip(self.models.values(), outcomes, strict=True):
+            list(pool.map(self._load_model, self.models.values()))
+        for model in self.models.values():
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
-            if error is None:
-                continue
-            if isinstance(error, ProviderUnavailable):
-                raise error  # never a per-model problem: the whole service would run on the wrong provider
-            if self.settings.on_model_error == "exit":
-                raise ModelLoadError(f"model {model.name}: {error}") from error
-            logger.error("model %s is not served: %s", model.name, error)
+            if model.error and self.settings.on_model_error == "exit":
+                raise ModelLoadError(f"model {model.name}: {model.error}")
+            if model.error:
+                logger.error("model %s is not served: %s", model.name, model.error)
 
-    def _load_model(self, model: ServedModel) -> Exception | None:
-        """Load one model's assets, sessions (its extra graphs' too) and task state; the error, if any."""
+    def _load_model(self, model: ServedModel) -> None:
+        """Load one model's assets, sessions (its extra graphs' too) and task state; a problem is its `error`, in one
+        line naming files as the manifest does (never a server path)."""
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():
-                model.assets[key] = self._asset(asset.file, asset.sha256, key)
+                path = confined(self.artifacts, asset.file)
+                verify(path, asset.file, asset.sha256, f"asset {key}")
+                try:
+                    model.assets[key] = load_npy(path)
+                except ValueError as error:
+                    raise ModelLoadError(f"asset {key} {asset.file} is not an .npy array: {error}") from None
             self._open(model)
             layouts = self.tasks[model.task].graphs
             for key, graph in entry.graphs.items():
@@ -102,44 +104,28 @@ class ModelRegistry:
                     known = ", ".join(sorted(layouts)) or "none"
                     raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
                 update = {"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
-                part = ServedModel(entry.model_copy(update=update))
+                model.graphs[key] = part = ServedModel(entry.model_copy(update=update))
                 self._open(part)
-                model.graphs[key] = part
             model.state = self.tasks[model.task].prepare(model)
+        except ProviderUnavailable as error:  # never one model's problem: the service would run on the wrong provider
+            raise ModelLoadError(str(error)) from None
         except Exception as error:
-            model.instances, model.error = [], str(error)
-            return error
+            model.instances = []
+            model.error = " ".join(str(error).split()).replace(f"{self.artifacts.resolve()}{os.sep}", "")
+            return
         logger.info(
             "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
         )
-        return None
 
     def _open(self, model: ServedModel) -> None:
-        """Verify the model's file, open one session per provider listed, warm each up and seed its cost model."""
+        """Verify the model's file, open it once per provider listed, warm each session up and seed its cost model."""
         path, entry = confined(self.artifacts, model.entry.file), model.entry
+        verify(path, entry.file, entry.sha256, "model file")
         for index, provider in enumerate(self.providers):
-            session = preopened.take(path, entry.sha256, provider, self.settings)
-            if session is None:
-                verify(path, entry.file, entry.sha256, "model file")
-                session = open_session(path, self.settings, provider)
-            check_session_provider(session, provider, model.name)
+            session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
-            instance = session_instance(name, session, model.name, self.metrics)
-            _seed_cost(instance, session)
-            model.instances.append(instance)
-
-    def _asset(self, name: str, sha256: str, key: str) -> np.ndarray:
-        """An .npy asset, verified and memory-mapped once even when several models share it."""
-        path = confined(self.artifacts, name)
-        cached = self._asset_cache.get((path, sha256))
-        if cached is None:
-            verify(path, name, sha256, f"asset {key}")
-            cached = self._asset_cache[(path, sha256)] = load_npy(path)
-        return cached
-
-    @property
-    def ready(self) -> bool:
-        return all(model.ready for model in self.models.values())
+            model.instances.append(session_instance(name, session, model.name, self.metrics))
+            _seed_cost(model.instances[-1], session)
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,18 +11,20 @@ from pathlib import Path
 import onnxruntime as ort
 import pydantic
 import pytest
+from fastapi.testclient import TestClient
 
 from app.core.settings import Settings, usable_cpus
+from app.runtime.registry import ModelLoadError
 from app.runtime.sessions import (
     ProviderUnavailable,
     check_session_provider,
     cuda_options,
     for_worker,
-    resolve_provider,
+    resolve_providers,
     session_providers,
 )
-from tests.helpers import app_client, run_app
-from tests.toy_model import build_toy_onnx, write_empty_manifest
+from tests.helpers import app_client, app_settings, run_app
+from tests.toy_model import build_toy_onnx, toy_app, write_empty_manifest
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU = "CPUExecutionProvider"
@@ -46,7 +49,8 @@ def test_auto_chooses_cpu_here_and_logs_the_choice(toy_artifacts, mnemo_logs):
 
 
 def test_auto_prefers_cuda_when_onnxruntime_offers_it():
-    assert resolve_provider("auto", ["CUDAExecutionProvider", CPU]) == "CUDAExecutionProvider"
+    assert resolve_providers("auto", ["CUDAExecutionProvider", CPU]) == ["CUDAExecutionProvider"]
+    assert resolve_providers("auto,cpu", ["CUDAExecutionProvider", CPU]) == ["CUDAExecutionProvider", CPU]
     chosen = session_providers("CUDAExecutionProvider", Settings())
     assert [name for name, _ in chosen] == ["CUDAExecutionProvider", CPU]
 
@@ -73,6 +77,17 @@ def test_a_session_on_another_provider_than_asked_is_refused(tmp_path):
     assert check_session_provider(session, CPU, "toy") == CPU
     with pytest.raises(ProviderUnavailable, match=f"toy: asked for CUDAExecutionProvider but .* on {CPU}"):
         check_session_provider(session, "CUDAExecutionProvider", "toy")
+
+
+def test_a_silent_fallback_to_the_cpu_stops_startup_in_one_line(toy_artifacts, monkeypatch):
+    """onnxruntime-gpu without the CUDA libraries lists CUDA, then creates the session on the CPU (that fallback is
+    real here; only the list is onnxruntime-gpu's): startup stops with the one line `python -m app` prints."""
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", CPU])
+    app = toy_app(app_settings(toy_artifacts, provider="cuda", on_model_error="skip"))
+    with pytest.raises(ModelLoadError), TestClient(app):
+        pass
+    says = rf"model file toy-\w+\.onnx: asked for CUDAExecutionProvider but onnxruntime created the session on {CPU}"
+    assert re.fullmatch(says, app.state.startup_error)
 
 
 # -- the CUDA provider's options, from the MNEMO_CUDA_* settings -------------------------------------------------

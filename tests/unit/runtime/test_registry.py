@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import pickle
+import re
 
 import numpy as np
+import onnx
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from app.core.errors import ModelNotReady, UnknownModel
 from app.core.integrity import sha256_of
 from app.core.metrics import Metrics
-from app.runtime import registry as registry_module
-from app.runtime import sessions
 from app.runtime.registry import ModelLoadError, ModelRegistry
 from tests.helpers import app_client, app_settings
 from tests.toy_model import (
@@ -33,7 +34,7 @@ def _registry(artifacts, prepare=None, **overrides) -> ModelRegistry:
 
 def test_models_are_verified_loaded_with_their_assets_and_ready(toy_artifacts):
     registry = _registry(toy_artifacts)
-    assert registry.ready and set(registry.models) == {"toy-a", "toy-b", "toy-kt"}
+    assert set(registry.models) == {"toy-a", "toy-b", "toy-kt"} and all(m.ready for m in registry.models.values())
     model = registry.models["toy-a"]
     assert model.entry.sha256 == sha256_of(toy_artifacts / "toy-a.onnx")
     assert model.provider == "CPUExecutionProvider" and model.session is not None
@@ -97,7 +98,7 @@ def test_a_failing_prepare_stops_startup_or_leaves_the_model_not_ready(toy_artif
     with pytest.raises(ModelLoadError, match="toy-b: toy-b lacks its vocabulary"):
         _registry(toy_artifacts, prepare)
     registry = _registry(toy_artifacts, prepare, on_model_error="skip")
-    assert not registry.ready and registry.models["toy-a"].ready and not registry.models["toy-b"].ready
+    assert registry.models["toy-a"].ready and not registry.models["toy-b"].ready
     with pytest.raises(ModelNotReady, match="toy-b is not ready: toy-b lacks its vocabulary"):
         registry.get("toy-b", TOY_TASK)
 
@@ -147,7 +148,52 @@ def test_a_file_that_is_not_onnx_is_a_load_error_not_a_crash(tmp_path):
     entry["models"][0]["sha256"] = sha256_of(artifacts / "toy-a.onnx")  # hash matches; content is broken
     (artifacts / "manifest.json").write_text(json.dumps(entry))
     registry = _registry(artifacts, on_model_error="skip")
-    assert not registry.ready and registry.models["toy-a"].error
+    assert not registry.models["toy-a"].ready and registry.models["toy-a"].error
+
+
+def _graph_with_input_shape(path, shape):
+    """An ONNX file whose one input x (float) has `shape`, and y = x."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "shaped",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def _rewritten(tmp_path, file, write, asset=None):
+    """Toy artifacts whose `file` `write` rewrites, its sha256 (of the model, or of `asset`) updated to match."""
+    artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a")])
+    write(artifacts / file)
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    entry = manifest["models"][0] if asset is None else manifest["models"][0]["assets"][asset]
+    entry.update(file=file, sha256=sha256_of(artifacts / file))
+    (artifacts / "manifest.json").write_text(json.dumps(manifest))
+    return artifacts
+
+
+@pytest.mark.parametrize(
+    ("file", "write", "asset", "says"),
+    [
+        ("toy-a.onnx", lambda path: path.write_bytes(b"not an onnx graph"), None, "Load model from toy-a.onnx failed"),
+        ("toy-a.onnx", lambda path: _graph_with_input_shape(path, [0, 3]), None, "input: x for the following indices"),
+        ("toy-a.onnx", lambda path: _graph_with_input_shape(path, ["batch", 0]), None, "index: 1 Got: 1 Expected: 0"),
+        ("toy-a.scale.npy", lambda path: path.write_bytes(pickle.dumps([1.0])), "scale", "not an .npy array"),
+        ("toy-a.scale.npy", lambda path: path.write_bytes(b""), "scale", "not an .npy array"),
+        ("toy-a.npz", lambda path: np.savez(path, scale=np.ones(4)), "scale", "scale toy-a.npz is not an .npy array"),
+    ],
+    ids=["not-onnx", "zero-batch-dim", "zero-length-dim", "pickle-asset", "empty-asset", "npz-asset"],
+)
+def test_a_hostile_file_is_one_line_naming_the_model_and_never_a_server_path(tmp_path, file, write, asset, says):
+    artifacts = _rewritten(tmp_path, file, write, asset)
+    with pytest.raises(ModelLoadError, match=f"^model toy-a: .*{re.escape(says)}") as raised:
+        _registry(artifacts)
+    message = str(raised.value)
+    assert "\n" not in message and str(tmp_path) not in message
+    with app_client(artifacts, toy=True, on_model_error="skip") as client:
+        listed = client.get("/models").json()["models"][0]
+        assert listed["ready"] is False and says in listed["error"] and str(tmp_path) not in listed["error"]
 
 
 # -- the manifest itself ----------------------------------------------------------------------------
@@ -178,42 +224,22 @@ def test_a_broken_manifest_is_a_clear_startup_error(tmp_path, manifest, message)
         _registry(tmp_path, on_model_error="skip")
 
 
+def test_a_manifest_that_is_not_utf8_is_a_clear_startup_error(tmp_path):
+    (tmp_path / "manifest.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(ModelLoadError, match=r"manifest\.json is not JSON: 'utf-8' codec can't decode byte 0xff"):
+        _registry(tmp_path)
+
+
+def test_a_model_listed_twice_is_refused_naming_it(tmp_path):
+    artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a"), toy_entry("toy-b")])
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    manifest["models"] += manifest["models"][:1]
+    (artifacts / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelLoadError, match=r"names must be unique, not toy-a \(listed twice\)"):
+        _registry(artifacts, on_model_error="skip")
+
+
 def test_two_defaults_for_one_task_are_refused(tmp_path):
     artifacts = write_toy_artifacts(tmp_path, [toy_entry("toy-a", default=True), toy_entry("toy-b", default=True)])
     with pytest.raises(ModelLoadError, match="at most one default toy model, not toy-a, toy-b"):
         _registry(artifacts)
-
-
-@pytest.fixture
-def preopening(monkeypatch):
-    """A fresh `preopened` for the test, as `python -m app` starts it before importing the web stack."""
-    fresh = sessions.PreopenedSessions()
-    monkeypatch.setattr(registry_module, "preopened", fresh)
-    return fresh
-
-
-def test_the_registry_takes_the_sessions_opened_early_and_drops_the_rest(toy_artifacts, preopening):
-    settings = app_settings(toy_artifacts)
-    preopening.start(settings)
-    registry = ModelRegistry(settings, toy_tasks(), Metrics())
-    key = (toy_artifacts / "toy-a.onnx", sha256_of(toy_artifacts / "toy-a.onnx"), "CPUExecutionProvider")
-    early = preopening._sessions[key].result()
-    registry.load()
-    assert registry.ready and registry.models["toy-a"].session is early  # taken, not opened again
-    assert preopening._sessions == {}
-    assert preopening.take(*key, settings) is None  # each session is taken once
-
-
-def test_a_file_tampered_before_the_early_open_is_still_refused_by_the_registry(toy_artifacts, preopening):
-    _tamper(toy_artifacts / "toy-b.onnx")
-    settings = app_settings(toy_artifacts)
-    preopening.start(settings)
-    with pytest.raises(ModelLoadError, match=r"toy-b: .*toy-b.onnx has sha256 \w+, but the manifest says"):
-        ModelRegistry(settings, toy_tasks(), Metrics()).load()
-
-
-def test_sessions_opened_early_under_other_settings_are_not_used(toy_artifacts, preopening):
-    preopening.start(app_settings(toy_artifacts))
-    other = app_settings(toy_artifacts, cpu_arena=True)
-    path = toy_artifacts / "toy-a.onnx"
-    assert preopening.take(path, sha256_of(path), "CPUExecutionProvider", other) is None
