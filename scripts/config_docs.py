@@ -54,11 +54,15 @@ In order, each stopping startup with one line that names what is wrong:
    `MNEMO_PORT`, an `MNEMO_API_KEYS` that holds no key, a malformed `MNEMO_STATE_URL` (or one naming a directory,
    or a file that is no SQLite database), an `MNEMO_ARTIFACTS_DIR` without `manifest.json`, more threads than CPUs;
 2. the execution provider, for example on a CPU-only onnxruntime:
-   `mnemo: cannot start: MNEMO_PROVIDER=cuda asks for CUDAExecutionProvider, but this onnxruntime offers only ...`;
+   `mnemo: cannot start: MNEMO_PROVIDER=cuda asks for CUDAExecutionProvider, but this onnxruntime offers only ...`,
+   or a session onnxruntime created on another provider than asked (onnxruntime-gpu without the CUDA libraries
+   falls back to the CPU silently): `mnemo: cannot start: model file ...: asked for CUDAExecutionProvider but ...`;
 3. the addresses: a port in use or a host that does not resolve, before any model loads;
 4. every model of `MNEMO_ARTIFACTS_DIR/manifest.json`: its file and assets against their sha256, a session on the
    chosen provider, one warm-up inference, and the task's own checks (with `MNEMO_ON_MODEL_ERROR=skip` a failing
-   model is reported not ready instead).
+   model is reported not ready instead). Each problem is one line naming the model and the file as the manifest
+   names it (never a server path): a file that is not ONNX, a graph input with a dimension of 0, an asset that is
+   not an `.npy` array (a pickle or an `.npz` is refused), a model listed twice.
 
 `GET /ready` turns 200 only after all of them. An empty manifest is valid (ready, no models).
 """
