@@ -16,6 +16,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, 
 
 from app.core.responses import dumps
 from app.runtime.model import ProtocolError, ServedModel, TensorSpec
+from app.transports.http import unrepresentable
 
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
@@ -52,6 +53,10 @@ def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
     try:
         return validate(body)
     except ValidationError as error:
+        first = error.errors()[0]
+        if first["type"] == "json_invalid" and (located := unrepresentable(first["input"])):  # names the field
+            where = ".".join(map(str, located.location[1:])) or "body"
+            raise ProtocolError(f"invalid inference request: {where}: {located.message}") from None
         raise invalid_request(error) from None
 
 
