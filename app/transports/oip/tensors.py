@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, StrictInt, ValidationError
 from starlette.responses import Response
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
+from app.core.errors import printable
 from app.core.responses import dumps
 from app.runtime.model import ProtocolError, ServedModel, TensorSpec
 from app.transports.http import unrepresentable
@@ -53,17 +54,15 @@ def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
     try:
         return validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        if first["type"] == "json_invalid" and (located := unrepresentable(first["input"])):  # names the field
-            where = ".".join(map(str, located.location[1:])) or "body"
-            raise ProtocolError(f"invalid inference request: {where}: {located.message}") from None
         raise invalid_request(error) from None
 
 
 def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
     """A request that does not validate, said as its first error with where it is."""
-    first = error.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
+    first = error.errors(include_url=False)[0]
+    if first["type"] == "json_invalid" and (located := unrepresentable(first["input"])):  # pydantic names no field
+        first = {"loc": located.location[1:], "msg": located.message}
+    where = printable(".".join(str(part) for part in first["loc"])) or "body"
     return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
