@@ -81,7 +81,7 @@ def decode_inputs(
             raise ProtocolError(f"input {tensor.name} is given twice")
         if tensor.datatype != spec.datatype:
             raise ProtocolError(
-                f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}"
+                f"input {tensor.name} has datatype {printable(tensor.datatype)}; the model expects {spec.datatype}"
             )
         shape = tensor.shape
         wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
@@ -159,7 +159,7 @@ def json_text(value: Any) -> str:
     """A JSON value as the client wrote it (NaN and Infinity too), cut to 40 characters; a huge integer by its size."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:40]  # orjson: no NaN, no 65-bit integers
+    return printable(json.dumps(value, ensure_ascii=False, separators=(",", ":")), 40)  # orjson: no NaN or 2**64
 
 
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
