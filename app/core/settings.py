@@ -115,8 +115,8 @@ class Settings(BaseSettings):
 
     artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
     """Directory of `manifest.json`, the ONNX files and their assets, each checked against its sha256 at startup."""
-    host: str = Field("127.0.0.1", min_length=1, pattern=r"^\S+$")
-    """Interface to listen on (`0.0.0.0` in the container image)."""
+    host: str = Field("127.0.0.1", min_length=1, pattern=r"^[!-~]+$")
+    """Interface to listen on (`0.0.0.0` in the container image): an IP address or an ASCII (xn--) host name."""
     port: int = Field(8000, ge=1, le=65535)
     """Port to listen on."""
     models: str = ""

@@ -95,6 +95,7 @@ def test_the_thread_budget_fits_the_cpus():
     [
         ({"MNEMO_API_KEYS": ", ,"}, "MNEMO_API_KEYS: holds no API key"),  # was: authentication off
         ({"MNEMO_HOST": ""}, "MNEMO_HOST: String should have at least 1 character"),  # was: every interface
+        ({"MNEMO_HOST": "\u202eevil"}, "MNEMO_HOST: String should match pattern '^[!-~]+$'"),  # was: a traceback
         ({"MNEMO_PROBE_PORT": "PORT"}, "MNEMO_PROBE_PORT ({port}) must differ from MNEMO_PORT"),
         ({"MNEMO_STATE_URL": "foo://x"}, "MNEMO_STATE_URL must start with sqlite:// or redis://"),
         ({"MNEMO_STATE_URL": "sqlite:///tmp/x.db?synchronous=off"}, "option synchronous must be one of full, normal"),
