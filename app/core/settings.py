@@ -77,8 +77,8 @@ BLANK_IS_UNSET = BeforeValidator(lambda value: (value.strip() or None) if isinst
 PROVIDERS = entries("auto|cpu|cuda|tensorrt", "a provider (comma-separated: auto, cpu, cuda, tensorrt)", required=True)
 DEVICE_IDS = entries(r"\d+", "a CUDA device id (an integer such as 0, or comma-separated: 0,1)", required=True)
 PATHS = entries("/.*", "a path (comma-separated paths such as /health)")
-ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+"  # as browsers send it: scheme://host[:port]
-ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *)")
+ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[A-Za-z0-9._~%:\[\]-]+"  # as browsers send it: scheme://host[:port], ASCII
+ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *; IDN hosts as xn--)")
 
 
 def open_files_limit() -> int | None:

@@ -111,6 +111,7 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "NOT_A_DB"}, "pyproject.toml, a file that is not an SQLite database"),  # was: /ready 200
         ({"MNEMO_OPEN_PATHS": "/ready,health"}, "MNEMO_OPEN_PATHS: 'health' is not a path"),  # was: 401
         ({"MNEMO_CORS_ORIGINS": "https://a.example/"}, "'https://a.example/' is not an origin"),
+        ({"MNEMO_CORS_ORIGINS": "https://a.example\u202e"}, "'https://a.example\\u202e' is not an origin"),  # not ASCII
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "no manifest.json in /nonexistent: set MNEMO_ARTIFACTS_DIR"),
         ({"MNEMO_REQUEST_TIMEOUT_S": "nan"}, "MNEMO_REQUEST_TIMEOUT_S: Input should be a finite number"),
         ({"MNEMO_INTRA_OP_THREADS": "100000"}, "MNEMO_INTRA_OP_THREADS: Input should be less than or equal to 256"),
