@@ -30,12 +30,20 @@ SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
 
 
 def read_keys_file(path: Path) -> list[str]:
-    """The API keys of a keys file: one per line, blank lines and `#` comments ignored."""
+    """The API keys of a keys file: one per line, blank lines and `#` comments ignored, a byte order mark skipped."""
     try:
-        lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror}") from None
-    return [line for line in lines if line]
+        lines = [line.split("#", 1)[0].strip() for line in path.read_text("utf-8-sig").splitlines()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path}: {getattr(error, 'strerror', None) or 'not UTF-8 text'}") from None
+    return sendable_keys([line for line in lines if line], f"in {path}")
+
+
+def sendable_keys(keys: list[str], where: str) -> list[str]:
+    """`keys`, when each is printable ASCII: no client can send another in a header (the error shows no key)."""
+    for number, key in enumerate(keys, 1):
+        if not re.fullmatch("[ -~]+", key):
+            raise ValueError(f"API key {number} {where} holds a control or non-ASCII character: no client can send it")
+    return keys
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -196,7 +204,7 @@ class Settings(BaseSettings):
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
         """Set (not blank), it must hold a key: `,` never turns authentication off."""
-        if keys is not None and not split_list(keys.get_secret_value()):
+        if keys is not None and not sendable_keys(split_list(keys.get_secret_value()), "of the list"):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
         return keys
 
