@@ -104,7 +104,13 @@ def cli() -> None:
 @cli.command(context_settings=CONTEXT, params=[settings_option(*field) for field in Settings.model_fields.items()])
 def serve(**flags: Any) -> None:
     """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
-    start(settings_from(flags))
+    settings = settings_from(flags)
+    if flags["state_url"] is not None:  # a bad URL given as a flag is a bad flag: named so, status 2
+        try:
+            check_url(settings.state_url)
+        except ValueError as error:
+            raise click.UsageError(str(error).replace("MNEMO_STATE_URL", "--state-url")) from None
+    start(settings)
 
 
 @cli.command()

@@ -106,8 +106,8 @@ def each_checked(checks: Iterable[Callable[[], T]]) -> list[T]:
 
 
 def printable(text: str, limit: int = 300) -> str:
-    """Text safe to encode as UTF-8 JSON: no lone surrogates, bounded length."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
+    """Text safe to show: what is not printable (controls, bidi overrides, lone surrogates) escaped, length bounded."""
+    return "".join(character if character.isprintable() else ascii(character)[1:-1] for character in text[:limit])
 
 
 def body_invalid(error: ValidationError) -> InvalidInput:

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
+from app.core.errors import printable
+
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
@@ -127,7 +129,7 @@ def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
     unknown = [name for name in names if name not in known]
     if unknown:
         raise ManifestError(
-            f"--models/MNEMO_MODELS names {', '.join(unknown)}, which the manifest does not have; "
+            f"--models/MNEMO_MODELS names {printable(', '.join(unknown))}, which the manifest does not have; "
             f"its models: {', '.join(sorted(known))}"
         )
     return [entry for entry in entries if entry.name in names]

@@ -30,12 +30,20 @@ SERVICE_LINK_URL = re.compile(r"(tcp|udp|sctp)://")
 
 
 def read_keys_file(path: Path) -> list[str]:
-    """The API keys of a keys file: one per line, blank lines and `#` comments ignored."""
+    """The API keys of a keys file: one per line, blank lines and `#` comments ignored, a byte order mark skipped."""
     try:
-        lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror}") from None
-    return [line for line in lines if line]
+        lines = [line.split("#", 1)[0].strip() for line in path.read_text("utf-8-sig").splitlines()]
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path}: {getattr(error, 'strerror', None) or 'not UTF-8 text'}") from None
+    return sendable_keys([line for line in lines if line], f"in {path}")
+
+
+def sendable_keys(keys: list[str], where: str) -> list[str]:
+    """`keys`, when each is printable ASCII: no client can send another in a header (the error shows no key)."""
+    for number, key in enumerate(keys, 1):
+        if not re.fullmatch("[ -~]+", key):
+            raise ValueError(f"API key {number} {where} holds a control or non-ASCII character: no client can send it")
+    return keys
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -77,8 +85,8 @@ BLANK_IS_UNSET = BeforeValidator(lambda value: (value.strip() or None) if isinst
 PROVIDERS = entries("auto|cpu|cuda|tensorrt", "a provider (comma-separated: auto, cpu, cuda, tensorrt)", required=True)
 DEVICE_IDS = entries(r"\d+", "a CUDA device id (an integer such as 0, or comma-separated: 0,1)", required=True)
 PATHS = entries("/.*", "a path (comma-separated paths such as /health)")
-ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+"  # as browsers send it: scheme://host[:port]
-ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *)")
+ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[A-Za-z0-9._~%:\[\]-]+"  # as browsers send it: scheme://host[:port], ASCII
+ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *; IDN hosts as xn--)")
 
 
 def open_files_limit() -> int | None:
@@ -115,8 +123,8 @@ class Settings(BaseSettings):
 
     artifacts_dir: Path = DEFAULT_ARTIFACTS_DIR
     """Directory of `manifest.json`, the ONNX files and their assets, each checked against its sha256 at startup."""
-    host: str = Field("127.0.0.1", min_length=1, pattern=r"^\S+$")
-    """Interface to listen on (`0.0.0.0` in the container image)."""
+    host: str = Field("127.0.0.1", min_length=1, pattern=r"^[!-~]+$")
+    """Interface to listen on (`0.0.0.0` in the container image): an IP address or an ASCII (xn--) host name."""
     port: int = Field(8000, ge=1, le=65535)
     """Port to listen on."""
     models: str = ""
@@ -197,7 +205,7 @@ class Settings(BaseSettings):
     @classmethod
     def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
         """Set (not blank), it must hold a key: `,` never turns authentication off."""
-        if keys is not None and not split_list(keys.get_secret_value()):
+        if keys is not None and not sendable_keys(split_list(keys.get_secret_value()), "of the list"):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
         return keys
 

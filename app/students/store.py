@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -122,7 +123,7 @@ class StateStore(ABC):
     name: str  # the database, in the messages of `StoreUnavailable`
     where: str  # its path or address, in the log only
     driver_errors: type[Exception] | tuple[type[Exception], ...]
-    tells_driver_messages = True  # False where they may name a path, host or port: the client gets the error's type
+    tells_driver_messages = True  # False where they may name a path, host or port: the client gets the error's kind
 
     @abstractmethod
     def read(self, model: str, student_id: str) -> StudentState | None: ...
@@ -170,7 +171,8 @@ class StateStore(ABC):
         try:
             yield
         except self.driver_errors as error:
-            told = error if self.tells_driver_messages else type(error).__name__
+            kind = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", type(error).__name__).lower()  # TimeoutError: timeout error
+            told = error if self.tells_driver_messages else kind
             raise StoreUnavailable(
                 f"{self.name} state store failed: {told}{consequence}",
                 f"{self.name} state store {self.where} failed: {type(error).__name__}: {error}",

@@ -95,6 +95,7 @@ def test_the_thread_budget_fits_the_cpus():
     [
         ({"MNEMO_API_KEYS": ", ,"}, "MNEMO_API_KEYS: holds no API key"),  # was: authentication off
         ({"MNEMO_HOST": ""}, "MNEMO_HOST: String should have at least 1 character"),  # was: every interface
+        ({"MNEMO_HOST": "\u202eevil"}, "MNEMO_HOST: String should match pattern '^[!-~]+$'"),  # was: a traceback
         ({"MNEMO_PROBE_PORT": "PORT"}, "MNEMO_PROBE_PORT ({port}) must differ from MNEMO_PORT"),
         ({"MNEMO_STATE_URL": "foo://x"}, "MNEMO_STATE_URL must start with sqlite:// or redis://"),
         ({"MNEMO_STATE_URL": "sqlite:///tmp/x.db?synchronous=off"}, "option synchronous must be one of full, normal"),
@@ -110,6 +111,7 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "NOT_A_DB"}, "pyproject.toml, a file that is not an SQLite database"),  # was: /ready 200
         ({"MNEMO_OPEN_PATHS": "/ready,health"}, "MNEMO_OPEN_PATHS: 'health' is not a path"),  # was: 401
         ({"MNEMO_CORS_ORIGINS": "https://a.example/"}, "'https://a.example/' is not an origin"),
+        ({"MNEMO_CORS_ORIGINS": "https://a.example\u202e"}, "'https://a.example\\u202e' is not an origin"),  # not ASCII
         ({"MNEMO_ARTIFACTS_DIR": "/nonexistent"}, "no manifest.json in /nonexistent: set MNEMO_ARTIFACTS_DIR"),
         ({"MNEMO_REQUEST_TIMEOUT_S": "nan"}, "MNEMO_REQUEST_TIMEOUT_S: Input should be a finite number"),
         ({"MNEMO_INTRA_OP_THREADS": "100000"}, "MNEMO_INTRA_OP_THREADS: Input should be less than or equal to 256"),

@@ -92,6 +92,7 @@ def test_flmp_model_is_selectable_and_its_map_is_diagonal(client):
         ({"sentence_a": ["a"], "sentence_b": "b"}, ["body", "sentence_a"]),
         ({"sentence_b": "b"}, ["body", "sentence_a"]),
         ({"sentence_a": "a", "sentence_b": "b", "return_attention": "yes"}, ["body", "return_attention"]),
+        ({"sentence_a": "a", "sentence_b": "b", "\u202ex\u0000": 1}, ["body", "\\u202ex\\x00"]),  # shown escaped
     ],
 )
 @pytest.mark.parametrize("model", [SIM_MODEL, FLMP_MODEL])

@@ -77,6 +77,12 @@ def test_a_flag_wins_over_its_variable_and_a_bad_flag_is_named():
     assert done.returncode == 2 and "--port: Input should be less than or equal to 65535" in done.stderr
 
 
+def test_a_bad_state_url_flag_is_named_as_the_flag():
+    done = run_app({**os.environ, "MNEMO_PORT": str(free_port())}, "--state-url", "foo://x")
+    assert done.returncode == 2 and "MNEMO_STATE_URL" not in done.stderr
+    assert "Error: --state-url must start with sqlite:// or redis://" in done.stderr
+
+
 @pytest.mark.parametrize("variable", ["MNEMO_CPU_ARENA", "MNEMO_CUDA_TF32"])
 def test_a_switch_unset_on_the_command_line_leaves_its_variable_in_force(variable: str):
     done = run_app({**os.environ, variable: "maybe"}, "--port", str(free_port()))  # read, so refused

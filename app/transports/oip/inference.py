@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from starlette.datastructures import State
 
-from app.core.errors import ModelNotReady, UnknownModel
+from app.core.errors import ModelNotReady, UnknownModel, printable
 from app.core.metrics import Metrics
 from app.runtime.model import Admission, ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
@@ -118,7 +118,7 @@ def _check_known(parameters: dict[str, Any], where: str, known: tuple[str, ...])
     for name in parameters:
         if name not in known:
             reason = NOT_OFFERED.get(name, f"not a parameter this server knows; it takes {', '.join(known)}")
-            raise ProtocolError(f"{where}.{name[:64]}: {reason}")
+            raise ProtocolError(f"{where}.{printable(name, 64)}: {reason}")
     for name, (kind, what) in TYPED.items():
         if name in parameters and not isinstance(parameters[name], kind):
             raise ProtocolError(f"{where}.{name} is {json_text(parameters[name])}; it must be {what}")

@@ -14,8 +14,10 @@ from pydantic import BaseModel, Field, StrictInt, ValidationError
 from starlette.responses import Response
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
+from app.core.errors import printable
 from app.core.responses import dumps
 from app.runtime.model import ProtocolError, ServedModel, TensorSpec
+from app.transports.http import unrepresentable
 
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
@@ -57,8 +59,10 @@ def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
 
 def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
     """A request that does not validate, said as its first error with where it is."""
-    first = error.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
+    first = error.errors(include_url=False)[0]
+    if first["type"] == "json_invalid" and (located := unrepresentable(first["input"])):  # pydantic names no field
+        first = {"loc": located.location[1:], "msg": located.message}
+    where = printable(".".join(str(part) for part in first["loc"])) or "body"
     return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
 
 
@@ -77,7 +81,7 @@ def decode_inputs(
             raise ProtocolError(f"input {tensor.name} is given twice")
         if tensor.datatype != spec.datatype:
             raise ProtocolError(
-                f"input {tensor.name} has datatype {tensor.datatype}; the model expects {spec.datatype}"
+                f"input {tensor.name} has datatype {printable(tensor.datatype)}; the model expects {spec.datatype}"
             )
         shape = tensor.shape
         wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
@@ -155,7 +159,7 @@ def json_text(value: Any) -> str:
     """A JSON value as the client wrote it (NaN and Infinity too), cut to 40 characters; a huge integer by its size."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
         return f"an integer of about {math.ceil(value.bit_length() * math.log10(2))} digits"
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:40]  # orjson: no NaN, no 65-bit integers
+    return printable(json.dumps(value, ensure_ascii=False, separators=(",", ":")), 40)  # orjson: no NaN or 2**64
 
 
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:

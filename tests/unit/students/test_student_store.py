@@ -484,6 +484,8 @@ def test_redis_stopped_is_unavailable_quickly_then_recovers(own_redis_server: Re
     create(store, "s1")
     own_redis_server.kill()
     assert_unavailable_quickly(store)
+    with pytest.raises(StoreUnavailable, match=r"^Redis state store failed: connection error$"):  # no class name
+        store.read(MODEL, "s1")
     own_redis_server.start()
     store.check_health()
     assert store.read(MODEL, "s1").interactions == 3
