@@ -3,20 +3,18 @@ the loop or refused 429) and `complete` (the work within its deadline, else 504,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import json
 import math
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.core.errors import InvalidInput, ServiceError, body_invalid
-from app.core.request_context import request_body_bytes, request_connected
+from app.core.request_context import request_body_bytes
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.transports.deadline import within_deadline
@@ -138,32 +136,7 @@ async def complete(
 ) -> T:
     """The work's result unless its deadline (MNEMO_REQUEST_TIMEOUT_S, or a shorter `client_timeout_s`, from
     arrival) passes first (504) or the client leaves (499)."""
-    watch = functools.partial(watch_client, request)
-    return await within_deadline(work, request.app.state, model_name, client_timeout_s, watch_client=watch)
-
-
-def watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` when receive() says the client left (the body is read: it reports only that), and tell the
-    batcher whether it is there; returns how to stop. The watch starts at the loop's next turn: inline work skips it."""
-    watcher: asyncio.Future | None = None
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    def watch() -> None:
-        nonlocal watcher
-        watcher = asyncio.ensure_future(disconnected())
-        watcher.add_done_callback(lambda _: callback())
-
-    def stop() -> None:
-        starting.cancel()
-        if watcher is not None:
-            watcher.cancel()
-
-    starting = asyncio.get_running_loop().call_soon(watch)
-    request_connected.set(lambda: watcher is None or not watcher.done())
-    return stop
+    return await within_deadline(work, request.app.state, model_name, client_timeout_s, receive=request.receive)
 
 
 BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # the bodies routes read themselves, for the OpenAPI components
