@@ -29,7 +29,7 @@ from app.core.settings import Settings
 from app.main import create_app
 from app.runtime.cost import CostModel
 from app.runtime.model import GraphLayout, ServedModel
-from app.transports.http import complete, read_body, registry
+from app.transports.http import complete, read_body
 from export.manifest import upsert_model
 
 WIDTH = 3  # x is [batch, WIDTH]; the width is fixed, so a wrong width is rejected by onnxruntime
@@ -136,7 +136,7 @@ toy_router = APIRouter(tags=["toy"])
 @toy_router.post("/toy")
 async def toy(body: ToyRequest, request: Request) -> dict:
     """Run a toy model the way a task adapter does: registry, InvalidInput, admission, batcher, deadline."""
-    model = registry(request).get(body.model, TOY_TASK)
+    model = request.app.state.registry.get(body.model, TOY_TASK)
     for index, value in enumerate(body.k):
         if value < 0:
             raise InvalidInput(("k", index), f"k must be >= 0, got {value}")

@@ -112,44 +112,35 @@ class ModelList(BaseModel):
 
 CONTRACT_MODELS = (ErrorBody, ValidationErrorBody, Health, Readiness, ModelInfo, ModelList, ProtocolErrorBody)
 DESCRIPTIONS = {
-    "400": (
-        "A malformed request: HTTP framing the parser refuses, or a header that must appear once (Authorization, "
-        "Content-Type, Content-Encoding, X-Request-ID, ...) sent twice; on /v2 also tensors the model does not take "
-        "(name, datatype, shape or values; the message names the input), a parameter it refuses (named) or an "
-        "output requested twice"
-    ),
+    "400": "A malformed request: HTTP framing the parser refuses, or a header that must appear once (Authorization, "
+    "Content-Type, Content-Encoding, X-Request-ID, ...) sent twice; on /v2 also tensors the model does not take "
+    "(name, datatype, shape or values; the message names the input), a parameter it refuses (named) or an "
+    "output requested twice",
     "401": "No API key, or an unknown one (only when MNEMO_API_KEYS is set)",
     "404": "Unknown model; the message lists the models that exist",
-    "408": (
-        "The request body stalled (MNEMO_BODY_TIMEOUT_S) or was not complete by the request's deadline "
-        "(MNEMO_REQUEST_TIMEOUT_S)"
-    ),
+    "408": "The request body stalled (MNEMO_BODY_TIMEOUT_S) or was not complete by the request's deadline "
+    "(MNEMO_REQUEST_TIMEOUT_S)",
     "409": "The stored state belongs to another version of the model (delete the student and replay), a lost race, "
     "or (an append) a stored count other than its expected_interactions",
     "413": "Request body over MNEMO_MAX_BODY_BYTES",
-    "415": (
-        "Content-Type is not application/json (task endpoints), the body is compressed (Content-Encoding), or it is "
-        "not UTF-8 (a declared charset, a byte order mark, UTF-16/32)"
-    ),
+    "415": "Content-Type is not application/json (task endpoints), the body is compressed (Content-Encoding), or it is "
+    "not UTF-8 (a declared charset, a byte order mark, UTF-16/32)",
     "422": "Invalid input; each error names the field and the rule",
     "429": "A queue is full (the model's, the server's, or the student store's calls); retry after Retry-After seconds",
-    "503": (
-        "Not ready: models loading, the model not loaded, the server draining or out of connections; on /students "
-        "also the student state store unavailable"
-    ),
+    "503": "Not ready: models loading, the model not loaded, the server draining or out of connections; on /students "
+    "also the student state store unavailable",
     "504": "The request did not complete within MNEMO_REQUEST_TIMEOUT_S",
 }
 
 
 def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
     """The error statuses an operation can answer, each with its body's schema (/v2 reads its input itself: no 422)."""
-    has_body = "requestBody" in operation
+    has_body, operation_id = "requestBody" in operation, operation.get("operationId")
     statuses = {"400", "413", "503"} | ({"404", "408", "415", "429", "504"} if has_body else set())
     if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
         statuses.add("404")
     if not protocol and (has_body or operation.get("parameters")):
         statuses.add("422")
-    operation_id = operation.get("operationId")
     if operation_id in STATEFUL_OPERATIONS:
         statuses.add("409")
     if operation_id in STORE_OPERATIONS:

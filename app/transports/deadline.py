@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from starlette.datastructures import State
+from starlette.types import Receive
 
 from app.core.errors import DeadlineExceeded, ServiceError
-from app.core.request_context import request_arrival
+from app.core.request_context import request_arrival, request_connected
 
 DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
 DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
@@ -30,11 +31,11 @@ async def within_deadline(
     model_name: str,
     client_timeout_s: float | None = None,
     client_source: str = "the request's timeout parameter",
-    watch_client: Callable[[Callable[[], None]], Callable[[], None]] | None = None,
+    receive: Receive | None = None,
 ) -> T:
     """The work's result, unless the deadline (the shorter of MNEMO_REQUEST_TIMEOUT_S and `client_timeout_s`, from the
-    request's arrival) passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`: `watch_client(callback)`
-    calls back then, and returns how to stop). Either cancels the task, taken back here as `asyncio.timeout` does."""
+    request's arrival) passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`: the ASGI `receive` of
+    a read request says so, and the batcher is told). Either cancels the task, taken back as `asyncio.timeout` does."""
     metrics, timeout, source = state.metrics, state.settings.request_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
     if client_timeout_s is not None and client_timeout_s < timeout:
         timeout, source = client_timeout_s, client_source
@@ -43,7 +44,8 @@ async def within_deadline(
     stopped_by: list[type[ServiceError]] = []
     awaiting = False  # the task is cancelled only while it awaits the work, never after
     timer: asyncio.TimerHandle | None = None
-    unsubscribe: Callable[[], None] | None = None
+    starting: asyncio.Handle | None = None
+    watcher: asyncio.Future | None = None
 
     def stop(error: type[ServiceError]) -> None:
         if awaiting and not stopped_by:
@@ -65,11 +67,21 @@ async def within_deadline(
         timer = loop.call_later(min(remaining, DEADLINE_CHECK_S), check_deadline)
         return True
 
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    def watch() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(disconnected())
+        watcher.add_done_callback(lambda _: stop(ClientGone))
+
     try:
         if not check_deadline():  # expired before the work started
             raise expired()
-        if watch_client is not None:
-            unsubscribe = watch_client(lambda: stop(ClientGone))
+        if receive is not None:  # watched from the loop's next turn: inline work skips it
+            starting = loop.call_soon(watch)
+            request_connected.set(lambda: watcher is None or not watcher.done())
         awaiting = True
         return await work
     except asyncio.CancelledError:
@@ -86,5 +98,7 @@ async def within_deadline(
         if timer is not None:
             timer.cancel()
         check_deadline = None  # it calls itself: left, its cycle would hold the request until a garbage collection
-        if unsubscribe is not None:
-            unsubscribe()
+        if starting is not None:
+            starting.cancel()
+        if watcher is not None:
+            watcher.cancel()

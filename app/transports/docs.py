@@ -11,26 +11,18 @@ from pathlib import Path
 import fastapi_offline
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
-from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.transports.access import DOCS_ASSETS_PREFIX
 
 ASSETS_DIR = Path(fastapi_offline.__file__).resolve().parent / "static"
 INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.DOTALL)
-
-
-def content_security_policy(page: HTMLResponse) -> str:
-    """This server only; inline styles (both UIs set them), ReDoc's blob: worker, the page's inline scripts."""
-    hashes = " ".join(
-        f"'sha256-{base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()}'"
-        for script in INLINE_SCRIPT.findall(page.body.decode())
-    )
-    return (
-        f"default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-        "font-src 'self' data:; connect-src 'self'; worker-src blob:; base-uri 'none'; form-action 'none'; "
-        "frame-ancestors 'none'"
-    )
+# this server only; inline styles (both UIs set them), ReDoc's blob: worker, the page's inline scripts by their hashes
+POLICY = (
+    "default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self' data:; connect-src 'self'; worker-src blob:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
 
 
 def install(app: FastAPI) -> None:
@@ -56,5 +48,7 @@ def install(app: FastAPI) -> None:
         ),
     }
     for path, page in pages.items():
-        page.headers["Content-Security-Policy"] = content_security_policy(page)
+        digests = (hashlib.sha256(script.encode()).digest() for script in INLINE_SCRIPT.findall(page.body.decode()))
+        hashes = " ".join(f"'sha256-{base64.b64encode(digest).decode()}'" for digest in digests)
+        page.headers["Content-Security-Policy"] = POLICY.format(hashes=hashes)
         app.add_route(path, page, methods=["GET"], include_in_schema=False)  # a Response is an ASGI app

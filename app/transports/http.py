@@ -3,23 +3,20 @@ the loop or refused 429) and `complete` (the work within its deadline, else 504,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import json
 import math
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from app.core.errors import InvalidInput, ServiceError, body_invalid
-from app.core.request_context import request_body_bytes, request_connected
+from app.core.request_context import request_body_bytes
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
-from app.runtime.registry import ModelRegistry
 from app.transports.deadline import within_deadline
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
@@ -38,19 +35,18 @@ class UnsupportedMediaType(ServiceError):
     status_code = 415
 
 
-def registry(request: Request) -> ModelRegistry:
-    return request.app.state.registry
-
-
 def header(request: Request, name: bytes, default: str) -> str:
     """A header's value from the raw scope (cheaper than Starlette's Headers, built anew for each `request`)."""
     return next((value.decode("latin-1") for key, value in request.scope["headers"] if key == name), default)
 
 
-def check_utf8(request: Request, body: bytes, content_type: str | None = None) -> None:
-    """415 naming the problem for a declared charset other than UTF-8, a compressed body (inflating it would let a
-    small body take any memory), or a body with a byte order mark or in UTF-16/32 (not a 422 on column 1)."""
-    for parameter in (content_type or header(request, b"content-type", "")).split(";")[1:]:
+def check_utf8(request: Request, body: bytes, json_only: bool = False) -> None:
+    """415 naming the problem for a media type other than JSON (with `json_only`), a charset other than UTF-8, a
+    compressed body (inflating it would let a small body take any memory), or a byte order mark or UTF-16/32."""
+    media_type, *parameters = header(request, b"content-type", "application/json").split(";")
+    if json_only and (kind := media_type.strip().lower()) != "application/json" and not kind.endswith("+json"):
+        raise UnsupportedMediaType("Content-Type must be application/json.")
+    for parameter in parameters:
         name, _, value = parameter.partition("=")
         charset = value.strip().strip('"').lower()
         if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
@@ -105,12 +101,8 @@ def unrepresentable(body: bytes) -> InvalidInput | None:
 async def read_body(request: Request, schema: type[Body], task: str | None = None) -> Body:
     """The body validated against `schema`; a large one is parsed on a worker thread in the bounded parse queue (429
     while full), holding meanwhile the room its size predicts in the model of `task` it names (429 when none)."""
-    content_type = header(request, b"content-type", "application/json")
-    media_type = content_type.split(";")[0].strip().lower()
-    if media_type != "application/json" and not media_type.endswith("+json"):
-        raise UnsupportedMediaType("Content-Type must be application/json.")
     body = await request.body()
-    check_utf8(request, body, content_type)
+    check_utf8(request, body, json_only=True)
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
     request_body_bytes.set(len(body))
@@ -134,7 +126,7 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
             return None
         name = None if value[1] == b"null" else value[1][1:-1].decode()
     try:
-        return registry(request).get(name, task)
+        return request.app.state.registry.get(name, task)
     except ServiceError:
         return None
 
@@ -144,32 +136,7 @@ async def complete(
 ) -> T:
     """The work's result unless its deadline (MNEMO_REQUEST_TIMEOUT_S, or a shorter `client_timeout_s`, from
     arrival) passes first (504) or the client leaves (499)."""
-    watch = functools.partial(watch_client, request)
-    return await within_deadline(work, request.app.state, model_name, client_timeout_s, watch_client=watch)
-
-
-def watch_client(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
-    """Call `callback` when receive() says the client left (the body is read: it reports only that), and tell the
-    batcher whether it is there; returns how to stop. The watch starts at the loop's next turn: inline work skips it."""
-    watcher: asyncio.Future | None = None
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    def watch() -> None:
-        nonlocal watcher
-        watcher = asyncio.ensure_future(disconnected())
-        watcher.add_done_callback(lambda _: callback())
-
-    def stop() -> None:
-        starting.cancel()
-        if watcher is not None:
-            watcher.cancel()
-
-    starting = asyncio.get_running_loop().call_soon(watch)
-    request_connected.set(lambda: watcher is None or not watcher.done())
-    return stop
+    return await within_deadline(work, request.app.state, model_name, client_timeout_s, receive=request.receive)
 
 
 BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # the bodies routes read themselves, for the OpenAPI components

@@ -1,6 +1,5 @@
-"""The tasks' JSON APIs over HTTP: per `Endpoint`, a route that reads the body, picks the model (404/503), admits
-the request in its batcher (429) and awaits the answer within the deadline (504) unless the client leaves (499).
-FastAPI documents them; the request edge calls them directly (app/transports/middleware.py)."""
+"""The tasks' JSON APIs over HTTP: per `Endpoint`, a route that reads the body, picks the model (404/503), admits the
+request in its batcher (429) and awaits the answer within the deadline (504) unless the client leaves (499)."""
 
 from __future__ import annotations
 
@@ -11,9 +10,7 @@ from starlette.responses import Response
 
 from app.core.responses import JsonResponse
 from app.runtime.model import Endpoint, Task
-from app.transports.http import complete, json_body, read_body, registry
-
-Handler = Callable[[Request], Awaitable[Response]]  # a route that takes only the request
+from app.transports.http import complete, json_body, read_body
 
 
 def task_router(tasks: Iterable[Task]) -> APIRouter:
@@ -36,12 +33,12 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
     return router
 
 
-def endpoint_route(task_name: str, endpoint: Endpoint) -> Handler:
+def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
     """The route function of one endpoint (it reads the body itself)."""
 
     async def route(request: Request) -> JsonResponse:
         body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)
-        model = registry(request).get(body.model, task_name)
+        model = request.app.state.registry.get(body.model, task_name)
         admission = endpoint.admit(model, body)
         with admission.batcher.admit(admission.rows, cells=admission.cells):
             answer = endpoint.answer(model, body, request.app.state.drain.alone())

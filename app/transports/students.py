@@ -25,7 +25,7 @@ from app.tasks.knowledge_trace.schemas import (
     StudentResponse,
 )
 from app.tasks.knowledge_trace.service import TASK_NAME
-from app.transports.http import complete, json_body, read_body, registry
+from app.transports.http import complete, json_body, read_body
 
 router = APIRouter(tags=["students"])
 MAX_PAGE_SIZE = 1000  # student ids per page of GET /students
@@ -106,7 +106,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     """
     holder = _holder(request, student_id)
     body = await read_body(request, AppendRequest, TASK_NAME)
-    model = registry(request).get(body.model, TASK_NAME)
+    model = request.app.state.registry.get(body.model, TASK_NAME)
     questions, correct, wanted = await offload(
         service.request_arrays, model, body.interactions, body.next_questions or []
     )
@@ -154,7 +154,7 @@ async def get_student(
 ) -> JsonResponse:
     """A student's state under one model: interaction count, current mastery, times, model version."""
     holder = _holder(request, student_id)
-    served = registry(request).get(model, TASK_NAME)
+    served = request.app.state.registry.get(model, TASK_NAME)
 
     async def describe() -> dict[str, Any]:
         state = await holder.read(lambda store: store.read(served.name, student_id))

@@ -24,7 +24,7 @@ async def request(tasks: list[weakref.ref]) -> str:
     tasks.append(weakref.ref(asyncio.current_task()))
     metrics = Metrics()
     state = State({"metrics": metrics, "loop_lag": LoopLag(metrics.loop_lag), "settings": Settings()})
-    return await within_deadline(answer(), state, "model", watch_client=lambda callback: lambda: None)
+    return await within_deadline(answer(), state, "model", receive=asyncio.Event().wait)
 
 
 async def serve_one(tasks: list[weakref.ref]) -> str:
