@@ -40,9 +40,10 @@ def header(request: Request, name: bytes, default: str) -> str:
     return next((value.decode("latin-1") for key, value in request.scope["headers"] if key == name), default)
 
 
-def check_utf8(request: Request, body: bytes, json_only: bool = False) -> None:
-    """415 naming the problem for a media type other than JSON (with `json_only`), a charset other than UTF-8, a
-    compressed body (inflating it would let a small body take any memory), or a byte order mark or UTF-16/32."""
+async def utf8_body(request: Request, json_only: bool = False) -> bytes:
+    """The body, or 415 naming the problem: a media type other than JSON (with `json_only`), a charset other than
+    UTF-8 or a compressed body (inflating it would let a small body take any memory), refused before the body is
+    read; a byte order mark or UTF-16/32 (not a 422 on column 1)."""
     media_type, *parameters = header(request, b"content-type", "application/json").split(";")
     if json_only and (kind := media_type.strip().lower()) != "application/json" and not kind.endswith("+json"):
         raise UnsupportedMediaType("Content-Type must be application/json.")
@@ -56,10 +57,12 @@ def check_utf8(request: Request, body: bytes, json_only: bool = False) -> None:
         raise UnsupportedMediaType(
             f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity)."
         )
+    body = await request.body()
     if body.startswith(b"\xef\xbb\xbf"):
         raise UnsupportedMediaType(f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
-    if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:4]:
+    if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:2]:  # JSON opens with an ASCII character
         raise UnsupportedMediaType(f"The body is in UTF-16 or UTF-32: {UTF8_ONLY}.")
+    return body
 
 
 def validate(schema: type[Body], body: bytes) -> Body:
@@ -101,8 +104,7 @@ def unrepresentable(body: bytes) -> InvalidInput | None:
 async def read_body(request: Request, schema: type[Body], task: str | None = None) -> Body:
     """The body validated against `schema`; a large one is parsed on a worker thread in the bounded parse queue (429
     while full), holding meanwhile the room its size predicts in the model of `task` it names (429 when none)."""
-    body = await request.body()
-    check_utf8(request, body, json_only=True)
+    body = await utf8_body(request, json_only=True)
     if len(body) <= INLINE_BODY_BYTES:
         return validate(schema, body)
     request_body_bytes.set(len(body))

@@ -215,6 +215,24 @@ def test_wrong_content_types_are_415(server, content_type):
     assert_alive(server)
 
 
+@pytest.mark.parametrize("path", ["/similarity", "/knowledge-trace"])
+def test_a_wrong_content_type_is_415_before_the_body_is_read(server, path):
+    """No body follows the head: a server that read it first would answer the body timeout's 408."""
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n"
+    answer = raw(server, head.encode())
+    assert status_of(answer) == 415 and b"application/json" in answer, answer[-300:]
+    assert_alive(server)
+
+
+def test_a_short_v2_json_header_before_binary_data_is_not_taken_for_utf16(server):
+    """Binary tensor data (zero bytes) right after a two-byte JSON header: the protocol's 400, not a 415."""
+    head = f"POST {SIM_INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+    head += "Inference-Header-Content-Length: 2\r\nContent-Length: 10\r\nConnection: close\r\n\r\n"
+    answer = raw(server, head.encode() + b"{}" + bytes(8))
+    assert status_of(answer) == 400 and b"UTF-16" not in answer, answer[-300:]
+    assert_alive(server)
+
+
 @pytest.mark.parametrize("coding", ["gzip", "br", "deflate, gzip"])
 def test_a_compressed_body_is_415_naming_the_coding(server, coding):
     head = f"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: {coding}\r\n"

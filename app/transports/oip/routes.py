@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from app.core.responses import JsonResponse
 from app.transports.access import BINARY_HEADER_LENGTH
-from app.transports.http import check_utf8, complete, json_body
+from app.transports.http import complete, json_body, utf8_body
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
 from app.transports.operations import readiness
@@ -135,8 +135,7 @@ async def infer(request: Request, name: str) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
     model, codec = inference.find_model(request.app.state, name, request.path_params.get("version"))
-    body, binary = _split_body(await request.body(), request.headers.get(BINARY_HEADER_LENGTH))
-    check_utf8(request, body)
+    body, binary = _split_body(await utf8_body(request), request.headers.get(BINARY_HEADER_LENGTH))
     return await inference.infer(
         model,
         codec,
