@@ -28,7 +28,7 @@ STALE_SHARE = 0.25  # a pace with no request done within this share of the deadl
 COLD_PACE = 6.0  # their pace while it is stale or forgotten
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
-Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
+Sample = tuple[int, int, float, float, float]  # a run's rows, padded length and the seconds of each stats.PHASES
 Keep = frozenset[str] | None  # the outputs a request reads (None: all); the others are dropped at once
 
 
@@ -61,7 +61,7 @@ class Chain:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             run_started = clock()
             self.outputs.append(run_graph(feeds))
-            samples.append((1, length, clock() - run_started))
+            samples.append((1, length, 0.0, clock() - run_started, 0.0))
             if clock() - started >= budget_s:
                 break
         return samples
@@ -143,7 +143,7 @@ class ModelBatcher:
         self._admitted_gauge = metrics.admitted_rows.labels(name)
         self._queue_depth = metrics.queue_depth.labels(name)
         self._queue_wait = metrics.queue_wait.labels(name)
-        self._batch_size = metrics.batch_size.labels(name)
+        self._batch_size, self._inference = metrics.batch_size.labels(name), metrics.inference.labels(name)
         self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self.stats = ModelStats()
@@ -456,16 +456,9 @@ class ModelBatcher:
     async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
         """Run a batch on a run-slot thread or `inline`; a failed one is rerun item by item (one bad input fails)."""
         self._stop_waiting(batch)
-        end = self._clock() + _predicted(instance, batch)
-        instance.slots.ends.append(end)
         try:
             try:
-                results, samples = await self._execute(instance, batch, inline)
-                outcomes: list[Feeds | BaseException] = list(results)
-                for rows, length, seconds in samples:  # teach the cost model the runs just done, and count them
-                    instance.cost.observe(rows, length, seconds)
-                    self._instance_runs[instance.name].inc()
-                    self._instance_rows[instance.name].inc(rows)
+                outcomes: list[Feeds | BaseException] = await self._execute(instance, batch, inline)
             except Exception as error:
                 outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item) for item in batch]
             for item, outcome in zip(batch, outcomes, strict=True):
@@ -476,7 +469,6 @@ class ModelBatcher:
                 else:
                     item.future.set_result(outcome)
         finally:
-            instance.slots.ends.remove(end)
             instance.slots.release()
             self._in_flight -= 1
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
@@ -494,34 +486,43 @@ class ModelBatcher:
     async def _rerun(self, instance: Instance, item: _Item) -> Feeds | BaseException:
         """The outputs of `item` run alone on a run-slot thread, or its error."""
         try:
-            return (await self._execute(instance, [item]))[0][0]
+            return (await self._execute(instance, [item]))[0]
         except Exception as error:
             return error
 
-    async def _execute(self, instance: Instance, batch: list[_Item], inline: bool = False) -> tuple[list, list[Sample]]:
-        """`_compute` on a run-slot thread of `instance`, or on the event loop when `inline`."""
-        compute = functools.partial(self._compute, instance, batch)
-        return (
-            compute() if inline else await asyncio.get_running_loop().run_in_executor(instance.slots.executor, compute)
-        )
+    async def _execute(self, instance: Instance, batch: list[_Item], inline: bool = False) -> list:
+        """The outputs of `_compute`, run on the event loop when `inline`, else on a run-slot thread of `instance`
+        (its predicted end in `slots.ends` meanwhile); each run counted and taught to the cost model."""
+        if inline:
+            results, samples = self._compute(instance, batch)
+        else:
+            end = self._clock() + _predicted(instance, batch)
+            instance.slots.ends.append(end)
+            try:
+                compute = functools.partial(self._compute, instance, batch)
+                results, samples = await asyncio.get_running_loop().run_in_executor(instance.slots.executor, compute)
+            finally:
+                instance.slots.ends.remove(end)
+        for rows, length, *phases in samples:
+            instance.cost.observe(rows, length, sum(phases))
+            self.stats.executed(rows, *phases)
+            self._batch_size.observe(rows)
+            self._inference.observe(phases[1])
+            self._instance_runs[instance.name].inc()
+            self._instance_rows[instance.name].inc(rows)
+        return results
 
     def _compute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
-        """Collate, run and split, or run a chain's next chunks; also each run's `Sample` (collating included)."""
+        """Collate, run and split, or run a chain's next chunks; also each run's `Sample`."""
         chain = batch[0].chain
         if chain is not None:
-            samples = chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
-            for _, _, seconds in samples:  # each chunk's run counts like any run
-                self.stats.executed(1, 0.0, seconds, 0.0)
-                self._batch_size.observe(1)
-            return [chain.outputs], samples
+            return [chain.outputs], chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
         collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
         started = self._clock()
         outputs = instance.run(feeds)
         finished = self._clock()
-        rows, longest = _rows(batch), max(item.length for item in batch)
-        self._batch_size.observe(rows)  # every completed run, reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [part if i.keep is None else {n: part[n] for n in i.keep} for part, i in zip(parts, batch, strict=True)]
-        self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)
-        return kept, [(rows, longest, self._clock() - collating)]
+        rows, longest = _rows(batch), max(item.length for item in batch)
+        return kept, [(rows, longest, started - collating, finished - started, self._clock() - finished)]
