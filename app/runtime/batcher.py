@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -503,8 +502,8 @@ class ModelBatcher:
             end = self._clock() + _predicted(instance, batch)
             instance.slots.ends.append(end)
             try:
-                compute = functools.partial(self._compute, instance, batch)
-                results, samples = await asyncio.get_running_loop().run_in_executor(instance.slots.executor, compute)
+                executor, compute = instance.slots.executor, self._compute
+                results, samples = await asyncio.get_running_loop().run_in_executor(executor, compute, instance, batch)
             finally:
                 instance.slots.ends.remove(end)
         for rows, length, *phases in samples:
