@@ -287,8 +287,6 @@ class ModelBatcher:
         items = [item for request_parts in parts for item in request_parts]
         instance = self._route(items) if len(items) == 1 and not self._queue and not self._in_flight else None
         if instance is not None and self._may_run_inline(instance, items, slots_held=0):
-            await instance.slots.acquire()  # its slots are all free: no wait, no turn of the event loop
-            self._in_flight += 1
             await self._run_batch(instance, items, inline=True)
         else:
             self._enqueue(items)
@@ -353,13 +351,12 @@ class ModelBatcher:
                 continue
             await instance.slots.acquire()
             batch = self._take(instance)
-            if not batch:
+            if not batch or self._may_run_inline(instance, batch, slots_held=1):
                 instance.slots.release()
+                if batch:
+                    await self._run_batch(instance, batch, inline=True)
                 continue
             self._in_flight += 1
-            if self._may_run_inline(instance, batch, slots_held=1):
-                await self._run_batch(instance, batch, inline=True)
-                continue
             task = asyncio.create_task(self._run_batch(instance, batch))
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
@@ -457,13 +454,14 @@ class ModelBatcher:
                 self.stats.add("queue", now - item.enqueued)
 
     async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
-        """Run a batch on a run-slot thread or `inline`; a failed one is rerun item by item (one bad input fails)."""
+        """Run a batch on a run-slot thread, or `inline` (it never yields to another task, so it holds no slot); a
+        failed one is rerun item by item, the same way (one bad input fails)."""
         self._stop_waiting(batch)
         try:
             try:
                 outcomes: list[Feeds | BaseException] = await self._execute(instance, batch, inline)
             except Exception as error:
-                outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item) for item in batch]
+                outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item, inline) for item in batch]
             for item, outcome in zip(batch, outcomes, strict=True):
                 if item.future.done() or (item.chain is not None and self._requeued(item, outcome)):
                     continue
@@ -472,8 +470,9 @@ class ModelBatcher:
                 else:
                     item.future.set_result(outcome)
         finally:
-            instance.slots.release()
-            self._in_flight -= 1
+            if not inline:
+                instance.slots.release()
+                self._in_flight -= 1
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
                 self._wakeup.set()
 
@@ -486,10 +485,10 @@ class ModelBatcher:
             self._enqueue([item])
         return True
 
-    async def _rerun(self, instance: Instance, item: _Item) -> Feeds | BaseException:
-        """The outputs of `item` run alone on a run-slot thread, or its error."""
+    async def _rerun(self, instance: Instance, item: _Item, inline: bool) -> Feeds | BaseException:
+        """The outputs of `item` run alone, or its error."""
         try:
-            return (await self._execute(instance, [item]))[0]
+            return (await self._execute(instance, [item], inline))[0]
         except Exception as error:
             return error
 
