@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from app.core.errors import Overloaded
 from app.core.metrics import Metrics
@@ -28,7 +28,7 @@ STALE_SHARE = 0.25  # a pace with no request done within this share of the deadl
 COLD_PACE = 6.0  # their pace while it is stale or forgotten
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
-Sample = tuple[int, int, float]  # a run's rows, padded length and seconds
+Sample = tuple[int, int, float, float, float]  # a run's rows, padded length and the seconds of each stats.PHASES
 Keep = frozenset[str] | None  # the outputs a request reads (None: all); the others are dropped at once
 
 
@@ -61,7 +61,7 @@ class Chain:
                 feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
             run_started = clock()
             self.outputs.append(run_graph(feeds))
-            samples.append((1, length, clock() - run_started))
+            samples.append((1, length, 0.0, clock() - run_started, 0.0))
             if clock() - started >= budget_s:
                 break
         return samples
@@ -104,12 +104,15 @@ class _Item:
         return True
 
 
+_ROWS, _LENGTH, _ARRIVAL = attrgetter("rows"), attrgetter("length"), attrgetter("arrival")  # map() runs them in C
+
+
 def _smoothed(average: float | None, sample: float) -> float:
     return sample if not average else average + SMOOTHING * (sample - average)
 
 
 def _rows(batch: list[_Item]) -> int:
-    return sum(item.rows for item in batch)
+    return sum(map(_ROWS, batch))
 
 
 def _predicted(instance: Instance, batch: list[_Item]) -> float:
@@ -117,7 +120,7 @@ def _predicted(instance: Instance, batch: list[_Item]) -> float:
     chain = batch[0].chain
     if chain is not None:
         return sum(instance.cost.predict(1, length) for _, length in chain.remaining)
-    return instance.cost.predict(_rows(batch), max(item.length for item in batch))
+    return instance.cost.predict(_rows(batch), max(map(_LENGTH, batch)))
 
 
 class ModelBatcher:
@@ -143,7 +146,7 @@ class ModelBatcher:
         self._admitted_gauge = metrics.admitted_rows.labels(name)
         self._queue_depth = metrics.queue_depth.labels(name)
         self._queue_wait = metrics.queue_wait.labels(name)
-        self._batch_size = metrics.batch_size.labels(name)
+        self._batch_size, self._inference = metrics.batch_size.labels(name), metrics.inference.labels(name)
         self._instance_runs = {i.name: metrics.instance_runs.labels(name, i.name) for i in self.instances}
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self.stats = ModelStats()
@@ -284,8 +287,6 @@ class ModelBatcher:
         items = [item for request_parts in parts for item in request_parts]
         instance = self._route(items) if len(items) == 1 and not self._queue and not self._in_flight else None
         if instance is not None and self._may_run_inline(instance, items, slots_held=0):
-            await instance.slots.acquire()  # its slots are all free: no wait, no turn of the event loop
-            self._in_flight += 1
             await self._run_batch(instance, items, inline=True)
         else:
             self._enqueue(items)
@@ -350,13 +351,12 @@ class ModelBatcher:
                 continue
             await instance.slots.acquire()
             batch = self._take(instance)
-            if not batch:
+            if not batch or self._may_run_inline(instance, batch, slots_held=1):
                 instance.slots.release()
+                if batch:
+                    await self._run_batch(instance, batch, inline=True)
                 continue
             self._in_flight += 1
-            if self._may_run_inline(instance, batch, slots_held=1):
-                await self._run_batch(instance, batch, inline=True)
-                continue
             task = asyncio.create_task(self._run_batch(instance, batch))
             self._runs.add(task)
             task.add_done_callback(self._runs.discard)
@@ -439,7 +439,7 @@ class ModelBatcher:
         return (
             instance.cost.known
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S
-            and self._clock() - min(item.arrival for item in batch) < INLINE_WINDOW_S
+            and self._clock() - min(map(_ARRIVAL, batch)) < INLINE_WINDOW_S
             and instance.slots.free == instance.slots.runs - slots_held
             and self._alone()
         )
@@ -454,20 +454,14 @@ class ModelBatcher:
                 self.stats.add("queue", now - item.enqueued)
 
     async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
-        """Run a batch on a run-slot thread or `inline`; a failed one is rerun item by item (one bad input fails)."""
+        """Run a batch on a run-slot thread, or `inline` (it never yields to another task, so it holds no slot); a
+        failed one is rerun item by item, the same way (one bad input fails)."""
         self._stop_waiting(batch)
-        end = self._clock() + _predicted(instance, batch)
-        instance.slots.ends.append(end)
         try:
             try:
-                results, samples = await self._execute(instance, batch, inline)
-                outcomes: list[Feeds | BaseException] = list(results)
-                for rows, length, seconds in samples:  # teach the cost model the runs just done, and count them
-                    instance.cost.observe(rows, length, seconds)
-                    self._instance_runs[instance.name].inc()
-                    self._instance_rows[instance.name].inc(rows)
+                outcomes: list[Feeds | BaseException] = await self._execute(instance, batch, inline)
             except Exception as error:
-                outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item) for item in batch]
+                outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item, inline) for item in batch]
             for item, outcome in zip(batch, outcomes, strict=True):
                 if item.future.done() or (item.chain is not None and self._requeued(item, outcome)):
                     continue
@@ -476,9 +470,9 @@ class ModelBatcher:
                 else:
                     item.future.set_result(outcome)
         finally:
-            instance.slots.ends.remove(end)
-            instance.slots.release()
-            self._in_flight -= 1
+            if not inline:
+                instance.slots.release()
+                self._in_flight -= 1
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
                 self._wakeup.set()
 
@@ -491,37 +485,46 @@ class ModelBatcher:
             self._enqueue([item])
         return True
 
-    async def _rerun(self, instance: Instance, item: _Item) -> Feeds | BaseException:
-        """The outputs of `item` run alone on a run-slot thread, or its error."""
+    async def _rerun(self, instance: Instance, item: _Item, inline: bool) -> Feeds | BaseException:
+        """The outputs of `item` run alone, or its error."""
         try:
-            return (await self._execute(instance, [item]))[0][0]
+            return (await self._execute(instance, [item], inline))[0]
         except Exception as error:
             return error
 
-    async def _execute(self, instance: Instance, batch: list[_Item], inline: bool = False) -> tuple[list, list[Sample]]:
-        """`_compute` on a run-slot thread of `instance`, or on the event loop when `inline`."""
-        compute = functools.partial(self._compute, instance, batch)
-        return (
-            compute() if inline else await asyncio.get_running_loop().run_in_executor(instance.slots.executor, compute)
-        )
+    async def _execute(self, instance: Instance, batch: list[_Item], inline: bool = False) -> list:
+        """The outputs of `_compute`, run on the event loop when `inline`, else on a run-slot thread of `instance`
+        (its predicted end in `slots.ends` meanwhile); each run counted and taught to the cost model."""
+        if inline:
+            results, samples = self._compute(instance, batch)
+        else:
+            end = self._clock() + _predicted(instance, batch)
+            instance.slots.ends.append(end)
+            try:
+                executor, compute = instance.slots.executor, self._compute
+                results, samples = await asyncio.get_running_loop().run_in_executor(executor, compute, instance, batch)
+            finally:
+                instance.slots.ends.remove(end)
+        for rows, length, *phases in samples:
+            instance.cost.observe(rows, length, sum(phases))
+            self.stats.executed(rows, *phases)
+            self._batch_size.observe(rows)
+            self._inference.observe(phases[1])
+            self._instance_runs[instance.name].inc()
+            self._instance_rows[instance.name].inc(rows)
+        return results
 
     def _compute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
-        """Collate, run and split, or run a chain's next chunks; also each run's `Sample` (collating included)."""
+        """Collate, run and split, or run a chain's next chunks; also each run's `Sample`."""
         chain = batch[0].chain
         if chain is not None:
-            samples = chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
-            for _, _, seconds in samples:  # each chunk's run counts like any run
-                self.stats.executed(1, 0.0, seconds, 0.0)
-                self._batch_size.observe(1)
-            return [chain.outputs], samples
+            return [chain.outputs], chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
         collating = self._clock()
         feeds = collate([item.feeds for item in batch], self._sequence_inputs)
         started = self._clock()
         outputs = instance.run(feeds)
         finished = self._clock()
-        rows, longest = _rows(batch), max(item.length for item in batch)
-        self._batch_size.observe(rows)  # every completed run, reruns too
         parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
         kept = [part if i.keep is None else {n: part[n] for n in i.keep} for part, i in zip(parts, batch, strict=True)]
-        self.stats.executed(rows, started - collating, finished - started, self._clock() - finished)
-        return kept, [(rows, longest, self._clock() - collating)]
+        rows, longest = _rows(batch), max(map(_LENGTH, batch))
+        return kept, [(rows, longest, started - collating, finished - started, self._clock() - finished)]

@@ -4,7 +4,6 @@ their device cannot hold fails the run (ONNX Runtime's arena, past its bound), a
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -86,11 +85,10 @@ class Instance:
 
 
 def session_instance(name: str, session: ort.InferenceSession, model: str, metrics: Metrics) -> Instance:
-    """An instance that runs `session`, each run timed in mnemo_inference_duration_seconds. A batch the device cannot
-    hold is halved and each half run again (mnemo_oom_splits_total), down to one row (then 503); the batcher then
-    forms no batch larger than what fitted."""
+    """An instance that runs `session`. A batch the device cannot hold is halved and each half run again
+    (mnemo_oom_splits_total), down to one row (then 503); the batcher then forms no batch larger than what fitted."""
     output_names = [output.name for output in session.get_outputs()]
-    observe, on_split = metrics.inference.labels(model).observe, metrics.oom_splits.labels(model).inc
+    on_split = metrics.oom_splits.labels(model).inc
 
     def run_graph(feeds: Feeds) -> Feeds:
         try:
@@ -110,11 +108,5 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
         halves = (slice(None, half), slice(half, None))
         return concatenate([run_graph({key: value[part] for key, value in feeds.items()}) for part in halves])
 
-    def run(feeds: Feeds) -> Feeds:
-        started = time.perf_counter()
-        outputs = run_graph(feeds)
-        observe(time.perf_counter() - started)
-        return outputs
-
-    instance = Instance(name, session.get_providers()[0], run, session=session)
+    instance = Instance(name, session.get_providers()[0], run_graph, session=session)
     return instance

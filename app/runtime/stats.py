@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from copy import deepcopy
 from typing import Any
@@ -18,10 +17,9 @@ def _phases(sums: list[int]) -> Durations:
 
 
 class ModelStats:
-    """Thread-safe counters: runs are counted on the run-slot threads, the rest on the event loop."""
+    """Counters, all updated and read on the event loop."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self.inference: Durations = {name: {"count": 0, "ns": 0} for name in ("success", "fail", "queue")}
         self._runs: dict[int, list[int]] = {}  # by batch size: runs, then each phase's nanoseconds (see `_phases`)
         self.inference_count = self.execution_count = 0
@@ -29,29 +27,26 @@ class ModelStats:
 
     def add(self, name: str, seconds: float) -> None:
         """A request done (`success` or `fail`, from its arrival) or a queue item's wait (`queue`)."""
-        with self._lock:
-            self.inference[name]["count"] += 1
-            self.inference[name]["ns"] += int(seconds * 1e9)
+        self.inference[name]["count"] += 1
+        self.inference[name]["ns"] += int(seconds * 1e9)
 
     def executed(self, rows: int, *phase_seconds: float) -> None:
         """A run of `rows` rows and the seconds of each of its PHASES."""
-        with self._lock:
-            self.execution_count += 1
-            self.inference_count += rows
-            self.last_inference_ms = int(time.time() * 1000)
-            sums = self._runs.setdefault(rows, [0, 0, 0, 0])
-            sums[0] += 1
-            for phase, seconds in enumerate(phase_seconds, 1):
-                sums[phase] += int(seconds * 1e9)
+        self.execution_count += 1
+        self.inference_count += rows
+        self.last_inference_ms = int(time.time() * 1000)
+        sums = self._runs.setdefault(rows, [0, 0, 0, 0])
+        sums[0] += 1
+        for phase, seconds in enumerate(phase_seconds, 1):
+            sums[phase] += int(seconds * 1e9)
 
     def snapshot(self) -> dict[str, Any]:
         """The counters in the statistics extension's shape (less the model's name and version)."""
-        with self._lock:
-            totals = [sum(column) for column in zip(*self._runs.values(), strict=True)] or [0, 0, 0, 0]
-            return {
-                "last_inference": self.last_inference_ms,
-                "inference_count": self.inference_count,
-                "execution_count": self.execution_count,
-                "inference_stats": deepcopy(self.inference) | _phases(totals),
-                "batch_stats": [{"batch_size": size, **_phases(sums)} for size, sums in sorted(self._runs.items())],
-            }
+        totals = [sum(column) for column in zip(*self._runs.values(), strict=True)] or [0, 0, 0, 0]
+        return {
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": deepcopy(self.inference) | _phases(totals),
+            "batch_stats": [{"batch_size": size, **_phases(sums)} for size, sums in sorted(self._runs.items())],
+        }

@@ -244,7 +244,8 @@ def test_a_request_past_its_deadline_is_504_and_queued_work_behind_it_never_runs
 def test_a_batch_that_fails_in_onnxruntime_fails_only_its_bad_request_and_each_run_is_counted_once(tmp_path):
     """Three requests queue for toy-b (the picky graph) while toy-a's held run keeps the only run slot, so
     they run as one batch; the middle one's k fails that run, so each is rerun alone (the batcher's `_isolate`):
-    the good ones get 200, the bad one 422, and the batch-size and inference histograms count the same runs."""
+    the good ones get 200, the bad one 422, and the batch-size and inference histograms and the instance's counters
+    count the same runs."""
     entries = [toy_entry("toy-a", default=True), toy_entry("toy-b")]
     artifacts = write_toy_artifacts(tmp_path / "picky", entries, picky=["toy-b"])
 
@@ -268,6 +269,8 @@ def test_a_batch_that_fails_in_onnxruntime_fails_only_its_bad_request_and_each_r
         assert runs == 2  # the two good requests, each rerun alone; the failed batch and the bad one never completed
         assert metric(server.url, 'mnemo_batch_size_rows_count{model="toy-b"}') == runs
         assert metric(server.url, 'mnemo_batch_size_rows_sum{model="toy-b"}') == 2
+        assert metric(server.url, 'mnemo_instance_runs_total{model="toy-b",model_instance="cpu-0"}') == runs
+        assert metric(server.url, 'mnemo_instance_rows_total{model="toy-b",model_instance="cpu-0"}') == 2
 
 
 @pytest.mark.slow

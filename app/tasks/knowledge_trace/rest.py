@@ -53,7 +53,7 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) 
 
 def json_floats(array: np.ndarray | None) -> np.ndarray | None:
     """Float64 rounded to 7 decimals (float32's resolution near 1): orjson writes it faster and shorter than float32."""
-    return None if array is None else np.round(wide := array.astype(np.float64), 7, out=wide)
+    return None if array is None else (wide := array.astype(np.float64)).round(7, out=wide)
 
 
 def render(
