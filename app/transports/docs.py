@@ -4,13 +4,15 @@ Content-Security-Policy that lets the pages load nothing from elsewhere (they wo
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from pathlib import Path
 
 import fastapi_offline
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.transports.access import DOCS_ASSETS_PREFIX
@@ -25,30 +27,42 @@ POLICY = (
 )
 
 
-def install(app: FastAPI) -> None:
-    """Mount the assets and add the documentation pages (not in the OpenAPI schema), each with its policy."""
-    app.mount(DOCS_ASSETS_PREFIX.rstrip("/"), StaticFiles(directory=ASSETS_DIR), name="docs-assets")
-    assets, favicon = DOCS_ASSETS_PREFIX, f"{DOCS_ASSETS_PREFIX}favicon.png"
-    pages = {
+@functools.lru_cache(maxsize=8)
+def pages(app: FastAPI, root: str) -> dict[str, HTMLResponse]:
+    """The documentation pages, their URLs below `root` (the server's --root-path, a proxy's prefix, as FastAPI's own
+    pages do), each with its policy."""
+    assets, favicon = f"{root}{DOCS_ASSETS_PREFIX}", f"{root}{DOCS_ASSETS_PREFIX}favicon.png"
+    built = {
         "/docs": get_swagger_ui_html(
-            openapi_url=app.openapi_url,
+            openapi_url=f"{root}{app.openapi_url}",
             title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{assets}swagger-ui-bundle.js",
             swagger_css_url=f"{assets}swagger-ui.css",
             swagger_favicon_url=favicon,
-            oauth2_redirect_url="/docs/oauth2-redirect",
+            oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
         ),
         "/docs/oauth2-redirect": get_swagger_ui_oauth2_redirect_html(),
         "/redoc": get_redoc_html(
-            openapi_url=app.openapi_url,
+            openapi_url=f"{root}{app.openapi_url}",
             title=f"{app.title} - ReDoc",
             redoc_js_url=f"{assets}redoc.standalone.js",
             redoc_favicon_url=favicon,
             with_google_fonts=False,
         ),
     }
-    for path, page in pages.items():
+    for page in built.values():
         digests = (hashlib.sha256(script.encode()).digest() for script in INLINE_SCRIPT.findall(page.body.decode()))
         hashes = " ".join(f"'sha256-{base64.b64encode(digest).decode()}'" for digest in digests)
         page.headers["Content-Security-Policy"] = POLICY.format(hashes=hashes)
-        app.add_route(path, page, methods=["GET"], include_in_schema=False)  # a Response is an ASGI app
+    return built
+
+
+def install(app: FastAPI) -> None:
+    """Mount the assets and add the documentation pages (not in the OpenAPI schema)."""
+    app.mount(DOCS_ASSETS_PREFIX.rstrip("/"), StaticFiles(directory=ASSETS_DIR), name="docs-assets")
+    for path in pages(app, ""):
+
+        async def page(request: Request, path: str = path) -> HTMLResponse:
+            return pages(request.app, request.scope.get("root_path", "").rstrip("/"))[path]
+
+        app.add_route(path, page, methods=["GET"], include_in_schema=False)

@@ -201,6 +201,19 @@ def test_health_is_answered_directly_and_counted_under_its_route(client):
     assert 'mnemo_http_requests_total{method="HEAD",route="/health",status="200"}' in metrics, metrics
 
 
+def test_behind_a_root_path_the_docs_pages_link_below_it():
+    """Under `--root-path /api` the pages load the schema and their assets below the prefix, as FastAPI's own pages
+    do, and their Content-Security-Policy hashes the scripts they hold."""
+    with TestClient(create_app(app_settings(DEFAULT_ARTIFACTS_DIR)), root_path="/api") as client:
+        for path in ("/api/docs", "/api/redoc"):
+            page = client.get(path)
+            assert page.status_code == 200 and "'/api/openapi.json'" in page.text.replace('"', "'"), page.text
+            assert "/api/docs-assets/" in page.text and "'/openapi.json'" not in page.text.replace('"', "'")
+            assert "sha256-" in page.headers["content-security-policy"] or "<script>" not in page.text
+        assert client.get("/api/docs-assets/swagger-ui.css").status_code == 200
+        assert "'/docs/oauth2-redirect'" not in client.get("/api/docs").text.replace('"', "'")
+
+
 def test_behind_a_root_path_the_edge_reads_the_path_below_it():
     """Served under a prefix (`uvicorn --root-path /api`, Ray Serve's route_prefix), the edge's checks read the path
     the routes see: /v2 errors in the protocol's shape, the open paths open, the task routes called directly."""
