@@ -114,7 +114,8 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     async def compute(current: StudentState | None) -> tuple[np.ndarray, int, tuple[service.Trace, np.ndarray]]:
         """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
         the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
-        trace = await service.trace(model, questions, correct, None if current is None else memory_of(current, model))
+        memory = None if current is None else memory_of(current, model)
+        (trace,) = await service.trace_all(model, [(questions, correct, memory)])
         next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
         seen = 0 if current is None else current.interactions
         return trace.memory, seen + len(questions), (trace, next_p)

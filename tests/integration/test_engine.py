@@ -104,7 +104,7 @@ def test_knowledge_trace_results_do_not_depend_on_the_batch(committed_registry, 
     histories = [(rng.integers(1, 111, n), rng.integers(0, 2, n)) for n in (3, 57, 200, 431)]
 
     async def scenario():
-        alone = [await kt_service.trace(model, q, r) for q, r in histories]
+        alone = [(await kt_service.trace_all(model, [(q, r, None)]))[0] for q, r in histories]
         _flat_costs(committed_registry)  # the runs alone taught them this machine's times
         together = await kt_service.trace_all(model, [(q, r, None) for q, r in histories])
         assert kt_service.chunks_share_runs(model) is chunks_share_runs

@@ -1,5 +1,5 @@
 """The knowledge-tracing service, transport-free: check a request, run each history through the batcher in chunks of
-`seqlen` (each from the state the one before ended with), decode. DKVMN's memory slots are latent concepts."""
+`seqlen` (each from the state the one before ended with), decode."""
 
 from __future__ import annotations
 
@@ -86,7 +86,16 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
     names = None if "question_names" not in assets else tuple(str(name) or None for name in assets["question_names"])
     if names is not None and len(names) != n_questions:
         raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
-    ids = None if "question_ids" not in assets else _question_ids(np.asarray(assets["question_ids"]), n_questions)
+    ids = None
+    if "question_ids" in assets:  # `ids[k - 1]` names question k: unique, all integers or all strings
+        asset = np.asarray(assets["question_ids"])
+        if asset.shape != (n_questions,):
+            raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
+        if asset.dtype.kind not in "iU":
+            raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
+        if len(np.unique(asset)) != n_questions:
+            raise ValueError("question_ids repeats an id")
+        ids = tuple(asset.tolist())
     limits = [positive_int(model.entry.limits, key) for key in ("max_interactions", "max_histories")]
     n_concepts = concepts = skills = None
     if family.has_concepts:
@@ -97,8 +106,14 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         init_memory = np.asarray(assets["init_memory"], dtype=np.float32)
         if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
             raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
-        if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:
-            skills = _concept_skills(model, init_memory, names)
+        if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:  # per concept, the TOP_SKILLS
+            # questions (unquoted names) weighing most on it: one step each, from any memory (weights read keys only)
+            weights = model.run(step_feeds(DKVMN, init_memory, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
+            ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
+            skills = tuple(
+                tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
+                for concept in range(n_concepts)
+            )
     else:  # a DKT history starts from zeros, shaped as the graph's state input
         shape = inputs[family.state_input].shape[1:]
         if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
@@ -107,30 +122,6 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
     numbers = None if ids is None else {question: number for number, question in enumerate(ids, start=1)}
     return KnowledgeTraceState(
         family, n_questions, seqlen, *limits, init_memory, names, ids, numbers, n_concepts, concepts, skills
-    )
-
-
-def _question_ids(asset: np.ndarray, n_questions: int) -> tuple[QuestionKey, ...]:
-    """The asset `question_ids` (`ids[k - 1]` names question k), checked: unique, all integers or all strings."""
-    if asset.shape != (n_questions,):
-        raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
-    if asset.dtype.kind not in "iU":
-        raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
-    if len(np.unique(asset)) != n_questions:
-        raise ValueError("question_ids repeats an id")
-    return tuple(asset.tolist())
-
-
-def _concept_skills(
-    model: ServedModel, init_memory: np.ndarray, names: tuple[str | None, ...]
-) -> tuple[tuple[str, ...], ...]:
-    """Per concept, the names (without CSV quotes) of the TOP_SKILLS questions with the largest correlation weight
-    on it: one step per question from the initial memory, as the weights depend on the key memory only."""
-    weights = model.run(step_feeds(DKVMN, init_memory, np.arange(1, len(names) + 1)))["corr_w"][:, 0, :]
-    ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
-    return tuple(
-        tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
-        for concept in range(init_memory.shape[0])
     )
 
 
@@ -146,8 +137,7 @@ def describe(model: ServedModel) -> dict[str, Any]:
 
 
 def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: tuple[str, ...]) -> np.ndarray:
-    """The graph's question numbers (1..n_questions) of a request's ids, through the model's own ids where it has
-    them; one 422 names each wrong id's item (the first MAX_LISTED_ERRORS) and counts all."""
+    """The graph's numbers (1..n_questions) of a request's question ids; one 422 lists the wrong ones and counts all."""
     state: KnowledgeTraceState = model.state
     name, count = model.name, state.n_questions
     if state.numbers is not None:
@@ -174,29 +164,28 @@ def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: t
 _QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
 
 
-def history_arrays(model: ServedModel, interactions: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """Questions and answers (0/1) of validated `interactions`, checked against the model's limits."""
-    count, limit = len(interactions), model.state.max_interactions
-    if count > limit:
-        raise InvalidInput(
-            ("body", "interactions"), f"{count} interactions; model {model.name} accepts at most {limit}"
-        )
-    # map(itemgetter) runs in C: a third of the time of a generator expression
-    questions = question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
-    return questions, np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count)
-
-
 def request_arrays(
     model: ServedModel, interactions: Sequence[Mapping[str, Any]], next_questions: Sequence[QuestionKey] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`history_arrays` and the numbers of the questions to predict next (None: all); one 422 for both fields."""
+    """Question numbers and answers (0/1) of validated `interactions`, and the numbers of the questions to predict
+    next (None: all), checked against the model: one 422 for both fields."""
+    count, limit = len(interactions), model.state.max_interactions
+
+    def history() -> np.ndarray:
+        if count > limit:
+            raise InvalidInput(
+                ("body", "interactions"), f"{count} interactions; model {model.name} accepts at most {limit}"
+            )
+        # map(itemgetter) runs in C: a third of the time of a generator expression
+        return question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
+
     wanted = (
         partial(np.arange, 1, model.state.n_questions + 1, dtype=np.int64)
         if next_questions is None
         else partial(question_numbers, model, next_questions, ("body", "next_questions"))
     )
-    (questions, correct), numbers = each_checked([partial(history_arrays, model, interactions), wanted])
-    return questions, correct, numbers
+    questions, numbers = each_checked([history, wanted])
+    return questions, np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count), numbers
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
@@ -204,23 +193,15 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
     return math.ceil(interactions / model.state.seqlen) + int(predicts_next)
 
 
-async def trace(
-    model: ServedModel, questions: np.ndarray, correct: np.ndarray, memory: np.ndarray | None = None
-) -> Trace:
-    """Run one history (oldest first) from `memory` (default: the model's initial state), chunk by chunk."""
-    return (await trace_all(model, [(questions, correct, memory)]))[0]
-
-
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
-    """`trace` of several `(questions, correct, memory)` histories."""
+    """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state), in chunks."""
     chunked = [history_chunks(model, *history) for history in histories]
     run = _interleaved if chunks_share_runs(model) else _chained
     return [trace_of(model.state.family, outputs) for outputs in await run(model, chunked)]
 
 
 def chunks_share_runs(model: ServedModel) -> bool:
-    """True when the model's `max_cells` holds two chunks: the k-th chunks of all histories then share runs as
-    rows; else each long history runs as a chain, which gives its run slot back every CHAIN_SLICE_S."""
+    """True when `max_cells` holds two chunks (k-th chunks share runs); else a long history runs as a chain."""
     max_cells = model.batcher.config.max_cells
     return max_cells is None or max_cells >= 2 * model.state.seqlen
 
@@ -290,8 +271,7 @@ def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Fee
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
-    """P(correct) of each question after the history: one step per question from its final state (a step's
-    prediction reads the state before its update, so the answer fed does not matter)."""
+    """P(correct) of each question: one step from `memory` (a step predicts before its update: any answer will do)."""
     feeds = step_feeds(model.state.family, memory, questions)
     return (await model.batcher.run(feeds, len(questions), 1, keep=("p",)))["p"][:, 0]
 
@@ -322,8 +302,7 @@ def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndar
 
 
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
-    """A page of the model's questions (id, name, main concept), and each concept's top skills, a label joining
-    them and how many questions it is the main one of, where the data set names skills (else null)."""
+    """A page of the model's questions (id, name, main concept), and each concept's label where skills are named."""
     state: KnowledgeTraceState = model.state
     page = np.arange(offset + 1, min(offset + limit, state.n_questions) + 1)
     main_of = None if state.concept_skills is None else np.bincount(state.concepts, minlength=state.n_concepts)

@@ -14,12 +14,11 @@ from app.tasks.knowledge_trace.service import KnowledgeTraceState
 
 PLATFORM = "onnxruntime_onnx"
 Histories = tuple[list[service.History], int]  # each row's history without its padding, and the padded length T
-OPTIONAL_INPUTS = frozenset({service.DKVMN.state_input, service.DKT.state_input})
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
     """The graph's inputs; the state (`mv_in`, `state_in`) may be left out."""
-    return [onnx_spec(node, node.name in OPTIONAL_INPUTS) for node in model.session.get_inputs()]
+    return [onnx_spec(node, node.name == model.state.family.state_input) for node in model.session.get_inputs()]
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
