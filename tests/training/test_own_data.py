@@ -70,7 +70,7 @@ def test_importing_the_cli_and_its_train_help_loads_no_torch():
             "answers.csv:3: column 'timestamp' is 'yesterday', not a number or an ISO 8601 date-time",
         ),
         ("student,question,correct,order,timestamp\ns1,q1,1,1,1\n", "give either 'order' or 'timestamp'"),
-        (HEADER + "s1,q1,1\ns2,q1,0\n", "2 student(s): the split by student into train, valid and test needs at"),
+        (HEADER + "s1,q1,1\ns2,q1,0\n", "answers.csv: 2 student(s): the split by student into train"),
         (HEADER + "s1,q1,1\ns1,q2\n", "answers.csv:3: 2 field(s), the header has 3 columns"),
         (HEADER + "s1,q1,1\ns2," + "x" * 140_000 + ",1\n", "answers.csv:3: not a readable CSV (field larger than"),
         (HEADER + 's1,"q"1,1\n', "answers.csv:2: not a readable CSV (',' expected after '\"')"),
