@@ -58,7 +58,10 @@ def run_own_training(task: str, csv_file: Path, artifacts: Path, name: str, **op
     if not 0 <= options["seed"] <= MAX_SEED:
         raise OwnDataError(f"--seed {options['seed']}: must be 0 to {MAX_SEED}")
     data = function(own.reader)(csv_file)  # a bad CSV, or one too small to split, is told before torch loads
-    function(own.splitter)(data, options["seed"])
+    try:
+        function(own.splitter)(data, options["seed"])
+    except OwnDataError as error:
+        raise OwnDataError(f"{csv_file}: {error}") from None
     check_artifacts(artifacts, name, own.served_task)  # before training, not after it
     try:
         trainer, exporter = import_module(own.trainer), import_module(own.exporter)

@@ -55,9 +55,14 @@ def data_file_records(files: dict[str, Path]) -> dict[str, dict[str, str]]:
 
 
 def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Pretty JSON with a trailing newline."""
+    """Pretty JSON with a trailing newline, written whole or not at all (a full disk keeps the previous file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(payload, indent=2) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def command_line(module: str, argv: list[str] | None = None) -> str:

@@ -70,7 +70,7 @@ def test_importing_the_cli_and_its_train_help_loads_no_torch():
             "answers.csv:3: column 'timestamp' is 'yesterday', not a number or an ISO 8601 date-time",
         ),
         ("student,question,correct,order,timestamp\ns1,q1,1,1,1\n", "give either 'order' or 'timestamp'"),
-        (HEADER + "s1,q1,1\ns2,q1,0\n", "2 student(s): the split by student into train, valid and test needs at"),
+        (HEADER + "s1,q1,1\ns2,q1,0\n", "answers.csv: 2 student(s): the split by student into train"),
         (HEADER + "s1,q1,1\ns1,q2\n", "answers.csv:3: 2 field(s), the header has 3 columns"),
         (HEADER + "s1,q1,1\ns2," + "x" * 140_000 + ",1\n", "answers.csv:3: not a readable CSV (field larger than"),
         (HEADER + 's1,"q"1,1\n', "answers.csv:2: not a readable CSV (',' expected after '\"')"),
@@ -317,3 +317,23 @@ def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_pa
         train(run, log, "test")
     again = train(replace(run, resume=True), log, "test")  # an export that failed is retried without training
     assert again["test"] == first["test"] and again["history"] == first["history"]
+
+
+def test_a_json_write_that_fails_midway_leaves_the_old_file_whole(tmp_path):
+    """A full disk (here a file-size limit, RLIMIT_FSIZE) while result.json is rewritten keeps the previous one."""
+    path = tmp_path / "result.json"
+    path.write_text('{"kept": true}\n')
+    script = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from models.training import write_json\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n"
+        "try:\n"
+        "    write_json(Path(sys.argv[1]), {'history': ['x' * 100] * 10})\n"
+        "except OSError:\n"
+        "    sys.exit(3)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, check=False).returncode == 3
+    assert json.loads(path.read_text()) == {"kept": True}
+    assert list(tmp_path.iterdir()) == [path]

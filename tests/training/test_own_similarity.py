@@ -92,7 +92,7 @@ def test_train_help_lists_similarity_and_its_help_every_option_without_torch():
             "pairs.csv:2: column 'label' is 'maybe', not one of",
         ),
         (HEADER[:-1] + ",label\nA dog runs,A dog walks,3,\n", "pairs.csv:2: column 'label' is empty"),
-        (HEADER + "A dog runs,A dog walks,3\nA cat sits,A cat sleeps,4\n", "2 pair(s): the split by pair into train"),
+        (HEADER + "A dog runs,A dog walks,3\nA cat sits,A cat sleeps,4\n", "pairs.csv: 2 pair(s): the split by pair"),
         (HEADER + f"A dog runs,{'word ' * 201},3\n", "pairs.csv:2: column 'sentence_b' has 1004 characters; a served"),
         (
             HEADER + "".join(f"Dog {index} runs,A dog walks,3\n" for index in range(10)),
