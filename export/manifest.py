@@ -33,7 +33,9 @@ def upsert_model(artifacts_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     models = [m for m in manifest["models"] if m["name"] != entry["name"]]
     models.append(entry)
     manifest["models"] = sorted(models, key=lambda m: (m["task"], m["name"]))
-    (artifacts_dir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    from models.training import write_json  # here: `mnemo train --help` reads MANIFEST_NAME without importing torch
+
+    write_json(artifacts_dir / MANIFEST_NAME, manifest)  # whole or not at all: a full disk keeps the old one
     return entry
 
 

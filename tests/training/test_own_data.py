@@ -319,6 +319,26 @@ def test_an_interrupted_run_resumes_only_with_resume_and_its_own_protocol(tmp_pa
     assert again["test"] == first["test"] and again["history"] == first["history"]
 
 
+def test_a_manifest_update_that_fails_midway_leaves_the_old_manifest_whole(tmp_path):
+    """A full disk (RLIMIT_FSIZE) while `mnemo train` adds its model keeps the manifest the service starts from."""
+    before = {"schema_version": 1, "models": [{"name": "kept", "task": "knowledge-trace", "file": "kept.onnx"}]}
+    (tmp_path / "manifest.json").write_text(json.dumps(before))
+    (tmp_path / "new.onnx").write_bytes(b"graph")
+    script = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from export.manifest import upsert_model\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))\n"
+        "try:\n"
+        "    upsert_model(Path(sys.argv[1]), {'name': 'new', 'task': 'knowledge-trace', 'file': 'new.onnx'})\n"
+        "except OSError:\n"
+        "    sys.exit(3)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, check=False).returncode == 3
+    assert json.loads((tmp_path / "manifest.json").read_text()) == before
+
+
 def test_a_json_write_that_fails_midway_leaves_the_old_file_whole(tmp_path):
     """A full disk (here a file-size limit, RLIMIT_FSIZE) while result.json is rewritten keeps the previous one."""
     path = tmp_path / "result.json"
