@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ def _problem(raw: Any, loc: tuple, message: str) -> str:
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:
     """The entries of `artifacts/manifest.json`, checked: schema, known tasks, unique names, one default per task."""
     models = load_manifest(artifacts).models
-    if twice := sorted({entry.name for entry in models if [other.name for other in models].count(entry.name) > 1}):
+    if twice := sorted(name for name, count in Counter(entry.name for entry in models).items() if count > 1):
         raise ManifestError(f"manifest.json: model names must be unique, not {', '.join(twice)} (listed twice)")
     for entry in models:
         if entry.task not in tasks:

@@ -87,7 +87,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def invalid(request: Request, error: InvalidInput | RequestValidationError | ValidationError) -> JsonResponse:
         if isinstance(error, RequestValidationError):
-            error = InvalidInput.from_pydantic(error.errors(), len(error.errors()))
+            error = InvalidInput.from_pydantic(errors := error.errors(), len(errors))
         return JsonResponse((body_invalid(error) if isinstance(error, ValidationError) else error).payload(), 422)
 
     for kind in (InvalidInput, RequestValidationError, ValidationError):
