@@ -135,25 +135,19 @@ async def infer(request: Request, name: str) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
     model, codec = inference.find_model(request.app.state, name, request.path_params.get("version"))
-    body, binary = _split_body(await utf8_body(request), request.headers.get(BINARY_HEADER_LENGTH))
+    body, length = await utf8_body(request), request.headers.get(BINARY_HEADER_LENGTH)
+    if length is not None and (HEADER_LENGTH_VALUE.fullmatch(length) is None or int(length) > len(body)):
+        raise ProtocolError(
+            f"Inference-Header-Content-Length {length[:20]!r} does not fit the body of {len(body)} bytes: "
+            "it must be the JSON header's length in bytes (ASCII digits)"
+        )
+    header, binary = (body, b"") if length is None else (body[: int(length)], body[int(length) :])
     return await inference.infer(
         model,
         codec,
-        len(body) + len(binary),
+        len(body),
         request.app.state.metrics,
         lambda work, timeout: complete(request, work, model.name, timeout),
-        lambda: (parse_request(body), binary),
+        lambda: (parse_request(header), binary),
         encode_response,
     )
-
-
-def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
-    """The JSON header and the binary tensor data that follows it (empty without the extension)."""
-    if header_length is None:
-        return body, b""
-    if HEADER_LENGTH_VALUE.fullmatch(header_length) is None or int(header_length) > len(body):
-        raise ProtocolError(
-            f"Inference-Header-Content-Length {header_length[:20]!r} does not fit the body of {len(body)} bytes: "
-            "it must be the JSON header's length in bytes (ASCII digits)"
-        )
-    return body[: int(header_length)], body[int(header_length) :]
