@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
+from pydantic import ConfigDict, Field, StrictBool, ValidationError, create_model
 from starlette.datastructures import State
 from starlette.responses import Response
 
@@ -24,45 +24,37 @@ ServerMetadata = create_model("ServerMetadata", name=str, version=str, extension
 Liveness = create_model("Liveness", live=bool)
 ServerReadiness = create_model("ServerReadiness", ready=(bool, Field(description=READY)))
 ModelReadiness = create_model("ModelReadiness", name=str, ready=bool)
-
-
-class TensorMetadata(BaseModel):
-    name: str
-    datatype: str = Field(description="BOOL, INT8 ... INT64, UINT8, FP16, FP32, FP64 or BYTES")
-    shape: list[int] = Field(description="-1 = any size")
-
-
-class ModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-
-
-class ResponseOutput(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list[Any] | None = Field(None, description="row-major elements (absent when sent as binary data)")
-    parameters: dict[str, Any] | None = Field(None, description="binary_data_size when sent as binary data")
-
-
-class InferenceResponse(BaseModel):
-    """The JSON body, or with binary outputs the JSON header before the binary tensor data."""
-
-    model_name: str
-    model_version: str
-    id: str | None = Field(None, description="the request's id, when it had one")
-    outputs: list[ResponseOutput]
-
-
-class RepositoryIndexRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    ready: StrictBool = Field(False, description="true: only the models that are ready")
-
-
+TensorMetadata = create_model(
+    "TensorMetadata",
+    name=str,
+    datatype=(str, Field(description="BOOL, INT8 ... INT64, UINT8, FP16, FP32, FP64 or BYTES")),
+    shape=(list[int], Field(description="-1 = any size")),
+)
+Tensors = list[TensorMetadata]
+ModelMetadata = create_model(
+    "ModelMetadata", name=str, versions=list[str], platform=str, inputs=Tensors, outputs=Tensors
+)
+ResponseOutput = create_model(
+    "ResponseOutput",
+    name=str,
+    datatype=str,
+    shape=list[int],
+    data=(list[Any] | None, Field(None, description="row-major elements (absent when sent as binary data)")),
+    parameters=(dict[str, Any] | None, Field(None, description="binary_data_size when sent as binary data")),
+)
+InferenceResponse = create_model(
+    "InferenceResponse",
+    __doc__="The JSON body, or with binary outputs the JSON header before the binary tensor data.",
+    model_name=str,
+    model_version=str,
+    id=(str | None, Field(None, description="the request's id, when it had one")),
+    outputs=list[ResponseOutput],
+)
+RepositoryIndexRequest = create_model(
+    "RepositoryIndexRequest",
+    __config__=ConfigDict(extra="forbid"),
+    ready=(StrictBool, Field(False, description="true: only the models that are ready")),
+)
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
