@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import quote
 
 import grpc
 from fastapi import FastAPI
@@ -17,6 +18,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
+from starlette.datastructures import State
 from tritonclient.grpc import service_pb2
 
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
@@ -40,10 +42,6 @@ API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization
 Context = grpc.aio.ServicerContext
 
 
-class ShuttingDown(ServiceError):
-    status_code = 503  # a call that arrives while the server drains
-
-
 def model_ready(app: FastAPI, request: Any) -> dict:
     try:
         return {"ready": inference.model_ready(app.state, request.name, request.version)["ready"]}
@@ -59,113 +57,97 @@ def repository_index(app: FastAPI, request: Any) -> dict:
     return {"models": inference.repository_index(app.state, request.ready)}
 
 
-# each RPC: the REST path whose API-key rule it follows, and its answer as REST's dict (ModelInfer: `_infer`)
-RPCS: dict[str, tuple[Callable[[Any], str], Callable[[FastAPI, Any], dict] | None]] = {
-    "ServerLive": (lambda request: "/v2/health/live", lambda app, _: {"live": True}),
-    "ServerReady": (lambda request: "/v2/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
+# each RPC: the REST path whose API-key rule it follows ({}: the model's name as one path segment), and its answer
+# as REST's dict (ModelInfer: `_infer`)
+RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
+    "ServerLive": ("/v2/health/live", lambda app, _: {"live": True}),
+    "ServerReady": ("/v2/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
     "ServerMetadata": (
-        lambda request: "/v2",
+        "/v2",
         lambda app, _: {"name": app.title, "version": app.version, "extensions": list(inference.EXTENSIONS)},
     ),
-    "ModelReady": (lambda request: f"/v2/models/{request.name}/ready", model_ready),
-    "ModelMetadata": (
-        lambda request: f"/v2/models/{request.name}",
-        lambda app, request: inference.model_metadata(app.state, request.name, request.version),
-    ),
+    "ModelReady": ("/v2/models/{}/ready", model_ready),
+    "ModelMetadata": ("/v2/models/{}", lambda app, r: inference.model_metadata(app.state, r.name, r.version)),
     "ModelConfig": (
-        lambda request: f"/v2/models/{request.name}/config",
-        lambda app, request: {"config": inference.model_config(app.state, request.name, request.version)},
+        "/v2/models/{}/config",
+        lambda app, r: {"config": inference.model_config(app.state, r.name, r.version)},
     ),
-    "ModelStatistics": (
-        lambda request: f"/v2/models/{request.name}/stats" if request.name else "/v2/models/stats",
-        lambda app, request: inference.model_statistics(app.state, request.name, request.version),
-    ),
-    "RepositoryIndex": (lambda request: "/v2/repository/index", repository_index),
-    "ModelInfer": (lambda request: f"/v2/models/{request.model_name}/infer", None),
+    "ModelStatistics": ("/v2/models/{}/stats", lambda app, r: inference.model_statistics(app.state, r.name, r.version)),
+    "RepositoryIndex": ("/v2/repository/index", repository_index),
+    "ModelInfer": ("/v2/models/{}/infer", None),
 }
 
 
-class InferenceService:
-    """The RPCs over the app's registry, drain, metrics and settings (read from `app.state` at each call)."""
+def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
+    """The RPC `name`: it decodes its own message (a malformed one is INVALID_ARGUMENT, not grpc's UNKNOWN), checks
+    the API key as REST does its path, and answers, or aborts with its error as a status; each call is counted."""
+    path, answer = RPCS[name]
+    request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
 
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-        self.state = app.state
-        self.keys = app.state.api_keys
-
-    def register(self, server: grpc.aio.Server) -> None:
-        """Serve the RPCs on `server`, as grpc's generated `add_..._to_server` does (registered: the faster lookup)."""
-        methods = {name: self._method(name) for name in RPCS}
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, methods),))
-        server.add_registered_method_handlers(INFERENCE_SERVICE, methods)
-
-    def _method(self, name: str) -> grpc.RpcMethodHandler:
-        """The RPC `name`: it decodes its own message (a malformed one is INVALID_ARGUMENT, not grpc's UNKNOWN), checks
-        the API key as REST does its path, and answers, or aborts with its error as a status; each call is counted."""
-        path, answer = RPCS[name]
-        request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
-
-        async def call(data: bytes, context: Context) -> Message:
-            started = time.perf_counter()
-            request_arrival.set(started)
-            code, details, trailers = grpc.StatusCode.OK, "", ()
-            try:
-                try:
-                    request = request_type.FromString(data)
-                except DecodeError:
-                    request = None
-                sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
-                if self.keys.refusal(path(request or request_type()), sent.encode()):
-                    code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
-                elif request is None:
-                    raise ProtocolError(MALFORMED.format(name))
-                elif answer is None:
-                    return await self._infer(request, context)
-                else:
-                    return json_format.ParseDict(answer(self.app, request), response_type())
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                if not self.state.drain.gave_up or context.cancelled():
-                    raise  # the client left, or its deadline passed: nobody reads an answer
-                code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
-            except ServiceError as error:
-                code, details = grpc.StatusCode[CODES.get(error.status_code, "INTERNAL")], error.detail
-                trailers = tuple((key.lower(), value) for key, value in (error.headers or {}).items())
-            except OrtInvalidArgument as error:
-                code, details = grpc.StatusCode.INVALID_ARGUMENT, ort_message(error)
-            except Exception:
-                logger.exception("unexpected error in the gRPC method %s", name)
-                code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
-            finally:
-                self.state.metrics.grpc_requests.labels(name, code.name).inc()
-                self.state.metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
-            await context.abort(code, details, trailers)
-
-        return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
-
-    async def _infer(self, message: service_pb2.ModelInferRequest, context: Context) -> Message:
-        drain = self.state.drain
-        if drain.draining:
-            raise ShuttingDown("The server is shutting down; retry on another instance.")
-        model, codec = inference.find_model(self.state, message.model_name, message.model_version)
-        size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
-        bounded = functools.partial(self._complete, model.name, context)
-        decode = functools.partial(inference_request, message)
-        task = asyncio.current_task()
-        drain.enter(task)
+    async def call(data: bytes, context: Context) -> Message:
+        started = time.perf_counter()
+        request_arrival.set(started)
+        code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
-            return await inference.infer(model, codec, size, self.state.metrics, bounded, decode, inference_response)
+            try:
+                request = request_type.FromString(data)
+            except DecodeError:
+                request = None
+            model = getattr(request, "name", None) or getattr(request, "model_name", "")
+            sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
+            # quoted: a name holding '/' stays one segment, never another (open) path; no name: /v2/models/stats
+            rest_path = path.format(quote(model, safe="")).replace("//stats", "/stats")
+            if app.state.api_keys.refusal(rest_path, sent.encode()):
+                code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
+            elif request is None:
+                raise ProtocolError(MALFORMED.format(name))
+            elif answer is None and app.state.drain.draining:
+                code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
+            elif answer is None:
+                return await _infer(app.state, request, context)
+            else:
+                return json_format.ParseDict(answer(app, request), response_type())
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            if not app.state.drain.gave_up or context.cancelled():
+                raise  # the client left, or its deadline passed: nobody reads an answer
+            code, details = grpc.StatusCode.UNAVAILABLE, "The server shut down before the answer (MNEMO_DRAIN_S)."
+        except ServiceError as error:
+            code, details = grpc.StatusCode[CODES.get(error.status_code, "INTERNAL")], error.detail
+            trailers = tuple((key.lower(), value) for key, value in (error.headers or {}).items())
+        except OrtInvalidArgument as error:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, ort_message(error)
+        except Exception:
+            logger.exception("unexpected error in the gRPC method %s", name)
+            code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
         finally:
-            drain.leave(task)
+            app.state.metrics.grpc_requests.labels(name, code.name).inc()
+            app.state.metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
+        await context.abort(code, details, trailers)
 
-    async def _complete(self, model: str, context: Context, work: Coroutine, timeout_s: float | None) -> Any:
+    return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
+
+
+async def _infer(state: State, message: service_pb2.ModelInferRequest, context: Context) -> Message:
+    model, codec = inference.find_model(state, message.model_name, message.model_version)
+    size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
+
+    async def bounded(work: Coroutine, timeout_s: float | None) -> Any:
         """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
         arrival, remaining = request_arrival.get(), context.time_remaining()
         rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
         source = "the request's timeout parameter"
         if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
             timeout_s, source = rpc_timeout_s, "the gRPC deadline"
-        return await within_deadline(work, self.state, model, timeout_s, source)
+        return await within_deadline(work, state, model.name, timeout_s, source)
+
+    decode = functools.partial(inference_request, message)
+    task = asyncio.current_task()
+    state.drain.enter(task)
+    try:
+        return await inference.infer(model, codec, size, state.metrics, bounded, decode, inference_response)
+    finally:
+        state.drain.leave(task)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
@@ -251,7 +233,9 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
             ("grpc.so_reuseport", int(settings.workers > 1)),
         ],
     )
-    InferenceService(app).register(server)
+    methods = {name: rpc_method(app, name) for name in RPCS}  # as grpc's generated `add_..._to_server` does
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INFERENCE_SERVICE, methods),))
+    server.add_registered_method_handlers(INFERENCE_SERVICE, methods)
     health_servicer = health.aio.HealthServicer()  # open to all, as the probe port is
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     loop = asyncio.get_running_loop()

@@ -280,6 +280,17 @@ def test_api_keys_guard_grpc_as_rest() -> None:
         assert client.get_model_metadata(KT_MODEL, headers={"authorization": "Bearer k-two"}).name == KT_MODEL
 
 
+def test_a_model_name_holding_a_slash_is_not_another_open_path() -> None:
+    port = free_port()
+    with (
+        app_client(COMMITTED, grpc_port=port, api_keys="k-one", open_paths=f"/v2/models/{KT_MODEL}/ready"),
+        grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as client,
+    ):
+        assert client.is_model_ready(KT_MODEL)  # the open path
+        status, _ = grpc_status(lambda: client.get_model_metadata(f"{KT_MODEL}/ready"))  # "/v2/models/{name}"
+        assert status == "StatusCode.UNAUTHENTICATED"  # not NOT_FOUND with the models listed
+
+
 def health_of(address: str, service: str) -> int:
     """The status grpc.health.v1.Health/Check gives `service` (what Kubernetes' grpc probe asks)."""
     with grpc.insecure_channel(address) as channel:

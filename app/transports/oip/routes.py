@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
+from pydantic import ConfigDict, Field, StrictBool, ValidationError, create_model
 from starlette.datastructures import State
 from starlette.responses import Response
 
@@ -24,45 +24,37 @@ ServerMetadata = create_model("ServerMetadata", name=str, version=str, extension
 Liveness = create_model("Liveness", live=bool)
 ServerReadiness = create_model("ServerReadiness", ready=(bool, Field(description=READY)))
 ModelReadiness = create_model("ModelReadiness", name=str, ready=bool)
-
-
-class TensorMetadata(BaseModel):
-    name: str
-    datatype: str = Field(description="BOOL, INT8 ... INT64, UINT8, FP16, FP32, FP64 or BYTES")
-    shape: list[int] = Field(description="-1 = any size")
-
-
-class ModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[TensorMetadata]
-    outputs: list[TensorMetadata]
-
-
-class ResponseOutput(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list[Any] | None = Field(None, description="row-major elements (absent when sent as binary data)")
-    parameters: dict[str, Any] | None = Field(None, description="binary_data_size when sent as binary data")
-
-
-class InferenceResponse(BaseModel):
-    """The JSON body, or with binary outputs the JSON header before the binary tensor data."""
-
-    model_name: str
-    model_version: str
-    id: str | None = Field(None, description="the request's id, when it had one")
-    outputs: list[ResponseOutput]
-
-
-class RepositoryIndexRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    ready: StrictBool = Field(False, description="true: only the models that are ready")
-
-
+TensorMetadata = create_model(
+    "TensorMetadata",
+    name=str,
+    datatype=(str, Field(description="BOOL, INT8 ... INT64, UINT8, FP16, FP32, FP64 or BYTES")),
+    shape=(list[int], Field(description="-1 = any size")),
+)
+Tensors = list[TensorMetadata]
+ModelMetadata = create_model(
+    "ModelMetadata", name=str, versions=list[str], platform=str, inputs=Tensors, outputs=Tensors
+)
+ResponseOutput = create_model(
+    "ResponseOutput",
+    name=str,
+    datatype=str,
+    shape=list[int],
+    data=(list[Any] | None, Field(None, description="row-major elements (absent when sent as binary data)")),
+    parameters=(dict[str, Any] | None, Field(None, description="binary_data_size when sent as binary data")),
+)
+InferenceResponse = create_model(
+    "InferenceResponse",
+    __doc__="The JSON body, or with binary outputs the JSON header before the binary tensor data.",
+    model_name=str,
+    model_version=str,
+    id=(str | None, Field(None, description="the request's id, when it had one")),
+    outputs=list[ResponseOutput],
+)
+RepositoryIndexRequest = create_model(
+    "RepositoryIndexRequest",
+    __config__=ConfigDict(extra="forbid"),
+    ready=(StrictBool, Field(False, description="true: only the models that are ready")),
+)
 HEADER_LENGTH_VALUE = re.compile(r"[0-9]{1,15}")  # ASCII digits only: int() would also take "²" or 5,000 digits
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
@@ -135,25 +127,19 @@ async def infer(request: Request, name: str) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
     model, codec = inference.find_model(request.app.state, name, request.path_params.get("version"))
-    body, binary = _split_body(await utf8_body(request), request.headers.get(BINARY_HEADER_LENGTH))
+    body, length = await utf8_body(request), request.headers.get(BINARY_HEADER_LENGTH)
+    if length is not None and (HEADER_LENGTH_VALUE.fullmatch(length) is None or int(length) > len(body)):
+        raise ProtocolError(
+            f"Inference-Header-Content-Length {length[:20]!r} does not fit the body of {len(body)} bytes: "
+            "it must be the JSON header's length in bytes (ASCII digits)"
+        )
+    header, binary = (body, b"") if length is None else (body[: int(length)], body[int(length) :])
     return await inference.infer(
         model,
         codec,
-        len(body) + len(binary),
+        len(body),
         request.app.state.metrics,
         lambda work, timeout: complete(request, work, model.name, timeout),
-        lambda: (parse_request(body), binary),
+        lambda: (parse_request(header), binary),
         encode_response,
     )
-
-
-def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
-    """The JSON header and the binary tensor data that follows it (empty without the extension)."""
-    if header_length is None:
-        return body, b""
-    if HEADER_LENGTH_VALUE.fullmatch(header_length) is None or int(header_length) > len(body):
-        raise ProtocolError(
-            f"Inference-Header-Content-Length {header_length[:20]!r} does not fit the body of {len(body)} bytes: "
-            "it must be the JSON header's length in bytes (ASCII digits)"
-        )
-    return body[: int(header_length)], body[int(header_length) :]

@@ -22,7 +22,7 @@ from app.transports.http import unrepresentable
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
 # the JSON types each datatype's elements may have (the others: int or float)
-JSON_TYPES = {"BOOL": (bool,)} | dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8"), (int,))
+JSON_TYPES = {"BOOL": (bool,), "BYTES": (str,)} | dict.fromkeys(("INT8", "INT16", "INT32", "INT64", "UINT8"), (int,))
 Output = tuple[str, str, np.ndarray, bool]  # a requested output: name, datatype, array, whether as binary data
 
 
@@ -93,7 +93,7 @@ def decode_inputs(
         if size is None:
             if tensor.data is None:
                 raise ProtocolError(f"input {tensor.name} has neither data nor binary_data_size")
-            arrays[tensor.name] = _from_json(tensor)
+            arrays[tensor.name] = _from_json(tensor, tensor.data)
             continue
         if tensor.data is not None:
             raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
@@ -116,9 +116,10 @@ def decode_inputs(
     return arrays
 
 
-def _from_json(tensor: RequestInput) -> np.ndarray:
-    """The JSON `data`, a flat list or lists nested exactly as the shape, as an array of the datatype."""
-    count, elements = math.prod(tensor.shape), tensor.data
+def _from_json(tensor: RequestInput, elements: list[Any]) -> np.ndarray:
+    """The elements (JSON `data` or BYTES binary data), flat or lists nested exactly as the shape, as an array of the
+    datatype."""
+    count = math.prod(tensor.shape)
     if any(isinstance(element, list) for element in elements):
         nested = np.array(elements, dtype=object)  # ragged lists stay lists: the shape is where they begin
         if nested.shape != tuple(tensor.shape):
@@ -128,14 +129,10 @@ def _from_json(tensor: RequestInput) -> np.ndarray:
         raise ProtocolError(
             f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(elements)}"
         )
-    if tensor.datatype == "BYTES":
-        if not all(isinstance(element, str) for element in elements):
-            raise ProtocolError(f"input {tensor.name}: BYTES data must be JSON strings")
-        return np.array(elements, dtype=object).reshape(tensor.shape)
     accepted = JSON_TYPES.get(tensor.datatype, (int, float))
     wrong = next((index for index, element in enumerate(elements) if type(element) not in accepted), None)
     if wrong is not None:
-        what = {(bool,): "true or false", (int,): "integers"}.get(accepted, "numbers")
+        what = {(bool,): "true or false", (int,): "integers", (str,): "strings"}.get(accepted, "numbers")
         raise ProtocolError(
             f"input {tensor.name}: element {wrong} is {json_text(elements[wrong])}; {tensor.datatype} data must be "
             f"JSON {what}"
@@ -163,7 +160,6 @@ def json_text(value: Any) -> str:
 
 
 def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
-    count = math.prod(tensor.shape)
     if tensor.datatype == "BYTES":
         try:
             elements = deserialize_bytes_tensor(raw)
@@ -172,12 +168,8 @@ def _from_binary(tensor: RequestInput, raw: bytes) -> np.ndarray:
                 f"input {tensor.name}: truncated BYTES element (each is a 4-byte little-endian length, then that "
                 "many bytes)"
             ) from None
-        if len(elements) != count:
-            raise ProtocolError(
-                f"input {tensor.name}: the shape needs {count} elements, the binary data has {len(elements)}"
-            )
-        return np.array(utf8_texts(elements, f"input {tensor.name}"), dtype=object).reshape(tensor.shape)
-    dtype = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<")
+        return _from_json(tensor, utf8_texts(elements, f"input {tensor.name}"))
+    dtype, count = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<"), math.prod(tensor.shape)
     if len(raw) != count * dtype.itemsize:
         raise ProtocolError(
             f"input {tensor.name}: shape {tensor.shape} needs {count * dtype.itemsize} bytes, got {len(raw)}"

@@ -56,3 +56,9 @@ def test_a_datatype_is_shown_escaped() -> None:
     request = parse_request(b'{"inputs": [{"name": "q", "shape": [1], "datatype": "\xe2\x80\xaeFP32", "data": [1]}]}')
     with pytest.raises(ProtocolError, match=re.escape("input q has datatype \\u202eFP32; the model expects FP32")):
         decode_inputs(request, b"", [TensorSpec("q", "FP32", (-1,))])
+
+
+def test_bytes_data_that_is_not_text_names_the_element() -> None:
+    request = parse_request(b'{"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES", "data": ["a", 5]}]}')
+    with pytest.raises(ProtocolError, match=re.escape("input s: element 1 is 5; BYTES data must be JSON strings")):
+        decode_inputs(request, b"", [TensorSpec("s", "BYTES", (-1,))])
