@@ -17,8 +17,8 @@ import onnxruntime as ort
 from tritonclient.utils import triton_to_np_dtype
 
 from app.core.errors import ModelNotReady, UnknownModel
-from app.core.integrity import load_npy, verify
-from app.core.manifest import chosen, confined, read_manifest
+from app.core.integrity import load_npy
+from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
@@ -27,10 +27,6 @@ from app.runtime.sessions import ProviderUnavailable, open_session, resolve_prov
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
-
-
-class ModelLoadError(RuntimeError):
-    """A model listed in the manifest cannot be served (missing, tampered, or broken)."""
 
 
 def _dynamic(dim: object) -> bool:
@@ -71,10 +67,7 @@ class ModelRegistry:
     def load(self) -> None:
         """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
         self.providers = resolve_providers(self.settings.provider)
-        try:
-            entries = chosen(read_manifest(self.artifacts, set(self.tasks)), split_list(self.settings.models))
-        except Exception as error:
-            raise ModelLoadError(str(error)) from None
+        entries = chosen(read_manifest(self.artifacts, set(self.tasks)), split_list(self.settings.models))
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
             list(pool.map(self._load_model, self.models.values()))
@@ -91,8 +84,7 @@ class ModelRegistry:
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():
-                path = confined(self.artifacts, asset.file)
-                verify(path, asset.file, asset.sha256, f"asset {key}")
+                path = verified(self.artifacts, asset, f"asset {key}")
                 try:
                     model.assets[key] = load_npy(path)
                 except ValueError as error:
@@ -119,8 +111,7 @@ class ModelRegistry:
 
     def _open(self, model: ServedModel) -> None:
         """Verify the model's file, open it once per provider listed, warm each session up and seed its cost model."""
-        path, entry = confined(self.artifacts, model.entry.file), model.entry
-        verify(path, entry.file, entry.sha256, "model file")
+        path = verified(self.artifacts, model.entry, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
