@@ -66,32 +66,18 @@ def for_worker(settings: Settings, worker: int) -> Settings:
     return settings.model_copy(update={"cuda_device_id": ids[worker % len(ids)]})
 
 
-def check_session_provider(session: ort.InferenceSession, chosen: str, name: str) -> str:
-    """The provider the session of model file `name` really uses; a silent fallback is an error."""
-    in_use = session.get_providers()[0]
-    if in_use != chosen:
-        raise ProviderUnavailable(
-            f"model file {name}: asked for {chosen} but onnxruntime created the session on {in_use}"
-        )
-    return in_use
-
-
-def session_options(settings: Settings) -> ort.SessionOptions:
-    """Threads from the budget, no spinning (the CPUs are shared with request handling), the CPU arena as
-    MNEMO_CPU_ARENA says (it makes large runs faster, but keeps the memory of the largest run for good)."""
+def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
+    """The one place a session is created: threads from the budget, no spinning (the CPUs are shared with request
+    handling), the CPU arena as MNEMO_CPU_ARENA says; on `provider` and no other (a silent fallback is an error)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.enable_cpu_mem_arena = settings.cpu_arena
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
-
-
-def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
-    """The one place a session is created: the thread budget's options, the provider's options from settings, on
-    `provider` and no other."""
-    options, providers = session_options(settings), session_providers(provider, settings)
-    session = ort.InferenceSession(str(path), options, providers=providers)
-    check_session_provider(session, provider, path.name)
+    session = ort.InferenceSession(str(path), options, providers=session_providers(provider, settings))
+    if (in_use := session.get_providers()[0]) != provider:
+        raise ProviderUnavailable(
+            f"model file {path.name}: asked for {provider} but onnxruntime created the session on {in_use}"
+        )
     return session
