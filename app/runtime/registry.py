@@ -22,33 +22,29 @@ from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.instances import Instance, session_instance
-from app.runtime.model import ONNX_TYPES, ServedModel, Task
+from app.runtime.model import ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
 
 
-def _dynamic(dim: object) -> bool:
-    return not (isinstance(dim, int) and dim > 0)
-
-
 def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1) -> dict[str, np.ndarray]:
     """Each graph input, dynamic dims `rows` (the first) and `length`: integers (and booleans) 1, floats 0."""
     feeds = {}
-    for graph_input in session.get_inputs():
-        shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
-        dtype = triton_to_np_dtype(ONNX_TYPES.get(graph_input.type, "BYTES"))
-        if dtype is np.object_:
-            raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
-        feeds[graph_input.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
+    for node in session.get_inputs():
+        spec = onnx_spec(node)
+        if (dtype := triton_to_np_dtype(spec.datatype)) is np.object_:
+            raise ModelLoadError(f"input {node.name} has type {node.type}, which warm-up cannot fill")
+        shape = [(length if axis else rows) if dim < 0 else dim for axis, dim in enumerate(spec.shape)]
+        feeds[node.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
     return feeds
 
 
 def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
     """Warm the session up, then teach its cost model SEED_RUNS, each the faster of two (models load in parallel)."""
     session.run(None, _warm_up_feeds(session))  # the first run allocates: not a fair sample
-    sequences = any(_dynamic(dim) for node in session.get_inputs() for dim in node.shape[1:])
+    sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
     for rows, length in SEED_RUNS:
         length = length if sequences else 1
         run = partial(session.run, None, _warm_up_feeds(session, rows, length))
@@ -105,9 +101,8 @@ class ModelRegistry:
             model.instances = []
             model.error = " ".join(str(error).split()).replace(f"{self.artifacts.resolve()}{os.sep}", "")
             return
-        logger.info(
-            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
-        )
+        took = time.perf_counter() - started
+        logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)
 
     def _open(self, model: ServedModel) -> None:
         """Verify the model's file, open it once per provider listed, warm each session up and seed its cost model."""
@@ -126,10 +121,9 @@ class ModelRegistry:
             if name is not None:
                 known = ", ".join(sorted(m.name for m in candidates)) or "none"
                 raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
-            defaults = [model for model in candidates if model.entry.default] or candidates[:1]
-            if not defaults:
+            if not candidates:
                 raise UnknownModel(f"No {task} model is configured on this server.")
-            model = defaults[0]
+            model = next((model for model in candidates if model.entry.default), candidates[0])
         if not model.ready:
             self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")
