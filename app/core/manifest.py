@@ -126,13 +126,10 @@ def verified(artifacts: Path, listed: AssetEntry | ModelEntry, what: str) -> Pat
 
 def chosen(entries: list[ModelEntry], names: list[str]) -> list[ModelEntry]:
     """The entries named by `--models`/MNEMO_MODELS (all when empty); an unknown name is an error naming the choices."""
-    if not names:
-        return entries
     known = {entry.name for entry in entries}
-    unknown = [name for name in names if name not in known]
-    if unknown:
+    if unknown := [name for name in names if name not in known]:
         raise ModelLoadError(
             f"--models/MNEMO_MODELS names {printable(', '.join(unknown))}, which the manifest does not have; "
             f"its models: {', '.join(sorted(known))}"
         )
-    return [entry for entry in entries if entry.name in names]
+    return [entry for entry in entries if not names or entry.name in names]

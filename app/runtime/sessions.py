@@ -67,12 +67,10 @@ def for_worker(settings: Settings, worker: int) -> Settings:
 
 
 def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
-    """The one place a session is created: threads from the budget, no spinning (the CPUs are shared with request
-    handling), the CPU arena as MNEMO_CPU_ARENA says; on `provider` and no other (a silent fallback is an error)."""
+    """The one place a session is created: threads from the budget (nodes in sequence: no inter-op pool), no spinning
+    (request handling shares the CPUs), the arena per MNEMO_CPU_ARENA; on `provider` only (a fallback is an error)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.enable_cpu_mem_arena = settings.cpu_arena
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=session_providers(provider, settings))
