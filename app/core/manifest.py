@@ -1,5 +1,4 @@
-"""`artifacts/manifest.json`: its schema and checks, one line per problem; its files confined to the artifacts dir and
-checked against their sha256."""
+"""`artifacts/manifest.json`: its schema and checks, one line per problem; its files confined and sha256-checked."""
 
 from __future__ import annotations
 
@@ -108,8 +107,7 @@ def positive_int(values: dict[str, Any], key: str) -> int:
 
 
 def verified(artifacts: Path, listed: AssetEntry | ModelEntry, what: str) -> Path:
-    """The path of a file the manifest lists, once it is inside `artifacts` (no absolute path, `..` or symlink out of
-    it) and has the manifest's sha256."""
+    """A listed file's path, once inside `artifacts` (no absolute path, `..` or symlink out) with the listed sha256."""
     root, name = artifacts.resolve(), listed.file
     if Path(name).is_absolute():
         raise ModelLoadError(f"file {Path(name).name!r} must be relative to the artifacts directory (no absolute path)")

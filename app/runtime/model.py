@@ -1,5 +1,4 @@
-"""A served model (`ServedModel`), what the runtime needs from its task family (the `Task` protocol) and the tensor
-vocabulary of its codecs and the Open Inference Protocol (`TensorSpec`, `ProtocolError`)."""
+"""`ServedModel`, the `Task` protocol a task family meets, and its codecs' vocabulary (`Endpoint`, `TensorSpec`...)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The verified model registry: manifest -> sha256 check -> ONNX Runtime sessions -> warm-up -> task state, the
-models loading in parallel threads, each model's task (passed in) preparing its typed state."""
+"""The model registry: each manifest entry verified, opened, warmed and prepared by its task; models in parallel."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ class ModelRegistry:
                 logger.error("model %s is not served: %s", model.name, model.error)
 
     def _load_model(self, model: ServedModel) -> None:
-        """Load one model's assets, sessions (its extra graphs' too) and task state; a problem is its `error`, in one
-        line naming files as the manifest does (never a server path)."""
+        """Load one model's assets, sessions (its extra graphs' too) and state; a problem: its one-line `error`."""
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():

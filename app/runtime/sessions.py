@@ -1,5 +1,4 @@
-"""ONNX Runtime sessions: the execution provider (never silently another than asked) and the options from the thread
-budget and the MNEMO_CUDA_* settings."""
+"""ONNX Runtime sessions: the execution providers (never silently another) and the options from the settings."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def resolve_providers(requested: str, available: list[str] | None = None) -> lis
 
 
 def session_providers(chosen: str, settings: Settings) -> list[tuple[str, dict[str, str]]]:
-    """The providers of a session, with their options: the chosen one, then CPU for the nodes a GPU cannot run
-    (TensorRT: CUDA, then CPU)."""
+    """A session's providers and their options: the chosen one, then those for the nodes it cannot run (CPU last)."""
     cpu, cuda = (PROVIDER_NAMES["cpu"], {}), (PROVIDER_NAMES["cuda"], cuda_options(settings))
     tensorrt = (PROVIDER_NAMES["tensorrt"], {"device_id": cuda[1]["device_id"]})
     return {cpu[0]: [cpu], cuda[0]: [cuda, cpu], tensorrt[0]: [tensorrt, cuda, cpu]}[chosen]
