@@ -9,7 +9,6 @@ import timeit
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -20,7 +19,7 @@ from app.core.integrity import load_npy
 from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
-from app.runtime.instances import Instance, session_instance
+from app.runtime.instances import session_instance
 from app.runtime.model import ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
@@ -40,29 +39,18 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
     return feeds
 
 
-def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
-    """Warm the session up, then teach its cost model SEED_RUNS, each the faster of two (models load in parallel)."""
-    session.run(None, _warm_up_feeds(session))  # the first run allocates: not a fair sample
-    sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
-    for rows, length in SEED_RUNS:
-        length = length if sequences else 1
-        run = partial(session.run, None, _warm_up_feeds(session, rows, length))
-        instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
-
-
 class ModelRegistry:
     """Loads every model of the manifest at startup and hands them to the transports."""
 
     def __init__(self, settings: Settings, tasks: Mapping[str, Task], metrics: Metrics) -> None:
         self.settings, self.tasks, self.metrics = settings, dict(tasks), metrics
-        self.artifacts = Path(settings.artifacts_dir)
         self.models: dict[str, ServedModel] = {}
         self.providers: list[str] = []  # the onnxruntime provider of each instance
 
     def load(self) -> None:
         """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
         self.providers = resolve_providers(self.settings.provider)
-        entries = chosen(read_manifest(self.artifacts, set(self.tasks)), split_list(self.settings.models))
+        entries = chosen(read_manifest(self.settings.artifacts_dir, set(self.tasks)), split_list(self.settings.models))
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
             list(pool.map(self._load_model, self.models.values()))
@@ -78,9 +66,8 @@ class ModelRegistry:
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():
-                path = verified(self.artifacts, asset, f"asset {key}")
                 try:
-                    model.assets[key] = load_npy(path)
+                    model.assets[key] = load_npy(verified(self.settings.artifacts_dir, asset, f"asset {key}"))
                 except ValueError as error:
                     raise ModelLoadError(f"asset {key} {asset.file} is not an .npy array: {error}") from None
             self._open(model)
@@ -97,19 +84,25 @@ class ModelRegistry:
             raise ModelLoadError(str(error)) from None
         except Exception as error:
             model.instances = []
-            model.error = " ".join(str(error).split()).replace(f"{self.artifacts.resolve()}{os.sep}", "")
+            model.error = " ".join(str(error).split()).replace(f"{self.settings.artifacts_dir.resolve()}{os.sep}", "")
             return
         took = time.perf_counter() - started
         logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)
 
     def _open(self, model: ServedModel) -> None:
-        """Verify the model's file, open it once per provider listed, warm each session up and seed its cost model."""
-        path = verified(self.artifacts, model.entry, "model file")
+        """Verify the model's file, open it once per provider listed, warm each session up (the first run allocates),
+        then teach its cost model SEED_RUNS, each the faster of two runs (the models load in parallel)."""
+        path = verified(self.settings.artifacts_dir, model.entry, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
-            model.instances.append(session_instance(name, session, model.name, self.metrics))
-            _seed_cost(model.instances[-1], session)
+            model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
+            session.run(None, _warm_up_feeds(session))
+            sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
+            for rows, length in SEED_RUNS:
+                length = length if sequences else 1
+                run = partial(session.run, None, _warm_up_feeds(session, rows, length))
+                instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
