@@ -12,7 +12,6 @@ from pydantic import BaseModel, Field, FiniteFloat, ValidationError
 from app.core.errors import printable
 from app.core.integrity import sha256_of
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
@@ -35,7 +34,7 @@ class BatchingOverride(BaseModel, extra="forbid"):
 
 
 class ModelEntry(BaseModel, extra="forbid"):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
     task: str
     version: str = Field(min_length=1, max_length=64)
     file: str = Field(min_length=1)
@@ -59,13 +58,13 @@ def load_manifest(artifacts: Path) -> Manifest:
     """`artifacts/manifest.json` read and checked against the schema (ModelLoadError otherwise)."""
     path = artifacts / "manifest.json"
     try:
+        if not path.is_file():
+            raise ModelLoadError(
+                f"no manifest.json in {artifacts}: set MNEMO_ARTIFACTS_DIR (--artifacts-dir) to a directory that has "
+                "one, such as a checkout's artifacts/ (the committed models, which `make serve` serves)"
+            )
         raw = json.loads(path.read_text())
         return Manifest.model_validate(raw)
-    except (FileNotFoundError, IsADirectoryError):
-        raise ModelLoadError(
-            f"no manifest.json in {artifacts}: set MNEMO_ARTIFACTS_DIR (--artifacts-dir) to a directory that has one, "
-            "such as a checkout's artifacts/ (the committed models, which `make serve` serves)"
-        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"manifest.json is not JSON: {error}") from None
     except OSError as error:
