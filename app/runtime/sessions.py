@@ -11,10 +11,8 @@ from app.core.settings import Settings, split_list
 
 logger = logging.getLogger("mnemo.providers")
 PROVIDER_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+    name.lower(): f"{name}ExecutionProvider" for name in ("CPU", "CUDA", "Tensorrt")
+}  # MNEMO_PROVIDER: onnxruntime
 
 
 class ProviderUnavailable(RuntimeError):
