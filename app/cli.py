@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from app.core.logging import JsonFormatter, TextFormatter
-from app.core.manifest import ManifestError, chosen, load_manifest
+from app.core.manifest import ModelLoadError, chosen, load_manifest
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
 from app.students.io import check_url
 
@@ -83,7 +83,7 @@ def start(settings: Settings) -> None:
                 except OSError as error:  # in use, or a host that does not resolve
                     where = f"{settings.address(port)} (MNEMO_HOST:MNEMO_{name.upper()})"
                     raise ValueError(f"cannot listen on {where}: {error.strerror}") from None
-    except (ValueError, ManifestError) as error:
+    except (ValueError, ModelLoadError) as error:
         sys.exit(f"mnemo: cannot start: {error}")
     grpc = f", gRPC on {settings.address(settings.grpc_port)}" if settings.grpc_port else ""
     names = ", ".join(entry.name for entry in entries) or "no models"

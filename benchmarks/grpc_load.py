@@ -22,11 +22,10 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import onnxruntime as ort
 from tritonclient.grpc import service_pb2
 
 from app.core.settings import Settings
-from app.runtime.sessions import session_options
+from app.runtime.sessions import open_session
 from benchmarks.common import ARTIFACTS, manifest_entry
 from benchmarks.load import KT_MODEL, bare_ms, compile_service, median_ms, start_server
 from benchmarks.table import write_section
@@ -73,8 +72,7 @@ def infer_request() -> bytes:
 
 def bare_run(rows: int):
     """The same graph on the same history (`rows` copies) with the model's initial memory, as the server runs it."""
-    file = str(ARTIFACTS / f"{KT_MODEL}.onnx")
-    session = ort.InferenceSession(file, session_options(Settings()), providers=["CPUExecutionProvider"])
+    session = open_session(ARTIFACTS / f"{KT_MODEL}.onnx", Settings(), "CPUExecutionProvider")
     memory = np.load(ARTIFACTS / manifest_entry(KT_MODEL)["assets"]["init_memory"]["file"]).astype(np.float32)
     feeds = {**history(rows), "mv_in": np.repeat(memory[np.newaxis], rows, axis=0)}
     return lambda: session.run(None, feeds)

@@ -38,7 +38,7 @@ import onnxruntime as ort
 
 from app.core.settings import Settings
 from app.runtime.collate import collate
-from app.runtime.sessions import session_options
+from app.runtime.sessions import open_session
 from app.tasks.similarity.service import EncodedPair, EncodedSentence, pair_feeds
 from app.tasks.similarity.tokenizer import tokenize
 from app.tasks.similarity.vectors import WordVectors
@@ -112,7 +112,7 @@ class WrkResult:
 
 # -- inputs and bare ONNX Runtime ---------------------------------------------------------------------
 def _session(file: str) -> ort.InferenceSession:
-    return ort.InferenceSession(str(ARTIFACTS / file), session_options(Settings()), providers=["CPUExecutionProvider"])
+    return open_session(ARTIFACTS / file, Settings(), "CPUExecutionProvider")
 
 
 def _vectors() -> WordVectors:

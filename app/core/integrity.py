@@ -1,4 +1,4 @@
-"""Artifact files: their sha256 (the exporter writes it to the manifest, the registry verifies it) and .npy arrays."""
+"""Artifact files: their sha256 (the exporter writes it to the manifest, the service checks it) and .npy arrays."""
 
 from __future__ import annotations
 
@@ -15,14 +15,6 @@ def sha256_of(path: Path) -> str:
     """Hex sha256 of a file."""
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def verify(path: Path, name: str, sha256: str, what: str) -> None:
-    """ValueError naming `what` and `name` unless the file exists and has the manifest's `sha256`."""
-    if not path.is_file():
-        raise ValueError(f"{what} {name} is missing")
-    if (actual := sha256_of(path)) != sha256:
-        raise ValueError(f"{what} {name} has sha256 {actual}, but the manifest says {sha256}; refusing to serve it")
 
 
 def load_npy(path: Path) -> np.ndarray:

@@ -1,5 +1,4 @@
-"""A served model (`ServedModel`), what the runtime needs from its task family (the `Task` protocol) and the tensor
-vocabulary of its codecs and the Open Inference Protocol (`TensorSpec`, `ProtocolError`)."""
+"""`ServedModel`, the `Task` protocol a task family meets, and its codecs' vocabulary (`Endpoint`, `TensorSpec`...)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import onnxruntime as ort
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from app.core.errors import ModelNotReady, ServiceError
+from app.core.errors import ServiceError
 from app.core.manifest import ModelEntry
 from app.runtime.collate import Feeds
 
@@ -44,10 +43,10 @@ class TensorSpec:
 
 
 def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
-    """The protocol's view of an ONNX graph input or output: symbolic dims become -1."""
+    """The protocol's view of an ONNX graph input or output: symbolic (or zero) dims become -1."""
     if node.type not in ONNX_TYPES:
         raise ValueError(f"graph tensor {node.name} has type {node.type}, which the protocol adapter does not map")
-    shape = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in node.shape)
+    shape = tuple(dim if isinstance(dim, int) and dim > 0 else -1 for dim in node.shape)
     return TensorSpec(node.name, ONNX_TYPES[node.type], shape, optional)
 
 
@@ -141,26 +140,19 @@ class ServedModel:
         return self.instances[0].session if self.instances else None
 
     @property
-    def provider(self) -> str | None:
-        return self.instances[0].provider if self.instances else None
-
-    @property
     def ready(self) -> bool:
         return bool(self.instances) and self.error is None
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """A blocking run on the first instance, outside the batcher (requests go through `batcher`)."""
-        if not self.instances:
-            raise ModelNotReady(f"Model {self.name} is not loaded: {self.error}")
+    def run(self, feeds: Feeds) -> Feeds:
+        """A blocking run on the first instance, for `Task.prepare`; requests go through `batcher`."""
         return self.instances[0].run(feeds)
 
     def public_info(self, task: Task | None) -> dict[str, Any]:
         """What GET /models reports (file names only, never server paths)."""
         info = self.entry.model_dump(include={"name", "task", "version", "sha256"})
-        info |= {"provider": self.provider, "default": self.entry.default, "ready": self.ready}
-        info |= self.entry.model_dump(include={"limits", "metrics", "metadata", "card"})
-        if self.batcher is not None:
-            config = self.batcher.config
+        info |= {"provider": self.instances[0].provider if self.instances else None, "default": self.entry.default}
+        info |= {"ready": self.ready, **self.entry.model_dump(include={"limits", "metrics", "metadata", "card"})}
+        if config := self.batcher and self.batcher.config:
             info["batching"] = {"max_batch": config.max_batch, "max_wait_ms": config.max_wait_s * 1000}
             info["batching"] |= {"max_queue": config.max_queue, "max_cells": config.max_cells}
         info["instances"] = [instance.public_info() for instance in self.instances]

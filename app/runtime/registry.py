@@ -1,5 +1,4 @@
-"""The verified model registry: manifest -> sha256 check -> ONNX Runtime sessions -> warm-up -> task state, the
-models loading in parallel threads, each model's task (passed in) preparing its typed state."""
+"""The model registry: each manifest entry verified, opened, warmed and prepared by its task; models in parallel."""
 
 from __future__ import annotations
 
@@ -10,53 +9,34 @@ import timeit
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from tritonclient.utils import triton_to_np_dtype
 
 from app.core.errors import ModelNotReady, UnknownModel
-from app.core.integrity import load_npy, verify
-from app.core.manifest import chosen, confined, read_manifest
+from app.core.integrity import load_npy
+from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
-from app.runtime.instances import Instance, session_instance
-from app.runtime.model import ONNX_TYPES, ServedModel, Task
+from app.runtime.instances import session_instance
+from app.runtime.model import ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
 
 
-class ModelLoadError(RuntimeError):
-    """A model listed in the manifest cannot be served (missing, tampered, or broken)."""
-
-
-def _dynamic(dim: object) -> bool:
-    return not (isinstance(dim, int) and dim > 0)
-
-
 def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1) -> dict[str, np.ndarray]:
     """Each graph input, dynamic dims `rows` (the first) and `length`: integers (and booleans) 1, floats 0."""
     feeds = {}
-    for graph_input in session.get_inputs():
-        shape = [(length if axis else rows) if _dynamic(dim) else dim for axis, dim in enumerate(graph_input.shape)]
-        dtype = triton_to_np_dtype(ONNX_TYPES.get(graph_input.type, "BYTES"))
-        if dtype is np.object_:
-            raise ModelLoadError(f"input {graph_input.name} has type {graph_input.type}, which warm-up cannot fill")
-        feeds[graph_input.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
+    for node in session.get_inputs():
+        spec = onnx_spec(node)
+        if (dtype := triton_to_np_dtype(spec.datatype)) is np.object_:
+            raise ModelLoadError(f"input {node.name} has type {node.type}, which warm-up cannot fill")
+        shape = [(length if axis else rows) if dim < 0 else dim for axis, dim in enumerate(spec.shape)]
+        feeds[node.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
     return feeds
-
-
-def _seed_cost(instance: Instance, session: ort.InferenceSession) -> None:
-    """Warm the session up, then teach its cost model SEED_RUNS, each the faster of two (models load in parallel)."""
-    session.run(None, _warm_up_feeds(session))  # the first run allocates: not a fair sample
-    sequences = any(_dynamic(dim) for node in session.get_inputs() for dim in node.shape[1:])
-    for rows, length in SEED_RUNS:
-        length = length if sequences else 1
-        run = partial(session.run, None, _warm_up_feeds(session, rows, length))
-        instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
 
 
 class ModelRegistry:
@@ -64,17 +44,13 @@ class ModelRegistry:
 
     def __init__(self, settings: Settings, tasks: Mapping[str, Task], metrics: Metrics) -> None:
         self.settings, self.tasks, self.metrics = settings, dict(tasks), metrics
-        self.artifacts = Path(settings.artifacts_dir)
         self.models: dict[str, ServedModel] = {}
         self.providers: list[str] = []  # the onnxruntime provider of each instance
 
     def load(self) -> None:
         """Verify, open, warm and prepare every model (in parallel); raise or mark not ready per `on_model_error`."""
         self.providers = resolve_providers(self.settings.provider)
-        try:
-            entries = chosen(read_manifest(self.artifacts, set(self.tasks)), split_list(self.settings.models))
-        except Exception as error:
-            raise ModelLoadError(str(error)) from None
+        entries = chosen(read_manifest(self.settings.artifacts_dir, set(self.tasks)), split_list(self.settings.models))
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
             list(pool.map(self._load_model, self.models.values()))
@@ -86,15 +62,12 @@ class ModelRegistry:
                 logger.error("model %s is not served: %s", model.name, model.error)
 
     def _load_model(self, model: ServedModel) -> None:
-        """Load one model's assets, sessions (its extra graphs' too) and task state; a problem is its `error`, in one
-        line naming files as the manifest does (never a server path)."""
+        """Load one model's assets, sessions (its extra graphs' too) and state; a problem: its one-line `error`."""
         started, entry = time.perf_counter(), model.entry
         try:
             for key, asset in entry.assets.items():
-                path = confined(self.artifacts, asset.file)
-                verify(path, asset.file, asset.sha256, f"asset {key}")
                 try:
-                    model.assets[key] = load_npy(path)
+                    model.assets[key] = load_npy(verified(self.settings.artifacts_dir, asset, f"asset {key}"))
                 except ValueError as error:
                     raise ModelLoadError(f"asset {key} {asset.file} is not an .npy array: {error}") from None
             self._open(model)
@@ -111,21 +84,25 @@ class ModelRegistry:
             raise ModelLoadError(str(error)) from None
         except Exception as error:
             model.instances = []
-            model.error = " ".join(str(error).split()).replace(f"{self.artifacts.resolve()}{os.sep}", "")
+            model.error = " ".join(str(error).split()).replace(f"{self.settings.artifacts_dir.resolve()}{os.sep}", "")
             return
-        logger.info(
-            "loaded %s (%s) on %s in %.2fs", model.name, model.task, model.provider, time.perf_counter() - started
-        )
+        took = time.perf_counter() - started
+        logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)
 
     def _open(self, model: ServedModel) -> None:
-        """Verify the model's file, open it once per provider listed, warm each session up and seed its cost model."""
-        path, entry = confined(self.artifacts, model.entry.file), model.entry
-        verify(path, entry.file, entry.sha256, "model file")
+        """Verify the model's file, open it once per provider listed, warm each session up (the first run allocates),
+        then teach its cost model SEED_RUNS, each the faster of two runs (the models load in parallel)."""
+        path = verified(self.settings.artifacts_dir, model.entry, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
-            model.instances.append(session_instance(name, session, model.name, self.metrics))
-            _seed_cost(model.instances[-1], session)
+            model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
+            session.run(None, _warm_up_feeds(session))
+            sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
+            for rows, length in SEED_RUNS:
+                length = length if sequences else 1
+                run = partial(session.run, None, _warm_up_feeds(session, rows, length))
+                instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
@@ -135,10 +112,9 @@ class ModelRegistry:
             if name is not None:
                 known = ", ".join(sorted(m.name for m in candidates)) or "none"
                 raise UnknownModel(f"Unknown {task} model {name[:100]!r}; available: {known}.")
-            defaults = [model for model in candidates if model.entry.default] or candidates[:1]
-            if not defaults:
+            if not candidates:
                 raise UnknownModel(f"No {task} model is configured on this server.")
-            model = defaults[0]
+            model = next((model for model in candidates if model.entry.default), candidates[0])
         if not model.ready:
             self.metrics.rejected.labels(model.name, "not_ready").inc()
             raise ModelNotReady(f"Model {model.name} is not ready: {model.error}")

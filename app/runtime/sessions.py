@@ -1,5 +1,4 @@
-"""ONNX Runtime sessions: the execution provider (never silently another than asked) and the options from the thread
-budget and the MNEMO_CUDA_* settings."""
+"""ONNX Runtime sessions: the execution providers (never silently another) and the options from the settings."""
 
 from __future__ import annotations
 
@@ -12,10 +11,8 @@ from app.core.settings import Settings, split_list
 
 logger = logging.getLogger("mnemo.providers")
 PROVIDER_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+    name.lower(): f"{name}ExecutionProvider" for name in ("CPU", "CUDA", "Tensorrt")
+}  # MNEMO_PROVIDER: onnxruntime
 
 
 class ProviderUnavailable(RuntimeError):
@@ -40,8 +37,7 @@ def resolve_providers(requested: str, available: list[str] | None = None) -> lis
 
 
 def session_providers(chosen: str, settings: Settings) -> list[tuple[str, dict[str, str]]]:
-    """The providers of a session, with their options: the chosen one, then CPU for the nodes a GPU cannot run
-    (TensorRT: CUDA, then CPU)."""
+    """A session's providers and their options: the chosen one, then those for the nodes it cannot run (CPU last)."""
     cpu, cuda = (PROVIDER_NAMES["cpu"], {}), (PROVIDER_NAMES["cuda"], cuda_options(settings))
     tensorrt = (PROVIDER_NAMES["tensorrt"], {"device_id": cuda[1]["device_id"]})
     return {cpu[0]: [cpu], cuda[0]: [cuda, cpu], tensorrt[0]: [tensorrt, cuda, cpu]}[chosen]
@@ -66,32 +62,16 @@ def for_worker(settings: Settings, worker: int) -> Settings:
     return settings.model_copy(update={"cuda_device_id": ids[worker % len(ids)]})
 
 
-def check_session_provider(session: ort.InferenceSession, chosen: str, name: str) -> str:
-    """The provider the session of model file `name` really uses; a silent fallback is an error."""
-    in_use = session.get_providers()[0]
-    if in_use != chosen:
-        raise ProviderUnavailable(
-            f"model file {name}: asked for {chosen} but onnxruntime created the session on {in_use}"
-        )
-    return in_use
-
-
-def session_options(settings: Settings) -> ort.SessionOptions:
-    """Threads from the budget, no spinning (the CPUs are shared with request handling), the CPU arena as
-    MNEMO_CPU_ARENA says (it makes large runs faster, but keeps the memory of the largest run for good)."""
+def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
+    """The one place a session is created: threads from the budget (nodes in sequence: no inter-op pool), no spinning
+    (request handling shares the CPUs), the arena per MNEMO_CPU_ARENA; on `provider` only (a fallback is an error)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = settings.intra_op_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.enable_cpu_mem_arena = settings.cpu_arena
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
-
-
-def open_session(path: Path, settings: Settings, provider: str) -> ort.InferenceSession:
-    """The one place a session is created: the thread budget's options, the provider's options from settings, on
-    `provider` and no other."""
-    options, providers = session_options(settings), session_providers(provider, settings)
-    session = ort.InferenceSession(str(path), options, providers=providers)
-    check_session_provider(session, provider, path.name)
+    session = ort.InferenceSession(str(path), options, providers=session_providers(provider, settings))
+    if (in_use := session.get_providers()[0]) != provider:
+        raise ProviderUnavailable(
+            f"model file {path.name}: asked for {provider} but onnxruntime created the session on {in_use}"
+        )
     return session

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.core.errors import printable
-from app.core.manifest import ManifestError, chosen
+from app.core.manifest import ModelLoadError, chosen
 
 
 def test_printable_escapes_controls_bidi_overrides_and_lone_surrogates_and_keeps_other_text() -> None:
@@ -15,5 +15,6 @@ def test_printable_escapes_controls_bidi_overrides_and_lone_surrogates_and_keeps
 
 
 def test_an_unknown_model_name_given_to_serve_is_shown_escaped() -> None:
-    with pytest.raises(ManifestError, match=r"^--models/MNEMO_MODELS names \\u202ex, which the manifest does not have"):
+    says = r"^--models/MNEMO_MODELS names \\u202ex, which the manifest does not have"
+    with pytest.raises(ModelLoadError, match=says):
         chosen([], ["\u202ex"])

@@ -17,9 +17,9 @@ from app.core.settings import Settings, usable_cpus
 from app.runtime.registry import ModelLoadError
 from app.runtime.sessions import (
     ProviderUnavailable,
-    check_session_provider,
     cuda_options,
     for_worker,
+    open_session,
     resolve_providers,
     session_providers,
 )
@@ -72,11 +72,11 @@ def test_unavailable_provider_fails_startup_naming_it_and_the_available_ones(
 
 
 def test_a_session_on_another_provider_than_asked_is_refused(tmp_path):
-    """onnxruntime's silent fallback, for real: ask a CPU-only session to be CUDA's."""
-    session = ort.InferenceSession(str(build_toy_onnx(tmp_path / "toy.onnx")), providers=[CPU])
-    assert check_session_provider(session, CPU, "toy") == CPU
-    with pytest.raises(ProviderUnavailable, match=f"toy: asked for CUDAExecutionProvider but .* on {CPU}"):
-        check_session_provider(session, "CUDAExecutionProvider", "toy")
+    """onnxruntime's silent fallback, for real: this CPU-only onnxruntime opens a session asked to be CUDA's."""
+    path = build_toy_onnx(tmp_path / "toy.onnx")
+    assert open_session(path, Settings(), CPU).get_providers() == [CPU]
+    with pytest.raises(ProviderUnavailable, match=f"toy.onnx: asked for CUDAExecutionProvider but .* on {CPU}"):
+        open_session(path, Settings(), "CUDAExecutionProvider")
 
 
 def test_a_silent_fallback_to_the_cpu_stops_startup_in_one_line(toy_artifacts, monkeypatch):

@@ -37,7 +37,7 @@ def test_models_are_verified_loaded_with_their_assets_and_ready(toy_artifacts):
     assert set(registry.models) == {"toy-a", "toy-b", "toy-kt"} and all(m.ready for m in registry.models.values())
     model = registry.models["toy-a"]
     assert model.entry.sha256 == sha256_of(toy_artifacts / "toy-a.onnx")
-    assert model.provider == "CPUExecutionProvider" and model.session is not None
+    assert [instance.provider for instance in model.instances] == ["CPUExecutionProvider"] and model.session
     np.testing.assert_array_equal(model.assets["scale"], np.arange(4, dtype=np.float32))
     assert (model.entry.limits, model.entry.metrics, model.entry.metadata, model.entry.card) == (
         {"max_rows": 64},
