@@ -1,5 +1,4 @@
-"""The similarity service, transport-free: validate, encode, run through the batcher, decode. A pair is one row of
-the pair graph; the `encoder` graph makes sentence vectors and the `head` graph scores two of them as the pair graph."""
+"""The similarity service, transport-free: encode, run through the batcher, decode (pair, `encoder`, `head` graphs)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from app.tasks.similarity.schemas import PARAPHRASE_LABELS, EmbeddingPairRequest
 from app.tasks.similarity.tokenizer import has_control_character, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
-TASK_NAME = "similarity"
 Location = tuple[str | int, ...]
 PARAPHRASE_OUTPUT = "paraphrase_logits"
 
@@ -65,8 +63,9 @@ def prepare(model: ServedModel) -> SimilarityState:
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
     outputs = {output.name: output.shape[-1] for output in model.session.get_outputs()}
-    slots = outputs["attn_a_fwd"]
-    if slots != (2 if pointer == "flmp" else 1 + window):  # the memory row, then the tokens it read (combined_map)
+    if (slots := outputs["attn_a_fwd"]) != (
+        2 if pointer == "flmp" else 1 + window
+    ):  # the memory row, then the tokens it read (combined_map)
         raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
     return SimilarityState(
         vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
@@ -80,8 +79,7 @@ def prepare(model: ServedModel) -> SimilarityState:
 
 
 def _embedding_limits(model: ServedModel) -> dict[str, Any]:
-    """Limits of the encoder and head graphs, checked against the encoder's output; the encoder id hashes the files
-    a sentence vector depends on (new weights change it, a new model name does not)."""
+    """Limits of the encoder and head graphs; the encoder id hashes the files a sentence vector depends on."""
     entry = model.entry
     if set(model.graphs) != {"encoder", "head"}:
         raise ValueError(f"graphs must be both encoder and head, not {sorted(model.graphs)}")
@@ -97,10 +95,8 @@ def _embedding_limits(model: ServedModel) -> dict[str, Any]:
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
-    described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels), **state.embeddings}
-    if state.paraphrase:
-        described["paraphrase_labels"] = list(PARAPHRASE_LABELS)
-    return described
+    paraphrase = {"paraphrase_labels": list(PARAPHRASE_LABELS)} if state.paraphrase else {}
+    return {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels), **state.embeddings, **paraphrase}
 
 
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
@@ -154,8 +150,7 @@ async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Fe
 
 
 def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
-    """Relatedness, similarity and (unless the model has no entailment labels) entailment of the first pair in the
-    outputs of the pair or head graph."""
+    """Relatedness, similarity and (with entailment labels) entailment of the first row of the pair or head graph."""
     state: SimilarityState = model.state
     relatedness = float(outputs["relatedness"][0])
     answer = {"model": model.name, "relatedness": relatedness, "similarity": (relatedness - 1) / 4}
@@ -191,8 +186,7 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
 
 @lru_cache(maxsize=512)
 def _cells(length: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Flat indices of what a pass's memory row read: into its [L,K] weights, into its [L,L] map, and into that map
-    flipped back (the backward pass's cell (t, i) is (L-1-t, L-1-i))."""
+    """Flat indices of what a memory row read: into its [L,K] weights, its [L,L] map, and that map flipped back."""
     steps = np.arange(length)
     sources = steps[:, None] - slots + 2 + np.arange(slots - 1)[None, :]  # [L, K-1]: token read in slots 1..K-1
     valid = sources >= 0
@@ -203,9 +197,8 @@ def _cells(length: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
-    """One sentence's `len x len` attention map (MODELS.md §2.5) from the [L,H,K] per-step weights of the memory
-    row of both passes: the forward map and the backward map flipped back, averaged over passes and heads. Slot 0 is
-    the memory row itself; at step t, slots 1..K-1 read tokens t-K+2..t (VLMP with window K-1; FLMP: K = 2)."""
+    """One sentence's `len x len` attention map (MODELS.md §2.5) from both passes' [L,H,K] memory-row weights, averaged
+    over passes and heads: at step t, slots 1..K-1 read tokens t-K+2..t (slot 0 is the memory row itself)."""
     length, heads, slots = forward.shape
     read, cells, flipped = _cells(length, slots)
     result = np.zeros(length * length, dtype=np.float32)
@@ -216,8 +209,7 @@ def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
 
 
 def graph_of(model: ServedModel, key: str) -> ServedModel:
-    """The model's `encoder` or `head` graph; 404 when it has none. Every /embeddings and /from-embeddings request
-    is admitted through it, so what runs after may read `model.state.embeddings`."""
+    """The model's `encoder` or `head` graph (which admits the request, so `state.embeddings` is set); 404 if none."""
     if not model.graphs:
         raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
     return model.graphs[key]

@@ -1,5 +1,4 @@
-"""Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out, through
-the service exactly as on POST /similarity/batch (the graph reads GloVe embeddings, so the tensors are the task's)."""
+"""Similarity models over the Open Inference Protocol: sentence pairs in, scores and tokens out, as on /similarity."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def outputs(model: ServedModel) -> list[TensorSpec]:
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, list[EncodedPair]]:
-    """Tokenize and embed every pair, a row each (as on POST /similarity/batch); the service's limits answer 400
-    naming the input and element."""
+    """Tokenize and embed every pair, a row each; the service's limits answer 400 naming the input and element."""
     first, second = tensors["sentence_a"], tensors["sentence_b"]
     if len(first) != len(second):
         raise ProtocolError(f"sentence_a has {len(first)} elements and sentence_b {len(second)}; they must pair up")

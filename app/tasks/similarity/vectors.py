@@ -1,5 +1,4 @@
-"""Frozen GloVe 6B 50d word vectors, memory-mapped, found through a committed vocabulary table (`python -m
-export.glove_vocab`: rows `[key, check, row]` sorted by key, the halves of the word's BLAKE2b digest): no dict built."""
+"""Frozen GloVe 6B 50d word vectors, memory-mapped, found through a committed vocabulary table (no dict built)."""
 
 from __future__ import annotations
 
