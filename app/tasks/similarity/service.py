@@ -16,7 +16,7 @@ from app.core.manifest import positive_int
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
 from app.tasks.similarity.schemas import PARAPHRASE_LABELS, EmbeddingPairRequest
-from app.tasks.similarity.tokenizer import has_control_character, tokenize
+from app.tasks.similarity.tokenizer import CONTROL_CHARACTER, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
 Location = tuple[str | int, ...]
@@ -104,7 +104,7 @@ def encode_sentence(model: ServedModel, text: str, location: Location) -> Encode
     state: SimilarityState = model.state
     if len(text) > state.max_characters:
         problem = f"has {len(text)} characters; at most {state.max_characters}"
-    elif has_control_character(text):
+    elif CONTROL_CHARACTER.search(text):
         problem = "must not contain control characters (other than tab, newline and carriage return)"
     elif len(tokens := tokenize(text)) <= 2:
         problem = "has no words after removing punctuation, invisible characters and combining marks with no letter"

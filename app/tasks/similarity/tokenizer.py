@@ -24,12 +24,7 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
         "\u2800": " ",  # braille pattern blank: renders as a space, is not Unicode whitespace
     }
 )
-_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
-
-
-def has_control_character(text: str) -> bool:
-    """True when the text holds a control character other than tab, newline and carriage return (refused)."""
-    return _CONTROL.search(text) is not None
+CONTROL_CHARACTER = re.compile(f"[{CONTROL_CHARACTERS}]")  # a text with one is refused
 
 
 @functools.cache
