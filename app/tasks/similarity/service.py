@@ -6,7 +6,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache, partial
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -43,14 +43,7 @@ class EncodedSentence:
     unknown: list[str]
 
 
-@dataclass(frozen=True)
-class EncodedPair:
-    a: EncodedSentence
-    b: EncodedSentence
-
-    @cached_property  # read by the feeds, the batcher's item and the render's estimate
-    def length(self) -> int:
-        return max(len(self.a.tokens), len(self.b.tokens))
+EncodedPair = tuple[EncodedSentence, EncodedSentence]  # one row of the pair graph
 
 
 def prepare(model: ServedModel) -> SimilarityState:
@@ -132,21 +125,22 @@ def encode_pairs(
         for (a, b), location in zip(texts, locations, strict=True)
         for field, text in (("sentence_a", a), ("sentence_b", b))
     )
-    return [EncodedPair(a, b) for a, b in zip(sentences[::2], sentences[1::2], strict=True)]
+    return list(zip(sentences[::2], sentences[1::2], strict=True))
 
 
 def pair_feeds(pair: EncodedPair) -> Feeds:
-    """One batch row: both sentences padded to the pair's length."""
-    emb = np.zeros((2, 1, pair.length, pair.a.vectors.shape[1]), dtype=np.float32)
-    emb[0, 0, : len(pair.a.tokens)] = pair.a.vectors
-    emb[1, 0, : len(pair.b.tokens)] = pair.b.vectors
-    lengths = np.array([[len(pair.a.tokens)], [len(pair.b.tokens)]], dtype=np.int64)
+    """One batch row: both sentences padded to the longer one's length (`emb_a`'s axis 1)."""
+    a, b = pair
+    emb = np.zeros((2, 1, max(len(a.tokens), len(b.tokens)), a.vectors.shape[1]), dtype=np.float32)
+    emb[0, 0, : len(a.tokens)] = a.vectors
+    emb[1, 0, : len(b.tokens)] = b.vectors
+    lengths = np.array([[len(a.tokens)], [len(b.tokens)]], dtype=np.int64)
     return {"emb_a": emb[0], "len_a": lengths[0], "emb_b": emb[1], "len_b": lengths[1]}
 
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
     """Each pair's graph outputs; the pairs join the model's batches (with other requests' pairs)."""
-    return await model.batcher.run_all([(pair_feeds(pair), 1, pair.length) for pair in pairs])
+    return await model.batcher.run_all([(feeds, 1, feeds["emb_a"].shape[1]) for feeds in map(pair_feeds, pairs)])
 
 
 def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
@@ -174,12 +168,13 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
         exponential = math.exp(-abs(logit))
         probability = 1 / (1 + exponential) if logit >= 0 else exponential / (1 + exponential)
         answer["paraphrase"] = {"label": PARAPHRASE_LABELS[logit >= 0], "probability": probability}
-    unknown = list(dict.fromkeys(pair.a.unknown + pair.b.unknown))
-    answer |= {"tokens_a": pair.a.tokens, "tokens_b": pair.b.tokens, "unknown_tokens": unknown, "attention": None}
+    a, b = pair
+    unknown = list(dict.fromkeys(a.unknown + b.unknown))
+    answer |= {"tokens_a": a.tokens, "tokens_b": b.tokens, "unknown_tokens": unknown, "attention": None}
     if return_attention:
         answer["attention"] = {
             f"sentence_{s}": combined_map(outputs[f"attn_{s}_fwd"][0, :n], outputs[f"attn_{s}_bwd"][0, :n])
-            for s, n in (("a", len(pair.a.tokens)), ("b", len(pair.b.tokens)))
+            for s, n in (("a", len(a.tokens)), ("b", len(b.tokens)))
         }
     return answer
 
