@@ -128,11 +128,8 @@ class EmbeddingsResponse(BaseModel):
     results: list[SentenceEmbedding] = Field(description="one per sentence, in request order")
 
 
-VectorValue = Annotated[
-    float, Field(strict=True, allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)
-]
 Vector = Annotated[
-    list[VectorValue],
+    list[Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]],
     Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),
 ]
 EncoderId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ENCODER_ID_CHARACTERS)]

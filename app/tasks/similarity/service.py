@@ -77,8 +77,7 @@ def _embedding_limits(model: ServedModel) -> dict[str, Any]:
     if set(model.graphs) != {"encoder", "head"}:
         raise ValueError(f"graphs must be both encoder and head, not {sorted(model.graphs)}")
     dimension = positive_int(entry.metadata, "embedding_dim")
-    output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
-    if output_width != dimension:
+    if (output_width := model.graphs["encoder"].session.get_outputs()[0].shape[-1]) != dimension:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
     encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
