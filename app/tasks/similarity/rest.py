@@ -27,7 +27,7 @@ async def _pairs_answer(
         ]
         return b'{"model":%s,"results":[%s]}' % (dumps(model.name), b",".join(results)) if batch else results[0]
 
-    longest = max(len(sentence.tokens) for pair in pairs for sentence in pair) if return_attention else 0
+    longest = max([len(sentence.tokens) for pair in pairs for sentence in pair]) if return_attention else 0
     cells = len(pairs) * (1 + longest**2)
     return await offload_if(cells > INLINE_RENDER_CELLS, render)
 
