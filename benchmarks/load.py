@@ -127,7 +127,7 @@ def _pair(vectors: WordVectors, a: str, b: str) -> EncodedPair:
         tokens = tokenize(text)
         matrix, unknown = vectors.embed(tokens)
         encoded.append(EncodedSentence(tokens, matrix, unknown))
-    return EncodedPair(*encoded)
+    return (encoded[0], encoded[1])
 
 
 def _similarity_run(session: ort.InferenceSession, pairs: list[EncodedPair]) -> Callable[[], object]:

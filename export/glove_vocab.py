@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from app.core.settings import DEFAULT_ARTIFACTS_DIR
-from app.tasks.similarity.vectors import VOCABULARY_FILE, build_vocabulary, glove_matrix_path
+from app.tasks.similarity.vectors import GLOVE_MATRIX, VOCABULARY_FILE, build_vocabulary
 
 
 def glove_words() -> list[str]:
     """The package's words, in matrix-row order."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(glove_matrix_path().parent / "glove_6B_index.parquet").column(0).to_pylist()
+    return pq.read_table(GLOVE_MATRIX.parent / "glove_6B_index.parquet").column(0).to_pylist()
 
 
 def main(argv: list[str] | None = None) -> Path:

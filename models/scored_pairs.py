@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.tasks.similarity.schemas import MAX_CHARACTERS
-from app.tasks.similarity.tokenizer import has_control_character, words
+from app.tasks.similarity.tokenizer import CONTROL_CHARACTER, words
 from models.sick_data import ENTAILMENT_LABELS, SickPair
 from models.user_csv import OwnDataError, read_records, split_keys
 
@@ -50,7 +50,7 @@ def _pair(path: Path, line: int, record: dict[str, str], required: tuple[str, ..
                 f"{path}:{line}: column {column!r} has {len(record[column])} characters; a served sentence has at "
                 f"most {MAX_CHARACTERS}"
             )
-        if has_control_character(record[column]):
+        if CONTROL_CHARACTER.search(record[column]):
             raise OwnDataError(f"{path}:{line}: column {column!r} holds a control character")
         if not words(record[column]):
             raise OwnDataError(f"{path}:{line}: column {column!r} has no words, only punctuation")

@@ -1,5 +1,4 @@
-"""The similarity task (LSTM_RMC on SICK), its attributes the `Task` protocol's: service, schemas, and its JSON
-and tensor codecs."""
+"""The similarity task (LSTM_RMC on SICK), its attributes the `Task` protocol's."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from app.runtime.model import GraphLayout
 from app.tasks.similarity import rest, service
 from app.tasks.similarity import tensors as tensors  # its Open Inference Protocol codec
 
-name = service.TASK_NAME
+name = "similarity"
 tag = "similarity"
 endpoints = rest.ENDPOINTS
 routes = APIRouter()

@@ -1,5 +1,4 @@
-"""The similarity task's JSON API: POST /similarity, /similarity/batch, /embeddings, /similarity/from-embeddings
-(each admitted and answered through app/transports/rest.py)."""
+"""The similarity task's JSON API: POST /similarity, /similarity/batch, /embeddings, /similarity/from-embeddings."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ INLINE_RENDER_CELLS = 2048  # answers with fewer numbers (attention cells, vecto
 async def _pairs_answer(
     model: ServedModel, body: schemas.SimilarityRequest | schemas.SimilarityBatchRequest, alone: bool
 ) -> bytes:
-    """The JSON of POST /similarity or /similarity/batch; pairs are tokenized on a worker thread unless one pair
-    comes `alone`."""
+    """The JSON of POST /similarity or /similarity/batch; tokenized on a worker thread unless one pair comes alone."""
     batch, return_attention = isinstance(body, schemas.SimilarityBatchRequest), body.return_attention
     texts = [(pair.sentence_a, pair.sentence_b) for pair in (body.pairs if batch else [body])]
     locations = [("body", "pairs", index) for index in range(len(texts))] if batch else [("body",)]
@@ -29,7 +27,8 @@ async def _pairs_answer(
         ]
         return b'{"model":%s,"results":[%s]}' % (dumps(model.name), b",".join(results)) if batch else results[0]
 
-    cells = len(pairs) * (1 + return_attention * max(pair.length for pair in pairs) ** 2)
+    longest = max([len(sentence.tokens) for pair in pairs for sentence in pair]) if return_attention else 0
+    cells = len(pairs) * (1 + longest**2)
     return await offload_if(cells > INLINE_RENDER_CELLS, render)
 
 

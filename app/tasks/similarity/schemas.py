@@ -19,8 +19,7 @@ EXAMPLE_VECTOR_VALUES = 768  # the default model's embedding_dim (tests/api/test
 ENTAILMENT_LABELS = ("ENTAILMENT", "NEUTRAL", "CONTRADICTION")  # as the SICK-trained models list them
 PARAPHRASE_LABELS = ("NOT_PARAPHRASE", "PARAPHRASE")  # the label of a logit below 0, of a logit from 0 up
 ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
-# What the service checks (app/tasks/similarity/service.py: encode_sentence), documented: no control character, and
-# a character that is neither whitespace nor ASCII punctuation (the tokenizer deletes those: no word without one).
+# What service.encode_sentence checks: no control character, and one that is neither whitespace nor punctuation
 SENTENCE_PATTERN = rf"^[^{CONTROL_CHARACTERS}]*[^\s{ASCII_PUNCTUATION}{CONTROL_CHARACTERS}][^{CONTROL_CHARACTERS}]*$"
 Sentence = Annotated[
     str,
@@ -129,11 +128,8 @@ class EmbeddingsResponse(BaseModel):
     results: list[SentenceEmbedding] = Field(description="one per sentence, in request order")
 
 
-VectorValue = Annotated[
-    float, Field(strict=True, allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)
-]
 Vector = Annotated[
-    list[VectorValue],
+    list[Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-MAX_VECTOR_MAGNITUDE, le=MAX_VECTOR_MAGNITUDE)]],
     Field(min_length=1, max_length=MAX_VECTOR_VALUES, description="a sentence vector from POST /embeddings"),
 ]
 EncoderId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ENCODER_ID_CHARACTERS)]

@@ -1,5 +1,4 @@
-"""The similarity service, transport-free: validate, encode, run through the batcher, decode. A pair is one row of
-the pair graph; the `encoder` graph makes sentence vectors and the `head` graph scores two of them as the pair graph."""
+"""The similarity service, transport-free: encode, run through the batcher, decode (pair, `encoder`, `head` graphs)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache, partial
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -17,10 +16,9 @@ from app.core.manifest import positive_int
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
 from app.tasks.similarity.schemas import PARAPHRASE_LABELS, EmbeddingPairRequest
-from app.tasks.similarity.tokenizer import has_control_character, tokenize
+from app.tasks.similarity.tokenizer import CONTROL_CHARACTER, tokenize
 from app.tasks.similarity.vectors import WordVectors
 
-TASK_NAME = "similarity"
 Location = tuple[str | int, ...]
 PARAPHRASE_OUTPUT = "paraphrase_logits"
 
@@ -45,14 +43,7 @@ class EncodedSentence:
     unknown: list[str]
 
 
-@dataclass(frozen=True)
-class EncodedPair:
-    a: EncodedSentence
-    b: EncodedSentence
-
-    @cached_property  # read by the feeds, the batcher's item and the render's estimate
-    def length(self) -> int:
-        return max(len(self.a.tokens), len(self.b.tokens))
+EncodedPair = tuple[EncodedSentence, EncodedSentence]  # one row of the pair graph
 
 
 def prepare(model: ServedModel) -> SimilarityState:
@@ -65,8 +56,9 @@ def prepare(model: ServedModel) -> SimilarityState:
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
     outputs = {output.name: output.shape[-1] for output in model.session.get_outputs()}
-    slots = outputs["attn_a_fwd"]
-    if slots != (2 if pointer == "flmp" else 1 + window):  # the memory row, then the tokens it read (combined_map)
+    if (slots := outputs["attn_a_fwd"]) != (
+        2 if pointer == "flmp" else 1 + window
+    ):  # the memory row, then the tokens it read (combined_map)
         raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
     return SimilarityState(
         vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
@@ -80,14 +72,12 @@ def prepare(model: ServedModel) -> SimilarityState:
 
 
 def _embedding_limits(model: ServedModel) -> dict[str, Any]:
-    """Limits of the encoder and head graphs, checked against the encoder's output; the encoder id hashes the files
-    a sentence vector depends on (new weights change it, a new model name does not)."""
+    """Limits of the encoder and head graphs; the encoder id hashes the files a sentence vector depends on."""
     entry = model.entry
     if set(model.graphs) != {"encoder", "head"}:
         raise ValueError(f"graphs must be both encoder and head, not {sorted(model.graphs)}")
     dimension = positive_int(entry.metadata, "embedding_dim")
-    output_width = model.graphs["encoder"].session.get_outputs()[0].shape[-1]
-    if output_width != dimension:
+    if (output_width := model.graphs["encoder"].session.get_outputs()[0].shape[-1]) != dimension:
         raise ValueError(f"metadata.embedding_dim is {dimension}, but the encoder graph returns {output_width}")
     parts = [entry.graphs["encoder"].sha256, *(entry.assets[key].sha256 for key in ("special_vectors", "vocabulary"))]
     encoder = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -97,10 +87,8 @@ def _embedding_limits(model: ServedModel) -> dict[str, Any]:
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: SimilarityState = model.state
-    described = {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels), **state.embeddings}
-    if state.paraphrase:
-        described["paraphrase_labels"] = list(PARAPHRASE_LABELS)
-    return described
+    paraphrase = {"paraphrase_labels": list(PARAPHRASE_LABELS)} if state.paraphrase else {}
+    return {"max_tokens": state.max_tokens, "entailment_labels": list(state.labels), **state.embeddings, **paraphrase}
 
 
 def encode_sentence(model: ServedModel, text: str, location: Location) -> EncodedSentence:
@@ -108,7 +96,7 @@ def encode_sentence(model: ServedModel, text: str, location: Location) -> Encode
     state: SimilarityState = model.state
     if len(text) > state.max_characters:
         problem = f"has {len(text)} characters; at most {state.max_characters}"
-    elif has_control_character(text):
+    elif CONTROL_CHARACTER.search(text):
         problem = "must not contain control characters (other than tab, newline and carriage return)"
     elif len(tokens := tokenize(text)) <= 2:
         problem = "has no words after removing punctuation, invisible characters and combining marks with no letter"
@@ -136,26 +124,26 @@ def encode_pairs(
         for (a, b), location in zip(texts, locations, strict=True)
         for field, text in (("sentence_a", a), ("sentence_b", b))
     )
-    return [EncodedPair(a, b) for a, b in zip(sentences[::2], sentences[1::2], strict=True)]
+    return list(zip(sentences[::2], sentences[1::2], strict=True))
 
 
 def pair_feeds(pair: EncodedPair) -> Feeds:
-    """One batch row: both sentences padded to the pair's length."""
-    emb = np.zeros((2, 1, pair.length, pair.a.vectors.shape[1]), dtype=np.float32)
-    emb[0, 0, : len(pair.a.tokens)] = pair.a.vectors
-    emb[1, 0, : len(pair.b.tokens)] = pair.b.vectors
-    lengths = np.array([[len(pair.a.tokens)], [len(pair.b.tokens)]], dtype=np.int64)
+    """One batch row: both sentences padded to the longer one's length (`emb_a`'s axis 1)."""
+    a, b = pair
+    emb = np.zeros((2, 1, max(len(a.tokens), len(b.tokens)), a.vectors.shape[1]), dtype=np.float32)
+    emb[0, 0, : len(a.tokens)] = a.vectors
+    emb[1, 0, : len(b.tokens)] = b.vectors
+    lengths = np.array([[len(a.tokens)], [len(b.tokens)]], dtype=np.int64)
     return {"emb_a": emb[0], "len_a": lengths[0], "emb_b": emb[1], "len_b": lengths[1]}
 
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
     """Each pair's graph outputs; the pairs join the model's batches (with other requests' pairs)."""
-    return await model.batcher.run_all([(pair_feeds(pair), 1, pair.length) for pair in pairs])
+    return await model.batcher.run_all([(feeds, 1, feeds["emb_a"].shape[1]) for feeds in map(pair_feeds, pairs)])
 
 
 def scores(model: ServedModel, outputs: Feeds) -> dict[str, Any]:
-    """Relatedness, similarity and (unless the model has no entailment labels) entailment of the first pair in the
-    outputs of the pair or head graph."""
+    """Relatedness, similarity and (with entailment labels) entailment of the first row of the pair or head graph."""
     state: SimilarityState = model.state
     relatedness = float(outputs["relatedness"][0])
     answer = {"model": model.name, "relatedness": relatedness, "similarity": (relatedness - 1) / 4}
@@ -179,20 +167,20 @@ def decode(model: ServedModel, pair: EncodedPair, outputs: Feeds, return_attenti
         exponential = math.exp(-abs(logit))
         probability = 1 / (1 + exponential) if logit >= 0 else exponential / (1 + exponential)
         answer["paraphrase"] = {"label": PARAPHRASE_LABELS[logit >= 0], "probability": probability}
-    unknown = list(dict.fromkeys(pair.a.unknown + pair.b.unknown))
-    answer |= {"tokens_a": pair.a.tokens, "tokens_b": pair.b.tokens, "unknown_tokens": unknown, "attention": None}
+    a, b = pair
+    unknown = list(dict.fromkeys(a.unknown + b.unknown))
+    answer |= {"tokens_a": a.tokens, "tokens_b": b.tokens, "unknown_tokens": unknown, "attention": None}
     if return_attention:
         answer["attention"] = {
             f"sentence_{s}": combined_map(outputs[f"attn_{s}_fwd"][0, :n], outputs[f"attn_{s}_bwd"][0, :n])
-            for s, n in (("a", len(pair.a.tokens)), ("b", len(pair.b.tokens)))
+            for s, n in (("a", len(a.tokens)), ("b", len(b.tokens)))
         }
     return answer
 
 
 @lru_cache(maxsize=512)
 def _cells(length: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Flat indices of what a pass's memory row read: into its [L,K] weights, into its [L,L] map, and into that map
-    flipped back (the backward pass's cell (t, i) is (L-1-t, L-1-i))."""
+    """Flat indices of what a memory row read: into its [L,K] weights, its [L,L] map, and that map flipped back."""
     steps = np.arange(length)
     sources = steps[:, None] - slots + 2 + np.arange(slots - 1)[None, :]  # [L, K-1]: token read in slots 1..K-1
     valid = sources >= 0
@@ -203,9 +191,8 @@ def _cells(length: int, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
-    """One sentence's `len x len` attention map (MODELS.md §2.5) from the [L,H,K] per-step weights of the memory
-    row of both passes: the forward map and the backward map flipped back, averaged over passes and heads. Slot 0 is
-    the memory row itself; at step t, slots 1..K-1 read tokens t-K+2..t (VLMP with window K-1; FLMP: K = 2)."""
+    """One sentence's `len x len` attention map (MODELS.md §2.5) from both passes' [L,H,K] memory-row weights, averaged
+    over passes and heads: at step t, slots 1..K-1 read tokens t-K+2..t (slot 0 is the memory row itself)."""
     length, heads, slots = forward.shape
     read, cells, flipped = _cells(length, slots)
     result = np.zeros(length * length, dtype=np.float32)
@@ -216,8 +203,7 @@ def combined_map(forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
 
 
 def graph_of(model: ServedModel, key: str) -> ServedModel:
-    """The model's `encoder` or `head` graph; 404 when it has none. Every /embeddings and /from-embeddings request
-    is admitted through it, so what runs after may read `model.state.embeddings`."""
+    """The model's `encoder` or `head` graph (which admits the request, so `state.embeddings` is set); 404 if none."""
     if not model.graphs:
         raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
     return model.graphs[key]

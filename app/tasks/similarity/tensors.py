@@ -1,5 +1,4 @@
-"""Similarity models over the Open Inference Protocol: sentence pairs in (BYTES), scores and tokens out, through
-the service exactly as on POST /similarity/batch (the graph reads GloVe embeddings, so the tensors are the task's)."""
+"""Similarity models over the Open Inference Protocol: sentence pairs in, scores and tokens out, as on /similarity."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ OUTPUTS = [
     TensorSpec("entailment_probabilities", "FP32", (-1, 3)),
     TensorSpec("tokens_a", "BYTES", (-1, -1)),
     TensorSpec("tokens_b", "BYTES", (-1, -1)),
+    TensorSpec("paraphrase_probability", "FP32", (-1,)),
 ]
-PARAPHRASE = TensorSpec("paraphrase_probability", "FP32", (-1,))
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
@@ -27,13 +26,12 @@ def inputs(model: ServedModel) -> list[TensorSpec]:
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
-    specs = OUTPUTS if model.state.labels else [spec for spec in OUTPUTS if spec.name != "entailment_probabilities"]
-    return [*specs, PARAPHRASE] if model.state.paraphrase else specs
+    absent = {"entailment_probabilities": not model.state.labels, "paraphrase_probability": not model.state.paraphrase}
+    return [spec for spec in OUTPUTS if not absent.get(spec.name)]
 
 
 def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, list[EncodedPair]]:
-    """Tokenize and embed every pair, a row each (as on POST /similarity/batch); the service's limits answer 400
-    naming the input and element."""
+    """Tokenize and embed every pair, a row each; the service's limits answer 400 naming the input and element."""
     first, second = tensors["sentence_a"], tensors["sentence_b"]
     if len(first) != len(second):
         raise ProtocolError(f"sentence_a has {len(first)} elements and sentence_b {len(second)}; they must pair up")
@@ -58,7 +56,8 @@ async def infer(model: ServedModel, pairs: list[EncodedPair]) -> Feeds:
         probabilities = [list(result["entailment"]["probabilities"].values()) for result in results]
         tensors["entailment_probabilities"] = np.array(probabilities, dtype=np.float32)
     if model.state.paraphrase:
-        tensors[PARAPHRASE.name] = np.array([result["paraphrase"]["probability"] for result in results], np.float32)
+        paraphrase = [result["paraphrase"]["probability"] for result in results]
+        tensors["paraphrase_probability"] = np.array(paraphrase, dtype=np.float32)
     for name in ("tokens_a", "tokens_b"):
         width = max(len(result[name]) for result in results)  # padded with empty strings, never a token
         tensors[name] = np.array([result[name] + [""] * (width - len(result[name])) for result in results], object)

