@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -22,7 +21,6 @@ from app.runtime.engine import engine
 from app.runtime.model import Task
 from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
-from app.server import SERVED_BY, UNPROTECTED
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
@@ -35,6 +33,10 @@ from app.transports.probe_server import ProbeProcess
 from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
+UNPROTECTED = (
+    "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
+    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
+)
 DESCRIPTION = """Memory-augmented neural models behind one API:
 
 * **POST /similarity**, **/similarity/batch**: LSTM_RMC (Relational Memory Core) sentence-pair model
@@ -67,8 +69,6 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """The probe process (if MNEMO_PROBE_PORT is set), models, student store, engine and gRPC while serving."""
-        if os.environ.get(SERVED_BY) is None:
-            logger.warning(UNPROTECTED)
         async with AsyncExitStack() as stack:
             stack.callback(write_out_logs)
             app.state.loop_lag.start()
@@ -139,8 +139,9 @@ def create_app(
 
 
 def __getattr__(name: str) -> FastAPI:
-    """`app` for `uvicorn app.main:app`, built when first read: a worker importing `create_app` reads no variable."""
+    """`app` for `uvicorn app.main:app`, built when first read (a worker importing `create_app` reads no variable)."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()["app"] = application = create_app()
+    logger.warning(UNPROTECTED)
     return application
