@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -29,7 +30,7 @@ from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
 from app.transports.middleware import ServiceApp
-from app.transports.probe_server import ProbeProcess
+from app.transports.probe_server import probe_process
 from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
@@ -73,12 +74,11 @@ def create_app(
             stack.callback(write_out_logs)
             app.state.loop_lag.start()
             stack.push_async_callback(app.state.loop_lag.stop)
-            probes = None
             if settings.probe_port is not None:
-                probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
-                stack.push_async_callback(probes.stop)
-                app.state.drain.on_begin.append(probes.push)
-                app.state.loop_lag.on_sample.append(probes.push)
+                readiness = functools.partial(operations.readiness, app.state)
+                push = await stack.enter_async_context(probe_process(settings.host, settings.probe_port, readiness))
+                app.state.drain.on_begin.append(push)
+                app.state.loop_lag.on_sample.append(push)
             registry = ModelRegistry(settings, tasks, metrics)
             try:
                 await offload(registry.load)
@@ -99,8 +99,6 @@ def create_app(
             logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
             logger.info(app.state.api_keys.summary())
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
-            if probes is not None:
-                await probes.start()
             yield
 
     app = ServiceApp(
