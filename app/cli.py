@@ -100,9 +100,9 @@ def start(settings: Settings, flags: Collection[str] = ()) -> None:
     where = f"http://{settings.address(settings.port)}{grpc}"
     line = logging.LogRecord("mnemo", logging.INFO, __file__, 0, "serving %s on %s", (names, where), None)
     click.echo(formatter.format(line), err=True)  # in the log's format: a JSON log stays JSON lines
-    from app.server import serve  # gunicorn and uvicorn, once the settings are known to be good
+    from app.server import Gunicorn  # gunicorn and uvicorn, once the settings are known to be good
 
-    serve(settings)
+    Gunicorn(settings).run()
 
 
 @click.group(context_settings=CONTEXT)

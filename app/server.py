@@ -151,7 +151,8 @@ def http_options(settings: Settings) -> dict[str, Any]:
 
 
 class Gunicorn(BaseApplication):
-    """gunicorn configured from Settings, loading `factory(settings)` (default: `create_app`) in each worker."""
+    """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker until a
+    signal, drained first; `run` exits with gunicorn's status."""
 
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
         self.settings, self.factory = settings, factory
@@ -263,8 +264,3 @@ def drop_metrics(server: Arbiter, worker: Worker) -> None:
     from prometheus_client.multiprocess import mark_process_dead  # reads PROMETHEUS_MULTIPROC_DIR as it imports
 
     mark_process_dead(worker.pid)
-
-
-def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
-    """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
-    Gunicorn(settings, factory).run()
