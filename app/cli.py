@@ -57,10 +57,11 @@ def settings_from(flags: dict[str, Any]) -> Settings:
     try:
         return Settings(**given)
     except ValidationError as error:
-        problems = [  # pydantic's prefix of a validator's error dropped; a rule across settings names them itself
-            f"MNEMO_{'.'.join(map(str, p['loc'])).upper()}: " * bool(p["loc"]) + p["msg"].removeprefix("Value error, ")
-            for p in error.errors()
-        ]
+        problems = []
+        for problem in error.errors():  # a rule across settings (no `loc`) names them itself
+            message = problem["msg"].removeprefix("Value error, ")  # pydantic's prefix of a validator's error
+            where = "MNEMO_" + ".".join(map(str, problem["loc"])).upper()
+            problems.append(f"{where}: {message}" if problem["loc"] else message)
         refuse(f"invalid settings: {'; '.join(problems)}", given)
 
 
