@@ -6,12 +6,14 @@ import functools
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import types
 import typing
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from pydantic import ValidationError
@@ -50,50 +52,58 @@ def settings_option(name: str, field: FieldInfo) -> click.Option:
 
 
 def settings_from(flags: dict[str, Any]) -> Settings:
-    """Settings from the flags given over the environment: a bad flag exits 2 naming it, a bad variable 1 naming it."""
+    """Settings from the flags given over the environment; a bad flag or variable exits naming it (`refuse`)."""
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         return Settings(**given)
     except ValidationError as error:
-        flagged = [problem for problem in error.errors() if problem["loc"] and problem["loc"][0] in given]
-        named = flag_name if flagged else lambda name: f"MNEMO_{name.upper()}"
         problems = []
-        for problem in flagged or error.errors():  # a rule across settings (no `loc`) names them itself
-            message = str(problem["msg"]).removeprefix("Value error, ")  # pydantic's prefix of a validator's error
-            problems.append(f"{named('.'.join(map(str, problem['loc'])))}: {message}" if problem["loc"] else message)
-        if flagged:
-            raise click.UsageError("; ".join(problems)) from None
-        sys.exit(f"mnemo: cannot start: invalid settings: {'; '.join(problems)}")
+        for problem in error.errors():  # a rule across settings (no `loc`) names them itself
+            message = problem["msg"].removeprefix("Value error, ")  # pydantic's prefix of a validator's error
+            where = "MNEMO_" + ".".join(map(str, problem["loc"])).upper()
+            problems.append(f"{where}: {message}" if problem["loc"] else message)
+        refuse(f"invalid settings: {'; '.join(problems)}", given)
 
 
-def start(settings: Settings) -> None:
-    """Check the settings' files, URL, ports and models (one line and exit 1 if wrong), say where it listens, serve."""
+def refuse(problem: str, flags: Collection[str]) -> NoReturn:
+    """Exit on `problem`: naming the flags given where it names their variables (a usage error, status 2), else 1."""
+    flagged = problem
+    for name in flags:
+        flagged = re.sub(rf"\bMNEMO_{name.upper()}\b", flag_name(name), flagged)
+    if flagged != problem:
+        raise click.UsageError(flagged)
+    sys.exit(f"mnemo: cannot start: {problem}")
+
+
+def start(settings: Settings, flags: Collection[str] = ()) -> None:
+    """Check the settings' files, URL, ports and models (one line and exit if wrong), say where it listens, serve."""
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
     try:
         entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
         check_url(settings.state_url)
         for name in ("probe_port", "grpc_port", "port"):
-            port = getattr(settings, name)
             with socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET) as sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds it
                 try:
-                    if port is not None:
+                    if (port := getattr(settings, name)) is not None:
                         sock.bind((settings.host, port))
                 except OSError as error:  # in use, or a host that does not resolve
                     where = f"{settings.address(port)} (MNEMO_HOST:MNEMO_{name.upper()})"
                     raise ValueError(f"cannot listen on {where}: {error.strerror}") from None
-    except (ValueError, ModelLoadError) as error:
+    except ModelLoadError as error:  # it names the flag and the variable
         sys.exit(f"mnemo: cannot start: {error}")
+    except ValueError as error:
+        refuse(str(error), flags)
     grpc = f", gRPC on {settings.address(settings.grpc_port)}" if settings.grpc_port else ""
     names = ", ".join(entry.name for entry in entries) or "no models"
     formatter = JsonFormatter() if settings.log_format == "json" else TextFormatter()
     where = f"http://{settings.address(settings.port)}{grpc}"
     line = logging.LogRecord("mnemo", logging.INFO, __file__, 0, "serving %s on %s", (names, where), None)
     click.echo(formatter.format(line), err=True)  # in the log's format: a JSON log stays JSON lines
-    from app.server import serve  # gunicorn and uvicorn, once the settings are known to be good
+    from app.server import Gunicorn  # gunicorn and uvicorn, once the settings are known to be good
 
-    serve(settings)
+    Gunicorn(settings).run()
 
 
 @click.group(context_settings=CONTEXT)
@@ -104,13 +114,7 @@ def cli() -> None:
 @cli.command(context_settings=CONTEXT, params=[settings_option(*field) for field in Settings.model_fields.items()])
 def serve(**flags: Any) -> None:
     """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
-    settings = settings_from(flags)
-    if flags["state_url"] is not None:  # a bad URL given as a flag is a bad flag: named so, status 2
-        try:
-            check_url(settings.state_url)
-        except ValueError as error:
-            raise click.UsageError(str(error).replace("MNEMO_STATE_URL", "--state-url")) from None
-    start(settings)
+    start(settings_from(flags), {name for name, value in flags.items() if value is not None})
 
 
 @cli.command()

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -22,7 +22,6 @@ from app.runtime.engine import engine
 from app.runtime.model import Task
 from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
-from app.server import SERVED_BY, UNPROTECTED
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
@@ -31,10 +30,14 @@ from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
 from app.transports.http import BODY_SCHEMAS
 from app.transports.middleware import ServiceApp
-from app.transports.probe_server import ProbeProcess
+from app.transports.probe_server import probe_process
 from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
+UNPROTECTED = (
+    "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
+    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
+)
 DESCRIPTION = """Memory-augmented neural models behind one API:
 
 * **POST /similarity**, **/similarity/batch**: LSTM_RMC (Relational Memory Core) sentence-pair model
@@ -67,18 +70,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         """The probe process (if MNEMO_PROBE_PORT is set), models, student store, engine and gRPC while serving."""
-        if os.environ.get(SERVED_BY) is None:
-            logger.warning(UNPROTECTED)
         async with AsyncExitStack() as stack:
             stack.callback(write_out_logs)
             app.state.loop_lag.start()
             stack.push_async_callback(app.state.loop_lag.stop)
-            probes = None
             if settings.probe_port is not None:
-                probes = ProbeProcess(settings.host, settings.probe_port, lambda: operations.readiness(app.state))
-                stack.push_async_callback(probes.stop)
-                app.state.drain.on_begin.append(probes.push)
-                app.state.loop_lag.on_sample.append(probes.push)
+                readiness = functools.partial(operations.readiness, app.state)
+                push = await stack.enter_async_context(probe_process(settings.host, settings.probe_port, readiness))
+                app.state.drain.on_begin.append(push)
+                app.state.loop_lag.on_sample.append(push)
             registry = ModelRegistry(settings, tasks, metrics)
             try:
                 await offload(registry.load)
@@ -99,8 +99,6 @@ def create_app(
             logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
             logger.info(app.state.api_keys.summary())
             await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
-            if probes is not None:
-                await probes.start()
             yield
 
     app = ServiceApp(
@@ -139,8 +137,9 @@ def create_app(
 
 
 def __getattr__(name: str) -> FastAPI:
-    """`app` for `uvicorn app.main:app`, built when first read: a worker importing `create_app` reads no variable."""
+    """`app` for `uvicorn app.main:app`, built when first read (a worker importing `create_app` reads no variable)."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()["app"] = application = create_app()
+    logger.warning(UNPROTECTED)
     return application

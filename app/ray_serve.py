@@ -19,18 +19,6 @@ DEPLOYMENT_NAME = "mnemo"
 FIXED = ("workers", "concurrent_runs", "intra_op_threads")  # a replica: one process, one run of its CPUs' threads
 
 
-def build_application(settings: Settings, options: dict[str, Any]) -> Any:
-    """One deployment whose replicas serve the app, each response naming its replica (`X-Mnemo-Replica`)."""
-    from ray import serve
-
-    def replica_app() -> Any:  # Ray calls it in each replica; pickled whole, the settings keep their API keys
-        from app.main import create_app
-
-        return create_app(settings, identity={"X-Mnemo-Replica": serve.get_replica_context().replica_id.unique_id})
-
-    return serve.deployment(name=DEPLOYMENT_NAME, **options)(serve.ingress(replica_app)()).bind()
-
-
 @click.command(
     context_settings={**CONTEXT, "show_default": True},
     params=[
@@ -82,13 +70,20 @@ def main(
         from ray import serve
     except ImportError:
         sys.exit("mnemo: Ray Serve is not installed: pip install -e '.[ray]'")
+
+    def replica_app() -> Any:  # in each replica (pickled whole: the settings keep their API keys), naming it
+        from app.main import create_app
+
+        return create_app(settings, identity={"X-Mnemo-Replica": serve.get_replica_context().replica_id.unique_id})
+
     if address:
         ray.init(address=address)
     else:
         ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
-        serve.run(build_application(settings, options), name=DEPLOYMENT_NAME, route_prefix="/")
+        deployment = serve.deployment(name=DEPLOYMENT_NAME, **options)(serve.ingress(replica_app)())
+        serve.run(deployment.bind(), name=DEPLOYMENT_NAME, route_prefix="/")
         print(f"mnemo: serving on http://{settings.address(settings.port)} with Ray Serve ({options})", flush=True)
         stop.wait()
     finally:

@@ -16,6 +16,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -40,11 +41,6 @@ SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode: the workers' metrics files
-SERVED_BY = "MNEMO_SERVED_BY"  # `serve` sets it for its workers; an app started otherwise warns UNPROTECTED
-UNPROTECTED = (
-    "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
-    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
-)
 
 
 class DrainingServer(uvicorn.Server):
@@ -54,7 +50,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.settings, self.drain = config.app.state.settings, config.app.state.drain
         self.loop = asyncio.get_running_loop()  # a signal's handler starts the drain on it
-        self.drain_task: asyncio.Task | None = None
+        self.drained: Future | None = None
 
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
@@ -69,15 +65,12 @@ class DrainingServer(uvicorn.Server):
             self.should_exit, self.force_exit = True, self.force_exit or sig == signal.SIGINT
         else:
             self.drain.begin(connection.client for connection in self.server_state.connections)
-            self.loop.call_soon_threadsafe(self.start_drain, signal.Signals(sig).name)
+            # once, also when a second signal came inside the first one's handler
+            self.drained = self.drained or asyncio.run_coroutine_threadsafe(self.finish_drain(sig), self.loop)
 
-    def start_drain(self, reason: str) -> None:
-        if self.drain_task is None:  # else a signal that arrived inside the first one's handler
-            self.drain_task = asyncio.ensure_future(self.finish_drain(reason))
-
-    async def finish_drain(self, reason: str) -> None:
+    async def finish_drain(self, sig: int) -> None:
         """Requests in flight finish, then SETTLE_S more for those sent but not yet read; past drain_s, a 503."""
-        drain_s = self.settings.drain_s
+        drain_s, reason = self.settings.drain_s, signal.Signals(sig).name
         logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, len(self.drain.tasks), drain_s)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_s):
@@ -158,11 +151,11 @@ def http_options(settings: Settings) -> dict[str, Any]:
 
 
 class Gunicorn(BaseApplication):
-    """gunicorn configured from Settings, loading `factory(settings)` (default: `create_app`) in each worker."""
+    """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker until a
+    signal, drained first; `run` exits with gunicorn's status."""
 
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
         self.settings, self.factory = settings, factory
-        self.temporary_metrics: str | None = None  # a PROMETHEUS_MULTIPROC_DIR it made, removed at exit
         super().__init__()
 
     def load_config(self) -> None:
@@ -182,7 +175,7 @@ class Gunicorn(BaseApplication):
         }
         # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
         if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
-            options |= {"on_starting": self.open_metrics, "child_exit": drop_metrics, "on_exit": self.close_metrics}
+            options |= {"on_starting": open_metrics, "child_exit": drop_metrics}
         for key, value in options.items():
             self.cfg.set(key, value)
 
@@ -196,21 +189,6 @@ class Gunicorn(BaseApplication):
                     arbiter.halt(error.reason, error.exit_status)
                 except HaltServer as again:
                     error = again
-
-    def open_metrics(self, server: Arbiter) -> None:
-        """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a new one."""
-        if not (chosen := os.environ.get(METRICS_DIR)):
-            self.temporary_metrics = os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
-        elif not Path(chosen).is_dir():
-            sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
-        for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
-            stale.unlink()
-        server.log.info("metrics of every worker in %s", chosen)
-
-    def close_metrics(self, server: Arbiter) -> None:
-        """gunicorn's on_exit hook (in the master only): the temporary metrics directory removed."""
-        if self.temporary_metrics:
-            shutil.rmtree(self.temporary_metrics, ignore_errors=True)
 
     def load(self) -> FastAPI:
         """In each worker: the app, once MNEMO_PROVIDER is known to be served by this onnxruntime (else one line)."""
@@ -263,6 +241,18 @@ def log_config(level: str, fmt: str) -> dict:
     }
 
 
+def open_metrics(server: Arbiter) -> None:
+    """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a temporary one."""
+    if not (chosen := os.environ.get(METRICS_DIR)):
+        os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
+        server.cfg.set("on_exit", lambda _: shutil.rmtree(chosen, ignore_errors=True))  # run in the master only
+    elif not Path(chosen).is_dir():
+        sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
+    for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
+        stale.unlink()
+    server.log.info("metrics of every worker in %s", chosen)
+
+
 def number_worker(server: Arbiter, worker: Worker) -> None:
     """gunicorn's pre_fork hook: the lowest number no live worker has, so a replacement takes the dead one's."""
     taken = {other.number for other in server.WORKERS.values()}
@@ -274,9 +264,3 @@ def drop_metrics(server: Arbiter, worker: Worker) -> None:
     from prometheus_client.multiprocess import mark_process_dead  # reads PROMETHEUS_MULTIPROC_DIR as it imports
 
     mark_process_dead(worker.pid)
-
-
-def serve(settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
-    """Serve `factory(settings)` (default: `create_app`) until a signal, drained first; exits with gunicorn's status."""
-    os.environ[SERVED_BY] = "app.server"
-    Gunicorn(settings, factory).run()

@@ -11,7 +11,7 @@ import signal
 from fastapi import FastAPI
 
 from app.core.settings import Settings
-from app.server import serve
+from app.server import Gunicorn
 
 
 def toy(settings: Settings) -> FastAPI:
@@ -24,4 +24,4 @@ def toy(settings: Settings) -> FastAPI:
 
 
 if __name__ == "__main__":
-    serve(Settings(), toy)
+    Gunicorn(Settings(), toy).run()

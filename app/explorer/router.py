@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -21,8 +22,10 @@ router = APIRouter(tags=["explorer"], include_in_schema=False)
 @router.get("/")
 @router.get("/explorer/{name:path}")
 async def explorer_file(request: Request) -> Response:
-    """The explorer page (similarity and knowledge-tracing tabs over this server's API) or one of its scripts, style
-    sheets and icons; each answer (200 or 304) with the page's security and cache headers."""
-    response = await FILES.get_response(request.path_params.get("name", "index.html"), request.scope)
+    """The explorer page or one of its files, 200 or 304 with the page's security and cache headers; /explorer/
+    redirects to the page (its URLs are relative: they hold behind a proxy's path prefix)."""
+    if not (name := request.path_params.get("name", "index.html")):
+        return RedirectResponse("../")
+    response = await FILES.get_response(name, request.scope)
     response.headers.update(HEADERS)
     return response

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 logger = logging.getLogger("mnemo.probes")
@@ -24,69 +25,56 @@ MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unansw
 CONNECTION_TIMEOUT_S = 5.0  # a connection's whole life, not only each read: trickled bytes cannot hold a slot for ever
 
 
-class ProbeProcess:
-    """The probe server on `host:port`, started now (it says "loading" while the service loads its models) and told
-    `readiness()` on each `push` (the event loop's heartbeat); `start` waits until it listens, `stop` ends it."""
+@asynccontextmanager
+async def probe_process(host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> AsyncIterator[Callable]:
+    """The probe server on `host:port`, listening once entered (it says "loading" while the service loads its models);
+    the function yielded tells it `readiness()` (the event loop's heartbeat, also from a signal handler)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.transports.probe_server", host, str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    os.set_blocking(process.stdin.fileno(), False)
 
-    def __init__(self, host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> None:
-        self.host, self.port, self.readiness = host, port, readiness
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "app.transports.probe_server", self.host, str(self.port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        os.set_blocking(self._process.stdin.fileno(), False)
+    def push() -> None:  # one small non-blocking write; ValueError: stdin closed (stopped)
+        with contextlib.suppress(BlockingIOError, BrokenPipeError, ValueError):
+            process.stdin.write(json.dumps(readiness()) + "\n")
+            process.stdin.flush()
 
-    async def start(self) -> None:
-        """Wait until the child listens; RuntimeError if it cannot (the port is taken)."""
+    try:
         try:
-            first = await asyncio.wait_for(asyncio.to_thread(self._process.stdout.readline), START_TIMEOUT_S)
+            first = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), START_TIMEOUT_S)
         except TimeoutError:
             first = "no answer"
-        if first.strip() != "listening":
-            self._process.kill()
+        if first.strip() != "listening":  # the port is taken
             raise RuntimeError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
-        self.push()  # the readiness of now, before the main port opens (the next heartbeat comes later)
-        logger.info("probes: /health and /ready also on http://%s:%d (own process)", self.host, self.port)
-
-    def push(self) -> None:
-        """Send the current readiness now (also from a signal handler: one small non-blocking write)."""
-        with contextlib.suppress(BlockingIOError, BrokenPipeError, ValueError):  # ValueError: stdin closed (stopped)
-            self._process.stdin.write(json.dumps(self.readiness()) + "\n")
-            self._process.stdin.flush()
-
-    async def stop(self) -> None:
+        logger.info("probes: /health and /ready also on http://%s:%d (own process)", host, port)
+        yield push
+    finally:
         with contextlib.suppress(BrokenPipeError, BlockingIOError):
-            self._process.stdin.close()  # EOF: the probe server exits
+            process.stdin.close()  # EOF: the probe server exits
         try:
-            await asyncio.to_thread(self._process.wait, 5)
+            await asyncio.to_thread(process.wait, 5)
         except subprocess.TimeoutExpired:
-            self._process.kill()
+            process.kill()
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def setup(self) -> None:
-        super().setup()
-        self.deadline = threading.Timer(CONNECTION_TIMEOUT_S, self.cut_off)
-        self.deadline.start()
-
-    def cut_off(self) -> None:
-        with contextlib.suppress(OSError):  # already closed
-            self.connection.shutdown(socket.SHUT_RDWR)
-
-    def finish(self) -> None:
-        self.deadline.cancel()
-        super().finish()
-
     def do_HEAD(self) -> None:
         self.do_GET(with_body=False)
 
     def do_GET(self, with_body: bool = True) -> None:
-        status, payload = self.server.answer(self.path.split("?", 1)[0])
+        path, silent_s = self.path.split("?", 1)[0], time.monotonic() - self.server.fed_at
+        if path not in ("/health", "/ready"):
+            status, payload = 404, {"detail": "This port serves only GET /health and GET /ready."}
+        elif silent_s > self.server.stale_s:
+            status, payload = 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
+        else:
+            status, payload = (200, {"status": "ok"}) if path == "/health" else self.server.readiness
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -110,25 +98,26 @@ class _Server(ThreadingHTTPServer):
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
 
-    def answer(self, path: str) -> tuple[int, dict]:
-        silent_s = time.monotonic() - self.fed_at
-        if path not in ("/health", "/ready"):
-            return 404, {"detail": "This port serves only GET /health and GET /ready."}
-        if silent_s > self.stale_s:
-            return 503, {"detail": f"The service's event loop has not reported for {silent_s:.0f} s."}
-        return (200, {"status": "ok"}) if path == "/health" else self.readiness
-
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: socket.socket, client_address: object) -> None:
         if self.slots.acquire(blocking=False):
             super().process_request(request, client_address)
         else:
             self.shutdown_request(request)
 
-    def process_request_thread(self, request, client_address) -> None:
+    def process_request_thread(self, request: socket.socket, client_address: object) -> None:
+        """The connection in its slot, cut off after CONNECTION_TIMEOUT_S however slowly its bytes come."""
+        deadline = threading.Timer(CONNECTION_TIMEOUT_S, cut_off, (request,))
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            deadline.cancel()
             self.slots.release()
+
+
+def cut_off(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        connection.shutdown(socket.SHUT_RDWR)
 
 
 def main(host: str, port: int, stale_s: float = STALE_S) -> None:

@@ -83,6 +83,16 @@ def test_a_bad_state_url_flag_is_named_as_the_flag():
     assert "Error: --state-url must start with sqlite:// or redis://" in done.stderr
 
 
+def test_a_port_flag_that_cannot_be_listened_on_is_named_as_the_flag():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_app({**os.environ, "MNEMO_HOST": "127.0.0.1"}, "--port", str(port))
+    assert done.returncode == 2 and "MNEMO_PORT" not in done.stderr
+    assert f"Error: cannot listen on 127.0.0.1:{port} (MNEMO_HOST:--port): Address already in use" in done.stderr
+
+
 @pytest.mark.parametrize("variable", ["MNEMO_CPU_ARENA", "MNEMO_CUDA_TF32"])
 def test_a_switch_unset_on_the_command_line_leaves_its_variable_in_force(variable: str):
     done = run_app({**os.environ, variable: "maybe"}, "--port", str(free_port()))  # read, so refused

@@ -367,7 +367,7 @@ def test_each_model_is_described_in_one_line_with_a_link_to_the_api_docs(watched
         assert text.startswith(family) and text.endswith(
             f"trained on ASSISTments 2009 (maths): test AUC {models[name]['metrics']['test_auc']:.3f}."
         )
-    links = page.locator("#panel-knowledge a[href='/docs']")
+    links = page.locator("#panel-knowledge a[href='docs']")
     expect(links).to_have_count(1)
     links.click()
     expect(page.locator(".opblock").first).to_be_visible(timeout=30_000)  # Swagger UI, from this server
@@ -657,6 +657,15 @@ def test_the_page_and_its_files_come_from_the_server_with_a_strict_content_secur
     for path in ("/explorer/../main.py", "/explorer/router.py", "/explorer/js/missing.js"):
         answer = httpx.get(f"{server}{path}", timeout=10)
         assert answer.status_code == 404, path
+
+
+def test_the_page_is_also_at_explorer_slash_and_addresses_the_server_by_relative_urls(server: str):
+    """Relative URLs keep the page working behind a proxy's path prefix (a root_path): none starts with '/'."""
+    moved = httpx.get(f"{server}/explorer/", timeout=10)
+    assert moved.status_code == 307 and moved.headers["location"] == "../"
+    assert httpx.get(f"{server}/explorer/", follow_redirects=True, timeout=10).text == httpx.get(f"{server}/").text
+    for path in STATIC_DIR.rglob("*.*"):
+        assert not re.findall(r"""(?:href|src)="/|["'`]/[a-z]""", path.read_text()), path
 
 
 def test_a_file_the_browser_has_is_answered_304_without_a_body(server: str):

@@ -111,7 +111,7 @@ async function catalog(name) {
     const questions = new Map();
     let total = Infinity;
     for (let offset = 0; offset < total; offset += CATALOG_PAGE) {
-      const page = await request(`/models/${encodeURIComponent(name)}/questions?offset=${offset}&limit=${CATALOG_PAGE}`);
+      const page = await request(`models/${encodeURIComponent(name)}/questions?offset=${offset}&limit=${CATALOG_PAGE}`);
       total = page.total;
       if (offset === 0) state.concepts.set(name, page.concepts ?? null); // the labels come with the first page
       for (const item of page.questions) questions.set(item.question, item);
@@ -215,7 +215,7 @@ async function trace() {
   try {
     const history = state.history.map((step) => ({ ...step }));
     const other = comparedModel();
-    const traceWith = (model) => request("/knowledge-trace", {
+    const traceWith = (model) => request("knowledge-trace", {
       model: model.name, interactions: history, next_questions: null, return_attention: true,
     });
     const [result, compared] = await Promise.all([traceWith(currentModel()), other && traceWith(other)]);

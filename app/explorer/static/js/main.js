@@ -38,7 +38,7 @@ async function start() {
   const status = document.getElementById("status");
   status.textContent = "Loading the models…";
   try {
-    const { models } = await request("/models");
+    const { models } = await request("models");
     setUpSimilarity(models.filter((model) => model.task === "similarity"));
     await setUpKnowledge(models.filter((model) => model.task === "knowledge-trace"));
     status.textContent = "";

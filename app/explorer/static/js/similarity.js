@@ -36,7 +36,7 @@ async function compare() {
   showError($("similarity-error"), "");
   busy(`Comparing: waiting for the server (at most ${TIMEOUT_SECONDS} s)…`);
   try {
-    const result = await request("/similarity", {
+    const result = await request("similarity", {
       sentence_a: $("sentence-a").value,
       sentence_b: $("sentence-b").value,
       model: $("similarity-model").value || null,

@@ -27,7 +27,7 @@ export function studentIdProblem(id) {
   return null;
 }
 
-const path = (id) => `/students/${encodeURIComponent(id)}`;
+const path = (id) => `students/${encodeURIComponent(id)}`;
 
 /** The student's stored state under `model` (count, current mastery, times); rejects with ApiError (404: none). */
 export function readStudent(id, model) {
