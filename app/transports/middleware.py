@@ -209,17 +209,11 @@ class RequestEdge:
             seconds, status = time.perf_counter() - arrived, exchange.status
             label = route_label(scope, exchange.path)
             self.metrics.observe_request(label, method if method in KNOWN_METHODS else "other", status, seconds)
-            self._log(scope, exchange.rid, status, seconds)
-
-    @staticmethod
-    def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
-        """The access line, if logged: its path the route template (no client text in the logs)."""
-        if not access_logger.isEnabledFor(logging.INFO):
-            return
-        method, path, milliseconds = scope["method"], loggable_path(scope), seconds * 1000
-        fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
-        line = "%s %s %d %.1fms id=%s"
-        log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
+            if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs
+                path, rid, ms = loggable_path(scope, exchange.path), exchange.rid, seconds * 1000
+                fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(ms, 2))
+                values = (method, path, status, ms, rid)
+                log_fields(access_logger, logging.INFO, "%s %s %d %.1fms id=%s", values, fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
