@@ -93,8 +93,8 @@ class Exchange:
                 self.fields.setdefault(name, []).append(value)
         self.rid = request_id(self.fields.get(REQUEST_ID_HEADER, []))
         self.headers = [(REQUEST_ID_HEADER, self.rid.encode()), *edge.headers]
-        self.path, self.status, self.started, self.size, self.done = route_path(scope), 499, False, 0, False
-        self.framed = b"content-length" in self.fields or b"transfer-encoding" in self.fields
+        self.path, self.status, self.started, self.size = route_path(scope), 499, False, 0
+        self.done = b"content-length" not in self.fields and b"transfer-encoding" not in self.fields  # no body
         length = self.fields.get(b"content-length", [b""])[0].strip()  # the parser keeps trailing spaces
         self.declared = int(length) if length.isdigit() else 0
         # left unread, a body sent only after `100 Continue` may never come, and a chunked one would be read and thrown
@@ -201,7 +201,7 @@ class RequestEdge:
             if refused is not None:
                 await refused(inner, receive, exchange.send)
             else:
-                await self.admitted(inner, exchange.receive if exchange.framed else receive, exchange.send)
+                await self.admitted(inner, exchange.receive, exchange.send)
         finally:
             self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
