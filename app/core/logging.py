@@ -191,13 +191,13 @@ def route_path(scope: Scope) -> str:
     return path[len(root) :] or "/" if root and (path + "/").startswith(root + "/") else path
 
 
-def loggable_path(scope: Scope) -> str:
+def loggable_path(scope: Scope, path: str | None = None) -> str:
     """The matched route's template (`/students/{student_id}`), never client text such as an id; else the path
     percent-encoded (one field of the access line), truncated, and cut after any prefix followed by an id."""
     template = getattr(scope.get("route"), "path", None)
     if template:
         return template
-    path = route_path(scope)
+    path = route_path(scope) if path is None else path  # the edge passes the one it took
     if path.startswith(ID_BEARING_PREFIXES):
         return path[: path.index("/", 1) + 1] + "…"  # the prefix
     path = quote(path, safe="/:@!$&'()*+,;=")  # RFC 3986's characters of a path stay as they are

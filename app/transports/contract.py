@@ -12,10 +12,6 @@ from pydantic.json_schema import models_json_schema
 from app.transports.access import ApiKeys
 from app.transports.error_handlers import is_protocol_path
 
-ERROR_REF = "#/components/schemas/ErrorBody"
-VALIDATION_REF = "#/components/schemas/ValidationErrorBody"
-PROTOCOL_REF = "#/components/schemas/ProtocolErrorBody"
-SERVER_READINESS_REF = "#/components/schemas/ServerReadiness"
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}  # 429: too many store calls waiting
 
@@ -133,7 +129,7 @@ DESCRIPTIONS = {
 }
 
 
-def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
+def _errors(operation: dict[str, Any], protocol: bool, protected: bool) -> dict[str, str]:
     """The error statuses an operation can answer, each with its body's schema (/v2 reads its input itself: no 422)."""
     has_body, operation_id = "requestBody" in operation, operation.get("operationId")
     statuses = {"400", "413", "503"} | ({"404", "408", "415", "429", "504"} if has_body else set())
@@ -141,14 +137,13 @@ def _errors(operation: dict[str, Any], protocol: bool) -> dict[str, str]:
         statuses.add("404")
     if not protocol and (has_body or operation.get("parameters")):
         statuses.add("422")
-    if operation_id in STATEFUL_OPERATIONS:
-        statuses.add("409")
-    if operation_id in STORE_OPERATIONS:
-        statuses.add("429")
-    body = PROTOCOL_REF if protocol else ERROR_REF
-    errors = {status: VALIDATION_REF if status == "422" else body for status in statuses}
+    statuses |= {"401"} if protected else set()
+    statuses |= {"409"} if operation_id in STATEFUL_OPERATIONS else set()
+    statuses |= {"429"} if operation_id in STORE_OPERATIONS else set()
+    body = "ProtocolErrorBody" if protocol else "ErrorBody"
+    errors = {status: "ValidationErrorBody" if status == "422" else body for status in statuses}
     if operation_id == "oip_ready":
-        errors["503"] = SERVER_READINESS_REF  # {"ready": false}; the drain gate lets this path through
+        errors["503"] = "ServerReadiness"  # {"ready": false}; the drain gate lets this path through
     return errors
 
 
@@ -161,16 +156,14 @@ def document_contract(schema: dict[str, Any], keys: ApiKeys, bodies: Iterable[ty
     components.pop("HTTPValidationError", None)
     components.pop("ValidationError", None)
     for path, operations in schema["paths"].items():
-        protocol = is_protocol_path(path)
+        protocol, protected = is_protocol_path(path), keys.protects(path)
         for operation in operations.values():
             if protocol:  # FastAPI documents a 422 for any path parameter; a plain str cannot fail
                 operation["responses"].pop("422", None)
-            errors = _errors(operation, protocol)
-            if keys.protects(path):
-                errors["401"] = PROTOCOL_REF if protocol else ERROR_REF
+            if protected:
                 operation["security"] = [{"bearerAuth": []}]
-            for status, reference in sorted(errors.items()):
-                content = {"application/json": {"schema": {"$ref": reference}}}
+            for status, name in sorted(_errors(operation, protocol, protected).items()):
+                content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
                 operation["responses"][status] = {"description": DESCRIPTIONS[status], "content": content}
     if keys.keys:
         schema["components"]["securitySchemes"] = {

@@ -12,11 +12,11 @@ import h11
 from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
-from app.core.responses import dumps
+from app.core.responses import JsonResponse
 
 # uvicorn's h11 protocol, resolved as uvicorn resolves its own `http="h11"` option (not imported from its module)
 H11Protocol: Any = import_from_string(HTTP_PROTOCOLS["h11"])
-MALFORMED = dumps({"detail": "Malformed HTTP request: its request line, a header or its framing is invalid."})
+MALFORMED = {"detail": "Malformed HTTP request: its request line, a header or its framing is invalid."}
 
 
 class HeaderDeadline(H11Protocol):
@@ -62,16 +62,10 @@ class HeaderDeadline(H11Protocol):
 
         in_body = self.cycle is not None and not self.cycle.response_complete
         ids = [value for name, value in self.headers if name == REQUEST_ID_HEADER] if in_body else []
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", b"%d" % len(MALFORMED)),
-            (b"connection", b"close"),
-            (REQUEST_ID_HEADER, request_id(ids).encode()),
-            NOSNIFF,
-        ]
-        answer = (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=MALFORMED))
+        answer = JsonResponse(MALFORMED, 400, headers={"Connection": "close", "X-Request-ID": request_id(ids)})
+        head = h11.Response(status_code=400, headers=[*answer.raw_headers, NOSNIFF], reason=b"Bad Request")
         with contextlib.suppress(h11.LocalProtocolError):  # the app's answer has begun: nothing more can be said
-            for event in (*answer, h11.EndOfMessage()):
+            for event in (head, h11.Data(data=answer.body), h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
         self.transport.close()
 

@@ -18,6 +18,7 @@ from app.core.request_context import request_body_bytes
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
 from app.transports.deadline import within_deadline
+from app.transports.error_handlers import EXCHANGE, Refused
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
 MODEL_KEY = b'"model"'
@@ -31,37 +32,27 @@ Body = TypeVar("Body", bound=BaseModel)
 T = TypeVar("T")
 
 
-class UnsupportedMediaType(ServiceError):
-    status_code = 415
-
-
-def header(request: Request, name: bytes, default: str) -> str:
-    """A header's value from the raw scope (cheaper than Starlette's Headers, built anew for each `request`)."""
-    return next((value.decode("latin-1") for key, value in request.scope["headers"] if key == name), default)
-
-
 async def utf8_body(request: Request, json_only: bool = False) -> bytes:
     """The body, or 415 naming the problem: a media type other than JSON (with `json_only`), a charset other than
     UTF-8 or a compressed body (inflating it would let a small body take any memory), refused before the body is
     read; a byte order mark or UTF-16/32 (not a 422 on column 1)."""
-    media_type, *parameters = header(request, b"content-type", "application/json").split(";")
+    fields = request.scope[EXCHANGE].fields  # the edge's one pass over the headers (each of these sent once)
+    media_type, *parameters = fields.get(b"content-type", [b"application/json"])[0].decode("latin-1").split(";")
     if json_only and (kind := media_type.strip().lower()) != "application/json" and not kind.endswith("+json"):
-        raise UnsupportedMediaType("Content-Type must be application/json.")
+        raise Refused(415, "Content-Type must be application/json.")
     for parameter in parameters:
         name, _, value = parameter.partition("=")
         charset = value.strip().strip('"').lower()
         if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
-            raise UnsupportedMediaType(f"charset {charset[:32]!r} is not supported: {UTF8_ONLY}.")
-    coding = header(request, b"content-encoding", "identity").strip().lower()
+            raise Refused(415, f"charset {charset[:32]!r} is not supported: {UTF8_ONLY}.")
+    coding = fields.get(b"content-encoding", [b""])[0].decode("latin-1").strip().lower()
     if coding not in ("", "identity"):
-        raise UnsupportedMediaType(
-            f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity)."
-        )
+        raise Refused(415, f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity).")
     body = await request.body()
     if body.startswith(b"\xef\xbb\xbf"):
-        raise UnsupportedMediaType(f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
+        raise Refused(415, f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
     if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:2]:  # JSON opens with an ASCII character
-        raise UnsupportedMediaType(f"The body is in UTF-16 or UTF-32: {UTF8_ONLY}.")
+        raise Refused(415, f"The body is in UTF-16 or UTF-32: {UTF8_ONLY}.")
     return body
 
 

@@ -93,8 +93,8 @@ class Exchange:
                 self.fields.setdefault(name, []).append(value)
         self.rid = request_id(self.fields.get(REQUEST_ID_HEADER, []))
         self.headers = [(REQUEST_ID_HEADER, self.rid.encode()), *edge.headers]
-        self.path, self.status, self.started, self.size, self.done = route_path(scope), 499, False, 0, False
-        self.framed = b"content-length" in self.fields or b"transfer-encoding" in self.fields
+        self.path, self.status, self.started, self.size = route_path(scope), 499, False, 0
+        self.done = b"content-length" not in self.fields and b"transfer-encoding" not in self.fields  # no body
         length = self.fields.get(b"content-length", [b""])[0].strip()  # the parser keeps trailing spaces
         self.declared = int(length) if length.isdigit() else 0
         # left unread, a body sent only after `100 Continue` may never come, and a chunked one would be read and thrown
@@ -201,7 +201,7 @@ class RequestEdge:
             if refused is not None:
                 await refused(inner, receive, exchange.send)
             else:
-                await self.admitted(inner, exchange.receive if exchange.framed else receive, exchange.send)
+                await self.admitted(inner, exchange.receive, exchange.send)
         finally:
             self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
@@ -209,17 +209,11 @@ class RequestEdge:
             seconds, status = time.perf_counter() - arrived, exchange.status
             label = route_label(scope, exchange.path)
             self.metrics.observe_request(label, method if method in KNOWN_METHODS else "other", status, seconds)
-            self._log(scope, exchange.rid, status, seconds)
-
-    @staticmethod
-    def _log(scope: Scope, rid: str, status: int, seconds: float) -> None:
-        """The access line, if logged: its path the route template (no client text in the logs)."""
-        if not access_logger.isEnabledFor(logging.INFO):
-            return
-        method, path, milliseconds = scope["method"], loggable_path(scope), seconds * 1000
-        fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(milliseconds, 2))
-        line = "%s %s %d %.1fms id=%s"
-        log_fields(access_logger, logging.INFO, line, (method, path, status, milliseconds, rid), fields)
+            if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs
+                path, rid, ms = loggable_path(scope, exchange.path), exchange.rid, seconds * 1000
+                fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(ms, 2))
+                values = (method, path, status, ms, rid)
+                log_fields(access_logger, logging.INFO, "%s %s %d %.1fms id=%s", values, fields)
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]

@@ -263,11 +263,14 @@ def test_unrepresentable_names_the_first_lone_surrogate_or_non_finite_number_dep
 
 
 def test_the_edge_takes_a_request_path_below_the_root_once(toy_artifacts, monkeypatch):
-    """Refusals (413, a reserving route's body), routed and unmatched requests: one `route_path` each."""
+    """Refusals (413, a reserving route's body), routed and unmatched requests: one `route_path` each, the access
+    line's included."""
+    from app.core import logging as core_logging
     from app.transports import middleware
 
     calls = []
-    monkeypatch.setattr(middleware, "route_path", lambda scope: calls.append(scope["path"]) or route_path(scope))
+    for module in (middleware, core_logging):
+        monkeypatch.setattr(module, "route_path", lambda scope: calls.append(scope["path"]) or route_path(scope))
     large = b'{"model": "toy-a", "x": [' + b"1," * 3000 + b"1]}"
     with app_client(toy_artifacts, toy=True, max_body_bytes=4096) as client:
         for request in (
