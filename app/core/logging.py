@@ -3,7 +3,6 @@ that a request that logs only queues its record; and what the log may say about 
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import queue
@@ -77,31 +76,34 @@ class TextFormatter(logging.Formatter):
 
 
 class EverySecondAtMost(logging.Filter):
-    """At most one record a second of each of `messages` (warnings any client can cause once per request, all logged on
-    the event loop); the loop logs how many were held back when their second is over."""
+    """At most one record a second of each of `messages` (warnings any client can cause once per request); a timer
+    logs how many were held back when their second is over."""
 
     def __init__(self, messages: Iterable[str]) -> None:
         super().__init__()
         self.messages = frozenset(messages)
         self._last: dict[str, float] = {}
         self._held_back: dict[str, tuple[int, logging.LogRecord]] = {}  # count, and the latest record held back
+        self._lock = threading.Lock()  # the report runs on the timer's thread
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg not in self.messages:
             return True
-        since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
-        if since_last >= 1:
-            self._last[record.msg] = time.monotonic()
-            return True
-        count, _ = self._held_back.get(record.msg, (0, record))
-        self._held_back[record.msg] = (count + 1, record)
+        with self._lock:
+            since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
+            if since_last >= 1:
+                self._last[record.msg] = time.monotonic()
+                return True
+            count, _ = self._held_back.get(record.msg, (0, record))
+            self._held_back[record.msg] = (count + 1, record)
         if count == 0:  # the first held back in this second: report them all when it ends
-            asyncio.get_running_loop().call_later(1 - since_last, self._report, record.msg)
+            threading.Timer(1 - since_last, self._report, [record.msg]).start()
         return False
 
     def _report(self, message: str) -> None:
-        count, record = self._held_back.pop(message)
-        self._last[message] = time.monotonic()
+        with self._lock:
+            count, record = self._held_back.pop(message)
+            self._last[message] = time.monotonic()
         report = logging.makeLogRecord({**vars(record), "msg": f"{message} ({count} more since the last line)"})
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
