@@ -40,6 +40,7 @@ local current = redis.call('HGET', KEYS[1], 'revision:' .. model) or ''
 if current ~= ARGV[2] then return {0, current} end
 local stored_sha256 = redis.call('HGET', KEYS[1], 'sha256:' .. model)
 if stored_sha256 and stored_sha256 ~= ARGV[6] then return {-1, stored_sha256} end
+redis.call('ZSCORE', KEYS[2], ARGV[7])  -- an id set of another type fails here, before the first write
 local clock = redis.call('TIME')
 local now = clock[1] .. '.' .. string.format('%06d', tonumber(clock[2]))
 local created = redis.call('HGET', KEYS[1], 'created:' .. model) or now
@@ -56,6 +57,7 @@ class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
 
     name, driver_errors, tells_driver_messages = "Redis", redis.RedisError, False  # its messages may name the host
+    refusals = redis.ResponseError  # the script fails before its first write
 
     def __init__(self, url: str) -> None:
         self._client = redis.Redis.from_url(

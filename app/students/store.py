@@ -124,6 +124,7 @@ class StateStore(ABC):
     where: str  # its path or address, in the log only
     driver_errors: type[Exception] | tuple[type[Exception], ...]
     tells_driver_messages = True  # False where they may name a path, host or port: the client gets the error's kind
+    refusals: type[Exception] | tuple[type[Exception], ...] = ()  # errors after which nothing was written
 
     @abstractmethod
     def read(self, model: str, student_id: str) -> StudentState | None: ...
@@ -174,7 +175,7 @@ class StateStore(ABC):
             kind = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", type(error).__name__).lower()  # TimeoutError: timeout error
             told = error if self.tells_driver_messages else kind
             raise StoreUnavailable(
-                f"{self.name} state store failed: {told}{consequence}",
+                f"{self.name} state store failed: {told}{'' if isinstance(error, self.refusals) else consequence}",
                 f"{self.name} state store {self.where} failed: {type(error).__name__}: {error}",
             ) from error
 
