@@ -1,9 +1,8 @@
-"""Logging: text or one JSON object per line (python-json-logger), written to stderr by a `QueueListener` thread so
+"""Logging: text or one JSON object per line (python-json-logger), written to stderr by a thread of its own so
 that a request that logs only queues its record; and what the log may say about a request and its bugs."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import re
@@ -11,7 +10,6 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping
-from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 from urllib.parse import quote
 
@@ -108,61 +106,47 @@ class EverySecondAtMost(logging.Filter):
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-_client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
-_records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-_wake = threading.Event()  # set: write out now (a full queue, a stop)
+class IntervalWriter(logging.Handler):
+    """Queues each record unformatted; a thread writes the queue to `target` every WRITE_INTERVAL_S, or at once when
+    MAX_QUEUED_RECORDS wait: a request that logs costs no formatting and no thread switch."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: logging.Handler | None = None
+        self._records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._writing = threading.Lock()  # one writer at a time, so that lines stay in order
+        self._thread: threading.Thread | None = None
 
-class RecordQueue(QueueHandler):
-    """Queues each record unformatted (the writer thread formats it) and wakes the writer when the queue is full."""
+    def emit(self, record: logging.LogRecord) -> None:
+        self._records.put_nowait(record)
+        if self._records.qsize() >= MAX_QUEUED_RECORDS:
+            self._wake.set()
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record
+    def flush(self) -> None:
+        """Write out what is queued now; `logging.shutdown` calls it at exit."""
+        with self._writing:
+            while self.target is not None and not self._records.empty():
+                self.target.handle(self._records.get_nowait())
 
-    def enqueue(self, record: logging.LogRecord) -> None:
-        self.queue.put_nowait(record)
-        if self.queue.qsize() >= MAX_QUEUED_RECORDS:
-            _wake.set()
+    def write_to(self, target: logging.Handler) -> None:
+        """Write out what is queued, then write to `target` (the thread started in this process if it has none)."""
+        self.flush()
+        self.target = target
+        if self._thread is None or not self._thread.is_alive():  # none yet, or this is a forked child
+            self._thread = threading.Thread(target=self._write_every_interval, name="log-writer", daemon=True)
+            self._thread.start()
 
-
-class IntervalListener(QueueListener):
-    """Writes what is queued every WRITE_INTERVAL_S, or when woken, not per record: logging costs no thread switch."""
-
-    def dequeue(self, block: bool) -> logging.LogRecord:
+    def _write_every_interval(self) -> None:
         while True:
-            try:
-                return self.queue.get_nowait()
-            except queue.Empty:
-                _wake.wait(WRITE_INTERVAL_S)
-                _wake.clear()
-
-    def enqueue_sentinel(self) -> None:
-        super().enqueue_sentinel()
-        _wake.set()
+            self._wake.wait(WRITE_INTERVAL_S)
+            self._wake.clear()
+            self.flush()
 
 
-_queue_handler = RecordQueue(_records)
-_listener: QueueListener | None = None
-_listener_lock = threading.Lock()
-
-
-def _listen(*targets: logging.Handler) -> None:
-    """Write out what is queued, then write to `targets` from now on (none: stop writing)."""
-    global _listener
-    with _listener_lock:
-        if _listener is not None:
-            _listener.stop()  # writes out every record queued before it
-        _listener = IntervalListener(_records, *targets) if targets else None
-        if _listener is not None:
-            _listener.start()
-
-
-atexit.register(_listen)  # registered after logging's own exit handler, so it runs before it
-
-
-def write_out_logs() -> None:
-    """Write out the queued records now (when the app stops serving, or before a worker reports ready)."""
-    _listen(*(_listener.handlers if _listener is not None else ()))
+_client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
+_writer = IntervalWriter()
+write_out_logs = _writer.flush  # when the app stops serving, or before a worker reports ready
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -172,9 +156,9 @@ def configure_logging(level: str, fmt: str) -> None:
     logging.logMultiprocessing = False
     stderr = logging.StreamHandler()
     stderr.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    _listen(stderr)
+    _writer.write_to(stderr)
     logger = logging.getLogger("mnemo")
-    logger.handlers[:] = [_queue_handler]
+    logger.handlers[:] = [_writer]
     logger.setLevel(level.upper())
     logger.propagate = False
     logging.getLogger("uvicorn.access").disabled = True
