@@ -145,11 +145,17 @@ class StateStore(ABC):
             raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
         blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
         fields: Fields = (model, student_id, blob, *memory.shape, interactions, model_sha256)
-        return state_of(*fields, *self._swap(fields, expected_revision))
+        stored_sha256, current, *written = self._swap(fields, expected_revision)
+        if stored_sha256 not in (None, model_sha256):
+            raise StateVersionMismatch(model, stored_sha256, model_sha256)
+        if not written:
+            raise RevisionConflict(f"state revision is {current}, expected {expected_revision}")
+        return state_of(*fields, *written)
 
     @abstractmethod
-    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
-        """`write` in the database: the stored (created_at, updated_at, revision)."""
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[Any, ...]:
+        """`write` in the database, refused unless the revision and the sha256 match: the stored sha256 and revision,
+        then, if written, the stored (created_at, updated_at, revision)."""
 
     @abstractmethod
     def delete(self, student_id: str) -> dict[str, int | None]:
