@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
 import traceback
@@ -25,8 +24,6 @@ MAX_TRACKED_ERRORS = 1024
 MAX_UNMATCHED_PATH = 64
 # Unmatched paths under these one-segment prefixes may still carry an id (/students/<id>/typo): cut after the prefix.
 ID_BEARING_PREFIXES = ("/students/",)
-# What could end a text line early or rewrite the terminal: C0 and C1 controls, DEL, Unicode line separators.
-UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # uvicorn's warnings for requests refused before the app (bad framing; an Upgrade header: h2c, websocket)
 CLIENT_CAUSED_WARNINGS = (
     "Invalid HTTP request received.",
@@ -55,10 +52,6 @@ class JsonFormatter(LibraryJsonFormatter):
         return log_data
 
 
-def _escaped(match: re.Match) -> str:
-    return match.group().encode("unicode_escape").decode("ascii")
-
-
 class TextFormatter(logging.Formatter):
     """Control characters escaped and a traceback indented: no client text can forge a line or colour the terminal."""
 
@@ -66,11 +59,11 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = UNPRINTABLE.sub(_escaped, record.message)
+        record.message = printable(record.message, None)
         return super().formatMessage(record)
 
     def formatException(self, ei: tuple) -> str:  # ei: sys.exc_info()
-        return "\n".join(f"  {UNPRINTABLE.sub(_escaped, line)}" for line in super().formatException(ei).split("\n"))
+        return "\n".join(f"  {printable(line, None)}" for line in super().formatException(ei).split("\n"))
 
 
 class EverySecondAtMost(logging.Filter):

@@ -77,11 +77,11 @@ def test_the_json_format_has_the_documented_fields_one_line_and_no_raw_control_c
 
 
 def test_the_text_format_escapes_control_characters_in_a_message_so_it_stays_one_line():
-    message = "model said: bad\r\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\x1b[2J\x00\u2028\x85 é"
+    message = "model said: bad\r\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\x1b[2J\x00\u2028\x85\u202e é"
     line = TextFormatter().format(_record(message))
     assert line.endswith(
         " INFO mnemo.test: model said: bad\\r\\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200"
-        "\\x1b[2J\\x00\\u2028\\x85 é"
+        "\\x1b[2J\\x00\\u2028\\x85\\u202e é"  # a bidi override too: it could reorder what the terminal shows
     ), line
 
 
