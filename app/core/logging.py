@@ -108,17 +108,18 @@ class IntervalWriter(logging.Handler):
         self.target: logging.Handler | None = None
         self._records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._writing = threading.Lock()  # one writer at a time, so that lines stay in order
         self._thread: threading.Thread | None = None
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def handle(self, record: logging.LogRecord) -> bool:
+        """Queue `record` without taking `lock`: that is the writers' (logging renews it in a forked child)."""
         self._records.put_nowait(record)
         if self._records.qsize() >= MAX_QUEUED_RECORDS:
             self._wake.set()
+        return True
 
     def flush(self) -> None:
-        """Write out what is queued now; `logging.shutdown` calls it at exit."""
-        with self._writing:
+        """Write out what is queued now, one writer at a time so that lines stay in order; also at exit (logging's)."""
+        with self.lock:
             while self.target is not None and not self._records.empty():
                 self.target.handle(self._records.get_nowait())
 
