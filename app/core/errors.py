@@ -105,9 +105,11 @@ def each_checked(checks: Iterable[Callable[[], T]]) -> list[T]:
     return results
 
 
-def printable(text: str, limit: int = 300) -> str:
-    """Text safe to show: what is not printable (controls, bidi overrides, lone surrogates) escaped, length bounded."""
-    return "".join(character if character.isprintable() else ascii(character)[1:-1] for character in text[:limit])
+def printable(text: str, limit: int | None = 300) -> str:
+    """Text safe to show: what is not printable (controls, line separators, bidi overrides, lone surrogates) escaped,
+    length bounded (None: not)."""
+    text = text[:limit]
+    return text if text.isprintable() else "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
 
 
 def body_invalid(error: ValidationError) -> InvalidInput:

@@ -1,18 +1,14 @@
-"""Logging: text or one JSON object per line (python-json-logger), written to stderr by a `QueueListener` thread so
+"""Logging: text or one JSON object per line (python-json-logger), written to stderr by a thread of its own so
 that a request that logs only queues its record; and what the log may say about a request and its bugs."""
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import logging
 import queue
-import re
 import threading
 import time
 import traceback
 from collections.abc import Iterable, Mapping
-from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 from urllib.parse import quote
 
@@ -28,8 +24,6 @@ MAX_TRACKED_ERRORS = 1024
 MAX_UNMATCHED_PATH = 64
 # Unmatched paths under these one-segment prefixes may still carry an id (/students/<id>/typo): cut after the prefix.
 ID_BEARING_PREFIXES = ("/students/",)
-# What could end a text line early or rewrite the terminal: C0 and C1 controls, DEL, Unicode line separators.
-UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # uvicorn's warnings for requests refused before the app (bad framing; an Upgrade header: h2c, websocket)
 CLIENT_CAUSED_WARNINGS = (
     "Invalid HTTP request received.",
@@ -58,10 +52,6 @@ class JsonFormatter(LibraryJsonFormatter):
         return log_data
 
 
-def _escaped(match: re.Match) -> str:
-    return match.group().encode("unicode_escape").decode("ascii")
-
-
 class TextFormatter(logging.Formatter):
     """Control characters escaped and a traceback indented: no client text can forge a line or colour the terminal."""
 
@@ -69,98 +59,88 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = UNPRINTABLE.sub(_escaped, record.message)
+        record.message = printable(record.message, None)
         return super().formatMessage(record)
 
     def formatException(self, ei: tuple) -> str:  # ei: sys.exc_info()
-        return "\n".join(f"  {UNPRINTABLE.sub(_escaped, line)}" for line in super().formatException(ei).split("\n"))
+        return "\n".join(f"  {printable(line, None)}" for line in super().formatException(ei).split("\n"))
 
 
 class EverySecondAtMost(logging.Filter):
-    """At most one record a second of each of `messages` (warnings any client can cause once per request, all logged on
-    the event loop); the loop logs how many were held back when their second is over."""
+    """At most one record a second of each of `messages` (warnings any client can cause once per request); a timer
+    logs how many were held back when their second is over."""
 
     def __init__(self, messages: Iterable[str]) -> None:
         super().__init__()
         self.messages = frozenset(messages)
         self._last: dict[str, float] = {}
         self._held_back: dict[str, tuple[int, logging.LogRecord]] = {}  # count, and the latest record held back
+        self._lock = threading.Lock()  # the report runs on the timer's thread
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg not in self.messages:
             return True
-        since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
-        if since_last >= 1:
-            self._last[record.msg] = time.monotonic()
-            return True
-        count, _ = self._held_back.get(record.msg, (0, record))
-        self._held_back[record.msg] = (count + 1, record)
+        with self._lock:
+            since_last = time.monotonic() - self._last.get(record.msg, float("-inf"))
+            if since_last >= 1:
+                self._last[record.msg] = time.monotonic()
+                return True
+            count, _ = self._held_back.get(record.msg, (0, record))
+            self._held_back[record.msg] = (count + 1, record)
         if count == 0:  # the first held back in this second: report them all when it ends
-            asyncio.get_running_loop().call_later(1 - since_last, self._report, record.msg)
+            threading.Timer(1 - since_last, self._report, [record.msg]).start()
         return False
 
     def _report(self, message: str) -> None:
-        count, record = self._held_back.pop(message)
-        self._last[message] = time.monotonic()
+        with self._lock:
+            count, record = self._held_back.pop(message)
+            self._last[message] = time.monotonic()
         report = logging.makeLogRecord({**vars(record), "msg": f"{message} ({count} more since the last line)"})
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-_client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
-_records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-_wake = threading.Event()  # set: write out now (a full queue, a stop)
+class IntervalWriter(logging.Handler):
+    """Queues each record unformatted; a thread writes the queue to `target` every WRITE_INTERVAL_S, or at once when
+    MAX_QUEUED_RECORDS wait: a request that logs costs no formatting and no thread switch."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.target: logging.Handler | None = None
+        self._records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
 
-class RecordQueue(QueueHandler):
-    """Queues each record unformatted (the writer thread formats it) and wakes the writer when the queue is full."""
+    def handle(self, record: logging.LogRecord) -> bool:
+        """Queue `record` without taking `lock`: that is the writers' (logging renews it in a forked child)."""
+        self._records.put_nowait(record)
+        if self._records.qsize() >= MAX_QUEUED_RECORDS:
+            self._wake.set()
+        return True
 
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record
+    def flush(self) -> None:
+        """Write out what is queued now, one writer at a time so that lines stay in order; also at exit (logging's)."""
+        with self.lock:
+            while self.target is not None and not self._records.empty():
+                self.target.handle(self._records.get_nowait())
 
-    def enqueue(self, record: logging.LogRecord) -> None:
-        self.queue.put_nowait(record)
-        if self.queue.qsize() >= MAX_QUEUED_RECORDS:
-            _wake.set()
+    def write_to(self, target: logging.Handler) -> None:
+        """Write out what is queued, then write to `target` (the thread started in this process if it has none)."""
+        self.flush()
+        self.target = target
+        if self._thread is None or not self._thread.is_alive():  # none yet, or this is a forked child
+            self._thread = threading.Thread(target=self._write_every_interval, name="log-writer", daemon=True)
+            self._thread.start()
 
-
-class IntervalListener(QueueListener):
-    """Writes what is queued every WRITE_INTERVAL_S, or when woken, not per record: logging costs no thread switch."""
-
-    def dequeue(self, block: bool) -> logging.LogRecord:
+    def _write_every_interval(self) -> None:
         while True:
-            try:
-                return self.queue.get_nowait()
-            except queue.Empty:
-                _wake.wait(WRITE_INTERVAL_S)
-                _wake.clear()
-
-    def enqueue_sentinel(self) -> None:
-        super().enqueue_sentinel()
-        _wake.set()
+            self._wake.wait(WRITE_INTERVAL_S)
+            self._wake.clear()
+            self.flush()
 
 
-_queue_handler = RecordQueue(_records)
-_listener: QueueListener | None = None
-_listener_lock = threading.Lock()
-
-
-def _listen(*targets: logging.Handler) -> None:
-    """Write out what is queued, then write to `targets` from now on (none: stop writing)."""
-    global _listener
-    with _listener_lock:
-        if _listener is not None:
-            _listener.stop()  # writes out every record queued before it
-        _listener = IntervalListener(_records, *targets) if targets else None
-        if _listener is not None:
-            _listener.start()
-
-
-atexit.register(_listen)  # registered after logging's own exit handler, so it runs before it
-
-
-def write_out_logs() -> None:
-    """Write out the queued records now (when the app stops serving, or before a worker reports ready)."""
-    _listen(*(_listener.handlers if _listener is not None else ()))
+_client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
+_writer = IntervalWriter()
+write_out_logs = _writer.flush  # when the app stops serving, or before a worker reports ready
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -170,9 +150,9 @@ def configure_logging(level: str, fmt: str) -> None:
     logging.logMultiprocessing = False
     stderr = logging.StreamHandler()
     stderr.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    _listen(stderr)
+    _writer.write_to(stderr)
     logger = logging.getLogger("mnemo")
-    logger.handlers[:] = [_queue_handler]
+    logger.handlers[:] = [_writer]
     logger.setLevel(level.upper())
     logger.propagate = False
     logging.getLogger("uvicorn.access").disabled = True

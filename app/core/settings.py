@@ -7,6 +7,7 @@ import difflib
 import os
 import re
 import resource
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -89,16 +90,10 @@ ORIGIN = r"\*|[a-zA-Z][a-zA-Z0-9+.-]*://[A-Za-z0-9._~%:\[\]-]+"  # as browsers s
 ORIGINS = entries(ORIGIN, "an origin (comma-separated, such as https://example.com:8443, or *; IDN hosts as xn--)")
 
 
-def open_files_limit() -> int | None:
-    """The soft limit on open files (`ulimit -n`); None when unlimited."""
+def open_files_limit() -> int:
+    """The soft limit on open files (`ulimit -n`); sys.maxsize when unlimited."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def default_max_connections() -> int:
-    """Open connections that leave file handles for models, logs and the listener: the soft limit minus 128."""
-    limit = open_files_limit()
-    return 4096 if limit is None else max(16, min(4096, limit - RESERVED_FILE_HANDLES))
+    return sys.maxsize if soft == resource.RLIM_INFINITY else soft
 
 
 def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX, v1_dir: Path = CGROUP_V1_CPU) -> int:
@@ -183,7 +178,9 @@ class Settings(BaseSettings):
     """Longest pause while a body arrives, else 408; the whole body must also arrive by the request's deadline."""
     max_header_bytes: int = Field(65_536, ge=1024, le=16_777_216)
     """Request line and headers; larger get 400 and a close."""
-    max_connections: int = Field(default_factory=default_max_connections, ge=1, le=1_000_000)
+    max_connections: int = Field(
+        default_factory=lambda: min(4096, max(16, open_files_limit() - RESERVED_FILE_HANDLES)), ge=1, le=1_000_000
+    )
     """Open connections; one more is answered 503 and closed (on `MNEMO_GRPC_PORT`: calls in flight, one more gets
     `RESOURCE_EXHAUSTED`). Default: the open-file limit (`ulimit -n`) minus 128, at most 4096; more stops startup."""
     error_log_window_s: float = Field(60.0, ge=0)
@@ -225,7 +222,7 @@ class Settings(BaseSettings):
         if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
             raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")
         limit, needed = open_files_limit(), self.max_connections + RESERVED_FILE_HANDLES
-        if "max_connections" in self.model_fields_set and limit is not None and needed > limit:  # a default fits
+        if "max_connections" in self.model_fields_set and needed > limit:  # a default fits
             raise ValueError(
                 f"MNEMO_MAX_CONNECTIONS ({self.max_connections}) needs {needed} open files, past this process's "
                 f"limit of {limit} (ulimit -n): raise the limit or lower the setting"

@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -43,8 +44,15 @@ def open_store(url: str) -> StateStore:
 
 def check_url(url: str) -> None:
     """ValueError naming MNEMO_STATE_URL when the URL is malformed (checked at startup, without connecting)."""
-    if url.startswith(SQLITE_PREFIX):
-        _check_sqlite_file(_sqlite_options(url.removeprefix(SQLITE_PREFIX))[0])
+    if url.startswith(SQLITE_PREFIX):  # a directory or a file that is no SQLite database: no restart would mend it
+        path = _sqlite_options(url.removeprefix(SQLITE_PREFIX))[0]
+        if path.is_dir():
+            raise ValueError(
+                f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {path / 'students.db'}"
+            )
+        with suppress(OSError), path.open("rb") as file:  # absent (created on opening) or unreadable (opening says why)
+            if (header := file.read(len(SQLITE_HEADER))) and header != SQLITE_HEADER:
+                raise ValueError(f"MNEMO_STATE_URL names {path}, a file that is not an SQLite database")
         return
     try:
         parts = urlsplit(url)
@@ -71,20 +79,6 @@ def check_url(url: str) -> None:
     if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
         # redis-py reads a path such as /abc or /3/x as database 0 without a word: another database than meant
         raise ValueError(f"MNEMO_STATE_URL's database must be a number (redis://host:port/0) {ENCODE_HINT}")
-
-
-def _check_sqlite_file(path: Path) -> None:
-    """ValueError when the path is a directory or a file that is no SQLite database: no restart would mend it."""
-    if path.is_dir():
-        example = path / "students.db"
-        raise ValueError(f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {example}")
-    try:
-        with path.open("rb") as file:
-            header = file.read(len(SQLITE_HEADER))
-    except OSError:
-        return  # absent (created on opening) or unreadable (opening says why)
-    if header and header != SQLITE_HEADER:
-        raise ValueError(f"MNEMO_STATE_URL names {path}, a file that is not an SQLite database")
 
 
 def _sqlite_options(path_and_query: str) -> tuple[Path, str]:

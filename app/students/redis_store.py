@@ -4,15 +4,15 @@ whose reply was lost may have been applied)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.students.store import (
     Fields,
-    RevisionConflict,
     StateStore,
-    StateVersionMismatch,
     StudentState,
     UnreadableState,
     state_of,
@@ -31,15 +31,15 @@ WRITE_OUTCOME_UNKNOWN = (
 REPLY_TIMEOUT_S = 2.0
 
 # KEYS: student hash, id set, revision counter. ARGV: model, expected revision ('' = absent), memory blob,
-# shape, interactions, sha256, student id. Returns {1, revision, created, updated}, {0, current revision}
-# on a lost compare-and-swap, or {-1, stored sha256} for another model version.
+# shape, interactions, sha256, student id. Returns {stored sha256, current revision}, followed by
+# {created, updated, revision} when written (the revision and the sha256 matched).
 WRITE_SCRIPT = """
 redis.replicate_commands()  -- Redis 5 and 6: allow TIME before writes (the default from Redis 7 on)
 local model = ARGV[1]
 local current = redis.call('HGET', KEYS[1], 'revision:' .. model) or ''
-if current ~= ARGV[2] then return {0, current} end
-local stored_sha256 = redis.call('HGET', KEYS[1], 'sha256:' .. model)
-if stored_sha256 and stored_sha256 ~= ARGV[6] then return {-1, stored_sha256} end
+local stored_sha256 = redis.call('HGET', KEYS[1], 'sha256:' .. model) or ARGV[6]
+if current ~= ARGV[2] or stored_sha256 ~= ARGV[6] then return {stored_sha256, current} end
+redis.call('ZSCORE', KEYS[2], ARGV[7])  -- an id set of another type fails here, before the first write
 local clock = redis.call('TIME')
 local now = clock[1] .. '.' .. string.format('%06d', tonumber(clock[2]))
 local created = redis.call('HGET', KEYS[1], 'created:' .. model) or now
@@ -48,7 +48,7 @@ redis.call('HSET', KEYS[1], 'memory:' .. model, ARGV[3], 'shape:' .. model, ARGV
            'interactions:' .. model, ARGV[5], 'sha256:' .. model, ARGV[6], 'created:' .. model, created,
            'updated:' .. model, now, 'revision:' .. model, revision)
 redis.call('ZADD', KEYS[2], 0, ARGV[7])
-return {1, revision, created, now}
+return {stored_sha256, current, created, now, revision}
 """
 
 
@@ -56,6 +56,7 @@ class RedisStateStore(StateStore):
     """`StateStore` over a Redis database given by a `redis://host:port/db` URL."""
 
     name, driver_errors, tells_driver_messages = "Redis", redis.RedisError, False  # its messages may name the host
+    refusals = redis.ResponseError  # the script fails before its first write
 
     def __init__(self, url: str) -> None:
         self._client = redis.Redis.from_url(
@@ -79,20 +80,15 @@ class RedisStateStore(StateStore):
         rows, _, columns = (None, None, None) if shape is None else shape.partition(b",")
         return state_of(model, student_id, memory, rows, columns, *stored)
 
-    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[Any, ...]:
         model, student_id, blob, rows, columns, interactions, model_sha256 = fields
         expected = "" if expected_revision is None else str(expected_revision)
         with self._unavailable(WRITE_OUTCOME_UNKNOWN):
-            outcome = self._write_script(
+            stored_sha256, current, *written = self._write_script(
                 keys=[_student_key(student_id), STUDENTS_KEY, REVISION_KEY],
                 args=[model, expected, blob, f"{rows},{columns}", interactions, model_sha256, student_id],
             )
-        if outcome[0] == 0:
-            raise RevisionConflict(f"state revision is {outcome[1].decode() or None}, expected {expected_revision}")
-        if outcome[0] == -1:
-            raise StateVersionMismatch(model, outcome[1].decode(), model_sha256)
-        _, revision, created, updated = outcome
-        return float(created), float(updated), int(revision)
+        return stored_sha256.decode(), current.decode() or None, *written
 
     def delete(self, student_id: str) -> dict[str, int | None]:
         key = _student_key(student_id)

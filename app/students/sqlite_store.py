@@ -14,9 +14,7 @@ from typing import Any
 
 from app.students.store import (
     Fields,
-    RevisionConflict,
     StateStore,
-    StateVersionMismatch,
     StoreUnavailable,
     StudentState,
     state_of,
@@ -79,17 +77,15 @@ class SqliteStateStore(StateStore):
         rows = self._query(f"SELECT {STATE_COLUMNS} {ONE_STATE}", student_id, model)
         return state_of(*rows[0]) if rows else None
 
-    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[Any, ...]:
         model, student_id, *_, model_sha256 = fields
         with self._unavailable(), self._connection() as connection:  # COMMIT, or ROLLBACK on an error
             connection.execute("BEGIN IMMEDIATE")  # the write lock before the revision is read
             now = time.time()
             current = connection.execute(f"SELECT revision, model_sha256, created_at {ONE_STATE}", (student_id, model))
             current_revision, stored_sha256, created_at = current.fetchone() or (None, None, now)
-            if current_revision != expected_revision:
-                raise RevisionConflict(f"state revision is {current_revision}, expected {expected_revision}")
-            if stored_sha256 not in (None, model_sha256):
-                raise StateVersionMismatch(model, stored_sha256, model_sha256)
+            if current_revision != expected_revision or stored_sha256 not in (None, model_sha256):
+                return stored_sha256, current_revision
             (revision,) = connection.execute(
                 "UPDATE store_counter SET value = value + 1 WHERE name = 'revision' RETURNING value"
             ).fetchone()
@@ -98,7 +94,7 @@ class SqliteStateStore(StateStore):
                 (*fields, created_at, now, revision),
             )
         self._check_file()  # deleted or replaced during the write: it went into the unlinked file
-        return created_at, now, revision
+        return stored_sha256, current_revision, created_at, now, revision
 
     def delete(self, student_id: str) -> dict[str, int | None]:
         """Delete the rows (zeroed on their pages: secure_delete), then truncate the WAL so that the erased bytes do not

@@ -124,6 +124,7 @@ class StateStore(ABC):
     where: str  # its path or address, in the log only
     driver_errors: type[Exception] | tuple[type[Exception], ...]
     tells_driver_messages = True  # False where they may name a path, host or port: the client gets the error's kind
+    refusals: type[Exception] | tuple[type[Exception], ...] = ()  # errors after which nothing was written
 
     @abstractmethod
     def read(self, model: str, student_id: str) -> StudentState | None: ...
@@ -144,11 +145,17 @@ class StateStore(ABC):
             raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
         blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
         fields: Fields = (model, student_id, blob, *memory.shape, interactions, model_sha256)
-        return state_of(*fields, *self._swap(fields, expected_revision))
+        stored_sha256, current, *written = self._swap(fields, expected_revision)
+        if stored_sha256 not in (None, model_sha256):
+            raise StateVersionMismatch(model, stored_sha256, model_sha256)
+        if not written:
+            raise RevisionConflict(f"state revision is {current}, expected {expected_revision}")
+        return state_of(*fields, *written)
 
     @abstractmethod
-    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[float, float, int]:
-        """`write` in the database: the stored (created_at, updated_at, revision)."""
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[Any, ...]:
+        """`write` in the database, refused unless the revision and the sha256 match: the stored sha256 and revision,
+        then, if written, the stored (created_at, updated_at, revision)."""
 
     @abstractmethod
     def delete(self, student_id: str) -> dict[str, int | None]:
@@ -174,7 +181,7 @@ class StateStore(ABC):
             kind = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", type(error).__name__).lower()  # TimeoutError: timeout error
             told = error if self.tells_driver_messages else kind
             raise StoreUnavailable(
-                f"{self.name} state store failed: {told}{consequence}",
+                f"{self.name} state store failed: {told}{'' if isinstance(error, self.refusals) else consequence}",
                 f"{self.name} state store {self.where} failed: {type(error).__name__}: {error}",
             ) from error
 

@@ -77,11 +77,11 @@ def test_the_json_format_has_the_documented_fields_one_line_and_no_raw_control_c
 
 
 def test_the_text_format_escapes_control_characters_in_a_message_so_it_stays_one_line():
-    message = "model said: bad\r\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\x1b[2J\x00\u2028\x85 é"
+    message = "model said: bad\r\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200\x1b[2J\x00\u2028\x85\u202e é"
     line = TextFormatter().format(_record(message))
     assert line.endswith(
         " INFO mnemo.test: model said: bad\\r\\n2026-01-01 00:00:00,000 INFO mnemo.access: GET / 200"
-        "\\x1b[2J\\x00\\u2028\\x85 é"
+        "\\x1b[2J\\x00\\u2028\\x85\\u202e é"  # a bidi override too: it could reorder what the terminal shows
     ), line
 
 
@@ -104,3 +104,15 @@ def test_route_path_is_the_path_below_the_root_path_as_starlette_routes_it():
     assert route("/api/students", "/api") == "/students"
     assert route("/apiary", "/api") == "/apiary"  # another path that only starts with the same letters
     assert route("/students") == "/students"
+
+
+def test_warnings_held_back_are_counted_when_their_second_is_over_without_an_event_loop(capsys):
+    configure_logging("info", "text")
+    logger = logging.getLogger("mnemo.test.flood")
+    logger.addFilter(service_logging.EverySecondAtMost(["flood %d"]))
+    for index in range(3):
+        logger.warning("flood %d", index)  # no event loop runs in this thread
+    time.sleep(1.5)
+    write_out_logs()
+    lines = [line.split(": ", 1)[1] for line in capsys.readouterr().err.splitlines() if "mnemo.test.flood:" in line]
+    assert lines == ["flood 0", "flood 2 (2 more since the last line)"]

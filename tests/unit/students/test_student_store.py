@@ -368,6 +368,21 @@ def test_a_redis_key_that_is_not_a_hash_is_a_409_and_delete_erases_it(redis_serv
         store.close()
 
 
+def test_a_redis_id_set_of_another_type_fails_a_write_before_it_stores_anything(redis_server: RedisServer) -> None:
+    """The write's HSET ran before the ZADD that failed: a 503 "may have been stored" for a state then stored."""
+    client = redis.Redis.from_url(redis_server.url())
+    client.flushdb()
+    client.set("mnemo:students", "not a sorted set")
+    store = open_store(redis_server.url())
+    try:
+        with pytest.raises(StoreUnavailable, match=r"^Redis state store failed: response error$"):
+            create(store, "s1")
+        assert store.read(MODEL, "s1") is None
+    finally:
+        client.flushdb()
+        store.close()
+
+
 def test_paging_lists_each_id_once_in_a_stable_order(store: StateStore) -> None:
     ids = [f"student-{index:02d}" for index in range(20)] + ["Zoë", "学生7", "a:b@c.d", "~tilde", "+plus"]
     for student_id in ids:
