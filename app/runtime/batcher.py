@@ -58,7 +58,7 @@ class Chain:
         while not self.done and wanted():
             feeds, length = self.chunks[len(self.outputs)]
             if self.outputs:
-                feeds = {**feeds, self.state_input: self.outputs[-1][self.state_output]}
+                feeds = {**feeds, self.state_input: self.outputs[-1].pop(self.state_output)}
             run_started = clock()
             self.outputs.append(run_graph(feeds))
             samples.append((1, length, 0.0, clock() - run_started, 0.0))

@@ -21,9 +21,7 @@ except (OSError, AttributeError):
 
 def tune_malloc() -> bool:
     """Cap glibc's malloc arenas and keep freed large buffers (call before threads start); True when applied."""
-    if _libc is None:
-        return False
-    return all([_libc.mallopt(parameter, value) for parameter, value in MALLOPT])  # each one, even after a failure
+    return _libc is not None and all([_libc.mallopt(key, value) for key, value in MALLOPT])  # all, even past a failure
 
 
 def release_free_memory() -> bool:

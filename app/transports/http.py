@@ -48,7 +48,7 @@ async def utf8_body(request: Request, json_only: bool = False) -> bytes:
     coding = fields.get(b"content-encoding", [b""])[0].decode("latin-1").strip().lower()
     if coding not in ("", "identity"):
         raise Refused(415, f"Content-Encoding {coding[:32]!r} is not supported: send the body uncompressed (identity).")
-    body = await request.body()
+    body = b"".join([chunk async for chunk in request.stream()])  # not kept by `request` while it is served
     if body.startswith(b"\xef\xbb\xbf"):
         raise Refused(415, f"The body starts with a UTF-8 byte order mark: {UTF8_ONLY}.")
     if body.startswith((b"\xfe\xff", b"\xff\xfe")) or b"\x00" in body[:2]:  # JSON opens with an ASCII character

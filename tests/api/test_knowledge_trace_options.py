@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from app.tasks.knowledge_trace import rest as knowledge_trace_rest
+
 MODEL = "dkvmn-assist2009"
 BODY = {
     "model": MODEL,
@@ -23,6 +25,20 @@ def test_defaults_are_unchanged_every_mastery_row_and_the_predictions(client) ->
     full = trace(client)
     assert len(full["mastery"]) == 6 and len(full["mastery"][0]) == 20
     assert len(full["predictions"]) == 5 and len(full["attention"]) == 5
+
+
+def test_the_history_is_released_before_the_answer_is_rendered(client, monkeypatch) -> None:
+    """Its validated dicts are in the arrays by then: long requests in flight do not each hold theirs meanwhile."""
+    held, render = [], knowledge_trace_rest.render
+
+    def recording_render(model, body, *arrays):
+        held.append(len(body.interactions))
+        return render(model, body, *arrays)
+
+    monkeypatch.setattr(knowledge_trace_rest, "render", recording_render)
+    history = [{"question": 1 + index % 100, "correct": index % 3 == 0} for index in range(1500)]
+    answer = trace(client, interactions=history)
+    assert held == [0] and len(answer["predictions"]) == 1500 and len(answer["attention"]) == 1500
 
 
 def test_mastery_last_none_and_predictions_off_shrink_the_response_only(client) -> None:

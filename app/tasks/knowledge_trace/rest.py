@@ -43,6 +43,7 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) 
     long_history = len(body.interactions) > INLINE_INTERACTIONS
     fields = (body.interactions, body.next_questions)
     questions, correct, wanted = await offload_if(long_history, service.request_arrays, model, *fields)
+    body.interactions.clear()  # now in the arrays: the history's dicts are not held while it runs and renders
     (trace,) = await service.trace_all(model, [(questions, correct, None)])
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
     concepts, mastery_rows = model.state.n_concepts or 0, {"all": len(questions) + 1, "last": 1, "none": 0}

@@ -16,7 +16,7 @@ from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter, route_path
 from app.main import create_app
 from app.transports.deadline import ClientGone
-from app.transports.http import complete, unrepresentable
+from app.transports.http import complete, unrepresentable, utf8_body
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, app_settings, free_port
 from tests.toy_model import toy, toy_app, toy_entry, write_toy_artifacts
@@ -251,6 +251,23 @@ def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(
 
     asyncio.run(scenario())
     assert 'mnemo_requests_cancelled_total{model="toy-a"} 1.0' in app.state.metrics.render().decode()
+
+
+def test_the_body_read_is_not_kept_by_the_request_while_it_is_served():
+    """Parsed, a long history's bytes are freed: the request holds no copy until its answer is sent."""
+    messages = [{"type": "http.request", "body": b'{"a":', "more_body": True}, {"type": "http.request", "body": b" 1}"}]
+
+    async def receive():
+        return messages.pop(0)
+
+    async def scenario():
+        request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+        body = await utf8_body(request, json_only=True)
+        with pytest.raises(RuntimeError, match="consumed"):  # the stream was read once, and no copy kept
+            await request.body()
+        return body
+
+    assert asyncio.run(scenario()) == b'{"a": 1}'
 
 
 def test_unrepresentable_names_the_first_lone_surrogate_or_non_finite_number_depth_first():
