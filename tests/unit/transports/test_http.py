@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,6 +17,7 @@ from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter, route_path
 from app.main import create_app
 from app.transports.deadline import ClientGone
+from app.transports.error_handlers import EXCHANGE
 from app.transports.http import complete, unrepresentable, utf8_body
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, app_settings, free_port
@@ -261,7 +263,8 @@ def test_the_body_read_is_not_kept_by_the_request_while_it_is_served():
         return messages.pop(0)
 
     async def scenario():
-        request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+        scope = {"type": "http", "method": "POST", "headers": [], EXCHANGE: SimpleNamespace(fields={})}
+        request = Request(scope, receive)
         body = await utf8_body(request, json_only=True)
         with pytest.raises(RuntimeError, match="consumed"):  # the stream was read once, and no copy kept
             await request.body()
