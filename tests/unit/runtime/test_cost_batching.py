@@ -53,7 +53,6 @@ def _drive(scenario, instances: list[Instance], clock: ManualClock, slots: int =
         for instance in instances:
             instance.slots = RunSlots(slots)
         batcher = ModelBatcher("toy", instances, (), {}, BatchConfig(**settings), Metrics(), clock=clock)
-        batcher.start()
         try:
             return await scenario(batcher)
         finally:
