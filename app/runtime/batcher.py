@@ -182,13 +182,12 @@ class ModelBatcher:
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self.stats = ModelStats()
         self._queue: list[_Item] = []
-        self._admitted_rows = 0
+        self.admitted_rows = 0  # rows of the requests admitted and not yet done
         self._admitted_seconds = 0.0  # what the admitted requests are predicted to take, one after another
         self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
         self._last_release = self._last_done = -math.inf  # when the last of them, and of any size, was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = self._cells_per_byte = 0.0  # moving averages over admitted large bodies
-        self._in_flight = 0
         self._wakeup = asyncio.Event()
         self._runs: set[asyncio.Task] = set()
         self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
@@ -202,10 +201,6 @@ class ModelBatcher:
         self._queue.clear()
         if self._runs:
             await asyncio.wait(self._runs)
-
-    @property
-    def busy(self) -> bool:
-        return self._admitted_rows > 0
 
     # -- admission ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -239,7 +234,7 @@ class ModelBatcher:
         a request's handling `teaches_pace`. Refused past max_queue rows, or when the request would not be done within
         DEADLINE_SHARE of its deadline with the admitted work at the pace (a large one, at least COLD_PACE when none
         finished lately); a request alone is admitted, and one already past its deadline goes on to its 504."""
-        now, admitted, budget = self._clock(), self._admitted_rows, DEADLINE_SHARE * self.config.deadline_s
+        now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
         if not admitted and now - self._last_done > STALE_SHARE * self.config.deadline_s:
             self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
         own, arrival = self._seconds_for(rows, cells), request_arrival.get()
@@ -257,9 +252,9 @@ class ModelBatcher:
             )
             self._metrics.rejected.labels(self.name, refused_as or ("queue_full" if full else "deadline")).inc()
             raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
-        self._admitted_rows += rows
+        self.admitted_rows += rows
         self._admitted_seconds += own
-        self._admitted_gauge.set(self._admitted_rows)
+        self._admitted_gauge.set(self.admitted_rows)
         finished = False
         try:
             yield
@@ -271,9 +266,9 @@ class ModelBatcher:
                 decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
                 work = self._seconds_for(rows, cells) if finished else 0.0  # as the cost model now predicts it
                 self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + work]
-            self._admitted_rows -= rows
+            self.admitted_rows -= rows
             self._admitted_seconds -= own
-            self._admitted_gauge.set(self._admitted_rows)
+            self._admitted_gauge.set(self.admitted_rows)
             self._last_done = done
 
     @property
@@ -305,7 +300,7 @@ class ModelBatcher:
         """Outputs of several `(feeds, rows, length)` at once: queued together, so that they can share runs."""
         parts = [self._parts(*request) for request in requests]
         items = [item for request_parts in parts for item in request_parts]
-        instance = self._route(items) if len(items) == 1 and not self._queue and not self._in_flight else None
+        instance = self._route(items) if len(items) == 1 and not self._queue and not self._runs else None
         if instance is not None and self._may_run_inline(instance, items, slots_held=0):
             await self._run_batch(instance, items, inline=True)
         else:
@@ -357,17 +352,19 @@ class ModelBatcher:
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
+        """Start a batch at once while the model has no run in flight, else once the queue holds max_batch rows or its
+        oldest row has waited max_wait."""
         while True:
             self._drop_cancelled()
-            if not self._queue:
+            wait_s = None
+            if self._queue and self._runs and _rows(self._queue) < self.config.max_batch:
+                wait_s = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
+            if not self._queue or (wait_s is not None and wait_s > 0):
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), wait_s)
                 continue
-            if self._in_flight:
-                await self._fill()
             instance = self._route(self._queue)
-            if instance is None:  # the queue emptied while waiting
-                continue
             await instance.slots.acquire()
             batch = self._take(instance)
             if not batch or self._may_run_inline(instance, batch, slots_held=1):
@@ -375,21 +372,7 @@ class ModelBatcher:
                 if batch:
                     await self._run_batch(instance, batch, inline=True)
                 continue
-            self._in_flight += 1
-            task = asyncio.create_task(self._run_batch(instance, batch))
-            self._runs.add(task)
-            task.add_done_callback(self._runs.discard)
-
-    async def _fill(self) -> None:
-        """While a run is in flight: wait for a full batch, or until the oldest row waited max_wait."""
-        while self._in_flight and self._queue and _rows(self._queue) < self.config.max_batch:
-            remaining = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            self._drop_cancelled()
+            self._runs.add(asyncio.create_task(self._run_batch(instance, batch)))
 
     def _drop_cancelled(self) -> None:
         live = [item for item in self._queue if not item.future.done()]
@@ -399,15 +382,13 @@ class ModelBatcher:
     def _row_ceiling(self, instance: Instance) -> int:
         return min(self.config.max_batch, instance.max_rows or self.config.max_batch)
 
-    def _route(self, queue: list[_Item]) -> Instance | None:
+    def _route(self, queue: list[_Item]) -> Instance:
         """The instance predicted to finish the queue's next batch first (by the largest batch any would take now)."""
         if len(self.instances) == 1:
-            return self.instances[0] if queue else None
+            return self.instances[0]
         now = self._clock()
         batches = [(instance, self._form(instance, queue, now)) for instance in self.instances]
         batches = [(instance, batch) for instance, batch in batches if batch]
-        if not batches:
-            return None
         reference = max(_rows(batch) for _, batch in batches)
 
         def finish(instance: Instance, batch: list[_Item]) -> float:
@@ -456,7 +437,7 @@ class ModelBatcher:
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
         """A lone request's small batch runs on the event loop when no other run holds its slots (but its own)."""
         return (
-            instance.cost.known
+            instance.cost.runs > 0
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S
             and self._clock() - min(map(_ARRIVAL, batch)) < INLINE_WINDOW_S
             and instance.slots.free == instance.slots.runs - slots_held
@@ -506,7 +487,7 @@ class ModelBatcher:
         finally:
             if not inline:
                 instance.slots.release()
-                self._in_flight -= 1
+                self._runs.discard(asyncio.current_task())
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
                 self._wakeup.set()
 

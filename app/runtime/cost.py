@@ -17,11 +17,7 @@ class CostModel:
         self._gram = [[0.0] * 3 for _ in range(3)]
         self._moments = [0.0] * 3
         self.coefficients = (0.0, 0.0, 0.0)  # fixed, per step, per cell (seconds)
-        self.runs = 0
-
-    @property
-    def known(self) -> bool:
-        return self.runs > 0
+        self.runs = 0  # observed so far: none, the cost is not known
 
     def predict(self, rows: int, length: int) -> float:
         fixed, per_step, per_cell = self.coefficients
@@ -30,7 +26,7 @@ class CostModel:
     def observe(self, rows: int, length: int, seconds: float) -> None:
         """Fit again with a run of `rows` x `length` that took `seconds` (at most OUTLIER x the prediction)."""
         predicted = self.predict(rows, length)
-        if self.known and predicted > 0:
+        if self.runs and predicted > 0:
             seconds = min(seconds, OUTLIER * predicted)
         x = (1.0, length, rows * length)
         for i in range(3):

@@ -52,6 +52,6 @@ async def _trim_when_idle(batchers: list[ModelBatcher]) -> None:
     while True:
         await asyncio.sleep(TRIM_EVERY_S)
         last_run = max((batcher.stats.last_inference_ms for batcher in batchers), default=0)
-        if last_run != trimmed_at and not any(batcher.busy for batcher in batchers):
+        if last_run != trimmed_at and not any(batcher.admitted_rows for batcher in batchers):
             await asyncio.to_thread(release_free_memory)
             trimmed_at = last_run

@@ -27,21 +27,17 @@ class RunSlots:
     thread budget); any other has one of its own (a GPU runs one batch at once)."""
 
     def __init__(self, runs: int, name: str = "onnx-run") -> None:
-        self.runs, self.taken = runs, 0  # slots acquired and not yet released (asyncio.Semaphore does not say)
+        self.runs = self.free = runs  # free: slots not acquired (asyncio.Semaphore does not say)
         self.semaphore = asyncio.Semaphore(runs)
         self.executor = ThreadPoolExecutor(max_workers=runs, thread_name_prefix=name)
         self.ends: list[float] = []  # predicted end of each run in progress (the clock of its batcher)
 
-    @property
-    def free(self) -> int:
-        return self.runs - self.taken
-
     async def acquire(self) -> None:
         await self.semaphore.acquire()
-        self.taken += 1
+        self.free -= 1
 
     def release(self) -> None:
-        self.taken -= 1
+        self.free += 1
         self.semaphore.release()
 
     def free_at(self, now: float) -> float:
