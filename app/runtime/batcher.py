@@ -464,10 +464,8 @@ class ModelBatcher:
                 end = self._clock() + _predicted(instance, batch)
                 instance.slots.ends.append(end)
                 try:
-                    executor, compute = instance.slots.executor, self._compute
-                    outcomes, samples = await asyncio.get_running_loop().run_in_executor(
-                        executor, compute, instance, batch
-                    )
+                    loop, executor = asyncio.get_running_loop(), instance.slots.executor
+                    outcomes, samples = await loop.run_in_executor(executor, self._compute, instance, batch)
                 finally:
                     instance.slots.ends.remove(end)
             for rows, length, *phases in samples:
@@ -478,10 +476,14 @@ class ModelBatcher:
                 self._instance_runs[instance.name].inc()
                 self._instance_rows[instance.name].inc(rows)
             for item, outcome in zip(batch, outcomes, strict=True):
-                if item.future.done() or (item.chain is not None and self._requeued(item, outcome)):
+                if item.future.done():
                     continue
                 if isinstance(outcome, BaseException):
                     item.future.set_exception(outcome)
+                elif item.chain and item.chain.remaining:  # its slice ended: queued again, unless abandoned
+                    if not item.abandoned():
+                        item.enqueued, item.waiting = self._clock(), True
+                        self._enqueue([item])
                 else:
                     item.future.set_result(outcome)
         finally:
@@ -490,15 +492,6 @@ class ModelBatcher:
                 self._runs.discard(asyncio.current_task())
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
                 self._wakeup.set()
-
-    def _requeued(self, item: _Item, outcome: Feeds | BaseException) -> bool:
-        """True when a chain stopped before its last chunk: queued again for the rest, or cancelled (client gone)."""
-        if isinstance(outcome, BaseException) or not item.chain.remaining:
-            return False
-        if not item.abandoned():
-            item.enqueued, item.waiting = self._clock(), True
-            self._enqueue([item])
-        return True
 
     def _compute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
         """Collate, run and split, or run a chain's next chunks: each item's outputs (or error) and each run's `Sample`.
