@@ -197,7 +197,8 @@ class ModelBatcher:
         self._loop_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._loop_task
-        self._give_up(self._queue)
+        for item in self._queue:  # their requests' _outcomes observe their waits
+            item.future.cancel()
         self._queue.clear()
         if self._runs:
             await asyncio.wait(self._runs)
@@ -210,7 +211,7 @@ class ModelBatcher:
         cells = rows * self._typical_length if cells is None else cells
         started, succeeded = request_arrival.get() or time.perf_counter(), False
         try:
-            with self._holding(rows, cells, teaches_pace=True):
+            with self._holding(rows, cells):
                 if size := request_body_bytes.get():  # a large body, parsed: what its rows and cells per byte were
                     self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
                     self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
@@ -223,15 +224,13 @@ class ModelBatcher:
     def reserve(self, body_bytes: int) -> Iterator[None]:
         """Hold the room bodies of this size needed while one is parsed (one row until one was admitted), or 429."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
-        with self._holding(rows, body_bytes * self._cells_per_byte, refused_as="before_parsing"):
+        with self._holding(rows, body_bytes * self._cells_per_byte, parsing=True):
             yield
 
     @contextlib.contextmanager
-    def _holding(
-        self, rows: int, cells: float, refused_as: str | None = None, teaches_pace: bool = False
-    ) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason);
-        a request's handling `teaches_pace`. Refused past max_queue rows, or when the request would not be done within
+    def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
+        """Hold `rows` rows of `cells` cells while the block runs (a request's handling, which teaches the pace, or
+        while its body is `parsing`), or 429 at once: past max_queue rows, or when it would not be done within
         DEADLINE_SHARE of its deadline with the admitted work at the pace (a large one, at least COLD_PACE when none
         finished lately); a request alone is admitted, and one already past its deadline goes on to its 504."""
         now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
@@ -250,7 +249,9 @@ class ModelBatcher:
                 if full
                 else f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
             )
-            self._metrics.rejected.labels(self.name, refused_as or ("queue_full" if full else "deadline")).inc()
+            self._metrics.rejected.labels(
+                self.name, "before_parsing" if parsing else "queue_full" if full else "deadline"
+            ).inc()
             raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
         self.admitted_rows += rows
         self._admitted_seconds += own
@@ -261,7 +262,7 @@ class ModelBatcher:
             finished = True
         finally:
             done = self._clock()
-            if teaches_pace and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per work
+            if not parsing and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per work
                 wall, self._last_release = done - max(now, self._last_release), done
                 decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
                 work = self._seconds_for(rows, cells) if finished else 0.0  # as the cost model now predicts it
@@ -299,6 +300,8 @@ class ModelBatcher:
     async def run_all(self, requests: Sequence[tuple[Feeds, int, int]]) -> list[Feeds]:
         """Outputs of several `(feeds, rows, length)` at once: queued together, so that they can share runs."""
         parts = [self._parts(*request) for request in requests]
+        for _, _, length in requests:
+            self._typical_length = _smoothed(self._typical_length, length)
         items = [item for request_parts in parts for item in request_parts]
         instance = self._route(items) if len(items) == 1 and not self._queue and not self._runs else None
         if instance is not None and self._may_run_inline(instance, items, slots_held=0):
@@ -310,45 +313,34 @@ class ModelBatcher:
 
     async def run_chain(self, chain: Chain) -> list[Feeds]:
         """The outputs of each chunk of `chain`, run on a run slot's thread in slices of CHAIN_SLICE_S."""
-        item = self._item({}, 1, 0, chain=chain)  # a chain's length: its chunks'; the batch is the chain alone
-        self._enqueue([item])
-        return (await self._outcomes([item]))[0]
+        items = self._parts({}, 1, 0, chain)  # a chain's length: its chunks'; the batch is the chain alone
+        self._enqueue(items)
+        return (await self._outcomes(items))[0]
 
     async def _outcomes(self, items: list[_Item]) -> list:
         """The outputs of `items`; cancelled (deadline, client gone) or failed, the others are not wanted."""
         try:
             return [await item.future for item in items]
         except BaseException:
-            self._give_up(items)
+            self._stop_waiting(items)
+            for item in items:
+                item.future.cancel()
             raise
-
-    def _give_up(self, items: list[_Item]) -> None:
-        self._stop_waiting(items)
-        for item in items:
-            item.future.cancel()
 
     def _enqueue(self, items: list[_Item]) -> None:
         self._queue.extend(items)
         self._queue_depth.inc(_rows(items))
         self._wakeup.set()
 
-    def _parts(self, feeds: Feeds, rows: int, length: int) -> list[_Item]:
-        """Queue items for `rows` rows: one, or parts that the instance of the highest row ceiling can run."""
-        self._typical_length = _smoothed(self._typical_length, length)
-        size = max(map(self._row_ceiling, self.instances))
-        return [
-            self._item(
-                {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds,
-                min(size, rows - start),
-                length,
-            )
-            for start in range(0, rows, size)
-        ]
-
-    def _item(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None) -> _Item:
-        """A queue item of the current request (its arrival and its client's connection)."""
-        now, arrival, future = self._clock(), request_arrival.get(), asyncio.get_running_loop().create_future()
-        return _Item(feeds, rows, length, now, arrival or now, future, request_connected.get(), chain)
+    def _parts(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None) -> list[_Item]:
+        """Queue items for `rows` rows of the current request (its arrival, its client's connection): one, or parts
+        that the instance of the highest row ceiling can run."""
+        now, arrival, connected = self._clock(), request_arrival.get(), request_connected.get()
+        size, future, items = max(map(self._row_ceiling, self.instances)), asyncio.get_running_loop().create_future, []
+        for start in range(0, rows, size):
+            part = {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds
+            items.append(_Item(part, min(size, rows - start), length, now, arrival or now, future(), connected, chain))
+        return items
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
