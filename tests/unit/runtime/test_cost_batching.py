@@ -18,8 +18,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.runtime.batcher import BatchConfig, ModelBatcher
-from app.runtime.cost import DECAY, CostModel
-from app.runtime.instances import CPU, Instance, RunSlots
+from app.runtime.instances import CPU, DECAY, CostModel, Instance, RunSlots
 from tests.manual_clock import ManualClock, run_on_clock
 from tests.toy_profiles import (
     WIDTH,
