@@ -31,6 +31,7 @@ CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its
 PHASES = ("compute_input", "compute_infer", "compute_output")  # collating the inputs, the run, splitting the outputs
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
 Sample = tuple[int, int, float, float, float]  # a run's rows, padded length and the seconds of each of PHASES
+Keep = Collection[str] | None  # the outputs a request reads (None: all); the others are dropped at once
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class _Item:
     future: asyncio.Future[Feeds] = field(repr=False)
     connected: Callable[[], bool] | None = field(default=None, repr=False)  # is its client still there?
     chain: Chain | None = field(default=None, repr=False)
+    keep: Keep = None
     waiting: bool = True  # its wait not yet in mnemo_queue_wait_seconds
 
     def wanted(self) -> bool:
@@ -292,17 +294,18 @@ class ModelBatcher:
         return cells / sum(rates.values())
 
     # -- submission --------------------------------------------------------------------------------
-    async def run(self, feeds: Feeds, rows: int, length: int, keep: Collection[str] | None = None) -> Feeds:
+    async def run(self, feeds: Feeds, rows: int, length: int, keep: Keep = None) -> Feeds:
         """Outputs for `rows` rows of one length, batched with other requests' rows; with `keep`, only those."""
-        outputs = (await self.run_all([(feeds, rows, length)]))[0]
-        return outputs if keep is None else {name: outputs[name] for name in keep}
+        return (await self.run_all([(feeds, rows, length)], keep))[0]
 
-    async def run_all(self, requests: Sequence[tuple[Feeds, int, int]]) -> list[Feeds]:
+    async def run_all(self, requests: Sequence[tuple[Feeds, int, int]], keep: Keep = None) -> list[Feeds]:
         """Outputs of several `(feeds, rows, length)` at once: queued together, so that they can share runs."""
         parts = [self._parts(*request) for request in requests]
         for _, _, length in requests:
             self._typical_length = _smoothed(self._typical_length, length)
         items = [item for request_parts in parts for item in request_parts]
+        for item in items:
+            item.keep = keep
         instance = self._route(items) if len(items) == 1 and not self._queue and not self._runs else None
         if instance is not None and self._may_run_inline(instance, items, slots_held=0):
             await self._run_batch(instance, items, inline=True)
@@ -496,7 +499,7 @@ class ModelBatcher:
             started = self._clock()
             outputs = instance.run(feeds)
             finished = self._clock()
-            parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
+            parts = split(outputs, [(item.rows, item.length, item.keep) for item in batch], self._sequence_outputs)
             rows, longest = _rows(batch), max(map(_LENGTH, batch))
             return parts, [(rows, longest, started - collating, finished - started, self._clock() - finished)]
         except Exception as error:
