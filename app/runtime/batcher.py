@@ -112,8 +112,7 @@ def _rows(batch: list[_Item]) -> int:
 
 def _predicted(instance: Instance, batch: list[_Item]) -> float:
     """Seconds `batch` is predicted to take on `instance` (a chain: its remaining chunks, one after another)."""
-    chain = batch[0].chain
-    if chain is not None:
+    if (chain := batch[0].chain) is not None:
         return sum(instance.cost.predict(1, length) for _, length in chain.remaining)
     return instance.cost.predict(_rows(batch), max(map(_LENGTH, batch)))
 
