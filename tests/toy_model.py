@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from app.core.errors import InvalidInput
 from app.core.settings import Settings
 from app.main import create_app
-from app.runtime.cost import CostModel
+from app.runtime.instances import CostModel
 from app.runtime.model import GraphLayout, ServedModel
 from app.transports.http import complete, read_body
 from export.manifest import upsert_model

@@ -19,7 +19,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from app.runtime.cost import CostModel
+from app.runtime.instances import CostModel
 from tests.manual_clock import ManualClock
 
 WIDTH = 64

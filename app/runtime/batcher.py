@@ -1,5 +1,5 @@
-"""Micro-batching and admission for one model over its instances, sized and routed by what runs cost (docs/engine.md:
-admission, batching, routing, inline runs, chains, cancellation)."""
+"""Micro-batching and admission for one model over its instances, sized and routed by what runs cost, and its
+statistics (docs/engine.md: admission, batching, routing, inline runs, chains, cancellation)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from copy import deepcopy
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Any
 
 from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
 from app.runtime.instances import Instance, RunGraph
-from app.runtime.stats import ModelStats
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
 DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline
@@ -27,9 +28,10 @@ PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (H
 STALE_SHARE = 0.25  # a pace with no request done within this share of the deadline is stale, an idle model's forgotten
 COLD_PACE = 6.0  # their pace while it is stale or forgotten
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
+PHASES = ("compute_input", "compute_infer", "compute_output")  # collating the inputs, the run, splitting the outputs
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
-Sample = tuple[int, int, float, float, float]  # a run's rows, padded length and the seconds of each stats.PHASES
-Keep = frozenset[str] | None  # the outputs a request reads (None: all); the others are dropped at once
+Sample = tuple[int, int, float, float, float]  # a run's rows, padded length and the seconds of each of PHASES
+Keep = Collection[str] | None  # the outputs a request reads (None: all); the others are dropped at once
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,16 @@ class Chain:
     state_output: str
     outputs: list[Feeds] = field(default_factory=list)
 
+    @property
+    def remaining(self) -> Sequence[tuple[Feeds, int]]:
+        return self.chunks[len(self.outputs) :]
+
     def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock) -> list[Sample]:
         """Run chunks until all are done, `budget_s` has passed or the request is no longer `wanted`."""
         samples, started = [], clock()
-        while not self.done and wanted():
-            feeds, length = self.chunks[len(self.outputs)]
+        for feeds, length in self.remaining:
+            if not wanted():
+                break
             if self.outputs:
                 feeds = {**feeds, self.state_input: self.outputs[-1].pop(self.state_output)}
             run_started = clock()
@@ -65,18 +72,6 @@ class Chain:
             if clock() - started >= budget_s:
                 break
         return samples
-
-    @property
-    def done(self) -> bool:
-        return len(self.outputs) == len(self.chunks)
-
-    @property
-    def remaining(self) -> Sequence[tuple[Feeds, int]]:
-        return self.chunks[len(self.outputs) :]
-
-    @property
-    def cells(self) -> int:
-        return sum(length for _, length in self.remaining)
 
 
 @dataclass(eq=False)
@@ -117,10 +112,47 @@ def _rows(batch: list[_Item]) -> int:
 
 def _predicted(instance: Instance, batch: list[_Item]) -> float:
     """Seconds `batch` is predicted to take on `instance` (a chain: its remaining chunks, one after another)."""
-    chain = batch[0].chain
-    if chain is not None:
+    if (chain := batch[0].chain) is not None:
         return sum(instance.cost.predict(1, length) for _, length in chain.remaining)
     return instance.cost.predict(_rows(batch), max(map(_LENGTH, batch)))
+
+
+class ModelStats:
+    """One model's counters in the shape of Triton's statistics extension, updated on the event loop: requests (a 429
+    at admission is a failure), queue waits, and each run's rows and PHASES."""
+
+    def __init__(self) -> None:
+        self.inference = {name: {"count": 0, "ns": 0} for name in ("success", "fail", "queue")}
+        self.runs: dict[int, list[int]] = {}  # by batch size: runs, then each phase's nanoseconds
+        self.last_inference_ms = 0  # Unix time of the last run, in milliseconds (0: none yet)
+
+    def add(self, name: str, seconds: float) -> None:
+        """A request done (`success` or `fail`, from its arrival) or a queue item's wait (`queue`)."""
+        self.inference[name]["count"] += 1
+        self.inference[name]["ns"] += int(seconds * 1e9)
+
+    def executed(self, rows: int, *phase_seconds: float) -> None:
+        """A run of `rows` rows and the seconds of each of its PHASES."""
+        self.last_inference_ms = int(time.time() * 1000)
+        sums = self.runs.setdefault(rows, [0, 0, 0, 0])
+        sums[0] += 1
+        for phase, seconds in enumerate(phase_seconds, 1):
+            sums[phase] += int(seconds * 1e9)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters in the statistics extension's shape (less the model's name and version)."""
+        totals = [sum(column) for column in zip(*self.runs.values(), strict=True)] or [0, 0, 0, 0]
+
+        def phases(sums: list[int]) -> dict[str, dict[str, int]]:
+            return {phase: {"count": sums[0], "ns": ns} for phase, ns in zip(PHASES, sums[1:], strict=True)}
+
+        return {
+            "last_inference": self.last_inference_ms,
+            "inference_count": sum(size * sums[0] for size, sums in self.runs.items()),
+            "execution_count": totals[0],
+            "inference_stats": deepcopy(self.inference) | phases(totals),
+            "batch_stats": [{"batch_size": size, **phases(sums)} for size, sums in sorted(self.runs.items())],
+        }
 
 
 class ModelBatcher:
@@ -137,8 +169,8 @@ class ModelBatcher:
         alone: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
     ) -> None:
-        """`alone()`: the server handles a single request. `clock` times every wait and run (a test that passes a
-        manual clock runs the event loop's timers on it too)."""
+        """Start batching. `alone()`: the server handles a single request. `clock` times every wait and run (a test that
+        passes a manual clock runs the event loop's timers on it too)."""
         self.name, self.instances, self.config = name, tuple(instances), config
         self._sequence_inputs, self._sequence_outputs = tuple(sequence_inputs), dict(sequence_outputs)
         self._metrics, self._alone, self._clock = metrics, alone, clock
@@ -151,35 +183,26 @@ class ModelBatcher:
         self._instance_rows = {i.name: metrics.instance_rows.labels(name, i.name) for i in self.instances}
         self.stats = ModelStats()
         self._queue: list[_Item] = []
-        self._admitted_rows = 0
+        self.admitted_rows = 0  # rows of the requests admitted and not yet done
         self._admitted_seconds = 0.0  # what the admitted requests are predicted to take, one after another
         self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
-        self._last_release = -math.inf  # when the last of them was done
-        self._last_done = -math.inf  # when the last request of any size was done
+        self._last_release = self._last_done = -math.inf  # when the last of them, and of any size, was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = self._cells_per_byte = 0.0  # moving averages over admitted large bodies
-        self._in_flight = 0
         self._wakeup = asyncio.Event()
-        self._loop_task: asyncio.Task | None = None
         self._runs: set[asyncio.Task] = set()
-
-    def start(self) -> None:
         self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def stop(self) -> None:
         """Stop batching; queued items are cancelled, runs in progress finish."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-        self._give_up(self._queue)
+        self._loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._loop_task
+        for item in self._queue:  # their requests' _outcomes observe their waits
+            item.future.cancel()
         self._queue.clear()
         if self._runs:
             await asyncio.wait(self._runs)
-
-    @property
-    def busy(self) -> bool:
-        return self._admitted_rows > 0
 
     # -- admission ---------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -189,7 +212,7 @@ class ModelBatcher:
         cells = rows * self._typical_length if cells is None else cells
         started, succeeded = request_arrival.get() or time.perf_counter(), False
         try:
-            with self._holding(rows, cells, teaches_pace=True):
+            with self._holding(rows, cells):
                 if size := request_body_bytes.get():  # a large body, parsed: what its rows and cells per byte were
                     self._rows_per_byte = _smoothed(self._rows_per_byte, rows / size)
                     self._cells_per_byte = _smoothed(self._cells_per_byte, cells / size)
@@ -202,57 +225,53 @@ class ModelBatcher:
     def reserve(self, body_bytes: int) -> Iterator[None]:
         """Hold the room bodies of this size needed while one is parsed (one row until one was admitted), or 429."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
-        with self._holding(rows, body_bytes * self._cells_per_byte, refused_as="before_parsing"):
+        with self._holding(rows, body_bytes * self._cells_per_byte, parsing=True):
             yield
 
     @contextlib.contextmanager
-    def _holding(
-        self, rows: int, cells: float, refused_as: str | None = None, teaches_pace: bool = False
-    ) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs, or 429 at once (`refused_as`: the metric's reason);
-        a request's handling `teaches_pace`."""
-        now = self._clock()
-        if not self._admitted_rows and now - self._last_done > STALE_SHARE * self.config.deadline_s:
+    def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
+        """Hold `rows` rows of `cells` cells while the block runs (a request's handling, which teaches the pace, or
+        while its body is `parsing`), or 429 at once: past max_queue rows, or when it would not be done within
+        DEADLINE_SHARE of its deadline with the admitted work at the pace (a large one, at least COLD_PACE when none
+        finished lately); a request alone is admitted, and one already past its deadline goes on to its 504."""
+        now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
+        if not admitted and now - self._last_done > STALE_SHARE * self.config.deadline_s:
             self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
-        own = self._seconds_for(rows, cells)
-        self._refuse_unless_fits(rows, now, own, refused_as)
-        self._admitted_rows += rows
+        own, arrival = self._seconds_for(rows, cells), request_arrival.get()
+        waited = 0.0 if arrival is None else max(0.0, now - arrival)
+        stale = not self._paced[1] or now - self._last_release > STALE_SHARE * self.config.deadline_s
+        pace = max(COLD_PACE, self.pace) if own >= PACE_MIN_S and stale else self.pace
+        needed = waited + (pace * (self._admitted_seconds + own) if admitted else 0.0)
+        full = admitted and admitted + rows > self.config.max_queue
+        if full or (waited < self.config.deadline_s and needed > budget):
+            allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
+            text = (
+                f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
+                if full
+                else f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
+            )
+            self._metrics.rejected.labels(
+                self.name, "before_parsing" if parsing else "queue_full" if full else "deadline"
+            ).inc()
+            raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
+        self.admitted_rows += rows
         self._admitted_seconds += own
-        self._admitted_gauge.set(self._admitted_rows)
+        self._admitted_gauge.set(self.admitted_rows)
         finished = False
         try:
             yield
             finished = True
         finally:
             done = self._clock()
-            if teaches_pace and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per work
+            if not parsing and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per work
                 wall, self._last_release = done - max(now, self._last_release), done
                 decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
                 work = self._seconds_for(rows, cells) if finished else 0.0  # as the cost model now predicts it
                 self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + work]
-            self._admitted_rows -= rows
+            self.admitted_rows -= rows
             self._admitted_seconds -= own
-            self._admitted_gauge.set(self._admitted_rows)
+            self._admitted_gauge.set(self.admitted_rows)
             self._last_done = done
-
-    def _refuse_unless_fits(self, rows: int, now: float, own: float, refused_as: str | None) -> None:
-        """429 past max_queue rows, or when the request would not be done within DEADLINE_SHARE of its deadline with
-        the admitted work at the pace (a large one, at least COLD_PACE when none finished lately); a request alone
-        is admitted, and one already past its deadline goes on to its 504."""
-        budget, arrival, admitted = DEADLINE_SHARE * self.config.deadline_s, request_arrival.get(), self._admitted_rows
-        waited = 0.0 if arrival is None else max(0.0, now - arrival)
-        stale = not self._paced[1] or now - self._last_release > STALE_SHARE * self.config.deadline_s
-        pace = max(COLD_PACE, self.pace) if own >= PACE_MIN_S and stale else self.pace
-        needed = waited + (pace * (self._admitted_seconds + own) if admitted else 0.0)
-        if admitted and admitted + rows > self.config.max_queue:
-            reason, text = "queue_full", f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-        elif waited < self.config.deadline_s and needed > budget:
-            allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
-            reason, text = "deadline", f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
-        else:
-            return
-        self._metrics.rejected.labels(self.name, refused_as or reason).inc()
-        raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
 
     @property
     def pace(self) -> float:
@@ -274,18 +293,19 @@ class ModelBatcher:
         return cells / sum(rates.values())
 
     # -- submission --------------------------------------------------------------------------------
-    async def run(self, feeds: Feeds, rows: int, length: int, keep: Collection[str] | None = None) -> Feeds:
+    async def run(self, feeds: Feeds, rows: int, length: int, keep: Keep = None) -> Feeds:
         """Outputs for `rows` rows of one length, batched with other requests' rows; with `keep`, only those."""
         return (await self.run_all([(feeds, rows, length)], keep))[0]
 
-    async def run_all(
-        self, requests: Sequence[tuple[Feeds, int, int]], keep: Collection[str] | None = None
-    ) -> list[Feeds]:
+    async def run_all(self, requests: Sequence[tuple[Feeds, int, int]], keep: Keep = None) -> list[Feeds]:
         """Outputs of several `(feeds, rows, length)` at once: queued together, so that they can share runs."""
-        kept = None if keep is None else frozenset(keep)
-        parts = [self._parts(*request, kept) for request in requests]
+        parts = [self._parts(*request) for request in requests]
+        for _, _, length in requests:
+            self._typical_length = _smoothed(self._typical_length, length)
         items = [item for request_parts in parts for item in request_parts]
-        instance = self._route(items) if len(items) == 1 and not self._queue and not self._in_flight else None
+        for item in items:
+            item.keep = keep
+        instance = self._route(items) if len(items) == 1 and not self._queue and not self._runs else None
         if instance is not None and self._may_run_inline(instance, items, slots_held=0):
             await self._run_batch(instance, items, inline=True)
         else:
@@ -295,60 +315,50 @@ class ModelBatcher:
 
     async def run_chain(self, chain: Chain) -> list[Feeds]:
         """The outputs of each chunk of `chain`, run on a run slot's thread in slices of CHAIN_SLICE_S."""
-        item = self._item({}, 1, chain.cells, chain=chain)
-        self._enqueue([item])
-        return (await self._outcomes([item]))[0]
+        items = self._parts({}, 1, 0, chain)  # a chain's length: its chunks'; the batch is the chain alone
+        self._enqueue(items)
+        return (await self._outcomes(items))[0]
 
     async def _outcomes(self, items: list[_Item]) -> list:
         """The outputs of `items`; cancelled (deadline, client gone) or failed, the others are not wanted."""
         try:
             return [await item.future for item in items]
         except BaseException:
-            self._give_up(items)
+            self._stop_waiting(items)
+            for item in items:
+                item.future.cancel()
             raise
-
-    def _give_up(self, items: list[_Item]) -> None:
-        self._stop_waiting(items)
-        for item in items:
-            item.future.cancel()
 
     def _enqueue(self, items: list[_Item]) -> None:
         self._queue.extend(items)
         self._queue_depth.inc(_rows(items))
         self._wakeup.set()
 
-    def _parts(self, feeds: Feeds, rows: int, length: int, keep: Keep) -> list[_Item]:
-        """Queue items for `rows` rows: one, or parts that the instance of the highest row ceiling can run."""
-        self._typical_length = _smoothed(self._typical_length, length)
-        size = max(map(self._row_ceiling, self.instances))
-        return [
-            self._item(
-                {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds,
-                min(size, rows - start),
-                length,
-                keep=keep,
-            )
-            for start in range(0, rows, size)
-        ]
-
-    def _item(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None, keep: Keep = None) -> _Item:
-        """A queue item of the current request (its arrival and its client's connection)."""
-        now, arrival, future = self._clock(), request_arrival.get(), asyncio.get_running_loop().create_future()
-        return _Item(feeds, rows, length, now, arrival or now, future, request_connected.get(), chain, keep)
+    def _parts(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None) -> list[_Item]:
+        """Queue items for `rows` rows of the current request (its arrival, its client's connection): one, or parts
+        that the instance of the highest row ceiling can run."""
+        now, arrival, connected = self._clock(), request_arrival.get(), request_connected.get()
+        size, future, items = max(map(self._row_ceiling, self.instances)), asyncio.get_running_loop().create_future, []
+        for start in range(0, rows, size):
+            part = {name: value[start : start + size] for name, value in feeds.items()} if rows > size else feeds
+            items.append(_Item(part, min(size, rows - start), length, now, arrival or now, future(), connected, chain))
+        return items
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
+        """Start a batch at once while the model has no run in flight, else once the queue holds max_batch rows or its
+        oldest row has waited max_wait."""
         while True:
             self._drop_cancelled()
-            if not self._queue:
+            wait_s = None
+            if self._queue and self._runs and _rows(self._queue) < self.config.max_batch:
+                wait_s = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
+            if not self._queue or (wait_s is not None and wait_s > 0):
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), wait_s)
                 continue
-            if self._in_flight:
-                await self._fill()
             instance = self._route(self._queue)
-            if instance is None:  # the queue emptied while waiting
-                continue
             await instance.slots.acquire()
             batch = self._take(instance)
             if not batch or self._may_run_inline(instance, batch, slots_held=1):
@@ -356,21 +366,7 @@ class ModelBatcher:
                 if batch:
                     await self._run_batch(instance, batch, inline=True)
                 continue
-            self._in_flight += 1
-            task = asyncio.create_task(self._run_batch(instance, batch))
-            self._runs.add(task)
-            task.add_done_callback(self._runs.discard)
-
-    async def _fill(self) -> None:
-        """While a run is in flight: wait for a full batch, or until the oldest row waited max_wait."""
-        while self._in_flight and self._queue and _rows(self._queue) < self.config.max_batch:
-            remaining = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
-            if remaining <= 0:
-                return
-            self._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
-            self._drop_cancelled()
+            self._runs.add(asyncio.create_task(self._run_batch(instance, batch)))
 
     def _drop_cancelled(self) -> None:
         live = [item for item in self._queue if not item.future.done()]
@@ -380,15 +376,13 @@ class ModelBatcher:
     def _row_ceiling(self, instance: Instance) -> int:
         return min(self.config.max_batch, instance.max_rows or self.config.max_batch)
 
-    def _route(self, queue: list[_Item]) -> Instance | None:
+    def _route(self, queue: list[_Item]) -> Instance:
         """The instance predicted to finish the queue's next batch first (by the largest batch any would take now)."""
         if len(self.instances) == 1:
-            return self.instances[0] if queue else None
+            return self.instances[0]
         now = self._clock()
         batches = [(instance, self._form(instance, queue, now)) for instance in self.instances]
         batches = [(instance, batch) for instance, batch in batches if batch]
-        if not batches:
-            return None
         reference = max(_rows(batch) for _, batch in batches)
 
         def finish(instance: Instance, batch: list[_Item]) -> float:
@@ -437,7 +431,7 @@ class ModelBatcher:
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
         """A lone request's small batch runs on the event loop when no other run holds its slots (but its own)."""
         return (
-            instance.cost.known
+            instance.cost.runs > 0
             and _predicted(instance, batch) <= INLINE_MAX_RUN_S
             and self._clock() - min(map(_ARRIVAL, batch)) < INLINE_WINDOW_S
             and instance.slots.free == instance.slots.runs - slots_held
@@ -454,77 +448,61 @@ class ModelBatcher:
                 self.stats.add("queue", now - item.enqueued)
 
     async def _run_batch(self, instance: Instance, batch: list[_Item], inline: bool = False) -> None:
-        """Run a batch on a run-slot thread, or `inline` (it never yields to another task, so it holds no slot); a
-        failed one is rerun item by item, the same way (one bad input fails)."""
+        """Run a batch on a run-slot thread of `instance` (its predicted end in `slots.ends` meanwhile), or `inline` (it
+        never yields to another task, so it holds no slot); count each run, teach it to the cost model, settle."""
         self._stop_waiting(batch)
         try:
-            try:
-                outcomes: list[Feeds | BaseException] = await self._execute(instance, batch, inline)
-            except Exception as error:
-                outcomes = [error] if len(batch) == 1 else [await self._rerun(instance, item, inline) for item in batch]
+            if inline:
+                outcomes, samples = self._compute(instance, batch)
+            else:
+                end = self._clock() + _predicted(instance, batch)
+                instance.slots.ends.append(end)
+                try:
+                    loop, executor = asyncio.get_running_loop(), instance.slots.executor
+                    outcomes, samples = await loop.run_in_executor(executor, self._compute, instance, batch)
+                finally:
+                    instance.slots.ends.remove(end)
+            for rows, length, *phases in samples:
+                instance.cost.observe(rows, length, sum(phases))
+                self.stats.executed(rows, *phases)
+                self._batch_size.observe(rows)
+                self._inference.observe(phases[1])
+                self._instance_runs[instance.name].inc()
+                self._instance_rows[instance.name].inc(rows)
             for item, outcome in zip(batch, outcomes, strict=True):
-                if item.future.done() or (item.chain is not None and self._requeued(item, outcome)):
+                if item.future.done():
                     continue
                 if isinstance(outcome, BaseException):
                     item.future.set_exception(outcome)
+                elif item.chain and item.chain.remaining:  # its slice ended: queued again, unless abandoned
+                    if not item.abandoned():
+                        item.enqueued, item.waiting = self._clock(), True
+                        self._enqueue([item])
                 else:
                     item.future.set_result(outcome)
         finally:
             if not inline:
                 instance.slots.release()
-                self._in_flight -= 1
+                self._runs.discard(asyncio.current_task())
             if self._queue:  # the loop waits on the queue only: an empty one has nothing for it to do
                 self._wakeup.set()
 
-    def _requeued(self, item: _Item, outcome: Feeds | BaseException) -> bool:
-        """True when a chain stopped before its last chunk: queued again for the rest, or cancelled (client gone)."""
-        if isinstance(outcome, BaseException) or item.chain.done:
-            return False
-        if not item.abandoned():
-            item.length, item.enqueued, item.waiting = item.chain.cells, self._clock(), True
-            self._enqueue([item])
-        return True
-
-    async def _rerun(self, instance: Instance, item: _Item, inline: bool) -> Feeds | BaseException:
-        """The outputs of `item` run alone, or its error."""
-        try:
-            return (await self._execute(instance, [item], inline))[0]
-        except Exception as error:
-            return error
-
-    async def _execute(self, instance: Instance, batch: list[_Item], inline: bool = False) -> list:
-        """The outputs of `_compute`, run on the event loop when `inline`, else on a run-slot thread of `instance`
-        (its predicted end in `slots.ends` meanwhile); each run counted and taught to the cost model."""
-        if inline:
-            results, samples = self._compute(instance, batch)
-        else:
-            end = self._clock() + _predicted(instance, batch)
-            instance.slots.ends.append(end)
-            try:
-                executor, compute = instance.slots.executor, self._compute
-                results, samples = await asyncio.get_running_loop().run_in_executor(executor, compute, instance, batch)
-            finally:
-                instance.slots.ends.remove(end)
-        for rows, length, *phases in samples:
-            instance.cost.observe(rows, length, sum(phases))
-            self.stats.executed(rows, *phases)
-            self._batch_size.observe(rows)
-            self._inference.observe(phases[1])
-            self._instance_runs[instance.name].inc()
-            self._instance_rows[instance.name].inc(rows)
-        return results
-
     def _compute(self, instance: Instance, batch: list[_Item]) -> tuple[list, list[Sample]]:
-        """Collate, run and split, or run a chain's next chunks; also each run's `Sample`."""
-        chain = batch[0].chain
-        if chain is not None:
-            return [chain.outputs], chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
-        collating = self._clock()
-        feeds = collate([item.feeds for item in batch], self._sequence_inputs)
-        started = self._clock()
-        outputs = instance.run(feeds)
-        finished = self._clock()
-        parts = split(outputs, [(item.rows, item.length) for item in batch], self._sequence_outputs)
-        kept = [part if i.keep is None else {n: part[n] for n in i.keep} for part, i in zip(parts, batch, strict=True)]
-        rows, longest = _rows(batch), max(map(_LENGTH, batch))
-        return kept, [(rows, longest, started - collating, finished - started, self._clock() - finished)]
+        """Collate, run and split, or run a chain's next chunks: each item's outputs (or error) and each run's `Sample`.
+        A failed batch is rerun item by item, so that one bad input fails only its own request."""
+        try:
+            if (chain := batch[0].chain) is not None:
+                return [chain.outputs], chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
+            collating = self._clock()
+            feeds = collate([item.feeds for item in batch], self._sequence_inputs)
+            started = self._clock()
+            outputs = instance.run(feeds)
+            finished = self._clock()
+            parts = split(outputs, [(item.rows, item.length, item.keep) for item in batch], self._sequence_outputs)
+            rows, longest = _rows(batch), max(map(_LENGTH, batch))
+            return parts, [(rows, longest, started - collating, finished - started, self._clock() - finished)]
+        except Exception as error:
+            if len(batch) == 1:
+                return [error], []
+        reruns = [self._compute(instance, [item]) for item in batch]
+        return [outcome for (outcome,), _ in reruns], [sample for _, samples in reruns for sample in samples]

@@ -33,17 +33,19 @@ def collate(parts: Sequence[Feeds], sequence_inputs: Sequence[str]) -> Feeds:
     }
 
 
-def split(outputs: Feeds, items: Sequence[tuple[int, int]], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
-    """Per item `(rows, length)`: its rows of every output, sequence outputs trimmed to `length + extra`."""
-    starts = itertools.accumulate((rows for rows, _ in items), initial=0)
+def split(outputs: Feeds, items: Sequence[tuple], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
+    """Per item `(rows, length, keep)`: its rows of the outputs in `keep` (None: all), sequence outputs trimmed to
+    `length + extra`."""
+    starts = itertools.accumulate((rows for rows, _, _ in items), initial=0)
     return [
         {
             name: value[start : start + rows, : length + sequence_outputs[name]]
             if name in sequence_outputs
             else value[start : start + rows]
             for name, value in outputs.items()
+            if keep is None or name in keep
         }
-        for start, (rows, length) in zip(starts, items, strict=False)
+        for start, (rows, length, keep) in zip(starts, items, strict=False)
     ]
 
 

@@ -31,7 +31,6 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
             layout = task.graphs[key] if key else task.layout
             inputs, outputs, metrics = layout.sequence_inputs, layout.sequence_outputs, registry.metrics
             graph.batcher = ModelBatcher(graph.name, graph.instances, inputs, outputs, config, metrics, alone)
-            graph.batcher.start()
             served.append(graph)
     trimmer = asyncio.create_task(_trim_when_idle([graph.batcher for graph in served]), name="memory-trim")
     try:
@@ -48,11 +47,11 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
 
 
 async def _trim_when_idle(batchers: list[ModelBatcher]) -> None:
-    """After runs (the statistics count them), once no model has work admitted, hand freed pages back."""
+    """After runs (the statistics time the last), once no model has work admitted, hand freed pages back."""
     trimmed_at = 0
     while True:
         await asyncio.sleep(TRIM_EVERY_S)
-        runs = sum(batcher.stats.execution_count for batcher in batchers)
-        if runs != trimmed_at and not any(batcher.busy for batcher in batchers):
+        last_run = max((batcher.stats.last_inference_ms for batcher in batchers), default=0)
+        if last_run != trimmed_at and not any(batcher.admitted_rows for batcher in batchers):
             await asyncio.to_thread(release_free_memory)
-            trimmed_at = runs
+            trimmed_at = last_run

@@ -139,7 +139,6 @@ def _drive(
         for instance in served:
             instance.slots = RunSlots(slots)
         batcher = ModelBatcher("toy", served, (), {}, config, metrics or Metrics(), alone, clock)
-        batcher.start()
         try:
             return await scenario(batcher)
         finally:

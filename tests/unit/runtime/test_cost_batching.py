@@ -18,8 +18,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.runtime.batcher import BatchConfig, ModelBatcher
-from app.runtime.cost import DECAY, CostModel
-from app.runtime.instances import CPU, Instance, RunSlots
+from app.runtime.instances import CPU, DECAY, CostModel, Instance, RunSlots
 from tests.manual_clock import ManualClock, run_on_clock
 from tests.toy_profiles import (
     WIDTH,
@@ -53,7 +52,6 @@ def _drive(scenario, instances: list[Instance], clock: ManualClock, slots: int =
         for instance in instances:
             instance.slots = RunSlots(slots)
         batcher = ModelBatcher("toy", instances, (), {}, BatchConfig(**settings), Metrics(), clock=clock)
-        batcher.start()
         try:
             return await scenario(batcher)
         finally:
@@ -77,10 +75,10 @@ async def _queued_behind_a_run(batcher: ModelBatcher, requests: int) -> list[dic
 # -- the cost model ----------------------------------------------------------------------------------
 def test_the_cost_model_recovers_fixed_per_step_and_per_cell_costs():
     cost = CostModel()
-    assert not cost.known and cost.predict(32, 100) == 0
+    assert not cost.runs and cost.predict(32, 100) == 0
     for rows, length in ((1, 10), (8, 10), (1, 50), (16, 30), (4, 200)):
         cost.observe(rows, length, 0.004 + 2e-5 * length + 1e-6 * rows * length)
-    assert cost.known
+    assert cost.runs
     assert cost.predict(64, 200) == pytest.approx(0.004 + 2e-5 * 200 + 1e-6 * 64 * 200, rel=1e-3)
     assert cost.describe() == pytest.approx({"fixed_ms": 4.0, "per_step_us": 20.0, "per_cell_us": 1.0}, rel=1e-3)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.runtime.stats import ModelStats
+from app.runtime.batcher import ModelStats
 
 
 def test_the_phases_of_all_runs_sum_those_of_each_batch_size():
