@@ -64,13 +64,16 @@ class KnowledgeTraceRequest(BaseModel):
     return_predictions: StrictBool = Field(True, description="false: `predictions` is null")
 
 
-class NextPrediction(BaseModel):
+class CatalogQuestion(BaseModel):
     question: ShownQuestion
-    p_correct: float = Field(ge=0, le=1)
+    name: str | None = Field(description="the question's name where the data set has one")
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
     )
-    name: str | None = Field(None, description="the question's name where the data set has one")
+
+
+class NextPrediction(CatalogQuestion):
+    p_correct: float = Field(ge=0, le=1)
 
 
 class KnowledgeTraceResponse(BaseModel):
@@ -92,12 +95,6 @@ class KnowledgeTraceResponse(BaseModel):
         description="len(interactions) x n_concepts correlation weights; null with return_attention false, and "
         "always for DKT (no memory slots)"
     )
-
-
-class CatalogQuestion(BaseModel):
-    question: ShownQuestion
-    name: str | None = Field(description="the question's name where the data set has one")
-    concept: int | None = Field(description="the latent concept this question weighs most; null for DKT")
 
 
 class ConceptLabel(BaseModel):

@@ -8,6 +8,7 @@ import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -183,27 +184,23 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
 
 
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
-    """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state), in chunks."""
+    """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state) in chunks: the
+    k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
+    family, chain_long = model.state.family, not chunks_share_runs(model)
     chunked = [history_chunks(model, *history) for history in histories]
-    run = _interleaved if chunks_share_runs(model) else _chained
-    return [trace_of(model.state.family, outputs) for outputs in await run(model, chunked)]
+    chained = [chain_long and len(chunks) > 1 for chunks in chunked]
+    chains = [Chain(chunks, family.state_input, family.state_output) for chunks in compress(chunked, chained)]
+    shared = _interleaved(model, list(compress(chunked, [not chain for chain in chained])))
+    # without chains, no task per coroutine (gather's): a turn of the event loop less
+    runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
+    short, long = iter(runs[0]), iter(runs[1:])
+    return [trace_of(family, next(long) if chain else next(short)) for chain in chained]
 
 
 def chunks_share_runs(model: ServedModel) -> bool:
     """True when `max_cells` holds two chunks (k-th chunks share runs); else a long history runs as a chain."""
     max_cells = model.batcher.config.max_cells
     return max_cells is None or max_cells >= 2 * model.state.seqlen
-
-
-async def _chained(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
-    """The outputs of each history's chunks: those of one chunk share runs; each longer one is a chain."""
-    family = model.state.family
-    one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) < 2])
-    chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
-    # without chains, no task per coroutine (gather's): a turn of the event loop less
-    runs = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains)) if chains else [await one_chunk]
-    short, long = iter(runs[0]), iter(runs[1:])
-    return [[next(short)] if len(chunks) < 2 else next(long) for chunks in chunked]
 
 
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
