@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
@@ -270,21 +270,17 @@ async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | Non
     return outputs["mastery"][0, 0]
 
 
-def _questions(state: KnowledgeTraceState, numbers: np.ndarray) -> Iterator[tuple[QuestionKey, str | None, int | None]]:
-    """Each question's id as requests name it, its name and its main concept (None where the model has none)."""
+def question_items(model: ServedModel, numbers: np.ndarray, p_correct: np.ndarray | None = None) -> list[dict]:
+    """Each question's id as requests name it, its name, its main concept (None without memory slots) and, given
+    `p_correct`, its probability: the catalog's questions and the answers' `next` lists."""
+    state: KnowledgeTraceState = model.state
     ids = numbers.tolist()
-    shown = ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids]
-    names = [state.names[number - 1] for number in ids] if state.names else [None] * len(ids)
-    concepts = [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist()
-    return zip(shown, names, concepts, strict=True)
-
-
-def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
-    """The `next` list: question, p_correct, its main concept (None without memory slots) and its name."""
-    return [
-        {"question": question, "p_correct": p, "concept": concept, "name": name}
-        for (question, name, concept), p in zip(_questions(model.state, questions), probabilities.tolist(), strict=True)
-    ]
+    columns = {
+        "question": ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids],
+        "name": [state.names[number - 1] for number in ids] if state.names else [None] * len(ids),
+        "concept": [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist(),
+    } | ({} if p_correct is None else {"p_correct": p_correct.tolist()})
+    return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
@@ -297,7 +293,7 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
         "total": state.n_questions,
         "offset": offset,
         "limit": limit,
-        "questions": [{"question": q, "name": name, "concept": c} for q, name, c in _questions(state, page)],
+        "questions": question_items(model, page),
         "concepts": None
         if main_of is None
         else [

@@ -3,8 +3,6 @@ state in; `p`, the state, DKVMN's `corr_w`, `mastery` out), run by `service.trac
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from app.runtime.collate import Feeds, pad_rows
@@ -66,7 +64,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
         raise ProtocolError(f"input {state_input} holds NaN or infinite values")
     counts = lengths.tolist()
     rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in enumerate(counts)]
-    admission = Admission(model.batcher, sum(math.ceil(n / state.seqlen) for n in counts), cells=sum(counts))
+    admission = Admission(model.batcher, sum(service.rows_needed(model, n, False) for n in counts), cells=sum(counts))
     return admission, (rows, steps)
 
 
