@@ -63,7 +63,7 @@ def render(
     return dumps(
         {
             "model": model.name,
-            "family": model.state.family.name,
+            "family": model.state.family,
             "n_concepts": model.state.n_concepts,
             "predictions": json_floats(trace.predictions) if body.return_predictions else None,
             "next": service.question_items(model, wanted, next_p),

@@ -26,26 +26,17 @@ QuestionKey = int | str
 History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
 
 
-@dataclass(frozen=True)
-class Family:
-    """A graph family: the names of its recurrent state, and whether memory slots (concepts) explain its answers."""
-
-    name: str
-    state_input: str
-    state_output: str
-    has_concepts: bool
-
-
-DKVMN = Family("dkvmn", "mv_in", "mv_out", has_concepts=True)
-DKT = Family("dkt", "state_in", "state_out", has_concepts=False)
-FAMILIES = {family.name: family for family in (DKVMN, DKT)}
+FAMILIES = {"dkvmn": ("mv_in", "mv_out"), "dkt": ("state_in", "state_out")}  # each graph family's state in, out
 
 
 @dataclass(frozen=True)
 class KnowledgeTraceState:
-    """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT)."""
+    """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT, which has
+    no memory slots)."""
 
-    family: Family
+    family: str
+    state_input: str  # the recurrent state's names in the graph
+    state_output: str
     n_questions: int
     seqlen: int
     max_interactions: int
@@ -72,14 +63,15 @@ class Trace:
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets and the graph."""
     metadata, assets = model.entry.metadata, model.assets
-    family = FAMILIES.get(metadata.get("family", DKVMN.name))
-    if family is None:
-        raise ValueError(f"metadata.family is {metadata.get('family')!r}; known: {', '.join(FAMILIES)}")
+    family = metadata.get("family", "dkvmn")
+    if family not in FAMILIES:
+        raise ValueError(f"metadata.family is {family!r}; known: {', '.join(FAMILIES)}")
+    state_input, state_output = FAMILIES[family]
     inputs = {node.name: node for node in model.session.get_inputs()}
     outputs = {node.name for node in model.session.get_outputs()}
-    if family.state_input not in inputs or family.state_output not in outputs:
+    if state_input not in inputs or state_output not in outputs:
         raise ValueError(
-            f"a {family.name} graph takes {family.state_input} and gives {family.state_output}; this one takes "
+            f"a {family} graph takes {state_input} and gives {state_output}; this one takes "
             f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
         )
     n_questions, seqlen = (positive_int(metadata, key) for key in ("n_questions", "seqlen"))
@@ -97,39 +89,39 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
             raise ValueError("question_ids repeats an id")
         ids = tuple(asset.tolist())
     limits = [positive_int(model.entry.limits, key) for key in ("max_interactions", "max_histories")]
-    n_concepts = concepts = skills = None
-    if family.has_concepts:
-        n_concepts = positive_int(metadata, "n_concepts")
+    slots = concepts = skills = None
+    if family == "dkvmn":
+        slots = positive_int(metadata, "n_concepts")
         concepts = np.asarray(assets["question_concepts"]).astype(np.int64)
         if concepts.shape != (n_questions,):
             raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
-        init_memory = np.asarray(assets["init_memory"], dtype=np.float32)
-        if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
-            raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
+        initial = np.asarray(assets["init_memory"], dtype=np.float32)
+        if initial.ndim != 2 or initial.shape[0] != slots:
+            raise ValueError(f"init_memory has shape {initial.shape}, not ({slots}, d_v)")
         if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:  # per concept, the TOP_SKILLS
             # questions (unquoted names) weighing most on it: one step each, from any memory (weights read keys only)
-            weights = model.run(step_feeds(DKVMN, init_memory, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
-            ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
+            weights = model.run(step_feeds(state_input, initial, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
+            ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, slots]: question indices
             skills = tuple(
                 tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
-                for concept in range(n_concepts)
+                for concept in range(slots)
             )
     else:  # a DKT history starts from zeros, shaped as the graph's state input
-        shape = inputs[family.state_input].shape[1:]
+        shape = inputs[state_input].shape[1:]
         if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
-            raise ValueError(f"{family.state_input} must have a fixed [2, S] shape after the batch, not {shape}")
-        init_memory = np.zeros(shape, dtype=np.float32)
+            raise ValueError(f"{state_input} must have a fixed [2, S] shape after the batch, not {shape}")
+        initial = np.zeros(shape, dtype=np.float32)
     numbers = None if ids is None else {question: number for number, question in enumerate(ids, start=1)}
     return KnowledgeTraceState(
-        family, n_questions, seqlen, *limits, init_memory, names, ids, numbers, n_concepts, concepts, skills
+        family, *FAMILIES[family], n_questions, seqlen, *limits, initial, names, ids, numbers, slots, concepts, skills
     )
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: KnowledgeTraceState = model.state
     return {
-        "family": state.family.name,
-        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.family.has_concepts),
+        "family": state.family,
+        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.n_concepts is not None),
         "n_questions": state.n_questions,
         "n_concepts": state.n_concepts,
         "seqlen": state.seqlen,
@@ -186,15 +178,15 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
     """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state) in chunks: the
     k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
-    family, chain_long = model.state.family, not chunks_share_runs(model)
+    state, chain_long = model.state, not chunks_share_runs(model)
     chunked = [history_chunks(model, *history) for history in histories]
     chained = [chain_long and len(chunks) > 1 for chunks in chunked]
-    chains = [Chain(chunks, family.state_input, family.state_output) for chunks in compress(chunked, chained)]
+    chains = [Chain(chunks, state.state_input, state.state_output) for chunks in compress(chunked, chained)]
     shared = _interleaved(model, list(compress(chunked, [not chain for chain in chained])))
     # without chains, no task per coroutine (gather's): a turn of the event loop less
     runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
     short, long = iter(runs[0]), iter(runs[1:])
-    return [trace_of(family, next(long) if chain else next(short)) for chain in chained]
+    return [trace_of(state, next(long) if chain else next(short)) for chain in chained]
 
 
 def chunks_share_runs(model: ServedModel) -> bool:
@@ -205,7 +197,7 @@ def chunks_share_runs(model: ServedModel) -> bool:
 
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
     """The outputs of each history's chunks: the k-th chunks of all histories are queued together, sharing runs."""
-    state_input, state_output = model.state.family.state_input, model.state.family.state_output
+    state_input, state_output = model.state.state_input, model.state.state_output
     outputs: list[list[Feeds]] = [[] for _ in chunked]
     for k in range(max(map(len, chunked), default=0)):
         active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
@@ -229,44 +221,44 @@ def history_chunks(
         feeds = {"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}
         if start == 0:
             initial = state.init_memory if memory is None else memory
-            feeds[state.family.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
+            feeds[state.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
         chunks.append((feeds, q.shape[1]))
     return chunks
 
 
-def trace_of(family: Family, chunks: list[Feeds]) -> Trace:
+def trace_of(state: KnowledgeTraceState, chunks: list[Feeds]) -> Trace:
     """One history's Trace from the outputs of its chunks, in order (a batch row of one each)."""
     predictions = np.concatenate([outputs["p"][0] for outputs in chunks])
-    memory = chunks[-1][family.state_output][0]
-    if not family.has_concepts:
+    memory = chunks[-1][state.state_output][0]
+    if state.n_concepts is None:
         return Trace(predictions, None, None, memory)
     attention = np.concatenate([outputs["corr_w"][0] for outputs in chunks])
     mastery = np.concatenate([chunks[0]["mastery"][0], *(outputs["mastery"][0, 1:] for outputs in chunks[1:])])
     return Trace(predictions, attention, mastery, memory)
 
 
-def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Feeds:
+def step_feeds(state_input: str, memory: np.ndarray, questions: np.ndarray) -> Feeds:
     """One row of one step per question, each from `memory` (one read-only view of it for every row)."""
     count = len(questions)
     return {
         "q": questions.astype(np.int64).reshape(count, 1),
         "r": np.zeros((count, 1), dtype=np.int64),
         "len": np.ones(count, dtype=np.int64),
-        family.state_input: np.broadcast_to(memory.astype(np.float32, copy=False), (count, *memory.shape)),
+        state_input: np.broadcast_to(memory.astype(np.float32, copy=False), (count, *memory.shape)),
     }
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
     """P(correct) of each question: one step from `memory` (a step predicts before its update: any answer will do)."""
-    feeds = step_feeds(model.state.family, memory, questions)
+    feeds = step_feeds(model.state.state_input, memory, questions)
     return (await model.batcher.run(feeds, len(questions), 1, keep=("p",)))["p"][:, 0]
 
 
 async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | None:
     """The mastery of a value memory: row 0 (the prior) of a one-step run from it; None without memory slots."""
-    if not model.state.family.has_concepts:
+    if model.state.n_concepts is None:
         return None
-    outputs = await model.batcher.run(step_feeds(model.state.family, memory, np.ones(1, dtype=np.int64)), 1, 1)
+    outputs = await model.batcher.run(step_feeds(model.state.state_input, memory, np.ones(1, dtype=np.int64)), 1, 1)
     return outputs["mastery"][0, 0]
 
 
