@@ -28,7 +28,7 @@ QuestionKey = Annotated[
     ),
 ]
 QUESTION_HELP = "the question's id: 1..n_questions, or the model's own ids (GET /models/{name}/questions)"
-ShownQuestion = Annotated[Annotated[int, Field(ge=1)] | str, Field(description=QUESTION_HELP)]
+Question = Annotated[QuestionKey, Field(description=QUESTION_HELP)]
 ModelName = Annotated[str | None, Field(description="a knowledge-trace model from GET /models; null = default")]
 TWO_ANSWERS = [{"question": 12, "correct": True}, {"question": 12, "correct": False}]
 EXAMPLE = {"model": "dkvmn-assist2009", "interactions": TWO_ANSWERS, "next_questions": [3, 7], "return_attention": True}
@@ -39,7 +39,7 @@ APPEND_EXAMPLE = {"model": "dkvmn-assist2009", "interactions": TWO_ANSWERS[:1], 
 class Interaction(TypedDict):  # not a model: no object per item, so long histories validate faster
     """One answered question; `question` is its id (1..n_questions, or the ids of a model trained on your own CSV)."""
 
-    question: Annotated[QuestionKey, Field(description=QUESTION_HELP)]
+    question: Question
     correct: StrictBool
 
 
@@ -65,7 +65,7 @@ class KnowledgeTraceRequest(BaseModel):
 
 
 class CatalogQuestion(BaseModel):
-    question: ShownQuestion
+    question: Question
     name: str | None = Field(description="the question's name where the data set has one")
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"

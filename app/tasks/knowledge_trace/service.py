@@ -18,11 +18,11 @@ from app.core.manifest import positive_int
 from app.runtime.batcher import Chain
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
+from app.tasks.knowledge_trace.schemas import QuestionKey
 
 TASK_NAME = "knowledge-trace"
 SKILL_NAMED_DATASETS = frozenset({"assist2009"})  # question names are skill names: concepts get readable labels
 TOP_SKILLS = 3
-QuestionKey = int | str
 History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
 
 
