@@ -66,10 +66,10 @@ class KnowledgeTraceRequest(BaseModel):
 
 class CatalogQuestion(BaseModel):
     question: Question
-    name: str | None = Field(description="the question's name where the data set has one")
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
     )
+    name: str | None = Field(description="the question's name where the data set has one")
 
 
 class NextPrediction(CatalogQuestion):

@@ -267,11 +267,10 @@ def question_items(model: ServedModel, numbers: np.ndarray, p_correct: np.ndarra
     `p_correct`, its probability: the catalog's questions and the answers' `next` lists."""
     state: KnowledgeTraceState = model.state
     ids = numbers.tolist()
-    columns = {
-        "question": ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids],
-        "name": [state.names[number - 1] for number in ids] if state.names else [None] * len(ids),
-        "concept": [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist(),
-    } | ({} if p_correct is None else {"p_correct": p_correct.tolist()})
+    columns = {"question": ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids]}
+    columns |= {} if p_correct is None else {"p_correct": p_correct.tolist()}
+    columns["concept"] = [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist()
+    columns["name"] = [state.names[number - 1] for number in ids] if state.names else [None] * len(ids)
     return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
