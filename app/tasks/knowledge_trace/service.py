@@ -23,10 +23,8 @@ from app.tasks.knowledge_trace.schemas import QuestionKey
 TASK_NAME = "knowledge-trace"
 SKILL_NAMED_DATASETS = frozenset({"assist2009"})  # question names are skill names: concepts get readable labels
 TOP_SKILLS = 3
-History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
-
-
 FAMILIES = {"dkvmn": ("mv_in", "mv_out"), "dkt": ("state_in", "state_out")}  # each graph family's state in, out
+History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
 
 
 @dataclass(frozen=True)
