@@ -135,7 +135,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
             "interactions": state.interactions,
             "predictions": trace.predictions.tolist(),
             "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
-            "next": service.next_items(model, wanted, next_p),
+            "next": service.question_items(model, wanted, next_p),
             "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
             "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
         }

@@ -95,6 +95,25 @@ def test_out_of_range_question_names_the_item_and_the_range(client):
     assert "1..50" in detail["msg"]
 
 
+def test_a_malformed_question_id_is_one_error_at_the_id_naming_both_forms(client):
+    ids = [0, 2**31, 3.5, True, None, "", "x" * 201]
+    response = client.post("/knowledge-trace", json=_body([1], next_questions=ids))
+    detail = response.json()["detail"]
+    assert response.status_code == 422 and response.json()["error_count"] == len(ids)
+    assert [error["loc"] for error in detail] == [["body", "next_questions", i] for i in range(len(ids))]
+    assert all("integer in 1..2147483647 or a string of 1 to 200 characters" in error["msg"] for error in detail)
+
+
+def test_a_string_id_does_not_hide_an_out_of_range_one(client):
+    response = client.post("/knowledge-trace", json=_body([1, 99], next_questions=["3", 99]))
+    messages = {tuple(error["loc"]): error["msg"] for error in response.json()["detail"]}
+    assert response.status_code == 422 and response.json()["error_count"] == 3
+    assert "1..50" in messages[("body", "interactions", 1, "question")]
+    assert (
+        "is a string" in messages[("body", "next_questions", 0)] and "1..50" in messages[("body", "next_questions", 1)]
+    )
+
+
 def test_unknown_or_wrong_task_model_is_404_listing_the_names(client):
     for name in ("nope", "rmc-vlmp-sick"):
         response = client.post("/knowledge-trace", json={**_body([1]), "model": name})

@@ -46,9 +46,8 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) 
     body.interactions.clear()  # now in the arrays: the history's dicts are not held while it runs and renders
     (trace,) = await service.trace_all(model, [(questions, correct, None)])
     next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
-    concepts, mastery_rows = model.state.n_concepts or 0, {"all": len(questions) + 1, "last": 1, "none": 0}
-    numbers = len(questions) * (1 + concepts * body.return_attention) + concepts * mastery_rows[body.mastery]
-    numbers += len(wanted) * NEXT_ITEM_NUMBERS
+    per_step = 1 + (model.state.n_concepts or 0) * (body.return_attention + (body.mastery == "all"))
+    numbers = len(questions) * per_step + len(wanted) * NEXT_ITEM_NUMBERS
     return await offload_if(numbers > INLINE_RENDER_NUMBERS, render, model, body, trace, wanted, next_p)
 
 
@@ -65,10 +64,10 @@ def render(
     return dumps(
         {
             "model": model.name,
-            "family": model.state.family.name,
+            "family": model.state.family,
             "n_concepts": model.state.n_concepts,
             "predictions": json_floats(trace.predictions) if body.return_predictions else None,
-            "next": service.next_items(model, wanted, next_p),
+            "next": service.question_items(model, wanted, next_p),
             "mastery": None if trace.mastery is None or rows is None else json_floats(trace.mastery[rows]),
             "attention": json_floats(trace.attention) if body.return_attention else None,
         }

@@ -4,41 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictInt, WithJsonSchema, with_config
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, GetPydanticSchema, StrictBool, StrictInt, with_config
+from pydantic_core import core_schema
 from typing_extensions import TypedDict  # pydantic needs it (not typing's) before Python 3.12
 
 MAX_INTERACTIONS = 10_000
 MAX_QUESTION_ID = 2**31 - 1  # ids are int64 in the graph; each model's own range (n_questions) is checked after
 MAX_QUESTION_TEXT = 200  # characters of a string question id (a model trained on your own CSV may have them)
-# the built-in models' questions are 1..n_questions; a model of `mnemo train kt` takes the CSV's ids, int or str
-QUESTION_KEY_SCHEMA = {
-    "anyOf": [
-        {"type": "integer", "minimum": 1, "maximum": MAX_QUESTION_ID},
-        {"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_TEXT},
-    ]
-}
-
-
-def question_key(value: object) -> int | str:
-    """An integer in 1..MAX_QUESTION_ID or a string of 1..MAX_QUESTION_TEXT characters, as is: one 422 per bad id
-    (a union of the two types would give two, located at `question.constrained-int`)."""
-    if type(value) is int:
-        if value < 1:
-            raise PydanticCustomError("greater_than_equal", "Input should be greater than or equal to 1")
-        if value > MAX_QUESTION_ID:
-            raise PydanticCustomError("less_than_equal", f"Input should be less than or equal to {MAX_QUESTION_ID}")
-        return value
-    if type(value) is str:
-        if not 1 <= len(value) <= MAX_QUESTION_TEXT:
-            raise PydanticCustomError("string_length", f"A string id should have 1 to {MAX_QUESTION_TEXT} characters")
-        return value
-    raise PydanticCustomError("question_type", "Input should be an integer or a string")
-
-
-QuestionKey = Annotated[int | str, PlainValidator(question_key), WithJsonSchema(QUESTION_KEY_SCHEMA)]
+# the built-in models' questions are 1..n_questions; a model of `mnemo train kt` takes the CSV's ids, int or str.
+# One union schema with its own error: one 422 per bad id, at the id (a plain union gives one per member, deeper).
+QuestionKey = Annotated[
+    int | str,
+    GetPydanticSchema(
+        lambda _type, _handler: core_schema.union_schema(
+            [
+                core_schema.int_schema(ge=1, le=MAX_QUESTION_ID, strict=True),
+                core_schema.str_schema(min_length=1, max_length=MAX_QUESTION_TEXT, strict=True),
+            ],
+            custom_error_type="question_id",
+            custom_error_message=f"Input should be an integer in 1..{MAX_QUESTION_ID} "
+            f"or a string of 1 to {MAX_QUESTION_TEXT} characters",
+        )
+    ),
+]
 QUESTION_HELP = "the question's id: 1..n_questions, or the model's own ids (GET /models/{name}/questions)"
-ShownQuestion = Annotated[Annotated[int, Field(ge=1)] | str, Field(description=QUESTION_HELP)]
+Question = Annotated[QuestionKey, Field(description=QUESTION_HELP)]
 ModelName = Annotated[str | None, Field(description="a knowledge-trace model from GET /models; null = default")]
 TWO_ANSWERS = [{"question": 12, "correct": True}, {"question": 12, "correct": False}]
 EXAMPLE = {"model": "dkvmn-assist2009", "interactions": TWO_ANSWERS, "next_questions": [3, 7], "return_attention": True}
@@ -49,7 +39,7 @@ APPEND_EXAMPLE = {"model": "dkvmn-assist2009", "interactions": TWO_ANSWERS[:1], 
 class Interaction(TypedDict):  # not a model: no object per item, so long histories validate faster
     """One answered question; `question` is its id (1..n_questions, or the ids of a model trained on your own CSV)."""
 
-    question: Annotated[QuestionKey, Field(description=QUESTION_HELP)]
+    question: Question
     correct: StrictBool
 
 
@@ -74,13 +64,16 @@ class KnowledgeTraceRequest(BaseModel):
     return_predictions: StrictBool = Field(True, description="false: `predictions` is null")
 
 
-class NextPrediction(BaseModel):
-    question: ShownQuestion
-    p_correct: float = Field(ge=0, le=1)
+class CatalogQuestion(BaseModel):
+    question: Question
     concept: int | None = Field(
         description="the latent concept this question weighs most (argmax of its attention); null for DKT"
     )
-    name: str | None = Field(None, description="the question's name where the data set has one")
+    name: str | None = Field(description="the question's name where the data set has one")
+
+
+class NextPrediction(CatalogQuestion):
+    p_correct: float = Field(ge=0, le=1)
 
 
 class KnowledgeTraceResponse(BaseModel):
@@ -102,12 +95,6 @@ class KnowledgeTraceResponse(BaseModel):
         description="len(interactions) x n_concepts correlation weights; null with return_attention false, and "
         "always for DKT (no memory slots)"
     )
-
-
-class CatalogQuestion(BaseModel):
-    question: ShownQuestion
-    name: str | None = Field(description="the question's name where the data set has one")
-    concept: int | None = Field(description="the latent concept this question weighs most; null for DKT")
 
 
 class ConceptLabel(BaseModel):

@@ -6,46 +6,35 @@ from __future__ import annotations
 import asyncio
 import math
 import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from itertools import compress
 from typing import Any
 
 import numpy as np
 
-from app.core.errors import MAX_LISTED_ERRORS, InvalidInput, each_checked
+from app.core.errors import MAX_LISTED_ERRORS, InvalidInput
 from app.core.manifest import positive_int
 from app.runtime.batcher import Chain
 from app.runtime.collate import Feeds
 from app.runtime.model import ServedModel
+from app.tasks.knowledge_trace.schemas import QuestionKey
 
 TASK_NAME = "knowledge-trace"
 SKILL_NAMED_DATASETS = frozenset({"assist2009"})  # question names are skill names: concepts get readable labels
 TOP_SKILLS = 3
-QuestionKey = int | str
+FAMILIES = {"dkvmn": ("mv_in", "mv_out"), "dkt": ("state_in", "state_out")}  # each graph family's state in, out
 History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct, memory (None: the initial state)
 
 
 @dataclass(frozen=True)
-class Family:
-    """A graph family: the names of its recurrent state, and whether memory slots (concepts) explain its answers."""
-
-    name: str
-    state_input: str
-    state_output: str
-    has_concepts: bool
-
-
-DKVMN = Family("dkvmn", "mv_in", "mv_out", has_concepts=True)
-DKT = Family("dkt", "state_in", "state_out", has_concepts=False)
-FAMILIES = {family.name: family for family in (DKVMN, DKT)}
-
-
-@dataclass(frozen=True)
 class KnowledgeTraceState:
-    """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT)."""
+    """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT, which has
+    no memory slots)."""
 
-    family: Family
+    family: str
+    state_input: str  # the recurrent state's names in the graph
+    state_output: str
     n_questions: int
     seqlen: int
     max_interactions: int
@@ -72,14 +61,15 @@ class Trace:
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets and the graph."""
     metadata, assets = model.entry.metadata, model.assets
-    family = FAMILIES.get(metadata.get("family", DKVMN.name))
-    if family is None:
-        raise ValueError(f"metadata.family is {metadata.get('family')!r}; known: {', '.join(FAMILIES)}")
+    family = metadata.get("family", "dkvmn")
+    if family not in FAMILIES:
+        raise ValueError(f"metadata.family is {family!r}; known: {', '.join(FAMILIES)}")
+    state_input, state_output = FAMILIES[family]
     inputs = {node.name: node for node in model.session.get_inputs()}
     outputs = {node.name for node in model.session.get_outputs()}
-    if family.state_input not in inputs or family.state_output not in outputs:
+    if state_input not in inputs or state_output not in outputs:
         raise ValueError(
-            f"a {family.name} graph takes {family.state_input} and gives {family.state_output}; this one takes "
+            f"a {family} graph takes {state_input} and gives {state_output}; this one takes "
             f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
         )
     n_questions, seqlen = (positive_int(metadata, key) for key in ("n_questions", "seqlen"))
@@ -97,68 +87,43 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
             raise ValueError("question_ids repeats an id")
         ids = tuple(asset.tolist())
     limits = [positive_int(model.entry.limits, key) for key in ("max_interactions", "max_histories")]
-    n_concepts = concepts = skills = None
-    if family.has_concepts:
-        n_concepts = positive_int(metadata, "n_concepts")
+    slots = concepts = skills = None
+    if family == "dkvmn":
+        slots = positive_int(metadata, "n_concepts")
         concepts = np.asarray(assets["question_concepts"]).astype(np.int64)
         if concepts.shape != (n_questions,):
             raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
-        init_memory = np.asarray(assets["init_memory"], dtype=np.float32)
-        if init_memory.ndim != 2 or init_memory.shape[0] != n_concepts:
-            raise ValueError(f"init_memory has shape {init_memory.shape}, not ({n_concepts}, d_v)")
+        initial = np.asarray(assets["init_memory"], dtype=np.float32)
+        if initial.ndim != 2 or initial.shape[0] != slots:
+            raise ValueError(f"init_memory has shape {initial.shape}, not ({slots}, d_v)")
         if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:  # per concept, the TOP_SKILLS
             # questions (unquoted names) weighing most on it: one step each, from any memory (weights read keys only)
-            weights = model.run(step_feeds(DKVMN, init_memory, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
-            ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, n_concepts]: question indices
+            weights = model.run(step_feeds(state_input, initial, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
+            ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, slots]: question indices
             skills = tuple(
                 tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
-                for concept in range(n_concepts)
+                for concept in range(slots)
             )
     else:  # a DKT history starts from zeros, shaped as the graph's state input
-        shape = inputs[family.state_input].shape[1:]
+        shape = inputs[state_input].shape[1:]
         if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
-            raise ValueError(f"{family.state_input} must have a fixed [2, S] shape after the batch, not {shape}")
-        init_memory = np.zeros(shape, dtype=np.float32)
+            raise ValueError(f"{state_input} must have a fixed [2, S] shape after the batch, not {shape}")
+        initial = np.zeros(shape, dtype=np.float32)
     numbers = None if ids is None else {question: number for number, question in enumerate(ids, start=1)}
     return KnowledgeTraceState(
-        family, n_questions, seqlen, *limits, init_memory, names, ids, numbers, n_concepts, concepts, skills
+        family, *FAMILIES[family], n_questions, seqlen, *limits, initial, names, ids, numbers, slots, concepts, skills
     )
 
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: KnowledgeTraceState = model.state
     return {
-        "family": state.family.name,
-        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.family.has_concepts),
+        "family": state.family,
+        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.n_concepts is not None),
         "n_questions": state.n_questions,
         "n_concepts": state.n_concepts,
         "seqlen": state.seqlen,
     }
-
-
-def question_numbers(model: ServedModel, values: Sequence[QuestionKey], field: tuple[str, ...]) -> np.ndarray:
-    """The graph's numbers (1..n_questions) of a request's question ids; one 422 lists the wrong ones and counts all."""
-    state: KnowledgeTraceState = model.state
-    name, count = model.name, state.n_questions
-    if state.numbers is not None:
-        numbers = np.array([state.numbers.get(value, 0) for value in values], dtype=np.int64)
-        kind = "integers" if isinstance(state.question_ids[0], int) else "strings"
-        refused = numbers == 0
-        why = (
-            f"is not a question of model {name} (its question ids are {kind}; GET /models/{name}/questions lists them)"
-        )
-    elif str in set(map(type, values)):
-        numbers, refused = None, np.array([isinstance(value, str) for value in values])
-        why = f"is a string; the questions of model {name} are integers 1..{count}"
-    else:
-        numbers = np.fromiter(values, dtype=np.int64, count=len(values))
-        refused, why = (numbers < 1) | (numbers > count), f"is outside 1..{count}, the questions of model {name}"
-    if indexes := np.flatnonzero(refused).tolist():
-        suffix = () if field[-1] == "next_questions" else ("question",)
-        listed = indexes[:MAX_LISTED_ERRORS]
-        errors = [InvalidInput((*field, i, *suffix), f"question {values[i]!r} {why}") for i in listed]
-        raise InvalidInput.joined(errors, count=len(indexes))
-    return numbers
 
 
 _QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
@@ -167,25 +132,40 @@ _QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("corr
 def request_arrays(
     model: ServedModel, interactions: Sequence[Mapping[str, Any]], next_questions: Sequence[QuestionKey] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Question numbers and answers (0/1) of validated `interactions`, and the numbers of the questions to predict
-    next (None: all), checked against the model: one 422 for both fields."""
-    count, limit = len(interactions), model.state.max_interactions
-
-    def history() -> np.ndarray:
-        if count > limit:
-            raise InvalidInput(
-                ("body", "interactions"), f"{count} interactions; model {model.name} accepts at most {limit}"
-            )
-        # map(itemgetter) runs in C: a third of the time of a generator expression
-        return question_numbers(model, list(map(_QUESTION, interactions)), ("body", "interactions"))
-
-    wanted = (
-        partial(np.arange, 1, model.state.n_questions + 1, dtype=np.int64)
-        if next_questions is None
-        else partial(question_numbers, model, next_questions, ("body", "next_questions"))
+    """The graph's numbers (1..n_questions) of the questions of validated `interactions`, their answers (0/1), and
+    the numbers of `next_questions` (None: all): one 422 for both fields lists the wrong ids and counts all."""
+    state, name, count = model.state, model.name, len(interactions)
+    n, limit = state.n_questions, state.max_interactions
+    errors = (
+        []
+        if count <= limit
+        else [InvalidInput(("body", "interactions"), f"{count} interactions; model {name} accepts at most {limit}")]
     )
-    questions, numbers = each_checked([history, wanted])
-    return questions, np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count), numbers
+    history = [] if errors else list(map(_QUESTION, interactions))  # map(itemgetter) runs in C
+    ids = history + list(next_questions or ())
+    if state.numbers is not None:
+        numbers = np.array([state.numbers.get(value, 0) for value in ids], dtype=np.int64)
+        kind = "integers" if isinstance(state.question_ids[0], int) else "strings"
+        why = dict.fromkeys(
+            (int, str),
+            f"is not a question of model {name} (its question ids are {kind}; GET /models/{name}/questions lists them)",
+        )
+    else:
+        numbers = np.array(
+            [0 if type(v) is str else v for v in ids] if str in set(map(type, ids)) else ids, dtype=np.int64
+        )
+        why = {
+            int: f"is outside 1..{n}, the questions of model {name}",
+            str: f"is a string; the questions of model {name} are integers 1..{n}",
+        }
+    refused = np.flatnonzero((numbers < 1) | (numbers > n)).tolist()
+    for index in refused[:MAX_LISTED_ERRORS]:
+        at = ("interactions", index, "question") if index < len(history) else ("next_questions", index - len(history))
+        errors.append(InvalidInput(("body", *at), f"question {ids[index]!r} {why[type(ids[index])]}"))
+    if errors:
+        raise InvalidInput.joined(errors, count=len(refused) + (count > limit))
+    wanted = np.arange(1, n + 1, dtype=np.int64) if next_questions is None else numbers[len(history) :]
+    return numbers[: len(history)], np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count), wanted
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
@@ -194,10 +174,17 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
 
 
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
-    """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state), in chunks."""
+    """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state) in chunks: the
+    k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
+    state, chain_long = model.state, not chunks_share_runs(model)
     chunked = [history_chunks(model, *history) for history in histories]
-    run = _interleaved if chunks_share_runs(model) else _chained
-    return [trace_of(model.state.family, outputs) for outputs in await run(model, chunked)]
+    chained = [chain_long and len(chunks) > 1 for chunks in chunked]
+    chains = [Chain(chunks, state.state_input, state.state_output) for chunks in compress(chunked, chained)]
+    shared = _interleaved(model, list(compress(chunked, [not chain for chain in chained])))
+    # without chains, no task per coroutine (gather's): a turn of the event loop less
+    runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
+    short, long = iter(runs[0]), iter(runs[1:])
+    return [trace_of(state, next(long) if chain else next(short)) for chain in chained]
 
 
 def chunks_share_runs(model: ServedModel) -> bool:
@@ -206,20 +193,9 @@ def chunks_share_runs(model: ServedModel) -> bool:
     return max_cells is None or max_cells >= 2 * model.state.seqlen
 
 
-async def _chained(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
-    """The outputs of each history's chunks: those of one chunk share runs; each longer one is a chain."""
-    family = model.state.family
-    one_chunk = model.batcher.run_all([(chunks[0][0], 1, chunks[0][1]) for chunks in chunked if len(chunks) < 2])
-    chains = [Chain(chunks, family.state_input, family.state_output) for chunks in chunked if len(chunks) > 1]
-    # without chains, no task per coroutine (gather's): a turn of the event loop less
-    runs = await asyncio.gather(one_chunk, *map(model.batcher.run_chain, chains)) if chains else [await one_chunk]
-    short, long = iter(runs[0]), iter(runs[1:])
-    return [[next(short)] if len(chunks) < 2 else next(long) for chunks in chunked]
-
-
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
     """The outputs of each history's chunks: the k-th chunks of all histories are queued together, sharing runs."""
-    state_input, state_output = model.state.family.state_input, model.state.family.state_output
+    state_input, state_output = model.state.state_input, model.state.state_output
     outputs: list[list[Feeds]] = [[] for _ in chunked]
     for k in range(max(map(len, chunked), default=0)):
         active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
@@ -243,62 +219,57 @@ def history_chunks(
         feeds = {"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}
         if start == 0:
             initial = state.init_memory if memory is None else memory
-            feeds[state.family.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
+            feeds[state.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
         chunks.append((feeds, q.shape[1]))
     return chunks
 
 
-def trace_of(family: Family, chunks: list[Feeds]) -> Trace:
+def trace_of(state: KnowledgeTraceState, chunks: list[Feeds]) -> Trace:
     """One history's Trace from the outputs of its chunks, in order (a batch row of one each)."""
     predictions = np.concatenate([outputs["p"][0] for outputs in chunks])
-    memory = chunks[-1][family.state_output][0]
-    if not family.has_concepts:
+    memory = chunks[-1][state.state_output][0]
+    if state.n_concepts is None:
         return Trace(predictions, None, None, memory)
     attention = np.concatenate([outputs["corr_w"][0] for outputs in chunks])
     mastery = np.concatenate([chunks[0]["mastery"][0], *(outputs["mastery"][0, 1:] for outputs in chunks[1:])])
     return Trace(predictions, attention, mastery, memory)
 
 
-def step_feeds(family: Family, memory: np.ndarray, questions: np.ndarray) -> Feeds:
+def step_feeds(state_input: str, memory: np.ndarray, questions: np.ndarray) -> Feeds:
     """One row of one step per question, each from `memory` (one read-only view of it for every row)."""
     count = len(questions)
     return {
         "q": questions.astype(np.int64).reshape(count, 1),
         "r": np.zeros((count, 1), dtype=np.int64),
         "len": np.ones(count, dtype=np.int64),
-        family.state_input: np.broadcast_to(memory.astype(np.float32, copy=False), (count, *memory.shape)),
+        state_input: np.broadcast_to(memory.astype(np.float32, copy=False), (count, *memory.shape)),
     }
 
 
 async def predict_next(model: ServedModel, memory: np.ndarray, questions: np.ndarray) -> np.ndarray:
     """P(correct) of each question: one step from `memory` (a step predicts before its update: any answer will do)."""
-    feeds = step_feeds(model.state.family, memory, questions)
+    feeds = step_feeds(model.state.state_input, memory, questions)
     return (await model.batcher.run(feeds, len(questions), 1, keep=("p",)))["p"][:, 0]
 
 
 async def mastery_of(model: ServedModel, memory: np.ndarray) -> np.ndarray | None:
     """The mastery of a value memory: row 0 (the prior) of a one-step run from it; None without memory slots."""
-    if not model.state.family.has_concepts:
+    if model.state.n_concepts is None:
         return None
-    outputs = await model.batcher.run(step_feeds(model.state.family, memory, np.ones(1, dtype=np.int64)), 1, 1)
+    outputs = await model.batcher.run(step_feeds(model.state.state_input, memory, np.ones(1, dtype=np.int64)), 1, 1)
     return outputs["mastery"][0, 0]
 
 
-def _questions(state: KnowledgeTraceState, numbers: np.ndarray) -> Iterator[tuple[QuestionKey, str | None, int | None]]:
-    """Each question's id as requests name it, its name and its main concept (None where the model has none)."""
+def question_items(model: ServedModel, numbers: np.ndarray, p_correct: np.ndarray | None = None) -> list[dict]:
+    """Each question's id as requests name it, its name, its main concept (None without memory slots) and, given
+    `p_correct`, its probability: the catalog's questions and the answers' `next` lists."""
+    state: KnowledgeTraceState = model.state
     ids = numbers.tolist()
-    shown = ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids]
-    names = [state.names[number - 1] for number in ids] if state.names else [None] * len(ids)
-    concepts = [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist()
-    return zip(shown, names, concepts, strict=True)
-
-
-def next_items(model: ServedModel, questions: np.ndarray, probabilities: np.ndarray) -> list[dict[str, Any]]:
-    """The `next` list: question, p_correct, its main concept (None without memory slots) and its name."""
-    return [
-        {"question": question, "p_correct": p, "concept": concept, "name": name}
-        for (question, name, concept), p in zip(_questions(model.state, questions), probabilities.tolist(), strict=True)
-    ]
+    columns = {"question": ids if state.question_ids is None else [state.question_ids[number - 1] for number in ids]}
+    columns |= {} if p_correct is None else {"p_correct": p_correct.tolist()}
+    columns["concept"] = [None] * len(ids) if state.concepts is None else state.concepts[numbers - 1].tolist()
+    columns["name"] = [state.names[number - 1] for number in ids] if state.names else [None] * len(ids)
+    return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
@@ -311,7 +282,7 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
         "total": state.n_questions,
         "offset": offset,
         "limit": limit,
-        "questions": [{"question": q, "name": name, "concept": c} for q, name, c in _questions(state, page)],
+        "questions": question_items(model, page),
         "concepts": None
         if main_of is None
         else [

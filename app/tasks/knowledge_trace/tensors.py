@@ -3,8 +3,6 @@ state in; `p`, the state, DKVMN's `corr_w`, `mastery` out), run by `service.trac
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from app.runtime.collate import Feeds, pad_rows
@@ -18,7 +16,7 @@ Histories = tuple[list[service.History], int]  # each row's history without its 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
     """The graph's inputs; the state (`mv_in`, `state_in`) may be left out."""
-    return [onnx_spec(node, node.name == model.state.family.state_input) for node in model.session.get_inputs()]
+    return [onnx_spec(node, node.name == model.state.state_input) for node in model.session.get_inputs()]
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:
@@ -29,7 +27,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
     """Check shapes against each other and values against the model (400 naming the input and element); the rows
     are the graph's, the cells the steps run (padding excluded), as POST /knowledge-trace counts its interactions."""
     state: KnowledgeTraceState = model.state
-    state_input = state.family.state_input
+    state_input = state.state_input
     questions, answers, lengths, memory = (tensors[name] for name in ("q", "r", "len", state_input))
     batch, steps = questions.shape
     if batch == 0 or steps == 0:
@@ -66,7 +64,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
         raise ProtocolError(f"input {state_input} holds NaN or infinite values")
     counts = lengths.tolist()
     rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in enumerate(counts)]
-    admission = Admission(model.batcher, sum(math.ceil(n / state.seqlen) for n in counts), cells=sum(counts))
+    admission = Admission(model.batcher, sum(service.rows_needed(model, n, False) for n in counts), cells=sum(counts))
     return admission, (rows, steps)
 
 
@@ -74,11 +72,10 @@ async def infer(model: ServedModel, prepared: Histories) -> Feeds:
     """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
     histories, steps = prepared
     traces = await service.trace_all(model, histories)
-    family: service.Family = model.state.family
-    result = {family.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
-    sequences = {"p": "predictions"} | ({"corr_w": "attention", "mastery": "mastery"} if family.has_concepts else {})
-    for name, field in sequences.items():
-        rows = [getattr(trace, field)[np.newaxis] for trace in traces]
-        prior = rows[0].shape[1] - len(traces[0].predictions)  # mastery's row 0, before any step
-        result[name] = pad_rows(rows, steps + prior).astype(np.float32, copy=False)
+    result = {model.state.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
+    for name, field in (("p", "predictions"), ("corr_w", "attention"), ("mastery", "mastery")):
+        if getattr(traces[0], field) is not None:  # DKT has no attention or mastery
+            rows = [getattr(trace, field)[np.newaxis] for trace in traces]
+            prior = rows[0].shape[1] - len(traces[0].predictions)  # mastery's row 0, before any step
+            result[name] = pad_rows(rows, steps + prior).astype(np.float32, copy=False)
     return result
