@@ -65,7 +65,7 @@ def load_manifest(artifacts: Path) -> Manifest:
             )
         raw = json.loads(path.read_text())
         return Manifest.model_validate(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:  # RecursionError: nested too deep
         raise ModelLoadError(f"manifest.json is not JSON: {error}") from None
     except OSError as error:
         raise ModelLoadError(f"cannot read {path}: {error.strerror}") from None

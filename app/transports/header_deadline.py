@@ -68,6 +68,8 @@ class HeaderDeadline(H11Protocol):
             for event in (head, h11.Data(data=answer.body), h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
         self.transport.close()
+        if self.cycle is not None:  # the app's answer to come has no connection left: dropped, as after a disconnect
+            self.cycle.disconnected = True
 
     def arm(self) -> None:
         if self.header_timer is None:

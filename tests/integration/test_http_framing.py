@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -48,3 +49,14 @@ def test_a_body_refused_by_the_parser_keeps_the_requests_own_id(server):
     request = post("Transfer-Encoding: chunked\r\nX-Request-ID: trace-42\r\n", b"zz\r\n" + PAIR)
     head = raw(server, request).partition(b"\r\n\r\n")[0]
     assert head.startswith(b"HTTP/1.1 400 ") and re.search(rb"(?im)^x-request-id: trace-42\r?$", head), head
+
+
+def test_a_route_that_answers_without_reading_the_refused_body_logs_no_error(server):
+    """The parser's 400 went first: the route's own answer (a 404 before the body is read) is not an app error."""
+    for path in ("/nope", "/v2/models/nope/infer"):
+        request = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Request-ID: late-1\r\n\r\nzz\r\n\r\n"
+        )
+        assert raw(server, request.encode()).startswith(b"HTTP/1.1 400 ")
+    time.sleep(1)  # the route's answer comes after the 400
+    assert not [line for line in server.output if '"error"' in line or "without completing" in line]

@@ -127,7 +127,8 @@ def _from_json(tensor: RequestInput, elements: list[Any]) -> np.ndarray:
         elements = nested.ravel().tolist()
     if len(elements) != count:
         raise ProtocolError(
-            f"input {tensor.name}: shape {tensor.shape} needs {count} elements, data has {len(elements)}"
+            f"input {tensor.name}: shape {tensor.shape} needs {count} elements, "
+            f"{'data' if tensor.data is not None else 'the binary data'} has {len(elements)}"
         )
     accepted = JSON_TYPES.get(tensor.datatype, (int, float))
     wrong = next((index for index, element in enumerate(elements) if type(element) not in accepted), None)

@@ -209,6 +209,7 @@ def test_empty_manifest_is_valid_and_ready(tmp_path):
     [
         (None, "no manifest.json in .*: set MNEMO_ARTIFACTS_DIR"),
         ("{not json", "manifest.json is not JSON"),
+        ('{"models": ' + "[" * 100_000 + "]" * 100_000 + "}", "manifest.json is not JSON: maximum recursion depth"),
         ("[]", "does not match the schema: the manifest: Input should be a valid dictionary"),
         ({"models": [{"name": "x"}]}, "models.0.task: Field required"),
         ({"models": [{**toy_entry("x", assets={}), "limits": {"max_rows": "x"}, "sha256": "0" * 64}]}, "max_rows"),

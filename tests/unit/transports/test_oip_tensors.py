@@ -62,3 +62,11 @@ def test_bytes_data_that_is_not_text_names_the_element() -> None:
     request = parse_request(b'{"inputs": [{"name": "s", "shape": [2], "datatype": "BYTES", "data": ["a", 5]}]}')
     with pytest.raises(ProtocolError, match=re.escape("input s: element 1 is 5; BYTES data must be JSON strings")):
         decode_inputs(request, b"", [TensorSpec("s", "BYTES", (-1,))])
+
+
+def test_bytes_binary_data_of_the_wrong_count_says_it_is_the_binary_data() -> None:
+    request = parse_request(
+        b'{"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 10}}]}'
+    )
+    with pytest.raises(ProtocolError, match=re.escape("input s: shape [1] needs 1 elements, the binary data has 2")):
+        decode_inputs(request, b"\x01\x00\x00\x00a\x01\x00\x00\x00b", [TensorSpec("s", "BYTES", (-1,))])
