@@ -105,6 +105,8 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     model: a state built by another version is a 409 (delete the student and replay the history).
     """
     holder = _holder(request, student_id)
+    if "model" in request.query_params:  # GET's style: it would append under the default model
+        raise InvalidInput(("query", "model"), "an append names its model in the body's field model, not the query")
     body = await read_body(request, AppendRequest, TASK_NAME)
     model = request.app.state.registry.get(body.model, TASK_NAME)
     questions, correct, wanted = await offload(

@@ -379,6 +379,19 @@ def test_bad_bodies_are_422_naming_the_field(sqlite_api: httpx.Client, body: dic
     assert sqlite_api.get("/students/learner-1").status_code == 404  # nothing was stored
 
 
+def test_an_append_naming_its_model_in_the_query_is_422_not_appended_to_the_default_model(
+    sqlite_api: httpx.Client,
+) -> None:
+    """GET takes ?model=; POST takes the body's `model`: a query copied from GET was ignored (default model)."""
+    response = sqlite_api.post(
+        "/students/learner-q/interactions", params={"model": OTHER_MODEL}, json={"interactions": ONE_STEP}
+    )
+    assert response.status_code == 422
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["query", "model"] and "body" in error["msg"]
+    assert sqlite_api.get("/students/learner-q").status_code == 404  # nothing was stored
+
+
 def test_ids_that_are_not_utf8_are_422_not_one_shared_student(sqlite_api: httpx.Client) -> None:
     """%FF and %FE both decode to U+FFFD: without the rule they were the same student."""
     for raw in ("%FF", "%FE", "%ED%A0%80", "ok%FF"):
