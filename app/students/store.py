@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from operator import methodcaller
@@ -115,18 +116,18 @@ class RevisionConflict(StoreError):
     status_code = 409
 
 
-class StateStore:
+class StateStore(ABC):
     """Per-student state (SQLite embedded, Redis for several replicas); synchronous and thread-safe, and a
-    database that cannot be reached raises `StoreUnavailable` within a bounded time. Each backend gives `read`,
-    `delete`, `ids_after`, `check_health`, `close` (docs/students.md) and `_swap`: `write` in the database, refused
-    unless the revision and the sha256 match, answering the stored sha256 and revision, then, if written, the stored
-    (created_at, updated_at, revision)."""
+    database that cannot be reached raises `StoreUnavailable` within a bounded time."""
 
     name: str  # the database, in the messages of `StoreUnavailable`
     where: str  # its path or address, in the log only
     driver_errors: type[Exception] | tuple[type[Exception], ...]
     tells_driver_messages = True  # False where they may name a path, host or port: the client gets the error's kind
     refusals: type[Exception] | tuple[type[Exception], ...] = ()  # errors after which nothing was written
+
+    @abstractmethod
+    def read(self, model: str, student_id: str) -> StudentState | None: ...
 
     def write(
         self,
@@ -150,6 +151,26 @@ class StateStore:
         if not written:
             raise RevisionConflict(f"state revision is {current}, expected {expected_revision}")
         return state_of(*fields, *written)
+
+    @abstractmethod
+    def _swap(self, fields: Fields, expected_revision: int | None) -> tuple[Any, ...]:
+        """`write` in the database, refused unless the revision and the sha256 match: the stored sha256 and revision,
+        then, if written, the stored (created_at, updated_at, revision)."""
+
+    @abstractmethod
+    def delete(self, student_id: str) -> dict[str, int | None]:
+        """Remove everything about `student_id`, under every model, atomically; return each removed state's
+        interaction count by model (None: unreadable), in model order."""
+
+    @abstractmethod
+    def ids_after(self, after: str | None, count: int) -> list[str]:
+        """Up to `count` ids with a state in ascending code-point order, each greater than `after` (None: the first)."""
+
+    @abstractmethod
+    def check_health(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
 
     @contextmanager
     def _unavailable(self, consequence: str = "") -> Iterator[None]:
