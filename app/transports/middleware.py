@@ -18,8 +18,8 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, body_too_large_detail
-from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path, route_path
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, printable
+from app.core.logging import TracebackBudget, loggable_path, route_path
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.core.settings import Settings
@@ -28,7 +28,8 @@ from app.transports.access import API_KEY_REQUIRED, ApiKeys, with_cors
 from app.transports.error_handlers import EXCHANGE, Refused
 from app.transports.http import INLINE_BODY_BYTES
 
-access_logger = logging.getLogger("mnemo.access")
+access_logger, errors_logger = logging.getLogger("mnemo.access"), logging.getLogger("mnemo.errors")
+LOG_RECORD = {"name": "mnemo.access", "levelno": logging.INFO, "levelname": "INFO", "msg": "%s %s %d %.1fms id=%s"}
 REQUEST_ID_HEADER = b"x-request-id"
 # an incoming id kept: 1 to 128 visible ASCII characters (no space or control character to forge a log field)
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
@@ -212,8 +213,8 @@ class RequestEdge:
             if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs
                 path, rid, ms = loggable_path(scope, exchange.path), exchange.rid, seconds * 1000
                 fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(ms, 2))
-                values = (method, path, status, ms, rid)
-                log_fields(access_logger, logging.INFO, "%s %s %d %.1fms id=%s", values, fields)
+                values = (method, path, status, ms, rid)  # the record made here: no walk up the stack for a line
+                access_logger.handle(logging.makeLogRecord({**LOG_RECORD, "args": values, **fields}))
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -242,8 +243,17 @@ class RequestEdge:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
             await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE)(scope, receive, send)
-        except Exception as error:
-            log_unexpected(self.tracebacks, scope, error)
+        except Exception as error:  # a bug: one line, with its traceback when the budget admits it
+            with_traceback, repeats = self.tracebacks.admit(error)
+            errors_logger.error(
+                "unexpected error on %s %s: %s: %s%s",
+                scope["method"],
+                loggable_path(scope),  # the route template: no student id or other client text in the log
+                type(error).__name__,
+                printable(" ".join(str(error).split())),  # one line
+                f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
+                exc_info=error if with_traceback else None,
+            )
             if not exchange.started:
                 await Refused(500, INTERNAL_ERROR["detail"])(scope, receive, send)
         finally:
@@ -275,7 +285,8 @@ class RequestEdge:
         """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass BODIES_IN_MEMORY_BYTES
         (alone, a body may fill it)."""
         if size > self.max_bytes:
-            return Refused(413, body_too_large_detail(self.max_bytes), CLOSE)
+            detail = f"Request body is larger than the limit of {self.max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
+            return Refused(413, detail, CLOSE)
         if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
         return None
