@@ -63,9 +63,8 @@ def request_id(ids: list[bytes]) -> str:
 
 
 def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
-    """The 400 of an HTTP version other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length
-    (RFC 9112 6.1) or an HTTP/1.1 request without exactly one Host (RFC 9112 3.2), closing the connection; else of a
-    header of SINGLE_HEADERS sent twice."""
+    """The 400 of a request whose framing a proxy may read otherwise (closing the connection: RFC 9112 6.1, 3.2), or
+    of a header of SINGLE_HEADERS sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
@@ -81,10 +80,8 @@ def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
 
 
 class Exchange:
-    """One request at the edge: the headers it reads (`fields`, in one pass) and its path below the root_path; its
-    answer's `send` (the edge's headers, `Connection: close` while draining or when the body was left unread; `status`
-    499 until a head); with a body, its `receive` checking the body's limits as the app reads it (unread, it costs no
-    `100 Continue`): 408, 413, and 429 keeping the connection (reconnects would queue)."""
+    """One request at the edge: the headers it reads, its answer's `send` (the edge's headers; 499 until a head) and
+    its body's `receive`, checking the body's limits as the app reads it (408, 413, 429)."""
 
     def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive, send: Send) -> None:
         self.edge, self.scope, self._receive, self._send = edge, scope, receive, send
@@ -98,8 +95,7 @@ class Exchange:
         self.done = b"content-length" not in self.fields and b"transfer-encoding" not in self.fields  # no body
         length = self.fields.get(b"content-length", [b""])[0].strip()  # the parser keeps trailing spaces
         self.declared = int(length) if length.isdigit() else 0
-        # left unread, a body sent only after `100 Continue` may never come, and a chunked one would be read and thrown
-        # away for as long as the client sends: either closes the connection after the answer
+        # left unread, a body awaiting `100 Continue` may never come, a chunked one could go on: either closes after
         expects = [value.lower() for value in self.fields.get(b"expect", [])]
         self.close_unread = b"transfer-encoding" in self.fields or b"100-continue" in expects
 
@@ -293,9 +289,8 @@ class RequestEdge:
 
 
 class ServiceApp(FastAPI):
-    """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of the edge's
-    direct routes: FastAPI's own wrappers (telemetry, body limit, error middleware) are a share of a small request's
-    time (benchmarks/asgi_overhead.py)."""
+    """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of its direct
+    routes: FastAPI's own wrappers are a share of a small request's time (benchmarks/asgi_overhead.py)."""
 
     edge: RequestEdge
 
@@ -323,8 +318,8 @@ DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/do
 
 
 def route_label(scope: Scope, path: str) -> str:
-    """The template of the route the request matched (a direct route: before it is called), else (answered before
-    routing: 413, 401, 429, 503) the documented template its path fits; "unmatched" for paths the service lacks."""
+    """The template of the route the request matched, else (refused before routing) the documented template its path
+    fits; "unmatched" for paths the service lacks."""
     route, app = scope.get("route"), scope.get("app")
     if route is not None or app is None:
         return "unmatched" if route is None else route.path
