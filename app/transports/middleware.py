@@ -168,9 +168,8 @@ class RequestEdge:
         api_keys: ApiKeys,
         identity: dict[str, str] | None = None,
     ) -> None:
-        self.app, self.metrics, self.drain, self.direct = app, metrics, drain, direct
+        self.app, self.metrics, self.drain, self.direct, self.api_keys = app, metrics, drain, direct, api_keys
         self.direct_paths = frozenset(path for _, path in direct)
-        self.api_keys = api_keys
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
         self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
