@@ -44,11 +44,6 @@ class DeadlineExceeded(ServiceError):
     status_code = 504  # not finished within MNEMO_REQUEST_TIMEOUT_S; its unstarted work was dropped
 
 
-def body_too_large_detail(max_bytes: int) -> str:
-    """The 413 sentence for a body over MNEMO_MAX_BODY_BYTES."""
-    return f"Request body is larger than the limit of {max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
-
-
 class InvalidInput(Exception):
     """A broken rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location such as
     `("body", "interactions", 3, "question")` (relative to the body unless it starts with body/query/path/header)."""

@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
@@ -159,12 +159,6 @@ def configure_logging(level: str, fmt: str) -> None:
     logging.getLogger("uvicorn.error").addFilter(_client_caused_warnings)  # once: addFilter skips one already there
 
 
-def log_fields(logger: logging.Logger, level: int, message: str, args: tuple, fields: Mapping[str, Any]) -> None:
-    """Log `message % args` with `fields` as extra fields, skipping the walk up the stack for the caller's line."""
-    if logger.isEnabledFor(level):
-        logger.handle(logger.makeRecord(logger.name, level, "", 0, message, args, None, extra=fields))
-
-
 def route_path(scope: Scope) -> str:
     """The path below the app's `root_path` (a proxy's prefix, `--root-path`), as the routes match it."""
     path, root = scope["path"], scope.get("root_path", "")
@@ -205,17 +199,3 @@ class TracebackBudget:
             self._last_logged.clear()
         self._last_logged[key] = (now, 0)
         return True, repeats
-
-
-def log_unexpected(budget: TracebackBudget, scope: Scope, error: Exception) -> None:
-    """One line for an exception no handler took (a bug), with its traceback when `budget` admits it."""
-    with_traceback, repeats = budget.admit(error)
-    logging.getLogger("mnemo.errors").error(
-        "unexpected error on %s %s: %s: %s%s",
-        scope["method"],
-        loggable_path(scope),  # the route template: no student id or other client text in the log
-        type(error).__name__,
-        printable(" ".join(str(error).split())),  # one line
-        f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
-        exc_info=error if with_traceback else None,
-    )

@@ -33,9 +33,8 @@ async def within_deadline(
     client_source: str = "the request's timeout parameter",
     receive: Receive | None = None,
 ) -> T:
-    """The work's result, unless the deadline (the shorter of MNEMO_REQUEST_TIMEOUT_S and `client_timeout_s`, from the
-    request's arrival) passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`: the ASGI `receive` of
-    a read request says so, and the batcher is told). Either cancels the task, taken back as `asyncio.timeout` does."""
+    """The work's result, unless the deadline (MNEMO_REQUEST_TIMEOUT_S or a shorter `client_timeout_s`, from arrival)
+    passes first (`DeadlineExceeded`) or the client leaves (`ClientGone`, seen on `receive`): either cancels it."""
     metrics, timeout, source = state.metrics, state.settings.request_timeout_s, "MNEMO_REQUEST_TIMEOUT_S"
     if client_timeout_s is not None and client_timeout_s < timeout:
         timeout, source = client_timeout_s, client_source

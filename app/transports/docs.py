@@ -29,8 +29,7 @@ POLICY = (
 
 @functools.lru_cache(maxsize=8)
 def pages(app: FastAPI, root: str) -> dict[str, HTMLResponse]:
-    """The documentation pages, their URLs below `root` (the server's --root-path, a proxy's prefix, as FastAPI's own
-    pages do), each with its policy."""
+    """The documentation pages, their URLs below `root` (--root-path, a proxy's prefix), each with its policy."""
     assets, favicon = f"{root}{DOCS_ASSETS_PREFIX}", f"{root}{DOCS_ASSETS_PREFIX}favicon.png"
     built = {
         "/docs": get_swagger_ui_html(

@@ -4,7 +4,7 @@ the Open Inference Protocol's `{"error": ...}`, the only field clients such as t
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.routing import BaseRoute, Match, Mount
+from starlette.routing import Match, Mount
 from starlette.types import Receive, Scope, Send
 
 from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, body_invalid, ort_message
@@ -37,33 +37,26 @@ def error_answer(scope: Scope, status: int, detail: Any, headers: Mapping[str, s
     return JsonResponse(payload, status, headers=headers)
 
 
-class Refused(ServiceError, HTTPException):
+class Refused(HTTPException):
     """A refusal of the request edge or the CORS policy: an ASGI app answering it in its path's shape, or raised while
     the app reads the body and answered by `http_error` (an HTTPException: FastAPI's body parsing lets it through)."""
 
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        HTTPException.__init__(self, status, detail, headers)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await error_answer(scope, self.status_code, self.detail, self.headers)(scope, receive, send)
-
-
-def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> str | None:
-    """The 405's `Allow`: every method a route takes on the path (Starlette's: the first route's), HEAD with GET."""
-    routes = [route for route in routes if not isinstance(route, Mount)]
-    allowed = {m for m in HTTP_METHODS if any(r.matches({**scope, "method": m})[0] == Match.FULL for r in routes)}
-    allowed |= {"HEAD"} if "GET" in allowed else set()
-    return ", ".join(method for method in HTTP_METHODS if method in allowed) or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register the mapping from exceptions to responses."""
 
     async def http_error(request: Request, error: HTTPException | ServiceError) -> JsonResponse:
-        headers = error.headers
-        if error.status_code == 405 and (allowed := allowed_methods(request.app.router.routes, request.scope)):
-            headers = {**(headers or {}), "Allow": allowed}  # else Starlette's own (a mounted app's 405)
-        return error_answer(request.scope, error.status_code, error.detail, headers)
+        headers, scope = error.headers, request.scope
+        if error.status_code == 405:  # `Allow`: every method a route takes on the path (Starlette's: the first's)
+            routes = [r for r in request.app.router.routes if not isinstance(r, Mount)]
+            takes = {m for m in HTTP_METHODS for r in routes if r.matches({**scope, "method": m})[0] == Match.FULL}
+            if takes:  # HEAD with GET; none: Starlette's own (a mounted app's 405)
+                allow = ", ".join(m for m in HTTP_METHODS if m in takes or (m == "HEAD" and "GET" in takes))
+                headers = {**(headers or {}), "Allow": allow}
+        return error_answer(scope, error.status_code, error.detail, headers)
 
     for kind in (HTTPException, ServiceError):
         app.add_exception_handler(kind, http_error)

@@ -1,6 +1,5 @@
-"""uvicorn's h11 protocol with a deadline for each request's line and headers, and for the rest of a body its route
-left unread (MNEMO_HEADER_TIMEOUT_S; uvicorn has none: a slowloris connection would be held for ever), and the service's
-JSON 400 for a request h11 refuses."""
+"""uvicorn's h11 protocol with a deadline for a request's headers and an unread body's rest (MNEMO_HEADER_TIMEOUT_S:
+uvicorn has none, a slowloris connection is held for ever), and the service's JSON 400 for a request h11 refuses."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ MALFORMED = {"detail": "Malformed HTTP request: its request line, a header or it
 
 
 class HeaderDeadline(H11Protocol):
-    """Closes, unanswered as nginx's client_header_timeout, a connection whose request's headers are not in `timeout_s`
-    after it opened or the request's first byte, or whose unread body is not in `timeout_s` after the answer (each
-    byte of it stops uvicorn's keep-alive timer); the idle time between requests stays uvicorn's keep-alive."""
+    """Closes unanswered (as nginx's client_header_timeout) a connection whose request's headers, or unread body's rest,
+    have not come within `timeout_s`; the idle time between requests stays uvicorn's keep-alive."""
 
     def __init__(self, *args: Any, timeout_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # uvicorn's config, server_state, app_state
@@ -56,8 +54,7 @@ class HeaderDeadline(H11Protocol):
 
     def send_400_response(self, msg: str) -> None:
         """The service's JSON 400 with a request id (the client's, if the refused bytes were its body), then a close."""
-        # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set, which the request
-        # edge's imports would fix (prometheus_client reads it once, at import)
+        # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set (read at import)
         from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
         in_body = self.cycle is not None and not self.cycle.response_complete

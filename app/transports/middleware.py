@@ -18,8 +18,8 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, body_too_large_detail
-from app.core.logging import TracebackBudget, log_fields, log_unexpected, loggable_path, route_path
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, printable
+from app.core.logging import TracebackBudget, loggable_path, route_path
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.core.settings import Settings
@@ -28,7 +28,8 @@ from app.transports.access import API_KEY_REQUIRED, ApiKeys, with_cors
 from app.transports.error_handlers import EXCHANGE, Refused
 from app.transports.http import INLINE_BODY_BYTES
 
-access_logger = logging.getLogger("mnemo.access")
+access_logger, errors_logger = logging.getLogger("mnemo.access"), logging.getLogger("mnemo.errors")
+LOG_RECORD = {"name": "mnemo.access", "levelno": logging.INFO, "levelname": "INFO", "msg": "%s %s %d %.1fms id=%s"}
 REQUEST_ID_HEADER = b"x-request-id"
 # an incoming id kept: 1 to 128 visible ASCII characters (no space or control character to forge a log field)
 REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
@@ -62,9 +63,8 @@ def request_id(ids: list[bytes]) -> str:
 
 
 def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
-    """The 400 of an HTTP version other than 1.0 and 1.1, a body framed both by Transfer-Encoding and Content-Length
-    (RFC 9112 6.1) or an HTTP/1.1 request without exactly one Host (RFC 9112 3.2), closing the connection; else of a
-    header of SINGLE_HEADERS sent twice."""
+    """The 400 of a request whose framing a proxy may read otherwise (closing the connection: RFC 9112 6.1, 3.2), or
+    of a header of SINGLE_HEADERS sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
@@ -80,10 +80,8 @@ def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
 
 
 class Exchange:
-    """One request at the edge: the headers it reads (`fields`, in one pass) and its path below the root_path; its
-    answer's `send` (the edge's headers, `Connection: close` while draining or when the body was left unread; `status`
-    499 until a head); with a body, its `receive` checking the body's limits as the app reads it (unread, it costs no
-    `100 Continue`): 408, 413, and 429 keeping the connection (reconnects would queue)."""
+    """One request at the edge: the headers it reads, its answer's `send` (the edge's headers; 499 until a head) and
+    its body's `receive`, checking the body's limits as the app reads it (408, 413, 429)."""
 
     def __init__(self, edge: RequestEdge, scope: Scope, receive: Receive, send: Send) -> None:
         self.edge, self.scope, self._receive, self._send = edge, scope, receive, send
@@ -97,8 +95,7 @@ class Exchange:
         self.done = b"content-length" not in self.fields and b"transfer-encoding" not in self.fields  # no body
         length = self.fields.get(b"content-length", [b""])[0].strip()  # the parser keeps trailing spaces
         self.declared = int(length) if length.isdigit() else 0
-        # left unread, a body sent only after `100 Continue` may never come, and a chunked one would be read and thrown
-        # away for as long as the client sends: either closes the connection after the answer
+        # left unread, a body awaiting `100 Continue` may never come, a chunked one could go on: either closes after
         expects = [value.lower() for value in self.fields.get(b"expect", [])]
         self.close_unread = b"transfer-encoding" in self.fields or b"100-continue" in expects
 
@@ -171,9 +168,8 @@ class RequestEdge:
         api_keys: ApiKeys,
         identity: dict[str, str] | None = None,
     ) -> None:
-        self.app, self.metrics, self.drain, self.direct = app, metrics, drain, direct
+        self.app, self.metrics, self.drain, self.direct, self.api_keys = app, metrics, drain, direct, api_keys
         self.direct_paths = frozenset(path for _, path in direct)
-        self.api_keys = api_keys
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
         self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
@@ -212,8 +208,8 @@ class RequestEdge:
             if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs
                 path, rid, ms = loggable_path(scope, exchange.path), exchange.rid, seconds * 1000
                 fields = dict(request_id=rid, method=method, path=path, status=status, duration_ms=round(ms, 2))
-                values = (method, path, status, ms, rid)
-                log_fields(access_logger, logging.INFO, "%s %s %d %.1fms id=%s", values, fields)
+                values = (method, path, status, ms, rid)  # the record made here: no walk up the stack for a line
+                access_logger.handle(logging.makeLogRecord({**LOG_RECORD, "args": values, **fields}))
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -242,8 +238,17 @@ class RequestEdge:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
             await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE)(scope, receive, send)
-        except Exception as error:
-            log_unexpected(self.tracebacks, scope, error)
+        except Exception as error:  # a bug: one line, with its traceback when the budget admits it
+            with_traceback, repeats = self.tracebacks.admit(error)
+            errors_logger.error(
+                "unexpected error on %s %s: %s: %s%s",
+                scope["method"],
+                loggable_path(scope),  # the route template: no student id or other client text in the log
+                type(error).__name__,
+                printable(" ".join(str(error).split())),  # one line
+                f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
+                exc_info=error if with_traceback else None,
+            )
             if not exchange.started:
                 await Refused(500, INTERNAL_ERROR["detail"])(scope, receive, send)
         finally:
@@ -275,16 +280,16 @@ class RequestEdge:
         """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass BODIES_IN_MEMORY_BYTES
         (alone, a body may fill it)."""
         if size > self.max_bytes:
-            return Refused(413, body_too_large_detail(self.max_bytes), CLOSE)
+            detail = f"Request body is larger than the limit of {self.max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
+            return Refused(413, detail, CLOSE)
         if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
         return None
 
 
 class ServiceApp(FastAPI):
-    """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of the edge's
-    direct routes: FastAPI's own wrappers (telemetry, body limit, error middleware) are a share of a small request's
-    time (benchmarks/asgi_overhead.py)."""
+    """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of its direct
+    routes: FastAPI's own wrappers are a share of a small request's time (benchmarks/asgi_overhead.py)."""
 
     edge: RequestEdge
 
@@ -312,8 +317,8 @@ DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/do
 
 
 def route_label(scope: Scope, path: str) -> str:
-    """The template of the route the request matched (a direct route: before it is called), else (answered before
-    routing: 413, 401, 429, 503) the documented template its path fits; "unmatched" for paths the service lacks."""
+    """The template of the route the request matched, else (refused before routing) the documented template its path
+    fits; "unmatched" for paths the service lacks."""
     route, app = scope.get("route"), scope.get("app")
     if route is not None or app is None:
         return "unmatched" if route is None else route.path
