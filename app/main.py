@@ -49,12 +49,10 @@ Models run in ONNX Runtime; `GET /models` lists them with the execution provider
 requests for a model are batched; a full queue answers 429 with Retry-After, a request past its
 deadline 504."""
 
-
-def package_version() -> str:
-    try:
-        return version("mnemo")
-    except PackageNotFoundError:
-        return "0.0.0"
+try:
+    VERSION = version("mnemo")
+except PackageNotFoundError:  # run from a checkout that was never installed
+    VERSION = "0.0.0"
 
 
 def create_app(
@@ -103,7 +101,7 @@ def create_app(
 
     app = ServiceApp(
         title="mnemo",
-        version=package_version(),
+        version=VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
         redirect_slashes=False,  # a slash redirect would echo the client's Host header in Location

@@ -77,12 +77,14 @@ class DrainingServer(uvicorn.Server):
                 await self.drain.wait_idle(drain_s)
                 await asyncio.sleep(SETTLE_S)
                 await self.drain.wait_idle(drain_s)
-        if not self.drain.tasks:
-            logger.info("drained: no request in flight")
-        else:
-            given_up = self.drain.give_up()
-            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", given_up, drain_s)
+        if left := self.drain.tasks:  # the drain's time is up: those still in flight are cancelled, answered 503
+            self.drain.gave_up = True
+            for task in left:
+                task.cancel("the drain's time is up")
+            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", len(left), drain_s)
             await self.drain.wait_idle(GIVE_UP_S)  # their 503s (a store write that has started finishes first)
+        else:
+            logger.info("drained: no request in flight")
         self.should_exit = True
 
 

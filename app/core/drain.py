@@ -38,13 +38,6 @@ class Drain:
         self.tasks.discard(task)
         self._changed.set()
 
-    def give_up(self) -> int:
-        """Cancel the requests still in flight (the drain's time is up); returns how many."""
-        self.gave_up = True
-        for task in self.tasks:
-            task.cancel("the drain's time is up")
-        return len(self.tasks)
-
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is in flight, at most `timeout_s`; True when idle."""
         with contextlib.suppress(TimeoutError):
