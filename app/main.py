@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -70,8 +71,7 @@ def create_app(
         """The probe process (if MNEMO_PROBE_PORT is set), models, student store, engine and gRPC while serving."""
         async with AsyncExitStack() as stack:
             stack.callback(write_out_logs)
-            app.state.loop_lag.start()
-            stack.push_async_callback(app.state.loop_lag.stop)
+            stack.callback(asyncio.create_task(app.state.loop_lag.sample(), name="loop-lag").cancel)
             if settings.probe_port is not None:
                 readiness = functools.partial(operations.readiness, app.state)
                 push = await stack.enter_async_context(probe_process(settings.host, settings.probe_port, readiness))
