@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -49,12 +50,10 @@ Models run in ONNX Runtime; `GET /models` lists them with the execution provider
 requests for a model are batched; a full queue answers 429 with Retry-After, a request past its
 deadline 504."""
 
-
-def package_version() -> str:
-    try:
-        return version("mnemo")
-    except PackageNotFoundError:
-        return "0.0.0"
+try:
+    VERSION = version("mnemo")
+except PackageNotFoundError:  # run from a checkout that was never installed
+    VERSION = "0.0.0"
 
 
 def create_app(
@@ -72,8 +71,7 @@ def create_app(
         """The probe process (if MNEMO_PROBE_PORT is set), models, student store, engine and gRPC while serving."""
         async with AsyncExitStack() as stack:
             stack.callback(write_out_logs)
-            app.state.loop_lag.start()
-            stack.push_async_callback(app.state.loop_lag.stop)
+            stack.callback(asyncio.create_task(app.state.loop_lag.sample(), name="loop-lag").cancel)
             if settings.probe_port is not None:
                 readiness = functools.partial(operations.readiness, app.state)
                 push = await stack.enter_async_context(probe_process(settings.host, settings.probe_port, readiness))
@@ -103,7 +101,7 @@ def create_app(
 
     app = ServiceApp(
         title="mnemo",
-        version=package_version(),
+        version=VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
         redirect_slashes=False,  # a slash redirect would echo the client's Host header in Location

@@ -74,15 +74,18 @@ class DrainingServer(uvicorn.Server):
         logger.info("%s: draining (%d request(s) in flight, up to %gs)", reason, len(self.drain.tasks), drain_s)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_s):
-                await self.drain.wait_idle(drain_s)
+                await self.drain.wait_idle()
                 await asyncio.sleep(SETTLE_S)
-                await self.drain.wait_idle(drain_s)
-        if not self.drain.tasks:
-            logger.info("drained: no request in flight")
+                await self.drain.wait_idle()
+        if left := self.drain.tasks:  # the drain's time is up: those still in flight are cancelled, answered 503
+            self.drain.gave_up = True
+            for task in left:
+                task.cancel("the drain's time is up")
+            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", len(left), drain_s)
+            with contextlib.suppress(TimeoutError):  # their 503s (a store write that has started finishes first)
+                await asyncio.wait_for(self.drain.wait_idle(), GIVE_UP_S)
         else:
-            given_up = self.drain.give_up()
-            logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", given_up, drain_s)
-            await self.drain.wait_idle(GIVE_UP_S)  # their 503s (a store write that has started finishes first)
+            logger.info("drained: no request in flight")
         self.should_exit = True
 
 

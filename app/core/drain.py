@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterable
 
 
@@ -38,18 +37,8 @@ class Drain:
         self.tasks.discard(task)
         self._changed.set()
 
-    def give_up(self) -> int:
-        """Cancel the requests still in flight (the drain's time is up); returns how many."""
-        self.gave_up = True
-        for task in self.tasks:
-            task.cancel("the drain's time is up")
-        return len(self.tasks)
-
-    async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no request is in flight, at most `timeout_s`; True when idle."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                while self.tasks:
-                    self._changed.clear()
-                    await self._changed.wait()
-        return not self.tasks
+    async def wait_idle(self) -> None:
+        """Wait until no request is in flight."""
+        while self.tasks:
+            self._changed.clear()
+            await self._changed.wait()

@@ -4,7 +4,6 @@ is also the loop's heartbeat (the probe process takes a loop that stops sampling
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -21,18 +20,9 @@ class LoopLag:
         self.recent_s = 0.0
         self.on_sample: list[Callable[[], None]] = []  # called after each sample (the heartbeat)
         self._gauge = gauge
-        self._task: asyncio.Task | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._sample(), name="loop-lag")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _sample(self) -> None:
+    async def sample(self) -> None:
+        """Sample until cancelled (a task for the app's life)."""
         while True:
             due = time.perf_counter() + SAMPLE_EVERY_S
             await asyncio.sleep(SAMPLE_EVERY_S)

@@ -7,6 +7,7 @@ engine states (queue full, deadline passed, model not loaded) run in-process on 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import threading
@@ -575,8 +576,10 @@ def test_a_history_is_admitted_by_its_steps_as_on_the_task_api() -> None:
             return client.post("/knowledge-trace", json={"model": model, "interactions": interactions[:count], **body})
 
         batcher = client.app.state.registry.models[model].batcher
-        client.portal.call(client.app.state.loop_lag.stop)  # a loop taken as punctual: admission then does not
-        client.app.state.loop_lag.recent_s = 0.0  # move with the test machine's load between bisection and request
+        # a loop taken as punctual (its sampling task stopped): admission then does not move with the test machine's
+        # load between bisection and request
+        client.portal.call(lambda: [t.cancel() for t in asyncio.all_tasks() if t.get_name() == "loop-lag"])
+        client.app.state.loop_lag.recent_s = 0.0
         assert trace(200, next_questions=[]).status_code == 200  # one run of 200 steps: the cost of a step is learned
         for _ in range(20):  # a history of one step and its next-question rows, one step each
             assert trace(1).status_code == 200

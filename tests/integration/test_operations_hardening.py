@@ -20,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from app.core.metrics import Metrics
 from app.core.settings import Settings
-from app.main import create_app, package_version
+from app.main import VERSION, create_app
 from tests.conftest import COMMITTED, manifest_models
 from tests.helpers import Server, free_port, running_server
 from tests.toy_model import write_empty_manifest
@@ -141,7 +141,7 @@ def test_process_and_build_metrics(server):
     text = httpx.get(f"{server.url}/metrics").text
     for name in ("process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total", "python_info"):
         assert re.search(rf"^{name}(\{{.*\}})? ", text, re.MULTILINE), name
-    assert f'mnemo_build_info{{version="{package_version()}"}} 1.0' in text
+    assert f'mnemo_build_info{{version="{VERSION}"}} 1.0' in text
     for model in manifest_models(COMMITTED):
         labels = f'model="{model["name"]}",sha256="{model["sha256"]}",version="{model["version"]}"'
         line = f"mnemo_model_info{{{labels}}} 1.0"

@@ -14,13 +14,13 @@ def test_the_loop_lag_sees_a_blocked_event_loop_and_decays_once_it_keeps_up():
 
     async def scenario():
         lag = LoopLag(metrics.loop_lag)
-        lag.start()
+        sampling = asyncio.create_task(lag.sample())
         await asyncio.sleep(0.15)
         time.sleep(0.3)  # the event loop is blocked: its timers run late
         await asyncio.sleep(0.15)
         blocked = lag.recent_s
         await asyncio.sleep(1.5)
-        await lag.stop()
+        sampling.cancel()
         return blocked, lag.recent_s
 
     blocked, later = asyncio.run(scenario())
