@@ -29,7 +29,8 @@ from app.core.settings import Settings
 from app.main import create_app
 from app.runtime.instances import CostModel
 from app.runtime.model import GraphLayout, ServedModel
-from app.transports.http import complete, read_body
+from app.transports.deadline import within_deadline
+from app.transports.http import read_body
 from export.manifest import upsert_model
 
 WIDTH = 3  # x is [batch, WIDTH]; the width is fixed, so a wrong width is rejected by onnxruntime
@@ -144,7 +145,9 @@ async def toy(body: ToyRequest, request: Request) -> dict:
         raise InvalidInput("k", f"at most {model.entry.limits['max_rows']} items")
     feeds = {"x": np.array(body.x, dtype=np.float32), "k": np.array(body.k, dtype=np.int64)}
     with model.batcher.admit(len(body.k)):
-        outputs = await complete(request, model.batcher.run(feeds, len(body.k), 1), model.name)
+        outputs = await within_deadline(
+            model.batcher.run(feeds, len(body.k), 1), request.app.state, model.name, receive=request.receive
+        )
     return {"model": model.name, "y": outputs["y"].tolist(), "z": outputs["z"].tolist()}
 
 

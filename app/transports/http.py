@@ -1,5 +1,5 @@
-"""What every task route does around its service: `read_body` (validated UTF-8 JSON, else 415; a large body parsed off
-the loop or refused 429) and `complete` (the work within its deadline, else 504, unless the client leaves: 499)."""
+"""What every task route reads: `read_body`, validated UTF-8 JSON (else 415) with a large body parsed off the loop or
+refused 429, and documents with `json_body`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import re
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -17,7 +16,6 @@ from app.core.errors import InvalidInput, ServiceError, body_invalid
 from app.core.request_context import request_body_bytes
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
-from app.transports.deadline import within_deadline
 from app.transports.error_handlers import EXCHANGE, Refused
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
@@ -29,7 +27,6 @@ KEY_SURROGATE = "field names must be valid Unicode text (one holds a lone UTF-16
 NON_FINITE = "must be a finite number (NaN, Infinity and overflowing numbers are not allowed)"
 UTF8_ONLY = "request bodies must be UTF-8 JSON without a byte order mark (RFC 8259)"
 Body = TypeVar("Body", bound=BaseModel)
-T = TypeVar("T")
 
 
 async def utf8_body(request: Request, json_only: bool = False) -> bytes:
@@ -122,14 +119,6 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
         return request.app.state.registry.get(name, task)
     except ServiceError:
         return None
-
-
-async def complete(
-    request: Request, work: Coroutine[Any, Any, T], model_name: str, client_timeout_s: float | None = None
-) -> T:
-    """The work's result unless its deadline (MNEMO_REQUEST_TIMEOUT_S, or a shorter `client_timeout_s`, from
-    arrival) passes first (504) or the client leaves (499)."""
-    return await within_deadline(work, request.app.state, model_name, client_timeout_s, receive=request.receive)
 
 
 BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # the bodies routes read themselves, for the OpenAPI components

@@ -10,7 +10,8 @@ from starlette.responses import Response
 
 from app.core.responses import JsonResponse
 from app.runtime.model import Endpoint, Task
-from app.transports.http import complete, json_body, read_body
+from app.transports.deadline import within_deadline
+from app.transports.http import json_body, read_body
 
 
 def task_router(tasks: Iterable[Task]) -> APIRouter:
@@ -42,6 +43,6 @@ def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Aw
         admission = endpoint.admit(model, body)
         with admission.batcher.admit(admission.rows, cells=admission.cells):
             answer = endpoint.answer(model, body, request.app.state.drain.alone())
-            return JsonResponse(await complete(request, answer, model.name))
+            return JsonResponse(await within_deadline(answer, request.app.state, model.name, receive=request.receive))
 
     return route

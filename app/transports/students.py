@@ -25,7 +25,8 @@ from app.tasks.knowledge_trace.schemas import (
     StudentResponse,
 )
 from app.tasks.knowledge_trace.service import TASK_NAME
-from app.transports.http import complete, json_body, read_body
+from app.transports.deadline import within_deadline
+from app.transports.http import json_body, read_body
 
 router = APIRouter(tags=["students"])
 MAX_PAGE_SIZE = 1000  # student ids per page of GET /students
@@ -144,7 +145,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
 
     rows = service.rows_needed(model, len(questions), len(wanted) > 0)
     with model.batcher.admit(rows, cells=len(questions) + len(wanted)):
-        return JsonResponse(await complete(request, append(), model.name))
+        return JsonResponse(await within_deadline(append(), request.app.state, model.name, receive=request.receive))
 
 
 @router.get("/students/{student_id}", response_model=StudentResponse, operation_id="get_student")
@@ -179,7 +180,7 @@ async def get_student(
         }
 
     with served.batcher.admit(1):
-        return JsonResponse(await complete(request, describe(), served.name))
+        return JsonResponse(await within_deadline(describe(), request.app.state, served.name, receive=request.receive))
 
 
 @router.delete("/students/{student_id}", response_model=DeleteResponse, operation_id="delete_student")

@@ -33,9 +33,11 @@ async def _pairs_answer(
 
 
 async def _embeddings_answer(model: ServedModel, body: schemas.EmbeddingsRequest, alone: bool) -> bytes:
-    sentences = await offload(service.encode_sentences, model, body.sentences)
+    limits, count = model.state.embeddings, len(body.sentences)
+    located = [(text, ("body", "sentences", index)) for index, text in enumerate(body.sentences)]
+    counted = f"sentences has {count} items"
+    sentences = await offload(service.encode_each, model, located, counted, limits["max_sentences"], count, "sentences")
     vectors = await service.embed(model, sentences)
-    limits = model.state.embeddings
 
     def render() -> bytes:
         results = [

@@ -56,9 +56,8 @@ def prepare(model: ServedModel) -> SimilarityState:
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
     outputs = {output.name: output.shape[-1] for output in model.session.get_outputs()}
-    if (slots := outputs["attn_a_fwd"]) != (
-        2 if pointer == "flmp" else 1 + window
-    ):  # the memory row, then the tokens it read (combined_map)
+    expected = 2 if pointer == "flmp" else 1 + window  # the memory row, then the tokens it read (combined_map)
+    if (slots := outputs["attn_a_fwd"]) != expected:
         raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
     return SimilarityState(
         vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
@@ -113,18 +112,22 @@ def encode_pairs(
     model: ServedModel, texts: Sequence[tuple[str, str]], locations: Sequence[Location]
 ) -> list[EncodedPair]:
     """Encode every pair (`locations[i]` is where pair i sits in the request body)."""
-    state: SimilarityState = model.state
-    if len(texts) > state.max_batch_pairs:
-        raise InvalidInput(
-            ("body", "pairs"),
-            f"{len(texts)} pairs; model {model.name} accepts at most {state.max_batch_pairs} per request",
-        )
-    sentences = each_checked(
-        partial(encode_sentence, model, text, (*location, field))
+    located = [
+        (text, (*location, field))
         for (a, b), location in zip(texts, locations, strict=True)
         for field, text in (("sentence_a", a), ("sentence_b", b))
-    )
+    ]
+    sentences = encode_each(model, located, f"{len(texts)} pairs", model.state.max_batch_pairs, len(texts), "pairs")
     return list(zip(sentences[::2], sentences[1::2], strict=True))
+
+
+def encode_each(
+    model: ServedModel, located: Sequence[tuple[str, Location]], counted: str, limit: int, count: int, field: str
+) -> list[EncodedSentence]:
+    """Each `(text, location)` encoded; more than `limit` items in the body's `field` is a 422 saying `counted`."""
+    if count > limit:
+        raise InvalidInput(("body", field), f"{counted}; model {model.name} accepts at most {limit} per request")
+    return each_checked(partial(encode_sentence, model, text, location) for text, location in located)
 
 
 def pair_feeds(pair: EncodedPair) -> Feeds:
@@ -207,19 +210,6 @@ def graph_of(model: ServedModel, key: str) -> ServedModel:
     if not model.graphs:
         raise UnknownModel(f"Model {model.name} has no sentence encoder graph, so it serves no embeddings.")
     return model.graphs[key]
-
-
-def encode_sentences(model: ServedModel, texts: Sequence[str]) -> list[EncodedSentence]:
-    """Tokenize and embed each sentence of `body.sentences`; over a limit is a 422 naming the field."""
-    limit = model.state.embeddings["max_sentences"]
-    if len(texts) > limit:
-        raise InvalidInput(
-            ("body", "sentences"),
-            f"sentences has {len(texts)} items; model {model.name} accepts at most {limit} per request",
-        )
-    return each_checked(
-        partial(encode_sentence, model, text, ("body", "sentences", index)) for index, text in enumerate(texts)
-    )
 
 
 async def embed(model: ServedModel, sentences: Sequence[EncodedSentence]) -> list[np.ndarray]:

@@ -11,7 +11,6 @@ from app.tasks.similarity import service
 from app.tasks.similarity.service import EncodedPair
 
 PLATFORM = "mnemo_similarity"
-INPUTS = [TensorSpec("sentence_a", "BYTES", (-1,)), TensorSpec("sentence_b", "BYTES", (-1,))]
 OUTPUTS = [
     TensorSpec("relatedness", "FP32", (-1,)),
     TensorSpec("entailment_probabilities", "FP32", (-1, 3)),
@@ -22,7 +21,7 @@ OUTPUTS = [
 
 
 def inputs(model: ServedModel) -> list[TensorSpec]:
-    return INPUTS
+    return [TensorSpec("sentence_a", "BYTES", (-1,)), TensorSpec("sentence_b", "BYTES", (-1,))]
 
 
 def outputs(model: ServedModel) -> list[TensorSpec]:

@@ -14,7 +14,8 @@ from starlette.responses import Response
 
 from app.core.responses import JsonResponse
 from app.transports.access import BINARY_HEADER_LENGTH
-from app.transports.http import complete, json_body, utf8_body
+from app.transports.deadline import within_deadline
+from app.transports.http import json_body, utf8_body
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
 from app.transports.operations import readiness
@@ -139,7 +140,7 @@ async def infer(request: Request, name: str) -> Response:
         codec,
         len(body),
         request.app.state.metrics,
-        lambda work, timeout: complete(request, work, model.name, timeout),
+        lambda work, timeout: within_deadline(work, request.app.state, model.name, timeout, receive=request.receive),
         lambda: (parse_request(header), binary),
         encode_response,
     )

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from app.core.integrity import sha256_of
 from app.core.logging import JsonFormatter, route_path
 from app.main import create_app
-from app.transports.deadline import ClientGone
+from app.transports.deadline import ClientGone, within_deadline
 from app.transports.error_handlers import EXCHANGE
-from app.transports.http import complete, unrepresentable, utf8_body
+from app.transports.http import unrepresentable, utf8_body
 from tests.conftest import COMMITTED
 from tests.helpers import app_client, app_settings, free_port
 from tests.toy_model import toy, toy_app, toy_entry, write_toy_artifacts
@@ -235,7 +235,6 @@ def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(
     """The batcher may cancel the rows a request awaits (their client is gone) before the request's own task
     learns it: that is a 499 counted as cancelled, not a CancelledError escaping to uvicorn's error log."""
     app = toy_app(app_settings(toy_artifacts))
-    scope = {"type": "http", "app": app, "method": "POST", "path": "/toy", "headers": [], "query_string": b""}
 
     async def connected() -> dict:  # receive() of a client that has not left, as far as the server knows
         await asyncio.Event().wait()
@@ -249,7 +248,7 @@ def test_rows_the_batcher_cancelled_are_a_client_gone_not_a_leaked_cancellation(
             return await rows
 
         with pytest.raises(ClientGone):
-            await complete(Request(scope, receive=connected), work(), "toy-a")
+            await within_deadline(work(), app.state, "toy-a", receive=connected)
 
     asyncio.run(scenario())
     assert 'mnemo_requests_cancelled_total{model="toy-a"} 1.0' in app.state.metrics.render().decode()
