@@ -1,6 +1,5 @@
 """A model's instances (one session each, on one provider of `MNEMO_PROVIDER`), what their runs cost and the run slots
-they run on; a batch their device cannot hold fails the run (ONNX Runtime's arena, past its bound), and the session
-stays usable."""
+they run on; a batch their device cannot hold is halved (the session stays usable)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ RIDGE = 1e-3  # pull toward the previous fit, relative to each coefficient's own
 
 class CostModel:
     """Seconds per run, `fixed + per_step x length + per_cell x rows x length`, fitted by non-negative least squares
-    over the runs observed so far (0 until the first). Plain floats: numpy's per-call overhead on 3x3 arrays would
-    cost more on the event loop, after every run."""
+    over the runs observed so far (0 until the first); plain floats, as numpy's overhead on 3x3 would cost more."""
 
     def __init__(self) -> None:
         # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
@@ -116,11 +114,6 @@ class DeviceOutOfMemory(ServiceError):
     headers = MappingProxyType({"Retry-After": "1"})
 
 
-def is_out_of_memory(error: Exception) -> bool:
-    """True for onnxruntime's allocation failures (its Python exceptions differ by build: the message is the same)."""
-    return any(part in str(error) for part in OOM_MESSAGES)
-
-
 @dataclass(eq=False)
 class Instance:
     """One session of a model: how to run it, where, and what its runs cost."""
@@ -152,7 +145,7 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
             return dict(zip(output_names, session.run(output_names, feeds), strict=True))
         except Exception as error:
             rows = len(next(iter(feeds.values())))
-            if not is_out_of_memory(error):
+            if not any(part in str(error) for part in OOM_MESSAGES):  # its exception classes differ by build
                 raise
             if rows <= 1:
                 raise DeviceOutOfMemory(
@@ -165,5 +158,4 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
         halves = (slice(None, half), slice(half, None))
         return concatenate([run_graph({key: value[part] for key, value in feeds.items()}) for part in halves])
 
-    instance = Instance(name, session.get_providers()[0], run_graph, session=session)
-    return instance
+    return (instance := Instance(name, session.get_providers()[0], run_graph, session=session))
