@@ -230,10 +230,8 @@ class ModelBatcher:
 
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs (a request's handling, which teaches the pace, or
-        while its body is `parsing`), or 429 at once: past max_queue rows, or when it would not be done within
-        DEADLINE_SHARE of its deadline with the admitted work at the pace (a large one, at least COLD_PACE when none
-        finished lately); a request alone is admitted, and one already past its deadline goes on to its 504."""
+        """Hold `rows` rows of `cells` cells while a request is handled (or its body `parsing`), or 429 at once: past
+        max_queue rows, or not done within DEADLINE_SHARE of its deadline with the admitted work at the pace."""
         now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
         if not admitted and now - self._last_done > STALE_SHARE * self.config.deadline_s:
             self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
