@@ -52,11 +52,6 @@ class CostModel:
         self.runs += 1
         self.coefficients = _fit(self._gram, self._moments, self.coefficients)
 
-    def describe(self) -> dict[str, float]:
-        """The fit, for GET /models: milliseconds per run and microseconds per step and per cell."""
-        fixed, per_step, per_cell = self.coefficients
-        return {"fixed_ms": fixed * 1e3, "per_step_us": per_step * 1e6, "per_cell_us": per_cell * 1e6}
-
 
 def _fit(gram: list[list[float]], moments: list[float], previous: tuple) -> tuple[float, float, float]:
     """The coefficients, pulled toward `previous`, by Cramer's rule (this runs on the event loop after every run);
@@ -131,7 +126,10 @@ class Instance:
         return self.provider == CPU
 
     def public_info(self) -> dict:
-        return {"name": self.name, "provider": self.provider, "max_rows": self.max_rows, "cost": self.cost.describe()}
+        """For GET /models: the cost model's fit in milliseconds per run and microseconds per step and per cell."""
+        fixed, per_step, per_cell = self.cost.coefficients
+        cost = {"fixed_ms": fixed * 1e3, "per_step_us": per_step * 1e6, "per_cell_us": per_cell * 1e6}
+        return {"name": self.name, "provider": self.provider, "max_rows": self.max_rows, "cost": cost}
 
 
 def session_instance(name: str, session: ort.InferenceSession, model: str, metrics: Metrics) -> Instance:
