@@ -27,8 +27,7 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
             for instance in graph.instances:
                 instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
             layout = task.graphs[key] if key else task.layout
-            inputs, outputs, metrics = layout.sequence_inputs, layout.sequence_outputs, registry.metrics
-            graph.batcher = ModelBatcher(graph.name, graph.instances, inputs, outputs, config, metrics, alone)
+            graph.batcher = ModelBatcher(graph.name, graph.instances, layout, config, registry.metrics, alone)
             served.append(graph)
     trimmer = asyncio.create_task(trim_when_idle([graph.batcher for graph in served]), name="memory-trim")
     try:

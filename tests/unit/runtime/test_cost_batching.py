@@ -19,6 +19,7 @@ from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.runtime.batcher import BatchConfig, ModelBatcher
 from app.runtime.instances import CPU, DECAY, CostModel, Instance, RunSlots
+from app.runtime.model import GraphLayout
 from tests.manual_clock import ManualClock, run_on_clock
 from tests.toy_profiles import (
     WIDTH,
@@ -51,7 +52,7 @@ def _drive(scenario, instances: list[Instance], clock: ManualClock, slots: int =
     async def main():
         for instance in instances:
             instance.slots = RunSlots(slots)
-        batcher = ModelBatcher("toy", instances, (), {}, BatchConfig(**settings), Metrics(), clock=clock)
+        batcher = ModelBatcher("toy", instances, GraphLayout(), BatchConfig(**settings), Metrics(), clock=clock)
         try:
             return await scenario(batcher)
         finally:
