@@ -117,7 +117,6 @@ class Instance:
     provider: str  # the onnxruntime provider
     run: RunGraph  # blocking: the batcher calls it on one of `slots`' threads
     slots: RunSlots | None = None  # set by the engine
-    session: ort.InferenceSession | None = None
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run at most (None: no own limit), lowered when one ran out of memory
 
@@ -156,4 +155,4 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
         halves = (slice(None, half), slice(half, None))
         return concatenate([run_graph({key: value[part] for key, value in feeds.items()}) for part in halves])
 
-    return (instance := Instance(name, session.get_providers()[0], run_graph, session=session))
+    return (instance := Instance(name, session.get_providers()[0], run_graph))
