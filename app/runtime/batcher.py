@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -18,6 +18,7 @@ from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
 from app.runtime.instances import Instance, RunGraph
+from app.runtime.model import GraphLayout
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
 DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline
@@ -162,8 +163,7 @@ class ModelBatcher:
         self,
         name: str,
         instances: Sequence[Instance],
-        sequence_inputs: Sequence[str],
-        sequence_outputs: Mapping[str, int],
+        layout: GraphLayout,
         config: BatchConfig,
         metrics: Metrics,
         alone: Callable[[], bool] = lambda: False,
@@ -172,8 +172,7 @@ class ModelBatcher:
         """Start batching. `alone()`: the server handles a single request. `clock` times every wait and run (a test that
         passes a manual clock runs the event loop's timers on it too)."""
         self.name, self.instances, self.config = name, tuple(instances), config
-        self._sequence_inputs, self._sequence_outputs = tuple(sequence_inputs), dict(sequence_outputs)
-        self._metrics, self._alone, self._clock = metrics, alone, clock
+        self._layout, self._metrics, self._alone, self._clock = layout, metrics, alone, clock
         # this model's series, bound once: a labels() lookup per row would cost more than the batching saves
         self._admitted_gauge = metrics.admitted_rows.labels(name)
         self._queue_depth = metrics.queue_depth.labels(name)
@@ -230,10 +229,8 @@ class ModelBatcher:
 
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
-        """Hold `rows` rows of `cells` cells while the block runs (a request's handling, which teaches the pace, or
-        while its body is `parsing`), or 429 at once: past max_queue rows, or when it would not be done within
-        DEADLINE_SHARE of its deadline with the admitted work at the pace (a large one, at least COLD_PACE when none
-        finished lately); a request alone is admitted, and one already past its deadline goes on to its 504."""
+        """Hold `rows` rows of `cells` cells while a request is handled (or its body `parsing`), or 429 at once: past
+        max_queue rows, or not done within DEADLINE_SHARE of its deadline with the admitted work at the pace."""
         now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
         if not admitted and now - self._last_done > STALE_SHARE * self.config.deadline_s:
             self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
@@ -494,11 +491,11 @@ class ModelBatcher:
             if (chain := batch[0].chain) is not None:
                 return [chain.outputs], chain.run(instance.run, batch[0].wanted, CHAIN_SLICE_S, self._clock)
             collating = self._clock()
-            feeds = collate([item.feeds for item in batch], self._sequence_inputs)
+            feeds = collate([item.feeds for item in batch], self._layout.sequence_inputs)
             started = self._clock()
             outputs = instance.run(feeds)
             finished = self._clock()
-            parts = split(outputs, [(item.rows, item.length, item.keep) for item in batch], self._sequence_outputs)
+            parts = split(outputs, batch, self._layout.sequence_outputs)
             rows, longest = _rows(batch), max(map(_LENGTH, batch))
             return parts, [(rows, longest, started - collating, finished - started, self._clock() - finished)]
         except Exception as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,19 +34,19 @@ def collate(parts: Sequence[Feeds], sequence_inputs: Sequence[str]) -> Feeds:
     }
 
 
-def split(outputs: Feeds, items: Sequence[tuple], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
-    """Per item `(rows, length, keep)`: its rows of the outputs in `keep` (None: all), sequence outputs trimmed to
-    `length + extra`."""
-    starts = itertools.accumulate((rows for rows, _, _ in items), initial=0)
+def split(outputs: Feeds, items: Sequence[Any], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
+    """Per queue item (its `rows`, `length` and `keep`): its rows of the outputs in `keep` (None: all), sequence
+    outputs trimmed to `length + extra`."""
+    starts = itertools.accumulate((item.rows for item in items), initial=0)
     return [
         {
-            name: value[start : start + rows, : length + sequence_outputs[name]]
+            name: value[start : start + item.rows, : item.length + sequence_outputs[name]]
             if name in sequence_outputs
-            else value[start : start + rows]
+            else value[start : start + item.rows]
             for name, value in outputs.items()
-            if keep is None or name in keep
+            if item.keep is None or name in item.keep
         }
-        for start, (rows, length, keep) in zip(starts, items, strict=False)
+        for start, item in zip(starts, items, strict=False)
     ]
 
 

@@ -8,10 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 from app.runtime.batcher import BatchConfig, ModelBatcher
 from app.runtime.instances import RunSlots
-from app.runtime.memory import release_free_memory
+from app.runtime.memory import trim_when_idle
 from app.runtime.registry import ModelRegistry
-
-TRIM_EVERY_S = 2.0  # how often an idle engine gives freed memory back
 
 
 @contextlib.asynccontextmanager
@@ -29,10 +27,9 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
             for instance in graph.instances:
                 instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
             layout = task.graphs[key] if key else task.layout
-            inputs, outputs, metrics = layout.sequence_inputs, layout.sequence_outputs, registry.metrics
-            graph.batcher = ModelBatcher(graph.name, graph.instances, inputs, outputs, config, metrics, alone)
+            graph.batcher = ModelBatcher(graph.name, graph.instances, layout, config, registry.metrics, alone)
             served.append(graph)
-    trimmer = asyncio.create_task(_trim_when_idle([graph.batcher for graph in served]), name="memory-trim")
+    trimmer = asyncio.create_task(trim_when_idle([graph.batcher for graph in served]), name="memory-trim")
     try:
         yield
     finally:
@@ -44,14 +41,3 @@ async def engine(registry: ModelRegistry, alone: Callable[[], bool] = lambda: Fa
             graph.batcher = None
         for slots in {cpu_slots, *(instance.slots for graph in served for instance in graph.instances)}:
             slots.close()
-
-
-async def _trim_when_idle(batchers: list[ModelBatcher]) -> None:
-    """After runs (the statistics time the last), once no model has work admitted, hand freed pages back."""
-    trimmed_at = 0
-    while True:
-        await asyncio.sleep(TRIM_EVERY_S)
-        last_run = max((batcher.stats.last_inference_ms for batcher in batchers), default=0)
-        if last_run != trimmed_at and not any(batcher.admitted_rows for batcher in batchers):
-            await asyncio.to_thread(release_free_memory)
-            trimmed_at = last_run

@@ -1,6 +1,5 @@
 """A model's instances (one session each, on one provider of `MNEMO_PROVIDER`), what their runs cost and the run slots
-they run on; a batch their device cannot hold fails the run (ONNX Runtime's arena, past its bound), and the session
-stays usable."""
+they run on; a batch their device cannot hold is halved (the session stays usable)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ RIDGE = 1e-3  # pull toward the previous fit, relative to each coefficient's own
 
 class CostModel:
     """Seconds per run, `fixed + per_step x length + per_cell x rows x length`, fitted by non-negative least squares
-    over the runs observed so far (0 until the first). Plain floats: numpy's per-call overhead on 3x3 arrays would
-    cost more on the event loop, after every run."""
+    over the runs observed so far (0 until the first); plain floats, as numpy's overhead on 3x3 would cost more."""
 
     def __init__(self) -> None:
         # decayed sums of x x^T and x y over the runs, x = (1, length, cells)
@@ -53,11 +51,6 @@ class CostModel:
                 self._gram[i][j] = DECAY * self._gram[i][j] + x[i] * x[j]
         self.runs += 1
         self.coefficients = _fit(self._gram, self._moments, self.coefficients)
-
-    def describe(self) -> dict[str, float]:
-        """The fit, for GET /models: milliseconds per run and microseconds per step and per cell."""
-        fixed, per_step, per_cell = self.coefficients
-        return {"fixed_ms": fixed * 1e3, "per_step_us": per_step * 1e6, "per_cell_us": per_cell * 1e6}
 
 
 def _fit(gram: list[list[float]], moments: list[float], previous: tuple) -> tuple[float, float, float]:
@@ -116,11 +109,6 @@ class DeviceOutOfMemory(ServiceError):
     headers = MappingProxyType({"Retry-After": "1"})
 
 
-def is_out_of_memory(error: Exception) -> bool:
-    """True for onnxruntime's allocation failures (its Python exceptions differ by build: the message is the same)."""
-    return any(part in str(error) for part in OOM_MESSAGES)
-
-
 @dataclass(eq=False)
 class Instance:
     """One session of a model: how to run it, where, and what its runs cost."""
@@ -129,7 +117,6 @@ class Instance:
     provider: str  # the onnxruntime provider
     run: RunGraph  # blocking: the batcher calls it on one of `slots`' threads
     slots: RunSlots | None = None  # set by the engine
-    session: ort.InferenceSession | None = None
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run at most (None: no own limit), lowered when one ran out of memory
 
@@ -138,7 +125,10 @@ class Instance:
         return self.provider == CPU
 
     def public_info(self) -> dict:
-        return {"name": self.name, "provider": self.provider, "max_rows": self.max_rows, "cost": self.cost.describe()}
+        """For GET /models: the cost model's fit in milliseconds per run and microseconds per step and per cell."""
+        fixed, per_step, per_cell = self.cost.coefficients
+        cost = {"fixed_ms": fixed * 1e3, "per_step_us": per_step * 1e6, "per_cell_us": per_cell * 1e6}
+        return {"name": self.name, "provider": self.provider, "max_rows": self.max_rows, "cost": cost}
 
 
 def session_instance(name: str, session: ort.InferenceSession, model: str, metrics: Metrics) -> Instance:
@@ -152,7 +142,7 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
             return dict(zip(output_names, session.run(output_names, feeds), strict=True))
         except Exception as error:
             rows = len(next(iter(feeds.values())))
-            if not is_out_of_memory(error):
+            if not any(part in str(error) for part in OOM_MESSAGES):  # its exception classes differ by build
                 raise
             if rows <= 1:
                 raise DeviceOutOfMemory(
@@ -165,5 +155,4 @@ def session_instance(name: str, session: ort.InferenceSession, model: str, metri
         halves = (slice(None, half), slice(half, None))
         return concatenate([run_graph({key: value[part] for key, value in feeds.items()}) for part in halves])
 
-    instance = Instance(name, session.get_providers()[0], run_graph, session=session)
-    return instance
+    return (instance := Instance(name, session.get_providers()[0], run_graph))

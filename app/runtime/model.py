@@ -124,6 +124,7 @@ class ServedModel:
     state: Any = None
     error: str | None = None
     instances: list[Instance] = field(default_factory=list)  # one session per MNEMO_PROVIDER entry
+    session: ort.InferenceSession | None = None  # the first instance's: all have the same inputs and outputs
     graphs: dict[str, ServedModel] = field(default_factory=dict)
     batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
 
@@ -134,10 +135,6 @@ class ServedModel:
     @property
     def task(self) -> str:
         return self.entry.task
-
-    @property
-    def session(self) -> ort.InferenceSession | None:  # the first instance's: all have the same inputs and outputs
-        return self.instances[0].session if self.instances else None
 
     @property
     def ready(self) -> bool:

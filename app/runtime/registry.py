@@ -83,7 +83,7 @@ class ModelRegistry:
         except ProviderUnavailable as error:  # never one model's problem: the service would run on the wrong provider
             raise ModelLoadError(str(error)) from None
         except Exception as error:
-            model.instances = []
+            model.instances, model.session = [], None
             model.error = " ".join(str(error).split()).replace(f"{self.settings.artifacts_dir.resolve()}{os.sep}", "")
             return
         took = time.perf_counter() - started
@@ -97,6 +97,7 @@ class ModelRegistry:
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
+            model.session = model.session or session
             session.run(None, _warm_up_feeds(session))
             sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
             for rows, length in SEED_RUNS:

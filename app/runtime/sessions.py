@@ -10,9 +10,7 @@ import onnxruntime as ort
 from app.core.settings import Settings, split_list
 
 logger = logging.getLogger("mnemo.providers")
-PROVIDER_NAMES = {
-    name.lower(): f"{name}ExecutionProvider" for name in ("CPU", "CUDA", "Tensorrt")
-}  # MNEMO_PROVIDER: onnxruntime
+PROVIDER_NAMES = {name.lower(): f"{name}ExecutionProvider" for name in ("CPU", "CUDA", "Tensorrt")}  # MNEMO_PROVIDER
 
 
 class ProviderUnavailable(RuntimeError):

@@ -22,6 +22,7 @@ from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.batcher import CHAIN_SLICE_S, COLD_PACE, PACE_MIN_S, BatchConfig, Chain, ModelBatcher
 from app.runtime.instances import CPU, Instance, RunSlots
+from app.runtime.model import GraphLayout
 from tests.manual_clock import WATCHDOG_S, ManualClock, run_on_clock
 from tests.toy_model import build_toy_onnx
 from tests.toy_profiles import flat_cost, linear_cost
@@ -138,7 +139,7 @@ def _drive(
         served = instances or [Instance("cpu-0", CPU, run)]
         for instance in served:
             instance.slots = RunSlots(slots)
-        batcher = ModelBatcher("toy", served, (), {}, config, metrics or Metrics(), alone, clock)
+        batcher = ModelBatcher("toy", served, GraphLayout(), config, metrics or Metrics(), alone, clock)
         try:
             return await scenario(batcher)
         finally:

@@ -19,6 +19,7 @@ from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
 from app.runtime.batcher import BatchConfig, ModelBatcher
 from app.runtime.instances import CPU, DECAY, CostModel, Instance, RunSlots
+from app.runtime.model import GraphLayout
 from tests.manual_clock import ManualClock, run_on_clock
 from tests.toy_profiles import (
     WIDTH,
@@ -51,7 +52,7 @@ def _drive(scenario, instances: list[Instance], clock: ManualClock, slots: int =
     async def main():
         for instance in instances:
             instance.slots = RunSlots(slots)
-        batcher = ModelBatcher("toy", instances, (), {}, BatchConfig(**settings), Metrics(), clock=clock)
+        batcher = ModelBatcher("toy", instances, GraphLayout(), BatchConfig(**settings), Metrics(), clock=clock)
         try:
             return await scenario(batcher)
         finally:
@@ -80,7 +81,9 @@ def test_the_cost_model_recovers_fixed_per_step_and_per_cell_costs():
         cost.observe(rows, length, 0.004 + 2e-5 * length + 1e-6 * rows * length)
     assert cost.runs
     assert cost.predict(64, 200) == pytest.approx(0.004 + 2e-5 * 200 + 1e-6 * 64 * 200, rel=1e-3)
-    assert cost.describe() == pytest.approx({"fixed_ms": 4.0, "per_step_us": 20.0, "per_cell_us": 1.0}, rel=1e-3)
+    assert Instance("cpu-0", CPU, dict, cost=cost).public_info()["cost"] == pytest.approx(
+        {"fixed_ms": 4.0, "per_step_us": 20.0, "per_cell_us": 1.0}, rel=1e-3
+    )
 
 
 def test_the_cost_model_never_predicts_a_negative_cost():
