@@ -187,6 +187,8 @@ async def get_student(
 async def delete_student(request: Request, student_id: StudentIdPath) -> JsonResponse:
     """Erase everything about a student, under every model, at once; answers which states were removed."""
     holder = _holder(request, student_id)
+    if "model" in request.query_params:  # GET's style: a client asking for one model's state would lose every model's
+        raise InvalidInput(("query", "model"), "DELETE erases the student under every model; it takes no model")
     removed = await holder.commit(lambda store: store.delete(student_id))
     deleted = [{"model": model, "interactions": interactions} for model, interactions in removed.items()]
     return JsonResponse({"student_id": student_id, "deleted": deleted})

@@ -392,6 +392,19 @@ def test_an_append_naming_its_model_in_the_query_is_422_not_appended_to_the_defa
     assert sqlite_api.get("/students/learner-q").status_code == 404  # nothing was stored
 
 
+def test_a_delete_naming_a_model_is_422_and_erases_nothing(sqlite_api: httpx.Client) -> None:
+    """DELETE erases the student under every model: a client asking for one model's state would have lost all."""
+    for model in (MODEL, OTHER_MODEL):
+        appended = sqlite_api.post("/students/learner-d/interactions", json={"model": model, "interactions": ONE_STEP})
+        assert appended.status_code == 200
+    response = sqlite_api.delete("/students/learner-d", params={"model": OTHER_MODEL})
+    assert response.status_code == 422
+    error = response.json()["detail"][0]
+    assert error["loc"] == ["query", "model"] and "every model" in error["msg"]
+    for model in (MODEL, OTHER_MODEL):
+        assert sqlite_api.get("/students/learner-d", params={"model": model}).status_code == 200
+
+
 def test_ids_that_are_not_utf8_are_422_not_one_shared_student(sqlite_api: httpx.Client) -> None:
     """%FF and %FE both decode to U+FFFD: without the rule they were the same student."""
     for raw in ("%FF", "%FE", "%ED%A0%80", "ok%FF"):
