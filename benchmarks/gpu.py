@@ -8,8 +8,9 @@
    fit MNEMO_CUDA_MEM_LIMIT_MB (or the default 4096 MiB of deploy/k8s/overlays/gpu).
 3. Parity: each graph's largest output difference from CPU at batch 32, with TF32 off (the service's default)
    and on.
-4. The service (`python -m app` on 127.0.0.1) with MNEMO_PROVIDER `cuda`, `cpu` and `cuda,cpu`, at concurrency
-   1, 32 and 256 on /similarity and /knowledge-trace: answers/s, p50 and p99, and any non-2xx statuses.
+4. The service (`python -m app` on 127.0.0.1) with MNEMO_PROVIDER `cuda`, `cpu` and `cuda,cpu` (or the `--service`
+   specs given), at concurrency 1, 32 and 256 on /similarity and /knowledge-trace: answers/s, p50 and p99, any
+   non-2xx statuses, and the rows per ONNX run each instance ran (from /metrics).
 
 The table replaces the gpu section of BENCHMARKS.md. Without CUDA it exits 2 with one line saying what is
 missing; `--cpu-only` runs the CPU columns alone (a dry run of the code paths, written nowhere unless
@@ -203,6 +204,7 @@ def memory_table() -> list[str]:
         per_row = np.polyfit(MEMORY_BATCHES, held, 1)[0]
         rows = rows_within(limit_mb * 1024 * 1024, per_row)
         lines.append(f"| {graph} | {' / '.join(f'{b / 1e6:,.0f}' for b in held)} | {per_row / 1e6:.2f} | {rows:,} |")
+        print(lines[-1], flush=True)
     return lines
 
 
@@ -230,6 +232,7 @@ def parity_table(providers: list[str]) -> list[str]:
             for _, p, tf32 in others
         ]
         lines.append(f"| {graph} | " + " | ".join(f"{value:.1e}" for value in cells) + " |")
+        print(lines[-1], flush=True)
     return lines
 
 
@@ -293,8 +296,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_service(provider: str, log: Path) -> tuple[subprocess.Popen, int]:
-    """`python -m app` on 127.0.0.1 with MNEMO_PROVIDER=provider, once /ready answers 200."""
+def start_service(spec: str, log: Path) -> tuple[subprocess.Popen, int]:
+    """`python -m app` on 127.0.0.1 for a `--service` spec (`cuda` or `cuda MNEMO_MAX_BATCH=256 ...`: the
+    provider list, then settings), once /ready answers 200."""
+    provider, *assignments = spec.split()
     port = _free_port()
     env = {
         **os.environ,
@@ -303,7 +308,8 @@ def start_service(provider: str, log: Path) -> tuple[subprocess.Popen, int]:
         "MNEMO_PROVIDER": provider,
         "MNEMO_ARTIFACTS_DIR": str(ARTIFACTS),
         "MNEMO_LOG_LEVEL": "warning",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        **dict(assignment.split("=", 1) for assignment in assignments),
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "app"], env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT
@@ -318,6 +324,25 @@ def start_service(provider: str, log: Path) -> tuple[subprocess.Popen, int]:
     process.kill()
     process.wait()
     raise RuntimeError(log.read_text().strip().splitlines()[-1] if log.read_text().strip() else "never ready")
+
+
+def rows_per_run(port: int) -> str:
+    """Each instance's rows per ONNX run so far (`model/instance rows/runs`), from the service's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    totals: Counter = Counter()
+    for line in text.splitlines():
+        for kind in ("runs", "rows"):
+            if line.startswith(f"mnemo_instance_{kind}_total{{"):
+                labels = dict(part.split("=") for part in line[line.index("{") + 1 : line.index("}")].split(","))
+                key = (labels["model"].strip('"'), labels["model_instance"].strip('"'), kind)
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    pairs = sorted({(model, instance) for model, instance, _ in totals})
+    return ", ".join(
+        f"{model}/{instance} {totals[model, instance, 'rows'] / max(totals[model, instance, 'runs'], 1):.1f} "
+        f"({totals[model, instance, 'runs']:,.0f} runs)"
+        for model, instance in pairs
+        if totals[model, instance, "runs"]
+    )
 
 
 def service_table(providers: tuple[str, ...], concurrency: tuple[int, ...], seconds: float) -> list[str]:
@@ -338,6 +363,7 @@ def service_table(providers: tuple[str, ...], concurrency: tuple[int, ...], seco
         "| MNEMO_PROVIDER | endpoint | connections | answers/s | p50 ms | p99 ms | other statuses |",
         "|---|---|---|---|---|---|---|",
     ]
+    footnotes: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         for provider in providers:
             try:
@@ -351,10 +377,11 @@ def service_table(providers: tuple[str, ...], concurrency: tuple[int, ...], seco
                         load = asyncio.run(_load(port, path, body, connections, seconds))
                         lines.append(f"| {provider} | {name} | {connections} | {load.row()} |")
                         print(lines[-1], flush=True)
+                footnotes.append(f"- `{provider}`, rows per run: {rows_per_run(port) or 'no runs counted'}")
             finally:
                 process.terminate()
                 process.wait(timeout=60)
-    return lines
+    return [*lines, "", *footnotes]
 
 
 def main() -> None:
@@ -364,6 +391,12 @@ def main() -> None:
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--seconds", type=float, default=2.0, help="per bare-ONNX cell; x5 per load cell")
     parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument(
+        "--service",
+        action="append",
+        help="a service to load: MNEMO_PROVIDER, then any settings (`cuda MNEMO_MAX_BATCH=256`); repeatable "
+        f"(default: {', '.join(SERVICE_PROVIDERS)})",
+    )
     parser.add_argument(
         "--output",
         type=Path,
@@ -390,8 +423,10 @@ def main() -> None:
         "",
         *parity_table(providers),
     ]
+    if CUDA in providers:
+        sections += ["", "GPU memory held by a fresh session after growing batches:", "", *memory_table()]
     if not arguments.skip_service:
-        service_providers = ("cpu",) if arguments.cpu_only else SERVICE_PROVIDERS
+        service_providers = tuple(arguments.service or ()) or (("cpu",) if arguments.cpu_only else SERVICE_PROVIDERS)
         sections += [
             "",
             f"The service (`python -m app`, {arguments.seconds * 5:g} s per cell):",
