@@ -345,6 +345,19 @@ def rows_per_run(port: int) -> str:
     )
 
 
+def cost_fits(port: int) -> str:
+    """The benchmarked models' instances' cost fits (fixed ms + per step µs + per cell µs), from GET /models."""
+    listed = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/models", timeout=10))["models"]
+    return ", ".join(
+        f"{model['name']}/{instance['name']} {cost['fixed_ms']:.2f} ms + {cost['per_step_us']:.1f} µs/step + "
+        f"{cost['per_cell_us']:.2f} µs/cell"
+        for model in listed
+        if model["name"] in (KT_MODEL, SIM_MODEL)
+        for instance in model["instances"]
+        for cost in [instance["cost"]]
+    )
+
+
 def service_table(providers: tuple[str, ...], concurrency: tuple[int, ...], seconds: float) -> list[str]:
     rng = np.random.default_rng(1)
     interactions = [
@@ -372,12 +385,14 @@ def service_table(providers: tuple[str, ...], concurrency: tuple[int, ...], seco
                 lines.append(f"| {provider} | did not start: {error} | | | | | |")
                 continue
             try:
+                seeded = cost_fits(port)
                 for name, path, body in scenarios:
                     for connections in concurrency:
                         load = asyncio.run(_load(port, path, body, connections, seconds))
                         lines.append(f"| {provider} | {name} | {connections} | {load.row()} |")
                         print(lines[-1], flush=True)
                 footnotes.append(f"- `{provider}`, rows per run: {rows_per_run(port) or 'no runs counted'}")
+                footnotes.append(f"  - cost fits at the start: {seeded}; after the load: {cost_fits(port)}")
             finally:
                 process.terminate()
                 process.wait(timeout=60)
@@ -391,6 +406,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--seconds", type=float, default=2.0, help="per bare-ONNX cell; x5 per load cell")
     parser.add_argument("--skip-service", action="store_true")
+    parser.add_argument("--skip-bare", action="store_true", help="the service alone (no bare, parity or memory table)")
     parser.add_argument(
         "--service",
         action="append",
@@ -413,18 +429,20 @@ def main() -> None:
     batches = tuple(int(b) for b in arguments.batches.split(","))
     concurrency = tuple(int(c) for c in arguments.concurrency.split(","))
     load_avg = os.getloadavg()[0]
-    sections = [
-        f"Bare ONNX Runtime, median ms per run ({ort.__version__}, device {ort.get_device()}, load "
-        f"average {load_avg:.1f} at the start):",
-        "",
-        *bare_table(providers, batches, arguments.seconds),
-        "",
-        f"Largest output difference from CPU at batch {PARITY_BATCH}:",
-        "",
-        *parity_table(providers),
-    ]
-    if CUDA in providers:
-        sections += ["", "GPU memory held by a fresh session after growing batches:", "", *memory_table()]
+    sections: list[str] = []
+    if not arguments.skip_bare:
+        sections += [
+            f"Bare ONNX Runtime, median ms per run ({ort.__version__}, device {ort.get_device()}, load "
+            f"average {load_avg:.1f} at the start):",
+            "",
+            *bare_table(providers, batches, arguments.seconds),
+            "",
+            f"Largest output difference from CPU at batch {PARITY_BATCH}:",
+            "",
+            *parity_table(providers),
+        ]
+        if CUDA in providers:
+            sections += ["", "GPU memory held by a fresh session after growing batches:", "", *memory_table()]
     if not arguments.skip_service:
         service_providers = tuple(arguments.service or ()) or (("cpu",) if arguments.cpu_only else SERVICE_PROVIDERS)
         sections += [
