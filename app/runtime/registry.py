@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -55,7 +54,6 @@ class ModelRegistry:
         self.models = {entry.name: ServedModel(entry) for entry in entries}
         with ThreadPoolExecutor(max(1, min(len(self.models), usable_cpus())), thread_name_prefix="model-load") as pool:
             list(pool.map(self._load_model, self.models.values()))
-        self._seed_costs()
         for model in self.models.values():
             self.metrics.model_ready.labels(model.name).set(1 if model.ready else 0)
             if model.error and self.settings.on_model_error == "exit":
@@ -91,27 +89,21 @@ class ModelRegistry:
         took = time.perf_counter() - started
         logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)
 
-    def _seed_costs(self) -> None:
-        """Teach each instance's cost model SEED_RUNS, each the faster of two runs, one instance at a time once every
-        model is loaded: timed beside other loads, runs seem slower than they are (a GPU's most), and an instance
-        seeded too slow is never chosen, so never corrected."""
-        for graph in (g for model in self.models.values() if model.ready for g in (model, *model.graphs.values())):
-            sequences = any(-1 in onnx_spec(node).shape[1:] for node in graph.session.get_inputs())
-            for instance, (rows, length) in itertools.product(graph.instances, SEED_RUNS):
-                length = length if sequences else 1
-                run = partial(instance.run, _warm_up_feeds(graph.session, rows, length))
-                instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
-
     def _open(self, model: ServedModel) -> None:
-        """Verify the model's file, open it once per provider listed and warm each session up (the first run
-        allocates)."""
+        """Verify the model's file, open it once per provider listed, warm each session up (the first run allocates),
+        then teach its cost model SEED_RUNS, each the faster of two runs (the models load in parallel)."""
         path = verified(self.settings.artifacts_dir, model.entry, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
-            model.instances.append(session_instance(name, session, model.name, self.metrics))
+            model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
             model.session = model.session or session
             session.run(None, _warm_up_feeds(session))
+            sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
+            for rows, length in SEED_RUNS:
+                length = length if sequences else 1
+                run = partial(session.run, None, _warm_up_feeds(session, rows, length))
+                instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
