@@ -10,14 +10,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.students.store import (
-    Fields,
-    StateStore,
-    StudentState,
-    UnreadableState,
-    state_of,
-    stored_count,
-)
+from app.students.store import Fields, StateStore, StudentState, UnreadableState, state_of, stored_count
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
 STUDENTS_KEY = b"mnemo:students"

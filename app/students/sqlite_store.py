@@ -12,14 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from app.students.store import (
-    Fields,
-    StateStore,
-    StoreUnavailable,
-    StudentState,
-    state_of,
-    stored_count,
-)
+from app.students.store import Fields, StateStore, StoreUnavailable, StudentState, state_of, stored_count
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS student_state (
@@ -56,7 +49,7 @@ class SqliteStateStore(StateStore):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
-        self._identity: tuple[int, int] | None = None  # (device, inode) of the file, once opened
+        self._opened: os.stat_result | None = None  # the file, once opened
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -71,7 +64,7 @@ class SqliteStateStore(StateStore):
             )
         with self._unavailable():
             self._connection().executescript(SCHEMA)
-        self._identity = _file_identity(path)
+        self._opened = os.stat(path)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
         rows = self._query(f"SELECT {STATE_COLUMNS} {ONE_STATE}", student_id, model)
@@ -150,18 +143,12 @@ class SqliteStateStore(StateStore):
 
     def _check_file(self) -> None:
         """`StoreUnavailable` until a restart once the path no longer names the file opened at startup."""
-        if self._identity is not None and _file_identity(self.path) != self._identity:
-            raise StoreUnavailable(
-                "SQLite state store: its file was deleted or replaced while the service ran",
-                f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
-                "to open the file now there (students written since were kept only in the deleted file)",
-                until_restart=True,
-            )
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of the file at `path`; None when there is none."""
-    with suppress(OSError):
-        status = os.stat(path)
-        return status.st_dev, status.st_ino
-    return None
+        with suppress(OSError):
+            if self._opened is None or os.path.samestat(os.stat(self.path), self._opened):
+                return
+        raise StoreUnavailable(
+            "SQLite state store: its file was deleted or replaced while the service ran",
+            f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
+            "to open the file now there (students written since were kept only in the deleted file)",
+            until_restart=True,
+        )
