@@ -198,20 +198,15 @@ class Settings(BaseSettings):
     """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
     the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "api_keys_file")
     @classmethod
-    def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
-        """Set (not blank), it must hold a key: `,` never turns authentication off."""
-        if keys is not None and not sendable_keys(split_list(keys.get_secret_value()), "of the list"):
+    def _holds_keys(cls, value: SecretStr | Path | None) -> SecretStr | Path | None:
+        """Set (not blank), each must hold a key: `,` or a file without keys never turns authentication off."""
+        if isinstance(value, Path) and not read_keys_file(value):
+            raise ValueError(f"{value} holds no API key (one per line)")
+        if isinstance(value, SecretStr) and not sendable_keys(split_list(value.get_secret_value()), "of the list"):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
-        return keys
-
-    @field_validator("api_keys_file")
-    @classmethod
-    def _keys_file_has_keys(cls, path: Path | None) -> Path | None:
-        if path is not None and not read_keys_file(path):
-            raise ValueError(f"{path} holds no API key (one per line)")
-        return path
+        return value
 
     @model_validator(mode="after")
     def _rules_across_settings(self) -> Settings:

@@ -47,8 +47,7 @@ class SqliteStateStore(StateStore):
     def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
         self.path, self.where, self.synchronous, self._busy_timeout_s = path, str(path), synchronous, busy_timeout_s
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._connections_lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []  # every thread's, for close (list.append and pop are atomic)
         self._opened: os.stat_result | None = None  # the file, once opened
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,9 +116,8 @@ class SqliteStateStore(StateStore):
         self._query("SELECT value FROM store_counter WHERE name = 'revision'")
 
     def close(self) -> None:
-        with self._connections_lock:
-            while self._connections:
-                self._connections.pop().close()
+        while self._connections:
+            self._connections.pop().close()
 
     def _query(self, query: str, *parameters: Any) -> list[Any]:
         """The rows of one statement on this thread's connection (sqlite3's messages name no path)."""
@@ -137,8 +135,7 @@ class SqliteStateStore(StateStore):
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
             connection.execute("PRAGMA secure_delete=ON")  # erased students leave no bytes on free pages
             self._local.connection = connection
-            with self._connections_lock:
-                self._connections.append(connection)
+            self._connections.append(connection)
         return connection
 
     def _check_file(self) -> None:
