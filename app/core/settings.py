@@ -8,7 +8,7 @@ import os
 import re
 import resource
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -47,10 +47,9 @@ def sendable_keys(keys: list[str], where: str) -> list[str]:
     return keys
 
 
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+def unknown_variables(environ: Mapping[str, str]) -> Iterator[str]:
     """One line per MNEMO_* variable that is no setting (a typo such as MNEMO_MAX_BACTH), naming the nearest one."""
     fields = {name.upper() for name in Settings.model_fields}
-    lines = []
     for variable, value in sorted(environ.items()):
         name = variable.upper().removeprefix("MNEMO_")
         link = SERVICE_LINK.fullmatch(name) or (name.endswith("PORT") and SERVICE_LINK_URL.match(value))
@@ -58,8 +57,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
             continue
         nearest = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         hint = f" (did you mean MNEMO_{nearest[0]}?)" if nearest else ""
-        lines.append(f"{variable} is not a setting{hint}: ignored (the settings: docs/configuration.md)")
-    return lines
+        yield f"{variable} is not a setting{hint}: ignored (the settings: docs/configuration.md)"
 
 
 def split_list(text: str) -> list[str]:

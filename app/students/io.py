@@ -34,8 +34,7 @@ def open_store(url: str) -> StateStore:
     """`sqlite://PATH[?synchronous=full|normal]` (a relative PATH is taken from the working directory) or
     `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options such as `socket_timeout`)."""
     if url.startswith(SQLITE_PREFIX):
-        path, synchronous = _sqlite_options(url.removeprefix(SQLITE_PREFIX))
-        return SqliteStateStore(path, synchronous=synchronous)
+        return SqliteStateStore(*_sqlite_options(url.removeprefix(SQLITE_PREFIX)))
     check_url(url)  # here too: started as `uvicorn app.main:app`, nothing checks it at startup
     from app.students.redis_store import RedisStateStore  # redis-py, the optional extra mnemo[redis]: checked above
 

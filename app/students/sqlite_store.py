@@ -44,7 +44,7 @@ class SqliteStateStore(StateStore):
 
     name, driver_errors = "SQLite", sqlite3.Error
 
-    def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: Path, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
         self.path, self.where, self.synchronous, self._busy_timeout_s = path, str(path), synchronous, busy_timeout_s
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []  # every thread's, for close (list.append and pop are atomic)

@@ -220,11 +220,9 @@ async def update_state(
         expected_revision = None if current is None else current.revision
         write = methodcaller("write", model, student_id, memory, interactions, model_sha256, expected_revision)
         try:
-            state = await calls.commit(write)
+            return await calls.commit(write), result
         except RevisionConflict:
             await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))
-            continue
-        return state, result
     raise RevisionConflict(
         f"the state of this student changed {max_attempts} times while this update was computed; retry the request"
     )
