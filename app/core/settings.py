@@ -210,7 +210,7 @@ class Settings(BaseSettings):
     def _rules_across_settings(self) -> Settings:
         """Distinct ports; connections within the open-file limit (past it, accept() fails and a new connection waits
         unanswered instead of a 503); workers x concurrent runs x intra-op threads within the CPUs (not GPU runs)."""
-        if self.probe_port is not None and self.probe_port == self.port:
+        if self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
         if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
             raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")

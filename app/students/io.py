@@ -1,6 +1,5 @@
-"""The service's one store: `open_store(url)` and `check_url(url)` read MNEMO_STATE_URL (messages never echo it: it may
-hold a password); `StoreHolder` runs the store's blocking calls on threads of their own, so that a stalled database
-holds up the /students endpoints only, never the threads that parse other requests."""
+"""MNEMO_STATE_URL's store, checked and opened (messages never echo the URL: it may hold a password), its blocking calls
+on threads of their own: a stalled database holds up the /students endpoints only, never the parsing of others."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The store for several replicas: one Redis database, compare-and-swap in Lua. One hash per student (fields
-`<attribute>:<model>`: an erasure is one DEL), the ids in a sorted set; a failed command is never retried (a write
-whose reply was lost may have been applied)."""
+"""The store for several replicas: one Redis database, compare-and-swap in Lua, one hash per student (an erasure is one
+DEL); a failed command is never retried (a write whose reply was lost may have been applied)."""
 
 from __future__ import annotations
 

@@ -132,8 +132,7 @@ class StateStore(ABC):
         model_sha256: str,
         expected_revision: int | None,
     ) -> StudentState:
-        """Store the state if the current revision is `expected_revision` (None: absent), durably, else raise
-        `RevisionConflict`; `StateVersionMismatch` if the stored state has another `model_sha256`."""
+        """Store the state durably if the revision is `expected_revision` (None: absent) and the sha256 is the same."""
         if memory.dtype != np.float32 or memory.ndim != 2:
             raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
         blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
