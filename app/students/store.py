@@ -8,7 +8,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from operator import methodcaller
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -190,10 +190,9 @@ def state_of(model: str, student_id: str, *stored: Any) -> StudentState:
 
 def stored_count(value: Any) -> int | None:
     """The interaction count of a state being erased; None when it cannot be read."""
-    try:
+    with suppress(ValidationError):
         return COUNT.validate_python(value)
-    except ValidationError:
-        return None
+    return None
 
 
 async def update_state(
