@@ -121,7 +121,7 @@ def render() -> str:
         kind = f"{kind}, {bounds}" if bounds else kind
         description = " ".join((field.description or "").split()).replace("|", "\\|")
         rows.append(f"| `{prefix}{name.upper()}` | {kind} | {default_text(field)} | {description} |")
-    typo_warning = unknown_variables({"MNEMO_MAX_BACTH": "8"})[0]
+    typo_warning = next(unknown_variables({"MNEMO_MAX_BACTH": "8"}))
     return HEADER.format(prefix=prefix) + "\n".join(rows) + "\n" + FOOTER.format(typo_warning=typo_warning)
 
 

@@ -22,10 +22,6 @@ class Drain:
             for listener in self.on_begin:
                 listener()
 
-    def refuses(self, client: object) -> bool:
-        """Draining, and `client`'s connection was opened after the drain began."""
-        return self.draining and client not in self.open_before
-
     def alone(self) -> bool:
         """At most one request in flight: called from inside a request, it is the only one."""
         return len(self.tasks) <= 1

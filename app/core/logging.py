@@ -168,8 +168,7 @@ def route_path(scope: Scope) -> str:
 def loggable_path(scope: Scope, path: str | None = None) -> str:
     """The matched route's template (`/students/{student_id}`), never client text such as an id; else the path
     percent-encoded (one field of the access line), truncated, and cut after any prefix followed by an id."""
-    template = getattr(scope.get("route"), "path", None)
-    if template:
+    if template := getattr(scope.get("route"), "path", None):
         return template
     path = route_path(scope) if path is None else path  # the edge passes the one it took
     if path.startswith(ID_BEARING_PREFIXES):
@@ -190,9 +189,8 @@ class TracebackBudget:
         """(log the traceback now?, how many times it was seen since its traceback was last logged)."""
         frames = traceback.extract_tb(error.__traceback__)
         key = type(error).__qualname__, f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-        now = time.monotonic()
-        logged_at, repeats = self._last_logged.get(key, (None, 0))
-        if logged_at is not None and now - logged_at < self.window_s:
+        logged_at, repeats = self._last_logged.get(key, (float("-inf"), 0))
+        if (now := time.monotonic()) - logged_at < self.window_s:
             self._last_logged[key] = (logged_at, repeats + 1)
             return False, repeats + 1
         if len(self._last_logged) >= MAX_TRACKED_ERRORS:

@@ -8,7 +8,7 @@ import os
 import re
 import resource
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -47,10 +47,9 @@ def sendable_keys(keys: list[str], where: str) -> list[str]:
     return keys
 
 
-def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+def unknown_variables(environ: Mapping[str, str]) -> Iterator[str]:
     """One line per MNEMO_* variable that is no setting (a typo such as MNEMO_MAX_BACTH), naming the nearest one."""
     fields = {name.upper() for name in Settings.model_fields}
-    lines = []
     for variable, value in sorted(environ.items()):
         name = variable.upper().removeprefix("MNEMO_")
         link = SERVICE_LINK.fullmatch(name) or (name.endswith("PORT") and SERVICE_LINK_URL.match(value))
@@ -58,8 +57,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
             continue
         nearest = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         hint = f" (did you mean MNEMO_{nearest[0]}?)" if nearest else ""
-        lines.append(f"{variable} is not a setting{hint}: ignored (the settings: docs/configuration.md)")
-    return lines
+        yield f"{variable} is not a setting{hint}: ignored (the settings: docs/configuration.md)"
 
 
 def split_list(text: str) -> list[str]:
@@ -198,26 +196,21 @@ class Settings(BaseSettings):
     """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
     the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
 
-    @field_validator("api_keys")
+    @field_validator("api_keys", "api_keys_file")
     @classmethod
-    def _keys_are_keys(cls, keys: SecretStr | None) -> SecretStr | None:
-        """Set (not blank), it must hold a key: `,` never turns authentication off."""
-        if keys is not None and not sendable_keys(split_list(keys.get_secret_value()), "of the list"):
+    def _holds_keys(cls, value: SecretStr | Path | None) -> SecretStr | Path | None:
+        """Set (not blank), each must hold a key: `,` or a file without keys never turns authentication off."""
+        if isinstance(value, Path) and not read_keys_file(value):
+            raise ValueError(f"{value} holds no API key (one per line)")
+        if isinstance(value, SecretStr) and not sendable_keys(split_list(value.get_secret_value()), "of the list"):
             raise ValueError("holds no API key (comma-separated keys); leave it empty to turn authentication off")
-        return keys
-
-    @field_validator("api_keys_file")
-    @classmethod
-    def _keys_file_has_keys(cls, path: Path | None) -> Path | None:
-        if path is not None and not read_keys_file(path):
-            raise ValueError(f"{path} holds no API key (one per line)")
-        return path
+        return value
 
     @model_validator(mode="after")
     def _rules_across_settings(self) -> Settings:
         """Distinct ports; connections within the open-file limit (past it, accept() fails and a new connection waits
         unanswered instead of a 503); workers x concurrent runs x intra-op threads within the CPUs (not GPU runs)."""
-        if self.probe_port is not None and self.probe_port == self.port:
+        if self.probe_port == self.port:
             raise ValueError(f"MNEMO_PROBE_PORT ({self.probe_port}) must differ from MNEMO_PORT")
         if self.grpc_port is not None and self.grpc_port in (self.port, self.probe_port):
             raise ValueError(f"MNEMO_GRPC_PORT ({self.grpc_port}) must differ from MNEMO_PORT and MNEMO_PROBE_PORT")

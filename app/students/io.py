@@ -1,6 +1,5 @@
-"""The service's one store: `open_store(url)` and `check_url(url)` read MNEMO_STATE_URL (messages never echo it: it may
-hold a password); `StoreHolder` runs the store's blocking calls on threads of their own, so that a stalled database
-holds up the /students endpoints only, never the threads that parse other requests."""
+"""MNEMO_STATE_URL's store, checked and opened (messages never echo the URL: it may hold a password), its blocking calls
+on threads of their own: a stalled database holds up the /students endpoints only, never the parsing of others."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ def open_store(url: str) -> StateStore:
     """`sqlite://PATH[?synchronous=full|normal]` (a relative PATH is taken from the working directory) or
     `redis://host:port/db` (also `rediss://`, `unix://`, and redis-py's query options such as `socket_timeout`)."""
     if url.startswith(SQLITE_PREFIX):
-        path, synchronous = _sqlite_options(url.removeprefix(SQLITE_PREFIX))
-        return SqliteStateStore(path, synchronous=synchronous)
+        return SqliteStateStore(*_sqlite_options(url.removeprefix(SQLITE_PREFIX)))
     check_url(url)  # here too: started as `uvicorn app.main:app`, nothing checks it at startup
     from app.students.redis_store import RedisStateStore  # redis-py, the optional extra mnemo[redis]: checked above
 

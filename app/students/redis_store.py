@@ -1,6 +1,5 @@
-"""The store for several replicas: one Redis database, compare-and-swap in Lua. One hash per student (fields
-`<attribute>:<model>`: an erasure is one DEL), the ids in a sorted set; a failed command is never retried (a write
-whose reply was lost may have been applied)."""
+"""The store for several replicas: one Redis database, compare-and-swap in Lua, one hash per student (an erasure is one
+DEL); a failed command is never retried (a write whose reply was lost may have been applied)."""
 
 from __future__ import annotations
 
@@ -10,14 +9,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from app.students.store import (
-    Fields,
-    StateStore,
-    StudentState,
-    UnreadableState,
-    state_of,
-    stored_count,
-)
+from app.students.store import Fields, StateStore, StudentState, UnreadableState, state_of, stored_count
 
 STUDENT_KEY_PREFIX = b"mnemo:student:"
 STUDENTS_KEY = b"mnemo:students"

@@ -12,14 +12,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from app.students.store import (
-    Fields,
-    StateStore,
-    StoreUnavailable,
-    StudentState,
-    state_of,
-    stored_count,
-)
+from app.students.store import Fields, StateStore, StoreUnavailable, StudentState, state_of, stored_count
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS student_state (
@@ -51,12 +44,11 @@ class SqliteStateStore(StateStore):
 
     name, driver_errors = "SQLite", sqlite3.Error
 
-    def __init__(self, path: Path, *, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: Path, synchronous: str = "FULL", busy_timeout_s: float = 5.0) -> None:
         self.path, self.where, self.synchronous, self._busy_timeout_s = path, str(path), synchronous, busy_timeout_s
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._connections_lock = threading.Lock()
-        self._identity: tuple[int, int] | None = None  # (device, inode) of the file, once opened
+        self._connections: list[sqlite3.Connection] = []  # every thread's, for close (list.append and pop are atomic)
+        self._opened: os.stat_result | None = None  # the file, once opened
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -71,7 +63,7 @@ class SqliteStateStore(StateStore):
             )
         with self._unavailable():
             self._connection().executescript(SCHEMA)
-        self._identity = _file_identity(path)
+        self._opened = os.stat(path)
 
     def read(self, model: str, student_id: str) -> StudentState | None:
         rows = self._query(f"SELECT {STATE_COLUMNS} {ONE_STATE}", student_id, model)
@@ -124,9 +116,8 @@ class SqliteStateStore(StateStore):
         self._query("SELECT value FROM store_counter WHERE name = 'revision'")
 
     def close(self) -> None:
-        with self._connections_lock:
-            while self._connections:
-                self._connections.pop().close()
+        while self._connections:
+            self._connections.pop().close()
 
     def _query(self, query: str, *parameters: Any) -> list[Any]:
         """The rows of one statement on this thread's connection (sqlite3's messages name no path)."""
@@ -144,24 +135,17 @@ class SqliteStateStore(StateStore):
             connection.execute(f"PRAGMA synchronous={self.synchronous}")
             connection.execute("PRAGMA secure_delete=ON")  # erased students leave no bytes on free pages
             self._local.connection = connection
-            with self._connections_lock:
-                self._connections.append(connection)
+            self._connections.append(connection)
         return connection
 
     def _check_file(self) -> None:
         """`StoreUnavailable` until a restart once the path no longer names the file opened at startup."""
-        if self._identity is not None and _file_identity(self.path) != self._identity:
-            raise StoreUnavailable(
-                "SQLite state store: its file was deleted or replaced while the service ran",
-                f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
-                "to open the file now there (students written since were kept only in the deleted file)",
-                until_restart=True,
-            )
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of the file at `path`; None when there is none."""
-    with suppress(OSError):
-        status = os.stat(path)
-        return status.st_dev, status.st_ino
-    return None
+        with suppress(OSError):
+            if self._opened is None or os.path.samestat(os.stat(self.path), self._opened):
+                return
+        raise StoreUnavailable(
+            "SQLite state store: its file was deleted or replaced while the service ran",
+            f"SQLite state file {self.path} was deleted or replaced while the service ran: restart the service "
+            "to open the file now there (students written since were kept only in the deleted file)",
+            until_restart=True,
+        )

@@ -8,7 +8,7 @@ import random
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from operator import methodcaller
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -58,7 +58,9 @@ class StudentState(BaseModel, frozen=True):
 
 
 class StoreError(ServiceError):
-    """A store error, answered with its status and sentence (app/transports/error_handlers.py)."""
+    """A store error, answered with its status and sentence; by default 409, a conflict with the stored state."""
+
+    status_code = 409
 
 
 class StoreUnavailable(StoreError):
@@ -75,8 +77,6 @@ class StoreUnavailable(StoreError):
 class StateVersionMismatch(StoreError):
     """The stored state was built by another version (sha256) of the model: 409, never silently mixed."""
 
-    status_code = 409
-
     def __init__(self, model: str, stored_sha256: str, served_sha256: str) -> None:
         super().__init__(
             f"The stored state of this student for model {model} was built by another version of the model "
@@ -87,8 +87,6 @@ class StateVersionMismatch(StoreError):
 
 class InteractionCountMismatch(StoreError):
     """The stored count is not the append's `expected_interactions`: 409, nothing stored (never applied twice)."""
-
-    status_code = 409
 
     def __init__(self, model: str, stored: int, expected: int) -> None:
         super().__init__(
@@ -101,8 +99,6 @@ class InteractionCountMismatch(StoreError):
 class UnreadableState(StoreError):
     """A stored state this service cannot read (not written by it): 409, saying what is wrong and how to reset."""
 
-    status_code = 409
-
     def __init__(self, model: str, student_id: str, problem: str) -> None:
         super().__init__(
             f"The stored state of student {student_id!r} under model {model} cannot be read ({problem}); it was not "
@@ -112,8 +108,6 @@ class UnreadableState(StoreError):
 
 class RevisionConflict(StoreError):
     """A compare-and-swap lost: the state changed since it was read (409). `update_state` retries on it."""
-
-    status_code = 409
 
 
 class StateStore(ABC):
@@ -133,14 +127,12 @@ class StateStore(ABC):
         self,
         model: str,
         student_id: str,
-        *,
         memory: np.ndarray,
         interactions: int,
         model_sha256: str,
         expected_revision: int | None,
     ) -> StudentState:
-        """Store the state if the current revision is `expected_revision` (None: absent), durably, else raise
-        `RevisionConflict`; `StateVersionMismatch` if the stored state has another `model_sha256`."""
+        """Store the state durably if the revision is `expected_revision` (None: absent) and the sha256 is the same."""
         if memory.dtype != np.float32 or memory.ndim != 2:
             raise ValueError(f"memory must be a 2-D float32 array, got {memory.ndim}-D {memory.dtype}")
         blob = memory.astype(MEMORY_DTYPE, copy=False).tobytes(order="C")
@@ -198,10 +190,9 @@ def state_of(model: str, student_id: str, *stored: Any) -> StudentState:
 
 def stored_count(value: Any) -> int | None:
     """The interaction count of a state being erased; None when it cannot be read."""
-    try:
+    with suppress(ValidationError):
         return COUNT.validate_python(value)
-    except ValidationError:
-        return None
+    return None
 
 
 async def update_state(
@@ -214,10 +205,8 @@ async def update_state(
     expected_interactions: int | None = None,
     max_attempts: int = MAX_ATTEMPTS,
 ) -> tuple[StudentState, Result]:
-    """Apply `compute` (the new memory, count and a result; side-effect free: it reruns on the latest state after each
-    lost race, after a random growing delay) to the student's state and store it by compare-and-swap. Before
-    `compute`: `StateVersionMismatch` or `InteractionCountMismatch`; `RevisionConflict` after `max_attempts` lost
-    races."""
+    """Store `compute(state)` (the new memory, count and a result) by compare-and-swap; `compute` is side-effect free:
+    after a lost race it reruns on the latest state, after a random growing delay."""
     for attempt in range(max_attempts):
         current = await calls.read(methodcaller("read", model, student_id))
         if current is not None and current.model_sha256 != model_sha256:
@@ -226,22 +215,12 @@ async def update_state(
         if expected_interactions is not None and stored != expected_interactions:
             raise InteractionCountMismatch(model, stored, expected_interactions)
         memory, interactions, result = await compute(current)
+        expected_revision = None if current is None else current.revision
+        write = methodcaller("write", model, student_id, memory, interactions, model_sha256, expected_revision)
         try:
-            state = await calls.commit(
-                methodcaller(
-                    "write",
-                    model,
-                    student_id,
-                    memory=memory,
-                    interactions=interactions,
-                    model_sha256=model_sha256,
-                    expected_revision=None if current is None else current.revision,
-                )
-            )
+            return await calls.commit(write), result
         except RevisionConflict:
             await asyncio.sleep(random.uniform(0, min(MAX_BACKOFF_S, 0.001 * 2**attempt)))
-            continue
-        return state, result
     raise RevisionConflict(
         f"the state of this student changed {max_attempts} times while this update was computed; retry the request"
     )

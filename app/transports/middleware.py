@@ -219,7 +219,7 @@ class RequestEdge:
         refused = None
         if challenge:
             refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
-        elif gated and self.drain.refuses(scope.get("client")):
+        elif gated and self.drain.draining and scope.get("client") not in self.drain.open_before:
             refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
         elif gated and scope["method"] == "POST" and saturated():
             refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
