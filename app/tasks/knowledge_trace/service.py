@@ -163,7 +163,8 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
 async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Feeds]:
     """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state) in chunks: the
     k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
-    state, chain_long = model.state, not chunks_share_runs(model)
+    state, max_cells = model.state, model.batcher.config.max_cells
+    chain_long = max_cells is not None and max_cells < 2 * state.seqlen  # two chunks would not share a run
     chunked = [history_chunks(model, *history) for history in histories]
     chained = [chain_long and len(chunks) > 1 for chunks in chunked]
     chains = [Chain(chunks, state.state_input, state.state_output) for chunks in compress(chunked, chained)]
@@ -172,12 +173,6 @@ async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Fe
     runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
     short, long = iter(runs[0]), iter(runs[1:])
     return [trace_of(state, next(long) if chain else next(short)) for chain in chained]
-
-
-def chunks_share_runs(model: ServedModel) -> bool:
-    """True when `max_cells` holds two chunks (k-th chunks share runs); else a long history runs as a chain."""
-    max_cells = model.batcher.config.max_cells
-    return max_cells is None or max_cells >= 2 * model.state.seqlen
 
 
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
