@@ -119,10 +119,10 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
         memory = None if current is None else memory_of(current, model)
         (trace,) = await service.trace_all(model, [(questions, correct, memory)])
-        memory = trace[model.state.state_output]
-        next_p = await service.predict_next(model, memory, wanted) if len(wanted) else np.zeros(0)
+        final = trace[model.state.state_output]
+        next_p = await service.predict_next(model, final, wanted) if len(wanted) else np.zeros(0)
         seen = 0 if current is None else current.interactions
-        return memory, seen + len(questions), (trace, next_p)
+        return final, seen + len(questions), (trace, next_p)
 
     async def append() -> dict[str, Any]:
         async with holder.writers.setdefault((model.name, student_id), asyncio.Lock()):
