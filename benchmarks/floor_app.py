@@ -44,7 +44,7 @@ def knowledge_trace_answer(registry: ModelRegistry, body: bytes) -> bytes:
     if len(chunks) > 1:
         raise ValueError("the floor app serves histories of one chunk only")
     trace = knowledge.trace_of(model.state, [model.run(chunks[0][0])])
-    feeds = knowledge.step_feeds(model.state.state_input, trace.memory, wanted)
+    feeds = knowledge.step_feeds(model.state.state_input, trace[model.state.state_output], wanted)
     next_p = model.run(feeds)["p"][:, 0] if len(wanted) else np.zeros(0)
     return knowledge_rest.render(model, request, trace, wanted, next_p)
 

@@ -114,14 +114,15 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         service.request_arrays, model, body.interactions, body.next_questions or []
     )
 
-    async def compute(current: StudentState | None) -> tuple[np.ndarray, int, tuple[service.Trace, np.ndarray]]:
+    async def compute(current: StudentState | None) -> tuple[np.ndarray, int, tuple[dict, np.ndarray]]:
         """The new interactions from the stored memory, and `next_questions` predicted from the result: both before
         the write, since nothing may be cancelled once it is stored (a 504 would hide a stored append)."""
         memory = None if current is None else memory_of(current, model)
         (trace,) = await service.trace_all(model, [(questions, correct, memory)])
-        next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+        final = trace[model.state.state_output]
+        next_p = await service.predict_next(model, final, wanted) if len(wanted) else np.zeros(0)
         seen = 0 if current is None else current.interactions
-        return trace.memory, seen + len(questions), (trace, next_p)
+        return final, seen + len(questions), (trace, next_p)
 
     async def append() -> dict[str, Any]:
         async with holder.writers.setdefault((model.name, student_id), asyncio.Lock()):
@@ -136,11 +137,11 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         return {
             "model": model.name,
             "interactions": state.interactions,
-            "predictions": trace.predictions.tolist(),
-            "mastery": None if trace.mastery is None else trace.mastery[-1].tolist(),
+            "predictions": trace["p"].tolist(),
+            "mastery": None if "mastery" not in trace else trace["mastery"][-1].tolist(),
             "next": service.question_items(model, wanted, next_p),
-            "attention": _listed(trace.attention) if body.return_attention else None,  # None for DKT: no slots
-            "mastery_steps": _listed(trace.mastery) if body.return_mastery_steps else None,
+            "attention": _listed(trace.get("corr_w")) if body.return_attention else None,  # None for DKT: no slots
+            "mastery_steps": _listed(trace.get("mastery")) if body.return_mastery_steps else None,
         }
 
     rows = service.rows_needed(model, len(questions), len(wanted) > 0)

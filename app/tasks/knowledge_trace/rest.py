@@ -9,6 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Path, Query, Request
 
 from app.core.responses import JsonResponse, dumps
+from app.runtime.collate import Feeds
 from app.runtime.model import Admission, Endpoint, ServedModel
 from app.runtime.offload import offload_if
 from app.tasks.knowledge_trace import service
@@ -45,7 +46,7 @@ async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) 
     questions, correct, wanted = await offload_if(long_history, service.request_arrays, model, *fields)
     body.interactions.clear()  # now in the arrays: the history's dicts are not held while it runs and renders
     (trace,) = await service.trace_all(model, [(questions, correct, None)])
-    next_p = await service.predict_next(model, trace.memory, wanted) if len(wanted) else np.zeros(0)
+    next_p = await service.predict_next(model, trace[model.state.state_output], wanted) if len(wanted) else np.zeros(0)
     per_step = 1 + (model.state.n_concepts or 0) * (body.return_attention + (body.mastery == "all"))
     numbers = len(questions) * per_step + len(wanted) * NEXT_ITEM_NUMBERS
     return await offload_if(numbers > INLINE_RENDER_NUMBERS, render, model, body, trace, wanted, next_p)
@@ -57,7 +58,7 @@ def json_floats(array: np.ndarray | None) -> np.ndarray | None:
 
 
 def render(
-    model: ServedModel, body: KnowledgeTraceRequest, trace: service.Trace, wanted: np.ndarray, next_p: np.ndarray
+    model: ServedModel, body: KnowledgeTraceRequest, trace: Feeds, wanted: np.ndarray, next_p: np.ndarray
 ) -> bytes:
     """The response's JSON."""
     rows = MASTERY_ROWS[body.mastery]
@@ -66,10 +67,10 @@ def render(
             "model": model.name,
             "family": model.state.family,
             "n_concepts": model.state.n_concepts,
-            "predictions": json_floats(trace.predictions) if body.return_predictions else None,
+            "predictions": json_floats(trace["p"]) if body.return_predictions else None,
             "next": service.question_items(model, wanted, next_p),
-            "mastery": None if trace.mastery is None or rows is None else json_floats(trace.mastery[rows]),
-            "attention": json_floats(trace.attention) if body.return_attention else None,
+            "mastery": None if "mastery" not in trace or rows is None else json_floats(trace["mastery"][rows]),
+            "attention": json_floats(trace.get("corr_w")) if body.return_attention else None,
         }
     )
 

@@ -48,16 +48,6 @@ class KnowledgeTraceState:
     concept_skills: tuple[tuple[str, ...], ...] | None = None  # per concept: top skill names (skill-named data sets)
 
 
-@dataclass(frozen=True)
-class Trace:
-    """Predictions [T], correlation weights [T,N] and mastery [T+1,N] (None without slots), and the final state."""
-
-    predictions: np.ndarray
-    attention: np.ndarray | None
-    mastery: np.ndarray | None
-    memory: np.ndarray
-
-
 def prepare(model: ServedModel) -> KnowledgeTraceState:
     """Sizes from the manifest, checked against the assets and the graph."""
     metadata, assets = model.entry.metadata, model.assets
@@ -73,26 +63,24 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
             f"{', '.join(sorted(inputs))} and gives {', '.join(sorted(outputs))}"
         )
     n_questions, seqlen = (positive_int(metadata, key) for key in ("n_questions", "seqlen"))
+    for key in ("question_names", "question_ids", "question_concepts"):  # of question k at row k - 1
+        if key in assets and np.shape(assets[key]) != (n_questions,):
+            raise ValueError(f"{key} has shape {np.shape(assets[key])}, not ({n_questions},)")
     names = None if "question_names" not in assets else tuple(str(name) or None for name in assets["question_names"])
-    if names is not None and len(names) != n_questions:
-        raise ValueError(f"question_names has {len(names)} rows, not {n_questions}")
-    ids = None
-    if "question_ids" in assets:  # `ids[k - 1]` names question k: unique, all integers or all strings
+    ids = numbers = None
+    if "question_ids" in assets:  # the model's own ids: unique, all integers or all strings
         asset = np.asarray(assets["question_ids"])
-        if asset.shape != (n_questions,):
-            raise ValueError(f"question_ids has shape {asset.shape}, not ({n_questions},)")
         if asset.dtype.kind not in "iU":
             raise ValueError(f"question_ids must hold integers or strings, not {asset.dtype}")
         if len(np.unique(asset)) != n_questions:
             raise ValueError("question_ids repeats an id")
         ids = tuple(asset.tolist())
+        numbers = {question: number for number, question in enumerate(ids, start=1)}
     limits = [positive_int(model.entry.limits, key) for key in ("max_interactions", "max_histories")]
     slots = concepts = skills = None
     if family == "dkvmn":
         slots = positive_int(metadata, "n_concepts")
         concepts = np.asarray(assets["question_concepts"]).astype(np.int64)
-        if concepts.shape != (n_questions,):
-            raise ValueError(f"question_concepts has shape {concepts.shape}, not ({n_questions},)")
         initial = np.asarray(assets["init_memory"], dtype=np.float32)
         if initial.ndim != 2 or initial.shape[0] != slots:
             raise ValueError(f"init_memory has shape {initial.shape}, not ({slots}, d_v)")
@@ -109,7 +97,6 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
         if len(shape) != 2 or not all(isinstance(size, int) and size > 0 for size in shape):
             raise ValueError(f"{state_input} must have a fixed [2, S] shape after the batch, not {shape}")
         initial = np.zeros(shape, dtype=np.float32)
-    numbers = None if ids is None else {question: number for number, question in enumerate(ids, start=1)}
     return KnowledgeTraceState(
         family, *FAMILIES[family], n_questions, seqlen, *limits, initial, names, ids, numbers, slots, concepts, skills
     )
@@ -173,10 +160,11 @@ def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> i
     return math.ceil(interactions / model.state.seqlen) + int(predicts_next)
 
 
-async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Trace]:
+async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Feeds]:
     """Run each `(questions, correct, memory)` history (oldest first; memory None: the initial state) in chunks: the
     k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
-    state, chain_long = model.state, not chunks_share_runs(model)
+    state, max_cells = model.state, model.batcher.config.max_cells
+    chain_long = max_cells is not None and max_cells < 2 * state.seqlen  # two chunks would not share a run
     chunked = [history_chunks(model, *history) for history in histories]
     chained = [chain_long and len(chunks) > 1 for chunks in chunked]
     chains = [Chain(chunks, state.state_input, state.state_output) for chunks in compress(chunked, chained)]
@@ -185,12 +173,6 @@ async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Tr
     runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
     short, long = iter(runs[0]), iter(runs[1:])
     return [trace_of(state, next(long) if chain else next(short)) for chain in chained]
-
-
-def chunks_share_runs(model: ServedModel) -> bool:
-    """True when `max_cells` holds two chunks (k-th chunks share runs); else a long history runs as a chain."""
-    max_cells = model.batcher.config.max_cells
-    return max_cells is None or max_cells >= 2 * model.state.seqlen
 
 
 async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
@@ -216,23 +198,20 @@ def history_chunks(
     chunks = []
     for start in range(0, len(questions), state.seqlen):
         q, r = (values[start : start + state.seqlen].astype(np.int64)[np.newaxis] for values in (questions, correct))
-        feeds = {"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}
-        if start == 0:
-            initial = state.init_memory if memory is None else memory
-            feeds[state.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
-        chunks.append((feeds, q.shape[1]))
+        chunks.append(({"q": q, "r": r, "len": np.array([q.shape[1]], dtype=np.int64)}, q.shape[1]))
+    initial = state.init_memory if memory is None else memory
+    chunks[0][0][state.state_input] = initial[np.newaxis].astype(np.float32, copy=False)
     return chunks
 
 
-def trace_of(state: KnowledgeTraceState, chunks: list[Feeds]) -> Trace:
-    """One history's Trace from the outputs of its chunks, in order (a batch row of one each)."""
-    predictions = np.concatenate([outputs["p"][0] for outputs in chunks])
-    memory = chunks[-1][state.state_output][0]
-    if state.n_concepts is None:
-        return Trace(predictions, None, None, memory)
-    attention = np.concatenate([outputs["corr_w"][0] for outputs in chunks])
-    mastery = np.concatenate([chunks[0]["mastery"][0], *(outputs["mastery"][0, 1:] for outputs in chunks[1:])])
-    return Trace(predictions, attention, mastery, memory)
+def trace_of(state: KnowledgeTraceState, chunks: list[Feeds]) -> Feeds:
+    """One history's outputs, named as in the graph, from its chunks' (a batch row of one each, in order): `p` [T],
+    DKVMN's `corr_w` [T,N] and `mastery` [T+1,N] (row 0 the prior), and the final state."""
+    trace = {state.state_output: chunks[-1][state.state_output][0]}
+    for name in ("p", "corr_w", "mastery") if state.n_concepts else ("p",):
+        later = [outputs[name][0, int(name == "mastery") :] for outputs in chunks[1:]]  # the prior row only once
+        trace[name] = np.concatenate([chunks[0][name][0], *later])
+    return trace
 
 
 def step_feeds(state_input: str, memory: np.ndarray, questions: np.ndarray) -> Feeds:

@@ -71,11 +71,8 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
 async def infer(model: ServedModel, prepared: Histories) -> Feeds:
     """Every row's trace, all rows at once (`service.trace_all`), zero-padded to T."""
     histories, steps = prepared
-    traces = await service.trace_all(model, histories)
-    result = {model.state.state_output: np.stack([trace.memory for trace in traces]).astype(np.float32, copy=False)}
-    for name, field in (("p", "predictions"), ("corr_w", "attention"), ("mastery", "mastery")):
-        if getattr(traces[0], field) is not None:  # DKT has no attention or mastery
-            rows = [getattr(trace, field)[np.newaxis] for trace in traces]
-            prior = rows[0].shape[1] - len(traces[0].predictions)  # mastery's row 0, before any step
-            result[name] = pad_rows(rows, steps + prior).astype(np.float32, copy=False)
-    return result
+    traces, state_output = await service.trace_all(model, histories), model.state.state_output
+    result = {state_output: np.stack([trace.pop(state_output) for trace in traces])}
+    for name in traces[0]:  # mastery has its row 0, before any step
+        result[name] = pad_rows([trace[name][np.newaxis] for trace in traces], steps + (name == "mastery"))
+    return {name: array.astype(np.float32, copy=False) for name, array in result.items()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import string
 import unicodedata
@@ -25,20 +24,18 @@ _TYPOGRAPHIC_TO_ASCII = str.maketrans(
     }
 )
 CONTROL_CHARACTER = re.compile(f"[{CONTROL_CHARACTERS}]")  # a text with one is refused
-
-
-@functools.cache
-def _to_ascii() -> dict[int, str | None]:
-    """The str.translate table of text after NFKC: invisible characters deleted, typographic forms as ASCII."""
-    table: dict[int, str | None] = {code: None for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"}
-    for low, _, high in (part.partition("..") for part in DEFAULT_IGNORABLE.split()):
-        table.update(dict.fromkeys(range(int(low, 16), int(high or low, 16) + 1)))
-    return table | _TYPOGRAPHIC_TO_ASCII
+# _TO_ASCII translates text after NFKC: invisible characters (Cf, DEFAULT_IGNORABLE) deleted, typographic as ASCII
+_INVISIBLE = [code for code in range(0x20000) if unicodedata.category(chr(code)) == "Cf"] + [
+    code
+    for low, _, high in (part.partition("..") for part in DEFAULT_IGNORABLE.split())
+    for code in range(int(low, 16), int(high or low, 16) + 1)
+]
+_TO_ASCII = dict.fromkeys(_INVISIBLE) | _TYPOGRAPHIC_TO_ASCII
 
 
 def words(text: str) -> list[str]:
     """The words of a sentence, without the `<s>`/`</s>` markers nor words of combining marks alone (no letter)."""
-    normalized = text if text.isascii() else unicodedata.normalize("NFKC", text).translate(_to_ascii())
+    normalized = text if text.isascii() else unicodedata.normalize("NFKC", text).translate(_TO_ASCII)
     cleaned = normalized.translate(_DELETE_PUNCTUATION).lower()
     return [
         NUMBER if word.isdigit() else word
