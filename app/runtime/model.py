@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 # ONNX tensor element types as the protocol's datatypes (numpy's dtype of each: tritonclient's triton_to_np_dtype)
 ONNX_TYPES = {"tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(string)": "BYTES"}
 ONNX_TYPES |= {f"tensor({name})": name.upper() for name in ("bool", "int8", "int16", "int32", "int64", "uint8")}
+Admission = AbstractContextManager[None]  # the room a request holds in a batcher while handled: its ModelBatcher.admit
 
 
 class ProtocolError(ServiceError):
@@ -59,15 +61,6 @@ class GraphLayout:
 
 
 @dataclass(frozen=True)
-class Admission:
-    """The room a request takes before it runs: in which batcher, how many rows and cells (None: estimated)."""
-
-    batcher: ModelBatcher
-    rows: int
-    cells: int | None = None
-
-
-@dataclass(frozen=True)
 class Endpoint:
     """One POST endpoint of a task's JSON API: the body validated as `request`, admitted as `admit` says, answered by
     `answer(model, body, alone)` within the deadline (`alone`: no other request, so it may run inline)."""
@@ -92,7 +85,7 @@ class TensorCodec(Protocol):
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
     def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Any]:
-        """The room the request takes and the checked request (blocking, on a worker thread)."""
+        """The room the request takes (not yet held) and the checked request (blocking, on a worker thread)."""
 
     async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
 
