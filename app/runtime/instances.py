@@ -77,7 +77,7 @@ def _fit(gram: list[list[float]], moments: list[float], previous: tuple) -> tupl
 
 
 class RunSlots:
-    """At most `runs` ONNX runs at once, each on its own executor thread. Every CPU instance shares the engine's (the
+    """At most `runs` ONNX runs at once, each on its own executor thread. Every CPU instance shares the same (the
     thread budget); any other has one of its own (a GPU runs one batch at once)."""
 
     def __init__(self, runs: int, name: str = "onnx-run") -> None:
@@ -116,7 +116,7 @@ class Instance:
     name: str  # unique within its model: its provider's short name and its place in MNEMO_PROVIDER (`cpu-1`)
     provider: str  # the onnxruntime provider
     run: RunGraph  # blocking: the batcher calls it on one of `slots`' threads
-    slots: RunSlots | None = None  # set by the engine
+    slots: RunSlots | None = None  # set by ModelRegistry.serve
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run at most (None: no own limit), lowered when one ran out of memory
 

@@ -119,7 +119,7 @@ class ServedModel:
     instances: list[Instance] = field(default_factory=list)  # one session per MNEMO_PROVIDER entry
     session: ort.InferenceSession | None = None  # the first instance's: all have the same inputs and outputs
     graphs: dict[str, ServedModel] = field(default_factory=dict)
-    batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
+    batcher: ModelBatcher | None = None  # set while ModelRegistry.serve runs
 
     @property
     def name(self) -> str:
