@@ -242,14 +242,10 @@ class ModelBatcher:
         full = admitted and admitted + rows > self.config.max_queue
         if full or (waited < self.config.deadline_s and needed > budget):
             allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
-            text = (
-                f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-                if full
-                else f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
-            )
-            self._metrics.rejected.labels(
-                self.name, "before_parsing" if parsing else "queue_full" if full else "deadline"
-            ).inc()
+            late = f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
+            text = f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE" if full else late
+            reason = "before_parsing" if parsing else "queue_full" if full else "deadline"
+            self._metrics.rejected.labels(self.name, reason).inc()
             raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
         self.admitted_rows += rows
         self._admitted_seconds += own
@@ -357,7 +353,12 @@ class ModelBatcher:
                 continue
             instance = self._route(self._queue)
             await instance.slots.acquire()
-            batch = self._take(instance)
+            self._drop_cancelled()  # while it waited for a slot
+            taken = self._form(instance, self._queue, self._clock(), slot_held=True) if self._queue else []
+            chosen = {id(item) for item in taken}
+            self._queue = [item for item in self._queue if id(item) not in chosen]
+            self._queue_depth.dec(_rows(taken))
+            batch = [item for item in taken if not item.abandoned()]  # less the items of departed clients
             if not batch or self._may_run_inline(instance, batch, slots_held=1):
                 instance.slots.release()
                 if batch:
@@ -381,11 +382,8 @@ class ModelBatcher:
         batches = [(instance, self._form(instance, queue, now)) for instance in self.instances]
         batches = [(instance, batch) for instance, batch in batches if batch]
         reference = max(_rows(batch) for _, batch in batches)
-
-        def finish(instance: Instance, batch: list[_Item]) -> float:
-            return instance.slots.free_at(now) + math.ceil(reference / _rows(batch)) * _predicted(instance, batch)
-
-        return min(batches, key=lambda pair: finish(*pair))[0]
+        finish = {i: i.slots.free_at(now) + math.ceil(reference / _rows(b)) * _predicted(i, b) for i, b in batches}
+        return min(finish, key=finish.__getitem__)
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
         """The batch `instance` would run now: the earliest request's item, then the nearest in length that save
@@ -413,17 +411,6 @@ class ModelBatcher:
             batch.append(item)
             rows, longest, together = new_rows, new_longest, joined
         return batch
-
-    def _take(self, instance: Instance) -> list[_Item]:
-        """Take the batch `instance` runs now out of the queue, less the items of departed clients."""
-        self._drop_cancelled()
-        if not self._queue:
-            return []
-        batch = self._form(instance, self._queue, self._clock(), slot_held=True)
-        chosen = {id(item) for item in batch}
-        self._queue = [item for item in self._queue if id(item) not in chosen]
-        self._queue_depth.dec(_rows(batch))
-        return [item for item in batch if not item.abandoned()]
 
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
         """A lone request's small batch runs on the event loop when no other run holds its slots (but its own)."""
