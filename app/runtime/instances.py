@@ -98,9 +98,6 @@ class RunSlots:
         """When a slot is predicted to be free: now if one is."""
         return now if self.free or not self.ends else max(now, min(self.ends))
 
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
-
 
 class DeviceOutOfMemory(ServiceError):
     """One row of the batch does not fit in the device's memory (or the arena's bound)."""

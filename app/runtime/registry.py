@@ -137,7 +137,7 @@ class ModelRegistry:
                 await graph.batcher.stop()
                 graph.batcher = None
             for slots in {cpu_slots, *(instance.slots for graph in served for instance in graph.instances)}:
-                slots.close()
+                slots.executor.shutdown()  # its runs are over: the batchers waited for them
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""
