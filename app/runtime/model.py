@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -31,8 +31,7 @@ class ProtocolError(ServiceError):
     status_code = 400  # a request the protocol adapter refuses, answered `{"error": detail}`
 
 
-@dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(NamedTuple):
     """A declared input or output: name, datatype and shape (-1 = any size)."""
 
     name: str
@@ -52,12 +51,11 @@ def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
     return TensorSpec(node.name, ONNX_TYPES[node.type], shape, optional)
 
 
-@dataclass(frozen=True)
-class GraphLayout:
+class GraphLayout(NamedTuple):
     """One graph's sequence inputs (padded along axis 1) and outputs (trimmed to each item's length + extra)."""
 
     sequence_inputs: tuple[str, ...] = ()
-    sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    sequence_outputs: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
