@@ -343,9 +343,8 @@ class ModelBatcher:
         oldest row has waited max_wait."""
         while True:
             self._drop_cancelled()
-            wait_s = None
-            if self._queue and self._runs and _rows(self._queue) < self.config.max_batch:
-                wait_s = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
+            filling = self._queue and self._runs and _rows(self._queue) < self.config.max_batch
+            wait_s = self._queue[0].enqueued + self.config.max_wait_s - self._clock() if filling else None
             if not self._queue or (wait_s is not None and wait_s > 0):
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):

@@ -1,5 +1,4 @@
-"""The model registry: each manifest entry verified, opened, warmed and prepared by its task, models in parallel; then
-served, a batcher per graph."""
+"""The model registry: each manifest entry verified, opened, warmed and prepared by its task; then served."""
 
 from __future__ import annotations
 
