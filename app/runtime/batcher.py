@@ -17,7 +17,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
-from app.runtime.instances import Instance, RunGraph
+from app.runtime.instances import CPU, Instance, RunGraph
 from app.runtime.model import GraphLayout
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
@@ -94,10 +94,9 @@ class _Item:
 
     def abandoned(self) -> bool:
         """True when its client has gone: its future is cancelled, so that its request stops too."""
-        if self.connected is None or self.connected():
-            return False
-        self.future.cancel()
-        return True
+        if gone := self.connected is not None and not self.connected():
+            self.future.cancel()
+        return gone
 
 
 _ROWS, _LENGTH, _ARRIVAL = attrgetter("rows"), attrgetter("length"), attrgetter("arrival")  # map() runs them in C
@@ -278,7 +277,7 @@ class ModelBatcher:
         rates: dict[int, float] = {}  # cells per second, per slot group
         for instance in self.instances:
             run_rows = min(self._row_ceiling(instance), rows)
-            if instance.on_cpu and self.config.max_cells:
+            if instance.provider == CPU and self.config.max_cells:
                 run_rows = max(1, min(run_rows, self.config.max_cells // length))
             seconds = instance.cost.predict(run_rows, length)
             rate = math.inf if seconds <= 0 else instance.slots.runs * run_rows * length / seconds
@@ -394,7 +393,7 @@ class ModelBatcher:
             return [] if head.chain is None and fits_another else [head]
         spare = instance.slots.free - (0 if slot_held else 1)
         limit = min(self._row_ceiling(instance), math.ceil(_rows(queue) / (max(0, spare) + 1)))
-        max_cells = self.config.max_cells if instance.on_cpu else None
+        max_cells = self.config.max_cells if instance.provider == CPU else None
         due = head.arrival + self.config.deadline_s - instance.slots.free_at(now)
         predict = instance.cost.predict
         batch, rows, longest = [head], head.rows, head.length

@@ -117,10 +117,6 @@ class Instance:
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run at most (None: no own limit), lowered when one ran out of memory
 
-    @property
-    def on_cpu(self) -> bool:
-        return self.provider == CPU
-
     def public_info(self) -> dict:
         """For GET /models: the cost model's fit in milliseconds per run and microseconds per step and per cell."""
         fixed, per_step, per_cell = self.cost.coefficients

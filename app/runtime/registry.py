@@ -22,7 +22,7 @@ from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.batcher import BatchConfig, ModelBatcher
-from app.runtime.instances import RunSlots, session_instance
+from app.runtime.instances import CPU, RunSlots, session_instance
 from app.runtime.memory import trim_when_idle
 from app.runtime.model import ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
@@ -121,7 +121,7 @@ class ModelRegistry:
             config = BatchConfig(max_wait_s=limits.pop("max_wait_ms") / 1000, **limits)
             for key, graph in ((None, model), *model.graphs.items()):
                 for instance in graph.instances:
-                    instance.slots = cpu_slots if instance.on_cpu else RunSlots(1, f"onnx-{instance.name}")
+                    instance.slots = cpu_slots if instance.provider == CPU else RunSlots(1, f"onnx-{instance.name}")
                 layout = task.graphs[key] if key else task.layout
                 graph.batcher = ModelBatcher(graph.name, graph.instances, layout, config, self.metrics, alone)
                 served.append(graph)
