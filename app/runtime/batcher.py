@@ -219,12 +219,10 @@ class ModelBatcher:
         finally:
             self.stats.add("success" if succeeded else "fail", time.perf_counter() - started)
 
-    @contextlib.contextmanager
-    def reserve(self, body_bytes: int) -> Iterator[None]:
+    def reserve(self, body_bytes: int) -> contextlib.AbstractContextManager[None]:
         """Hold the room bodies of this size needed while one is parsed (one row until one was admitted), or 429."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
-        with self._holding(rows, body_bytes * self._cells_per_byte, parsing=True):
-            yield
+        return self._holding(rows, body_bytes * self._cells_per_byte, parsing=True)
 
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
