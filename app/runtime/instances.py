@@ -77,8 +77,8 @@ def _fit(gram: list[list[float]], moments: list[float], previous: tuple) -> tupl
 
 
 class RunSlots:
-    """At most `runs` ONNX runs at once, each on its own executor thread. Every CPU instance shares the same (the
-    thread budget); any other has one of its own (a GPU runs one batch at once)."""
+    """At most `runs` ONNX runs at once, each on its own executor thread. All CPU instances share one (the thread
+    budget); any other has one of its own (a GPU runs one batch at once)."""
 
     def __init__(self, runs: int, name: str = "onnx-run") -> None:
         self.runs = self.free = runs  # free: slots not acquired (asyncio.Semaphore does not say)
