@@ -19,7 +19,6 @@ from app.core.loop_lag import LoopLag
 from app.core.metrics import Metrics
 from app.core.settings import Settings
 from app.explorer.router import router as explorer_router
-from app.runtime.engine import engine
 from app.runtime.model import Task
 from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
@@ -89,7 +88,7 @@ def create_app(
             app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)
             stack.push_async_callback(offload, app.state.students.close)
             await offload(app.state.students.open)
-            await stack.enter_async_context(engine(registry, alone=app.state.drain.alone))
+            await stack.enter_async_context(registry.serve(alone=app.state.drain.alone))
             app.state.registry = registry
             metrics.build_info.labels(app.version).set(1)
             for name, model in registry.models.items():

@@ -17,7 +17,7 @@ from app.core.errors import Overloaded
 from app.core.metrics import Metrics
 from app.core.request_context import request_arrival, request_body_bytes, request_connected
 from app.runtime.collate import Feeds, collate, concatenate, split
-from app.runtime.instances import Instance, RunGraph
+from app.runtime.instances import CPU, Instance, RunGraph
 from app.runtime.model import GraphLayout
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
@@ -94,10 +94,9 @@ class _Item:
 
     def abandoned(self) -> bool:
         """True when its client has gone: its future is cancelled, so that its request stops too."""
-        if self.connected is None or self.connected():
-            return False
-        self.future.cancel()
-        return True
+        if gone := self.connected is not None and not self.connected():
+            self.future.cancel()
+        return gone
 
 
 _ROWS, _LENGTH, _ARRIVAL = attrgetter("rows"), attrgetter("length"), attrgetter("arrival")  # map() runs them in C
@@ -220,12 +219,10 @@ class ModelBatcher:
         finally:
             self.stats.add("success" if succeeded else "fail", time.perf_counter() - started)
 
-    @contextlib.contextmanager
-    def reserve(self, body_bytes: int) -> Iterator[None]:
+    def reserve(self, body_bytes: int) -> contextlib.AbstractContextManager[None]:
         """Hold the room bodies of this size needed while one is parsed (one row until one was admitted), or 429."""
         rows = max(1, round(body_bytes * self._rows_per_byte))
-        with self._holding(rows, body_bytes * self._cells_per_byte, parsing=True):
-            yield
+        return self._holding(rows, body_bytes * self._cells_per_byte, parsing=True)
 
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
@@ -242,14 +239,10 @@ class ModelBatcher:
         full = admitted and admitted + rows > self.config.max_queue
         if full or (waited < self.config.deadline_s and needed > budget):
             allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
-            text = (
-                f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE"
-                if full
-                else f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
-            )
-            self._metrics.rejected.labels(
-                self.name, "before_parsing" if parsing else "queue_full" if full else "deadline"
-            ).inc()
+            late = f"it would need about {needed:.1f} s with the admitted work, over the {allowed}"
+            text = f"{admitted} of {self.config.max_queue} rows admitted, MNEMO_MAX_QUEUE" if full else late
+            reason = "before_parsing" if parsing else "queue_full" if full else "deadline"
+            self._metrics.rejected.labels(self.name, reason).inc()
             raise Overloaded(f"Model {self.name} is at capacity ({text}); retry after the Retry-After delay.")
         self.admitted_rows += rows
         self._admitted_seconds += own
@@ -282,7 +275,7 @@ class ModelBatcher:
         rates: dict[int, float] = {}  # cells per second, per slot group
         for instance in self.instances:
             run_rows = min(self._row_ceiling(instance), rows)
-            if instance.on_cpu and self.config.max_cells:
+            if instance.provider == CPU and self.config.max_cells:
                 run_rows = max(1, min(run_rows, self.config.max_cells // length))
             seconds = instance.cost.predict(run_rows, length)
             rate = math.inf if seconds <= 0 else instance.slots.runs * run_rows * length / seconds
@@ -347,9 +340,8 @@ class ModelBatcher:
         oldest row has waited max_wait."""
         while True:
             self._drop_cancelled()
-            wait_s = None
-            if self._queue and self._runs and _rows(self._queue) < self.config.max_batch:
-                wait_s = self._queue[0].enqueued + self.config.max_wait_s - self._clock()
+            filling = self._queue and self._runs and _rows(self._queue) < self.config.max_batch
+            wait_s = self._queue[0].enqueued + self.config.max_wait_s - self._clock() if filling else None
             if not self._queue or (wait_s is not None and wait_s > 0):
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
@@ -357,7 +349,12 @@ class ModelBatcher:
                 continue
             instance = self._route(self._queue)
             await instance.slots.acquire()
-            batch = self._take(instance)
+            self._drop_cancelled()  # while it waited for a slot
+            taken = self._form(instance, self._queue, self._clock(), slot_held=True) if self._queue else []
+            chosen = {id(item) for item in taken}
+            self._queue = [item for item in self._queue if id(item) not in chosen]
+            self._queue_depth.dec(_rows(taken))
+            batch = [item for item in taken if not item.abandoned()]  # less the items of departed clients
             if not batch or self._may_run_inline(instance, batch, slots_held=1):
                 instance.slots.release()
                 if batch:
@@ -381,11 +378,8 @@ class ModelBatcher:
         batches = [(instance, self._form(instance, queue, now)) for instance in self.instances]
         batches = [(instance, batch) for instance, batch in batches if batch]
         reference = max(_rows(batch) for _, batch in batches)
-
-        def finish(instance: Instance, batch: list[_Item]) -> float:
-            return instance.slots.free_at(now) + math.ceil(reference / _rows(batch)) * _predicted(instance, batch)
-
-        return min(batches, key=lambda pair: finish(*pair))[0]
+        finish = {i: i.slots.free_at(now) + math.ceil(reference / _rows(b)) * _predicted(i, b) for i, b in batches}
+        return min(finish, key=finish.__getitem__)
 
     def _form(self, instance: Instance, queue: list[_Item], now: float, slot_held: bool = False) -> list[_Item]:
         """The batch `instance` would run now: the earliest request's item, then the nearest in length that save
@@ -397,7 +391,7 @@ class ModelBatcher:
             return [] if head.chain is None and fits_another else [head]
         spare = instance.slots.free - (0 if slot_held else 1)
         limit = min(self._row_ceiling(instance), math.ceil(_rows(queue) / (max(0, spare) + 1)))
-        max_cells = self.config.max_cells if instance.on_cpu else None
+        max_cells = self.config.max_cells if instance.provider == CPU else None
         due = head.arrival + self.config.deadline_s - instance.slots.free_at(now)
         predict = instance.cost.predict
         batch, rows, longest = [head], head.rows, head.length
@@ -413,17 +407,6 @@ class ModelBatcher:
             batch.append(item)
             rows, longest, together = new_rows, new_longest, joined
         return batch
-
-    def _take(self, instance: Instance) -> list[_Item]:
-        """Take the batch `instance` runs now out of the queue, less the items of departed clients."""
-        self._drop_cancelled()
-        if not self._queue:
-            return []
-        batch = self._form(instance, self._queue, self._clock(), slot_held=True)
-        chosen = {id(item) for item in batch}
-        self._queue = [item for item in self._queue if id(item) not in chosen]
-        self._queue_depth.dec(_rows(batch))
-        return [item for item in batch if not item.abandoned()]
 
     def _may_run_inline(self, instance: Instance, batch: list[_Item], slots_held: int) -> bool:
         """A lone request's small batch runs on the event loop when no other run holds its slots (but its own)."""

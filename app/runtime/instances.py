@@ -77,8 +77,8 @@ def _fit(gram: list[list[float]], moments: list[float], previous: tuple) -> tupl
 
 
 class RunSlots:
-    """At most `runs` ONNX runs at once, each on its own executor thread. Every CPU instance shares the engine's (the
-    thread budget); any other has one of its own (a GPU runs one batch at once)."""
+    """At most `runs` ONNX runs at once, each on its own executor thread. All CPU instances share one (the thread
+    budget); any other has one of its own (a GPU runs one batch at once)."""
 
     def __init__(self, runs: int, name: str = "onnx-run") -> None:
         self.runs = self.free = runs  # free: slots not acquired (asyncio.Semaphore does not say)
@@ -98,9 +98,6 @@ class RunSlots:
         """When a slot is predicted to be free: now if one is."""
         return now if self.free or not self.ends else max(now, min(self.ends))
 
-    def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
-
 
 class DeviceOutOfMemory(ServiceError):
     """One row of the batch does not fit in the device's memory (or the arena's bound)."""
@@ -116,13 +113,9 @@ class Instance:
     name: str  # unique within its model: its provider's short name and its place in MNEMO_PROVIDER (`cpu-1`)
     provider: str  # the onnxruntime provider
     run: RunGraph  # blocking: the batcher calls it on one of `slots`' threads
-    slots: RunSlots | None = None  # set by the engine
+    slots: RunSlots | None = None  # set by ModelRegistry.serve
     cost: CostModel = field(default_factory=CostModel)
     max_rows: int | None = None  # rows per run at most (None: no own limit), lowered when one ran out of memory
-
-    @property
-    def on_cpu(self) -> bool:
-        return self.provider == CPU
 
     def public_info(self) -> dict:
         """For GET /models: the cost model's fit in milliseconds per run and microseconds per step and per cell."""

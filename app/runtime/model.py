@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -23,14 +24,14 @@ if TYPE_CHECKING:
 # ONNX tensor element types as the protocol's datatypes (numpy's dtype of each: tritonclient's triton_to_np_dtype)
 ONNX_TYPES = {"tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64", "tensor(string)": "BYTES"}
 ONNX_TYPES |= {f"tensor({name})": name.upper() for name in ("bool", "int8", "int16", "int32", "int64", "uint8")}
+Admission = AbstractContextManager[None]  # the room a request holds in a batcher while handled: its ModelBatcher.admit
 
 
 class ProtocolError(ServiceError):
     status_code = 400  # a request the protocol adapter refuses, answered `{"error": detail}`
 
 
-@dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(NamedTuple):
     """A declared input or output: name, datatype and shape (-1 = any size)."""
 
     name: str
@@ -50,21 +51,11 @@ def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
     return TensorSpec(node.name, ONNX_TYPES[node.type], shape, optional)
 
 
-@dataclass(frozen=True)
-class GraphLayout:
+class GraphLayout(NamedTuple):
     """One graph's sequence inputs (padded along axis 1) and outputs (trimmed to each item's length + extra)."""
 
     sequence_inputs: tuple[str, ...] = ()
-    sequence_outputs: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The room a request takes before it runs: in which batcher, how many rows and cells (None: estimated)."""
-
-    batcher: ModelBatcher
-    rows: int
-    cells: int | None = None
+    sequence_outputs: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -92,7 +83,7 @@ class TensorCodec(Protocol):
     def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
 
     def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Any]:
-        """The room the request takes and the checked request (blocking, on a worker thread)."""
+        """The room the request takes (not yet held) and the checked request (blocking, on a worker thread)."""
 
     async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
 
@@ -126,7 +117,7 @@ class ServedModel:
     instances: list[Instance] = field(default_factory=list)  # one session per MNEMO_PROVIDER entry
     session: ort.InferenceSession | None = None  # the first instance's: all have the same inputs and outputs
     graphs: dict[str, ServedModel] = field(default_factory=dict)
-    batcher: ModelBatcher | None = None  # set by the runtime (app/runtime/engine.py)
+    batcher: ModelBatcher | None = None  # set while ModelRegistry.serve runs
 
     @property
     def name(self) -> str:

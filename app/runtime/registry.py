@@ -1,12 +1,14 @@
-"""The model registry: each manifest entry verified, opened, warmed and prepared by its task; models in parallel."""
+"""The model registry: each manifest entry verified, opened, warmed and prepared by its task; then served."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import time
 import timeit
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -19,7 +21,9 @@ from app.core.integrity import load_npy
 from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
 from app.core.settings import Settings, split_list, usable_cpus
-from app.runtime.instances import session_instance
+from app.runtime.batcher import BatchConfig, ModelBatcher
+from app.runtime.instances import CPU, RunSlots, session_instance
+from app.runtime.memory import trim_when_idle
 from app.runtime.model import ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
@@ -104,6 +108,35 @@ class ModelRegistry:
                 length = length if sequences else 1
                 run = partial(session.run, None, _warm_up_feeds(session, rows, length))
                 instance.cost.observe(rows, length, min(timeit.repeat(run, repeat=2, number=1)))
+
+    @contextlib.asynccontextmanager
+    async def serve(self, alone: Callable[[], bool] = lambda: False) -> AsyncIterator[None]:
+        """While the block runs (in the event loop): a batcher per graph of every ready model, and freed memory handed
+        back when they idle; `alone()`: the server handles a single request (it may run inline)."""
+        cpu_slots = RunSlots(self.settings.concurrent_runs or 1)  # every CPU instance's: the thread budget
+        defaults = self.settings.model_dump(include={"max_batch", "max_wait_ms", "max_queue"})  # overridden per model
+        defaults["deadline_s"], served = self.settings.request_timeout_s, []
+        for model in filter(lambda model: model.ready, self.models.values()):
+            task, limits = self.tasks[model.task], defaults | model.entry.batching.model_dump(exclude_none=True)
+            config = BatchConfig(max_wait_s=limits.pop("max_wait_ms") / 1000, **limits)
+            for key, graph in ((None, model), *model.graphs.items()):
+                for instance in graph.instances:
+                    instance.slots = cpu_slots if instance.provider == CPU else RunSlots(1, f"onnx-{instance.name}")
+                layout = task.graphs[key] if key else task.layout
+                graph.batcher = ModelBatcher(graph.name, graph.instances, layout, config, self.metrics, alone)
+                served.append(graph)
+        trimmer = asyncio.create_task(trim_when_idle([graph.batcher for graph in served]), name="memory-trim")
+        try:
+            yield
+        finally:
+            trimmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trimmer
+            for graph in served:
+                await graph.batcher.stop()
+                graph.batcher = None
+            for slots in {cpu_slots, *(instance.slots for graph in served for instance in graph.instances)}:
+                slots.executor.shutdown()  # its runs are over: the batchers waited for them
 
     def get(self, name: str | None, task: str) -> ServedModel:
         """The named model of `task`, or its default; 404 for unknown names, 503 when not ready."""

@@ -40,8 +40,7 @@ def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Aw
     async def route(request: Request) -> JsonResponse:
         body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)
         model = request.app.state.registry.get(body.model, task_name)
-        admission = endpoint.admit(model, body)
-        with admission.batcher.admit(admission.rows, cells=admission.cells):
+        with endpoint.admit(model, body):
             answer = endpoint.answer(model, body, request.app.state.drain.alone())
             return JsonResponse(await within_deadline(answer, request.app.state, model.name, receive=request.receive))
 

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from app.core.metrics import Metrics
-from app.runtime.engine import engine
 from app.runtime.instances import Instance
 from app.runtime.registry import ModelRegistry
 from app.tasks import TASKS
@@ -52,7 +51,7 @@ def _with_engine(registry: ModelRegistry, scenario):
 
     async def main():
         _flat_costs(registry)
-        async with engine(registry):
+        async with registry.serve():
             return await scenario()
 
     return asyncio.run(main())

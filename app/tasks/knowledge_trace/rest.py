@@ -37,7 +37,7 @@ are null whatever the request asks (GET /models `supports` says which fields a m
 def _admission(model: ServedModel, body: KnowledgeTraceRequest) -> Admission:
     next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
     rows = service.rows_needed(model, len(body.interactions), next_count > 0)
-    return Admission(model.batcher, rows, cells=len(body.interactions) + next_count)
+    return model.batcher.admit(rows, cells=len(body.interactions) + next_count)
 
 
 async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) -> bytes:

@@ -64,7 +64,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
         raise ProtocolError(f"input {state_input} holds NaN or infinite values")
     counts = lengths.tolist()
     rows = [(questions[i, :n], answers[i, :n], None if memory is None else memory[i]) for i, n in enumerate(counts)]
-    admission = Admission(model.batcher, sum(service.rows_needed(model, n, False) for n in counts), cells=sum(counts))
+    admission = model.batcher.admit(sum(service.rows_needed(model, n, False) for n in counts), cells=sum(counts))
     return admission, (rows, steps)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.core.responses import dumps
-from app.runtime.model import Admission, Endpoint, ServedModel
+from app.runtime.model import Endpoint, ServedModel
 from app.runtime.offload import offload, offload_if
 from app.tasks.similarity import schemas, service
 
@@ -63,7 +63,7 @@ ENDPOINTS = (
         request=schemas.SimilarityRequest,
         response=schemas.SimilarityResponse,
         description="Relatedness (1..5), entailment probabilities and per-sentence attention maps of one pair.",
-        admit=lambda model, body: Admission(model.batcher, 1),
+        admit=lambda model, body: model.batcher.admit(1),
         answer=_pairs_answer,
     ),
     Endpoint(
@@ -73,7 +73,7 @@ ENDPOINTS = (
         request=schemas.SimilarityBatchRequest,
         response=schemas.SimilarityBatchResponse,
         description="Up to 256 pairs in one call; results in request order, each as from POST /similarity.",
-        admit=lambda model, body: Admission(model.batcher, len(body.pairs)),
+        admit=lambda model, body: model.batcher.admit(len(body.pairs)),
         answer=_pairs_answer,
     ),
     Endpoint(
@@ -85,7 +85,7 @@ ENDPOINTS = (
         description="Up to 256 sentences: each one's sentence vector (the final memory of the forward pass, then "
         "of the backward pass: what the pair heads read) and its tokens. Score two stored vectors with "
         "POST /similarity/from-embeddings.",
-        admit=lambda model, body: Admission(service.graph_of(model, "encoder").batcher, len(body.sentences)),
+        admit=lambda model, body: service.graph_of(model, "encoder").batcher.admit(len(body.sentences)),
         answer=_embeddings_answer,
         reserve=False,
     ),
@@ -97,7 +97,7 @@ ENDPOINTS = (
         response=schemas.EmbeddingPairResponse,
         description="Relatedness and entailment of two stored sentence vectors from POST /embeddings of the same "
         "model: only the pair heads run, with the same result as POST /similarity on the two sentences.",
-        admit=lambda model, body: Admission(service.graph_of(model, "head").batcher, 1),
+        admit=lambda model, body: service.graph_of(model, "head").batcher.admit(1),
         answer=_vector_pair_answer,
         reserve=False,
     ),

@@ -43,7 +43,7 @@ def prepare(model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[
         where = error.location[1:]  # ("body", index, "sentence_a") or ("body", "pairs")
         name = f"input {where[1]}[{where[0]}]" if len(where) == 2 else "inputs sentence_a/sentence_b"
         raise ProtocolError(f"{name}: {error.message}") from None
-    return Admission(model.batcher, len(encoded)), encoded
+    return model.batcher.admit(len(encoded)), encoded
 
 
 async def infer(model: ServedModel, pairs: list[EncodedPair]) -> Feeds:

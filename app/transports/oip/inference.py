@@ -85,7 +85,7 @@ async def infer(
     except ParseQueueFull:
         metrics.refused("parse_queue_full")
         raise
-    with admission.batcher.admit(admission.rows, admission.cells):
+    with admission:
         arrays = await complete(codec.infer(model, prepared), timeout_s)
     outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
     large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES

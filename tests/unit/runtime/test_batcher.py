@@ -145,7 +145,7 @@ def _drive(
         finally:
             await batcher.stop()
             for instance in served:
-                instance.slots.close()
+                instance.slots.executor.shutdown()
 
     return run_on_clock(clock, main())
 

@@ -58,7 +58,7 @@ def _drive(scenario, instances: list[Instance], clock: ManualClock, slots: int =
         finally:
             await batcher.stop()
             for instance in instances:
-                instance.slots.close()
+                instance.slots.executor.shutdown()
 
     return run_on_clock(clock, main())
 
