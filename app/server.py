@@ -163,6 +163,9 @@ class Gunicorn(BaseApplication):
 
     def load_config(self) -> None:
         settings = self.settings
+        formatter = "JsonFormatter" if settings.log_format == "json" else "TextFormatter"
+        to_stderr = {"handlers": ["stderr"], "level": settings.log_level.upper(), "propagate": False}
+        handler = {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}
         options = {
             "bind": [settings.address(settings.port)],
             "workers": settings.workers,
@@ -172,7 +175,12 @@ class Gunicorn(BaseApplication):
             "worker_class": f"{Worker.__module__}.{Worker.__qualname__}",
             "timeout": math.ceil(settings.worker_stall_s),  # gunicorn takes whole seconds
             "graceful_timeout": math.ceil(settings.drain_s + SHUTDOWN_GRACE_S + GIVE_UP_S) + 1,
-            "logconfig_dict": log_config(settings.log_level, settings.log_format),
+            "logconfig_dict": {  # over gunicorn's CONFIG_DEFAULTS (dictConfig version 1, existing loggers kept)
+                "formatters": {"mnemo": {"()": f"app.core.logging.{formatter}"}},
+                "handlers": {"stderr": handler},
+                "root": {"level": "WARNING", "handlers": []},  # not gunicorn's default, which names its own handler
+                "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},  # their access logs off: the app's
+            },
             "control_socket_disable": True,  # no runtime control of the workers from outside
             "pre_fork": number_worker,
         }
@@ -184,14 +192,12 @@ class Gunicorn(BaseApplication):
 
     def run(self) -> None:
         arbiter = Arbiter(self)
-        try:
-            arbiter.run()
-        except HaltServer as error:  # another worker failed to boot while gunicorn halted for the first: halt again
-            while True:
-                try:
-                    arbiter.halt(error.reason, error.exit_status)
-                except HaltServer as again:
-                    error = again
+        halt = arbiter.run  # both exit the process
+        while True:
+            try:
+                halt()
+            except HaltServer as error:  # another worker failed to boot while gunicorn halted for the first: again
+                halt = functools.partial(arbiter.halt, error.reason, error.exit_status)
 
     def load(self) -> FastAPI:
         """In each worker: the app, once MNEMO_PROVIDER is known to be served by this onnxruntime (else one line)."""
@@ -230,18 +236,6 @@ def cannot_start(reason: str) -> None:
     """One line saying why, and the status that makes gunicorn stop (not retry)."""
     print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
-
-
-def log_config(level: str, fmt: str) -> dict:
-    """gunicorn's and uvicorn's own lines in the service's format, on stderr (their access logs are off: the app's)."""
-    formatter = "app.core.logging.JsonFormatter" if fmt == "json" else "app.core.logging.TextFormatter"
-    to_stderr = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
-    return {  # over gunicorn's CONFIG_DEFAULTS (dictConfig version 1, existing loggers kept)
-        "formatters": {"mnemo": {"()": formatter}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}},
-        "root": {"level": "WARNING", "handlers": []},  # replaces gunicorn's default, which names its own handler
-        "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},
-    }
 
 
 def open_metrics(server: Arbiter) -> None:
