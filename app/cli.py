@@ -24,7 +24,7 @@ from app.core.manifest import ModelLoadError, chosen, load_manifest
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
 from app.students.io import check_url
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}  # the subcommands inherit it
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "show_default": True}  # for subcommands too
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
 CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str, bool a switch
 
@@ -124,7 +124,6 @@ def serve(**flags: Any) -> None:
     type=click.Path(path_type=Path, file_okay=False),
     default=DEFAULT_ARTIFACTS_DIR,
     envvar="MNEMO_ARTIFACTS_DIR",
-    show_default=True,
     show_envvar=True,
     help="Directory holding manifest.json.",
 )

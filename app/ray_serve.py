@@ -20,7 +20,7 @@ FIXED = ("workers", "concurrent_runs", "intra_op_threads")  # a replica: one pro
 
 
 @click.command(
-    context_settings={**CONTEXT, "show_default": True},
+    context_settings=CONTEXT,
     params=[
         click.Option(
             ["--replicas"], type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling)."
