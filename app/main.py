@@ -39,16 +39,7 @@ UNPROTECTED = (
     "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
     "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
 )
-DESCRIPTION = """Memory-augmented neural models behind one API:
-
-* **POST /similarity**, **/similarity/batch**: LSTM_RMC (Relational Memory Core) sentence-pair model
-  trained on SICK: relatedness 1..5, entailment probabilities, attention maps.
-* **POST /knowledge-trace**: DKVMN knowledge tracing: per-step and next-question correctness
-  probabilities, per-concept mastery and the correlation-weight attention.
-
-Models run in ONNX Runtime; `GET /models` lists them with the execution provider in use. Concurrent
-requests for a model are batched; a full queue answers 429 with Retry-After, a request past its
-deadline 504."""
+DESCRIPTION = "Memory-augmented neural models on ONNX Runtime: LSTM_RMC sentence similarity, DKVMN knowledge tracing."
 
 try:
     VERSION = version("mnemo")
