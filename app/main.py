@@ -1,5 +1,4 @@
-"""The FastAPI application: `create_app(settings, tasks)`, and the module's `app` for `uvicorn app.main:app`
-(which lacks the drain, the worker heartbeats and the connection limits of `python -m app`)."""
+"""The FastAPI application, `create_app(settings, tasks)`; `app` for `uvicorn app.main:app` warns what it lacks."""
 
 from __future__ import annotations
 
