@@ -22,6 +22,7 @@ from app.runtime.engine import engine
 from app.runtime.model import Task
 from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
+from app.runtime.sessions import ProviderUnavailable
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
@@ -70,10 +71,9 @@ def create_app(
             registry = ModelRegistry(settings, tasks, metrics)
             try:
                 await offload(registry.load)
-            except ModelLoadError as error:
-                app.state.startup_error = str(error)  # python -m app ends with it in one line (app/server.py)
-                raise
             except Exception as error:
+                if isinstance(error, ModelLoadError | ProviderUnavailable):  # python -m app: this one line (server.py)
+                    app.state.startup_error = str(error)
                 logger.error("startup failed: %s", error)
                 raise
             app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)

@@ -130,10 +130,11 @@ class Worker(UvicornWorker):
 
     async def serve(self) -> None:
         self.config.app = app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        # no uvicorn traceback for a failed startup that the app says in one line (`cannot_start`)
-        logging.getLogger("uvicorn.error").addFilter(
-            lambda record: not (app.state.startup_error and record.getMessage().startswith("Traceback"))
-        )
+        hidden = ("Traceback", "startup failed")  # uvicorn's and the app's lines of a failure said by `cannot_start`
+        for name in ("uvicorn.error", "mnemo"):
+            logging.getLogger(name).addFilter(
+                lambda record: not (app.state.startup_error and record.getMessage().startswith(hidden))
+            )
         server = DrainingServer(self.config)
         signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
@@ -200,13 +201,7 @@ class Gunicorn(BaseApplication):
                 halt = functools.partial(arbiter.halt, error.reason, error.exit_status)
 
     def load(self) -> FastAPI:
-        """In each worker: the app, once MNEMO_PROVIDER is known to be served by this onnxruntime (else one line)."""
-        from app.runtime.sessions import ProviderUnavailable, resolve_providers
-
-        try:
-            resolve_providers(self.settings.provider)
-        except ProviderUnavailable as error:
-            cannot_start(str(error))
+        """In each worker: the app."""
         tune_malloc()  # before any thread starts
         if (factory := self.factory) is None:
             from app.main import create_app as factory
