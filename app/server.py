@@ -155,8 +155,7 @@ def http_options(settings: Settings) -> dict[str, Any]:
 
 
 class Gunicorn(BaseApplication):
-    """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker until a
-    signal, drained first; `run` exits with gunicorn's status."""
+    """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker."""
 
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
         self.settings, self.factory = settings, factory
