@@ -130,7 +130,7 @@ class Worker(UvicornWorker):
 
     async def serve(self) -> None:
         self.config.app = app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        hidden = ("Traceback", "startup failed")  # uvicorn's and the app's lines of a failure said by `cannot_start`
+        hidden = ("Traceback", "startup failed")  # uvicorn's and the app's lines of a failure said in one line below
         for name in ("uvicorn.error", "mnemo"):
             logging.getLogger(name).addFilter(
                 lambda record: not (app.state.startup_error and record.getMessage().startswith(hidden))
@@ -139,8 +139,10 @@ class Worker(UvicornWorker):
         signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
-        if not server.started:
-            cannot_start(app.state.startup_error or "the app's startup failed (see above)")
+        if not server.started:  # one line saying why, and the status that makes gunicorn stop (not retry)
+            reason = app.state.startup_error or "the app's startup failed (see above)"
+            print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def http_options(settings: Settings) -> dict[str, Any]:
@@ -224,12 +226,6 @@ def unlistened(listener: Any) -> socket.socket:
     fresh.setblocking(False)
     listener.close()
     return fresh
-
-
-def cannot_start(reason: str) -> None:
-    """One line saying why, and the status that makes gunicorn stop (not retry)."""
-    print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
-    sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def open_metrics(server: Arbiter) -> None:
