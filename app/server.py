@@ -92,9 +92,11 @@ class DrainingServer(uvicorn.Server):
 class Worker(UvicornWorker):
     """One gunicorn worker: the app on uvicorn (h11) with the limits of Settings, draining on its first signal."""
 
-    number = 0  # from 0 to MNEMO_WORKERS - 1, set by gunicorn's pre_fork hook
-
     def __init__(self, age: int, ppid: int, sockets: list, app: Gunicorn, *args: Any) -> None:
+        """Made by gunicorn's master before it forks: numbered 0 to MNEMO_WORKERS - 1, the lowest number no live
+        worker has (a replacement takes the dead one's)."""
+        taken = {other.number for other in app.arbiter.WORKERS.values()}
+        self.number = min(set(range(len(taken) + 1)) - taken)
         settings = app.settings  # the flags' and the environment's, as the master read them
         self.CONFIG_KWARGS = {
             **http_options(settings),
@@ -184,7 +186,6 @@ class Gunicorn(BaseApplication):
                 "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},  # their access logs off: the app's
             },
             "control_socket_disable": True,  # no runtime control of the workers from outside
-            "pre_fork": number_worker,
         }
         # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
         if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
@@ -193,7 +194,7 @@ class Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def run(self) -> None:
-        arbiter = Arbiter(self)
+        arbiter = self.arbiter = Arbiter(self)
         halt = arbiter.run  # both exit the process
         while True:
             try:
@@ -242,9 +243,3 @@ def open_metrics(server: Arbiter) -> None:
 
     server.cfg.set("child_exit", lambda _, worker: mark_process_dead(worker.pid, chosen))
     server.log.info("metrics of every worker in %s", chosen)
-
-
-def number_worker(server: Arbiter, worker: Worker) -> None:
-    """gunicorn's pre_fork hook: the lowest number no live worker has, so a replacement takes the dead one's."""
-    taken = {other.number for other in server.WORKERS.values()}
-    worker.number = min(set(range(len(taken) + 1)) - taken)
