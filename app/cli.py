@@ -24,7 +24,7 @@ from app.core.manifest import ModelLoadError, chosen, load_manifest
 from app.core.settings import DEFAULT_ARTIFACTS_DIR, Settings, split_list, unknown_variables
 from app.students.io import check_url
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}  # the subcommands inherit it
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "show_default": True}  # for subcommands too
 MAX_METRICS = 3  # test metrics shown per model in `mnemo models` (--json gives all)
 CLICK_TYPES = {int: click.INT, float: click.FLOAT, Path: click.Path(path_type=Path)}  # others: str, bool a switch
 
@@ -75,11 +75,18 @@ def refuse(problem: str, flags: Collection[str]) -> NoReturn:
     sys.exit(f"mnemo: cannot start: {problem}")
 
 
-def start(settings: Settings, flags: Collection[str] = ()) -> None:
-    """Check the settings' files, URL, ports and models (one line and exit if wrong), say where it listens, serve."""
+@click.group(context_settings=CONTEXT)
+def cli() -> None:
+    """Serve memory-augmented models (LSTM_RMC similarity, DKVMN knowledge tracing) with ONNX Runtime."""
+
+
+@cli.command(context_settings=CONTEXT, params=[settings_option(*field) for field in Settings.model_fields.items()])
+def serve(**flags: Any) -> None:
+    """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
+    settings, given = settings_from(flags), {name for name, value in flags.items() if value is not None}
     for line in unknown_variables(os.environ):
         click.echo(f"mnemo: warning: {line}", err=True)
-    try:
+    try:  # the settings' files, URL, ports and models: one line and exit if wrong
         entries = chosen(load_manifest(settings.artifacts_dir).models, split_list(settings.models))
         check_url(settings.state_url)
         for name in ("probe_port", "grpc_port", "port"):
@@ -94,7 +101,7 @@ def start(settings: Settings, flags: Collection[str] = ()) -> None:
     except ModelLoadError as error:  # it names the flag and the variable
         sys.exit(f"mnemo: cannot start: {error}")
     except ValueError as error:
-        refuse(str(error), flags)
+        refuse(str(error), given)
     grpc = f", gRPC on {settings.address(settings.grpc_port)}" if settings.grpc_port else ""
     names = ", ".join(entry.name for entry in entries) or "no models"
     formatter = JsonFormatter() if settings.log_format == "json" else TextFormatter()
@@ -106,17 +113,6 @@ def start(settings: Settings, flags: Collection[str] = ()) -> None:
     Gunicorn(settings).run()
 
 
-@click.group(context_settings=CONTEXT)
-def cli() -> None:
-    """Serve memory-augmented models (LSTM_RMC similarity, DKVMN knowledge tracing) with ONNX Runtime."""
-
-
-@cli.command(context_settings=CONTEXT, params=[settings_option(*field) for field in Settings.model_fields.items()])
-def serve(**flags: Any) -> None:
-    """Serve the manifest's models over HTTP (and gRPC with --grpc-port)."""
-    start(settings_from(flags), {name for name, value in flags.items() if value is not None})
-
-
 @cli.command()
 @click.option(
     "--artifacts-dir",
@@ -124,7 +120,6 @@ def serve(**flags: Any) -> None:
     type=click.Path(path_type=Path, file_okay=False),
     default=DEFAULT_ARTIFACTS_DIR,
     envvar="MNEMO_ARTIFACTS_DIR",
-    show_default=True,
     show_envvar=True,
     help="Directory holding manifest.json.",
 )

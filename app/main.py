@@ -1,5 +1,4 @@
-"""The FastAPI application: `create_app(settings, tasks)`, and the module's `app` for `uvicorn app.main:app`
-(which lacks the drain, the worker heartbeats and the connection limits of `python -m app`)."""
+"""The FastAPI application, `create_app(settings, tasks)`; `app` for `uvicorn app.main:app` warns what it lacks."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from app.explorer.router import router as explorer_router
 from app.runtime.model import Task
 from app.runtime.offload import offload
 from app.runtime.registry import ModelLoadError, ModelRegistry
+from app.runtime.sessions import ProviderUnavailable
 from app.students.io import StoreHolder
 from app.tasks import TASKS
 from app.transports import docs, oip, operations, students
@@ -38,16 +38,7 @@ UNPROTECTED = (
     "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
     "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
 )
-DESCRIPTION = """Memory-augmented neural models behind one API:
-
-* **POST /similarity**, **/similarity/batch**: LSTM_RMC (Relational Memory Core) sentence-pair model
-  trained on SICK: relatedness 1..5, entailment probabilities, attention maps.
-* **POST /knowledge-trace**: DKVMN knowledge tracing: per-step and next-question correctness
-  probabilities, per-concept mastery and the correlation-weight attention.
-
-Models run in ONNX Runtime; `GET /models` lists them with the execution provider in use. Concurrent
-requests for a model are batched; a full queue answers 429 with Retry-After, a request past its
-deadline 504."""
+DESCRIPTION = "Memory-augmented neural models on ONNX Runtime: LSTM_RMC sentence similarity, DKVMN knowledge tracing."
 
 try:
     VERSION = version("mnemo")
@@ -79,10 +70,9 @@ def create_app(
             registry = ModelRegistry(settings, tasks, metrics)
             try:
                 await offload(registry.load)
-            except ModelLoadError as error:
-                app.state.startup_error = str(error)  # python -m app ends with it in one line (app/server.py)
-                raise
             except Exception as error:
+                if isinstance(error, ModelLoadError | ProviderUnavailable):  # python -m app: this one line (server.py)
+                    app.state.startup_error = str(error)
                 logger.error("startup failed: %s", error)
                 raise
             app.state.students = StoreHolder(settings.state_url)  # per-student state (/students endpoints)

@@ -20,7 +20,7 @@ FIXED = ("workers", "concurrent_runs", "intra_op_threads")  # a replica: one pro
 
 
 @click.command(
-    context_settings={**CONTEXT, "show_default": True},
+    context_settings=CONTEXT,
     params=[
         click.Option(
             ["--replicas"], type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling)."
@@ -76,10 +76,8 @@ def main(
 
         return create_app(settings, identity={"X-Mnemo-Replica": serve.get_replica_context().replica_id.unique_id})
 
-    if address:
-        ray.init(address=address)
-    else:
-        ray.init(include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE_BYTES)
+    local = {"include_dashboard": False, "object_store_memory": LOCAL_OBJECT_STORE_BYTES}  # a Ray of its own
+    ray.init(address=address, **({} if address else local))
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
         deployment = serve.deployment(name=DEPLOYMENT_NAME, **options)(serve.ingress(replica_app)())

@@ -92,9 +92,11 @@ class DrainingServer(uvicorn.Server):
 class Worker(UvicornWorker):
     """One gunicorn worker: the app on uvicorn (h11) with the limits of Settings, draining on its first signal."""
 
-    number = 0  # from 0 to MNEMO_WORKERS - 1, set by gunicorn's pre_fork hook
-
     def __init__(self, age: int, ppid: int, sockets: list, app: Gunicorn, *args: Any) -> None:
+        """Made by gunicorn's master before it forks: numbered 0 to MNEMO_WORKERS - 1, the lowest number no live
+        worker has (a replacement takes the dead one's)."""
+        taken = {other.number for other in app.arbiter.WORKERS.values()}
+        self.number = min(set(range(len(taken) + 1)) - taken)
         settings = app.settings  # the flags' and the environment's, as the master read them
         self.CONFIG_KWARGS = {
             **http_options(settings),
@@ -130,16 +132,19 @@ class Worker(UvicornWorker):
 
     async def serve(self) -> None:
         self.config.app = app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        # no uvicorn traceback for a failed startup that the app says in one line (`cannot_start`)
-        logging.getLogger("uvicorn.error").addFilter(
-            lambda record: not (app.state.startup_error and record.getMessage().startswith("Traceback"))
-        )
+        hidden = ("Traceback", "startup failed")  # uvicorn's and the app's lines of a failure said in one line below
+        for name in ("uvicorn.error", "mnemo"):
+            logging.getLogger(name).addFilter(
+                lambda record: not (app.state.startup_error and record.getMessage().startswith(hidden))
+            )
         server = DrainingServer(self.config)
         signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
-        if not server.started:
-            cannot_start(app.state.startup_error or "the app's startup failed (see above)")
+        if not server.started:  # one line saying why, and the status that makes gunicorn stop (not retry)
+            reason = app.state.startup_error or "the app's startup failed (see above)"
+            print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def http_options(settings: Settings) -> dict[str, Any]:
@@ -154,8 +159,7 @@ def http_options(settings: Settings) -> dict[str, Any]:
 
 
 class Gunicorn(BaseApplication):
-    """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker until a
-    signal, drained first; `run` exits with gunicorn's status."""
+    """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker."""
 
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
         self.settings, self.factory = settings, factory
@@ -163,6 +167,9 @@ class Gunicorn(BaseApplication):
 
     def load_config(self) -> None:
         settings = self.settings
+        formatter = "JsonFormatter" if settings.log_format == "json" else "TextFormatter"
+        to_stderr = {"handlers": ["stderr"], "level": settings.log_level.upper(), "propagate": False}
+        handler = {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}
         options = {
             "bind": [settings.address(settings.port)],
             "workers": settings.workers,
@@ -172,35 +179,31 @@ class Gunicorn(BaseApplication):
             "worker_class": f"{Worker.__module__}.{Worker.__qualname__}",
             "timeout": math.ceil(settings.worker_stall_s),  # gunicorn takes whole seconds
             "graceful_timeout": math.ceil(settings.drain_s + SHUTDOWN_GRACE_S + GIVE_UP_S) + 1,
-            "logconfig_dict": log_config(settings.log_level, settings.log_format),
+            "logconfig_dict": {  # over gunicorn's CONFIG_DEFAULTS (dictConfig version 1, existing loggers kept)
+                "formatters": {"mnemo": {"()": f"app.core.logging.{formatter}"}},
+                "handlers": {"stderr": handler},
+                "root": {"level": "WARNING", "handlers": []},  # not gunicorn's default, which names its own handler
+                "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},  # their access logs off: the app's
+            },
             "control_socket_disable": True,  # no runtime control of the workers from outside
-            "pre_fork": number_worker,
         }
         # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
         if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
-            options |= {"on_starting": open_metrics, "child_exit": drop_metrics}
+            options["on_starting"] = open_metrics
         for key, value in options.items():
             self.cfg.set(key, value)
 
     def run(self) -> None:
-        arbiter = Arbiter(self)
-        try:
-            arbiter.run()
-        except HaltServer as error:  # another worker failed to boot while gunicorn halted for the first: halt again
-            while True:
-                try:
-                    arbiter.halt(error.reason, error.exit_status)
-                except HaltServer as again:
-                    error = again
+        arbiter = self.arbiter = Arbiter(self)
+        halt = arbiter.run  # both exit the process
+        while True:
+            try:
+                halt()
+            except HaltServer as error:  # another worker failed to boot while gunicorn halted for the first: again
+                halt = functools.partial(arbiter.halt, error.reason, error.exit_status)
 
     def load(self) -> FastAPI:
-        """In each worker: the app, once MNEMO_PROVIDER is known to be served by this onnxruntime (else one line)."""
-        from app.runtime.sessions import ProviderUnavailable, resolve_providers
-
-        try:
-            resolve_providers(self.settings.provider)
-        except ProviderUnavailable as error:
-            cannot_start(str(error))
+        """In each worker: the app."""
         tune_malloc()  # before any thread starts
         if (factory := self.factory) is None:
             from app.main import create_app as factory
@@ -226,26 +229,9 @@ def unlistened(listener: Any) -> socket.socket:
     return fresh
 
 
-def cannot_start(reason: str) -> None:
-    """One line saying why, and the status that makes gunicorn stop (not retry)."""
-    print(f"mnemo: cannot start: {reason}", file=sys.stderr, flush=True)
-    sys.exit(Arbiter.WORKER_BOOT_ERROR)
-
-
-def log_config(level: str, fmt: str) -> dict:
-    """gunicorn's and uvicorn's own lines in the service's format, on stderr (their access logs are off: the app's)."""
-    formatter = "app.core.logging.JsonFormatter" if fmt == "json" else "app.core.logging.TextFormatter"
-    to_stderr = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
-    return {  # over gunicorn's CONFIG_DEFAULTS (dictConfig version 1, existing loggers kept)
-        "formatters": {"mnemo": {"()": formatter}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "mnemo", "stream": "ext://sys.stderr"}},
-        "root": {"level": "WARNING", "handlers": []},  # replaces gunicorn's default, which names its own handler
-        "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},
-    }
-
-
 def open_metrics(server: Arbiter) -> None:
-    """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a temporary one."""
+    """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a temporary one
+    (removed on exit); the live gauges of a worker that exits are dropped from it."""
     if not (chosen := os.environ.get(METRICS_DIR)):
         os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
         server.cfg.set("on_exit", lambda _: shutil.rmtree(chosen, ignore_errors=True))  # run in the master only
@@ -253,17 +239,7 @@ def open_metrics(server: Arbiter) -> None:
         sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
     for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
         stale.unlink()
+    from prometheus_client.multiprocess import mark_process_dead  # not before: the variable is read as it imports
+
+    server.cfg.set("child_exit", lambda _, worker: mark_process_dead(worker.pid, chosen))
     server.log.info("metrics of every worker in %s", chosen)
-
-
-def number_worker(server: Arbiter, worker: Worker) -> None:
-    """gunicorn's pre_fork hook: the lowest number no live worker has, so a replacement takes the dead one's."""
-    taken = {other.number for other in server.WORKERS.values()}
-    worker.number = min(set(range(len(taken) + 1)) - taken)
-
-
-def drop_metrics(server: Arbiter, worker: Worker) -> None:
-    """gunicorn's child_exit hook: the live gauges of a worker that exited are dropped."""
-    from prometheus_client.multiprocess import mark_process_dead  # reads PROMETHEUS_MULTIPROC_DIR as it imports
-
-    mark_process_dead(worker.pid)

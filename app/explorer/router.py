@@ -22,8 +22,7 @@ router = APIRouter(tags=["explorer"], include_in_schema=False)
 @router.get("/")
 @router.get("/explorer/{name:path}")
 async def explorer_file(request: Request) -> Response:
-    """The explorer page or one of its files, 200 or 304 with the page's security and cache headers; /explorer/ and
-    /explorer/index.html redirect to the page (its URLs are relative: they hold behind a proxy's path prefix)."""
+    """/explorer/ and /explorer/index.html redirect to the page: its URLs are relative, to hold behind a path prefix."""
     if (name := request.path_params.get("name")) in ("", "index.html"):
         return RedirectResponse("../")
     response = await FILES.get_response(name or "index.html", request.scope)
