@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
@@ -24,8 +25,8 @@ from tritonclient.grpc import service_pb2
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
 from app.runtime.model import ProtocolError, ServedModel
-from app.transports.deadline import within_deadline
 from app.transports.oip import inference
+from app.transports.oip.inference import EXTENSIONS
 from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
 from app.transports.operations import readiness
 
@@ -49,32 +50,24 @@ def model_ready(app: FastAPI, request: Any) -> dict:
         return {"ready": False}
 
 
-def repository_index(app: FastAPI, request: Any) -> dict:
-    if request.repository_name:
-        raise ProtocolError(
-            f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
-        )
-    return {"models": inference.repository_index(app.state, request.ready)}
-
-
-# each RPC: the REST path whose API-key rule it follows ({}: the model's name as one path segment), and its answer
-# as REST's dict (ModelInfer: `_infer`)
+# each RPC: the REST path under /v2 whose API-key rule it follows ({}: the model's name as one path segment), and its
+# answer as REST's dict (ModelInfer: `_infer`)
 RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
-    "ServerLive": ("/v2/health/live", lambda app, _: {"live": True}),
-    "ServerReady": ("/v2/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
-    "ServerMetadata": (
-        "/v2",
-        lambda app, _: {"name": app.title, "version": app.version, "extensions": list(inference.EXTENSIONS)},
-    ),
-    "ModelReady": ("/v2/models/{}/ready", model_ready),
-    "ModelMetadata": ("/v2/models/{}", lambda app, r: inference.model_metadata(app.state, r.name, r.version)),
+    "ServerLive": ("/health/live", lambda app, _: {"live": True}),
+    "ServerReady": ("/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
+    "ServerMetadata": ("", lambda app, _: {"name": app.title, "version": app.version, "extensions": [*EXTENSIONS]}),
+    "ModelReady": ("/models/{}/ready", model_ready),
+    "ModelMetadata": ("/models/{}", lambda app, r: inference.model_metadata(app.state, r.name, r.version)),
     "ModelConfig": (
-        "/v2/models/{}/config",
+        "/models/{}/config",
         lambda app, r: {"config": inference.model_config(app.state, r.name, r.version)},
     ),
-    "ModelStatistics": ("/v2/models/{}/stats", lambda app, r: inference.model_statistics(app.state, r.name, r.version)),
-    "RepositoryIndex": ("/v2/repository/index", repository_index),
-    "ModelInfer": ("/v2/models/{}/infer", None),
+    "ModelStatistics": ("/models/{}/stats", lambda app, r: inference.model_statistics(app.state, r.name, r.version)),
+    "RepositoryIndex": (
+        "/repository/index",
+        lambda app, r: {"models": inference.repository_index(app.state, r.ready, r.repository_name)},
+    ),
+    "ModelInfer": ("/models/{}/infer", None),
 }
 
 
@@ -89,14 +82,13 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
-            try:
+            request = None
+            with contextlib.suppress(DecodeError):
                 request = request_type.FromString(data)
-            except DecodeError:
-                request = None
             model = getattr(request, "name", None) or getattr(request, "model_name", "")
             sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
             # quoted: a name holding '/' stays one segment, never another (open) path; no name: /v2/models/stats
-            rest_path = path.format(quote(model, safe="")).replace("//stats", "/stats")
+            rest_path = "/v2" + path.format(quote(model, safe="")).replace("//stats", "/stats")
             if app.state.api_keys.refusal(rest_path, sent.encode()):
                 code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
             elif request is None:
@@ -104,7 +96,7 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
             elif answer is None and app.state.drain.draining:
                 code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
             elif answer is None:
-                return await _infer(app.state, request, context)
+                return await _infer(app.state, request, len(data), context)
             else:
                 return json_format.ParseDict(answer(app, request), response_type())
         except asyncio.CancelledError:
@@ -128,37 +120,25 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
 
 
-async def _infer(state: State, message: service_pb2.ModelInferRequest, context: Context) -> Message:
+async def _infer(state: State, message: service_pb2.ModelInferRequest, size: int, context: Context) -> Message:
     model, codec = inference.find_model(state, message.model_name, message.model_version)
-    size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
-
-    async def bounded(work: Coroutine, timeout_s: float | None) -> Any:
-        """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
-        arrival, remaining = request_arrival.get(), context.time_remaining()
-        rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
-        source = "the request's timeout parameter"
-        if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
-            timeout_s, source = rpc_timeout_s, "the gRPC deadline"
-        return await within_deadline(work, state, model.name, timeout_s, source)
-
-    decode = functools.partial(inference_request, message)
+    remaining = context.time_remaining()  # from now: the deadline counts from the call's arrival
+    rpc_timeout_s = None if remaining is None else time.perf_counter() - request_arrival.get() + remaining
     task = asyncio.current_task()
     state.drain.enter(task)
     try:
-        return await inference.infer(model, codec, size, state.metrics, bounded, decode, inference_response)
+        decode = functools.partial(inference_request, message)
+        return await inference.infer(state, model, codec, size, decode, inference_response, rpc_timeout_s=rpc_timeout_s)
     finally:
         state.drain.leave(task)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
     """A `map<string, InferParameter>` as the values it holds; an unset one is a 400 naming it."""
-    values = {}
-    for name, parameter in message.items():
-        kind = parameter.WhichOneof("parameter_choice")
-        if kind is None:
-            raise ProtocolError(f"{where}.{name[:64]} holds no value")
-        values[name] = getattr(parameter, kind)
-    return values
+    kinds = {name: parameter.WhichOneof("parameter_choice") for name, parameter in message.items()}
+    if unset := [name for name, kind in kinds.items() if kind is None]:
+        raise ProtocolError(f"{where}.{unset[0][:64]} holds no value")
+    return {name: getattr(message[name], kind) for name, kind in kinds.items()}
 
 
 def inference_request(message: service_pb2.ModelInferRequest) -> tuple[InferenceRequest, bytes]:
@@ -221,11 +201,8 @@ def inference_response(model: ServedModel, request: InferenceRequest, outputs: l
 
 @asynccontextmanager
 async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
-    """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs (nothing when unset)."""
+    """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs."""
     settings = app.state.settings
-    if settings.grpc_port is None:
-        yield
-        return
     server = grpc.aio.server(
         maximum_concurrent_rpcs=settings.max_connections,  # as REST's connections bound its requests in flight
         options=[

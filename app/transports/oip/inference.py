@@ -3,15 +3,16 @@ runs a request between the transport's decode and encode; the other answers are 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from starlette.datastructures import State
+from starlette.types import Receive
 
 from app.core.errors import ModelNotReady, UnknownModel, printable
-from app.core.metrics import Metrics
 from app.runtime.model import Admission, ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
+from app.transports.deadline import within_deadline
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
@@ -62,16 +63,18 @@ def find_model(state: State, name: str, version: str | None = None) -> tuple[Ser
 
 
 async def infer(
+    state: State,
     model: ServedModel,
     codec: TensorCodec,
     size: int,
-    metrics: Metrics,
-    complete: Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]],
     decode: Callable[[], tuple[InferenceRequest, bytes]],
     encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
+    receive: Receive | None = None,
+    rpc_timeout_s: float | None = None,
 ) -> T:
-    """`encode`'s answer to the request `decode()` gives (with its binary data), run within `complete(work, timeout)`;
-    past INLINE_BYTES, decoding and encoding run on the bounded parse queue's threads (429 while it is full)."""
+    """`encode`'s answer to the request `decode()` gives (with its binary data), within the server's deadline or the
+    `timeout` parameter's or gRPC's if shorter; past INLINE_BYTES, decoding and encoding run on the bounded parse
+    queue's threads (429 while it is full)."""
 
     def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Admission, Any]:
         request, binary = decode()
@@ -83,10 +86,13 @@ async def infer(
             prepare() if size <= INLINE_BYTES else await offload_or_shed(size, prepare)
         )
     except ParseQueueFull:
-        metrics.refused("parse_queue_full")
+        state.metrics.refused("parse_queue_full")
         raise
+    source = "the request's timeout parameter"
+    if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
+        timeout_s, source = rpc_timeout_s, "the gRPC deadline"
     with admission.batcher.admit(admission.rows, admission.cells):
-        arrays = await complete(codec.infer(model, prepared), timeout_s)
+        arrays = await within_deadline(codec.infer(model, prepared), state, model.name, timeout_s, source, receive)
     outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
     large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES
     return await offload_if(large, encode, model, request, outputs)
@@ -181,8 +187,10 @@ def model_statistics(state: State, name: str = "", version: str | None = None) -
     return {"model_stats": stats}
 
 
-def repository_index(state: State, ready_only: bool = False) -> list[dict[str, str]]:
+def repository_index(state: State, ready_only: bool = False, repository: str = "") -> list[dict[str, str]]:
     """Every model served over the protocol with its state: READY, or UNAVAILABLE with the reason."""
+    if repository:  # gRPC's request may name one
+        raise ProtocolError(f"repository_name {repository[:64]!r}: this server has one repository; leave it empty")
     return [
         {
             "name": model.name,
