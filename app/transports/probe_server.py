@@ -43,10 +43,9 @@ async def probe_process(host: str, port: int, readiness: Callable[[], tuple[int,
             process.stdin.flush()
 
     try:
-        try:
+        first = "no answer"
+        with contextlib.suppress(TimeoutError):
             first = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), START_TIMEOUT_S)
-        except TimeoutError:
-            first = "no answer"
         if first.strip() != "listening":  # the port is taken
             raise RuntimeError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
         logger.info("probes: /health and /ready also on http://%s:%d (own process)", host, port)
@@ -64,10 +63,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def do_HEAD(self) -> None:
-        self.do_GET(with_body=False)
-
-    def do_GET(self, with_body: bool = True) -> None:
+    def do_GET(self) -> None:
         path, silent_s = self.path.split("?", 1)[0], time.monotonic() - self.server.fed_at
         if path not in ("/health", "/ready"):
             status, payload = 404, {"detail": "This port serves only GET /health and GET /ready."}
@@ -80,8 +76,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if with_body:
+        if self.command == "GET":
             self.wfile.write(body)
+
+    do_HEAD = do_GET
 
     def log_message(self, format: str, *args: object) -> None:
         """Probes are not logged (they would drown the log)."""

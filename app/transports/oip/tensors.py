@@ -83,20 +83,18 @@ def decode_inputs(
             raise ProtocolError(
                 f"input {tensor.name} has datatype {printable(tensor.datatype)}; the model expects {spec.datatype}"
             )
-        shape = tensor.shape
-        wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
-        if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
+        wrong_dim = any(got < 0 or got != want >= 0 for got, want in zip(tensor.shape, spec.shape, strict=False))
+        if wrong_dim or len(tensor.shape) != len(spec.shape):
             raise ProtocolError(
-                f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)"
+                f"input {tensor.name} has shape {tensor.shape}; the model expects {list(spec.shape)} (-1: any)"
             )
         size = tensor.parameters.get("binary_data_size")
+        if (size is None) == (tensor.data is None):
+            given = "neither data nor" if size is None else "both data and"
+            raise ProtocolError(f"input {tensor.name} has {given} binary_data_size; send one of them")
         if size is None:
-            if tensor.data is None:
-                raise ProtocolError(f"input {tensor.name} has neither data nor binary_data_size")
             arrays[tensor.name] = _from_json(tensor, tensor.data)
             continue
-        if tensor.data is not None:
-            raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
         if type(size) is not int or size < 0:
             raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} must be a count of bytes")
         if size and not binary:
