@@ -9,7 +9,6 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -38,7 +37,6 @@ CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
-MALFORMED = "The message is not a {}Request (" + INFERENCE_SERVICE + "): it does not parse."
 API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization: Bearer <key>."
 Context = grpc.aio.ServicerContext
 
@@ -92,7 +90,7 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
             if app.state.api_keys.refusal(rest_path, sent.encode()):
                 code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
             elif request is None:
-                raise ProtocolError(MALFORMED.format(name))
+                raise ProtocolError(f"The message is not a {name}Request ({INFERENCE_SERVICE}): it does not parse.")
             elif answer is None and app.state.drain.draining:
                 code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
             elif answer is None:
@@ -199,7 +197,7 @@ def inference_response(model: ServedModel, request: InferenceRequest, outputs: l
     return response
 
 
-@asynccontextmanager
+@contextlib.asynccontextmanager
 async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
     """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs."""
     settings = app.state.settings
@@ -234,9 +232,7 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
             raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
         await server.start()
         logger.info("gRPC (Open Inference Protocol) on %s", address)
-        try:
-            yield
-        finally:
-            await server.stop(settings.drain_s)
+        yield
     finally:
+        await server.stop(settings.drain_s)  # a server not started yet stops at once
         app.state.drain.on_begin.remove(not_serving)

@@ -191,10 +191,8 @@ def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) ->
     """The outputs to return (all when `outputs` is absent or empty), each with whether it goes as binary data."""
     declared = {spec.name: spec for spec in specs}
     everything_binary = request.parameters.get("binary_data_output") is True
-    if not request.outputs:
-        return [(spec, everything_binary) for spec in specs]
     wanted: dict[str, tuple[TensorSpec, bool]] = {}
-    for output in request.outputs:
+    for output in request.outputs or [RequestOutput(name=name) for name in declared]:
         if output.name not in declared:
             raise ProtocolError(f"unknown output {output.name!r}; the model returns {', '.join(declared)}")
         if output.name in wanted:
