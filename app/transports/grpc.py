@@ -38,7 +38,6 @@ CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
 API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization: Bearer <key>."
-Context = grpc.aio.ServicerContext
 
 
 def model_ready(app: FastAPI, request: Any) -> dict:
@@ -75,7 +74,7 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
     path, answer = RPCS[name]
     request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
 
-    async def call(data: bytes, context: Context) -> Message:
+    async def call(data: bytes, context: grpc.aio.ServicerContext) -> Message:
         started = time.perf_counter()
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
@@ -94,7 +93,7 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
             elif answer is None and app.state.drain.draining:
                 code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
             elif answer is None:
-                return await _infer(app.state, request, len(data), context)
+                return await _infer(app.state, request, len(data), context.time_remaining())
             else:
                 return json_format.ParseDict(answer(app, request), response_type())
         except asyncio.CancelledError:
@@ -118,9 +117,9 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
 
 
-async def _infer(state: State, message: service_pb2.ModelInferRequest, size: int, context: Context) -> Message:
+async def _infer(state: State, message: service_pb2.ModelInferRequest, size: int, remaining: float | None) -> Message:
+    """ModelInfer, its gRPC deadline `remaining` seconds away counted from the call's arrival as every deadline is."""
     model, codec = inference.find_model(state, message.model_name, message.model_version)
-    remaining = context.time_remaining()  # from now: the deadline counts from the call's arrival
     rpc_timeout_s = None if remaining is None else time.perf_counter() - request_arrival.get() + remaining
     task = asyncio.current_task()
     state.drain.enter(task)

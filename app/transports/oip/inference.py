@@ -72,9 +72,8 @@ async def infer(
     receive: Receive | None = None,
     rpc_timeout_s: float | None = None,
 ) -> T:
-    """`encode`'s answer to the request `decode()` gives (with its binary data), within the server's deadline or the
-    `timeout` parameter's or gRPC's if shorter; past INLINE_BYTES, decoding and encoding run on the bounded parse
-    queue's threads (429 while it is full)."""
+    """`encode`'s answer to `decode()`'s request and binary data, within the server's deadline or a shorter `timeout` or
+    gRPC deadline; past INLINE_BYTES, decoding and encoding run on the bounded parse queue's threads (429 when full)."""
 
     def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Admission, Any]:
         request, binary = decode()
