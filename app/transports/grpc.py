@@ -25,7 +25,7 @@ from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_mes
 from app.core.request_context import request_arrival
 from app.runtime.model import ProtocolError, ServedModel
 from app.transports.oip import inference
-from app.transports.oip.inference import EXTENSIONS
+from app.transports.oip.inference import EXTENSIONS, model_config, model_metadata, model_statistics, repository_index
 from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
 from app.transports.operations import readiness
 
@@ -54,15 +54,12 @@ RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
     "ServerReady": ("/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
     "ServerMetadata": ("", lambda app, _: {"name": app.title, "version": app.version, "extensions": [*EXTENSIONS]}),
     "ModelReady": ("/models/{}/ready", model_ready),
-    "ModelMetadata": ("/models/{}", lambda app, r: inference.model_metadata(app.state, r.name, r.version)),
-    "ModelConfig": (
-        "/models/{}/config",
-        lambda app, r: {"config": inference.model_config(app.state, r.name, r.version)},
-    ),
-    "ModelStatistics": ("/models/{}/stats", lambda app, r: inference.model_statistics(app.state, r.name, r.version)),
+    "ModelMetadata": ("/models/{}", lambda app, r: model_metadata(app.state, r.name, r.version)),
+    "ModelConfig": ("/models/{}/config", lambda app, r: {"config": model_config(app.state, r.name, r.version)}),
+    "ModelStatistics": ("/models/{}/stats", lambda app, r: model_statistics(app.state, r.name, r.version)),
     "RepositoryIndex": (
         "/repository/index",
-        lambda app, r: {"models": inference.repository_index(app.state, r.ready, r.repository_name)},
+        lambda app, r: {"models": repository_index(app.state, r.ready, r.repository_name)},
     ),
     "ModelInfer": ("/models/{}/infer", None),
 }
@@ -172,13 +169,11 @@ def inference_request(message: service_pb2.ModelInferRequest) -> tuple[Inference
 
 def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str) -> list[Any]:
     """The input's typed contents as a flat list; a datatype that has no such field (FP16) needs raw contents."""
-    field = CONTENTS.get(tensor.datatype)
-    if field is None:
+    if (field := CONTENTS.get(tensor.datatype)) is None:
         if tensor.datatype == "FP16":
             raise ProtocolError(f"{where} ({tensor.name}): {tensor.datatype} data must be sent in raw_input_contents")
         return []  # an unknown datatype: the check of the input's header names it
-    others = [descriptor.name for descriptor, _ in tensor.contents.ListFields() if descriptor.name != field]
-    if others:
+    if others := [descriptor.name for descriptor, _ in tensor.contents.ListFields() if descriptor.name != field]:
         raise ProtocolError(
             f"{where} ({tensor.name}): {tensor.datatype} data goes in contents.{field}, not contents.{others[0]}"
         )

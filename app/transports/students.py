@@ -153,8 +153,7 @@ async def get_student(
     served = request.app.state.registry.get(model, service.TASK_NAME)
 
     async def describe() -> dict[str, Any]:
-        state = await holder.read(lambda store: store.read(served.name, student_id))
-        if state is None:
+        if (state := await holder.read(lambda store: store.read(served.name, student_id))) is None:
             raise StudentNotFound(
                 f"This student has no state under model {served.name}; "
                 "POST /students/{student_id}/interactions creates it."

@@ -47,8 +47,7 @@ def served(state: State) -> list[ServedModel]:
 
 def find_model(state: State, name: str, version: str | None = None) -> tuple[ServedModel, TensorCodec]:
     """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
-    registry = getattr(state, "registry", None)
-    if registry is None:
+    if (registry := getattr(state, "registry", None)) is None:
         raise ModelNotReady("Models are still loading.")
     model = registry.models.get(name)
     codec = None if model is None else registry.tasks[model.task].tensors

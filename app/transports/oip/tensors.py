@@ -74,8 +74,7 @@ def decode_inputs(
     arrays: dict[str, np.ndarray | None] = dict.fromkeys(declared)
     offset = 0
     for tensor in request.inputs:
-        spec = declared.get(tensor.name)
-        if spec is None:
+        if (spec := declared.get(tensor.name)) is None:
             raise ProtocolError(f"unknown input {tensor.name!r}; the model takes {', '.join(declared)}")
         if arrays[tensor.name] is not None:
             raise ProtocolError(f"input {tensor.name} is given twice")
@@ -108,8 +107,7 @@ def decode_inputs(
         offset += size
     if offset != len(binary):
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    missing = [name for name, array in arrays.items() if array is None and not declared[name].optional]
-    if missing:
+    if missing := [name for name, array in arrays.items() if array is None and not declared[name].optional]:
         raise ProtocolError(f"missing input(s) {', '.join(missing)}; the model takes {', '.join(declared)}")
     return arrays
 
