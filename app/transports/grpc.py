@@ -41,10 +41,9 @@ API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization
 
 
 def model_ready(app: FastAPI, request: Any) -> dict:
-    try:
+    with contextlib.suppress(ModelNotReady):  # loaded, else not ready; an unknown model is NOT_FOUND
         return {"ready": inference.model_ready(app.state, request.name, request.version)["ready"]}
-    except ModelNotReady:
-        return {"ready": False}
+    return {"ready": False}
 
 
 # each RPC: the REST path under /v2 whose API-key rule it follows ({}: the model's name as one path segment), and its

@@ -153,9 +153,8 @@ def model_config(state: State, name: str, version: str | None = None) -> dict[st
 
     def tensor(spec: TensorSpec) -> dict[str, Any]:
         data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
-        return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[1:])} | (
-            {"optional": True} if spec.optional else {}
-        )
+        optional = {"optional": True} if spec.optional else {}
+        return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[1:]), **optional}
 
     return {
         "name": model.name,
