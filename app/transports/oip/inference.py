@@ -97,8 +97,7 @@ async def infer(
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
-    """The deadline in seconds the `timeout` parameter asks for (None: the server's); 400 for any parameter not
-    honoured or of the wrong type."""
+    """The `timeout` parameter's deadline in seconds (None: the server's); 400 for a bad or unhonoured parameter."""
     _check_known(request.parameters, "parameters", ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES))
     for name, off in OFF_VALUES.items():
         value = request.parameters.get(name, off[0])

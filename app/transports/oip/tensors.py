@@ -113,8 +113,7 @@ def decode_inputs(
 
 
 def _from_json(tensor: RequestInput, elements: list[Any]) -> np.ndarray:
-    """The elements (JSON `data` or BYTES binary data), flat or lists nested exactly as the shape, as an array of the
-    datatype."""
+    """The elements (JSON `data` or BYTES binary data), flat or nested as the shape, as an array of the datatype."""
     count = math.prod(tensor.shape)
     if any(isinstance(element, list) for element in elements):
         nested = np.array(elements, dtype=object)  # ragged lists stay lists: the shape is where they begin
