@@ -85,7 +85,8 @@ def create_app(
                 metrics.model_info.labels(name, model.entry.version, model.entry.sha256).set(1)
             logger.info("ready: %d model(s) on %s", len(registry.models), ", ".join(registry.providers))
             logger.info(app.state.api_keys.summary())
-            await stack.enter_async_context(serve_grpc(app))  # MNEMO_GRPC_PORT; its calls drained before the engine
+            if settings.grpc_port is not None:  # its calls drained before the engine
+                await stack.enter_async_context(serve_grpc(app))
             yield
 
     app = ServiceApp(

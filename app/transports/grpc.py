@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -24,8 +24,8 @@ from tritonclient.grpc import service_pb2
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
 from app.core.request_context import request_arrival
 from app.runtime.model import ProtocolError, ServedModel
-from app.transports.deadline import within_deadline
 from app.transports.oip import inference
+from app.transports.oip.inference import EXTENSIONS, model_config, model_metadata, model_statistics, repository_index
 from app.transports.oip.tensors import InferenceRequest, Output, parse_request, tensor_bytes, utf8_texts
 from app.transports.operations import readiness
 
@@ -37,44 +37,30 @@ CODES |= {503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 # the field of InferTensorContents that holds each datatype
 CONTENTS = {datatype: f"{datatype.lower()}_contents" for datatype in ("BOOL", "INT64", "FP32", "FP64", "BYTES")}
 CONTENTS |= {"INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents", "UINT8": "uint_contents"}
-MALFORMED = "The message is not a {}Request (" + INFERENCE_SERVICE + "): it does not parse."
 API_KEY_REQUIRED = "A valid API key is required: send the metadata authorization: Bearer <key>."
-Context = grpc.aio.ServicerContext
 
 
 def model_ready(app: FastAPI, request: Any) -> dict:
-    try:
+    with contextlib.suppress(ModelNotReady):  # loaded, else not ready; an unknown model is NOT_FOUND
         return {"ready": inference.model_ready(app.state, request.name, request.version)["ready"]}
-    except ModelNotReady:
-        return {"ready": False}
+    return {"ready": False}
 
 
-def repository_index(app: FastAPI, request: Any) -> dict:
-    if request.repository_name:
-        raise ProtocolError(
-            f"repository_name {request.repository_name[:64]!r}: this server has one repository; leave it empty"
-        )
-    return {"models": inference.repository_index(app.state, request.ready)}
-
-
-# each RPC: the REST path whose API-key rule it follows ({}: the model's name as one path segment), and its answer
-# as REST's dict (ModelInfer: `_infer`)
+# each RPC: the REST path under /v2 whose API-key rule it follows ({}: the model's name as one path segment), and its
+# answer as REST's dict (ModelInfer: `_infer`)
 RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
-    "ServerLive": ("/v2/health/live", lambda app, _: {"live": True}),
-    "ServerReady": ("/v2/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
-    "ServerMetadata": (
-        "/v2",
-        lambda app, _: {"name": app.title, "version": app.version, "extensions": list(inference.EXTENSIONS)},
+    "ServerLive": ("/health/live", lambda app, _: {"live": True}),
+    "ServerReady": ("/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
+    "ServerMetadata": ("", lambda app, _: {"name": app.title, "version": app.version, "extensions": [*EXTENSIONS]}),
+    "ModelReady": ("/models/{}/ready", model_ready),
+    "ModelMetadata": ("/models/{}", lambda app, r: model_metadata(app.state, r.name, r.version)),
+    "ModelConfig": ("/models/{}/config", lambda app, r: {"config": model_config(app.state, r.name, r.version)}),
+    "ModelStatistics": ("/models/{}/stats", lambda app, r: model_statistics(app.state, r.name, r.version)),
+    "RepositoryIndex": (
+        "/repository/index",
+        lambda app, r: {"models": repository_index(app.state, r.ready, r.repository_name)},
     ),
-    "ModelReady": ("/v2/models/{}/ready", model_ready),
-    "ModelMetadata": ("/v2/models/{}", lambda app, r: inference.model_metadata(app.state, r.name, r.version)),
-    "ModelConfig": (
-        "/v2/models/{}/config",
-        lambda app, r: {"config": inference.model_config(app.state, r.name, r.version)},
-    ),
-    "ModelStatistics": ("/v2/models/{}/stats", lambda app, r: inference.model_statistics(app.state, r.name, r.version)),
-    "RepositoryIndex": ("/v2/repository/index", repository_index),
-    "ModelInfer": ("/v2/models/{}/infer", None),
+    "ModelInfer": ("/models/{}/infer", None),
 }
 
 
@@ -84,27 +70,26 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
     path, answer = RPCS[name]
     request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
 
-    async def call(data: bytes, context: Context) -> Message:
+    async def call(data: bytes, context: grpc.aio.ServicerContext) -> Message:
         started = time.perf_counter()
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
         try:
-            try:
+            request = None
+            with contextlib.suppress(DecodeError):
                 request = request_type.FromString(data)
-            except DecodeError:
-                request = None
             model = getattr(request, "name", None) or getattr(request, "model_name", "")
             sent = next((value for key, value in context.invocation_metadata() or () if key == "authorization"), "")
             # quoted: a name holding '/' stays one segment, never another (open) path; no name: /v2/models/stats
-            rest_path = path.format(quote(model, safe="")).replace("//stats", "/stats")
+            rest_path = "/v2" + path.format(quote(model, safe="")).replace("//stats", "/stats")
             if app.state.api_keys.refusal(rest_path, sent.encode()):
                 code, details = grpc.StatusCode.UNAUTHENTICATED, API_KEY_REQUIRED
             elif request is None:
-                raise ProtocolError(MALFORMED.format(name))
+                raise ProtocolError(f"The message is not a {name}Request ({INFERENCE_SERVICE}): it does not parse.")
             elif answer is None and app.state.drain.draining:
                 code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
             elif answer is None:
-                return await _infer(app.state, request, context)
+                return await _infer(app.state, request, len(data), context.time_remaining())
             else:
                 return json_format.ParseDict(answer(app, request), response_type())
         except asyncio.CancelledError:
@@ -128,37 +113,25 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
 
 
-async def _infer(state: State, message: service_pb2.ModelInferRequest, context: Context) -> Message:
+async def _infer(state: State, message: service_pb2.ModelInferRequest, size: int, remaining: float | None) -> Message:
+    """ModelInfer, its gRPC deadline `remaining` seconds away counted from the call's arrival as every deadline is."""
     model, codec = inference.find_model(state, message.model_name, message.model_version)
-    size = sum(len(raw) for raw in message.raw_input_contents) or message.ByteSize()
-
-    async def bounded(work: Coroutine, timeout_s: float | None) -> Any:
-        """The work within the request's deadline: the server's, or the gRPC deadline or `timeout` if shorter."""
-        arrival, remaining = request_arrival.get(), context.time_remaining()
-        rpc_timeout_s = None if remaining is None else time.perf_counter() - arrival + remaining
-        source = "the request's timeout parameter"
-        if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
-            timeout_s, source = rpc_timeout_s, "the gRPC deadline"
-        return await within_deadline(work, state, model.name, timeout_s, source)
-
-    decode = functools.partial(inference_request, message)
+    rpc_timeout_s = None if remaining is None else time.perf_counter() - request_arrival.get() + remaining
     task = asyncio.current_task()
     state.drain.enter(task)
     try:
-        return await inference.infer(model, codec, size, state.metrics, bounded, decode, inference_response)
+        decode = functools.partial(inference_request, message)
+        return await inference.infer(state, model, codec, size, decode, inference_response, rpc_timeout_s=rpc_timeout_s)
     finally:
         state.drain.leave(task)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
     """A `map<string, InferParameter>` as the values it holds; an unset one is a 400 naming it."""
-    values = {}
-    for name, parameter in message.items():
-        kind = parameter.WhichOneof("parameter_choice")
-        if kind is None:
-            raise ProtocolError(f"{where}.{name[:64]} holds no value")
-        values[name] = getattr(parameter, kind)
-    return values
+    kinds = {name: parameter.WhichOneof("parameter_choice") for name, parameter in message.items()}
+    if unset := [name for name, kind in kinds.items() if kind is None]:
+        raise ProtocolError(f"{where}.{unset[0][:64]} holds no value")
+    return {name: getattr(message[name], kind) for name, kind in kinds.items()}
 
 
 def inference_request(message: service_pb2.ModelInferRequest) -> tuple[InferenceRequest, bytes]:
@@ -195,13 +168,11 @@ def inference_request(message: service_pb2.ModelInferRequest) -> tuple[Inference
 
 def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, where: str) -> list[Any]:
     """The input's typed contents as a flat list; a datatype that has no such field (FP16) needs raw contents."""
-    field = CONTENTS.get(tensor.datatype)
-    if field is None:
+    if (field := CONTENTS.get(tensor.datatype)) is None:
         if tensor.datatype == "FP16":
             raise ProtocolError(f"{where} ({tensor.name}): {tensor.datatype} data must be sent in raw_input_contents")
         return []  # an unknown datatype: the check of the input's header names it
-    others = [descriptor.name for descriptor, _ in tensor.contents.ListFields() if descriptor.name != field]
-    if others:
+    if others := [descriptor.name for descriptor, _ in tensor.contents.ListFields() if descriptor.name != field]:
         raise ProtocolError(
             f"{where} ({tensor.name}): {tensor.datatype} data goes in contents.{field}, not contents.{others[0]}"
         )
@@ -219,13 +190,10 @@ def inference_response(model: ServedModel, request: InferenceRequest, outputs: l
     return response
 
 
-@asynccontextmanager
+@contextlib.asynccontextmanager
 async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
-    """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs (nothing when unset)."""
+    """Serve the Open Inference Protocol over gRPC on MNEMO_GRPC_PORT while the block runs."""
     settings = app.state.settings
-    if settings.grpc_port is None:
-        yield
-        return
     server = grpc.aio.server(
         maximum_concurrent_rpcs=settings.max_connections,  # as REST's connections bound its requests in flight
         options=[
@@ -257,9 +225,7 @@ async def serve_grpc(app: FastAPI) -> AsyncIterator[None]:
             raise RuntimeError(app.state.startup_error) from None  # `python -m app` ends with it in one line
         await server.start()
         logger.info("gRPC (Open Inference Protocol) on %s", address)
-        try:
-            yield
-        finally:
-            await server.stop(settings.drain_s)
+        yield
     finally:
+        await server.stop(settings.drain_s)  # a server not started yet stops at once
         app.state.drain.on_begin.remove(not_serving)

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 logger = logging.getLogger("mnemo.probes")
@@ -25,16 +24,12 @@ MAX_CONNECTIONS = 16  # probe connections served at once; more are closed unansw
 CONNECTION_TIMEOUT_S = 5.0  # a connection's whole life, not only each read: trickled bytes cannot hold a slot for ever
 
 
-@asynccontextmanager
+@contextlib.asynccontextmanager
 async def probe_process(host: str, port: int, readiness: Callable[[], tuple[int, dict]]) -> AsyncIterator[Callable]:
     """The probe server on `host:port`, listening once entered (it says "loading" while the service loads its models);
     the function yielded tells it `readiness()` (the event loop's heartbeat, also from a signal handler)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app.transports.probe_server", host, str(port)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    command = [sys.executable, "-m", "app.transports.probe_server", host, str(port)]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     os.set_blocking(process.stdin.fileno(), False)
 
     def push() -> None:  # one small non-blocking write; ValueError: stdin closed (stopped)
@@ -43,10 +38,9 @@ async def probe_process(host: str, port: int, readiness: Callable[[], tuple[int,
             process.stdin.flush()
 
     try:
-        try:
+        first = "no answer"
+        with contextlib.suppress(TimeoutError):
             first = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), START_TIMEOUT_S)
-        except TimeoutError:
-            first = "no answer"
         if first.strip() != "listening":  # the port is taken
             raise RuntimeError(f"MNEMO_PROBE_PORT: the probe server did not start: {first.strip() or 'exited'}")
         logger.info("probes: /health and /ready also on http://%s:%d (own process)", host, port)
@@ -64,10 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def do_HEAD(self) -> None:
-        self.do_GET(with_body=False)
-
-    def do_GET(self, with_body: bool = True) -> None:
+    def do_GET(self) -> None:
         path, silent_s = self.path.split("?", 1)[0], time.monotonic() - self.server.fed_at
         if path not in ("/health", "/ready"):
             status, payload = 404, {"detail": "This port serves only GET /health and GET /ready."}
@@ -80,8 +71,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if with_body:
+        if self.command == "GET":
             self.wfile.write(body)
+
+    do_HEAD = do_GET
 
     def log_message(self, format: str, *args: object) -> None:
         """Probes are not logged (they would drown the log)."""
@@ -91,12 +84,8 @@ class _Server(ThreadingHTTPServer):
     """At most MAX_CONNECTIONS probes at once (more are closed unanswered), on a port shared by every worker's."""
 
     daemon_threads = allow_reuse_address = allow_reuse_port = True  # reuse port: one probe process per worker
-
-    def __init__(self, address: tuple[str, int], stale_s: float) -> None:
-        self.stale_s, self.fed_at = stale_s, time.monotonic()
-        self.readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(address, _Handler)
+    readiness: tuple[int, dict] = (503, {"detail": "Models are still loading."})
+    fed_at, stale_s, slots = time.monotonic(), STALE_S, threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     def process_request(self, request: socket.socket, client_address: object) -> None:
         if self.slots.acquire(blocking=False):
@@ -122,10 +111,11 @@ def cut_off(connection: socket.socket) -> None:
 
 def main(host: str, port: int, stale_s: float = STALE_S) -> None:
     try:
-        server = _Server((host, port), stale_s)
+        server = _Server((host, port), _Handler)
     except OSError as error:
         print(f"cannot listen on {host}:{port}: {error.strerror}", flush=True)
         sys.exit(1)
+    server.stale_s = stale_s
     print("listening", flush=True)
     threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
     for line in sys.stdin:

@@ -16,15 +16,7 @@ from app.runtime.model import ServedModel
 from app.runtime.offload import offload
 from app.students.io import StoreHolder
 from app.students.store import StateVersionMismatch, StudentState, UnreadableState, update_state
-from app.tasks.knowledge_trace import service
-from app.tasks.knowledge_trace.schemas import (
-    AppendRequest,
-    AppendResponse,
-    DeleteResponse,
-    StudentList,
-    StudentResponse,
-)
-from app.tasks.knowledge_trace.service import TASK_NAME
+from app.tasks.knowledge_trace import schemas, service
 from app.transports.deadline import within_deadline
 from app.transports.http import json_body, read_body
 
@@ -93,8 +85,8 @@ def _listed(values: np.ndarray | None) -> list[float] | None:
 
 @router.post(
     "/students/{student_id}/interactions",
-    response_model=AppendResponse,
-    openapi_extra=json_body(AppendRequest),
+    response_model=schemas.AppendResponse,
+    openapi_extra=json_body(schemas.AppendRequest),
     operation_id="append_interactions",
 )
 async def append_interactions(request: Request, student_id: StudentIdPath) -> JsonResponse:
@@ -108,8 +100,8 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
     holder = _holder(request, student_id)
     if "model" in request.query_params:  # GET's style: it would append under the default model
         raise InvalidInput(("query", "model"), "an append names its model in the body's field model, not the query")
-    body = await read_body(request, AppendRequest, TASK_NAME)
-    model = request.app.state.registry.get(body.model, TASK_NAME)
+    body = await read_body(request, schemas.AppendRequest, service.TASK_NAME)
+    model = request.app.state.registry.get(body.model, service.TASK_NAME)
     questions, correct, wanted = await offload(
         service.request_arrays, model, body.interactions, body.next_questions or []
     )
@@ -149,7 +141,7 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
         return JsonResponse(await within_deadline(append(), request.app.state, model.name, receive=request.receive))
 
 
-@router.get("/students/{student_id}", response_model=StudentResponse, operation_id="get_student")
+@router.get("/students/{student_id}", response_model=schemas.StudentResponse, operation_id="get_student")
 async def get_student(
     request: Request,
     student_id: StudentIdPath,
@@ -159,11 +151,10 @@ async def get_student(
 ) -> JsonResponse:
     """A student's state under one model: interaction count, current mastery, times, model version."""
     holder = _holder(request, student_id)
-    served = request.app.state.registry.get(model, TASK_NAME)
+    served = request.app.state.registry.get(model, service.TASK_NAME)
 
     async def describe() -> dict[str, Any]:
-        state = await holder.read(lambda store: store.read(served.name, student_id))
-        if state is None:
+        if (state := await holder.read(lambda store: store.read(served.name, student_id))) is None:
             raise StudentNotFound(
                 f"This student has no state under model {served.name}; "
                 "POST /students/{student_id}/interactions creates it."
@@ -184,7 +175,7 @@ async def get_student(
         return JsonResponse(await within_deadline(describe(), request.app.state, served.name, receive=request.receive))
 
 
-@router.delete("/students/{student_id}", response_model=DeleteResponse, operation_id="delete_student")
+@router.delete("/students/{student_id}", response_model=schemas.DeleteResponse, operation_id="delete_student")
 async def delete_student(request: Request, student_id: StudentIdPath) -> JsonResponse:
     """Erase everything about a student, under every model, at once; answers which states were removed."""
     holder = _holder(request, student_id)
@@ -195,7 +186,7 @@ async def delete_student(request: Request, student_id: StudentIdPath) -> JsonRes
     return JsonResponse({"student_id": student_id, "deleted": deleted})
 
 
-@router.get("/students", response_model=StudentList, operation_id="list_students")
+@router.get("/students", response_model=schemas.StudentList, operation_id="list_students")
 async def list_students(
     request: Request,
     after: Annotated[

@@ -3,15 +3,16 @@ runs a request between the transport's decode and encode; the other answers are 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from starlette.datastructures import State
+from starlette.types import Receive
 
 from app.core.errors import ModelNotReady, UnknownModel, printable
-from app.core.metrics import Metrics
 from app.runtime.model import Admission, ProtocolError, ServedModel, TensorCodec, TensorSpec
 from app.runtime.offload import ParseQueueFull, offload_if, offload_or_shed
+from app.transports.deadline import within_deadline
 from app.transports.oip.tensors import InferenceRequest, Output, decode_inputs, json_text, requested_outputs
 
 INLINE_BYTES = 8192  # smaller requests and answers are decoded and encoded on the event loop: no thread hop
@@ -46,8 +47,7 @@ def served(state: State) -> list[ServedModel]:
 
 def find_model(state: State, name: str, version: str | None = None) -> tuple[ServedModel, TensorCodec]:
     """The named model and its task's tensor codec; 404 when unknown (or another version), 503 when not loaded."""
-    registry = getattr(state, "registry", None)
-    if registry is None:
+    if (registry := getattr(state, "registry", None)) is None:
         raise ModelNotReady("Models are still loading.")
     model = registry.models.get(name)
     codec = None if model is None else registry.tasks[model.task].tensors
@@ -62,16 +62,17 @@ def find_model(state: State, name: str, version: str | None = None) -> tuple[Ser
 
 
 async def infer(
+    state: State,
     model: ServedModel,
     codec: TensorCodec,
     size: int,
-    metrics: Metrics,
-    complete: Callable[[Coroutine[Any, Any, Any], float | None], Awaitable[Any]],
     decode: Callable[[], tuple[InferenceRequest, bytes]],
     encode: Callable[[ServedModel, InferenceRequest, list[Output]], T],
+    receive: Receive | None = None,
+    rpc_timeout_s: float | None = None,
 ) -> T:
-    """`encode`'s answer to the request `decode()` gives (with its binary data), run within `complete(work, timeout)`;
-    past INLINE_BYTES, decoding and encoding run on the bounded parse queue's threads (429 while it is full)."""
+    """`encode`'s answer to `decode()`'s request and binary data, within the server's deadline or a shorter `timeout` or
+    gRPC deadline; past INLINE_BYTES, decoding and encoding run on the bounded parse queue's threads (429 when full)."""
 
     def prepare() -> tuple[InferenceRequest, float | None, list[tuple[TensorSpec, bool]], Admission, Any]:
         request, binary = decode()
@@ -83,18 +84,20 @@ async def infer(
             prepare() if size <= INLINE_BYTES else await offload_or_shed(size, prepare)
         )
     except ParseQueueFull:
-        metrics.refused("parse_queue_full")
+        state.metrics.refused("parse_queue_full")
         raise
+    source = "the request's timeout parameter"
+    if rpc_timeout_s is not None and (timeout_s is None or rpc_timeout_s < timeout_s):
+        timeout_s, source = rpc_timeout_s, "the gRPC deadline"
     with admission:
-        arrays = await complete(codec.infer(model, prepared), timeout_s)
+        arrays = await within_deadline(codec.infer(model, prepared), state, model.name, timeout_s, source, receive)
     outputs = [(spec.name, spec.datatype, arrays[spec.name], binary) for spec, binary in wanted]
     large = sum(array.nbytes for _, _, array, _ in outputs) > INLINE_BYTES
     return await offload_if(large, encode, model, request, outputs)
 
 
 def check_parameters(request: InferenceRequest) -> float | None:
-    """The deadline in seconds the `timeout` parameter asks for (None: the server's); 400 for any parameter not
-    honoured or of the wrong type."""
+    """The `timeout` parameter's deadline in seconds (None: the server's); 400 for a bad or unhonoured parameter."""
     _check_known(request.parameters, "parameters", ("timeout", "binary_data_output", CODEC_HINT, *OFF_VALUES))
     for name, off in OFF_VALUES.items():
         value = request.parameters.get(name, off[0])
@@ -149,9 +152,8 @@ def model_config(state: State, name: str, version: str | None = None) -> dict[st
 
     def tensor(spec: TensorSpec) -> dict[str, Any]:
         data_type = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
-        return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[1:])} | (
-            {"optional": True} if spec.optional else {}
-        )
+        optional = {"optional": True} if spec.optional else {}
+        return {"name": spec.name, "data_type": data_type, "dims": list(spec.shape[1:]), **optional}
 
     return {
         "name": model.name,
@@ -181,8 +183,10 @@ def model_statistics(state: State, name: str = "", version: str | None = None) -
     return {"model_stats": stats}
 
 
-def repository_index(state: State, ready_only: bool = False) -> list[dict[str, str]]:
+def repository_index(state: State, ready_only: bool = False, repository: str = "") -> list[dict[str, str]]:
     """Every model served over the protocol with its state: READY, or UNAVAILABLE with the reason."""
+    if repository:  # gRPC's request may name one
+        raise ProtocolError(f"repository_name {repository[:64]!r}: this server has one repository; leave it empty")
     return [
         {
             "name": model.name,

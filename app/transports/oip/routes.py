@@ -14,7 +14,6 @@ from starlette.responses import Response
 
 from app.core.responses import JsonResponse
 from app.transports.access import BINARY_HEADER_LENGTH
-from app.transports.deadline import within_deadline
 from app.transports.http import json_body, utf8_body
 from app.transports.oip import inference
 from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
@@ -127,7 +126,8 @@ async def repository_index(request: Request) -> Response:
 async def infer(request: Request, name: str) -> Response:
     """Run the model on the request's tensors (JSON, or binary tensor data); with binary outputs the answer is
     application/octet-stream: its JSON header (`Inference-Header-Content-Length` bytes), then the tensors' bytes."""
-    model, codec = inference.find_model(request.app.state, name, request.path_params.get("version"))
+    state = request.app.state
+    model, codec = inference.find_model(state, name, request.path_params.get("version"))
     body, length = await utf8_body(request), request.headers.get(BINARY_HEADER_LENGTH)
     if length is not None and (HEADER_LENGTH_VALUE.fullmatch(length) is None or int(length) > len(body)):
         raise ProtocolError(
@@ -136,11 +136,5 @@ async def infer(request: Request, name: str) -> Response:
         )
     header, binary = (body, b"") if length is None else (body[: int(length)], body[int(length) :])
     return await inference.infer(
-        model,
-        codec,
-        len(body),
-        request.app.state.metrics,
-        lambda work, timeout: within_deadline(work, request.app.state, model.name, timeout, receive=request.receive),
-        lambda: (parse_request(header), binary),
-        encode_response,
+        state, model, codec, len(body), lambda: (parse_request(header), binary), encode_response, request.receive
     )

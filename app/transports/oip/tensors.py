@@ -74,8 +74,7 @@ def decode_inputs(
     arrays: dict[str, np.ndarray | None] = dict.fromkeys(declared)
     offset = 0
     for tensor in request.inputs:
-        spec = declared.get(tensor.name)
-        if spec is None:
+        if (spec := declared.get(tensor.name)) is None:
             raise ProtocolError(f"unknown input {tensor.name!r}; the model takes {', '.join(declared)}")
         if arrays[tensor.name] is not None:
             raise ProtocolError(f"input {tensor.name} is given twice")
@@ -83,20 +82,18 @@ def decode_inputs(
             raise ProtocolError(
                 f"input {tensor.name} has datatype {printable(tensor.datatype)}; the model expects {spec.datatype}"
             )
-        shape = tensor.shape
-        wrong_dim = any(want >= 0 and got != want for got, want in zip(shape, spec.shape, strict=False))
-        if len(shape) != len(spec.shape) or wrong_dim or any(dim < 0 for dim in shape):
+        wrong_dim = any(got < 0 or got != want >= 0 for got, want in zip(tensor.shape, spec.shape, strict=False))
+        if wrong_dim or len(tensor.shape) != len(spec.shape):
             raise ProtocolError(
-                f"input {tensor.name} has shape {shape}; the model expects {list(spec.shape)} (-1: any)"
+                f"input {tensor.name} has shape {tensor.shape}; the model expects {list(spec.shape)} (-1: any)"
             )
         size = tensor.parameters.get("binary_data_size")
+        if (size is None) == (tensor.data is None):
+            given = "neither data nor" if size is None else "both data and"
+            raise ProtocolError(f"input {tensor.name} has {given} binary_data_size; send one of them")
         if size is None:
-            if tensor.data is None:
-                raise ProtocolError(f"input {tensor.name} has neither data nor binary_data_size")
             arrays[tensor.name] = _from_json(tensor, tensor.data)
             continue
-        if tensor.data is not None:
-            raise ProtocolError(f"input {tensor.name} has both data and binary_data_size; send one of them")
         if type(size) is not int or size < 0:
             raise ProtocolError(f"input {tensor.name}: binary_data_size {json_text(size)} must be a count of bytes")
         if size and not binary:
@@ -110,15 +107,13 @@ def decode_inputs(
         offset += size
     if offset != len(binary):
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    missing = [name for name, array in arrays.items() if array is None and not declared[name].optional]
-    if missing:
+    if missing := [name for name, array in arrays.items() if array is None and not declared[name].optional]:
         raise ProtocolError(f"missing input(s) {', '.join(missing)}; the model takes {', '.join(declared)}")
     return arrays
 
 
 def _from_json(tensor: RequestInput, elements: list[Any]) -> np.ndarray:
-    """The elements (JSON `data` or BYTES binary data), flat or lists nested exactly as the shape, as an array of the
-    datatype."""
+    """The elements (JSON `data` or BYTES binary data), flat or nested as the shape, as an array of the datatype."""
     count = math.prod(tensor.shape)
     if any(isinstance(element, list) for element in elements):
         nested = np.array(elements, dtype=object)  # ragged lists stay lists: the shape is where they begin
@@ -193,10 +188,8 @@ def requested_outputs(request: InferenceRequest, specs: Sequence[TensorSpec]) ->
     """The outputs to return (all when `outputs` is absent or empty), each with whether it goes as binary data."""
     declared = {spec.name: spec for spec in specs}
     everything_binary = request.parameters.get("binary_data_output") is True
-    if not request.outputs:
-        return [(spec, everything_binary) for spec in specs]
     wanted: dict[str, tuple[TensorSpec, bool]] = {}
-    for output in request.outputs:
+    for output in request.outputs or [RequestOutput(name=name) for name in declared]:
         if output.name not in declared:
             raise ProtocolError(f"unknown output {output.name!r}; the model returns {', '.join(declared)}")
         if output.name in wanted:
