@@ -123,7 +123,7 @@ def create_app(
     keys = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
     direct = {key: routes[key] for key in keys}
     # each request's id, access line, HEAD, limits, gates and 500; the `direct` routes skip FastAPI's router
-    app.add_edge(settings=settings, metrics=metrics, drain=app.state.drain, direct=direct, identity=identity)
+    app.add_edge(direct, identity)
 
     def openapi() -> dict:
         if app.openapi_schema is None:  # FastAPI's schema, with the contract the routes do not declare

@@ -9,20 +9,17 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.drain import Drain
 from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, printable
 from app.core.logging import TracebackBudget, loggable_path, route_path
-from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
-from app.core.settings import Settings
 from app.runtime.offload import saturated
 from app.transports.access import API_KEY_REQUIRED, ApiKeys, with_cors
 from app.transports.error_handlers import EXCHANGE, Refused
@@ -54,6 +51,7 @@ SINGLE_HEADERS = {
 }
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
 RETRY_AND_CLOSE = {**RETRY, **CLOSE}
+Identity = dict[str, str] | None  # X- headers naming the process that answered (a Ray replica)
 READ_HEADERS = frozenset({*SINGLE_HEADERS, b"host", b"transfer-encoding", b"expect"})  # what the edge reads
 
 
@@ -159,17 +157,10 @@ class RequestEdge:
     (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
     def __init__(
-        self,
-        app: ASGIApp,
-        settings: Settings,
-        metrics: Metrics,
-        drain: Drain,
-        direct: Mapping[tuple[str, str], APIRoute],
-        api_keys: ApiKeys,
-        identity: dict[str, str] | None = None,
+        self, app: ASGIApp, state: State, direct: Mapping[tuple[str, str], APIRoute], identity: Identity
     ) -> None:
-        self.app, self.metrics, self.drain, self.direct, self.api_keys = app, metrics, drain, direct, api_keys
-        self.direct_paths = frozenset(path for _, path in direct)
+        settings, self.app, self.direct, self.api_keys = state.settings, app, direct, state.api_keys
+        self.metrics, self.drain, self.direct_paths = state.metrics, state.drain, frozenset(path for _, path in direct)
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
         self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
@@ -293,12 +284,12 @@ class ServiceApp(FastAPI):
 
     edge: RequestEdge
 
-    def add_edge(self, **options: Any) -> None:
-        """The edge of the middleware stack; the API keys it checks in `state.api_keys` (read once, for gRPC too)."""
-        self.state.api_keys = ApiKeys(options["settings"])
+    def add_edge(self, direct: Mapping[tuple[str, str], APIRoute], identity: Identity) -> None:
+        """The edge of the middleware stack; it reads settings, metrics, drain and API keys (read once) from `state`."""
+        self.state.api_keys = ApiKeys(self.state.settings)
 
         def build(app: ASGIApp) -> RequestEdge:
-            self.edge = RequestEdge(app, api_keys=self.state.api_keys, **options)
+            self.edge = RequestEdge(app, self.state, direct, identity)
             return self.edge
 
         self.add_middleware(build)
