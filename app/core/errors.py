@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 LOCATION_ROOTS = ("body", "query", "path", "header", "cookie")
 MAX_LISTED_ERRORS = 20
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
@@ -105,12 +103,6 @@ def printable(text: str, limit: int | None = 300) -> str:
     length bounded (None: not)."""
     text = text[:limit]
     return text if text.isprintable() else "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
-
-
-def body_invalid(error: ValidationError) -> InvalidInput:
-    """The 422 of a request body that failed `model_validate_json` (its locations under `body`)."""
-    errors = error.errors(include_url=False, include_input=False, include_context=False)
-    return InvalidInput.from_pydantic(errors, error.error_count(), ("body",))
 
 
 def ort_message(error: Exception) -> str:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from app.core.errors import InvalidInput, ServiceError, body_invalid
+from app.core.errors import InvalidInput, ServiceError
 from app.core.request_context import request_body_bytes
 from app.runtime.model import ServedModel
 from app.runtime.offload import ParseQueueFull, offload_or_shed
@@ -59,7 +59,8 @@ def validate(schema: type[Body], body: bytes) -> Body:
     try:
         return schema.model_validate_json(body)
     except ValidationError as error:
-        invalid = body_invalid(error)
+        errors = error.errors(include_url=False, include_input=False, include_context=False)
+        invalid = InvalidInput.from_pydantic(errors, error.error_count(), ("body",))
         if any(listed.kind == "json_invalid" for listed in invalid.listed) and (located := unrepresentable(body)):
             raise located from None
         raise invalid from None
