@@ -22,8 +22,7 @@ API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: 
 
 
 class ApiKeys:
-    """The API-key check of REST and gRPC: `Bearer <one of the keys>`, on every path but the open ones
-    (MNEMO_OPEN_PATHS, the documentation and the explorer page); no key: authentication is off."""
+    """The API-key check of REST and gRPC on every path but the open ones; no key: authentication is off."""
 
     def __init__(self, settings: Settings) -> None:
         keys = split_list(settings.api_keys.get_secret_value()) if settings.api_keys else []

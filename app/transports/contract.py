@@ -81,9 +81,7 @@ class ModelInfo(BaseModel):
     metadata: dict[str, Any]
     card: str | None = None
     batching: Batching | None = None
-    instances: list[InstanceInfo] = Field(
-        default_factory=list, description="its sessions, one per MNEMO_PROVIDER entry"
-    )
+    instances: list[InstanceInfo] = Field(default_factory=list, description="a session per MNEMO_PROVIDER entry")
     error: str | None = Field(None, description="why the model is not ready")
     max_tokens: int | None = None
     entailment_labels: list[str] | None = None

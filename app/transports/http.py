@@ -30,9 +30,8 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 async def utf8_body(request: Request, json_only: bool = False) -> bytes:
-    """The body, or 415 naming the problem: a media type other than JSON (with `json_only`), a charset other than
-    UTF-8 or a compressed body (inflating it would let a small body take any memory), refused before the body is
-    read; a byte order mark or UTF-16/32 (not a 422 on column 1)."""
+    """The body, or 415 naming the problem: before it is read, a media type other than JSON (with `json_only`), a
+    charset other than UTF-8 or a compression (inflated, a small body could fill memory); then a BOM or UTF-16/32."""
     fields = request.scope[EXCHANGE].fields  # the edge's one pass over the headers (each of these sent once)
     media_type, *parameters = fields.get(b"content-type", [b"application/json"])[0].decode("latin-1").split(";")
     if json_only and (kind := media_type.strip().lower()) != "application/json" and not kind.endswith("+json"):

@@ -1,5 +1,4 @@
-"""The request edge: every request's id, access line and metrics, and its refusals before the app (400, 401, 413, 429,
-503), while the app reads the body (408, 413, 429) and after it (500); it calls the direct routes itself."""
+"""The request edge (`RequestEdge`): what every request gets before, while and after the app serves it."""
 
 from __future__ import annotations
 
@@ -41,14 +40,8 @@ PARSER_BUSY = "The server is busy reading other requests; retry after the Retry-
 GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."
 # Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
 # 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
-SINGLE_HEADERS = {
-    b"authorization": "Authorization",
-    b"content-type": "Content-Type",
-    b"content-encoding": "Content-Encoding",
-    b"content-length": "Content-Length",
-    REQUEST_ID_HEADER: "X-Request-ID",
-    b"inference-header-content-length": "Inference-Header-Content-Length",
-}
+SINGLE = "Authorization Content-Type Content-Encoding Content-Length X-Request-ID Inference-Header-Content-Length"
+SINGLE_HEADERS = {name.lower().encode(): name for name in SINGLE.split()}
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
 RETRY_AND_CLOSE = {**RETRY, **CLOSE}
 Identity = dict[str, str] | None  # X- headers naming the process that answered (a Ray replica)
@@ -268,8 +261,7 @@ class RequestEdge:
         return Refused(status, detail, headers)
 
     def over_limits(self, size: int, held: int) -> Refused | None:
-        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass BODIES_IN_MEMORY_BYTES
-        (alone, a body may fill it)."""
+        """The 413 of a body past `max_bytes`, or the 429 of the bodies `held` past BODIES_IN_MEMORY_BYTES."""
         if size > self.max_bytes:
             detail = f"Request body is larger than the limit of {self.max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
             return Refused(413, detail, CLOSE)
