@@ -154,6 +154,7 @@ class RequestEdge:
     ) -> None:
         settings, self.app, self.direct, self.api_keys = state.settings, app, direct, state.api_keys
         self.metrics, self.drain, self.direct_paths = state.metrics, state.drain, frozenset(path for _, path in direct)
+        state.edge = self  # called at once by ServiceApp for the direct routes' paths
         self.admitted = with_cors(self._admit, settings)
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
         self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
@@ -274,24 +275,17 @@ class ServiceApp(FastAPI):
     """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of its direct
     routes: FastAPI's own wrappers are a share of a small request's time (benchmarks/asgi_overhead.py)."""
 
-    edge: RequestEdge
-
     def add_edge(self, direct: Mapping[tuple[str, str], APIRoute], identity: Identity) -> None:
         """The edge of the middleware stack; it reads settings, metrics, drain and API keys (read once) from `state`."""
         self.state.api_keys = ApiKeys(self.state.settings)
-
-        def build(app: ASGIApp) -> RequestEdge:
-            self.edge = RequestEdge(app, self.state, direct, identity)
-            return self.edge
-
-        self.add_middleware(build)
+        self.add_middleware(RequestEdge, state=self.state, direct=direct, identity=identity)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.middleware_stack is None:
             self.middleware_stack = self.build_middleware_stack()
-        if scope["type"] == "http" and scope["path"] in self.edge.direct_paths:
+        if scope["type"] == "http" and scope["path"] in self.state.edge.direct_paths:
             scope["app"] = self
-            await self.edge(scope, receive, send)
+            await self.state.edge(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
