@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.datastructures import State
+from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,8 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, printable
 from app.core.logging import TracebackBudget, loggable_path, route_path
 from app.core.request_context import request_arrival
+from app.core.settings import split_list
 from app.runtime.offload import saturated
-from app.transports.access import API_KEY_REQUIRED, ApiKeys, with_cors
+from app.transports.access import ApiKeys, JsonCors
 from app.transports.error_handlers import EXCHANGE, Refused
 from app.transports.http import INLINE_BODY_BYTES
 
@@ -149,13 +150,13 @@ class RequestEdge:
     """Outermost first: id, access line and metrics; the 400s; CORS; API key (401); drain gate (503) and parse queue
     (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
-    def __init__(
-        self, app: ASGIApp, state: State, direct: Mapping[tuple[str, str], APIRoute], identity: Identity
-    ) -> None:
-        settings, self.app, self.direct, self.api_keys = state.settings, app, direct, state.api_keys
+    def __init__(self, app: ASGIApp, service: FastAPI, direct: Mapping[tuple[str, str], APIRoute], identity: Identity):
+        state, self.app, self.direct = service.state, app, direct
+        settings, self.api_keys = state.settings, state.api_keys
+        self.direct_app = ExceptionMiddleware(call_route, service.exception_handlers)  # the app's handlers, as routed
         self.metrics, self.drain, self.direct_paths = state.metrics, state.drain, frozenset(path for _, path in direct)
         state.edge = self  # called at once by ServiceApp for the direct routes' paths
-        self.admitted = with_cors(self._admit, settings)
+        self.admitted = JsonCors(self._admit, cors) if (cors := split_list(settings.cors_origins)) else self._admit
         self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
         self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
         self.tracebacks = TracebackBudget(settings.error_log_window_s)
@@ -199,17 +200,15 @@ class RequestEdge:
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
         keys, authorization = self.api_keys, exchange.fields.get(b"authorization", [b""])[0]
-        challenge = keys.keys and keys.refusal(exchange.path, authorization)  # no keys: no call
+        refused = keys.refusal(exchange.path, authorization) if keys.keys else None  # no keys: no call
         gated, declared = exchange.path not in OPERATIONS_PATHS, exchange.declared
-        refused = None
-        if challenge:
-            refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
-        elif gated and self.drain.refuses(scope.get("client")):
-            refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
-        elif gated and scope["method"] == "POST" and saturated():
-            refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
-        elif declared:
-            refused = self.over_limits(declared, self.held_bytes + declared)
+        if refused is None:
+            if gated and self.drain.refuses(scope.get("client")):
+                refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
+            elif gated and scope["method"] == "POST" and saturated():
+                refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
+            elif declared:
+                refused = self.over_limits(declared, self.held_bytes + declared)
         if refused is not None:
             await refused(scope, receive, send)
             return
@@ -217,7 +216,7 @@ class RequestEdge:
         if gated:
             self.drain.enter(task)
         try:
-            await self._call(scope, receive, send)
+            await (self.app if scope.get("route") is None else self.direct_app)(scope, receive, send)
         except asyncio.CancelledError:
             if not (gated and self.drain.gave_up) or exchange.started:
                 raise
@@ -240,22 +239,6 @@ class RequestEdge:
             if gated:
                 self.drain.leave(task)
 
-    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app, or the request's direct route, its errors answered by the app's exception handlers."""
-        if (route := scope.get("route")) is None:
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            response = await route.endpoint(request)
-        except Exception as error:
-            handlers = scope["app"].exception_handlers  # the handler of its class or nearest base, as Starlette's
-            handler = next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)
-            if handler is None:
-                raise
-            response = await handler(request, error)
-        await response(scope, receive, send)
-
     def _refused(self, reason: str, status: int, detail: str, headers: dict[str, str]) -> Refused:
         """A refusal, counted under `reason`."""
         self.metrics.refused(reason)
@@ -271,6 +254,12 @@ class RequestEdge:
         return None
 
 
+async def call_route(scope: Scope, receive: Receive, send: Send) -> None:
+    """The request's direct route, its endpoint called without FastAPI's router."""
+    response = await scope["route"].endpoint(Request(scope, receive))
+    await response(scope, receive, send)
+
+
 class ServiceApp(FastAPI):
     """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of its direct
     routes: FastAPI's own wrappers are a share of a small request's time (benchmarks/asgi_overhead.py)."""
@@ -278,7 +267,7 @@ class ServiceApp(FastAPI):
     def add_edge(self, direct: Mapping[tuple[str, str], APIRoute], identity: Identity) -> None:
         """The edge of the middleware stack; it reads settings, metrics, drain and API keys (read once) from `state`."""
         self.state.api_keys = ApiKeys(self.state.settings)
-        self.add_middleware(RequestEdge, state=self.state, direct=direct, identity=identity)
+        self.add_middleware(RequestEdge, service=self, direct=direct, identity=identity)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.middleware_stack is None:
