@@ -1,5 +1,4 @@
-"""A request's work bounded by its deadline (504) and by its client (499), for REST and gRPC alike: the 504 leaves a
-margin that grows with the event loop's lag (an overloaded loop runs timers late); stopped work is cancelled."""
+"""A request's work bounded by its deadline (504, early by a margin for the event loop's lag) and its client (499)."""
 
 from __future__ import annotations
 

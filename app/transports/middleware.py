@@ -111,11 +111,8 @@ class Exchange:
             async with asyncio.timeout(min(edge.stall_timeout_s, deadline - now)):
                 message = await self._receive()
         except TimeoutError:
-            limit = (
-                f"was not complete within {edge.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)"
-                if late
-                else f"stalled for {edge.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
-            )
+            limit = f"stalled for {edge.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
+            limit = f"was not complete within {edge.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)" if late else limit
             raise Refused(408, f"The request body {limit}.", CLOSE) from None
         if message["type"] == "http.disconnect":
             raise Refused(499, "The client disconnected before sending the whole body.")
@@ -179,11 +176,7 @@ class RequestEdge:
             inner["route"] = route  # called by `_call`, without FastAPI's router
         self.metrics.in_flight.inc()
         try:
-            refused = refusal(scope, exchange.fields)
-            if refused is not None:
-                await refused(inner, receive, exchange.send)
-            else:
-                await self.admitted(inner, exchange.receive, exchange.send)
+            await (refusal(scope, exchange.fields) or self.admitted)(inner, exchange.receive, exchange.send)
         finally:
             self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
