@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, printable
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, printable
 from app.core.logging import TracebackBudget, loggable_path, route_path
 from app.core.request_context import request_arrival
 from app.core.settings import split_list
@@ -44,7 +44,6 @@ GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); r
 SINGLE = "Authorization Content-Type Content-Encoding Content-Length X-Request-ID Inference-Header-Content-Length"
 SINGLE_HEADERS = {name.lower().encode(): name for name in SINGLE.split()}
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
-RETRY_AND_CLOSE = {**RETRY, **CLOSE}
 Identity = dict[str, str] | None  # X- headers naming the process that answered (a Ray replica)
 READ_HEADERS = frozenset({*SINGLE_HEADERS, b"host", b"transfer-encoding", b"expect"})  # what the edge reads
 
@@ -121,26 +120,22 @@ class Exchange:
         edge.held_bytes += len(chunk)
         self.done = not message.get("more_body", False)
         self.close_unread &= not self.done
-        first = self.size == len(chunk)  # nothing (but empty chunks) came before
-        refused = edge.over_limits(self.size, edge.held_bytes) or (first and self.refused_unread(chunk))
-        if refused:
+        if refused := edge.over_limits(self.size, edge.held_bytes):
             raise refused
+        if self.size == len(chunk):  # the first part (empty ones aside)
+            self.reserve_unread(chunk)
         return message
 
-    def refused_unread(self, head: bytes) -> Refused | None:
-        """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
-        of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
+    def reserve_unread(self, head: bytes) -> None:
+        """The 429 (`Overloaded`) of a large body for a route of `app.state.reserving` (path -> task) whose first key
+        names a model of that task that would refuse to `reserve` its declared size: raised before the rest is read."""
         state = self.scope["app"].state
         task = state.reserving.get(self.path) if self.declared > INLINE_BODY_BYTES else None
         named = task and FIRST_KEY_MODEL.match(head)
         model = state.registry.models.get(named[1].decode()) if named else None
-        if model is None or model.task != task or not model.ready:
-            return None
-        try:
+        if model is not None and model.task == task and model.ready:
             with model.batcher.reserve(self.declared):
-                return None
-        except Overloaded as refused:
-            return Refused(429, refused.detail, RETRY)
+                pass  # a trial: `read_body` holds the room while it parses the whole body
 
 
 class RequestEdge:
@@ -197,7 +192,7 @@ class RequestEdge:
         gated, declared = exchange.path not in OPERATIONS_PATHS, exchange.declared
         if refused is None:
             if gated and self.drain.refuses(scope.get("client")):
-                refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
+                refused = self._refused("draining", 503, DRAINING, {**RETRY, **CLOSE})
             elif gated and scope["method"] == "POST" and saturated():
                 refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
             elif declared:
@@ -214,7 +209,7 @@ class RequestEdge:
             if not (gated and self.drain.gave_up) or exchange.started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE)(scope, receive, send)
+            await self._refused("drain_timeout", 503, GIVEN_UP, {**RETRY, **CLOSE})(scope, receive, send)
         except Exception as error:  # a bug: one line, with its traceback when the budget admits it
             with_traceback, repeats = self.tracebacks.admit(error)
             errors_logger.error(
