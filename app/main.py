@@ -29,10 +29,9 @@ from app.transports import docs, oip, operations, students
 from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
-from app.transports.http import BODY_SCHEMAS
+from app.transports.http import BODY_SCHEMAS, task_router
 from app.transports.middleware import ServiceApp
 from app.transports.probe_server import probe_process
-from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
 UNPROTECTED = (

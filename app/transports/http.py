@@ -1,5 +1,5 @@
-"""What every task route reads: `read_body`, validated UTF-8 JSON (else 415) with a large body parsed off the loop or
-refused 429, and documents with `json_body`."""
+"""The tasks' routes (`task_router`) and what every JSON route reads: `read_body`, validated UTF-8 JSON (else 415)
+with a large body parsed off the loop or refused 429, documented with `json_body`."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import contextlib
 import json
 import math
 import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 
 from app.core.errors import InvalidInput, ServiceError
 from app.core.request_context import request_body_bytes
-from app.runtime.model import ServedModel
+from app.core.responses import JsonResponse
+from app.runtime.model import Endpoint, ServedModel, Task
 from app.runtime.offload import ParseQueueFull, offload_or_shed
+from app.transports.deadline import within_deadline
 from app.transports.error_handlers import EXCHANGE, Refused
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
@@ -129,3 +132,38 @@ def json_body(schema: type[BaseModel]) -> dict[str, Any]:
     BODY_SCHEMAS[schema.__name__] = schema
     reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}}
+
+
+def task_router(tasks: Iterable[Task]) -> APIRouter:
+    """The routes of every task's endpoints, and the tasks' other routes."""
+    router = APIRouter()
+    for task in tasks:
+        for endpoint in task.endpoints:
+            router.add_api_route(
+                endpoint.path,
+                endpoint_route(task.name, endpoint),
+                methods=["POST"],
+                name=endpoint.name,
+                operation_id=endpoint.operation_id,
+                description=endpoint.description,
+                response_model=endpoint.response,
+                openapi_extra=json_body(endpoint.request),
+                tags=[task.tag],
+            )
+        router.include_router(task.routes, tags=[task.tag])
+    return router
+
+
+def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
+    """The route of one endpoint: it reads the body, picks the model (404/503), admits the request in its batcher (429)
+    and awaits the answer within the deadline (504) unless the client leaves (499)."""
+
+    async def route(request: Request) -> JsonResponse:
+        body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)
+        model = request.app.state.registry.get(body.model, task_name)
+        admission = endpoint.admit(model, body)
+        with admission.batcher.admit(admission.rows, cells=admission.cells):
+            answer = endpoint.answer(model, body, request.app.state.drain.alone())
+            return JsonResponse(await within_deadline(answer, request.app.state, model.name, receive=request.receive))
+
+    return route
