@@ -42,6 +42,10 @@ class DeadlineExceeded(ServiceError):
     status_code = 504  # not finished within MNEMO_REQUEST_TIMEOUT_S; its unstarted work was dropped
 
 
+class ClientGone(ServiceError):
+    status_code = 499  # the client disconnected: nobody reads this answer, its access line and metrics say 499
+
+
 class InvalidInput(Exception):
     """A broken rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location such as
     `("body", "interactions", 3, "question")` (relative to the body unless it starts with body/query/path/header)."""

@@ -10,18 +10,12 @@ from typing import Any, TypeVar
 from starlette.datastructures import State
 from starlette.types import Receive
 
-from app.core.errors import DeadlineExceeded, ServiceError
+from app.core.errors import ClientGone, DeadlineExceeded
 from app.core.request_context import request_arrival, request_connected
 
 DEADLINE_MARGIN_S = 0.5  # a 504 leaves this long (plus twice the loop's recent lag) before the deadline
 DEADLINE_CHECK_S = 0.25  # the margin is taken again this often: the loop's lag can grow while a request waits
 T = TypeVar("T")
-
-
-class ClientGone(ServiceError):
-    """The client disconnected; nobody reads this answer (logged as 499)."""
-
-    status_code = 499
 
 
 async def within_deadline(

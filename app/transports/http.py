@@ -118,10 +118,9 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
         if value is None or body.find(MODEL_KEY, at + 1) >= 0 or body[at - 1 : at] == b"\\":
             return None
         name = None if value[1] == b"null" else value[1][1:-1].decode()
-    try:
+    with contextlib.suppress(ServiceError):  # unknown or not ready: its admission will say
         return request.app.state.registry.get(name, task)
-    except ServiceError:
-        return None
+    return None
 
 
 BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # the bodies routes read themselves, for the OpenAPI components

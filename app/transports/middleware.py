@@ -103,15 +103,16 @@ class Exchange:
     async def receive(self) -> Message:
         if self.done:
             return await self._receive()
-        edge, now = self.edge, time.perf_counter()
-        deadline = (request_arrival.get() or now) + edge.deadline_s
-        late = deadline - now < edge.stall_timeout_s  # the deadline comes before a stall
+        edge, now, settings = self.edge, time.perf_counter(), self.edge.settings
+        stall_s, deadline_s = settings.body_timeout_s, settings.request_timeout_s
+        deadline = (request_arrival.get() or now) + deadline_s
+        late = deadline - now < stall_s  # the deadline comes before a stall
         try:
-            async with asyncio.timeout(min(edge.stall_timeout_s, deadline - now)):
+            async with asyncio.timeout(min(stall_s, deadline - now)):
                 message = await self._receive()
         except TimeoutError:
-            limit = f"stalled for {edge.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
-            limit = f"was not complete within {edge.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)" if late else limit
+            limit = f"stalled for {stall_s:g} s (MNEMO_BODY_TIMEOUT_S)"
+            limit = f"was not complete within {deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)" if late else limit
             raise Refused(408, f"The request body {limit}.", CLOSE) from None
         if message["type"] == "http.disconnect":
             raise Refused(499, "The client disconnected before sending the whole body.")
@@ -143,15 +144,13 @@ class RequestEdge:
     (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
     def __init__(self, app: ASGIApp, service: FastAPI, direct: Mapping[tuple[str, str], APIRoute], identity: Identity):
-        state, self.app, self.direct = service.state, app, direct
-        settings, self.api_keys = state.settings, state.api_keys
+        state, self.app, self.direct, self.direct_paths = service.state, app, direct, frozenset(p for _, p in direct)
+        self.settings = settings = state.settings
+        self.api_keys, self.metrics, self.drain = state.api_keys, state.metrics, state.drain
         self.direct_app = ExceptionMiddleware(call_route, service.exception_handlers)  # the app's handlers, as routed
-        self.metrics, self.drain, self.direct_paths = state.metrics, state.drain, frozenset(path for _, path in direct)
         state.edge = self  # called at once by ServiceApp for the direct routes' paths
         self.admitted = JsonCors(self._admit, cors) if (cors := split_list(settings.cors_origins)) else self._admit
-        self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
-        self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
-        self.tracebacks = TracebackBudget(settings.error_log_window_s)
+        self.tracebacks, self.held_bytes = TracebackBudget(settings.error_log_window_s), 0
         self.headers = [NOSNIFF]  # and which process answered: with several workers, or `identity` (a Ray replica)
         if identity is not None or settings.workers > 1:
             self.headers += [(b"x-mnemo-pid", b"%d" % os.getpid())]
@@ -233,9 +232,9 @@ class RequestEdge:
         return Refused(status, detail, headers)
 
     def over_limits(self, size: int, held: int) -> Refused | None:
-        """The 413 of a body past `max_bytes`, or the 429 of the bodies `held` past BODIES_IN_MEMORY_BYTES."""
-        if size > self.max_bytes:
-            detail = f"Request body is larger than the limit of {self.max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
+        """The 413 of a body past MNEMO_MAX_BODY_BYTES, or the 429 of the bodies `held` past BODIES_IN_MEMORY_BYTES."""
+        if size > (limit := self.settings.max_body_bytes):
+            detail = f"Request body is larger than the limit of {limit} bytes (MNEMO_MAX_BODY_BYTES)."
             return Refused(413, detail, CLOSE)
         if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
