@@ -160,8 +160,7 @@ def document_contract(schema: dict[str, Any], keys: ApiKeys, bodies: Iterable[ty
             for status, name in sorted(_errors(operation, protocol, protected).items()):
                 content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
                 operation["responses"][status] = {"description": DESCRIPTIONS[status], "content": content}
+    bearer = {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}
     if keys.keys:
-        schema["components"]["securitySchemes"] = {
-            "bearerAuth": {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}
-        }
+        schema["components"]["securitySchemes"] = {"bearerAuth": bearer}
     return schema

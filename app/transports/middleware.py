@@ -34,6 +34,7 @@ FIRST_KEY_MODEL = re.compile(rb'\s*\{\s*"model"\s*:\s*"([A-Za-z0-9._-]{1,64})"')
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})  # any other (PROPFIND, ...) is counted as "other"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
 BODIES_BUSY = "The server holds too many request bodies; retry after the Retry-After delay."
 DRAINING = "The server is shutting down and takes no new requests; retry on another replica."
@@ -54,8 +55,7 @@ def request_id(ids: list[bytes]) -> str:
 
 
 def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
-    """The 400 of a request whose framing a proxy may read otherwise (closing the connection: RFC 9112 6.1, 3.2), or
-    of a header of SINGLE_HEADERS sent twice."""
+    """The 400 of framing a proxy may read otherwise (RFC 9112 6.1, 3.2), or of a SINGLE_HEADERS header sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
@@ -150,7 +150,7 @@ class RequestEdge:
         self.direct_app = ExceptionMiddleware(call_route, service.exception_handlers)  # the app's handlers, as routed
         state.edge = self  # called at once by ServiceApp for the direct routes' paths
         self.admitted = JsonCors(self._admit, cors) if (cors := split_list(settings.cors_origins)) else self._admit
-        self.tracebacks, self.held_bytes = TracebackBudget(settings.error_log_window_s), 0
+        self.tracebacks, self.held_bytes, self.templates = TracebackBudget(settings.error_log_window_s), 0, None
         self.headers = [NOSNIFF]  # and which process answered: with several workers, or `identity` (a Ray replica)
         if identity is not None or settings.workers > 1:
             self.headers += [(b"x-mnemo-pid", b"%d" % os.getpid())]
@@ -176,7 +176,7 @@ class RequestEdge:
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()
             seconds, status = time.perf_counter() - arrived, exchange.status
-            label = route_label(scope, exchange.path)
+            label = self.route_label(scope, exchange.path)
             self.metrics.observe_request(label, method if method in KNOWN_METHODS else "other", status, seconds)
             if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs
                 path, rid, ms = loggable_path(scope, exchange.path), exchange.rid, seconds * 1000
@@ -226,6 +226,16 @@ class RequestEdge:
             if gated:
                 self.drain.leave(task)
 
+    def route_label(self, scope: Scope, path: str) -> str:
+        """The template of the route the request matched, else (refused before routing) the documented template its
+        path fits; "unmatched" for paths the service lacks."""
+        if (route := scope.get("route")) is not None:
+            return route.path
+        if self.templates is None:
+            paths = [*scope["app"].openapi().get("paths", {}), *DOCS_ROUTES]
+            self.templates = [(template, compile_path(template)[0]) for template in paths]
+        return next((template for template, regex in self.templates if regex.match(path)), "unmatched")
+
     def _refused(self, reason: str, status: int, detail: str, headers: dict[str, str]) -> Refused:
         """A refusal, counted under `reason`."""
         self.metrics.refused(reason)
@@ -264,18 +274,3 @@ class ServiceApp(FastAPI):
             await self.state.edge(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
-
-
-DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
-
-
-def route_label(scope: Scope, path: str) -> str:
-    """The template of the route the request matched, else (refused before routing) the documented template its path
-    fits; "unmatched" for paths the service lacks."""
-    route, app = scope.get("route"), scope.get("app")
-    if route is not None or app is None:
-        return "unmatched" if route is None else route.path
-    if getattr(app.state, "route_templates", None) is None:
-        paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
-        app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
-    return next((template for template, regex in app.state.route_templates if regex.match(path)), "unmatched")
