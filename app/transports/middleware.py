@@ -167,7 +167,7 @@ class RequestEdge:
         # HEAD is its GET without the body
         inner = {**scope, "method": "GET" if method == "HEAD" else method, EXCHANGE: exchange}
         if route := self.direct.get((inner["method"], exchange.path)):
-            inner["route"] = route  # called by `_call`, without FastAPI's router
+            inner["route"] = route  # called by `call_route`, without FastAPI's router
         self.metrics.in_flight.inc()
         try:
             await (refusal(scope, exchange.fields) or self.admitted)(inner, exchange.receive, exchange.send)
