@@ -148,7 +148,7 @@ class RequestEdge:
         self.settings = settings = state.settings
         self.api_keys, self.metrics, self.drain = state.api_keys, state.metrics, state.drain
         self.direct_app = ExceptionMiddleware(call_route, service.exception_handlers)  # the app's handlers, as routed
-        state.edge = self  # called at once by ServiceApp for the direct routes' paths
+        service.edge = self  # called at once by ServiceApp for the direct routes' paths
         self.admitted = JsonCors(self._admit, cors) if (cors := split_list(settings.cors_origins)) else self._admit
         self.tracebacks, self.held_bytes, self.templates = TracebackBudget(settings.error_log_window_s), 0, None
         self.headers = [NOSNIFF]  # and which process answered: with several workers, or `identity` (a Ray replica)
@@ -269,8 +269,8 @@ class ServiceApp(FastAPI):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.middleware_stack is None:
             self.middleware_stack = self.build_middleware_stack()
-        if scope["type"] == "http" and scope["path"] in self.state.edge.direct_paths:
+        if scope["type"] == "http" and scope["path"] in self.edge.direct_paths:
             scope["app"] = self
-            await self.state.edge(scope, receive, send)
+            await self.edge(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
