@@ -38,8 +38,7 @@ class HeaderDeadline(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.unread_rest():
-            self.timed(True)
+        self.timed(self.unread_rest())  # the client owes the rest of a body the answer left unread
 
     def unread_rest(self) -> bool:
         """Whether the client owes the rest of a body after its answer (uvicorn discards it as it comes)."""

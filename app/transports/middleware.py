@@ -45,7 +45,7 @@ GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); r
 SINGLE = "Authorization Content-Type Content-Encoding Content-Length X-Request-ID Inference-Header-Content-Length"
 SINGLE_HEADERS = {name.lower().encode(): name for name in SINGLE.split()}
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
-Identity = dict[str, str] | None  # X- headers naming the process that answered (a Ray replica)
+Routes = Mapping[tuple[str, str], APIRoute]  # (method, path): the route the edge calls without FastAPI's router
 READ_HEADERS = frozenset({*SINGLE_HEADERS, b"host", b"transfer-encoding", b"expect"})  # what the edge reads
 
 
@@ -143,7 +143,7 @@ class RequestEdge:
     """Outermost first: id, access line and metrics; the 400s; CORS; API key (401); drain gate (503) and parse queue
     (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
-    def __init__(self, app: ASGIApp, service: FastAPI, direct: Mapping[tuple[str, str], APIRoute], identity: Identity):
+    def __init__(self, app: ASGIApp, service: FastAPI, direct: Routes, identity: dict[str, str] | None) -> None:
         state, self.app, self.direct, self.direct_paths = service.state, app, direct, frozenset(p for _, p in direct)
         self.settings = settings = state.settings
         self.api_keys, self.metrics, self.drain = state.api_keys, state.metrics, state.drain
@@ -261,7 +261,7 @@ class ServiceApp(FastAPI):
     """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of its direct
     routes: FastAPI's own wrappers are a share of a small request's time (benchmarks/asgi_overhead.py)."""
 
-    def add_edge(self, direct: Mapping[tuple[str, str], APIRoute], identity: Identity) -> None:
+    def add_edge(self, direct: Routes, identity: dict[str, str] | None) -> None:
         """The edge of the middleware stack; it reads settings, metrics, drain and API keys (read once) from `state`."""
         self.state.api_keys = ApiKeys(self.state.settings)
         self.add_middleware(RequestEdge, service=self, direct=direct, identity=identity)
