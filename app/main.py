@@ -28,10 +28,9 @@ from app.transports import docs, oip, operations, students
 from app.transports.contract import document_contract
 from app.transports.error_handlers import install_error_handlers
 from app.transports.grpc import serve_grpc
-from app.transports.http import BODY_SCHEMAS
+from app.transports.http import BODY_SCHEMAS, task_router
 from app.transports.middleware import ServiceApp
 from app.transports.probe_server import probe_process
-from app.transports.rest import task_router
 
 logger = logging.getLogger("mnemo")
 UNPROTECTED = (
@@ -113,7 +112,7 @@ def create_app(
     keys = {("POST", e.path) for task in tasks.values() for e in task.endpoints} | {("GET", "/health")}
     direct = {key: routes[key] for key in keys}
     # each request's id, access line, HEAD, limits, gates and 500; the `direct` routes skip FastAPI's router
-    app.add_edge(settings=settings, metrics=metrics, drain=app.state.drain, direct=direct, identity=identity)
+    app.add_edge(direct, identity)
 
     def openapi() -> dict:
         if app.openapi_schema is None:  # FastAPI's schema, with the contract the routes do not declare

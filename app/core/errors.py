@@ -7,8 +7,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TypeVar
 
-from pydantic import ValidationError
-
 LOCATION_ROOTS = ("body", "query", "path", "header", "cookie")
 MAX_LISTED_ERRORS = 20
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
@@ -44,6 +42,10 @@ class DeadlineExceeded(ServiceError):
     status_code = 504  # not finished within MNEMO_REQUEST_TIMEOUT_S; its unstarted work was dropped
 
 
+class ClientGone(ServiceError):
+    status_code = 499  # the client disconnected: nobody reads this answer, its access line and metrics say 499
+
+
 class InvalidInput(Exception):
     """A broken rule: 422 in FastAPI's shape. `field` is a body field (`"sentence_a"`) or a location such as
     `("body", "interactions", 3, "question")` (relative to the body unless it starts with body/query/path/header)."""
@@ -51,9 +53,7 @@ class InvalidInput(Exception):
     def __init__(self, field: str | Sequence[str | int], message: str, kind: str = "value_error") -> None:
         super().__init__(message)
         location = (field,) if isinstance(field, str) else tuple(field)
-        if not location or location[0] not in LOCATION_ROOTS:
-            location = ("body", *location)
-        self.location: tuple[str | int, ...] = location
+        self.location = location if location and location[0] in LOCATION_ROOTS else ("body", *location)
         self.message, self.kind = message, kind
         self.listed: list[InvalidInput] = [self]  # the rules listed in the 422 (see `joined`), this one first
         self.count = 1  # the rules broken, listed or not
@@ -69,17 +69,11 @@ class InvalidInput(Exception):
     @classmethod
     def from_pydantic(cls, errors: Sequence[dict], count: int, root: tuple[str, ...] = ()) -> InvalidInput:
         """Pydantic's (or FastAPI's) `errors` as one 422: locations under `root`, text made encodable and bounded."""
-        return cls.joined(
-            [
-                cls(
-                    (*root, *(part if isinstance(part, int) else printable(str(part)) for part in error["loc"])),
-                    printable(str(error["msg"])),
-                    str(error["type"]),
-                )
-                for error in errors[:MAX_LISTED_ERRORS]
-            ],
-            count,
-        )
+        listed = []
+        for error in errors[:MAX_LISTED_ERRORS]:
+            location = (*root, *(part if isinstance(part, int) else printable(str(part)) for part in error["loc"]))
+            listed.append(cls(location, printable(str(error["msg"])), str(error["type"])))
+        return cls.joined(listed, count)
 
     def payload(self) -> dict:
         """FastAPI's 422 body: the rules listed, and `error_count`, how many were broken in all."""
@@ -101,16 +95,9 @@ def each_checked(checks: Iterable[Callable[[], T]]) -> list[T]:
 
 
 def printable(text: str, limit: int | None = 300) -> str:
-    """Text safe to show: what is not printable (controls, line separators, bidi overrides, lone surrogates) escaped,
-    length bounded (None: not)."""
+    """Text safe to show, cut at `limit`: what is not printable (controls, bidi overrides, lone surrogates) escaped."""
     text = text[:limit]
     return text if text.isprintable() else "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
-
-
-def body_invalid(error: ValidationError) -> InvalidInput:
-    """The 422 of a request body that failed `model_validate_json` (its locations under `body`)."""
-    errors = error.errors(include_url=False, include_input=False, include_context=False)
-    return InvalidInput.from_pydantic(errors, error.error_count(), ("body",))
 
 
 def ort_message(error: Exception) -> str:

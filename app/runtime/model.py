@@ -93,7 +93,7 @@ class Task(Protocol):
 
     name: str
     tag: str  # the OpenAPI tag of its endpoints
-    endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/rest.py)
+    endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/http.py)
     routes: APIRouter  # its other REST routes, which need none of the transport's machinery
     tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
     layout: GraphLayout  # its model's graph's

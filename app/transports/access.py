@@ -22,8 +22,7 @@ API_KEY_REQUIRED = "A valid API key is required: send the header Authorization: 
 
 
 class ApiKeys:
-    """The API-key check of REST and gRPC: `Bearer <one of the keys>`, on every path but the open ones
-    (MNEMO_OPEN_PATHS, the documentation and the explorer page); no key: authentication is off."""
+    """The API-key check of REST and gRPC on every path but the open ones; no key: authentication is off."""
 
     def __init__(self, settings: Settings) -> None:
         keys = split_list(settings.api_keys.get_secret_value()) if settings.api_keys else []
@@ -34,8 +33,8 @@ class ApiKeys:
     def protects(self, path: str) -> bool:
         return bool(self.keys) and path not in self.open_paths and not path.startswith(OPEN_PREFIXES)
 
-    def refusal(self, path: str, authorization: bytes) -> str | None:
-        """None when a request for `path` with this Authorization value may pass; else its `WWW-Authenticate`."""
+    def refusal(self, path: str, authorization: bytes) -> Refused | None:
+        """None when a request for `path` with this Authorization value may pass; else its 401."""
         if not self.protects(path):
             return None
         scheme, _, token = authorization.strip().partition(b" ")
@@ -43,7 +42,8 @@ class ApiKeys:
         # every key compared (no early exit): the time does not tell which key, or how much of it, matched
         if presented is not None and sum(hmac.compare_digest(presented, key) for key in self.keys):
             return None
-        return 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+        challenge = 'Bearer realm="mnemo"' + ("" if presented is None else ', error="invalid_token"')
+        return Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
 
     def summary(self) -> str:
         """One startup log line: whether API keys are required, and where not."""
@@ -53,7 +53,17 @@ class ApiKeys:
 
 
 class JsonCors(CORSMiddleware):
-    """Starlette's CORS, with a refused preflight answered as JSON in its path's shape (`Refused`), not plain text."""
+    """Starlette's CORS for MNEMO_CORS_ORIGINS, with a refused preflight answered as JSON in its path's shape."""
+
+    def __init__(self, app: ASGIApp, origins: list[str]) -> None:
+        super().__init__(
+            app,
+            allow_origins=origins,
+            allow_methods=["GET", "HEAD", "POST", "DELETE"],  # DELETE /students/{id} from a browser app too
+            allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
+            expose_headers=["x-request-id", "retry-after", BINARY_HEADER_LENGTH],
+            max_age=600,
+        )
 
     def preflight_response(self, request_headers: Headers) -> Response | Refused:
         response = super().preflight_response(request_headers)
@@ -62,17 +72,3 @@ class JsonCors(CORSMiddleware):
         kept = {key: value for key, value in response.headers.items() if key not in ("content-type", "content-length")}
         detail = f"{response.body.decode()}: the CORS policy (MNEMO_CORS_ORIGINS) does not allow this request."
         return Refused(response.status_code, detail, kept)
-
-
-def with_cors(app: ASGIApp, settings: Settings) -> ASGIApp:
-    """`app` behind Starlette's CORS if MNEMO_CORS_ORIGINS names origins."""
-    if not (origins := split_list(settings.cors_origins)):
-        return app
-    return JsonCors(
-        app,
-        allow_origins=origins,
-        allow_methods=["GET", "HEAD", "POST", "DELETE"],  # DELETE /students/{id} from a browser app too
-        allow_headers=["authorization", "content-type", "x-request-id", BINARY_HEADER_LENGTH],
-        expose_headers=["x-request-id", "retry-after", BINARY_HEADER_LENGTH],
-        max_age=600,
-    )

@@ -81,9 +81,7 @@ class ModelInfo(BaseModel):
     metadata: dict[str, Any]
     card: str | None = None
     batching: Batching | None = None
-    instances: list[InstanceInfo] = Field(
-        default_factory=list, description="its sessions, one per MNEMO_PROVIDER entry"
-    )
+    instances: list[InstanceInfo] = Field(default_factory=list, description="a session per MNEMO_PROVIDER entry")
     error: str | None = Field(None, description="why the model is not ready")
     max_tokens: int | None = None
     entailment_labels: list[str] | None = None
@@ -131,15 +129,12 @@ DESCRIPTIONS = {
 
 def _errors(operation: dict[str, Any], protocol: bool, protected: bool) -> dict[str, str]:
     """The error statuses an operation can answer, each with its body's schema (/v2 reads its input itself: no 422)."""
-    has_body, operation_id = "requestBody" in operation, operation.get("operationId")
-    statuses = {"400", "413", "503"} | ({"404", "408", "415", "429", "504"} if has_body else set())
-    if any(parameter.get("in") == "path" for parameter in operation.get("parameters", [])):
-        statuses.add("404")
-    if not protocol and (has_body or operation.get("parameters")):
-        statuses.add("422")
-    statuses |= {"401"} if protected else set()
-    statuses |= {"409"} if operation_id in STATEFUL_OPERATIONS else set()
-    statuses |= {"429"} if operation_id in STORE_OPERATIONS else set()
+    operation_id, parameters = operation.get("operationId"), operation.get("parameters", [])
+    has_body, in_path = "requestBody" in operation, any(parameter.get("in") == "path" for parameter in parameters)
+    when = {"401": protected, "404": has_body or in_path, "408": has_body, "409": operation_id in STATEFUL_OPERATIONS}
+    when |= {"415": has_body, "422": not protocol and (has_body or parameters), "504": has_body}
+    when["429"] = has_body or operation_id in STORE_OPERATIONS
+    statuses = {"400", "413", "503", *(status for status, applies in when.items() if applies)}
     body = "ProtocolErrorBody" if protocol else "ErrorBody"
     errors = {status: "ValidationErrorBody" if status == "422" else body for status in statuses}
     if operation_id == "oip_ready":
@@ -165,8 +160,7 @@ def document_contract(schema: dict[str, Any], keys: ApiKeys, bodies: Iterable[ty
             for status, name in sorted(_errors(operation, protocol, protected).items()):
                 content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}
                 operation["responses"][status] = {"description": DESCRIPTIONS[status], "content": content}
+    bearer = {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}
     if keys.keys:
-        schema["components"]["securitySchemes"] = {
-            "bearerAuth": {"type": "http", "scheme": "bearer", "description": "one of MNEMO_API_KEYS"}
-        }
+        schema["components"]["securitySchemes"] = {"bearerAuth": bearer}
     return schema

@@ -10,12 +10,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
 from starlette.types import Receive, Scope, Send
 
-from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, body_invalid, ort_message
+from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, ort_message
 from app.core.logging import TracebackBudget, loggable_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
@@ -78,12 +77,12 @@ def install_error_handlers(app: FastAPI) -> None:
             return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
         return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=STORE_RETRY)
 
-    async def invalid(request: Request, error: InvalidInput | RequestValidationError | ValidationError) -> JsonResponse:
+    async def invalid(request: Request, error: InvalidInput | RequestValidationError) -> JsonResponse:
         if isinstance(error, RequestValidationError):
             error = InvalidInput.from_pydantic(errors := error.errors(), len(errors))
-        return JsonResponse((body_invalid(error) if isinstance(error, ValidationError) else error).payload(), 422)
+        return JsonResponse(error.payload(), 422)
 
-    for kind in (InvalidInput, RequestValidationError, ValidationError):
+    for kind in (InvalidInput, RequestValidationError):
         app.add_exception_handler(kind, invalid)
 
     @app.exception_handler(OrtInvalidArgument)

@@ -1,5 +1,4 @@
-"""uvicorn's h11 protocol with a deadline for a request's headers and an unread body's rest (MNEMO_HEADER_TIMEOUT_S:
-uvicorn has none, a slowloris connection is held for ever), and the service's JSON 400 for a request h11 refuses."""
+"""uvicorn's h11 protocol with MNEMO_HEADER_TIMEOUT_S (uvicorn has none) and the JSON 400 for what h11 refuses."""
 
 from __future__ import annotations
 
@@ -30,26 +29,23 @@ class HeaderDeadline(H11Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.arm()
+        self.timed(True)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is not h11.IDLE and not self.unread_rest():  # the headers are in (or it failed)
-            self.disarm()
-        else:  # a new request's first bytes on a kept-alive connection, or the rest of an unread body
-            self.arm()
+        # a new request's first bytes on a kept-alive connection, or an unread body's rest: timed; its headers in: not
+        self.timed(self.conn.their_state is h11.IDLE or self.unread_rest())
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.unread_rest():
-            self.arm()
+        self.timed(self.unread_rest())  # the client owes the rest of a body the answer left unread
 
     def unread_rest(self) -> bool:
         """Whether the client owes the rest of a body after its answer (uvicorn discards it as it comes)."""
         return self.conn.their_state is h11.SEND_BODY and self.cycle is not None and self.cycle.response_complete
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.disarm()
+        self.timed(False)
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
@@ -68,12 +64,11 @@ class HeaderDeadline(H11Protocol):
         if self.cycle is not None:  # the app's answer to come has no connection left: dropped, as after a disconnect
             self.cycle.disconnected = True
 
-    def arm(self) -> None:
-        if self.header_timer is None:
+    def timed(self, owed: bool) -> None:
+        """The deadline started while the client owes bytes (kept if running: it counts from the first), or stopped."""
+        if owed and self.header_timer is None:
             self.header_timer = self.loop.call_later(self.header_timeout_s, self.expire)
-
-    def disarm(self) -> None:
-        if self.header_timer is not None:
+        elif not owed and self.header_timer is not None:
             self.header_timer.cancel()
             self.header_timer = None
 

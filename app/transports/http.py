@@ -1,5 +1,5 @@
-"""What every task route reads: `read_body`, validated UTF-8 JSON (else 415) with a large body parsed off the loop or
-refused 429, and documents with `json_body`."""
+"""The tasks' routes (`task_router`) and what every JSON route reads: `read_body`, validated UTF-8 JSON (else 415)
+with a large body parsed off the loop or refused 429, documented with `json_body`."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import contextlib
 import json
 import math
 import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 
-from app.core.errors import InvalidInput, ServiceError, body_invalid
+from app.core.errors import InvalidInput, ServiceError
 from app.core.request_context import request_body_bytes
-from app.runtime.model import ServedModel
+from app.core.responses import JsonResponse
+from app.runtime.model import Endpoint, ServedModel, Task
 from app.runtime.offload import ParseQueueFull, offload_or_shed
+from app.transports.deadline import within_deadline
 from app.transports.error_handlers import EXCHANGE, Refused
 
 INLINE_BODY_BYTES = 8192  # smaller bodies are validated on the loop: faster than a thread hop
@@ -30,9 +33,8 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 async def utf8_body(request: Request, json_only: bool = False) -> bytes:
-    """The body, or 415 naming the problem: a media type other than JSON (with `json_only`), a charset other than
-    UTF-8 or a compressed body (inflating it would let a small body take any memory), refused before the body is
-    read; a byte order mark or UTF-16/32 (not a 422 on column 1)."""
+    """The body, or 415 naming the problem: before it is read, a media type other than JSON (with `json_only`), a
+    charset other than UTF-8 or a compression (inflated, a small body could fill memory); then a BOM or UTF-16/32."""
     fields = request.scope[EXCHANGE].fields  # the edge's one pass over the headers (each of these sent once)
     media_type, *parameters = fields.get(b"content-type", [b"application/json"])[0].decode("latin-1").split(";")
     if json_only and (kind := media_type.strip().lower()) != "application/json" and not kind.endswith("+json"):
@@ -59,7 +61,8 @@ def validate(schema: type[Body], body: bytes) -> Body:
     try:
         return schema.model_validate_json(body)
     except ValidationError as error:
-        invalid = body_invalid(error)
+        errors = error.errors(include_url=False, include_input=False, include_context=False)
+        invalid = InvalidInput.from_pydantic(errors, error.error_count(), ("body",))
         if any(listed.kind == "json_invalid" for listed in invalid.listed) and (located := unrepresentable(body)):
             raise located from None
         raise invalid from None
@@ -115,10 +118,9 @@ def named_model(request: Request, body: bytes, task: str) -> ServedModel | None:
         if value is None or body.find(MODEL_KEY, at + 1) >= 0 or body[at - 1 : at] == b"\\":
             return None
         name = None if value[1] == b"null" else value[1][1:-1].decode()
-    try:
+    with contextlib.suppress(ServiceError):  # unknown or not ready: its admission will say
         return request.app.state.registry.get(name, task)
-    except ServiceError:
-        return None
+    return None
 
 
 BODY_SCHEMAS: dict[str, type[BaseModel]] = {}  # the bodies routes read themselves, for the OpenAPI components
@@ -129,3 +131,37 @@ def json_body(schema: type[BaseModel]) -> dict[str, Any]:
     BODY_SCHEMAS[schema.__name__] = schema
     reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}}
+
+
+def task_router(tasks: Iterable[Task]) -> APIRouter:
+    """The routes of every task's endpoints, and the tasks' other routes."""
+    router = APIRouter()
+    for task in tasks:
+        for endpoint in task.endpoints:
+            router.add_api_route(
+                endpoint.path,
+                endpoint_route(task.name, endpoint),
+                methods=["POST"],
+                name=endpoint.name,
+                operation_id=endpoint.operation_id,
+                description=endpoint.description,
+                response_model=endpoint.response,
+                openapi_extra=json_body(endpoint.request),
+                tags=[task.tag],
+            )
+        router.include_router(task.routes, tags=[task.tag])
+    return router
+
+
+def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
+    """The route of one endpoint: it reads the body, picks the model (404/503), admits the request in its batcher (429)
+    and awaits the answer within the deadline (504) unless the client leaves (499)."""
+
+    async def route(request: Request) -> JsonResponse:
+        body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)
+        model = request.app.state.registry.get(body.model, task_name)
+        with endpoint.admit(model, body):
+            answer = endpoint.answer(model, body, request.app.state.drain.alone())
+            return JsonResponse(await within_deadline(answer, request.app.state, model.name, receive=request.receive))
+
+    return route

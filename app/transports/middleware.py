@@ -1,5 +1,4 @@
-"""The request edge: every request's id, access line and metrics, and its refusals before the app (400, 401, 413, 429,
-503), while the app reads the body (408, 413, 429) and after it (500); it calls the direct routes itself."""
+"""The request edge (`RequestEdge`): what every request gets before, while and after the app serves it."""
 
 from __future__ import annotations
 
@@ -9,22 +8,20 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.core.drain import Drain
-from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, Overloaded, printable
+from app.core.errors import HTTP_METHODS, INTERNAL_ERROR, printable
 from app.core.logging import TracebackBudget, loggable_path, route_path
-from app.core.metrics import Metrics
 from app.core.request_context import request_arrival
-from app.core.settings import Settings
+from app.core.settings import split_list
 from app.runtime.offload import saturated
-from app.transports.access import API_KEY_REQUIRED, ApiKeys, with_cors
+from app.transports.access import ApiKeys, JsonCors
 from app.transports.error_handlers import EXCHANGE, Refused
 from app.transports.http import INLINE_BODY_BYTES
 
@@ -37,6 +34,7 @@ FIRST_KEY_MODEL = re.compile(rb'\s*\{\s*"model"\s*:\s*"([A-Za-z0-9._-]{1,64})"')
 NOSNIFF = (b"x-content-type-options", b"nosniff")  # browsers take each answer as its Content-Type says
 KNOWN_METHODS = frozenset({*HTTP_METHODS, "OPTIONS"})  # any other (PROPFIND, ...) is counted as "other"
 OPERATIONS_PATHS = frozenset({"/health", "/ready", "/metrics", "/v2/health/live", "/v2/health/ready"})
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
 BODIES_IN_MEMORY_BYTES = 32 << 20  # request bodies held at once (being read, parsed or served) before 429
 BODIES_BUSY = "The server holds too many request bodies; retry after the Retry-After delay."
 DRAINING = "The server is shutting down and takes no new requests; retry on another replica."
@@ -44,16 +42,10 @@ PARSER_BUSY = "The server is busy reading other requests; retry after the Retry-
 GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."
 # Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
 # 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
-SINGLE_HEADERS = {
-    b"authorization": "Authorization",
-    b"content-type": "Content-Type",
-    b"content-encoding": "Content-Encoding",
-    b"content-length": "Content-Length",
-    REQUEST_ID_HEADER: "X-Request-ID",
-    b"inference-header-content-length": "Inference-Header-Content-Length",
-}
+SINGLE = "Authorization Content-Type Content-Encoding Content-Length X-Request-ID Inference-Header-Content-Length"
+SINGLE_HEADERS = {name.lower().encode(): name for name in SINGLE.split()}
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
-RETRY_AND_CLOSE = {**RETRY, **CLOSE}
+Routes = Mapping[tuple[str, str], APIRoute]  # (method, path): the route the edge calls without FastAPI's router
 READ_HEADERS = frozenset({*SINGLE_HEADERS, b"host", b"transfer-encoding", b"expect"})  # what the edge reads
 
 
@@ -63,8 +55,7 @@ def request_id(ids: list[bytes]) -> str:
 
 
 def refusal(scope: Scope, fields: dict[bytes, list[bytes]]) -> Refused | None:
-    """The 400 of a request whose framing a proxy may read otherwise (closing the connection: RFC 9112 6.1, 3.2), or
-    of a header of SINGLE_HEADERS sent twice."""
+    """The 400 of framing a proxy may read otherwise (RFC 9112 6.1, 3.2), or of a SINGLE_HEADERS header sent twice."""
     version = scope.get("http_version", "1.1")
     if version not in ("1.0", "1.1"):
         return Refused(400, f"HTTP/{version} is not spoken here: send HTTP/1.1.", CLOSE)
@@ -112,18 +103,16 @@ class Exchange:
     async def receive(self) -> Message:
         if self.done:
             return await self._receive()
-        edge, now = self.edge, time.perf_counter()
-        deadline = (request_arrival.get() or now) + edge.deadline_s
-        late = deadline - now < edge.stall_timeout_s  # the deadline comes before a stall
+        edge, now, settings = self.edge, time.perf_counter(), self.edge.settings
+        stall_s, deadline_s = settings.body_timeout_s, settings.request_timeout_s
+        deadline = (request_arrival.get() or now) + deadline_s
+        late = deadline - now < stall_s  # the deadline comes before a stall
         try:
-            async with asyncio.timeout(min(edge.stall_timeout_s, deadline - now)):
+            async with asyncio.timeout(min(stall_s, deadline - now)):
                 message = await self._receive()
         except TimeoutError:
-            limit = (
-                f"was not complete within {edge.deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)"
-                if late
-                else f"stalled for {edge.stall_timeout_s:g} s (MNEMO_BODY_TIMEOUT_S)"
-            )
+            limit = f"stalled for {stall_s:g} s (MNEMO_BODY_TIMEOUT_S)"
+            limit = f"was not complete within {deadline_s:g} s (MNEMO_REQUEST_TIMEOUT_S)" if late else limit
             raise Refused(408, f"The request body {limit}.", CLOSE) from None
         if message["type"] == "http.disconnect":
             raise Refused(499, "The client disconnected before sending the whole body.")
@@ -132,48 +121,36 @@ class Exchange:
         edge.held_bytes += len(chunk)
         self.done = not message.get("more_body", False)
         self.close_unread &= not self.done
-        first = self.size == len(chunk)  # nothing (but empty chunks) came before
-        refused = edge.over_limits(self.size, edge.held_bytes) or (first and self.refused_unread(chunk))
-        if refused:
+        if refused := edge.over_limits(self.size, edge.held_bytes):
             raise refused
+        if self.size == len(chunk):  # the first part (empty ones aside)
+            self.reserve_unread(chunk)
         return message
 
-    def refused_unread(self, head: bytes) -> Refused | None:
-        """The 429 of a large body for a route of `app.state.reserving` (path -> task) whose first key names a model
-        of that task that would refuse to `reserve` its declared size: given before the rest is read, not after."""
+    def reserve_unread(self, head: bytes) -> None:
+        """The 429 (`Overloaded`) of a large body for a route of `app.state.reserving` (path -> task) whose first key
+        names a model of that task that would refuse to `reserve` its declared size: raised before the rest is read."""
         state = self.scope["app"].state
         task = state.reserving.get(self.path) if self.declared > INLINE_BODY_BYTES else None
         named = task and FIRST_KEY_MODEL.match(head)
         model = state.registry.models.get(named[1].decode()) if named else None
-        if model is None or model.task != task or not model.ready:
-            return None
-        try:
+        if model is not None and model.task == task and model.ready:
             with model.batcher.reserve(self.declared):
-                return None
-        except Overloaded as refused:
-            return Refused(429, refused.detail, RETRY)
+                pass  # a trial: `read_body` holds the room while it parses the whole body
 
 
 class RequestEdge:
     """Outermost first: id, access line and metrics; the 400s; CORS; API key (401); drain gate (503) and parse queue
     (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        settings: Settings,
-        metrics: Metrics,
-        drain: Drain,
-        direct: Mapping[tuple[str, str], APIRoute],
-        api_keys: ApiKeys,
-        identity: dict[str, str] | None = None,
-    ) -> None:
-        self.app, self.metrics, self.drain, self.direct, self.api_keys = app, metrics, drain, direct, api_keys
-        self.direct_paths = frozenset(path for _, path in direct)
-        self.admitted = with_cors(self._admit, settings)
-        self.max_bytes, self.stall_timeout_s = settings.max_body_bytes, settings.body_timeout_s
-        self.deadline_s, self.held_bytes = settings.request_timeout_s, 0
-        self.tracebacks = TracebackBudget(settings.error_log_window_s)
+    def __init__(self, app: ASGIApp, service: FastAPI, direct: Routes, identity: dict[str, str] | None) -> None:
+        state, self.app, self.direct, self.direct_paths = service.state, app, direct, frozenset(p for _, p in direct)
+        self.settings = settings = state.settings
+        self.api_keys, self.metrics, self.drain = state.api_keys, state.metrics, state.drain
+        self.direct_app = ExceptionMiddleware(call_route, service.exception_handlers)  # the app's handlers, as routed
+        service.edge = self  # called at once by ServiceApp for the direct routes' paths
+        self.admitted = JsonCors(self._admit, cors) if (cors := split_list(settings.cors_origins)) else self._admit
+        self.tracebacks, self.held_bytes, self.templates = TracebackBudget(settings.error_log_window_s), 0, None
         self.headers = [NOSNIFF]  # and which process answered: with several workers, or `identity` (a Ray replica)
         if identity is not None or settings.workers > 1:
             self.headers += [(b"x-mnemo-pid", b"%d" % os.getpid())]
@@ -190,20 +167,16 @@ class RequestEdge:
         # HEAD is its GET without the body
         inner = {**scope, "method": "GET" if method == "HEAD" else method, EXCHANGE: exchange}
         if route := self.direct.get((inner["method"], exchange.path)):
-            inner["route"] = route  # called by `_call`, without FastAPI's router
+            inner["route"] = route  # called by `call_route`, without FastAPI's router
         self.metrics.in_flight.inc()
         try:
-            refused = refusal(scope, exchange.fields)
-            if refused is not None:
-                await refused(inner, receive, exchange.send)
-            else:
-                await self.admitted(inner, exchange.receive, exchange.send)
+            await (refusal(scope, exchange.fields) or self.admitted)(inner, exchange.receive, exchange.send)
         finally:
             self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()
             seconds, status = time.perf_counter() - arrived, exchange.status
-            label = route_label(scope, exchange.path)
+            label = self.route_label(scope, exchange.path)
             self.metrics.observe_request(label, method if method in KNOWN_METHODS else "other", status, seconds)
             if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs
                 path, rid, ms = loggable_path(scope, exchange.path), exchange.rid, seconds * 1000
@@ -214,17 +187,15 @@ class RequestEdge:
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
         keys, authorization = self.api_keys, exchange.fields.get(b"authorization", [b""])[0]
-        challenge = keys.keys and keys.refusal(exchange.path, authorization)  # no keys: no call
+        refused = keys.refusal(exchange.path, authorization) if keys.keys else None  # no keys: no call
         gated, declared = exchange.path not in OPERATIONS_PATHS, exchange.declared
-        refused = None
-        if challenge:
-            refused = Refused(401, API_KEY_REQUIRED, {"WWW-Authenticate": challenge})
-        elif gated and self.drain.draining and scope.get("client") not in self.drain.open_before:
-            refused = self._refused("draining", 503, DRAINING, RETRY_AND_CLOSE)
-        elif gated and scope["method"] == "POST" and saturated():
-            refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
-        elif declared:
-            refused = self.over_limits(declared, self.held_bytes + declared)
+        if refused is None:
+            if gated and self.drain.draining and scope.get("client") not in self.drain.open_before:
+                refused = self._refused("draining", 503, DRAINING, {**RETRY, **CLOSE})
+            elif gated and scope["method"] == "POST" and saturated():
+                refused = self._refused("parse_queue_full", 429, PARSER_BUSY, RETRY)
+            elif declared:
+                refused = self.over_limits(declared, self.held_bytes + declared)
         if refused is not None:
             await refused(scope, receive, send)
             return
@@ -232,12 +203,12 @@ class RequestEdge:
         if gated:
             self.drain.enter(task)
         try:
-            await self._call(scope, receive, send)
+            await (self.app if scope.get("route") is None else self.direct_app)(scope, receive, send)
         except asyncio.CancelledError:
             if not (gated and self.drain.gave_up) or exchange.started:
                 raise
             task.uncancel()  # given up by the drain: answered here, in the service's shape
-            await self._refused("drain_timeout", 503, GIVEN_UP, RETRY_AND_CLOSE)(scope, receive, send)
+            await self._refused("drain_timeout", 503, GIVEN_UP, {**RETRY, **CLOSE})(scope, receive, send)
         except Exception as error:  # a bug: one line, with its traceback when the budget admits it
             with_traceback, repeats = self.tracebacks.admit(error)
             errors_logger.error(
@@ -255,21 +226,15 @@ class RequestEdge:
             if gated:
                 self.drain.leave(task)
 
-    async def _call(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app, or the request's direct route, its errors answered by the app's exception handlers."""
-        if (route := scope.get("route")) is None:
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            response = await route.endpoint(request)
-        except Exception as error:
-            handlers = scope["app"].exception_handlers  # the handler of its class or nearest base, as Starlette's
-            handler = next((handlers[cls] for cls in type(error).__mro__ if cls in handlers), None)
-            if handler is None:
-                raise
-            response = await handler(request, error)
-        await response(scope, receive, send)
+    def route_label(self, scope: Scope, path: str) -> str:
+        """The template of the route the request matched, else (refused before routing) the documented template its
+        path fits; "unmatched" for paths the service lacks."""
+        if (route := scope.get("route")) is not None:
+            return route.path
+        if self.templates is None:
+            paths = [*scope["app"].openapi().get("paths", {}), *DOCS_ROUTES]
+            self.templates = [(template, compile_path(template)[0]) for template in paths]
+        return next((template for template, regex in self.templates if regex.match(path)), "unmatched")
 
     def _refused(self, reason: str, status: int, detail: str, headers: dict[str, str]) -> Refused:
         """A refusal, counted under `reason`."""
@@ -277,31 +242,29 @@ class RequestEdge:
         return Refused(status, detail, headers)
 
     def over_limits(self, size: int, held: int) -> Refused | None:
-        """413 for a body of `size` bytes past `max_bytes`; 429 when the bodies `held` pass BODIES_IN_MEMORY_BYTES
-        (alone, a body may fill it)."""
-        if size > self.max_bytes:
-            detail = f"Request body is larger than the limit of {self.max_bytes} bytes (MNEMO_MAX_BODY_BYTES)."
+        """The 413 of a body past MNEMO_MAX_BODY_BYTES, or the 429 of the bodies `held` past BODIES_IN_MEMORY_BYTES."""
+        if size > (limit := self.settings.max_body_bytes):
+            detail = f"Request body is larger than the limit of {limit} bytes (MNEMO_MAX_BODY_BYTES)."
             return Refused(413, detail, CLOSE)
         if held > BODIES_IN_MEMORY_BYTES and held > size:
             return self._refused("bodies_in_memory", 429, BODIES_BUSY, RETRY)
         return None
 
 
+async def call_route(scope: Scope, receive: Receive, send: Send) -> None:
+    """The request's direct route, its endpoint called without FastAPI's router."""
+    response = await scope["route"].endpoint(Request(scope, receive))
+    await response(scope, receive, send)
+
+
 class ServiceApp(FastAPI):
     """FastAPI with the request edge as its one middleware (`add_edge`), called at once for the paths of its direct
     routes: FastAPI's own wrappers are a share of a small request's time (benchmarks/asgi_overhead.py)."""
 
-    edge: RequestEdge
-
-    def add_edge(self, **options: Any) -> None:
-        """The edge of the middleware stack; the API keys it checks in `state.api_keys` (read once, for gRPC too)."""
-        self.state.api_keys = ApiKeys(options["settings"])
-
-        def build(app: ASGIApp) -> RequestEdge:
-            self.edge = RequestEdge(app, api_keys=self.state.api_keys, **options)
-            return self.edge
-
-        self.add_middleware(build)
+    def add_edge(self, direct: Routes, identity: dict[str, str] | None) -> None:
+        """The edge of the middleware stack; it reads settings, metrics, drain and API keys (read once) from `state`."""
+        self.state.api_keys = ApiKeys(self.state.settings)
+        self.add_middleware(RequestEdge, service=self, direct=direct, identity=identity)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.middleware_stack is None:
@@ -311,18 +274,3 @@ class ServiceApp(FastAPI):
             await self.edge(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
-
-
-DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/docs-assets/{asset:path}")
-
-
-def route_label(scope: Scope, path: str) -> str:
-    """The template of the route the request matched, else (refused before routing) the documented template its path
-    fits; "unmatched" for paths the service lacks."""
-    route, app = scope.get("route"), scope.get("app")
-    if route is not None or app is None:
-        return "unmatched" if route is None else route.path
-    if getattr(app.state, "route_templates", None) is None:
-        paths = [*app.openapi().get("paths", {}), *DOCS_ROUTES]
-        app.state.route_templates = [(template, compile_path(template)[0]) for template in paths]
-    return next((template for template, regex in app.state.route_templates if regex.match(path)), "unmatched")

@@ -42,9 +42,8 @@ async def models(request: Request) -> JsonResponse:
     """Every configured model with its task, provider really in use, limits, batching, metrics and metadata."""
     if (registry := getattr(request.app.state, "registry", None)) is None:
         return JsonResponse({"detail": "Models are still loading."}, 503)
-    return JsonResponse(
-        {"models": [model.public_info(registry.tasks.get(model.task)) for model in registry.models.values()]}
-    )
+    listed = [model.public_info(registry.tasks.get(model.task)) for model in registry.models.values()]
+    return JsonResponse({"models": listed})
 
 
 @router.get("/metrics", operation_id="metrics", response_class=PlainTextResponse)
