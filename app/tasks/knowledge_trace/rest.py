@@ -1,5 +1,5 @@
 """The knowledge-tracing task's JSON API: POST /knowledge-trace (admitted and answered through
-app/transports/rest.py), and GET /models/{name}/questions."""
+app/transports/http.py), and GET /models/{name}/questions."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheap
 INLINE_RENDER_NUMBERS = 20_000  # answers of fewer numbers render on the loop: no thread hop
 NEXT_ITEM_NUMBERS = 10  # a `next` item (a dict) takes about as long to build and render as 10 array numbers
 MASTERY_ROWS = {"all": slice(None), "last": slice(-1, None), "none": None}
-routes = APIRouter()  # tagged with the task's tag by app/transports/rest.py
+routes = APIRouter()  # tagged with the task's tag by app/transports/http.py
 DESCRIPTION = """Predict each interaction from the ones before it, then the next questions; report concept mastery.
 
 Histories longer than the model's `seqlen` (GET /models) are processed in consecutive chunks of
