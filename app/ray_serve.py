@@ -19,26 +19,17 @@ DEPLOYMENT_NAME = "mnemo"
 FIXED = ("workers", "concurrent_runs", "intra_op_threads")  # a replica: one process, one run of its CPUs' threads
 
 
-@click.command(
-    context_settings=CONTEXT,
-    params=[
-        click.Option(
-            ["--replicas"], type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling)."
-        ),
-        click.Option(["--max-replicas"], type=click.IntRange(1), help="Autoscale up to this many replicas."),
-        click.Option(
-            ["--target-ongoing-requests"],
-            type=click.FloatRange(0, min_open=True),
-            default=2.0,
-            help="Autoscaling: requests in flight per replica.",
-        ),
-        click.Option(["--cpus-per-replica"], type=click.IntRange(1), default=1, help="CPUs = ONNX Runtime threads."),
-        click.Option(
-            ["--address"], help="An existing Ray cluster (e.g. auto); default: a local Ray instance on 127.0.0.1."
-        ),
-        *(settings_option(name, field) for name, field in Settings.model_fields.items() if name not in FIXED),
-    ],
+@click.command(context_settings=CONTEXT)
+@click.option("--replicas", type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling).")
+@click.option("--max-replicas", type=click.IntRange(1), help="Autoscale up to this many replicas.")
+@click.option(
+    "--target-ongoing-requests",
+    type=click.FloatRange(0, min_open=True),
+    default=2.0,
+    help="Autoscaling: requests in flight per replica.",
 )
+@click.option("--cpus-per-replica", type=click.IntRange(1), default=1, help="CPUs = ONNX Runtime threads.")
+@click.option("--address", help="An existing Ray cluster (e.g. auto); default: a local Ray instance on 127.0.0.1.")
 def main(
     replicas: int,
     max_replicas: int | None,
@@ -88,6 +79,8 @@ def main(
         serve.shutdown()
         ray.shutdown()
 
+
+main.params += [settings_option(name, field) for name, field in Settings.model_fields.items() if name not in FIXED]
 
 if __name__ == "__main__":
     main()
