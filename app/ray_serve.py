@@ -42,12 +42,9 @@ def main(
     if max_replicas is not None and max_replicas < replicas:
         raise click.BadParameter("must be at least --replicas", param_hint="--max-replicas")
     settings = settings_from({**flags, "intra_op_threads": cpus_per_replica, "concurrent_runs": 1, "workers": 1})
-    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cpus_per_replica}}
-    if max_replicas is None:
-        options["num_replicas"] = replicas
-    else:
-        scaling = {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas}
-        options["autoscaling_config"] = {**scaling, "target_ongoing_requests": target_ongoing_requests}
+    scaling = {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas or replicas}
+    autoscaling = {**scaling, "target_ongoing_requests": target_ongoing_requests}  # none while min = max
+    options = {"ray_actor_options": {"num_cpus": cpus_per_replica}, "autoscaling_config": autoscaling}
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
