@@ -65,7 +65,7 @@ def create_app(
                 readiness = functools.partial(operations.readiness, app.state)
                 push = await stack.enter_async_context(probe_process(settings.host, settings.probe_port, readiness))
                 app.state.drain.on_begin.append(push)
-                app.state.loop_lag.on_sample.append(push)
+                app.state.loop_lag.on_sample = push
             registry = ModelRegistry(settings, tasks, metrics)
             try:
                 await offload(registry.load)

@@ -19,26 +19,17 @@ DEPLOYMENT_NAME = "mnemo"
 FIXED = ("workers", "concurrent_runs", "intra_op_threads")  # a replica: one process, one run of its CPUs' threads
 
 
-@click.command(
-    context_settings=CONTEXT,
-    params=[
-        click.Option(
-            ["--replicas"], type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling)."
-        ),
-        click.Option(["--max-replicas"], type=click.IntRange(1), help="Autoscale up to this many replicas."),
-        click.Option(
-            ["--target-ongoing-requests"],
-            type=click.FloatRange(0, min_open=True),
-            default=2.0,
-            help="Autoscaling: requests in flight per replica.",
-        ),
-        click.Option(["--cpus-per-replica"], type=click.IntRange(1), default=1, help="CPUs = ONNX Runtime threads."),
-        click.Option(
-            ["--address"], help="An existing Ray cluster (e.g. auto); default: a local Ray instance on 127.0.0.1."
-        ),
-        *(settings_option(name, field) for name, field in Settings.model_fields.items() if name not in FIXED),
-    ],
+@click.command(context_settings=CONTEXT)
+@click.option("--replicas", type=click.IntRange(1), default=2, help="Replicas (the minimum when autoscaling).")
+@click.option("--max-replicas", type=click.IntRange(1), help="Autoscale up to this many replicas.")
+@click.option(
+    "--target-ongoing-requests",
+    type=click.FloatRange(0, min_open=True),
+    default=2.0,
+    help="Autoscaling: requests in flight per replica.",
 )
+@click.option("--cpus-per-replica", type=click.IntRange(1), default=1, help="CPUs = ONNX Runtime threads.")
+@click.option("--address", help="An existing Ray cluster (e.g. auto); default: a local Ray instance on 127.0.0.1.")
 def main(
     replicas: int,
     max_replicas: int | None,
@@ -51,12 +42,9 @@ def main(
     if max_replicas is not None and max_replicas < replicas:
         raise click.BadParameter("must be at least --replicas", param_hint="--max-replicas")
     settings = settings_from({**flags, "intra_op_threads": cpus_per_replica, "concurrent_runs": 1, "workers": 1})
-    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cpus_per_replica}}
-    if max_replicas is None:
-        options["num_replicas"] = replicas
-    else:
-        scaling = {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas}
-        options["autoscaling_config"] = {**scaling, "target_ongoing_requests": target_ongoing_requests}
+    scaling = {"min_replicas": replicas, "initial_replicas": replicas, "max_replicas": max_replicas or replicas}
+    autoscaling = {**scaling, "target_ongoing_requests": target_ongoing_requests}  # none while min = max
+    options = {"ray_actor_options": {"num_cpus": cpus_per_replica}, "autoscaling_config": autoscaling}
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -88,6 +76,8 @@ def main(
         serve.shutdown()
         ray.shutdown()
 
+
+main.params += [settings_option(name, field) for name, field in Settings.model_fields.items() if name not in FIXED]
 
 if __name__ == "__main__":
     main()

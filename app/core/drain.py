@@ -14,7 +14,6 @@ class Drain:
         self.open_before: set[object] = set()  # the clients (host, port) of the connections open when it began
         self.on_begin: list[Callable[[], None]] = []  # called when the drain begins (e.g. tell the probe process)
         self.tasks: set[asyncio.Task] = set()  # the requests in flight
-        self._changed = asyncio.Event()  # set when a request leaves
 
     def begin(self, open_connections: Iterable[object] = ()) -> None:
         if not self.draining:
@@ -31,10 +30,8 @@ class Drain:
 
     def leave(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
-        self._changed.set()
 
     async def wait_idle(self) -> None:
-        """Wait until no request is in flight."""
+        """Wait until no request is in flight (each task that was has ended)."""
         while self.tasks:
-            self._changed.clear()
-            await self._changed.wait()
+            await asyncio.wait(set(self.tasks))

@@ -18,7 +18,7 @@ class LoopLag:
 
     def __init__(self, gauge: Gauge) -> None:
         self.recent_s = 0.0
-        self.on_sample: list[Callable[[], None]] = []  # called after each sample (the heartbeat)
+        self.on_sample: Callable[[], None] = lambda: None  # called after each sample (the heartbeat)
         self._gauge = gauge
 
     async def sample(self) -> None:
@@ -28,5 +28,4 @@ class LoopLag:
             await asyncio.sleep(SAMPLE_EVERY_S)
             self.recent_s = max(time.perf_counter() - due, self.recent_s * DECAY)
             self._gauge.set(self.recent_s)
-            for listener in self.on_sample:
-                listener()
+            self.on_sample()

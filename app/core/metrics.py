@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import (
@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+MODEL = ("model",)  # the label of most series
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _render_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-render")
 # Why the server refused a request (429 or 503) before any model was chosen: mnemo_server_requests_rejected_total.
@@ -45,24 +46,18 @@ class Metrics:
         self._next_render: asyncio.Task[bytes] | None = None  # the render that scrapes arriving now wait for
         self.registry = registry = CollectorRegistry()
 
-        def counter(name: str, documentation: str, labels: Sequence[str] = ("model",)) -> Counter:
-            return Counter(name, documentation, labels, registry=registry)
-
-        def gauge(name: str, documentation: str, labels: Sequence[str] = ("model",), mode: str = "livesum") -> Gauge:
-            return Gauge(name, documentation, labels, registry=registry, multiprocess_mode=mode)
-
-        def histogram(name: str, documentation: str, labels: Sequence[str] = ("model",), buckets=LATENCY_BUCKETS):
-            return Histogram(name, documentation, labels, buckets=buckets, registry=registry)
-
+        counter = functools.partial(Counter, registry=registry)
+        gauge = functools.partial(Gauge, registry=registry, multiprocess_mode="livesum")
+        histogram = functools.partial(Histogram, registry=registry, buckets=LATENCY_BUCKETS)
         if self.multiprocess_dir is None:
             ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, fds...
             PlatformCollector(registry=registry)  # python_info
         else:
             start = "Unix time this worker built its app; one series per live worker (label pid)"
-            gauge("mnemo_worker_start_time_seconds", start, (), "liveall").set(time.time())
-        self.build_info = gauge("mnemo_build_info", "1; the service version", ["version"], "max")
+            gauge("mnemo_worker_start_time_seconds", start, multiprocess_mode="liveall").set(time.time())
+        self.build_info = gauge("mnemo_build_info", "1; the service version", ["version"], multiprocess_mode="max")
         info = "1 per served model: its version and ONNX sha256"
-        self.model_info = gauge("mnemo_model_info", info, ["model", "version", "sha256"], "max")
+        self.model_info = gauge("mnemo_model_info", info, ["model", "version", "sha256"], multiprocess_mode="max")
         self.requests = counter("mnemo_http_requests", "HTTP requests", ["route", "method", "status"])
         latency = "HTTP request latency, queueing included"
         self.latency = histogram("mnemo_http_request_duration_seconds", latency, ["route", "method"])
@@ -70,13 +65,13 @@ class Metrics:
         self.grpc_requests = counter("mnemo_grpc_requests", grpc, ["method", "code"])
         grpc_latency = "gRPC call latency, queueing included"
         self.grpc_latency = histogram("mnemo_grpc_request_duration_seconds", grpc_latency, ["method"])
-        self.in_flight = gauge("mnemo_http_requests_in_flight", "HTTP requests being handled", ())
-        self.inference = histogram("mnemo_inference_duration_seconds", "ONNX Runtime time per completed run")
-        self.queue_depth = gauge("mnemo_queue_depth", "rows waiting for a run")
+        self.in_flight = gauge("mnemo_http_requests_in_flight", "HTTP requests being handled")
+        self.inference = histogram("mnemo_inference_duration_seconds", "ONNX Runtime time per completed run", MODEL)
+        self.queue_depth = gauge("mnemo_queue_depth", "rows waiting for a run", MODEL)
         admitted = "rows admitted and not yet answered (bounded by MNEMO_MAX_QUEUE per worker)"
-        self.admitted_rows = gauge("mnemo_admitted_rows", admitted)
+        self.admitted_rows = gauge("mnemo_admitted_rows", admitted, MODEL)
         batch = "rows per completed ONNX run (the runs mnemo_inference_duration_seconds times)"
-        self.batch_size = histogram("mnemo_batch_size_rows", batch, buckets=BATCH_BUCKETS)
+        self.batch_size = histogram("mnemo_batch_size_rows", batch, MODEL, buckets=BATCH_BUCKETS)
         runs = "completed ONNX runs per instance of a model (MNEMO_PROVIDER lists the instances; chain chunks count)"
         self.instance_runs = counter("mnemo_instance_runs", runs, ["model", "model_instance"])
         rows = "rows computed per instance of a model"
@@ -85,23 +80,23 @@ class Metrics:
             "time a queue item (a request's rows, or a part of at most MNEMO_MAX_BATCH of them) waited from "
             "submission to the start of its run, or until it was given up (deadline, client gone, shutdown)"
         )
-        self.queue_wait = histogram("mnemo_queue_wait_seconds", wait)
+        self.queue_wait = histogram("mnemo_queue_wait_seconds", wait, MODEL)
         rejected = "requests a model refused before any work (429, or 503 when it is not ready)"
         self.rejected = counter("mnemo_requests_rejected", rejected, ["model", "reason"])
         refused = "requests the server refused (429 or 503) before any model was chosen"
         self.server_rejected = counter("mnemo_server_requests_rejected", refused, ["reason"])
         for reason in SERVER_REJECT_REASONS:  # every reason listed from the start, at 0
             self.server_rejected.labels(reason)
-        self.timed_out = counter("mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S")
+        self.timed_out = counter("mnemo_requests_timed_out", "requests past MNEMO_REQUEST_TIMEOUT_S", MODEL)
         splits = "batches the device could not hold, split in halves and run again (docs/gpu.md)"
-        self.oom_splits = counter("mnemo_oom_splits", splits)
-        self.cancelled = counter("mnemo_requests_cancelled", "requests whose client left before the answer")
+        self.oom_splits = counter("mnemo_oom_splits", splits, MODEL)
+        self.cancelled = counter("mnemo_requests_cancelled", "requests whose client left before the answer", MODEL)
         header = "connections closed because a request's headers were not in by MNEMO_HEADER_TIMEOUT_S"
-        self.header_timeouts = counter("mnemo_header_timeouts", header, ())
+        self.header_timeouts = counter("mnemo_header_timeouts", header)
         lag = "how late the event loop runs its timers: the recent maximum, halving in about 1 s once it keeps up"
-        self.loop_lag = gauge("mnemo_event_loop_lag_seconds", lag, (), "livemax")
+        self.loop_lag = gauge("mnemo_event_loop_lag_seconds", lag, multiprocess_mode="livemax")
         ready = "1 when the model is loaded and warmed (in every live worker)"
-        self.model_ready = gauge("mnemo_model_ready", ready, mode="livemin")
+        self.model_ready = gauge("mnemo_model_ready", ready, MODEL, multiprocess_mode="livemin")
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)

@@ -16,7 +16,6 @@ from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, field_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_ARTIFACTS_DIR = Path(__file__).resolve().parents[2] / "artifacts"
-DEFAULT_STATE_URL = f"sqlite://{Path(__file__).resolve().parents[2] / 'state' / 'students.db'}"
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 (older nodes, e.g. Amazon Linux 2): cpu.cfs_quota_us
 RESERVED_FILE_HANDLES = 128  # for the models, logs, the listener, the store and the probe process
@@ -192,7 +191,7 @@ class Settings(BaseSettings):
     """Comma-separated paths served without an API key (the docs and the explorer always are; add `/metrics`)."""
     cors_origins: Annotated[str, ORIGINS] = ""
     """Comma-separated origins allowed by CORS (`scheme://host[:port]` as browsers send it), `*` for any; empty: off."""
-    state_url: str = DEFAULT_STATE_URL
+    state_url: str = f"sqlite://{DEFAULT_ARTIFACTS_DIR.parent / 'state' / 'students.db'}"
     """Per-student state store: `sqlite:///path/to/file.db` (embedded) or `redis://host:port/db` (several replicas;
     the `redis` extra, a server with `appendonly yes` and `appendfsync always`). See docs/students.md."""
 
