@@ -132,7 +132,7 @@ class Worker(UvicornWorker):
 
     async def serve(self) -> None:
         self.config.app = app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        hidden = ("Traceback", "startup failed")  # uvicorn's and the app's lines of a failure said in one line below
+        hidden = ("Traceback", "startup failed", "Application startup failed")  # of a failure said in one line below
         for name in ("uvicorn.error", "mnemo"):
             logging.getLogger(name).addFilter(
                 lambda record: not (app.state.startup_error and record.getMessage().startswith(hidden))
