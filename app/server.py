@@ -131,7 +131,7 @@ class Worker(UvicornWorker):
 
     async def serve(self) -> None:
         self.config.app = app = self.wsgi  # gunicorn's name for the loaded app, here the ASGI app
-        hidden = ("Traceback", "startup failed")  # uvicorn's and the app's lines of a failure said in one line below
+        hidden = ("Traceback", "startup failed", "Application startup failed")  # of a failure said in one line below
         for name in ("uvicorn.error", "mnemo"):
             logging.getLogger(name).addFilter(
                 lambda record: not (app.state.startup_error and record.getMessage().startswith(hidden))
@@ -188,7 +188,7 @@ class Gunicorn(BaseApplication):
         }
         # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
         if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
-            options["on_starting"] = open_metrics
+            options |= {"on_starting": open_metrics, "child_exit": drop_metrics}  # settings: they outlive a reload
         for key, value in options.items():
             self.cfg.set(key, value)
 
@@ -230,7 +230,7 @@ def unlistened(listener: Any) -> socket.socket:
 
 def open_metrics(server: Arbiter) -> None:
     """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a temporary one
-    (removed on exit); the live gauges of a worker that exits are dropped from it."""
+    (removed on exit)."""
     if not (chosen := os.environ.get(METRICS_DIR)):
         os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
         server.cfg.set("on_exit", lambda _: shutil.rmtree(chosen, ignore_errors=True))  # run in the master only
@@ -238,7 +238,11 @@ def open_metrics(server: Arbiter) -> None:
         sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
     for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
         stale.unlink()
-    from prometheus_client.multiprocess import mark_process_dead  # not before: the variable is read as it imports
-
-    server.cfg.set("child_exit", lambda _, worker: mark_process_dead(worker.pid, chosen))
     server.log.info("metrics of every worker in %s", chosen)
+
+
+def drop_metrics(server: Arbiter, worker: Worker) -> None:
+    """gunicorn's child_exit hook: the live gauges of a worker that exited are dropped."""
+    from prometheus_client.multiprocess import mark_process_dead  # not before open_metrics: it reads the variable
+
+    mark_process_dead(worker.pid)

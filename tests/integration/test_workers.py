@@ -253,6 +253,24 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
     assert tmp_path.is_dir()  # a directory the user chose stays
 
 
+def test_after_a_reload_the_old_workers_live_gauges_are_dropped():
+    """SIGHUP to the master is gunicorn's reload (docs/engine.md): new workers start, the old ones drain and exit, and
+    /metrics keeps the live gauges of the new workers only."""
+    with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
+        _wait_for_workers(server, 2)
+        old = _serving(server)
+        server.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 120
+        while len(_serving(server) - old) < 2 or any(_alive(int(pid)) for pid in old):
+            assert time.monotonic() < deadline, server.output[-20:]
+            time.sleep(0.2)
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        assert {sample.labels["pid"] for sample in _samples(text, "mnemo_worker_start_time_seconds")} == (
+            _serving(server) - old
+        )
+    assert server.process.returncode == 0
+
+
 def _listening_of(pid: int, port: int) -> set[str]:
     """The inodes of the sockets of process `pid` listening on `port` (IPv4 and IPv6)."""
     listening = set()

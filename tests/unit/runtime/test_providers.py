@@ -178,6 +178,8 @@ def test_python_m_app_with_cuda_exits_with_one_clear_line(tmp_path):
     assert result.returncode == 3  # gunicorn's status for a worker that cannot boot: it stops, not retries
     [line] = [line for line in result.stderr.splitlines() if line.startswith("mnemo: cannot start:")]
     assert "CUDAExecutionProvider" in line and CPU in line and "Traceback" not in result.stderr
+    # no other error line but gunicorn's own about the worker (uvicorn's "Application startup failed" says no more)
+    assert [line for line in result.stderr.splitlines() if " ERROR " in line and "gunicorn.error" not in line] == []
 
 
 @pytest.mark.slow
