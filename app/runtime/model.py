@@ -98,12 +98,8 @@ class Task(Protocol):
     tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
     layout: GraphLayout  # its model's graph's
     graphs: Mapping[str, GraphLayout]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
-
-    def prepare(self, model: ServedModel) -> Any:
-        """Check the model's metadata, limits and assets once loaded; return the typed state (`model.state`)."""
-
-    def describe(self, model: ServedModel) -> dict[str, Any]:
-        """The task's own fields in GET /models."""
+    prepare: Callable[[ServedModel], Any]  # checks a loaded model's metadata, limits and assets: its typed `state`
+    describe: Callable[[ServedModel], dict[str, Any]]  # the task's own fields in GET /models
 
 
 @dataclass
@@ -130,10 +126,6 @@ class ServedModel:
     @property
     def ready(self) -> bool:
         return bool(self.instances) and self.error is None
-
-    def run(self, feeds: Feeds) -> Feeds:
-        """A blocking run on the first instance, for `Task.prepare`; requests go through `batcher`."""
-        return self.instances[0].run(feeds)
 
     def public_info(self, task: Task | None) -> dict[str, Any]:
         """What GET /models reports (file names only, never server paths)."""

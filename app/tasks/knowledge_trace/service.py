@@ -86,7 +86,8 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
             raise ValueError(f"init_memory has shape {initial.shape}, not ({slots}, d_v)")
         if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:  # per concept, the TOP_SKILLS
             # questions (unquoted names) weighing most on it: one step each, from any memory (weights read keys only)
-            weights = model.run(step_feeds(state_input, initial, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
+            feeds = step_feeds(state_input, initial, np.arange(1, n_questions + 1))
+            weights = model.instances[0].run(feeds)["corr_w"][:, 0, :]
             ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, slots]: question indices
             skills = tuple(
                 tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
