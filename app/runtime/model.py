@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -52,10 +51,10 @@ def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
 
 
 class GraphLayout(NamedTuple):
-    """One graph's sequence inputs (padded along axis 1) and outputs (trimmed to each item's length + extra)."""
+    """One graph's sequence inputs (padded along axis 1 in a batch) and outputs (trimmed back by that padding)."""
 
     sequence_inputs: tuple[str, ...] = ()
-    sequence_outputs: Mapping[str, int] = MappingProxyType({})
+    sequence_outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,7 @@ class Task(Protocol):
     endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/rest.py)
     routes: APIRouter  # its other REST routes, which need none of the transport's machinery
     tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
-    layout: GraphLayout  # its model's graph's
-    graphs: Mapping[str, GraphLayout]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
+    graphs: Collection[str]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
     prepare: Callable[[ServedModel], Any]  # checks a loaded model's metadata, limits and assets: its typed `state`
     describe: Callable[[ServedModel], dict[str, Any]]  # the task's own fields in GET /models
 

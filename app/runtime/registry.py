@@ -24,7 +24,7 @@ from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.batcher import BatchConfig, ModelBatcher
 from app.runtime.instances import CPU, RunSlots, session_instance
 from app.runtime.memory import trim_when_idle
-from app.runtime.model import ServedModel, Task, onnx_spec
+from app.runtime.model import GraphLayout, ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
@@ -41,6 +41,11 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
         shape = [(length if axis else rows) if dim < 0 else dim for axis, dim in enumerate(spec.shape)]
         feeds[node.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
     return feeds
+
+
+def _sequences(nodes: list[ort.NodeArg]) -> tuple[str, ...]:
+    """The inputs padded along axis 1 in a batch, or the outputs trimmed back: those whose axis 1 is symbolic (T)."""
+    return tuple(node.name for node in nodes if len(node.shape) > 1 and not isinstance(node.shape[1], int))
 
 
 class ModelRegistry:
@@ -75,10 +80,10 @@ class ModelRegistry:
                 except ValueError as error:
                     raise ModelLoadError(f"asset {key} {asset.file} is not an .npy array: {error}") from None
             self._open(model)
-            layouts = self.tasks[model.task].graphs
+            used = self.tasks[model.task].graphs
             for key, graph in entry.graphs.items():
-                if key not in layouts:
-                    known = ", ".join(sorted(layouts)) or "none"
+                if key not in used:
+                    known = ", ".join(sorted(used)) or "none"
                     raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
                 update = {"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
                 model.graphs[key] = part = ServedModel(entry.model_copy(update=update))
@@ -103,7 +108,7 @@ class ModelRegistry:
             model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
             model.session = model.session or session
             session.run(None, _warm_up_feeds(session))
-            sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
+            sequences = bool(_sequences(session.get_inputs()))
             for rows, length in SEED_RUNS:
                 length = length if sequences else 1
                 run = partial(session.run, None, _warm_up_feeds(session, rows, length))
@@ -117,12 +122,12 @@ class ModelRegistry:
         defaults = self.settings.model_dump(include={"max_batch", "max_wait_ms", "max_queue"})  # overridden per model
         defaults["deadline_s"], served = self.settings.request_timeout_s, []
         for model in filter(lambda model: model.ready, self.models.values()):
-            task, limits = self.tasks[model.task], defaults | model.entry.batching.model_dump(exclude_none=True)
+            limits = defaults | model.entry.batching.model_dump(exclude_none=True)
             config = BatchConfig(max_wait_s=limits.pop("max_wait_ms") / 1000, **limits)
-            for key, graph in ((None, model), *model.graphs.items()):
+            for graph in (model, *model.graphs.values()):
                 for instance in graph.instances:
                     instance.slots = cpu_slots if instance.provider == CPU else RunSlots(1, f"onnx-{instance.name}")
-                layout = task.graphs[key] if key else task.layout
+                layout = GraphLayout(_sequences(graph.session.get_inputs()), _sequences(graph.session.get_outputs()))
                 graph.batcher = ModelBatcher(graph.name, graph.instances, layout, config, self.metrics, alone)
                 served.append(graph)
         trimmer = asyncio.create_task(trim_when_idle([graph.batcher for graph in served]), name="memory-trim")
