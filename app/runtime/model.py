@@ -77,14 +77,11 @@ class TensorCodec(Protocol):
     """What a task provides to serve its models over a tensor protocol."""
 
     PLATFORM: str
-
-    def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
-    def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
-
-    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Any]:
-        """The room the request takes (not yet held) and the checked request (blocking, on a worker thread)."""
-
-    async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
+    inputs: Callable[[ServedModel], list[TensorSpec]]
+    outputs: Callable[[ServedModel], list[TensorSpec]]
+    # the room the request takes (not yet held) and the checked request (blocking, on a worker thread)
+    prepare: Callable[[ServedModel, dict[str, np.ndarray | None]], tuple[Admission, Any]]
+    infer: Callable[[ServedModel, Any], Awaitable[Feeds]]
 
 
 class Task(Protocol):

@@ -31,7 +31,7 @@ logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
 
 
-def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1) -> dict[str, np.ndarray]:
+def _warm_up_feeds(session: ort.InferenceSession, rows: int, length: int) -> dict[str, np.ndarray]:
     """Each graph input, dynamic dims `rows` (the first) and `length`: integers (and booleans) 1, floats 0."""
     feeds = {}
     for node in session.get_inputs():
@@ -99,15 +99,14 @@ class ModelRegistry:
         logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)
 
     def _open(self, model: ServedModel) -> None:
-        """Verify the model's file, open it once per provider listed, warm each session up (the first run allocates),
-        then teach its cost model SEED_RUNS, each the faster of two runs (the models load in parallel)."""
+        """Verify the model's file, open it once per provider listed, warm each session up with SEED_RUNS, teaching its
+        cost model the faster of two runs of each (the first allocates; the models load in parallel)."""
         path = verified(self.settings.artifacts_dir, model.entry, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
             model.session = model.session or session
-            session.run(None, _warm_up_feeds(session))
             sequences = bool(_sequences(session.get_inputs()))
             for rows, length in SEED_RUNS:
                 length = length if sequences else 1

@@ -114,9 +114,6 @@ def describe(model: ServedModel) -> dict[str, Any]:
     }
 
 
-_QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
-
-
 def request_arrays(
     model: ServedModel, interactions: Sequence[Mapping[str, Any]], next_questions: Sequence[QuestionKey] | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,7 +126,7 @@ def request_arrays(
         if count <= limit
         else [InvalidInput(("body", "interactions"), f"{count} interactions; model {name} accepts at most {limit}")]
     )
-    history = [] if errors else list(map(_QUESTION, interactions))  # map(itemgetter) runs in C
+    history = [] if errors else list(map(operator.itemgetter("question"), interactions))  # map(itemgetter) runs in C
     ids = history + list(next_questions or ())
     if state.numbers is not None:
         numbers = np.array([state.numbers.get(value, 0) for value in ids], dtype=np.int64)
@@ -153,7 +150,8 @@ def request_arrays(
     if errors:
         raise InvalidInput.joined(errors, count=len(refused) + (count > limit))
     wanted = np.arange(1, n + 1, dtype=np.int64) if next_questions is None else numbers[len(history) :]
-    return numbers[: len(history)], np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count), wanted
+    correct = np.fromiter(map(operator.itemgetter("correct"), interactions), dtype=np.int64, count=count)
+    return numbers[: len(history)], correct, wanted
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
