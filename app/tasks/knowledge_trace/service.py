@@ -121,11 +121,8 @@ def request_arrays(
     the numbers of `next_questions` (None: all): one 422 for both fields lists the wrong ids and counts all."""
     state, name, count = model.state, model.name, len(interactions)
     n, limit = state.n_questions, state.max_interactions
-    errors = (
-        []
-        if count <= limit
-        else [InvalidInput(("body", "interactions"), f"{count} interactions; model {name} accepts at most {limit}")]
-    )
+    too_many = f"{count} interactions; model {name} accepts at most {limit}"
+    errors = [InvalidInput(("body", "interactions"), too_many)] if count > limit else []
     history = [] if errors else list(map(operator.itemgetter("question"), interactions))  # map(itemgetter) runs in C
     ids = history + list(next_questions or ())
     if state.numbers is not None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from app.core.errors import InvalidInput, UnknownModel, each_checked
 from app.core.manifest import positive_int
-from app.runtime.collate import Feeds
+from app.runtime.collate import Feeds, pad_rows
 from app.runtime.model import ServedModel
 from app.tasks.similarity.schemas import PARAPHRASE_LABELS, EmbeddingPairRequest
 from app.tasks.similarity.tokenizer import CONTROL_CHARACTER, tokenize
@@ -133,11 +133,9 @@ def encode_each(
 def pair_feeds(pair: EncodedPair) -> Feeds:
     """One batch row: both sentences padded to the longer one's length (`emb_a`'s axis 1)."""
     a, b = pair
-    emb = np.zeros((2, 1, max(len(a.tokens), len(b.tokens)), a.vectors.shape[1]), dtype=np.float32)
-    emb[0, 0, : len(a.tokens)] = a.vectors
-    emb[1, 0, : len(b.tokens)] = b.vectors
+    emb = pad_rows([a.vectors[np.newaxis], b.vectors[np.newaxis]], max(len(a.tokens), len(b.tokens)))
     lengths = np.array([[len(a.tokens)], [len(b.tokens)]], dtype=np.int64)
-    return {"emb_a": emb[0], "len_a": lengths[0], "emb_b": emb[1], "len_b": lengths[1]}
+    return {"emb_a": emb[:1], "len_a": lengths[0], "emb_b": emb[1:], "len_b": lengths[1]}
 
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:
