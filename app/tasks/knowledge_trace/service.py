@@ -251,17 +251,12 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
     """A page of the model's questions (id, name, main concept), and each concept's label where skills are named."""
     state: KnowledgeTraceState = model.state
     page = np.arange(offset + 1, min(offset + limit, state.n_questions) + 1)
-    main_of = None if state.concept_skills is None else np.bincount(state.concepts, minlength=state.n_concepts)
-    return {
-        "model": model.name,
-        "total": state.n_questions,
-        "offset": offset,
-        "limit": limit,
-        "questions": question_items(model, page),
-        "concepts": None
-        if main_of is None
-        else [
+    answer = {"model": model.name, "total": state.n_questions, "offset": offset, "limit": limit}
+    answer |= {"questions": question_items(model, page), "concepts": None}
+    if state.concept_skills is not None:
+        main_of = np.bincount(state.concepts, minlength=state.n_concepts)
+        answer["concepts"] = [
             dict(concept=concept, label=", ".join(skills), top_skills=list(skills), main_of=int(main_of[concept]))
             for concept, skills in enumerate(state.concept_skills)
-        ],
-    }
+        ]
+    return answer
