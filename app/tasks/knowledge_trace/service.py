@@ -161,29 +161,22 @@ async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Fe
     k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
     state, max_cells = model.state, model.batcher.config.max_cells
     chain_long = max_cells is not None and max_cells < 2 * state.seqlen  # two chunks would not share a run
-    chunked = [history_chunks(model, *history) for history in histories]
-    chained = [chain_long and len(chunks) > 1 for chunks in chunked]
-    chains = [Chain(chunks, state.state_input, state.state_output) for chunks in compress(chunked, chained)]
-    shared = _interleaved(model, list(compress(chunked, [not chain for chain in chained])))
-    # without chains, no task per coroutine (gather's): a turn of the event loop less
-    runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
-    short, long = iter(runs[0]), iter(runs[1:])
-    return [trace_of(state, next(long) if chain else next(short)) for chain in chained]
+    chains = [Chain(history_chunks(model, *history), state.state_input, state.state_output) for history in histories]
+    alone = [chain_long and len(chain.chunks) > 1 for chain in chains]
+    shared = _interleaved(model, [chain for chain, own in zip(chains, alone, strict=True) if not own])
+    if any(alone):  # else no task per coroutine (gather's): a turn of the event loop less
+        await asyncio.gather(shared, *map(model.batcher.run_chain, compress(chains, alone)))
+    else:
+        await shared
+    return [trace_of(state, chain.outputs) for chain in chains]
 
 
-async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
-    """The outputs of each history's chunks: the k-th chunks of all histories are queued together, sharing runs."""
-    state_input, state_output = model.state.state_input, model.state.state_output
-    outputs: list[list[Feeds]] = [[] for _ in chunked]
-    for k in range(max(map(len, chunked), default=0)):
-        active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
-        requests = []
-        for index in active:
-            feeds, length = chunked[index][k]
-            requests.append(({**feeds, state_input: outputs[index][-1][state_output]} if k else feeds, 1, length))
-        for index, result in zip(active, await model.batcher.run_all(requests), strict=True):
-            outputs[index].append(result)
-    return outputs
+async def _interleaved(model: ServedModel, chains: list[Chain]) -> None:
+    """Run the chains' chunks in step: the k-th chunks of all of them are queued together, sharing runs."""
+    while active := [chain for chain in chains if chain.remaining]:
+        requests = [(feeds, 1, length) for feeds, length in map(Chain.next_chunk, active)]
+        for chain, outputs in zip(active, await model.batcher.run_all(requests), strict=True):
+            chain.outputs.append(outputs)
 
 
 def history_chunks(
