@@ -105,13 +105,9 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: KnowledgeTraceState = model.state
-    return {
-        "family": state.family,
-        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.n_concepts is not None),
-        "n_questions": state.n_questions,
-        "n_concepts": state.n_concepts,
-        "seqlen": state.seqlen,
-    }
+    supports = dict.fromkeys(("mastery", "attention", "concepts"), state.n_concepts is not None)
+    sizes = {key: getattr(state, key) for key in ("n_questions", "n_concepts", "seqlen")}
+    return {"family": state.family, "supports": supports, **sizes}
 
 
 def request_arrays(

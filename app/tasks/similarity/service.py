@@ -59,15 +59,10 @@ def prepare(model: ServedModel) -> SimilarityState:
     expected = 2 if pointer == "flmp" else 1 + window  # the memory row, then the tokens it read (combined_map)
     if (slots := outputs["attn_a_fwd"]) != expected:
         raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
-    return SimilarityState(
-        vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
-        max_tokens=positive_int(limits, "max_tokens"),
-        max_characters=positive_int(limits, "max_characters"),
-        max_batch_pairs=positive_int(limits, "max_batch_pairs"),
-        labels=labels,
-        embeddings=_embedding_limits(model) if model.graphs else {},
-        paraphrase=PARAPHRASE_OUTPUT in outputs,
-    )
+    sizes = [positive_int(limits, key) for key in ("max_tokens", "max_characters", "max_batch_pairs")]
+    vectors = WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"])
+    embeddings = _embedding_limits(model) if model.graphs else {}
+    return SimilarityState(vectors, *sizes, labels, embeddings, PARAPHRASE_OUTPUT in outputs)
 
 
 def _embedding_limits(model: ServedModel) -> dict[str, Any]:
