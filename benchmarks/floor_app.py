@@ -32,7 +32,7 @@ def similarity_answer(registry: ModelRegistry, body: bytes) -> bytes:
     request = SimilarityRequest.model_validate_json(body)
     model = registry.get(request.model, "similarity")
     (pair,) = similarity.encode_pairs(model, [(request.sentence_a, request.sentence_b)], [("body",)])
-    outputs = model.run(similarity.pair_feeds(pair))
+    outputs = model.instances[0].run(similarity.pair_feeds(pair))
     return dumps(similarity.decode(model, pair, outputs, request.return_attention))
 
 
@@ -43,9 +43,9 @@ def knowledge_trace_answer(registry: ModelRegistry, body: bytes) -> bytes:
     chunks = knowledge.history_chunks(model, questions, correct, None)
     if len(chunks) > 1:
         raise ValueError("the floor app serves histories of one chunk only")
-    trace = knowledge.trace_of(model.state, [model.run(chunks[0][0])])
+    trace = knowledge.trace_of(model.state, [model.instances[0].run(chunks[0][0])])
     feeds = knowledge.step_feeds(model.state.state_input, trace[model.state.state_output], wanted)
-    next_p = model.run(feeds)["p"][:, 0] if len(wanted) else np.zeros(0)
+    next_p = model.instances[0].run(feeds)["p"][:, 0] if len(wanted) else np.zeros(0)
     return knowledge_rest.render(model, request, trace, wanted, next_p)
 
 

@@ -28,7 +28,7 @@ from app.core.errors import InvalidInput
 from app.core.settings import Settings
 from app.main import create_app
 from app.runtime.instances import CostModel
-from app.runtime.model import GraphLayout, ServedModel
+from app.runtime.model import ServedModel
 from app.transports.deadline import within_deadline
 from app.transports.http import read_body
 from export.manifest import upsert_model
@@ -218,7 +218,6 @@ class ToyTask:
     endpoints = ()
     routes = toy_router
     tensors = None
-    layout = GraphLayout()
     graphs = MappingProxyType({})
 
     def __init__(self, name: str = TOY_TASK, prepare=None) -> None:

@@ -59,14 +59,16 @@ class Chain:
     def remaining(self) -> Sequence[tuple[Feeds, int]]:
         return self.chunks[len(self.outputs) :]
 
+    def next_chunk(self) -> tuple[Feeds, int]:
+        """The next chunk's feeds, from the state the one before ended with, and its length."""
+        feeds, length = self.remaining[0]
+        return ({**feeds, self.state_input: self.outputs[-1].pop(self.state_output)} if self.outputs else feeds), length
+
     def run(self, run_graph: RunGraph, wanted: Callable[[], bool], budget_s: float, clock: Clock) -> list[Sample]:
         """Run chunks until all are done, `budget_s` has passed or the request is no longer `wanted`."""
         samples, started = [], clock()
-        for feeds, length in self.remaining:
-            if not wanted():
-                break
-            if self.outputs:
-                feeds = {**feeds, self.state_input: self.outputs[-1].pop(self.state_output)}
+        while self.remaining and wanted():
+            feeds, length = self.next_chunk()
             run_started = clock()
             self.outputs.append(run_graph(feeds))
             samples.append((1, length, 0.0, clock() - run_started, 0.0))

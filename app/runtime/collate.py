@@ -4,7 +4,7 @@ per item (its length plus a fixed extra), so no item's result depends on its bat
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,13 +34,13 @@ def collate(parts: Sequence[Feeds], sequence_inputs: Sequence[str]) -> Feeds:
     }
 
 
-def split(outputs: Feeds, items: Sequence[Any], sequence_outputs: Mapping[str, int]) -> list[Feeds]:
+def split(outputs: Feeds, items: Sequence[Any], sequence_outputs: Collection[str]) -> list[Feeds]:
     """Per queue item (its `rows`, `length` and `keep`): its rows of the outputs in `keep` (None: all), sequence
-    outputs trimmed to `length + extra`."""
-    starts = itertools.accumulate((item.rows for item in items), initial=0)
+    outputs less the padding its inputs had (so `T + 1` steps stay `length + 1`)."""
+    starts, padded = itertools.accumulate((item.rows for item in items), initial=0), max(item.length for item in items)
     return [
         {
-            name: value[start : start + item.rows, : item.length + sequence_outputs[name]]
+            name: value[start : start + item.rows, : value.shape[1] - padded + item.length]
             if name in sequence_outputs
             else value[start : start + item.rows]
             for name, value in outputs.items()

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
@@ -52,10 +51,10 @@ def onnx_spec(node: ort.NodeArg, optional: bool = False) -> TensorSpec:
 
 
 class GraphLayout(NamedTuple):
-    """One graph's sequence inputs (padded along axis 1) and outputs (trimmed to each item's length + extra)."""
+    """One graph's sequence inputs (padded along axis 1 in a batch) and outputs (trimmed back by that padding)."""
 
     sequence_inputs: tuple[str, ...] = ()
-    sequence_outputs: Mapping[str, int] = MappingProxyType({})
+    sequence_outputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,14 +77,11 @@ class TensorCodec(Protocol):
     """What a task provides to serve its models over a tensor protocol."""
 
     PLATFORM: str
-
-    def inputs(self, model: ServedModel) -> list[TensorSpec]: ...
-    def outputs(self, model: ServedModel) -> list[TensorSpec]: ...
-
-    def prepare(self, model: ServedModel, tensors: dict[str, np.ndarray | None]) -> tuple[Admission, Any]:
-        """The room the request takes (not yet held) and the checked request (blocking, on a worker thread)."""
-
-    async def infer(self, model: ServedModel, prepared: Any) -> Feeds: ...
+    inputs: Callable[[ServedModel], list[TensorSpec]]
+    outputs: Callable[[ServedModel], list[TensorSpec]]
+    # the room the request takes (not yet held) and the checked request (blocking, on a worker thread)
+    prepare: Callable[[ServedModel, dict[str, np.ndarray | None]], tuple[Admission, Any]]
+    infer: Callable[[ServedModel, Any], Awaitable[Feeds]]
 
 
 class Task(Protocol):
@@ -96,14 +92,9 @@ class Task(Protocol):
     endpoints: Sequence[Endpoint]  # the JSON POST endpoints (app/transports/http.py)
     routes: APIRouter  # its other REST routes, which need none of the transport's machinery
     tensors: TensorCodec | None  # its Open Inference Protocol codec, if it has one
-    layout: GraphLayout  # its model's graph's
-    graphs: Mapping[str, GraphLayout]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
-
-    def prepare(self, model: ServedModel) -> Any:
-        """Check the model's metadata, limits and assets once loaded; return the typed state (`model.state`)."""
-
-    def describe(self, model: ServedModel) -> dict[str, Any]:
-        """The task's own fields in GET /models."""
+    graphs: Collection[str]  # the extra graphs of the same weights a model may carry (manifest `graphs`)
+    prepare: Callable[[ServedModel], Any]  # checks a loaded model's metadata, limits and assets: its typed `state`
+    describe: Callable[[ServedModel], dict[str, Any]]  # the task's own fields in GET /models
 
 
 @dataclass
@@ -130,10 +121,6 @@ class ServedModel:
     @property
     def ready(self) -> bool:
         return bool(self.instances) and self.error is None
-
-    def run(self, feeds: Feeds) -> Feeds:
-        """A blocking run on the first instance, for `Task.prepare`; requests go through `batcher`."""
-        return self.instances[0].run(feeds)
 
     def public_info(self, task: Task | None) -> dict[str, Any]:
         """What GET /models reports (file names only, never server paths)."""

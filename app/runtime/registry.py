@@ -24,14 +24,14 @@ from app.core.settings import Settings, split_list, usable_cpus
 from app.runtime.batcher import BatchConfig, ModelBatcher
 from app.runtime.instances import CPU, RunSlots, session_instance
 from app.runtime.memory import trim_when_idle
-from app.runtime.model import ServedModel, Task, onnx_spec
+from app.runtime.model import GraphLayout, ServedModel, Task, onnx_spec
 from app.runtime.sessions import ProviderUnavailable, open_session, resolve_providers
 
 logger = logging.getLogger("mnemo.registry")
 SEED_RUNS = ((1, 16), (8, 16), (1, 64))  # (rows, length) of the warm-up runs that seed each instance's cost model
 
 
-def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1) -> dict[str, np.ndarray]:
+def _warm_up_feeds(session: ort.InferenceSession, rows: int, length: int) -> dict[str, np.ndarray]:
     """Each graph input, dynamic dims `rows` (the first) and `length`: integers (and booleans) 1, floats 0."""
     feeds = {}
     for node in session.get_inputs():
@@ -41,6 +41,11 @@ def _warm_up_feeds(session: ort.InferenceSession, rows: int = 1, length: int = 1
         shape = [(length if axis else rows) if dim < 0 else dim for axis, dim in enumerate(spec.shape)]
         feeds[node.name] = np.full(shape, 0 if np.issubdtype(dtype, np.floating) else 1, dtype=dtype)
     return feeds
+
+
+def _sequences(nodes: list[ort.NodeArg]) -> tuple[str, ...]:
+    """The inputs padded along axis 1 in a batch, or the outputs trimmed back: those whose axis 1 is symbolic (T)."""
+    return tuple(node.name for node in nodes if len(node.shape) > 1 and not isinstance(node.shape[1], int))
 
 
 class ModelRegistry:
@@ -75,10 +80,10 @@ class ModelRegistry:
                 except ValueError as error:
                     raise ModelLoadError(f"asset {key} {asset.file} is not an .npy array: {error}") from None
             self._open(model)
-            layouts = self.tasks[model.task].graphs
+            used = self.tasks[model.task].graphs
             for key, graph in entry.graphs.items():
-                if key not in layouts:
-                    known = ", ".join(sorted(layouts)) or "none"
+                if key not in used:
+                    known = ", ".join(sorted(used)) or "none"
                     raise ModelLoadError(f"graph {key!r} is not one that task {model.task} uses (it uses: {known})")
                 update = {"name": f"{entry.name}.{key}", "file": graph.file, "sha256": graph.sha256, "graphs": {}}
                 model.graphs[key] = part = ServedModel(entry.model_copy(update=update))
@@ -94,16 +99,15 @@ class ModelRegistry:
         logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)
 
     def _open(self, model: ServedModel) -> None:
-        """Verify the model's file, open it once per provider listed, warm each session up (the first run allocates),
-        then teach its cost model SEED_RUNS, each the faster of two runs (the models load in parallel)."""
+        """Verify the model's file, open it once per provider listed, warm each session up with SEED_RUNS, teaching its
+        cost model the faster of two runs of each (the first allocates; the models load in parallel)."""
         path = verified(self.settings.artifacts_dir, model.entry, "model file")
         for index, provider in enumerate(self.providers):
             session = open_session(path, self.settings, provider)
             name = f"{provider.removesuffix('ExecutionProvider').lower()}-{index}"  # cpu-0, cuda-1, tensorrt-0
             model.instances.append(instance := session_instance(name, session, model.name, self.metrics))
             model.session = model.session or session
-            session.run(None, _warm_up_feeds(session))
-            sequences = any(-1 in onnx_spec(node).shape[1:] for node in session.get_inputs())
+            sequences = bool(_sequences(session.get_inputs()))
             for rows, length in SEED_RUNS:
                 length = length if sequences else 1
                 run = partial(session.run, None, _warm_up_feeds(session, rows, length))
@@ -117,12 +121,12 @@ class ModelRegistry:
         defaults = self.settings.model_dump(include={"max_batch", "max_wait_ms", "max_queue"})  # overridden per model
         defaults["deadline_s"], served = self.settings.request_timeout_s, []
         for model in filter(lambda model: model.ready, self.models.values()):
-            task, limits = self.tasks[model.task], defaults | model.entry.batching.model_dump(exclude_none=True)
+            limits = defaults | model.entry.batching.model_dump(exclude_none=True)
             config = BatchConfig(max_wait_s=limits.pop("max_wait_ms") / 1000, **limits)
-            for key, graph in ((None, model), *model.graphs.items()):
+            for graph in (model, *model.graphs.values()):
                 for instance in graph.instances:
                     instance.slots = cpu_slots if instance.provider == CPU else RunSlots(1, f"onnx-{instance.name}")
-                layout = task.graphs[key] if key else task.layout
+                layout = GraphLayout(_sequences(graph.session.get_inputs()), _sequences(graph.session.get_outputs()))
                 graph.batcher = ModelBatcher(graph.name, graph.instances, layout, config, self.metrics, alone)
                 served.append(graph)
         trimmer = asyncio.create_task(trim_when_idle([graph.batcher for graph in served]), name="memory-trim")

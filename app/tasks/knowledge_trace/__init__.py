@@ -3,9 +3,6 @@ routes are app/transports/students.py."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
-from app.runtime.model import GraphLayout
 from app.tasks.knowledge_trace import rest, service
 from app.tasks.knowledge_trace import tensors as tensors  # its Open Inference Protocol codec
 
@@ -13,6 +10,5 @@ name = service.TASK_NAME
 tag = "knowledge tracing"
 endpoints = rest.ENDPOINTS
 routes = rest.routes
-layout = GraphLayout(("q", "r"), MappingProxyType({"p": 0, "corr_w": 0, "mastery": 1}))
-graphs = MappingProxyType({})
+graphs = ()
 prepare, describe = service.prepare, service.describe

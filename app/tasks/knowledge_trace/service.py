@@ -86,7 +86,8 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
             raise ValueError(f"init_memory has shape {initial.shape}, not ({slots}, d_v)")
         if names is not None and metadata.get("dataset") in SKILL_NAMED_DATASETS:  # per concept, the TOP_SKILLS
             # questions (unquoted names) weighing most on it: one step each, from any memory (weights read keys only)
-            weights = model.run(step_feeds(state_input, initial, np.arange(1, n_questions + 1)))["corr_w"][:, 0, :]
+            feeds = step_feeds(state_input, initial, np.arange(1, n_questions + 1))
+            weights = model.instances[0].run(feeds)["corr_w"][:, 0, :]
             ranked = np.argsort(-weights, axis=0, kind="stable")  # [n_questions, slots]: question indices
             skills = tuple(
                 tuple(names[index].strip('"') for index in ranked[:, concept] if names[index])[:TOP_SKILLS]
@@ -104,16 +105,9 @@ def prepare(model: ServedModel) -> KnowledgeTraceState:
 
 def describe(model: ServedModel) -> dict[str, Any]:
     state: KnowledgeTraceState = model.state
-    return {
-        "family": state.family,
-        "supports": dict.fromkeys(("mastery", "attention", "concepts"), state.n_concepts is not None),
-        "n_questions": state.n_questions,
-        "n_concepts": state.n_concepts,
-        "seqlen": state.seqlen,
-    }
-
-
-_QUESTION, _CORRECT = operator.itemgetter("question"), operator.itemgetter("correct")
+    supports = dict.fromkeys(("mastery", "attention", "concepts"), state.n_concepts is not None)
+    sizes = {key: getattr(state, key) for key in ("n_questions", "n_concepts", "seqlen")}
+    return {"family": state.family, "supports": supports, **sizes}
 
 
 def request_arrays(
@@ -123,12 +117,9 @@ def request_arrays(
     the numbers of `next_questions` (None: all): one 422 for both fields lists the wrong ids and counts all."""
     state, name, count = model.state, model.name, len(interactions)
     n, limit = state.n_questions, state.max_interactions
-    errors = (
-        []
-        if count <= limit
-        else [InvalidInput(("body", "interactions"), f"{count} interactions; model {name} accepts at most {limit}")]
-    )
-    history = [] if errors else list(map(_QUESTION, interactions))  # map(itemgetter) runs in C
+    too_many = f"{count} interactions; model {name} accepts at most {limit}"
+    errors = [InvalidInput(("body", "interactions"), too_many)] if count > limit else []
+    history = [] if errors else list(map(operator.itemgetter("question"), interactions))  # map(itemgetter) runs in C
     ids = history + list(next_questions or ())
     if state.numbers is not None:
         numbers = np.array([state.numbers.get(value, 0) for value in ids], dtype=np.int64)
@@ -152,7 +143,8 @@ def request_arrays(
     if errors:
         raise InvalidInput.joined(errors, count=len(refused) + (count > limit))
     wanted = np.arange(1, n + 1, dtype=np.int64) if next_questions is None else numbers[len(history) :]
-    return numbers[: len(history)], np.fromiter(map(_CORRECT, interactions), dtype=np.int64, count=count), wanted
+    correct = np.fromiter(map(operator.itemgetter("correct"), interactions), dtype=np.int64, count=count)
+    return numbers[: len(history)], correct, wanted
 
 
 def rows_needed(model: ServedModel, interactions: int, predicts_next: bool) -> int:
@@ -165,29 +157,22 @@ async def trace_all(model: ServedModel, histories: Sequence[History]) -> list[Fe
     k-th chunks of all histories share runs, but where `max_cells` holds less than two, a longer one runs as a chain."""
     state, max_cells = model.state, model.batcher.config.max_cells
     chain_long = max_cells is not None and max_cells < 2 * state.seqlen  # two chunks would not share a run
-    chunked = [history_chunks(model, *history) for history in histories]
-    chained = [chain_long and len(chunks) > 1 for chunks in chunked]
-    chains = [Chain(chunks, state.state_input, state.state_output) for chunks in compress(chunked, chained)]
-    shared = _interleaved(model, list(compress(chunked, [not chain for chain in chained])))
-    # without chains, no task per coroutine (gather's): a turn of the event loop less
-    runs = await asyncio.gather(shared, *map(model.batcher.run_chain, chains)) if chains else [await shared]
-    short, long = iter(runs[0]), iter(runs[1:])
-    return [trace_of(state, next(long) if chain else next(short)) for chain in chained]
+    chains = [Chain(history_chunks(model, *history), state.state_input, state.state_output) for history in histories]
+    alone = [chain_long and len(chain.chunks) > 1 for chain in chains]
+    shared = _interleaved(model, [chain for chain, own in zip(chains, alone, strict=True) if not own])
+    if any(alone):  # else no task per coroutine (gather's): a turn of the event loop less
+        await asyncio.gather(shared, *map(model.batcher.run_chain, compress(chains, alone)))
+    else:
+        await shared
+    return [trace_of(state, chain.outputs) for chain in chains]
 
 
-async def _interleaved(model: ServedModel, chunked: list[list[tuple[Feeds, int]]]) -> list[list[Feeds]]:
-    """The outputs of each history's chunks: the k-th chunks of all histories are queued together, sharing runs."""
-    state_input, state_output = model.state.state_input, model.state.state_output
-    outputs: list[list[Feeds]] = [[] for _ in chunked]
-    for k in range(max(map(len, chunked), default=0)):
-        active = [index for index, chunks in enumerate(chunked) if k < len(chunks)]
-        requests = []
-        for index in active:
-            feeds, length = chunked[index][k]
-            requests.append(({**feeds, state_input: outputs[index][-1][state_output]} if k else feeds, 1, length))
-        for index, result in zip(active, await model.batcher.run_all(requests), strict=True):
-            outputs[index].append(result)
-    return outputs
+async def _interleaved(model: ServedModel, chains: list[Chain]) -> None:
+    """Run the chains' chunks in step: the k-th chunks of all of them are queued together, sharing runs."""
+    while active := [chain for chain in chains if chain.remaining]:
+        requests = [(feeds, 1, length) for feeds, length in map(Chain.next_chunk, active)]
+        for chain, outputs in zip(active, await model.batcher.run_all(requests), strict=True):
+            chain.outputs.append(outputs)
 
 
 def history_chunks(
@@ -255,17 +240,12 @@ def catalog(model: ServedModel, offset: int, limit: int) -> dict[str, Any]:
     """A page of the model's questions (id, name, main concept), and each concept's label where skills are named."""
     state: KnowledgeTraceState = model.state
     page = np.arange(offset + 1, min(offset + limit, state.n_questions) + 1)
-    main_of = None if state.concept_skills is None else np.bincount(state.concepts, minlength=state.n_concepts)
-    return {
-        "model": model.name,
-        "total": state.n_questions,
-        "offset": offset,
-        "limit": limit,
-        "questions": question_items(model, page),
-        "concepts": None
-        if main_of is None
-        else [
+    answer = {"model": model.name, "total": state.n_questions, "offset": offset, "limit": limit}
+    answer |= {"questions": question_items(model, page), "concepts": None}
+    if state.concept_skills is not None:
+        main_of = np.bincount(state.concepts, minlength=state.n_concepts)
+        answer["concepts"] = [
             dict(concept=concept, label=", ".join(skills), top_skills=list(skills), main_of=int(main_of[concept]))
             for concept, skills in enumerate(state.concept_skills)
-        ],
-    }
+        ]
+    return answer

@@ -13,7 +13,7 @@ import numpy as np
 
 from app.core.errors import InvalidInput, UnknownModel, each_checked
 from app.core.manifest import positive_int
-from app.runtime.collate import Feeds
+from app.runtime.collate import Feeds, pad_rows
 from app.runtime.model import ServedModel
 from app.tasks.similarity.schemas import PARAPHRASE_LABELS, EmbeddingPairRequest
 from app.tasks.similarity.tokenizer import CONTROL_CHARACTER, tokenize
@@ -59,15 +59,10 @@ def prepare(model: ServedModel) -> SimilarityState:
     expected = 2 if pointer == "flmp" else 1 + window  # the memory row, then the tokens it read (combined_map)
     if (slots := outputs["attn_a_fwd"]) != expected:
         raise ValueError(f"the attention has {slots} slots, not those of metadata.pointer {pointer}, window {window}")
-    return SimilarityState(
-        vectors=WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"]),
-        max_tokens=positive_int(limits, "max_tokens"),
-        max_characters=positive_int(limits, "max_characters"),
-        max_batch_pairs=positive_int(limits, "max_batch_pairs"),
-        labels=labels,
-        embeddings=_embedding_limits(model) if model.graphs else {},
-        paraphrase=PARAPHRASE_OUTPUT in outputs,
-    )
+    sizes = [positive_int(limits, key) for key in ("max_tokens", "max_characters", "max_batch_pairs")]
+    vectors = WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"])
+    embeddings = _embedding_limits(model) if model.graphs else {}
+    return SimilarityState(vectors, *sizes, labels, embeddings, PARAPHRASE_OUTPUT in outputs)
 
 
 def _embedding_limits(model: ServedModel) -> dict[str, Any]:
@@ -133,11 +128,9 @@ def encode_each(
 def pair_feeds(pair: EncodedPair) -> Feeds:
     """One batch row: both sentences padded to the longer one's length (`emb_a`'s axis 1)."""
     a, b = pair
-    emb = np.zeros((2, 1, max(len(a.tokens), len(b.tokens)), a.vectors.shape[1]), dtype=np.float32)
-    emb[0, 0, : len(a.tokens)] = a.vectors
-    emb[1, 0, : len(b.tokens)] = b.vectors
+    emb = pad_rows([a.vectors[np.newaxis], b.vectors[np.newaxis]], max(len(a.tokens), len(b.tokens)))
     lengths = np.array([[len(a.tokens)], [len(b.tokens)]], dtype=np.int64)
-    return {"emb_a": emb[0], "len_a": lengths[0], "emb_b": emb[1], "len_b": lengths[1]}
+    return {"emb_a": emb[:1], "len_a": lengths[0], "emb_b": emb[1:], "len_b": lengths[1]}
 
 
 async def run_pairs(model: ServedModel, pairs: Sequence[EncodedPair]) -> list[Feeds]:

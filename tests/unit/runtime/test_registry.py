@@ -50,7 +50,7 @@ def test_models_are_verified_loaded_with_their_assets_and_ready(toy_artifacts):
 def test_run_returns_outputs_by_name_and_is_not_a_request_run(toy_artifacts):
     registry = _registry(toy_artifacts)
     model = registry.get("toy-b", TOY_TASK)
-    outputs = model.run({"x": np.ones((2, 3), np.float32), "k": np.array([4, 5], np.int64)})
+    outputs = model.instances[0].run({"x": np.ones((2, 3), np.float32), "k": np.array([4, 5], np.int64)})
     np.testing.assert_array_equal(outputs["y"], np.full((2, 3), 2.0))
     np.testing.assert_array_equal(outputs["z"], [5, 6])
     # mnemo_inference_duration_seconds times the batcher's runs, as mnemo_batch_size_rows counts them (test_http)
