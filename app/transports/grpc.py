@@ -18,7 +18,6 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-from starlette.datastructures import State
 from tritonclient.grpc import service_pb2
 
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
@@ -74,6 +73,7 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
         started = time.perf_counter()
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
+        app.state.drain.enter(task := asyncio.current_task())  # as the edge's gated paths: cancelled if it gives up
         try:
             request = None
             with contextlib.suppress(DecodeError):
@@ -88,8 +88,13 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
                 raise ProtocolError(f"The message is not a {name}Request ({INFERENCE_SERVICE}): it does not parse.")
             elif answer is None and app.state.drain.draining:
                 code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
-            elif answer is None:
-                return await _infer(app.state, request, len(data), context.time_remaining())
+            elif answer is None:  # its gRPC deadline counted from the call's arrival, as every deadline is
+                model, codec = inference.find_model(app.state, request.model_name, request.model_version)
+                rpc_s = None if (left := context.time_remaining()) is None else time.perf_counter() - started + left
+                decode = functools.partial(inference_request, request)
+                return await inference.infer(
+                    app.state, model, codec, len(data), decode, inference_response, None, rpc_s
+                )
             else:
                 return json_format.ParseDict(answer(app, request), response_type())
         except asyncio.CancelledError:
@@ -106,24 +111,12 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
             logger.exception("unexpected error in the gRPC method %s", name)
             code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
         finally:
+            app.state.drain.leave(task)
             app.state.metrics.grpc_requests.labels(name, code.name).inc()
             app.state.metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
         await context.abort(code, details, trailers)
 
     return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
-
-
-async def _infer(state: State, message: service_pb2.ModelInferRequest, size: int, remaining: float | None) -> Message:
-    """ModelInfer, its gRPC deadline `remaining` seconds away counted from the call's arrival as every deadline is."""
-    model, codec = inference.find_model(state, message.model_name, message.model_version)
-    rpc_timeout_s = None if remaining is None else time.perf_counter() - request_arrival.get() + remaining
-    task = asyncio.current_task()
-    state.drain.enter(task)
-    try:
-        decode = functools.partial(inference_request, message)
-        return await inference.infer(state, model, codec, size, decode, inference_response, rpc_timeout_s=rpc_timeout_s)
-    finally:
-        state.drain.leave(task)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
