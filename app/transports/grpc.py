@@ -64,8 +64,7 @@ RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
 
 
 def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
-    """The RPC `name`: it decodes its own message (a malformed one is INVALID_ARGUMENT, not grpc's UNKNOWN), checks
-    the API key as REST does its path, and answers, or aborts with its error as a status; each call is counted."""
+    """The RPC `name`: its own decode (malformed: INVALID_ARGUMENT, not UNKNOWN), REST's API-key rule, each counted."""
     path, answer = RPCS[name]
     request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
 
@@ -128,8 +127,7 @@ def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -
 
 
 def inference_request(message: service_pb2.ModelInferRequest) -> tuple[InferenceRequest, bytes]:
-    """REST's request and binary data: `raw_input_contents` (one per input, in order) as binary data, typed `contents`
-    as JSON `data`."""
+    """REST's request and binary data: `raw_input_contents` as binary data, typed `contents` as JSON `data`."""
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
         raise ProtocolError(
