@@ -45,8 +45,7 @@ def model_ready(app: FastAPI, request: Any) -> dict:
     return {"ready": False}
 
 
-# each RPC: the REST path under /v2 whose API-key rule it follows ({}: the model's name as one path segment), and its
-# answer as REST's dict (ModelInfer: `_infer`)
+# each RPC: the /v2 REST path whose API-key rule it follows ({}: the model), its answer as REST's dict (None: infer)
 RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
     "ServerLive": ("/health/live", lambda app, _: {"live": True}),
     "ServerReady": ("/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),

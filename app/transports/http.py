@@ -56,8 +56,7 @@ async def utf8_body(request: Request, json_only: bool = False) -> bytes:
 
 
 def validate(schema: type[Body], body: bytes | dict[str, Any]) -> Body:
-    """`schema` from the JSON `body` (pydantic's parser); a failure is its bounded 422, built here rather than on the
-    loop, naming the field where pydantic only says "invalid JSON" (`unrepresentable`)."""
+    """`schema` from JSON text or fields; a failure is its bounded 422 (made off the loop too) naming any field."""
     try:
         return schema.model_validate_json(body) if isinstance(body, bytes) else schema.model_validate(body)
     except ValidationError as error:
