@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.json_schema import models_json_schema
 
 from app.transports.access import ApiKeys
@@ -15,35 +15,31 @@ from app.transports.error_handlers import is_protocol_path
 STATEFUL_OPERATIONS = frozenset({"append_interactions", "get_student"})
 STORE_OPERATIONS = STATEFUL_OPERATIONS | {"delete_student", "list_students"}  # 429: too many store calls waiting
 
-
-class ProtocolErrorBody(BaseModel):
-    """Every error of the protocol's own endpoints (400 bad tensors, 404, 429, 503, 504)."""
-
-    error: str = Field(description="one sentence saying what went wrong")
-
-
-class ErrorBody(BaseModel):
-    detail: str = Field(description="one sentence saying what went wrong and what to do")
-
-
-class ValidationErrorItem(BaseModel):
-    loc: list[str | int] = Field(description="where: body, query, path or header, then the field names and indexes")
-    msg: str = Field(description="the rule that was broken")
-    type: str
-
-
-class ValidationErrorBody(BaseModel):
-    detail: list[ValidationErrorItem] = Field(description="the first 20 errors")
-    error_count: int | None = Field(None, description="how many errors there were in all")
-
-
-class Health(BaseModel):
-    status: str = Field(description="ok")
-
-
-class Readiness(BaseModel):
-    status: str = Field(description="ready")
-    models: int = Field(ge=0, description="number of models served")
+ProtocolErrorBody = create_model(
+    "ProtocolErrorBody",
+    __doc__="Every error of the protocol's own endpoints (400 bad tensors, 404, 429, 503, 504).",
+    error=(str, Field(description="one sentence saying what went wrong")),
+)
+ErrorBody = create_model(
+    "ErrorBody", detail=(str, Field(description="one sentence saying what went wrong and what to do"))
+)
+ValidationErrorItem = create_model(
+    "ValidationErrorItem",
+    loc=(list[str | int], Field(description="where: body, query, path or header, then the field names and indexes")),
+    msg=(str, Field(description="the rule that was broken")),
+    type=str,
+)
+ValidationErrorBody = create_model(
+    "ValidationErrorBody",
+    detail=(list[ValidationErrorItem], Field(description="the first 20 errors")),
+    error_count=(int | None, Field(None, description="how many errors there were in all")),
+)
+Health = create_model("Health", status=(str, Field(description="ok")))
+Readiness = create_model(
+    "Readiness",
+    status=(str, Field(description="ready")),
+    models=(int, Field(ge=0, description="number of models served")),
+)
 
 
 class Batching(BaseModel):
@@ -100,9 +96,7 @@ class ModelInfo(BaseModel):
     seqlen: int | None = None
 
 
-class ModelList(BaseModel):
-    models: list[ModelInfo]
-
+ModelList = create_model("ModelList", models=list[ModelInfo])
 
 CONTRACT_MODELS = (ErrorBody, ValidationErrorBody, Health, Readiness, ModelInfo, ModelList, ProtocolErrorBody)
 DESCRIPTIONS = {
@@ -143,8 +137,7 @@ def _errors(operation: dict[str, Any], protocol: bool, protected: bool) -> dict[
 
 
 def document_contract(schema: dict[str, Any], keys: ApiKeys, bodies: Iterable[type[BaseModel]]) -> dict[str, Any]:
-    """Add the `bodies` the routes read themselves, the error responses of every operation and, when API keys are on,
-    the Bearer scheme with the paths they protect requiring it."""
+    """The schema with the `bodies` routes read themselves, each operation's errors and, with API keys, Bearer auth."""
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     models = [(model, "validation") for model in (*bodies, *CONTRACT_MODELS)]
     components.update(models_json_schema(models, ref_template="#/components/schemas/{model}")[1]["$defs"])

@@ -14,14 +14,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match, Mount
 from starlette.types import Receive, Scope, Send
 
-from app.core.errors import HTTP_METHODS, InvalidInput, ServiceError, ort_message
+from app.core.errors import HTTP_METHODS, InvalidInput, Overloaded, ServiceError, ort_message
 from app.core.logging import TracebackBudget, loggable_path
 from app.core.responses import JsonResponse
 from app.students.io import StoreBusy
-from app.students.store import StoreError, StoreUnavailable
+from app.students.store import StoreUnavailable
 
 logger = logging.getLogger("mnemo.errors")
-STORE_RETRY = {"Retry-After": "1"}
 store_outages = TracebackBudget(10.0)  # an unavailable store is logged, with its location, once per 10 s per failure
 EXCHANGE = "mnemo.exchange"  # the request edge's record of the request, in the app's scope (middleware.py)
 
@@ -60,14 +59,11 @@ def install_error_handlers(app: FastAPI) -> None:
     for kind in (HTTPException, ServiceError):
         app.add_exception_handler(kind, http_error)
 
-    @app.exception_handler(StoreError)
-    async def store_error(request: Request, error: StoreError) -> JsonResponse:
-        if isinstance(error, StoreBusy):
-            request.app.state.metrics.refused("store_busy")
-            return JsonResponse({"detail": error.detail}, 429, headers=STORE_RETRY)
-        if not isinstance(error, StoreUnavailable):
-            return JsonResponse({"detail": error.detail}, error.status_code)
-        request.app.state.metrics.refused("store_unavailable")
+    async def store_refused(request: Request, error: StoreBusy | StoreUnavailable) -> JsonResponse:
+        busy = isinstance(error, StoreBusy)  # any other StoreError is a ServiceError: `http_error` answers it
+        request.app.state.metrics.refused("store_busy" if busy else "store_unavailable")
+        if busy:
+            return JsonResponse({"detail": error.detail}, 429, headers=Overloaded.headers)
         log_now, unlogged = store_outages.admit(error)
         if log_now:
             more = f" ({unlogged} more since the last line)" if unlogged else ""
@@ -75,7 +71,10 @@ def install_error_handlers(app: FastAPI) -> None:
         affected = f"The student state store is unavailable ({error.detail}); only the /students endpoints are affected"
         if error.until_restart:  # a retry cannot help: no Retry-After
             return JsonResponse({"detail": f"{affected}, until the service is restarted."}, 503)
-        return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=STORE_RETRY)
+        return JsonResponse({"detail": f"{affected}, retry later."}, 503, headers=Overloaded.headers)
+
+    for kind in (StoreBusy, StoreUnavailable):
+        app.add_exception_handler(kind, store_refused)
 
     async def invalid(request: Request, error: InvalidInput | RequestValidationError) -> JsonResponse:
         if isinstance(error, RequestValidationError):

@@ -18,7 +18,6 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument as OrtInvalidArgument
-from starlette.datastructures import State
 from tritonclient.grpc import service_pb2
 
 from app.core.errors import INTERNAL_ERROR, ModelNotReady, ServiceError, ort_message
@@ -46,8 +45,7 @@ def model_ready(app: FastAPI, request: Any) -> dict:
     return {"ready": False}
 
 
-# each RPC: the REST path under /v2 whose API-key rule it follows ({}: the model's name as one path segment), and its
-# answer as REST's dict (ModelInfer: `_infer`)
+# each RPC: the /v2 REST path whose API-key rule it follows ({}: the model), its answer as REST's dict (None: infer)
 RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
     "ServerLive": ("/health/live", lambda app, _: {"live": True}),
     "ServerReady": ("/health/ready", lambda app, _: {"ready": readiness(app.state)[0] == 200}),
@@ -65,8 +63,7 @@ RPCS: dict[str, tuple[str, Callable[[FastAPI, Any], dict] | None]] = {
 
 
 def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
-    """The RPC `name`: it decodes its own message (a malformed one is INVALID_ARGUMENT, not grpc's UNKNOWN), checks
-    the API key as REST does its path, and answers, or aborts with its error as a status; each call is counted."""
+    """The RPC `name`: its own decode (malformed: INVALID_ARGUMENT, not UNKNOWN), REST's API-key rule, each counted."""
     path, answer = RPCS[name]
     request_type, response_type = (getattr(service_pb2, f"{name}{part}") for part in ("Request", "Response"))
 
@@ -74,6 +71,7 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
         started = time.perf_counter()
         request_arrival.set(started)
         code, details, trailers = grpc.StatusCode.OK, "", ()
+        app.state.drain.enter(task := asyncio.current_task())  # as the edge's gated paths: cancelled if it gives up
         try:
             request = None
             with contextlib.suppress(DecodeError):
@@ -88,8 +86,13 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
                 raise ProtocolError(f"The message is not a {name}Request ({INFERENCE_SERVICE}): it does not parse.")
             elif answer is None and app.state.drain.draining:
                 code, details = grpc.StatusCode.UNAVAILABLE, "The server is shutting down; retry on another instance."
-            elif answer is None:
-                return await _infer(app.state, request, len(data), context.time_remaining())
+            elif answer is None:  # its gRPC deadline counted from the call's arrival, as every deadline is
+                model, codec = inference.find_model(app.state, request.model_name, request.model_version)
+                rpc_s = None if (left := context.time_remaining()) is None else time.perf_counter() - started + left
+                decode = functools.partial(inference_request, request)
+                return await inference.infer(
+                    app.state, model, codec, len(data), decode, inference_response, None, rpc_s
+                )
             else:
                 return json_format.ParseDict(answer(app, request), response_type())
         except asyncio.CancelledError:
@@ -106,24 +109,12 @@ def rpc_method(app: FastAPI, name: str) -> grpc.RpcMethodHandler:
             logger.exception("unexpected error in the gRPC method %s", name)
             code, details = grpc.StatusCode.INTERNAL, INTERNAL_ERROR["detail"]
         finally:
+            app.state.drain.leave(task)
             app.state.metrics.grpc_requests.labels(name, code.name).inc()
             app.state.metrics.grpc_latency.labels(name).observe(time.perf_counter() - started)
         await context.abort(code, details, trailers)
 
     return grpc.unary_unary_rpc_method_handler(call, response_serializer=response_type.SerializeToString)
-
-
-async def _infer(state: State, message: service_pb2.ModelInferRequest, size: int, remaining: float | None) -> Message:
-    """ModelInfer, its gRPC deadline `remaining` seconds away counted from the call's arrival as every deadline is."""
-    model, codec = inference.find_model(state, message.model_name, message.model_version)
-    rpc_timeout_s = None if remaining is None else time.perf_counter() - request_arrival.get() + remaining
-    task = asyncio.current_task()
-    state.drain.enter(task)
-    try:
-        decode = functools.partial(inference_request, message)
-        return await inference.infer(state, model, codec, size, decode, inference_response, rpc_timeout_s=rpc_timeout_s)
-    finally:
-        state.drain.leave(task)
 
 
 def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -> dict[str, Any]:
@@ -135,8 +126,7 @@ def _parameters(message: Mapping[str, service_pb2.InferParameter], where: str) -
 
 
 def inference_request(message: service_pb2.ModelInferRequest) -> tuple[InferenceRequest, bytes]:
-    """REST's request and binary data: `raw_input_contents` (one per input, in order) as binary data, typed `contents`
-    as JSON `data`."""
+    """REST's request and binary data: `raw_input_contents` as binary data, typed `contents` as JSON `data`."""
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
         raise ProtocolError(

@@ -55,11 +55,10 @@ async def utf8_body(request: Request, json_only: bool = False) -> bytes:
     return body
 
 
-def validate(schema: type[Body], body: bytes) -> Body:
-    """`schema` from the JSON `body` (pydantic's parser); a failure is its bounded 422, built here rather than on the
-    loop, naming the field where pydantic only says "invalid JSON" (`unrepresentable`)."""
+def validate(schema: type[Body], body: bytes | dict[str, Any]) -> Body:
+    """`schema` from JSON text or fields; a failure is its bounded 422 (made off the loop too) naming any field."""
     try:
-        return schema.model_validate_json(body)
+        return schema.model_validate_json(body) if isinstance(body, bytes) else schema.model_validate(body)
     except ValidationError as error:
         errors = error.errors(include_url=False, include_input=False, include_context=False)
         invalid = InvalidInput.from_pydantic(errors, error.error_count(), ("body",))
@@ -154,8 +153,7 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
 
 
 def endpoint_route(task_name: str, endpoint: Endpoint) -> Callable[[Request], Awaitable[JsonResponse]]:
-    """The route of one endpoint: it reads the body, picks the model (404/503), admits the request in its batcher (429)
-    and awaits the answer within the deadline (504) unless the client leaves (499)."""
+    """One endpoint's route: body, model (404/503), batcher admission (429), answer by the deadline (504) or 499."""
 
     async def route(request: Request) -> JsonResponse:
         body = await read_body(request, endpoint.request, task_name if endpoint.reserve else None)

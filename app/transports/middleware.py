@@ -227,8 +227,7 @@ class RequestEdge:
                 self.drain.leave(task)
 
     def route_label(self, scope: Scope, path: str) -> str:
-        """The template of the route the request matched, else (refused before routing) the documented template its
-        path fits; "unmatched" for paths the service lacks."""
+        """The matched route's template, else (refused unrouted) the documented one its path fits, or "unmatched"."""
         if (route := scope.get("route")) is not None:
             return route.path
         if self.templates is None:

@@ -8,9 +8,9 @@ import datetime as dt
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from app.core.errors import InvalidInput, ServiceError
+from app.core.errors import InvalidInput
 from app.core.responses import JsonResponse
 from app.runtime.model import ServedModel
 from app.runtime.offload import offload
@@ -31,10 +31,6 @@ STUDENT_ID_SCHEMA = {
 }
 STUDENT_ID_DESCRIPTION = f"an opaque id of 1 to {MAX_STUDENT_ID_LENGTH} printable characters, no '/' or spaces"
 StudentIdPath = Annotated[str, Path(description=STUDENT_ID_DESCRIPTION, json_schema_extra=STUDENT_ID_SCHEMA)]
-
-
-class StudentNotFound(ServiceError):
-    status_code = 404
 
 
 def student_id_problem(student_id: str) -> str | None:
@@ -77,10 +73,6 @@ def memory_of(state: StudentState, model: ServedModel) -> np.ndarray:
     if not np.isfinite(memory).all():
         raise UnreadableState(model.name, state.student_id, "memory holds nan or inf")
     return memory
-
-
-def _listed(values: np.ndarray | None) -> list[float] | None:
-    return None if values is None else values.tolist()
 
 
 @router.post(
@@ -132,8 +124,10 @@ async def append_interactions(request: Request, student_id: StudentIdPath) -> Js
             "predictions": trace["p"].tolist(),
             "mastery": None if "mastery" not in trace else trace["mastery"][-1].tolist(),
             "next": service.question_items(model, wanted, next_p),
-            "attention": _listed(trace.get("corr_w")) if body.return_attention else None,  # None for DKT: no slots
-            "mastery_steps": _listed(trace.get("mastery")) if body.return_mastery_steps else None,
+            "attention": trace["corr_w"].tolist()
+            if body.return_attention and "corr_w" in trace
+            else None,  # DKT: no slots
+            "mastery_steps": trace["mastery"].tolist() if body.return_mastery_steps and "mastery" in trace else None,
         }
 
     rows = service.rows_needed(model, len(questions), len(wanted) > 0)
@@ -155,18 +149,20 @@ async def get_student(
 
     async def describe() -> dict[str, Any]:
         if (state := await holder.read(lambda store: store.read(served.name, student_id))) is None:
-            raise StudentNotFound(
+            raise HTTPException(
+                404,
                 f"This student has no state under model {served.name}; "
-                "POST /students/{student_id}/interactions creates it."
+                "POST /students/{student_id}/interactions creates it.",
             )
         if state.model_sha256 != served.entry.sha256:
             raise StateVersionMismatch(served.name, state.model_sha256, served.entry.sha256)
+        mastery = await service.mastery_of(served, memory_of(state, served))
         return {
             "student_id": student_id,
             "model": served.name,
             "model_sha256": state.model_sha256,
             "interactions": state.interactions,
-            "mastery": _listed(await service.mastery_of(served, memory_of(state, served))),
+            "mastery": None if mastery is None else mastery.tolist(),
             "created_at": _iso(state.created_at),
             "updated_at": _iso(state.updated_at),
         }

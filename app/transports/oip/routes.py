@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import ConfigDict, Field, StrictBool, ValidationError, create_model
+from pydantic import ConfigDict, Field, StrictBool, create_model
 from starlette.datastructures import State
 from starlette.responses import Response
 
@@ -16,7 +16,7 @@ from app.core.responses import JsonResponse
 from app.transports.access import BINARY_HEADER_LENGTH
 from app.transports.http import json_body, utf8_body
 from app.transports.oip import inference
-from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, invalid_request, parse_request
+from app.transports.oip.tensors import InferenceRequest, ProtocolError, encode_response, parse_request
 from app.transports.operations import readiness
 
 READY = "true with 200; false with 503 (models loading, failed or draining)"
@@ -108,11 +108,8 @@ model_route("/stats", inference.model_statistics, operation_id="oip_model_statis
 async def repository_index(request: Request) -> Response:
     """Triton's repository index: every model with its state (READY, or UNAVAILABLE with the reason); the body
     `{"ready": true}` (optional) lists the ready ones only."""
-    try:
-        ready_only = RepositoryIndexRequest.model_validate_json(await request.body() or b"{}").ready
-    except ValidationError as error:
-        raise invalid_request(error, "repository index request") from None
-    return JsonResponse(inference.repository_index(request.app.state, ready_only))
+    index = parse_request(await request.body() or b"{}", RepositoryIndexRequest, "repository index request")
+    return JsonResponse(inference.repository_index(request.app.state, index.ready))
 
 
 @router.post(

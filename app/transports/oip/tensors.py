@@ -10,14 +10,14 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, Field, StrictInt, ValidationError
+from pydantic import BaseModel, Field, StrictInt
 from starlette.responses import Response
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
-from app.core.errors import printable
+from app.core.errors import InvalidInput, printable
 from app.core.responses import dumps
 from app.runtime.model import ProtocolError, ServedModel, TensorSpec
-from app.transports.http import unrepresentable
+from app.transports.http import Body, validate
 
 MAX_RANK = 8
 MAX_DIM = 2**31 - 1  # larger dims are refused: numpy cannot even describe an empty [2**62, 0] array
@@ -48,22 +48,15 @@ class InferenceRequest(BaseModel):
     outputs: list[RequestOutput] | None = Field(default=None, max_length=64)
 
 
-def parse_request(body: bytes | dict[str, Any]) -> InferenceRequest:
-    """The request from its JSON text (REST) or its fields (gRPC); 400 naming the first error."""
-    validate = InferenceRequest.model_validate_json if isinstance(body, bytes) else InferenceRequest.model_validate
+def parse_request(
+    body: bytes | dict[str, Any], schema: type[Body] = InferenceRequest, what: str = "inference request"
+) -> Body:
+    """`schema` from its JSON text (REST) or its fields (gRPC), as REST's `validate`; a 400 naming the first error."""
     try:
-        return validate(body)
-    except ValidationError as error:
-        raise invalid_request(error) from None
-
-
-def invalid_request(error: ValidationError, what: str = "inference request") -> ProtocolError:
-    """A request that does not validate, said as its first error with where it is."""
-    first = error.errors(include_url=False)[0]
-    if first["type"] == "json_invalid" and (located := unrepresentable(first["input"])):  # pydantic names no field
-        first = {"loc": located.location[1:], "msg": located.message}
-    where = printable(".".join(str(part) for part in first["loc"])) or "body"
-    return ProtocolError(f"invalid {what}: {where}: {first['msg']}")
+        return validate(schema, body)
+    except InvalidInput as error:
+        where = ".".join(map(str, error.location[1:])) or "body"
+        raise ProtocolError(f"invalid {what}: {where}: {error.message}") from None
 
 
 def decode_inputs(
