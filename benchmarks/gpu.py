@@ -10,7 +10,7 @@
    and on.
 4. The service (`python -m app` on 127.0.0.1) with MNEMO_PROVIDER `cuda`, `cpu` and `cuda,cpu` (or the `--service`
    specs given), at concurrency 1, 32 and 256 on /similarity and /knowledge-trace: answers/s, p50 and p99, any
-   non-2xx statuses, and the rows per ONNX run each instance ran (from /metrics).
+   non-2xx statuses, each instance's rows per ONNX run (/metrics) and its cost fit before and after (/models).
 
 The table replaces the gpu section of BENCHMARKS.md. Without CUDA it exits 2 with one line saying what is
 missing; `--cpu-only` runs the CPU columns alone (a dry run of the code paths, written nowhere unless
