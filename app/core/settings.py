@@ -185,8 +185,8 @@ class Settings(BaseSettings):
     api_keys: Annotated[SecretStr | None, BLANK_IS_UNSET] = None
     """Comma-separated API keys; set (or `MNEMO_API_KEYS_FILE`), every request but the open paths needs `Authorization:
     Bearer <key>`. Empty is unset; a value without any key (`,`) stops startup rather than turn authentication off."""
-    api_keys_file: Path | None = None
-    """File with one API key per line (`#` comments); a file without keys stops startup."""
+    api_keys_file: Annotated[Path | None, BLANK_IS_UNSET] = None
+    """File with one API key per line (`#` comments); empty is unset; a file without keys stops startup."""
     open_paths: Annotated[str, PATHS] = "/health,/ready,/v2/health/live,/v2/health/ready"
     """Comma-separated paths served without an API key (the docs and the explorer always are; add `/metrics`)."""
     cors_origins: Annotated[str, ORIGINS] = ""

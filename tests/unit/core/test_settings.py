@@ -38,3 +38,11 @@ def test_an_api_key_no_client_can_send_stops_startup_without_showing_it(keys: st
     with pytest.raises(ValidationError, match="API key 2 of the list holds a control or non-ASCII character") as raised:
         Settings(api_keys=keys)
     assert "secret" not in str(raised.value.errors(include_input=False))
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_keys_file_variable_is_unset_as_an_empty_keys_variable_is(value: str, monkeypatch):
+    """A config map's empty value: authentication off, not "cannot read ." (Path("") is the working directory)."""
+    monkeypatch.setenv("MNEMO_API_KEYS_FILE", value)
+    monkeypatch.setenv("MNEMO_API_KEYS", value)
+    assert Settings().api_keys_file is None and Settings().api_keys is None
