@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.settings import Settings, usable_cpus
 from app.runtime.sessions import PROVIDER_NAMES, open_session
@@ -330,18 +331,13 @@ def rows_per_run(port: int) -> str:
     """Each instance's rows per ONNX run so far (`model/instance rows/runs`), from the service's /metrics."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     totals: Counter = Counter()
-    for line in text.splitlines():
-        for kind in ("runs", "rows"):
-            if line.startswith(f"mnemo_instance_{kind}_total{{"):
-                labels = dict(part.split("=") for part in line[line.index("{") + 1 : line.index("}")].split(","))
-                key = (labels["model"].strip('"'), labels["model_instance"].strip('"'), kind)
-                totals[key] += float(line.rsplit(" ", 1)[1])
-    pairs = sorted({(model, instance) for model, instance, _ in totals})
+    for sample in (sample for family in text_string_to_metric_families(text) for sample in family.samples):
+        if kind := {"mnemo_instance_runs_total": "runs", "mnemo_instance_rows_total": "rows"}.get(sample.name):
+            totals[sample.labels["model"], sample.labels["model_instance"], kind] += sample.value
     return ", ".join(
-        f"{model}/{instance} {totals[model, instance, 'rows'] / max(totals[model, instance, 'runs'], 1):.1f} "
-        f"({totals[model, instance, 'runs']:,.0f} runs)"
-        for model, instance in pairs
-        if totals[model, instance, "runs"]
+        f"{model}/{instance} {totals[model, instance, 'rows'] / runs:.1f} ({runs:,.0f} runs)"
+        for (model, instance, kind), runs in sorted(totals.items())
+        if kind == "runs" and runs
     )
 
 
