@@ -160,6 +160,8 @@ def http_options(settings: Settings) -> dict[str, Any]:
 class Gunicorn(BaseApplication):
     """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker."""
 
+    temporary_metrics: str | None = None  # the workers' metrics folder open_metrics made (close_metrics removes it)
+
     def __init__(self, settings: Settings, factory: Callable[[Settings], FastAPI] | None = None) -> None:
         self.settings, self.factory = settings, factory
         super().__init__()
@@ -188,7 +190,8 @@ class Gunicorn(BaseApplication):
         }
         # One worker keeps its metrics in memory, with the per-process ones (memory, CPU, files), as one process does.
         if settings.workers > 1 or os.environ.get(METRICS_DIR):  # the workers' metrics are summed from its files
-            options |= {"on_starting": open_metrics, "child_exit": drop_metrics}  # settings: they outlive a reload
+            hooks = {"on_starting": open_metrics, "child_exit": drop_metrics, "on_exit": close_metrics}
+            options |= hooks  # settings, not set by on_starting: a reload rebuilds the settings but runs it no more
         for key, value in options.items():
             self.cfg.set(key, value)
 
@@ -229,16 +232,20 @@ def unlistened(listener: Any) -> socket.socket:
 
 
 def open_metrics(server: Arbiter) -> None:
-    """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a temporary one
-    (removed on exit)."""
+    """gunicorn's on_starting hook: PROMETHEUS_MULTIPROC_DIR emptied of an earlier run's files, or a temporary one."""
     if not (chosen := os.environ.get(METRICS_DIR)):
-        os.environ[METRICS_DIR] = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
-        server.cfg.set("on_exit", lambda _: shutil.rmtree(chosen, ignore_errors=True))  # run in the master only
+        os.environ[METRICS_DIR] = server.app.temporary_metrics = chosen = tempfile.mkdtemp(prefix="mnemo-metrics-")
     elif not Path(chosen).is_dir():
         sys.exit(f"mnemo: cannot start: {METRICS_DIR}={chosen} is not a directory")
     for stale in Path(chosen).glob("*.db"):  # an earlier run's counters would be added to this run's
         stale.unlink()
     server.log.info("metrics of every worker in %s", chosen)
+
+
+def close_metrics(server: Arbiter) -> None:
+    """gunicorn's on_exit hook (in the master): the temporary metrics folder removed."""
+    if server.app.temporary_metrics:
+        shutil.rmtree(server.app.temporary_metrics, ignore_errors=True)
 
 
 def drop_metrics(server: Arbiter, worker: Worker) -> None:

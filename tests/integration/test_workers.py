@@ -254,8 +254,8 @@ def test_a_worker_that_dies_is_replaced_and_its_counts_stay(tmp_path: Path):
 
 
 def test_after_a_reload_the_old_workers_live_gauges_are_dropped():
-    """SIGHUP to the master is gunicorn's reload (docs/engine.md): new workers start, the old ones drain and exit, and
-    /metrics keeps the live gauges of the new workers only."""
+    """SIGHUP to the master is gunicorn's reload (docs/engine.md): new workers start, the old ones drain and exit,
+    /metrics keeps the live gauges of the new workers only, and the temporary metrics folder still goes at exit."""
     with running_server(COMMITTED, MNEMO_WORKERS="2") as server:
         _wait_for_workers(server, 2)
         old = _serving(server)
@@ -269,6 +269,7 @@ def test_after_a_reload_the_old_workers_live_gauges_are_dropped():
             _serving(server) - old
         )
     assert server.process.returncode == 0
+    assert not _metrics_dir(_logged(server)).exists()
 
 
 def _listening_of(pid: int, port: int) -> set[str]:
