@@ -100,6 +100,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.drain = Drain()
+    app.state.connections = ()  # the server's open connections (app/server.py sets uvicorn's), counted by the edge
     app.state.startup_error = None  # why the models could not be loaded
     app.state.loop_lag = LoopLag(metrics.loop_lag)  # read by the deadlines (app/transports/http.py)
     app.state.reserving = {e.path: task.name for task in tasks.values() for e in task.endpoints if e.reserve}

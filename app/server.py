@@ -49,6 +49,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.settings, self.drain = config.app.state.settings, config.app.state.drain
+        config.app.state.connections = self.server_state.connections  # the edge's 503 past MNEMO_MAX_CONNECTIONS
         self.loop = asyncio.get_running_loop()  # a signal's handler starts the drain on it
         self.drained: Future | None = None
 
@@ -100,7 +101,6 @@ class Worker(UvicornWorker):
         self.CONFIG_KWARGS = {
             **http_options(settings),
             "lifespan": "on",
-            "limit_concurrency": settings.max_connections,  # beyond: 503 and close
             "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
             "timeout_notify": HEARTBEAT_S,
             "timeout_keep_alive": settings.keep_alive_s,

@@ -31,6 +31,7 @@ SERVER_REJECT_REASONS = (
     "parse_queue_full",  # 429: the bodies waiting to be parsed pass 4 MB (app/runtime/offload.py)
     "draining",  # 503: shutting down, no new requests
     "drain_timeout",  # 503: given up by the drain after MNEMO_DRAIN_S
+    "connections",  # 503: more connections open than MNEMO_MAX_CONNECTIONS (app/transports/middleware.py)
     "store_busy",  # 429: the student store's calls waiting pass their limit (app/students/io.py)
     "store_unavailable",  # 503: the student store cannot be reached or failed
 )

@@ -40,6 +40,7 @@ BODIES_BUSY = "The server holds too many request bodies; retry after the Retry-A
 DRAINING = "The server is shutting down and takes no new requests; retry on another replica."
 PARSER_BUSY = "The server is busy reading other requests; retry after the Retry-After delay."
 GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."
+CONNECTIONS_FULL = "More than {} connections are open (MNEMO_MAX_CONNECTIONS); retry after the Retry-After delay."
 # Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
 # 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
 SINGLE = "Authorization Content-Type Content-Encoding Content-Length X-Request-ID Inference-Header-Content-Length"
@@ -140,13 +141,14 @@ class Exchange:
 
 
 class RequestEdge:
-    """Outermost first: id, access line and metrics; the 400s; CORS; API key (401); drain gate (503) and parse queue
-    (429) but on operations paths; declared body size (413, 429); the `direct` routes; a 500 no handler took."""
+    """Outermost first: id, access line and metrics; the 400s; CORS; too many connections (503); API key (401); drain
+    gate (503) and parse queue (429) but on operations paths; body size (413, 429); the `direct` routes; a bug's 500."""
 
     def __init__(self, app: ASGIApp, service: FastAPI, direct: Routes, identity: dict[str, str] | None) -> None:
         state, self.app, self.direct, self.direct_paths = service.state, app, direct, frozenset(p for _, p in direct)
         self.settings = settings = state.settings
         self.api_keys, self.metrics, self.drain = state.api_keys, state.metrics, state.drain
+        self.connections = state.connections  # the server's open connections, if it says (app/server.py)
         self.direct_app = ExceptionMiddleware(call_route, service.exception_handlers)  # the app's handlers, as routed
         service.edge = self  # called at once by ServiceApp for the direct routes' paths
         self.admitted = JsonCors(self._admit, cors) if (cors := split_list(settings.cors_origins)) else self._admit
@@ -189,7 +191,9 @@ class RequestEdge:
         keys, authorization = self.api_keys, exchange.fields.get(b"authorization", [b""])[0]
         refused = keys.refusal(exchange.path, authorization) if keys.keys else None  # no keys: no call
         gated, declared = exchange.path not in OPERATIONS_PATHS, exchange.declared
-        if refused is None:
+        if len(self.connections) > (limit := self.settings.max_connections):  # each one a socket: answered, closed
+            refused = self._refused("connections", 503, CONNECTIONS_FULL.format(limit), {**RETRY, **CLOSE})
+        elif refused is None:
             if gated and self.drain.draining and scope.get("client") not in self.drain.open_before:
                 refused = self._refused("draining", 503, DRAINING, {**RETRY, **CLOSE})
             elif gated and scope["method"] == "POST" and saturated():
