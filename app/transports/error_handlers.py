@@ -23,6 +23,7 @@ from app.students.store import StoreUnavailable
 logger = logging.getLogger("mnemo.errors")
 store_outages = TracebackBudget(10.0)  # an unavailable store is logged, with its location, once per 10 s per failure
 EXCHANGE = "mnemo.exchange"  # the request edge's record of the request, in the app's scope (middleware.py)
+PARSER_ANSWERED = "mnemo.parser_answered"  # the id of the 400 h11 answered for the request's body (header_deadline.py)
 
 
 def is_protocol_path(path: str) -> bool:

@@ -10,6 +10,7 @@ import h11
 from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
+from app.core.logging import route_path
 from app.core.responses import JsonResponse
 
 # uvicorn's h11 protocol, resolved as uvicorn resolves its own `http="h11"` option (not imported from its module)
@@ -49,17 +50,21 @@ class HeaderDeadline(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        """The service's JSON 400 with a request id (the client's, if the refused bytes were its body), then a close."""
+        """The service's JSON 400 with a request id (a refused body's: its request's, in its path's shape); a close."""
         # imported here: app/server.py imports this module before PROMETHEUS_MULTIPROC_DIR is set (read at import)
+        from app.transports.error_handlers import EXCHANGE, PARSER_ANSWERED, is_protocol_path
         from app.transports.middleware import NOSNIFF, REQUEST_ID_HEADER, request_id
 
-        in_body = self.cycle is not None and not self.cycle.response_complete
-        ids = [value for name, value in self.headers if name == REQUEST_ID_HEADER] if in_body else []
-        answer = JsonResponse(MALFORMED, 400, headers={"Connection": "close", "X-Request-ID": request_id(ids)})
+        scope = self.cycle.scope if self.cycle is not None and not self.cycle.response_complete else {}  # a body's
+        ids = [value for name, value in self.headers if name == REQUEST_ID_HEADER] if scope else []
+        rid = scope[EXCHANGE].rid if EXCHANGE in scope else request_id(ids)  # the edge's, if the app has begun
+        payload = {"error": MALFORMED["detail"]} if scope and is_protocol_path(route_path(scope)) else MALFORMED
+        answer = JsonResponse(payload, 400, headers={"Connection": "close", "X-Request-ID": rid})
         head = h11.Response(status_code=400, headers=[*answer.raw_headers, NOSNIFF], reason=b"Bad Request")
         with contextlib.suppress(h11.LocalProtocolError):  # the app's answer has begun: nothing more can be said
             for event in (head, h11.Data(data=answer.body), h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
+            scope[PARSER_ANSWERED] = rid  # the request's access line records this 400
         self.transport.close()
         if self.cycle is not None:  # the app's answer to come has no connection left: dropped, as after a disconnect
             self.cycle.disconnected = True

@@ -22,7 +22,7 @@ from app.core.request_context import request_arrival
 from app.core.settings import split_list
 from app.runtime.offload import saturated
 from app.transports.access import ApiKeys, JsonCors
-from app.transports.error_handlers import EXCHANGE, Refused
+from app.transports.error_handlers import EXCHANGE, PARSER_ANSWERED, Refused
 from app.transports.http import INLINE_BODY_BYTES
 
 access_logger, errors_logger = logging.getLogger("mnemo.access"), logging.getLogger("mnemo.errors")
@@ -81,7 +81,7 @@ class Exchange:
         for name, value in scope["headers"]:
             if name in READ_HEADERS:
                 self.fields.setdefault(name, []).append(value)
-        self.rid = request_id(self.fields.get(REQUEST_ID_HEADER, []))
+        self.rid = scope.get(PARSER_ANSWERED) or request_id(self.fields.get(REQUEST_ID_HEADER, []))
         self.headers = [(REQUEST_ID_HEADER, self.rid.encode()), *edge.headers]
         self.path, self.status, self.started, self.size = route_path(scope), 499, False, 0
         self.done = b"content-length" not in self.fields and b"transfer-encoding" not in self.fields  # no body
@@ -164,10 +164,10 @@ class RequestEdge:
             return
         method, arrived = scope["method"], time.perf_counter()
         request_arrival.set(arrived)
-        exchange = Exchange(self, scope, receive, send)
+        exchange = scope[EXCHANGE] = Exchange(self, scope, receive, send)  # in uvicorn's scope: h11's 400 reads it
         # the app's own copy: routing rewrites it (a Mount its root_path), while the edge labels what it received; a
         # HEAD is its GET without the body
-        inner = {**scope, "method": "GET" if method == "HEAD" else method, EXCHANGE: exchange}
+        inner = {**scope, "method": "GET" if method == "HEAD" else method}
         if route := self.direct.get((inner["method"], exchange.path)):
             inner["route"] = route  # called by `call_route`, without FastAPI's router
         self.metrics.in_flight.inc()
@@ -177,7 +177,7 @@ class RequestEdge:
             self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()
-            seconds, status = time.perf_counter() - arrived, exchange.status
+            seconds, status = time.perf_counter() - arrived, 400 if PARSER_ANSWERED in scope else exchange.status
             label = self.route_label(scope, exchange.path)
             self.metrics.observe_request(label, method if method in KNOWN_METHODS else "other", status, seconds)
             if access_logger.isEnabledFor(logging.INFO):  # its path the route template: no client text in the logs

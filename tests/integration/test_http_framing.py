@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ import pytest
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 from tests.http_framing_cases import CASES, PAIR, exchange, post, rejected
-from tests.integration.test_hostile_requests import raw
+from tests.integration.test_hostile_requests import raw, read_response
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +61,25 @@ def test_a_route_that_answers_without_reading_the_refused_body_logs_no_error(ser
         assert raw(server, request.encode()).startswith(b"HTTP/1.1 400 ")
     time.sleep(1)  # the route's answer comes after the 400
     assert not [line for line in server.output if '"error"' in line or "without completing" in line]
+
+
+@pytest.mark.parametrize("pause_s", [0, 0.5], ids=["before-the-route-runs", "while-the-route-reads-it"])
+def test_a_v2_body_refused_by_the_parser_is_the_protocols_400_and_logged_as_400_under_its_id(server, pause_s):
+    """Under /v2 the parser's 400 is `{"error": ...}`; the access line of the request records that 400, under the id
+    the answer carried, whether the route had not started yet or was reading the body when the bad chunk came."""
+    host, port = server.url.removeprefix("http://").split(":")
+    request = b"POST /v2/models/dkvmn-assist2009/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        if pause_s:
+            sock.sendall(request)  # the route starts and awaits the body
+            time.sleep(pause_s)
+            request = b""
+        sock.sendall(request + b"zz\r\n\r\n")
+        head, _, body = read_response(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ") and json.loads(body)["error"].startswith("Malformed HTTP request"), body
+    rid = re.search(rb"(?im)^x-request-id: ([0-9a-f]{32})\r?$", head)[1].decode()
+    deadline, logged = time.monotonic() + 10, []
+    while not logged and time.monotonic() < deadline:  # written once the route's own (dropped) answer is done
+        logged = [line for line in server.output if '"mnemo.access"' in line and rid in line]
+        time.sleep(0.1)
+    assert [json.loads(line)["status"] for line in logged] == [400], logged
