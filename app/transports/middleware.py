@@ -216,13 +216,15 @@ class RequestEdge:
         except Exception as error:  # a bug: one line, with its traceback when the budget admits it
             with_traceback, repeats = self.tracebacks.admit(error)
             errors_logger.error(
-                "unexpected error on %s %s: %s: %s%s",
+                "unexpected error on %s %s: %s: %s%s id=%s",  # the id of its access line
                 scope["method"],
                 loggable_path(scope),  # the route template: no student id or other client text in the log
                 type(error).__name__,
                 printable(" ".join(str(error).split())),  # one line
                 f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
+                exchange.rid,
                 exc_info=error if with_traceback else None,
+                extra={"request_id": exchange.rid},
             )
             if not exchange.started:
                 await Refused(500, INTERNAL_ERROR["detail"])(scope, receive, send)

@@ -130,6 +130,8 @@ def test_a_bug_is_logged_and_answered_500_as_last_resort(toy_artifacts, mnemo_lo
     errors = [r for r in mnemo_logs.records if r.name == "mnemo.errors"]
     assert errors and errors[0].exc_info and "deliberate bug" in str(errors[0].exc_info[1])
     assert "GET /toy/bug/{owner}" in errors[-1].getMessage()  # the route template: ids never reach the log
+    rid = response.headers["x-request-id"]  # the access line's id too: the two lines join on it
+    assert errors[0].request_id == rid and errors[0].getMessage().endswith(f" id={rid}"), errors[0].getMessage()
     assert not any("secret-learner-42" in record.getMessage() for record in mnemo_logs.records)
 
 
