@@ -23,7 +23,7 @@ The table (scenario, metric, base, new, verdict) replaces the `behaviours` secti
 bounded in count and time, and traffic goes to 127.0.0.1 only.
 
     git worktree add /tmp/base fd656d7
-    python -m benchmarks.behaviours --base /tmp/base [--seconds 5] [--output BENCHMARKS.md] [--only overload drain]
+    python -m benchmarks.behaviours --base /tmp/base [--seconds 5] [--rounds 5] [--output FILE] [--only overload]
 """
 
 from __future__ import annotations
@@ -667,6 +667,7 @@ SCENARIOS: list[tuple[str, Callable[[Served, Run], dict[str, float]]]] = [
     ("explorer", explorer),
     ("drain", drain),  # last: it ends the services
 ]
+REPEATED = ("overload", "students", "OIP", "explorer")  # timings a shared machine moves from one cell to the next
 
 
 # -- the run and the table ----------------------------------------------------------------------------
@@ -692,10 +693,11 @@ def commit_of(tree: Path) -> str:
     return subprocess.run(command, capture_output=True, text=True).stdout.strip() or "?"
 
 
-def measure(trees: dict[str, Path], seconds: float, only: list[str]) -> dict[str, dict[str, float]]:
-    """Every scenario on both trees' services, the order alternating; a scenario that fails is reported, and
-    its figures are missing (n/a), not the end of the run."""
-    figures: dict[str, dict[str, float]] = {label: {} for label in trees}
+def measure(trees: dict[str, Path], seconds: float, only: list[str], rounds: int) -> dict[str, dict[str, float]]:
+    """Every scenario on both trees' services, the order alternating (a REPEATED scenario `rounds` times, each figure
+    the median of its rounds); a scenario that fails is reported, and its figures are missing (n/a), not the end of
+    the run."""
+    samples: dict[str, dict[str, list[float]]] = {label: {} for label in trees}
     state = Path(tempfile.mkdtemp(prefix="mnemo-behaviours-"))
     services: dict[str, Served] = {}
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
@@ -707,23 +709,28 @@ def measure(trees: dict[str, Path], seconds: float, only: list[str]) -> dict[str
             steps = list(SCENARIOS)
             steps.insert(3, ("connection abuse behind nginx", connection_abuse_behind_nginx))
             steps = [(name, step) for name, step in steps if not only or any(word in name for word in only)]
-            for index, (name, step) in enumerate(steps):
-                labels = list(trees) if index % 2 == 0 else list(reversed(trees))
-                if step is connection_abuse_behind_nginx:
-                    labels = ["new"]
-                for label in labels:
-                    started = time.monotonic()
-                    try:
-                        figures[label] |= step(services[label], run)
-                    except Exception as error:  # one scenario's failure is a missing figure, not the end of the run
-                        print(f"  {name} on {label} failed: {error!r}", flush=True)
-                    print(f"{name} on {label}: {time.monotonic() - started:.0f} s", flush=True)
+            turn = 0
+            for name, step in steps:
+                for _ in range(rounds if name in REPEATED else 1):
+                    labels = list(trees) if turn % 2 == 0 else list(reversed(trees))
+                    turn += 1
+                    for label in ["new"] if step is connection_abuse_behind_nginx else labels:
+                        started = time.monotonic()
+                        try:
+                            for key, value in step(services[label], run).items():
+                                samples[label].setdefault(key, []).append(value)
+                        except Exception as error:  # one scenario's failure is a missing figure, not the run's end
+                            print(f"  {name} on {label} failed: {error!r}", flush=True)
+                        print(f"{name} on {label}: {time.monotonic() - started:.0f} s", flush=True)
         finally:
             for served in services.values():
                 with suppress(ProcessLookupError):
                     os.killpg(served.process.pid, signal.SIGKILL)
                 served.process.wait(30)
             shutil.rmtree(state, ignore_errors=True)
+    figures = {
+        label: {key: float(np.median(values)) for key, values in by_key.items()} for label, by_key in samples.items()
+    }
     figures["base"] |= {
         key.replace("abuse.", "abuse_nginx."): value
         for key, value in figures["base"].items()
@@ -738,6 +745,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5, help="length of each load cell")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", nargs="+", default=[], help="only the scenarios whose name holds one of these")
+    parser.add_argument("--rounds", type=int, default=1, help=f"rounds of each of {', '.join(REPEATED)} (medians)")
     args = parser.parse_args()
     if not (args.base / "app" / "__main__.py").is_file():
         parser.error(f"{args.base} is not a checkout of this project (git worktree add /tmp/base fd656d7)")
@@ -745,7 +753,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 8192), hard), hard))
     trees = {"base": args.base.resolve(), "new": ROOT}
     load_before, started = os.getloadavg(), time.monotonic()
-    figures = measure(trees, args.seconds, args.only)
+    figures = measure(trees, args.seconds, args.only, args.rounds)
     load_after, minutes = os.getloadavg(), (time.monotonic() - started) / 60
     rows = table(figures)
     verdicts = Counter(row.split(" | ")[4] for row in rows[2:])
@@ -755,12 +763,15 @@ def main() -> None:
             "## Behaviours against the tree before issue 27 (`make behaviours BASE=...`)",
             "",
             f"Measured {when} in one run of `python -m benchmarks.behaviours --base {args.base} --seconds "
-            f"{args.seconds:g}` ({minutes:.1f} min) on {os.cpu_count()} CPUs shared with other work: load average "
+            f"{args.seconds:g} --rounds {args.rounds}` ({minutes:.1f} min) on {os.cpu_count()} CPUs shared with other "
+            "work: load average "
             f"{load_before[0]:.1f} before and {load_after[0]:.1f} after. base: `python -m app` of "
             f"{commit_of(trees['base'])} (its supervisor); new: `python -m app` of {commit_of(ROOT)} (gunicorn with "
             "uvicorn workers). Both served their own committed models, side by side, with MNEMO_WORKERS=2, "
             "MNEMO_PROBE_PORT, MNEMO_WORKER_STALL_S=8 and a fresh SQLite student store, every other setting at its "
-            f"default; each scenario ran on both in turn, the order alternating. Load cells last {args.seconds:g} s. "
+            f"default; each scenario ran on both in turn, the order alternating ({', '.join(REPEATED)}: {args.rounds} "
+            "rounds, each figure the median of its rounds). "
+            f"Load cells last {args.seconds:g} s. "
             "The verdict compares new with base by the row's rule: a figure is worse (or better) when it moved the "
             "wrong (or right) way by more than the slack the rule names, relative to base or absolute in the "
             "metric's unit, whichever is larger; counts of failures and of cases handled right have no slack. "
