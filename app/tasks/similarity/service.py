@@ -49,9 +49,7 @@ EncodedPair = tuple[EncodedSentence, EncodedSentence]  # one row of the pair gra
 def prepare(model: ServedModel) -> SimilarityState:
     """Limits and labels from the manifest; the GloVe vectors with the model's special-token vectors."""
     limits, metadata = model.entry.limits, model.entry.metadata
-    labels = tuple(metadata.get("entailment_labels", ()))
-    if len(labels) not in (0, 3) or not all(isinstance(label, str) for label in labels):
-        raise ValueError("metadata.entailment_labels must list the 3 entailment labels (none: relatedness only)")
+    labels = _entailment_labels(metadata)
     pointer, window = metadata.get("pointer"), positive_int(metadata, "window")
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
@@ -63,6 +61,16 @@ def prepare(model: ServedModel) -> SimilarityState:
     vectors = WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"])
     embeddings = _embedding_limits(model) if model.graphs else {}
     return SimilarityState(vectors, *sizes, labels, embeddings, PARAPHRASE_OUTPUT in outputs)
+
+
+def _entailment_labels(metadata: dict[str, Any]) -> tuple[str, ...]:
+    """metadata.entailment_labels: none (relatedness only) or 3 distinct printable names, the keys of the answers."""
+    if (labels := metadata.get("entailment_labels", [])) == []:
+        return ()
+    names = labels if isinstance(labels, list) and len(labels) == 3 else []
+    if len({name for name in names if isinstance(name, str) and name.isprintable() and name.strip()}) != 3:
+        raise ValueError("metadata.entailment_labels must list 3 distinct printable labels (none: relatedness only)")
+    return tuple(labels)
 
 
 def _embedding_limits(model: ServedModel) -> dict[str, Any]:

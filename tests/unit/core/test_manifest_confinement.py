@@ -90,3 +90,27 @@ def test_a_number_that_is_not_finite_stops_startup_naming_the_model_the_field_an
     expected = rf"models\.1\.{re.escape(field)}: Input should be a finite number \(model toy-b\)$"
     with pytest.raises(ModelLoadError, match=expected), app_client(artifacts, toy=True):
         pass
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_metric_that_is_not_finite_stops_startup_naming_it(tmp_path, value):
+    artifacts, _ = _artifacts_with(tmp_path, metrics={"test_pearson": value})
+    expected = r"models\.1\.metrics\.test_pearson: Input should be a finite number \(model toy-b\)$"
+    with pytest.raises(ModelLoadError, match=expected), app_client(artifacts, toy=True):
+        pass
+
+
+def test_a_name_with_a_bidi_control_is_escaped_in_the_error(tmp_path):
+    artifacts, _ = _artifacts_with(tmp_path, name="toy\u202eb")
+    expected = r"models\.1\.name: .*\(model toy\\u202eb\)$"
+    with pytest.raises(ModelLoadError, match=expected) as error, app_client(artifacts, toy=True):
+        pass
+    assert "\u202e" not in str(error.value)
+
+
+def test_a_file_name_with_a_bidi_control_is_escaped_in_the_error(tmp_path):
+    artifacts, _ = _artifacts_with(tmp_path, file="toy\u202eb.onnx")
+    expected = r"^model toy-b: model file toy\\u202eb\.onnx is missing$"
+    with pytest.raises(ModelLoadError, match=expected) as error, app_client(artifacts, toy=True):
+        pass
+    assert "\u202e" not in str(error.value)
