@@ -157,6 +157,17 @@ def http_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def listening_address(address: str) -> Callable[[logging.LogRecord], bool]:
+    """A filter giving gunicorn's "Listening at:" line the address: with reuse_port its master has no socket to name."""
+
+    def fill(record: logging.LogRecord) -> bool:
+        if record.msg == "Listening at: %s (%s)" and record.args[0] == "":  # its args: the addresses, the pid
+            record.args = (address, *record.args[1:])
+        return True
+
+    return fill
+
+
 class Gunicorn(BaseApplication):
     """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker."""
 
@@ -184,7 +195,9 @@ class Gunicorn(BaseApplication):
                 "formatters": {"mnemo": {"()": f"app.core.logging.{formatter}"}},
                 "handlers": {"stderr": handler},
                 "root": {"level": "WARNING", "handlers": []},  # not gunicorn's default, which names its own handler
-                "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},  # their access logs off: the app's
+                "filters": {"url": {"()": listening_address, "address": f"http://{settings.address(settings.port)}"}},
+                # their access logs off (the app writes its own)
+                "loggers": {"gunicorn.error": to_stderr | {"filters": ["url"]}, "uvicorn": to_stderr},
             },
             "control_socket_disable": True,  # no runtime control of the workers from outside
         }

@@ -124,6 +124,7 @@ def test_serve_with_chosen_models_serves_only_them_and_says_where():
         assert answer.status_code == 200 and answer.json()["model"] == KT_MODEL
     messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
     assert f"serving {KT_MODEL} on {server.url}" in messages
+    assert f"Listening at: {server.url} ({server.process.pid})" in messages  # gunicorn's line, no longer empty
 
 
 @pytest.mark.slow
