@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
-GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
+GIVE_UP_S = 1.0  # how long the requests given up on (drain timeout, second signal) have to send their 503
 SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
@@ -62,7 +62,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining:  # a second signal: stop now
-            self.should_exit, self.force_exit = True, self.force_exit or sig == signal.SIGINT
+            self.should_exit, self.force_exit = True, self.force_exit or sig in (signal.SIGINT, signal.SIGQUIT)
         else:
             self.drain.begin(connection.client for connection in self.server_state.connections)
             # once, also when a second signal came inside the first one's handler
@@ -78,14 +78,25 @@ class DrainingServer(uvicorn.Server):
                 await asyncio.sleep(SETTLE_S)
                 await self.drain.wait_idle()
         if left := self.drain.tasks:  # the drain's time is up: those still in flight are cancelled, answered 503
-            self.drain.gave_up = True
-            for task in left:
-                task.cancel("the drain's time is up")
+            self.give_up()
             logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", len(left), drain_s)
             await asyncio.wait(left, timeout=GIVE_UP_S)  # their 503s (a store write that has started finishes first)
         else:
             logger.info("drained: no request in flight")
         self.should_exit = True
+
+    def give_up(self) -> set[asyncio.Task]:
+        """The requests in flight, cancelled: each is answered 503 (by the middleware) unless its answer has begun."""
+        self.drain.gave_up = True
+        for task in self.drain.tasks:
+            task.cancel("the server gave up on it")
+        return set(self.drain.tasks)
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        """After a second signal, the requests in flight are answered 503, not with uvicorn's 500 as it cancels them."""
+        if self.drain.tasks and not self.drain.gave_up:
+            await asyncio.wait(self.give_up(), timeout=GIVE_UP_S)
+        await super().shutdown(sockets)
 
 
 class Worker(UvicornWorker):
@@ -138,6 +149,7 @@ class Worker(UvicornWorker):
             )
         server = DrainingServer(self.config)
         signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
+        signal.signal(signal.SIGQUIT, server.handle_exit)  # gunicorn's on SIGINT: like SIGINT (by default: a core dump)
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
         if not server.started:  # one line saying why, and the status that makes gunicorn stop (not retry)
@@ -157,15 +169,11 @@ def http_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def listening_address(address: str) -> Callable[[logging.LogRecord], bool]:
-    """A filter giving gunicorn's "Listening at:" line the address: with reuse_port its master has no socket to name."""
-
-    def fill(record: logging.LogRecord) -> bool:
-        if record.msg == "Listening at: %s (%s)" and record.args[0] == "":  # its args: the addresses, the pid
-            record.args = (address, *record.args[1:])
-        return True
-
-    return fill
+def named_address(address: str, record: logging.LogRecord) -> bool:
+    """gunicorn's "Listening at:" line given the address: with reuse_port its master holds no socket to name."""
+    if record.msg == "Listening at: %s (%s)" and record.args[0] == "":  # its args: the addresses, the pid
+        record.args = (address, *record.args[1:])
+    return True
 
 
 class Gunicorn(BaseApplication):
@@ -195,9 +203,7 @@ class Gunicorn(BaseApplication):
                 "formatters": {"mnemo": {"()": f"app.core.logging.{formatter}"}},
                 "handlers": {"stderr": handler},
                 "root": {"level": "WARNING", "handlers": []},  # not gunicorn's default, which names its own handler
-                "filters": {"url": {"()": listening_address, "address": f"http://{settings.address(settings.port)}"}},
-                # their access logs off (the app writes its own)
-                "loggers": {"gunicorn.error": to_stderr | {"filters": ["url"]}, "uvicorn": to_stderr},
+                "loggers": {"gunicorn.error": to_stderr, "uvicorn": to_stderr},  # their access logs off: the app's
             },
             "control_socket_disable": True,  # no runtime control of the workers from outside
         }
@@ -209,7 +215,9 @@ class Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def run(self) -> None:
-        arbiter = self.arbiter = Arbiter(self)
+        arbiter = self.arbiter = Arbiter(self)  # gunicorn's logging configured
+        named = functools.partial(named_address, f"http://{self.settings.address(self.settings.port)}")
+        logging.getLogger("gunicorn.error").addFilter(named)
         halt = arbiter.run  # both exit the process
         while True:
             try:
