@@ -77,25 +77,24 @@ class DrainingServer(uvicorn.Server):
                 await self.drain.wait_idle()
                 await asyncio.sleep(SETTLE_S)
                 await self.drain.wait_idle()
-        if left := self.drain.tasks:  # the drain's time is up: those still in flight are cancelled, answered 503
-            self.give_up()
+        if left := self.drain.tasks:  # the drain's time is up
             logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", len(left), drain_s)
-            await asyncio.wait(left, timeout=GIVE_UP_S)  # their 503s (a store write that has started finishes first)
+            await self.give_up()
         else:
             logger.info("drained: no request in flight")
         self.should_exit = True
 
-    def give_up(self) -> set[asyncio.Task]:
-        """The requests in flight, cancelled: each is answered 503 (by the middleware) unless its answer has begun."""
+    async def give_up(self) -> None:
+        """Cancel the requests in flight: each answers 503 unless its answer began (a started store write finishes)."""
         self.drain.gave_up = True
         for task in self.drain.tasks:
             task.cancel("the server gave up on it")
-        return set(self.drain.tasks)
+        await asyncio.wait(self.drain.tasks, timeout=GIVE_UP_S)
 
     async def shutdown(self, sockets: list | None = None) -> None:
         """After a second signal, the requests in flight are answered 503, not with uvicorn's 500 as it cancels them."""
         if self.drain.tasks and not self.drain.gave_up:
-            await asyncio.wait(self.give_up(), timeout=GIVE_UP_S)
+            await self.give_up()
         await super().shutdown(sockets)
 
 
