@@ -138,7 +138,7 @@ def models(artifacts_dir: Path, as_json: bool) -> None:
         files = [entry.file, *(part.file for part in [*entry.graphs.values(), *entry.assets.values()])]
         size = sum((artifacts_dir / name).stat().st_size for name in files if (artifacts_dir / name).is_file())
         tested = [(key, value) for key, value in entry.metrics.items() if key.startswith("test_")][:MAX_METRICS]
-        metrics = ", ".join(f"{key.removeprefix('test_')} {value:.4g}" for key, value in tested)
+        metrics = ", ".join(f"{key.removeprefix('test_')} {value:.4g}" for key, value in tested if value is not None)
         table.append(
             [entry.name, entry.task, entry.version, "yes" if entry.default else "", f"{size / 1e6:.1f} MB", metrics]
         )

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mnemo.server")
 SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers before cancelling them
-GIVE_UP_S = 1.0  # after the drain's time is up, how long its cancelled requests have to send their 503
+GIVE_UP_S = 1.0  # how long the requests given up on (drain timeout, second signal) have to send their 503
 SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
@@ -63,7 +63,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining:  # a second signal: stop now
-            self.should_exit, self.force_exit = True, self.force_exit or sig == signal.SIGINT
+            self.should_exit, self.force_exit = True, self.force_exit or sig in (signal.SIGINT, signal.SIGQUIT)
         else:
             self.drain.begin(connection.client for connection in self.server_state.connections)
             # once, also when a second signal came inside the first one's handler
@@ -78,15 +78,25 @@ class DrainingServer(uvicorn.Server):
                 await self.drain.wait_idle()
                 await asyncio.sleep(SETTLE_S)
                 await self.drain.wait_idle()
-        if left := self.drain.tasks:  # the drain's time is up: those still in flight are cancelled, answered 503
-            self.drain.gave_up = True
-            for task in left:
-                task.cancel("the drain's time is up")
+        if left := self.drain.tasks:  # the drain's time is up
             logger.warning("drain timeout: %d request(s) in flight after %gs, answered 503", len(left), drain_s)
-            await asyncio.wait(left, timeout=GIVE_UP_S)  # their 503s (a store write that has started finishes first)
+            await self.give_up()
         else:
             logger.info("drained: no request in flight")
         self.should_exit = True
+
+    async def give_up(self) -> None:
+        """Cancel the requests in flight: each answers 503 unless its answer began (a started store write finishes)."""
+        self.drain.gave_up = True
+        for task in self.drain.tasks:
+            task.cancel("the server gave up on it")
+        await asyncio.wait(self.drain.tasks, timeout=GIVE_UP_S)
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        """After a second signal, the requests in flight are answered 503, not with uvicorn's 500 as it cancels them."""
+        if self.drain.tasks and not self.drain.gave_up:
+            await self.give_up()
+        await super().shutdown(sockets)
 
 
 class Worker(UvicornWorker):
@@ -138,6 +148,7 @@ class Worker(UvicornWorker):
             )
         server = DrainingServer(self.config)
         signal.signal(signal.SIGHUP, server.handle_exit)  # like SIGTERM (uvicorn's): a worker is never reloaded
+        signal.signal(signal.SIGQUIT, server.handle_exit)  # gunicorn's on SIGINT: like SIGINT (by default: a core dump)
         with contextlib.suppress(SystemExit):  # uvicorn's own exit when the app's startup failed
             await server.serve(sockets=self.sockets)
         if not server.started:  # one line saying why, and the status that makes gunicorn stop (not retry)

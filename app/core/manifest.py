@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, FiniteFloat, ValidationError
+from pydantic import AllowInfNan, BaseModel, Field, FiniteFloat, ValidationError
 
 from app.core.errors import printable
 from app.core.integrity import sha256_of
@@ -41,7 +41,7 @@ class ModelEntry(BaseModel, extra="forbid"):
     sha256: str = Field(pattern=SHA256_PATTERN)
     default: bool = False
     limits: dict[str, int] = {}
-    metrics: dict[str, float | int | None] = {}
+    metrics: dict[str, Annotated[float | int | None, AllowInfNan(False)]] = {}  # no NaN or Infinity: not a measurement
     metadata: dict[str, Any] = {}
     assets: dict[str, AssetEntry] = {}
     graphs: dict[str, AssetEntry] = {}  # more ONNX graphs of the same weights (e.g. the encoder alone), by task key
@@ -78,7 +78,7 @@ def _problem(raw: Any, loc: tuple, message: str) -> str:
     """`models.1.batching.max_wait_ms: <rule> (model <name>)`: where, the rule broken, and the entry's name."""
     entry = raw["models"][loc[1]] if loc[:1] == ("models",) and len(loc) > 2 else None
     name = f" (model {entry['name']})" if isinstance(entry, dict) and isinstance(entry.get("name"), str) else ""
-    return f"{'.'.join(map(str, loc)) or 'the manifest'}: {message}{name}"
+    return printable(f"{'.'.join(map(str, loc)) or 'the manifest'}: {message}{name}", None)
 
 
 def read_manifest(artifacts: Path, tasks: set[str]) -> list[ModelEntry]:

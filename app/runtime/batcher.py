@@ -200,6 +200,7 @@ class ModelBatcher:
             await self._loop_task
         for item in self._queue:  # their requests' _outcomes observe their waits
             item.future.cancel()
+        self._queue_depth.dec(_rows(self._queue))
         self._queue.clear()
         if self._runs:
             await asyncio.wait(self._runs)

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.utils import triton_to_np_dtype
 
-from app.core.errors import ModelNotReady, UnknownModel
+from app.core.errors import ModelNotReady, UnknownModel, printable
 from app.core.integrity import load_npy
 from app.core.manifest import ModelLoadError, chosen, read_manifest, verified
 from app.core.metrics import Metrics
@@ -93,7 +93,8 @@ class ModelRegistry:
             raise ModelLoadError(str(error)) from None
         except Exception as error:
             model.instances, model.session = [], None
-            model.error = " ".join(str(error).split()).replace(f"{self.settings.artifacts_dir.resolve()}{os.sep}", "")
+            message = " ".join(str(error).split()).replace(f"{self.settings.artifacts_dir.resolve()}{os.sep}", "")
+            model.error = printable(message, None)  # manifest strings (files, keys) may hold controls
             return
         took = time.perf_counter() - started
         logger.info("loaded %s (%s) on %s in %.2fs", model.name, model.task, model.instances[0].provider, took)

@@ -44,7 +44,11 @@ def check_url(url: str) -> None:
     """ValueError naming MNEMO_STATE_URL when the URL is malformed (checked at startup, without connecting)."""
     if url.startswith(SQLITE_PREFIX):  # a directory or a file that is no SQLite database: no restart would mend it
         path = _sqlite_options(url.removeprefix(SQLITE_PREFIX))[0]
-        if path.is_dir():
+        try:
+            is_directory = path.is_dir()
+        except OSError as error:  # a parent this user may not search, a name past the file system's limit
+            raise ValueError(f"MNEMO_STATE_URL names {path}, which cannot be reached: {error.strerror}") from None
+        if is_directory:
             raise ValueError(
                 f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {path / 'students.db'}"
             )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.manifest import ModelLoadError
 from tests.conftest import COMMITTED, FLMP_MODEL, SIM_MODEL
 from tests.helpers import app_client
 from tests.toy_profiles import flat_cost
@@ -268,3 +269,20 @@ def test_a_model_whose_metadata_does_not_describe_its_attention_stops_that_model
         info = {m["name"]: m for m in client.get("/models").json()["models"]}
         assert info[FLMP_MODEL]["ready"] and not info[SIM_MODEL]["ready"]
         assert "6 slots" in info[SIM_MODEL]["error"] and "window 6" in info[SIM_MODEL]["error"]
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [["A", "A", "B"], ["A", "", "B"], ["A", "B\u202e", "C"], ["A", "B"], "ABC"],
+    ids=["twice", "empty", "bidi", "two", "string"],
+)
+def test_entailment_labels_other_than_three_distinct_names_stop_startup_naming_the_field(artifacts_copy, labels):
+    def relabel(entry: dict) -> None:
+        if entry["name"] == SIM_MODEL:
+            entry["metadata"]["entailment_labels"] = labels
+
+    rewrite_manifest(artifacts_copy, relabel)
+    expected = rf"^model {SIM_MODEL}: metadata\.entailment_labels must list 3 distinct printable labels"
+    with pytest.raises(ModelLoadError, match=expected) as raised, app_client(artifacts_copy, models=SIM_MODEL):
+        pass
+    assert "\u202e" not in str(raised.value)

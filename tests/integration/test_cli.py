@@ -52,6 +52,15 @@ def test_models_prints_every_manifest_entry_with_its_version():
     assert [entry["name"] for entry in json.loads(as_json.output)] == [m["name"] for m in manifest_models(COMMITTED)]
 
 
+def test_models_leaves_out_a_metric_the_manifest_gives_as_null(tmp_path):
+    manifest = {"models": manifest_models(COMMITTED)}
+    manifest["models"][0]["metrics"] = {"test_auc": None, "test_accuracy": 0.75}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    listed = CliRunner().invoke(cli, ["models", "--artifacts", str(tmp_path)])
+    assert listed.exit_code == 0, listed.exception
+    assert listed.output.splitlines()[1].endswith("accuracy 0.75")
+
+
 def test_models_of_a_directory_without_a_manifest_is_one_line_and_status_1(tmp_path):
     listed = CliRunner().invoke(cli, ["models", "--artifacts", str(tmp_path)])
     assert listed.exit_code == 1

@@ -170,6 +170,42 @@ def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_se
     assert any(message.startswith("drain timeout: 1 request(s) in flight after 1s, answered 503") for message in logged)
 
 
+@pytest.mark.parametrize("to_master", [False, True], ids=["worker", "master"])
+def test_sigint_during_the_drain_answers_a_request_whose_body_is_still_arriving_503_not_500(to_master: bool):
+    """A second signal (SIGINT: stop now; gunicorn's master passes it on as SIGQUIT) while a body is half sent:
+    uvicorn's exit would cancel the request and answer its text/plain 500 (SIGQUIT killed the worker); the server
+    answers it 503 before it stops, without waiting for the rest of the body."""
+    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+        (worker,) = children(server.process.pid)
+        held = _hold_one_request(server)
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not _draining(server):
+            assert time.monotonic() < deadline, "the drain never began"
+            time.sleep(0.02)
+        os.kill(server.process.pid if to_master else worker, signal.SIGINT)
+        answer = b""
+        while chunk := held.sock.recv(65536):  # the answer, then the close, with the body's rest never sent
+            answer += chunk
+        held.sock.close()
+        assert server.process.wait(timeout=30) == 0
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert int(head.split()[1]) == 503 and "MNEMO_DRAIN_S" in json.loads(body)["detail"]
+
+
+def test_sigint_to_the_server_drains_it_as_sigterm_does():
+    """gunicorn's master passes SIGINT on as SIGQUIT, which killed the worker at once (its default action)."""
+    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+        held = _hold_one_request(server)
+        server.process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        while not any(line.startswith("{") and "draining" in json.loads(line)["message"] for line in server.output):
+            assert time.monotonic() < deadline, "the drain never began"
+            time.sleep(0.02)
+        assert held.finish()[0] == 200
+        assert server.process.wait(timeout=30) == 0
+
+
 def test_sighup_replaces_the_workers_and_the_old_one_drains_its_requests_in_flight():
     """SIGHUP is gunicorn's reload: new workers start, and the old one drains what it admitted before it exits."""
     with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:

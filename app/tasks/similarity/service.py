@@ -49,9 +49,11 @@ EncodedPair = tuple[EncodedSentence, EncodedSentence]  # one row of the pair gra
 def prepare(model: ServedModel) -> SimilarityState:
     """Limits and labels from the manifest; the GloVe vectors with the model's special-token vectors."""
     limits, metadata = model.entry.limits, model.entry.metadata
-    labels = tuple(metadata.get("entailment_labels", ()))
-    if len(labels) not in (0, 3) or not all(isinstance(label, str) for label in labels):
-        raise ValueError("metadata.entailment_labels must list the 3 entailment labels (none: relatedness only)")
+    labels = metadata.get("entailment_labels", [])  # none (relatedness only), or the keys of each answer's entailment
+    names = labels if isinstance(labels, list) else [labels]
+    named = {name for name in names if isinstance(name, str) and name.isprintable() and name.strip()}
+    if names and not len(names) == len(named) == 3:
+        raise ValueError("metadata.entailment_labels must list 3 distinct printable labels (none: relatedness only)")
     pointer, window = metadata.get("pointer"), positive_int(metadata, "window")
     if pointer not in ("vlmp", "flmp"):
         raise ValueError(f"metadata.pointer must be vlmp or flmp, not {pointer!r}")
@@ -62,7 +64,7 @@ def prepare(model: ServedModel) -> SimilarityState:
     sizes = [positive_int(limits, key) for key in ("max_tokens", "max_characters", "max_batch_pairs")]
     vectors = WordVectors.from_glove(np.asarray(model.assets["special_vectors"]), model.assets["vocabulary"])
     embeddings = _embedding_limits(model) if model.graphs else {}
-    return SimilarityState(vectors, *sizes, labels, embeddings, PARAPHRASE_OUTPUT in outputs)
+    return SimilarityState(vectors, *sizes, tuple(labels), embeddings, PARAPHRASE_OUTPUT in outputs)
 
 
 def _embedding_limits(model: ServedModel) -> dict[str, Any]:

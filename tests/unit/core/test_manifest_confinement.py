@@ -90,3 +90,25 @@ def test_a_number_that_is_not_finite_stops_startup_naming_the_model_the_field_an
     expected = rf"models\.1\.{re.escape(field)}: Input should be a finite number \(model toy-b\)$"
     with pytest.raises(ModelLoadError, match=expected), app_client(artifacts, toy=True):
         pass
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_metric_that_is_not_finite_stops_startup_naming_it(tmp_path, value):
+    artifacts, _ = _artifacts_with(tmp_path, metrics={"test_pearson": value})
+    expected = r"models\.1\.metrics\.test_pearson: Input should be a finite number \(model toy-b\)$"
+    with pytest.raises(ModelLoadError, match=expected), app_client(artifacts, toy=True):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        ("name", r"models\.1\.name: .*\(model toy\\u202eb\)$"),  # the schema's error
+        ("file", r"^model toy-b: model file toy\\u202eb is missing$"),  # the registry's
+    ],
+)
+def test_a_bidi_control_in_a_name_or_file_is_escaped_in_the_error(tmp_path, field, expected):
+    artifacts, _ = _artifacts_with(tmp_path, **{field: "toy\u202eb"})
+    with pytest.raises(ModelLoadError, match=expected) as error, app_client(artifacts, toy=True):
+        pass
+    assert "\u202e" not in str(error.value)

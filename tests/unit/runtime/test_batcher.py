@@ -298,6 +298,29 @@ def test_a_cancelled_request_is_dropped_before_it_runs_and_its_wait_is_counted(t
     assert metrics.registry.get_sample_value("mnemo_queue_wait_seconds_sum", labels) == pytest.approx(0.3)
 
 
+def test_stopping_cancels_the_queued_requests_and_lowers_the_queue_depth_by_their_rows(toy_runs, clock):
+    metrics = Metrics()
+
+    async def scenario(batcher):
+        hold = toy_runs.hold()
+        running = asyncio.create_task(batcher.run(_feeds(0), 1, 1))
+        await hold.started()
+        two_rows = {name: np.concatenate([value, value]) for name, value in _feeds(1).items()}
+        queued = [asyncio.create_task(batcher.run(feeds, rows, 1)) for feeds, rows in ((_feeds(2), 1), (two_rows, 2))]
+        await _until_queued(metrics, 3)
+        stopping = asyncio.create_task(batcher.stop())
+        await _turns()
+        hold.release()
+        await stopping
+        await running
+        return await asyncio.gather(*queued, return_exceptions=True)
+
+    outcomes = _drive(scenario, toy_runs, clock, metrics=metrics)
+    assert [type(outcome) for outcome in outcomes] == [asyncio.CancelledError] * 2
+    assert toy_runs.batches == [1]
+    assert metrics.registry.get_sample_value("mnemo_queue_depth", {"model": "toy"}) == 0
+
+
 def test_rows_of_a_client_that_left_are_skipped_even_before_its_request_is_cancelled(toy_runs, clock):
     metrics = Metrics()
     client_there = {"gone": True, "here": True}
