@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -39,6 +40,7 @@ SHUTDOWN_GRACE_S = 5  # after the drain, how long uvicorn waits for stragglers b
 GIVE_UP_S = 1.0  # how long the requests given up on (drain timeout, second signal) have to send their 503
 SETTLE_S = 1.0  # once idle, the drain still serves this long: requests sent but not yet read get their answer
 HEARTBEAT_S = 1.0  # how often a worker's event loop tells gunicorn's master it is alive
+ECHO_S = 0.5  # a signal this soon after the one that began the drain is its echo (process group, gunicorn's master)
 GIL_SWITCH_INTERVAL_S = 0.001  # the event loop waits at most this long for the GIL held by a worker thread
 METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess mode: the workers' metrics files
 
@@ -52,6 +54,7 @@ class DrainingServer(uvicorn.Server):
         config.app.state.connections = self.server_state.connections  # the edge's 503 past MNEMO_MAX_CONNECTIONS
         self.loop = asyncio.get_running_loop()  # a signal's handler starts the drain on it
         self.drained: Future | None = None
+        self.drain_began = -math.inf
 
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
@@ -62,9 +65,12 @@ class DrainingServer(uvicorn.Server):
             logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain.draining:  # a second signal: stop now
+        if self.drain.draining:  # a second signal: stop now, unless it is the first one's echo
+            if time.monotonic() - self.drain_began < ECHO_S:
+                return
             self.should_exit, self.force_exit = True, self.force_exit or sig in (signal.SIGINT, signal.SIGQUIT)
         else:
+            self.drain_began = time.monotonic()
             self.drain.begin(connection.client for connection in self.server_state.connections)
             # once, also when a second signal came inside the first one's handler
             self.drained = self.drained or asyncio.run_coroutine_threadsafe(self.finish_drain(sig), self.loop)

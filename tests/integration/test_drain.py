@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.server import ECHO_S
 from tests.conftest import COMMITTED
 from tests.helpers import HeldRequest, Server, children, free_port, running_server
 
@@ -183,6 +184,7 @@ def test_sigint_during_the_drain_answers_a_request_whose_body_is_still_arriving_
         while not _draining(server):
             assert time.monotonic() < deadline, "the drain never began"
             time.sleep(0.02)
+        time.sleep(ECHO_S)  # a signal sooner is the first one's echo (to the process group, passed on by the master)
         os.kill(server.process.pid if to_master else worker, signal.SIGINT)
         answer = b""
         while chunk := held.sock.recv(65536):  # the answer, then the close, with the body's rest never sent
@@ -191,6 +193,24 @@ def test_sigint_during_the_drain_answers_a_request_whose_body_is_still_arriving_
         assert server.process.wait(timeout=30) == 0
     head, body = answer.split(b"\r\n\r\n", 1)
     assert int(head.split()[1]) == 503 and "MNEMO_DRAIN_S" in json.loads(body)["detail"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_process_group_drains(stop: signal.Signals):
+    """Ctrl-C in a terminal, or systemd's default stop, signals the worker and gunicorn's master, which passes it on:
+    the worker gets it twice at once, and drains (the second is the echo, not a second signal that stops it now)."""
+    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+        (worker,) = children(server.process.pid)
+        held = _hold_one_request(server)
+        os.kill(worker, stop)
+        server.process.send_signal(stop)
+        deadline = time.monotonic() + 30
+        while not any(line.startswith("{") and "draining" in json.loads(line)["message"] for line in server.output):
+            assert time.monotonic() < deadline, "the drain never began"
+            time.sleep(0.02)
+        time.sleep(2 * ECHO_S)
+        assert held.finish()[0] == 200
+        assert server.process.wait(timeout=30) == 0
 
 
 def test_sigint_to_the_server_drains_it_as_sigterm_does():
