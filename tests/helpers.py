@@ -177,9 +177,10 @@ def metric(url: str, line_start: str) -> float:
 
 
 async def until_metric(url: str, line_start: str, value: float) -> None:
-    """Wait (at most 30 s) until the metric line starting with `line_start` reaches `value`."""
+    """Wait (at most 30 s, else fail) until the metric line starting with `line_start` reaches `value`."""
     deadline = time.monotonic() + 30
-    while metric(url, line_start) < value and time.monotonic() < deadline:
+    while (now := metric(url, line_start)) < value:
+        assert time.monotonic() < deadline, f"{line_start} is {now} after 30 s, not {value}"
         await asyncio.sleep(0.02)
 
 

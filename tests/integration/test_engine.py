@@ -302,9 +302,9 @@ def test_health_answers_while_inference_is_saturated(tmp_path):
 
     async def scenario(server: Server):
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            load = [
-                asyncio.create_task(client.post("/toy", json=HELD_TOY if i == 0 else toy_body())) for i in range(16)
-            ]
+            load = [asyncio.create_task(client.post("/toy", json=HELD_TOY))]
+            await until_admitted(server.url, 1)  # it holds the run slot: none of the others runs inline before it
+            load += [asyncio.create_task(client.post("/toy", json=toy_body())) for _ in range(15)]
             await until_admitted(server.url, 16)
             latencies = []
             for _ in range(10):
