@@ -745,7 +745,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5, help="length of each load cell")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", nargs="+", default=[], help="only the scenarios whose name holds one of these")
-    parser.add_argument("--rounds", type=int, default=1, help=f"rounds of each of {', '.join(REPEATED)} (medians)")
+    parser.add_argument("--rounds", type=int, default=3, help=f"rounds of each of {', '.join(REPEATED)} (medians)")
     args = parser.parse_args()
     if not (args.base / "app" / "__main__.py").is_file():
         parser.error(f"{args.base} is not a checkout of this project (git worktree add /tmp/base fd656d7)")
