@@ -52,6 +52,8 @@ def check_url(url: str) -> None:
             raise ValueError(
                 f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {path / 'students.db'}"
             )
+        if path.exists() and not path.is_file():  # a FIFO or a device: opening it below would block or read junk
+            raise ValueError(f"MNEMO_STATE_URL names {path}, which is not a regular file: name a database file")
         with suppress(OSError), path.open("rb") as file:  # absent (created on opening) or unreadable (opening says why)
             if (header := file.read(len(SQLITE_HEADER))) and header != SQLITE_HEADER:
                 raise ValueError(f"MNEMO_STATE_URL names {path}, a file that is not an SQLite database")

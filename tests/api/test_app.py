@@ -110,6 +110,7 @@ def test_the_thread_budget_fits_the_cpus():
         ({"MNEMO_STATE_URL": "sqlite:///tmp"}, "MNEMO_STATE_URL names /tmp, a directory: name a database file"),
         ({"MNEMO_STATE_URL": "NOT_A_DB"}, "pyproject.toml, a file that is not an SQLite database"),  # was: /ready 200
         ({"MNEMO_STATE_URL": "LONG_NAME"}, "/x.db, which cannot be reached: File name too long"),  # was: a traceback
+        ({"MNEMO_STATE_URL": "FIFO"}, "students.db, which is not a regular file"),  # was: startup hung opening it
         ({"MNEMO_OPEN_PATHS": "/ready,health"}, "MNEMO_OPEN_PATHS: 'health' is not a path"),  # was: 401
         ({"MNEMO_CORS_ORIGINS": "https://a.example/"}, "'https://a.example/' is not an origin"),
         ({"MNEMO_CORS_ORIGINS": "https://a.example\u202e"}, "'https://a.example\\u202e' is not an origin"),  # not ASCII
@@ -122,11 +123,13 @@ def test_the_thread_budget_fits_the_cpus():
     ],
 )
 @pytest.mark.slow
-def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str):
+def test_settings_that_cannot_work_stop_startup_with_one_line(variables: dict[str, str], message: str, tmp_path):
     port = str(free_port())
+    os.mkfifo(tmp_path / "students.db")
     files = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 127  # one connection past the open-file limit
     placeholders = {"PORT": port, "FILES": str(files), "NOT_A_DB": f"sqlite://{ROOT / 'pyproject.toml'}"}
     placeholders["LONG_NAME"] = f"sqlite:///tmp/{'a' * 300}/x.db"  # past NAME_MAX: stat fails (as on no access)
+    placeholders["FIFO"] = f"sqlite://{tmp_path / 'students.db'}"
     variables = {name: placeholders.get(value, value) for name, value in variables.items()}
     env = {**os.environ, "MNEMO_PORT": port, **variables}
     done = run_app(env)
