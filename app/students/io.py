@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,14 +46,16 @@ def check_url(url: str) -> None:
     if url.startswith(SQLITE_PREFIX):  # a directory or a file that is no SQLite database: no restart would mend it
         path = _sqlite_options(url.removeprefix(SQLITE_PREFIX))[0]
         try:
-            is_directory = path.is_dir()
+            mode = path.stat().st_mode
+        except FileNotFoundError:  # created on opening
+            mode = stat.S_IFREG
         except OSError as error:  # a parent this user may not search, a name past the file system's limit
             raise ValueError(f"MNEMO_STATE_URL names {path}, which cannot be reached: {error.strerror}") from None
-        if is_directory:
+        if stat.S_ISDIR(mode):
             raise ValueError(
                 f"MNEMO_STATE_URL names {path}, a directory: name a database file, e.g. {path / 'students.db'}"
             )
-        if path.exists() and not path.is_file():  # a FIFO or a device: opening it below would block or read junk
+        if not stat.S_ISREG(mode):  # a FIFO or a device: opening it below would block or read junk
             raise ValueError(f"MNEMO_STATE_URL names {path}, which is not a regular file: name a database file")
         with suppress(OSError), path.open("rb") as file:  # absent (created on opening) or unreadable (opening says why)
             if (header := file.read(len(SQLITE_HEADER))) and header != SQLITE_HEADER:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -53,9 +54,9 @@ def _open_connections(url: str) -> int:
 
 
 def _draining(server: Server, workers: int = 1) -> bool:
-    """Every one of `workers` logged that SIGTERM started its drain."""
+    """Every one of `workers` logged that a signal (SIGTERM, SIGINT...) started its drain."""
     messages = [json.loads(line)["message"] for line in server.output if line.startswith("{")]
-    return sum(message.startswith("SIGTERM: draining") for message in messages) >= workers
+    return sum(bool(re.match(r"SIG[A-Z]+: draining ", message)) for message in messages) >= workers
 
 
 def test_sigterm_answers_every_admitted_request_refuses_new_ones_and_exits_cleanly():
@@ -205,7 +206,7 @@ def test_a_signal_to_the_whole_process_group_drains(stop: signal.Signals):
         os.kill(worker, stop)
         server.process.send_signal(stop)
         deadline = time.monotonic() + 30
-        while not any(line.startswith("{") and "draining" in json.loads(line)["message"] for line in server.output):
+        while not _draining(server):
             assert time.monotonic() < deadline, "the drain never began"
             time.sleep(0.02)
         time.sleep(2 * ECHO_S)
@@ -219,7 +220,7 @@ def test_sigint_to_the_server_drains_it_as_sigterm_does():
         held = _hold_one_request(server)
         server.process.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 30
-        while not any(line.startswith("{") and "draining" in json.loads(line)["message"] for line in server.output):
+        while not _draining(server):
             assert time.monotonic() < deadline, "the drain never began"
             time.sleep(0.02)
         assert held.finish()[0] == 200
