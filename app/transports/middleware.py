@@ -174,6 +174,7 @@ class RequestEdge:
         try:
             await (refusal(scope, exchange.fields) or self.admitted)(inner, exchange.receive, exchange.send)
         finally:
+            del scope[EXCHANGE]  # it holds uvicorn's receive and send, which hold the scope: a cycle left for the gc
             self.held_bytes -= exchange.size
             scope["route"] = inner.get("route")  # a HEAD: the route its GET matched
             self.metrics.in_flight.dec()

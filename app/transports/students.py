@@ -48,9 +48,7 @@ def student_id_problem(student_id: str) -> str | None:
             return f"student_id must not contain '/' (it is one URL path segment); character {position}"
         if character == "\ufffd":  # what URL decoding makes of any byte that is not UTF-8: such ids would be one
             return f"student_id must be valid UTF-8 and must not contain U+FFFD; character {position} is U+FFFD"
-    if student_id in (".", ".."):
-        return "student_id must not be '.' or '..' (URL path segments)"
-    return None
+    return "student_id must not be '.' or '..' (URL path segments)" if student_id in (".", "..") else None
 
 
 def _holder(request: Request, student_id: str, location: tuple[str, str] = ("path", "student_id")) -> StoreHolder:
