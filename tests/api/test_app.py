@@ -245,9 +245,8 @@ def test_answered_requests_leave_no_garbage_cycle_and_startup_objects_are_frozen
         "/similarity": {"sentence_a": "a man plays", "sentence_b": "a dog runs", "return_attention": True},
         "/knowledge-trace": {"interactions": [{"question": 3, "correct": True}] * 5, "next_questions": [2]},
     }
-    requests = [
-        asgi_call(app, path, json.dumps(body).encode()) for path, body in bodies.items()
-    ]  # each raises unless 200
+    # each raises unless answered 200
+    requests = [asgi_call(app, path, json.dumps(body).encode()) for path, body in bodies.items()]
 
     async def serve() -> tuple[int, int]:
         async with app.router.lifespan_context(app):
