@@ -87,8 +87,7 @@ def create_app(
             logger.info(app.state.api_keys.summary())
             if settings.grpc_port is not None:  # its calls drained before the engine
                 await stack.enter_async_context(serve_grpc(app))
-            gc.collect()  # then startup's objects are frozen: a full collection (tens of ms) walks only later ones
-            gc.freeze()
+            gc.freeze()  # startup's objects: a full collection (tens of ms) walks only what comes after
             stack.callback(gc.unfreeze)  # at shutdown: an app dropped in this process (tests, Ray) is collected
             yield
 

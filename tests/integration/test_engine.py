@@ -9,6 +9,7 @@ clock, is tested in test_batcher.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import time
@@ -384,9 +385,19 @@ def _trickle_body(url: str, content_length: int, every_s: float, for_s: float) -
         while time.monotonic() < ends:
             readable, _, _ = select.select([connection], [], [], every_s)
             if readable:
-                return b"".join(iter(lambda: connection.recv(4096), b""))  # the head and body may be two segments
+                return _until_closed(connection)
             connection.sendall(b" ")
     return b""
+
+
+def _until_closed(connection: socket.socket) -> bytes:
+    """What the server sent until it closed: the head and body may be two segments, and a server that closes with
+    unread bytes of ours resets the connection once its answer is sent."""
+    received = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := connection.recv(4096):
+            received.append(chunk)
+    return b"".join(received)
 
 
 @pytest.mark.slow
