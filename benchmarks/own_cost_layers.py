@@ -32,31 +32,9 @@ from app.transports.deadline import within_deadline
 from app.transports.http import validate
 from benchmarks.floor_app import ANSWERS
 from benchmarks.load import Scenario, scenarios
+from benchmarks.request_work import call as asgi_call
 
 Call = Callable[[], Awaitable[object]]
-
-
-def asgi_call(app, path: str, body: bytes) -> Call:
-    """A POST of `body` to `path`, straight into the ASGI app; an error unless it is answered 200."""
-    headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http"}
-    scope |= {"path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": headers}
-    scope |= {"client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000)}
-
-    async def call() -> None:
-        sent, messages = [], [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict:
-            return messages.pop() if messages else await asyncio.Future()  # after the body: no disconnect
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        await app(dict(scope), receive, send)
-        if sent[0]["status"] != 200:
-            raise RuntimeError(f"{path} answered {sent[0]['status']}: {sent[-1].get('body', b'')[:300]!r}")
-
-    return call
 
 
 def layers(app, scenario: Scenario) -> dict[str, Call]:
@@ -86,8 +64,11 @@ def layers(app, scenario: Scenario) -> dict[str, Call]:
         with endpoint.admit(model, request):
             await within_deadline(endpoint.answer(model, request, True), app.state, model.name)
 
-    app_call = asgi_call(app, scenario.path, body)
-    return {"floor": floor, "answer": answer, "admitted": admitted, "deadline": deadline, "app": app_call}
+    async def whole_app() -> None:
+        if (status := await asgi_call(app, scenario.path, body)) != 200:
+            raise RuntimeError(f"{scenario.path} answered {status}")
+
+    return {"floor": floor, "answer": answer, "admitted": admitted, "deadline": deadline, "app": whole_app}
 
 
 async def measure(requests: int, only: str) -> None:

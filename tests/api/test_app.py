@@ -17,7 +17,7 @@ from app.main import create_app
 from app.students.io import open_store
 from app.tasks import TASKS
 from app.transports.middleware import RequestEdge
-from benchmarks.own_cost_layers import asgi_call
+from benchmarks.request_work import call
 from tests.helpers import ROOT, app_settings, free_port, run_app
 
 
@@ -245,22 +245,20 @@ def test_answered_requests_leave_no_garbage_cycle_and_startup_objects_are_frozen
         "/similarity": {"sentence_a": "a man plays", "sentence_b": "a dog runs", "return_attention": True},
         "/knowledge-trace": {"interactions": [{"question": 3, "correct": True}] * 5, "next_questions": [2]},
     }
-    # each raises unless answered 200
-    requests = [asgi_call(app, path, json.dumps(body).encode()) for path, body in bodies.items()]
+    requests = [(path, json.dumps(body).encode()) for path, body in bodies.items()]
 
-    async def serve() -> tuple[int, int]:
+    async def serve() -> tuple[int, int, set[int]]:
         async with app.router.lifespan_context(app):
             frozen = gc.get_freeze_count()
-            for request in requests * 3:
-                await request()
+            statuses = {await call(app, path, body) for path, body in requests * 3}
             gc.disable()
             try:
-                for request in requests * 20:
-                    await request()
-                return frozen, gc.collect()
+                statuses |= {await call(app, path, body) for path, body in requests * 20}
+                return frozen, gc.collect(), statuses
             finally:
                 gc.enable()
 
-    frozen, found = asyncio.run(serve())
+    frozen, found, statuses = asyncio.run(serve())
+    assert statuses == {200}
     assert frozen > 10_000 and gc.get_freeze_count() == 0
     assert found == 0, f"{found} objects of answered requests were left in cycles"
