@@ -139,9 +139,8 @@ def models(artifacts_dir: Path, as_json: bool) -> None:
         size = sum((artifacts_dir / name).stat().st_size for name in files if (artifacts_dir / name).is_file())
         tested = [(key, value) for key, value in entry.metrics.items() if key.startswith("test_")][:MAX_METRICS]
         metrics = ", ".join(f"{key.removeprefix('test_')} {value:.4g}" for key, value in tested if value is not None)
-        table.append(
-            [entry.name, entry.task, entry.version, "yes" if entry.default else "", f"{size / 1e6:.1f} MB", metrics]
-        )
+        default = "yes" if entry.default else ""
+        table.append([entry.name, entry.task, entry.version, default, f"{size / 1e6:.1f} MB", metrics])
     widths = [max(len(cell) for cell in column) for column in zip(*table, strict=True)]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())

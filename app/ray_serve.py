@@ -50,8 +50,7 @@ def main(
         signal.signal(signum, lambda *_: stop.set())
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not address:
-        # Ray otherwise gives its processes the host's routable address so that other nodes could join; with
-        # multi-node clusters disabled they reach each other on 127.0.0.1. Read at import.
+        # else Ray gives its processes the host's routable address for other nodes; they use 127.0.0.1. Read at import.
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     try:
         import ray

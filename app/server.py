@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import math
 import os
@@ -59,8 +58,6 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            gc.collect()  # the models and imports live as long as the worker: out of the collector's reach
-            gc.freeze()
             runs, threads = self.settings.concurrent_runs, self.settings.intra_op_threads
             logger.info("worker %d serving: %d concurrent run(s) x %d intra-op thread(s)", os.getpid(), runs, threads)
 
@@ -109,8 +106,7 @@ class Worker(UvicornWorker):
     """One gunicorn worker: the app on uvicorn (h11) with the limits of Settings, draining on its first signal."""
 
     def __init__(self, age: int, ppid: int, sockets: list, app: Gunicorn, *args: Any) -> None:
-        """Made by gunicorn's master before it forks: numbered 0 to MNEMO_WORKERS - 1, the lowest number no live
-        worker has (a replacement takes the dead one's)."""
+        """Made by gunicorn's master before it forks: numbered with the lowest number (0 up) no live worker has."""
         taken = {other.number for other in app.arbiter.WORKERS.values()}
         self.number = min(set(range(len(taken) + 1)) - taken)
         settings = app.settings  # the flags' and the environment's, as the master read them

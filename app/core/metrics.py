@@ -100,9 +100,8 @@ class Metrics:
         self.model_ready = gauge("mnemo_model_ready", ready, MODEL, multiprocess_mode="livemin")
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
-        key = (route, method, status)
-        series = self._request_series.get(key)
-        if series is None:  # bound once per route, method and status: labels() costs more than the update
+        # bound once per route, method and status: labels() costs more than the update
+        if (series := self._request_series.get(key := (route, method, status))) is None:
             series = self._request_series[key] = (
                 self.requests.labels(route, method, str(status)),
                 self.latency.labels(route, method),

@@ -328,8 +328,7 @@ class ModelBatcher:
         self._wakeup.set()
 
     def _parts(self, feeds: Feeds, rows: int, length: int, chain: Chain | None = None) -> list[_Item]:
-        """Queue items for `rows` rows of the current request (its arrival, its client's connection): one, or parts
-        that the instance of the highest row ceiling can run."""
+        """Items for `rows` rows of this request: one, or parts the instance of the highest row ceiling can run."""
         now, arrival, connected = self._clock(), request_arrival.get(), request_connected.get()
         size, future, items = max(map(self._row_ceiling, self.instances)), asyncio.get_running_loop().create_future, []
         for start in range(0, rows, size):
@@ -339,8 +338,7 @@ class ModelBatcher:
 
     # -- the loop ----------------------------------------------------------------------------------
     async def _loop(self) -> None:
-        """Start a batch at once while the model has no run in flight, else once the queue holds max_batch rows or its
-        oldest row has waited max_wait."""
+        """A batch starts at once while no run is in flight, else once max_batch rows wait or one waited max_wait."""
         while True:
             self._drop_cancelled()
             filling = self._queue and self._runs and _rows(self._queue) < self.config.max_batch

@@ -39,8 +39,7 @@ ONE_STATE = "FROM student_state WHERE student_id = ? AND model = ?"
 
 
 class SqliteStateStore(StateStore):
-    """`StateStore` over one SQLite file (created with its parent directory if missing); `synchronous` is FULL
-    (every commit fsync'ed) or NORMAL."""
+    """`StateStore` on one SQLite file (made, with its folder, if missing); `synchronous`: FULL (fsync) or NORMAL."""
 
     name, driver_errors = "SQLite", sqlite3.Error
 

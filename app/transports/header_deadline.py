@@ -18,12 +18,27 @@ H11Protocol: Any = import_from_string(HTTP_PROTOCOLS["h11"])
 MALFORMED = {"detail": "Malformed HTTP request: its request line, a header or its framing is invalid."}
 
 
+class HeadWithBody(h11.Connection):
+    """h11's connection, a response's head held for its first body part: uvicorn writes an answer in one call."""
+
+    held = b""
+
+    def send(self, event: h11.Event) -> bytes | None:
+        data = super().send(event)
+        if isinstance(event, h11.Response):
+            self.held, data = data, b""  # uvicorn's write of nothing is no write
+        elif self.held and data is not None:
+            self.held, data = b"", self.held + data
+        return data
+
+
 class HeaderDeadline(H11Protocol):
     """Closes unanswered (as nginx's client_header_timeout) a connection whose request's headers, or unread body's rest,
     have not come within `timeout_s`; the idle time between requests stays uvicorn's keep-alive."""
 
     def __init__(self, *args: Any, timeout_s: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # uvicorn's config, server_state, app_state
+        self.conn = HeadWithBody(h11.SERVER, self.config.h11_max_incomplete_event_size)
         self.header_timeout_s = timeout_s
         self.metrics = getattr(getattr(self.config.app, "state", None), "metrics", None)  # create_app's, if the app
         self.header_timer: asyncio.TimerHandle | None = None

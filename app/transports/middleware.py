@@ -41,8 +41,7 @@ DRAINING = "The server is shutting down and takes no new requests; retry on anot
 PARSER_BUSY = "The server is busy reading other requests; retry after the Retry-After delay."
 GIVEN_UP = "The server shut down before this request finished (MNEMO_DRAIN_S); retry it."
 CONNECTIONS_FULL = "More than {} connections are open (MNEMO_MAX_CONNECTIONS); retry after the Retry-After delay."
-# Headers read as one value: a second copy (a proxy may read another one than ours) is refused with 400 (RFC 9110
-# 5.3 allows repeating only list-valued fields; nginx refuses a repeated Authorization or Content-Length too).
+# Headers read as one value: a second copy (a proxy may read the other) is a 400, as in nginx (RFC 9110 5.3).
 SINGLE = "Authorization Content-Type Content-Encoding Content-Length X-Request-ID Inference-Header-Content-Length"
 SINGLE_HEADERS = {name.lower().encode(): name for name in SINGLE.split()}
 CLOSE, RETRY = {"Connection": "close"}, {"Retry-After": "1"}
@@ -165,8 +164,7 @@ class RequestEdge:
         method, arrived = scope["method"], time.perf_counter()
         request_arrival.set(arrived)
         exchange = scope[EXCHANGE] = Exchange(self, scope, receive, send)  # in uvicorn's scope: h11's 400 reads it
-        # the app's own copy: routing rewrites it (a Mount its root_path), while the edge labels what it received; a
-        # HEAD is its GET without the body
+        # the app's own copy: routing rewrites it, the edge labels what it received; a HEAD is its GET without the body
         inner = {**scope, "method": "GET" if method == "HEAD" else method}
         if route := self.direct.get((inner["method"], exchange.path)):
             inner["route"] = route  # called by `call_route`, without FastAPI's router

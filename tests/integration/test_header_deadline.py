@@ -3,8 +3,10 @@ connections that send nothing, or trickle their headers, are closed; slow but ti
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import struct
 import time
 from collections.abc import Iterator
 
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.slow  # starts a server
 
 HEADER_TIMEOUT_S = 1.0
 REQUEST = b"GET /health HTTP/1.1\r\nHost: x\r\nUser-Agent: slow\r\n\r\n"
+TCPI_DATA_SEGS_IN = 152  # the offset of tcpi_data_segs_in in Linux's struct tcp_info: segments received with data
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +117,31 @@ def test_the_unread_rest_of_a_body_trickled_after_the_answer_is_cut_off(server):
         started = time.monotonic()
         closed, _ = trickle(sock, b"y" * 40, every_s=0.25)  # 10 s if let through
     assert closed and time.monotonic() - started < 3 * HEADER_TIMEOUT_S
+
+
+def data_segments_in(sock: socket.socket) -> int:
+    return struct.unpack_from("I", sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), TCPI_DATA_SEGS_IN)[0]
+
+
+def test_an_answer_comes_in_one_segment_its_head_with_its_body(server):
+    """uvicorn writes a response's head and its body apart; HeadWithBody makes them one write, so one segment."""
+    pair = json.dumps({"sentence_a": "A man is playing a guitar.", "sentence_b": "A man plays the guitar."})
+    requests = {
+        "GET /health": REQUEST,
+        "a 404": b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /similarity": f"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: {len(pair)}\r\n\r\n{pair}",
+        "a 422": "POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+    }
+    with connect(server) as sock:
+        for name, request in requests.items():
+            before = data_segments_in(sock)
+            sock.sendall(request.encode() if isinstance(request, str) else request)
+            answer = read_response(sock)
+            assert status_of(answer) in (200, 404, 422), name
+            assert data_segments_in(sock) - before == 1, name
+        before = data_segments_in(sock)
+        sock.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")  # a head without a body: written alone
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += sock.recv(65536)
+        assert status_of(head) == 200 and data_segments_in(sock) - before == 1

@@ -29,8 +29,7 @@ History = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # questions, correct
 
 @dataclass(frozen=True)
 class KnowledgeTraceState:
-    """What requests need from one knowledge-tracing model, checked at startup (concept fields None for DKT, which has
-    no memory slots)."""
+    """What requests need from one knowledge-tracing model, checked at startup (DKT: no concept fields, None)."""
 
     family: str
     state_input: str  # the recurrent state's names in the graph

@@ -145,8 +145,7 @@ def model_ready(state: State, name: str, version: str | None = None) -> dict[str
 
 
 def model_config(state: State, name: str, version: str | None = None) -> dict[str, Any]:
-    """Triton's model configuration: inputs and outputs (dims without the batch dimension, -1 = any size),
-    `max_batch_size` (the rows of one run) and the dynamic batching in force."""
+    """Triton's model configuration: inputs, outputs (dims less the batch one; -1: any), max_batch_size, batching."""
     model, codec = find_model(state, name, version)
     config = model.batcher.config
 
