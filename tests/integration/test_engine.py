@@ -9,7 +9,6 @@ clock, is tested in test_batcher.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import select
 import socket
 import time
@@ -35,6 +34,7 @@ from tests.helpers import (
     until_admitted,
     until_metric,
 )
+from tests.integration.test_connection_limits import closed_within
 from tests.toy_model import HELD_TOY, PICKY_KS, toy_body, toy_entry, write_toy_artifacts
 from tests.toy_profiles import flat_cost
 
@@ -385,19 +385,9 @@ def _trickle_body(url: str, content_length: int, every_s: float, for_s: float) -
         while time.monotonic() < ends:
             readable, _, _ = select.select([connection], [], [], every_s)
             if readable:
-                return _until_closed(connection)
+                return closed_within(connection, 10)[1]  # the head and body may be two segments, then a reset
             connection.sendall(b" ")
     return b""
-
-
-def _until_closed(connection: socket.socket) -> bytes:
-    """What the server sent until it closed: the head and body may be two segments, and a server that closes with
-    unread bytes of ours resets the connection once its answer is sent."""
-    received = []
-    with contextlib.suppress(ConnectionResetError):
-        while chunk := connection.recv(4096):
-            received.append(chunk)
-    return b"".join(received)
 
 
 @pytest.mark.slow
