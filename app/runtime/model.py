@@ -63,8 +63,7 @@ class Endpoint:
     `answer(model, body, alone)` within the deadline (`alone`: no other request, so it may run inline)."""
 
     path: str
-    name: str
-    operation_id: str
+    operation_id: str  # also the route's name
     request: type[BaseModel]
     response: type[BaseModel]
     description: str

@@ -141,7 +141,7 @@ def task_router(tasks: Iterable[Task]) -> APIRouter:
                 endpoint.path,
                 endpoint_route(task.name, endpoint),
                 methods=["POST"],
-                name=endpoint.name,
+                name=endpoint.operation_id,
                 operation_id=endpoint.operation_id,
                 description=endpoint.description,
                 response_model=endpoint.response,

@@ -214,16 +214,12 @@ class RequestEdge:
             await self._refused("drain_timeout", 503, GIVEN_UP, {**RETRY, **CLOSE})(scope, receive, send)
         except Exception as error:  # a bug: one line, with its traceback when the budget admits it
             with_traceback, repeats = self.tracebacks.admit(error)
+            seen = f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else ""
+            where = f"{scope['method']} {loggable_path(scope)}"  # the route template: no client text in the log
+            what = f"{type(error).__name__}: {printable(' '.join(str(error).split()))}{seen}"  # one line
+            rid, exc_info = exchange.rid, error if with_traceback else None
             errors_logger.error(
-                "unexpected error on %s %s: %s: %s%s id=%s",  # the id of its access line
-                scope["method"],
-                loggable_path(scope),  # the route template: no student id or other client text in the log
-                type(error).__name__,
-                printable(" ".join(str(error).split())),  # one line
-                f" (seen {repeats} more time(s) since its last traceback)" if with_traceback and repeats else "",
-                exchange.rid,
-                exc_info=error if with_traceback else None,
-                extra={"request_id": exchange.rid},
+                "unexpected error on %s: %s id=%s", where, what, rid, exc_info=exc_info, extra={"request_id": rid}
             )
             if not exchange.started:
                 await Refused(500, INTERNAL_ERROR["detail"])(scope, receive, send)

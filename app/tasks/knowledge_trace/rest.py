@@ -78,7 +78,6 @@ def render(
 ENDPOINTS = (
     Endpoint(
         path="/knowledge-trace",
-        name="knowledge_trace",
         operation_id="knowledge_trace",
         request=KnowledgeTraceRequest,
         response=KnowledgeTraceResponse,

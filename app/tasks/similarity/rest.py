@@ -58,7 +58,6 @@ async def _vector_pair_answer(model: ServedModel, body: schemas.EmbeddingPairReq
 ENDPOINTS = (
     Endpoint(
         path="/similarity",
-        name="similarity",
         operation_id="similarity",
         request=schemas.SimilarityRequest,
         response=schemas.SimilarityResponse,
@@ -68,7 +67,6 @@ ENDPOINTS = (
     ),
     Endpoint(
         path="/similarity/batch",
-        name="similarity_batch",
         operation_id="similarity_batch",
         request=schemas.SimilarityBatchRequest,
         response=schemas.SimilarityBatchResponse,
@@ -78,7 +76,6 @@ ENDPOINTS = (
     ),
     Endpoint(
         path="/embeddings",
-        name="sentence_embeddings",
         operation_id="embeddings",
         request=schemas.EmbeddingsRequest,
         response=schemas.EmbeddingsResponse,
@@ -91,7 +88,6 @@ ENDPOINTS = (
     ),
     Endpoint(
         path="/similarity/from-embeddings",
-        name="similarity_from_embeddings",
         operation_id="similarity_from_embeddings",
         request=schemas.EmbeddingPairRequest,
         response=schemas.EmbeddingPairResponse,
