@@ -1,9 +1,10 @@
-"""uvicorn's h11 protocol with MNEMO_HEADER_TIMEOUT_S (uvicorn has none) and the JSON 400 for what h11 refuses."""
+"""uvicorn's h11 protocol with MNEMO_HEADER_TIMEOUT_S and a lingering close (uvicorn has neither); h11's JSON 400."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -16,6 +17,8 @@ from app.core.responses import JsonResponse
 # uvicorn's h11 protocol, resolved as uvicorn resolves its own `http="h11"` option (not imported from its module)
 H11Protocol: Any = import_from_string(HTTP_PROTOCOLS["h11"])
 MALFORMED = {"detail": "Malformed HTTP request: its request line, a header or its framing is invalid."}
+LINGER_S = 2.0  # a lingering close drops what the client still sends for at most this long (nginx's lingering_time)
+LINGER_MAX_BYTES = 16 << 20  # and at most this much
 
 
 class HeadWithBody(h11.Connection):
@@ -32,6 +35,36 @@ class HeadWithBody(h11.Connection):
         return data
 
 
+class LingeringClose:
+    """The transport, its close() lingering (nginx's lingering_close) while the client is still `sending` the request
+    answered: FIN, then what comes is dropped until the client closes, LINGER_S pass or LINGER_MAX_BYTES come. A plain
+    close on unread bytes makes the kernel reset: a client that sends all before reading (urllib) loses the answer."""
+
+    def __init__(self, transport: asyncio.Transport, sending: Callable[[], bool]) -> None:
+        self.socket_transport, self.sending, self.dropped = transport, sending, -1  # bytes dropped; -1: not lingering
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.socket_transport, name)
+
+    def is_closing(self) -> bool:
+        return self.dropped >= 0 or self.socket_transport.is_closing()
+
+    def close(self) -> None:
+        transport = self.socket_transport
+        if self.dropped < 0 and self.sending() and transport.can_write_eof() and not transport.is_closing():
+            self.dropped = 0
+            transport.write_eof()  # once the answer is written
+            transport.resume_reading()
+            asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        elif self.dropped < 0:  # lingering, it is closed by `drop` or the timer
+            transport.close()
+
+    def drop(self, data: bytes) -> None:
+        self.dropped += len(data)
+        if self.dropped > LINGER_MAX_BYTES:
+            self.socket_transport.close()
+
+
 class HeaderDeadline(H11Protocol):
     """Closes unanswered (as nginx's client_header_timeout) a connection whose request's headers, or unread body's rest,
     have not come within `timeout_s`; the idle time between requests stays uvicorn's keep-alive."""
@@ -44,10 +77,13 @@ class HeaderDeadline(H11Protocol):
         self.header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+        super().connection_made(LingeringClose(transport, lambda: self.conn.their_state in (h11.SEND_BODY, h11.ERROR)))
         self.timed(True)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.dropped >= 0:  # lingering
+            self.transport.drop(data)
+            return
         super().data_received(data)
         # a new request's first bytes on a kept-alive connection, or an unread body's rest: timed; its headers in: not
         self.timed(self.conn.their_state is h11.IDLE or self.unread_rest())
@@ -95,6 +131,6 @@ class HeaderDeadline(H11Protocol):
     def expire(self) -> None:
         self.header_timer = None
         if (self.conn.their_state is h11.IDLE or self.unread_rest()) and not self.transport.is_closing():
-            self.transport.close()
+            self.transport.socket_transport.close()  # no lingering for a client that stopped sending
             if self.metrics is not None:
                 self.metrics.header_timeouts.inc()

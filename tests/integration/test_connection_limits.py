@@ -1,8 +1,8 @@
 """Connections against a real `python -m app` with short limits: what uvicorn (h11) and the app do themselves.
 
 Keep-alive idle timeout, stalled bodies, the header size cap, the connection cap, HEAD and 100-continue, the
-early 413, and pipelined requests that do not pile up. The header deadline is test_header_deadline.py's; the write
-deadline and the lingering close are nginx's, in front (tests/deploy/test_nginx_front.py).
+early 413 and the lingering close after it, and pipelined requests that do not pile up. The header deadline is
+test_header_deadline.py's; the write deadline is nginx's, in front (tests/deploy/test_nginx_front.py).
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import json
 import re
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from app.transports.header_deadline import LINGER_MAX_BYTES, LINGER_S
 from tests.conftest import COMMITTED
 from tests.helpers import Server, running_server
 from tests.integration.test_hostile_requests import raw, read_response, status_of
@@ -204,6 +207,59 @@ def test_a_chunked_body_left_unread_closes_the_connection(server, head):
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
     assert closed, "the server went on reading a body it had answered"
+
+
+# MNEMO_MAX_BODY_BYTES is 1 MiB; 12 MiB is more than the socket buffers of both ends hold, so a server that closed
+# without reading the rest would reset the connection under the client's writes
+OVER_THE_BODY_LIMIT = 12 << 20
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_client_that_sends_its_whole_oversized_body_before_reading_gets_the_413(server, framing):
+    """The 413 goes out before the body is read (declared) or once it passes the limit (chunked); the server then
+    reads and drops the rest before it closes, instead of closing on it (a reset, and the answer lost)."""
+    head = "POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if framing == "chunked":
+        chunk = b" " * (64 << 10)
+        request = (head + "Transfer-Encoding: chunked\r\n\r\n").encode()
+        request += (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * (OVER_THE_BODY_LIMIT // len(chunk)) + b"0\r\n\r\n"
+    else:
+        request = (head + f"Content-Length: {OVER_THE_BODY_LIMIT}\r\n\r\n").encode() + b" " * OVER_THE_BODY_LIMIT
+    with connect(server) as sock:
+        sock.sendall(request)  # a reset would raise here or in the read
+        closed, received = closed_within(sock, 5)
+    assert closed and status_of(received) == 413, received[:300]
+    assert b"connection: close" in received.lower() and b"1048576" in received
+
+
+def test_urllib_posting_an_oversized_body_reads_the_413(server):
+    request = urllib.request.Request(f"{server.url}/knowledge-trace", data=b" " * OVER_THE_BODY_LIMIT)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 413 and "MNEMO_MAX_BODY_BYTES" in refused.value.read().decode()
+
+
+def test_a_lingering_close_is_bounded_in_time_and_bytes(server):
+    head = b"POST /similarity HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+    with connect(server) as sock:  # answered 413 at once, then the client sends nothing more and never closes
+        sock.sendall(head)
+        assert status_of(read_response(sock)) == 413
+        started = time.monotonic()
+        sock.settimeout(LINGER_S + 3)
+        assert sock.recv(65536) == b""  # the FIN after the answer, at once
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):  # the server's side closed after LINGER_S
+            while time.monotonic() - started < LINGER_S + 3:
+                sock.sendall(b" " * 1024)
+                time.sleep(0.05)
+    assert time.monotonic() - started < LINGER_S + 1
+    with connect(server) as sock:  # a client that keeps sending is cut off after LINGER_MAX_BYTES
+        sock.sendall(head)
+        sent = 0
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while sent < 4 * LINGER_MAX_BYTES:
+                sock.sendall(b" " * (1 << 20))
+                sent += 1 << 20
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
 
 
 def rss_mb(pid: int) -> float:
