@@ -12,13 +12,7 @@ from app.core.responses import JsonResponse, dumps
 from app.runtime.collate import Feeds
 from app.runtime.model import Admission, Endpoint, ServedModel
 from app.runtime.offload import offload_if
-from app.tasks.knowledge_trace import service
-from app.tasks.knowledge_trace.schemas import (
-    MAX_QUESTION_ID,
-    KnowledgeTraceRequest,
-    KnowledgeTraceResponse,
-    QuestionCatalog,
-)
+from app.tasks.knowledge_trace import schemas, service
 
 MAX_CATALOG_PAGE = 1000
 INLINE_INTERACTIONS = 1000  # shorter histories are converted on the loop: cheaper than a hop
@@ -34,13 +28,13 @@ A DKT model (`family` dkt) has no memory slots: its `mastery`, `attention`, `n_c
 are null whatever the request asks (GET /models `supports` says which fields a model fills)."""
 
 
-def _admission(model: ServedModel, body: KnowledgeTraceRequest) -> Admission:
+def _admission(model: ServedModel, body: schemas.KnowledgeTraceRequest) -> Admission:
     next_count = model.state.n_questions if body.next_questions is None else len(body.next_questions)
     rows = service.rows_needed(model, len(body.interactions), next_count > 0)
     return model.batcher.admit(rows, cells=len(body.interactions) + next_count)
 
 
-async def _answer(model: ServedModel, body: KnowledgeTraceRequest, alone: bool) -> bytes:
+async def _answer(model: ServedModel, body: schemas.KnowledgeTraceRequest, alone: bool) -> bytes:
     long_history = len(body.interactions) > INLINE_INTERACTIONS
     fields = (body.interactions, body.next_questions)
     questions, correct, wanted = await offload_if(long_history, service.request_arrays, model, *fields)
@@ -58,7 +52,7 @@ def json_floats(array: np.ndarray | None) -> np.ndarray | None:
 
 
 def render(
-    model: ServedModel, body: KnowledgeTraceRequest, trace: Feeds, wanted: np.ndarray, next_p: np.ndarray
+    model: ServedModel, body: schemas.KnowledgeTraceRequest, trace: Feeds, wanted: np.ndarray, next_p: np.ndarray
 ) -> bytes:
     """The response's JSON."""
     rows = MASTERY_ROWS[body.mastery]
@@ -79,8 +73,8 @@ ENDPOINTS = (
     Endpoint(
         path="/knowledge-trace",
         operation_id="knowledge_trace",
-        request=KnowledgeTraceRequest,
-        response=KnowledgeTraceResponse,
+        request=schemas.KnowledgeTraceRequest,
+        response=schemas.KnowledgeTraceResponse,
         description=DESCRIPTION,
         admit=_admission,
         answer=_answer,
@@ -88,11 +82,11 @@ ENDPOINTS = (
 )
 
 
-@routes.get("/models/{name}/questions", response_model=QuestionCatalog, operation_id="list_questions")
+@routes.get("/models/{name}/questions", response_model=schemas.QuestionCatalog, operation_id="list_questions")
 async def questions(
     request: Request,
     name: Annotated[str, Path(max_length=64, description="a knowledge-trace model from GET /models")],
-    offset: Annotated[int, Query(ge=0, le=MAX_QUESTION_ID, description="questions to skip")] = 0,
+    offset: Annotated[int, Query(ge=0, le=schemas.MAX_QUESTION_ID, description="questions to skip")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_CATALOG_PAGE, description="questions per page")] = 100,
 ) -> JsonResponse:
     """A page of the model's question catalog: id, name where the data set has one, main concept."""
