@@ -728,8 +728,12 @@ def measure(trees: dict[str, Path], seconds: float, only: list[str], rounds: int
                     os.killpg(served.process.pid, signal.SIGKILL)
                 served.process.wait(30)
             shutil.rmtree(state, ignore_errors=True)
-    figures = {
-        label: {key: float(np.median(values)) for key, values in by_key.items()} for label, by_key in samples.items()
+    figures = {  # of the rounds that measured it: a round with nothing refused has no refusal latency
+        label: {
+            key: float(np.median(values)) if (values := [v for v in all_values if not np.isnan(v)]) else np.nan
+            for key, all_values in by_key.items()
+        }
+        for label, by_key in samples.items()
     }
     figures["base"] |= {
         key.replace("abuse.", "abuse_nginx."): value

@@ -22,12 +22,9 @@ from app.runtime.model import GraphLayout
 
 MIN_SAVING = 0.05  # an item joins a batch when that saves at least this share of what it would cost alone
 DEADLINE_SHARE = 0.5  # a request must be predicted done within this share of its deadline
-SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, pace, body sizes)
+SMOOTHING = 0.2  # weight of the newest sample in the moving averages (row length, body sizes)
 INLINE_WINDOW_S = 0.02  # a lone request runs inline only in its first 20 ms (a long history soon queues)
 INLINE_MAX_RUN_S = 0.015  # and only a batch predicted to take at most this long
-PACE_MIN_S = 0.01  # only requests predicted to take this long teach the pace (HTTP and JSON dominate the others)
-STALE_SHARE = 0.25  # a pace with no request done within this share of the deadline is stale, an idle model's forgotten
-COLD_PACE = 6.0  # their pace while it is stale or forgotten
 CHAIN_SLICE_S = 0.05  # a chain runs chunks for about this long, then queues its remaining chunks again
 PHASES = ("compute_input", "compute_infer", "compute_output")  # collating the inputs, the run, splitting the outputs
 Clock = Callable[[], float]  # seconds, on the clock of `request_arrival` (time.perf_counter)
@@ -185,8 +182,6 @@ class ModelBatcher:
         self._queue: list[_Item] = []
         self.admitted_rows = 0  # rows of the requests admitted and not yet done
         self._admitted_seconds = 0.0  # what the admitted requests are predicted to take, one after another
-        self._paced = [0.0, 0.0]  # decayed sums of the wall seconds they took while busy, and of their own predictions
-        self._last_release = self._last_done = -math.inf  # when the last of them, and of any size, was done
         self._typical_length = 1.0  # moving average of the rows' lengths, for requests that give no cells
         self._rows_per_byte = self._cells_per_byte = 0.0  # moving averages over admitted large bodies
         self._wakeup = asyncio.Event()
@@ -230,15 +225,12 @@ class ModelBatcher:
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
         """Hold `rows` rows of `cells` cells while a request is handled (or its body `parsing`), or 429 at once: past
-        max_queue rows, or not done within DEADLINE_SHARE of its deadline with the admitted work at the pace."""
+        max_queue rows, or not done within DEADLINE_SHARE of its deadline after the admitted work, as the cost models
+        predict it (they learn from the runs, a crowded CPU's included; docs/engine.md says why nothing more)."""
         now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
-        if not admitted and now - self._last_done > STALE_SHARE * self.config.deadline_s:
-            self._paced = [0.0, 0.0]  # idle a while: the load its pace was learned under has gone
         own, arrival = self._seconds_for(rows, cells), request_arrival.get()
         waited = 0.0 if arrival is None else max(0.0, now - arrival)
-        stale = not self._paced[1] or now - self._last_release > STALE_SHARE * self.config.deadline_s
-        pace = max(COLD_PACE, self.pace) if own >= PACE_MIN_S and stale else self.pace
-        needed = waited + (pace * (self._admitted_seconds + own) if admitted else 0.0)
+        needed = waited + (self._admitted_seconds + own if admitted else 0.0)
         full = admitted and admitted + rows > self.config.max_queue
         if full or (waited < self.config.deadline_s and needed > budget):
             allowed = f"{budget:g} s admission allows, {DEADLINE_SHARE:.0%} of MNEMO_REQUEST_TIMEOUT_S"
@@ -250,27 +242,12 @@ class ModelBatcher:
         self.admitted_rows += rows
         self._admitted_seconds += own
         self._admitted_gauge.set(self.admitted_rows)
-        finished = False
         try:
             yield
-            finished = True
         finally:
-            done = self._clock()
-            if not parsing and own >= PACE_MIN_S:  # the pace: wall time since admission (or the last end) per work
-                wall, self._last_release = done - max(now, self._last_release), done
-                decay = 1 - SMOOTHING if finished else 1.0  # a failure adds its time, not its work
-                work = self._seconds_for(rows, cells) if finished else 0.0  # as the cost model now predicts it
-                self._paced = [decay * self._paced[0] + wall, decay * self._paced[1] + work]
             self.admitted_rows -= rows
             self._admitted_seconds -= own
             self._admitted_gauge.set(self.admitted_rows)
-            self._last_done = done
-
-    @property
-    def pace(self) -> float:
-        """Wall time per predicted second that admitted requests take (at least 1)."""
-        wall, predicted = self._paced
-        return max(1.0, wall / predicted if predicted else 1.0)
 
     def _seconds_for(self, rows: int, cells: float) -> float:
         """Predicted seconds for `rows` rows of `cells` cells: each slot group at its best instance's rate."""
