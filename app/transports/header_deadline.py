@@ -50,13 +50,16 @@ class LingeringClose:
         return self.dropped >= 0 or self.socket_transport.is_closing()
 
     def close(self) -> None:
+        """Linger while the client is still sending, else close; once lingering, the timer or `drop` closes."""
         transport = self.socket_transport
-        if self.dropped < 0 and self.sending() and transport.can_write_eof() and not transport.is_closing():
+        if self.dropped >= 0:
+            return
+        if self.sending() and transport.can_write_eof() and not transport.is_closing():
             self.dropped = 0
             transport.write_eof()  # once the answer is written
             transport.resume_reading()
             asyncio.get_running_loop().call_later(LINGER_S, transport.close)
-        elif self.dropped < 0:  # lingering, it is closed by `drop` or the timer
+        else:
             transport.close()
 
     def drop(self, data: bytes) -> None:
