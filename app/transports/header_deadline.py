@@ -44,7 +44,9 @@ class LingeringClose:
         self.socket_transport, self.sending, self.dropped = transport, sending, -1  # bytes dropped; -1: not lingering
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.socket_transport, name)
+        """The transport's method, kept on this object: uvicorn's calls of each request then find it at once."""
+        setattr(self, name, method := getattr(self.socket_transport, name))
+        return method
 
     def is_closing(self) -> bool:
         return self.dropped >= 0 or self.socket_transport.is_closing()

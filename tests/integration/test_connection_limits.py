@@ -26,6 +26,9 @@ from tests.integration.test_hostile_requests import raw, read_response, status_o
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
+# MNEMO_MAX_BODY_BYTES is 1 MiB; 12 MiB is more than the socket buffers of both ends hold, so a server that closed
+# without reading the rest would reset the connection under the client's writes
+OVER_THE_BODY_LIMIT = 12 << 20
 LIMITS = {
     "MNEMO_KEEP_ALIVE_S": "1",
     "MNEMO_BODY_TIMEOUT_S": "1",
@@ -212,11 +215,6 @@ def test_a_chunked_body_left_unread_closes_the_connection(server, head):
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
     assert closed, "the server went on reading a body it had answered"
-
-
-# MNEMO_MAX_BODY_BYTES is 1 MiB; 12 MiB is more than the socket buffers of both ends hold, so a server that closed
-# without reading the rest would reset the connection under the client's writes
-OVER_THE_BODY_LIMIT = 12 << 20
 
 
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
