@@ -58,15 +58,16 @@ serve: $(VENV)/serve.stamp  ## serve artifacts/ on MNEMO_HOST:MNEMO_PORT (defaul
 	$(BIN)/python -m compileall -q app
 	$(BIN)/python -m app
 
-# The in-process, training and contract tests run on two processes (pytest-xdist, a test file per process at a
-# time); the tests that start servers and time them (integration, deploy, any new folder) run alone, one at a time.
-PARALLEL_TESTS := tests/unit tests/api tests/training tests/integration/test_openapi_contract.py
+# Two passes, each on two processes (pytest-xdist, a test file per process at a time): first the in-process, training
+# and contract tests, which keep the CPUs busy; then the tests that start servers (integration, deploy, any new
+# folder), which mostly wait on them, so two files at a time take half the time and no training run competes.
+IN_PROCESS_TESTS := tests/unit tests/api tests/training tests/integration/test_openapi_contract.py
 
 test: $(VENV)/dev.stamp system-deps  ## ruff (lint and format) + the whole pytest suite
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PARALLEL_TESTS)
-	$(BIN)/python -m pytest -q tests $(addprefix --ignore=,$(PARALLEL_TESTS))
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(IN_PROCESS_TESTS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests $(addprefix --ignore=,$(IN_PROCESS_TESTS))
 
 lint: $(VENV)/dev.stamp
 	$(BIN)/ruff check .

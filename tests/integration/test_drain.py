@@ -23,6 +23,9 @@ from tests.helpers import HeldRequest, Server, children, free_port, running_serv
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
 IN_FLIGHT = 32
+# a held body arrives when the test sends its rest, seconds later on a slow host: its deadline, counted from its
+# arrival, must outlast the hold, or admission answers it 429 (it could not be done within half the deadline)
+HOLDING = {"MNEMO_BODY_TIMEOUT_S": "60", "MNEMO_REQUEST_TIMEOUT_S": "60"}
 
 
 def _history(length: int) -> dict:
@@ -38,7 +41,8 @@ def _in_flight(url: str) -> float:
 
 
 def _hold_one_request(server: Server) -> HeldRequest:
-    """A 5-interaction /knowledge-trace request whose body is held back, once the server counts it in flight."""
+    """A 5-interaction /knowledge-trace request whose body is held back, once the server counts it in flight (the
+    server started with HOLDING)."""
     held = HeldRequest(server.url, "/knowledge-trace", json.dumps(_history(5)).encode())
     deadline = time.monotonic() + 20
     while _in_flight(server.url) < 2 and time.monotonic() < deadline:  # the held request and /metrics
@@ -158,7 +162,7 @@ def test_requests_sent_before_sigterm_on_accepted_connections_are_answered_even_
 def test_a_request_still_in_flight_when_the_drain_times_out_gets_a_503_in_the_service_shape():
     """Past MNEMO_DRAIN_S the drain gives up on what is left: a JSON 503 with Retry-After, not the bare
     text/plain 500 that uvicorn's own cancellation at shutdown sends."""
-    with running_server(COMMITTED, MNEMO_DRAIN_S="1", MNEMO_BODY_TIMEOUT_S="60") as server:
+    with running_server(COMMITTED, MNEMO_DRAIN_S="1", **HOLDING) as server:
         held = _hold_one_request(server)
         deadline = time.monotonic() + 20
         server.process.send_signal(signal.SIGTERM)
@@ -177,7 +181,7 @@ def test_sigint_during_the_drain_answers_a_request_whose_body_is_still_arriving_
     """A second signal (SIGINT: stop now; gunicorn's master passes it on as SIGQUIT) while a body is half sent:
     uvicorn's exit would cancel the request and answer its text/plain 500 (SIGQUIT killed the worker); the server
     answers it 503 before it stops, without waiting for the rest of the body."""
-    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+    with running_server(COMMITTED, **HOLDING) as server:
         (worker,) = children(server.process.pid)
         held = _hold_one_request(server)
         server.process.send_signal(signal.SIGTERM)
@@ -200,7 +204,7 @@ def test_sigint_during_the_drain_answers_a_request_whose_body_is_still_arriving_
 def test_a_signal_to_the_whole_process_group_drains(stop: signal.Signals):
     """Ctrl-C in a terminal, or systemd's default stop, signals the worker and gunicorn's master, which passes it on:
     the worker gets it twice at once, and drains (the second is the echo, not a second signal that stops it now)."""
-    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+    with running_server(COMMITTED, **HOLDING) as server:
         (worker,) = children(server.process.pid)
         held = _hold_one_request(server)
         os.kill(worker, stop)
@@ -216,7 +220,7 @@ def test_a_signal_to_the_whole_process_group_drains(stop: signal.Signals):
 
 def test_sigint_to_the_server_drains_it_as_sigterm_does():
     """gunicorn's master passes SIGINT on as SIGQUIT, which killed the worker at once (its default action)."""
-    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+    with running_server(COMMITTED, **HOLDING) as server:
         held = _hold_one_request(server)
         server.process.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 30
@@ -229,7 +233,7 @@ def test_sigint_to_the_server_drains_it_as_sigterm_does():
 
 def test_sighup_replaces_the_workers_and_the_old_one_drains_its_requests_in_flight():
     """SIGHUP is gunicorn's reload: new workers start, and the old one drains what it admitted before it exits."""
-    with running_server(COMMITTED, MNEMO_BODY_TIMEOUT_S="60") as server:
+    with running_server(COMMITTED, **HOLDING) as server:
         held = _hold_one_request(server)
         deadline = time.monotonic() + 20
         server.process.send_signal(signal.SIGHUP)

@@ -27,7 +27,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_play
 
 from app.explorer.router import STATIC_DIR
 from tests.helpers import Server, children, running_server
-from tests.integration.test_drain import _draining, _hold_one_request, _open_connections
+from tests.integration.test_drain import HOLDING, _draining, _hold_one_request, _open_connections
 
 pytestmark = pytest.mark.slow  # each test starts a server, a browser or a training run: seconds (-m "not slow")
 
@@ -811,7 +811,7 @@ def test_a_503_from_a_draining_server_says_when_to_try_again(browser: Browser, t
     A server of the test's own drains (SIGTERM while one request is held in flight) and answers the page's Compare
     with its real 503 and Retry-After.
     """
-    env = {"MNEMO_WORKERS": "1", "MNEMO_BODY_TIMEOUT_S": "60", "MNEMO_DRAIN_S": "60", "MNEMO_KEEP_ALIVE_S": "1"}
+    env = {"MNEMO_WORKERS": "1", "MNEMO_DRAIN_S": "60", "MNEMO_KEEP_ALIVE_S": "1", **HOLDING}
     with serving_process(tmp_path, **env) as live, watching(browser, live.url) as watched:
         page = watched.open()
         page.get_by_label("Sentence A").fill("A dog runs in the park.")
