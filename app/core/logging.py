@@ -1,5 +1,6 @@
-"""Logging: text or one JSON object per line (python-json-logger), written to stderr by a thread of its own so
-that a request that logs only queues its record; and what the log may say about a request and its bugs."""
+"""Logging: text or one JSON object per line (python-json-logger), written to stderr by the standard library's
+QueueListener so that a request that logs only queues its record; and what the log may say about a request and its
+bugs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterable
+from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 from urllib.parse import quote
 
@@ -18,8 +20,6 @@ from starlette.types import Scope
 
 from app.core.errors import printable
 
-WRITE_INTERVAL_S = 0.05  # a queued record reaches stderr within this time
-MAX_QUEUED_RECORDS = 10_000  # a queue this long wakes the writer at once (bounded memory in a flood of lines)
 MAX_TRACKED_ERRORS = 1024
 MAX_UNMATCHED_PATH = 64
 # Unmatched paths under these one-segment prefixes may still carry an id (/students/<id>/typo): cut after the prefix.
@@ -99,48 +99,37 @@ class EverySecondAtMost(logging.Filter):
         logging.getLogger(record.name).handle(report)  # passes this filter: its message is not one of `messages`
 
 
-class IntervalWriter(logging.Handler):
-    """Queues each record unformatted; a thread writes the queue to `target` every WRITE_INTERVAL_S, or at once when
-    MAX_QUEUED_RECORDS wait: a request that logs costs no formatting and no thread switch."""
+class RecordQueue(QueueHandler):
+    """The standard QueueHandler, whose QueueListener writes the queue to `target` on a thread of its own: a request
+    that logs only queues its record. The record is queued as it is: the listener's formatter renders its message
+    and traceback (the standard `prepare` renders both into the message, on the thread that logs)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.target: logging.Handler | None = None
-        self._records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(queue.SimpleQueue())
+        self.listener: QueueListener | None = None
 
-    def handle(self, record: logging.LogRecord) -> bool:
-        """Queue `record` without taking `lock`: that is the writers' (logging renews it in a forked child)."""
-        self._records.put_nowait(record)
-        if self._records.qsize() >= MAX_QUEUED_RECORDS:
-            self._wake.set()
-        return True
-
-    def flush(self) -> None:
-        """Write out what is queued now, one writer at a time so that lines stay in order; also at exit (logging's)."""
-        with self.lock:
-            while self.target is not None and not self._records.empty():
-                self.target.handle(self._records.get_nowait())
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record
 
     def write_to(self, target: logging.Handler) -> None:
-        """Write out what is queued, then write to `target` (the thread started in this process if it has none)."""
-        self.flush()
-        self.target = target
-        if self._thread is None or not self._thread.is_alive():  # none yet, or this is a forked child
-            self._thread = threading.Thread(target=self._write_every_interval, name="log-writer", daemon=True)
-            self._thread.start()
+        """Write out what is queued, then write to `target`."""
+        with self.lock:
+            if self.listener is not None:
+                self.listener.stop()
+            self.listener = QueueListener(self.queue, target)
+            self.listener.start()
 
-    def _write_every_interval(self) -> None:
-        while True:
-            self._wake.wait(WRITE_INTERVAL_S)
-            self._wake.clear()
-            self.flush()
+    def flush(self) -> None:
+        """Write out what is queued now (stopping the listener writes it out); also logging's at exit."""
+        with self.lock:
+            if self.listener is not None:
+                self.listener.stop()
+                self.listener.start()
 
 
 _client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
-_writer = IntervalWriter()
-write_out_logs = _writer.flush  # when the app stops serving, or before a worker reports ready
+_queue = RecordQueue()
+write_out_logs = _queue.flush  # when the app stops serving
 
 
 def configure_logging(level: str, fmt: str) -> None:
@@ -150,9 +139,9 @@ def configure_logging(level: str, fmt: str) -> None:
     logging.logMultiprocessing = False
     stderr = logging.StreamHandler()
     stderr.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    _writer.write_to(stderr)
+    _queue.write_to(stderr)
     logger = logging.getLogger("mnemo")
-    logger.handlers[:] = [_writer]
+    logger.handlers[:] = [_queue]
     logger.setLevel(level.upper())
     logger.propagate = False
     logging.getLogger("uvicorn.access").disabled = True

@@ -27,19 +27,26 @@ def test_logged_records_reach_stderr_in_order_and_all_of_them_once_written_out(c
     assert [line.split(": ", 1)[1] for line in lines if " mnemo.test: " in line] == [f"line {i}" for i in range(500)]
 
 
-def test_a_full_queue_is_written_out_without_waiting_for_the_write_interval(capsys, monkeypatch):
-    monkeypatch.setattr(service_logging, "WRITE_INTERVAL_S", 60)
-    monkeypatch.setattr(service_logging, "MAX_QUEUED_RECORDS", 5)
+def test_a_queued_record_reaches_stderr_without_being_written_out(capsys):
     configure_logging("info", "text")
-    logger = logging.getLogger("mnemo.test")
-    for index in range(5):
-        logger.info("queued %d", index)
+    logging.getLogger("mnemo.test").info("queued, not written out")
     written: list[str] = []
     deadline = time.monotonic() + 10
-    while len(written) < 5 and time.monotonic() < deadline:
-        written += [line for line in capsys.readouterr().err.splitlines() if " mnemo.test: queued " in line]
+    while not written and time.monotonic() < deadline:  # the listener's thread writes it
+        written = [line for line in capsys.readouterr().err.splitlines() if line.endswith("queued, not written out")]
         time.sleep(0.01)
-    assert [line.split(": ", 1)[1] for line in written] == [f"queued {index}" for index in range(5)]
+    assert len(written) == 1
+
+
+def test_a_traceback_is_formatted_by_the_listener_into_its_own_json_field(capsys):
+    configure_logging("info", "json")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("mnemo.test").exception("failed %s", "here")
+    write_out_logs()
+    (line,) = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"mnemo.test"' in line]
+    assert line["message"] == "failed here" and line["exception"].endswith("ValueError: boom")
 
 
 def test_a_process_writes_out_every_queued_line_when_it_exits():
