@@ -170,6 +170,17 @@ def http_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+class Master(Arbiter):
+    """gunicorn's master, but a stalled worker that is stopped (SIGSTOP, a debugger) is killed at once: gunicorn's
+    SIGABRT would wait for a SIGCONT, and the SIGKILL that follows comes a turn of its loop (about 1 s) later."""
+
+    def kill_worker(self, pid: int, sig: int) -> None:
+        with contextlib.suppress(OSError):  # the worker's state in /proc: T (stopped) or t (traced)
+            if sig == signal.SIGABRT and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "Tt":
+                sig = signal.SIGKILL
+        super().kill_worker(pid, sig)
+
+
 class Gunicorn(BaseApplication):
     """gunicorn configured from Settings, serving `factory(settings)` (default: `create_app`) in each worker."""
 
@@ -209,7 +220,7 @@ class Gunicorn(BaseApplication):
             self.cfg.set(key, value)
 
     def run(self) -> None:
-        arbiter = self.arbiter = Arbiter(self)
+        arbiter = self.arbiter = Master(self)
         halt = arbiter.run  # both exit the process
         while True:
             try:

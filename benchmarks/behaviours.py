@@ -667,7 +667,7 @@ SCENARIOS: list[tuple[str, Callable[[Served, Run], dict[str, float]]]] = [
     ("explorer", explorer),
     ("drain", drain),  # last: it ends the services
 ]
-REPEATED = ("overload", "students", "OIP", "explorer")  # timings a shared machine moves from one cell to the next
+REPEATED = ("overload", "students", "OIP", "explorer", "workers")  # a shared machine, or chance, moves their figures
 
 
 # -- the run and the table ----------------------------------------------------------------------------

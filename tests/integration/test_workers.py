@@ -329,14 +329,19 @@ def test_a_replacement_worker_listens_only_once_it_serves():
 
 def test_a_worker_whose_event_loop_stopped_is_killed_and_replaced():
     """A stopped worker (SIGSTOP here; a deadlock alike) kept its socket, so the kernel gave it its share of
-    new connections, which waited unanswered for good, and nothing noticed."""
+    new connections, which waited unanswered for good, and nothing noticed. gunicorn's SIGABRT waits for a SIGCONT,
+    and its SIGKILL came a turn of its loop (a second) later: the master kills a stopped worker at once."""
     with running_server(COMMITTED, MNEMO_WORKERS="2", MNEMO_WORKER_STALL_S="2") as server:
         _wait_for_workers(server, 2)
         stopped, other = sorted(asyncio.run(_similarity_until_both_answer(server.url)))
         os.kill(int(stopped), signal.SIGSTOP)
         try:
             _wait_for_message(server, rf"WORKER TIMEOUT \(pid:{stopped}\)", timeout_s=30)
-        finally:  # a stopped process never exits by itself (gunicorn's SIGABRT waits; its SIGKILL comes next)
+            deadline = time.monotonic() + 0.5  # half of gunicorn's turn
+            while _alive(int(stopped)):
+                assert time.monotonic() < deadline, "the stopped worker was not killed with its timeout"
+                time.sleep(0.01)
+        finally:  # a stopped process never exits by itself
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(stopped), signal.SIGKILL)
         _wait_for_message(server, r"worker \d+ serving: .*", count=3)
