@@ -100,31 +100,35 @@ class EverySecondAtMost(logging.Filter):
 
 
 class RecordQueue(QueueHandler):
-    """The standard QueueHandler, whose QueueListener writes the queue to `target` on a thread of its own: a request
-    that logs only queues its record. The record is queued as it is: the listener's formatter renders its message
-    and traceback (the standard `prepare` renders both into the message, on the thread that logs)."""
+    """The standard QueueHandler, its QueueListener writing on a thread of its own: a request that logs only queues
+    the record, as it is (the standard `prepare` renders message and traceback into one string where it is logged)."""
 
     def __init__(self) -> None:
         super().__init__(queue.SimpleQueue())
-        self.listener: QueueListener | None = None
+        self.listener, self.listening = QueueListener(self.queue), False  # write_to gives it its target
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
 
-    def write_to(self, target: logging.Handler) -> None:
-        """Write out what is queued, then write to `target`."""
-        with self.lock:
-            if self.listener is not None:
-                self.listener.stop()
-            self.listener = QueueListener(self.queue, target)
+    def enqueue(self, record: logging.LogRecord) -> None:
+        """Queue `record` (under `lock`, as logging emits), the listener started again if a write-out stopped it."""
+        if not self.listening:
             self.listener.start()
+            self.listening = True
+        super().enqueue(record)
+
+    def write_to(self, target: logging.Handler) -> None:
+        """Write out what is queued, then write to `target` (from the next record on)."""
+        with self.lock:
+            self.flush()
+            self.listener = QueueListener(self.queue, target)
 
     def flush(self) -> None:
-        """Write out what is queued now (stopping the listener writes it out); also logging's at exit."""
+        """Write out what is queued (the listener does as it stops; also logging's at exit, starting no thread)."""
         with self.lock:
-            if self.listener is not None:
+            if self.listening:
                 self.listener.stop()
-                self.listener.start()
+                self.listening = False
 
 
 _client_caused_warnings = EverySecondAtMost(CLIENT_CAUSED_WARNINGS)
