@@ -36,7 +36,7 @@ from app.transports.probe_server import probe_process
 logger = logging.getLogger("mnemo")
 UNPROTECTED = (
     "not started by `python -m app`: this server has none of its limits (worker heartbeat, header size and time, "
-    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx.conf)"
+    "connection caps, drain on SIGTERM); serve with `python -m app` behind nginx (deploy/nginx/nginx.conf)"
 )
 DESCRIPTION = "Memory-augmented neural models on ONNX Runtime: LSTM_RMC sentence similarity, DKVMN knowledge tracing."
 

@@ -110,13 +110,8 @@ class Worker(UvicornWorker):
         taken = {other.number for other in app.arbiter.WORKERS.values()}
         self.number = min(set(range(len(taken) + 1)) - taken)
         settings = app.settings  # the flags' and the environment's, as the master read them
-        self.CONFIG_KWARGS = {
-            **http_options(settings),
-            "lifespan": "on",
-            "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
-            "timeout_notify": HEARTBEAT_S,
-            "timeout_keep_alive": settings.keep_alive_s,
-        }
+        self.CONFIG_KWARGS = {**http_options(settings), "lifespan": "on", "timeout_keep_alive": settings.keep_alive_s}
+        self.CONFIG_KWARGS |= {"timeout_graceful_shutdown": SHUTDOWN_GRACE_S, "timeout_notify": HEARTBEAT_S}
         super().__init__(age, ppid, sockets, app, *args)
 
     def init_process(self) -> None:

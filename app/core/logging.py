@@ -1,10 +1,10 @@
-"""Logging: text or one JSON object per line (python-json-logger), written to stderr by the standard library's
-QueueListener so that a request that logs only queues its record; and what the log may say about a request and its
-bugs."""
+"""Logging: text or one JSON object per line (python-json-logger) on the standard library's QueueHandler, so that a
+request that logs only queues its record; and what the log may say about a request and its bugs."""
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -106,6 +106,12 @@ class RecordQueue(QueueHandler):
     def __init__(self) -> None:
         super().__init__(queue.SimpleQueue())
         self.listener, self.listening = QueueListener(self.queue), False  # write_to gives it its target
+        os.register_at_fork(after_in_child=self.forked)
+
+    def forked(self) -> None:
+        """In a forked child (gunicorn --preload): a queue of its own, which the next record starts a listener on."""
+        self.queue = queue.SimpleQueue()  # the parent writes what it had queued
+        self.listener, self.listening = QueueListener(self.queue, *self.listener.handlers), False
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         return record
@@ -138,9 +144,7 @@ write_out_logs = _queue.flush  # when the app stops serving
 
 def configure_logging(level: str, fmt: str) -> None:
     """Configure the `mnemo` loggers (again on a later call). uvicorn's access log is off: the app writes its own."""
-    logging.logThreads = False  # fields neither format prints: not collected
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False  # fields neither format prints
     stderr = logging.StreamHandler()
     stderr.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     _queue.write_to(stderr)

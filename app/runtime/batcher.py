@@ -225,8 +225,7 @@ class ModelBatcher:
     @contextlib.contextmanager
     def _holding(self, rows: int, cells: float, parsing: bool = False) -> Iterator[None]:
         """Hold `rows` rows of `cells` cells while a request is handled (or its body `parsing`), or 429 at once: past
-        max_queue rows, or not done within DEADLINE_SHARE of its deadline after the admitted work, as the cost models
-        predict it (they learn from the runs, a crowded CPU's included; docs/engine.md says why nothing more)."""
+        max_queue rows, or not done within DEADLINE_SHARE of its deadline after the admitted work, as predicted."""
         now, admitted, budget = self._clock(), self.admitted_rows, DEADLINE_SHARE * self.config.deadline_s
         own, arrival = self._seconds_for(rows, cells), request_arrival.get()
         waited = 0.0 if arrival is None else max(0.0, now - arrival)

@@ -63,6 +63,26 @@ def test_a_process_writes_out_every_queued_line_when_it_exits():
     assert lines[7]["request_id"] == "7" and lines[7]["logger"] == "mnemo.test" and lines[7]["level"] == "info"
 
 
+def test_a_forked_child_writes_its_own_records_and_none_of_its_parents():
+    """gunicorn --preload forks workers after the app logged: the child's listener thread is gone with the fork."""
+    program = (
+        "import logging, os\n"
+        "from app.core.logging import configure_logging, write_out_logs\n"
+        "configure_logging('info', 'text')\n"
+        "log = logging.getLogger('mnemo.test')\n"
+        "log.info('parent, before the fork')\n"
+        "if (child := os.fork()) == 0:\n"
+        "    log.info('child')\n"
+        "    write_out_logs()\n"
+        "    os._exit(0)\n"
+        "os.waitpid(child, 0)\n"
+        "log.info('parent, after the fork')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    lines = sorted(line.split(": ", 1)[1] for line in done.stderr.splitlines() if " mnemo.test: " in line)
+    assert lines == ["child", "parent, after the fork", "parent, before the fork"]
+
+
 def test_the_json_format_has_the_documented_fields_one_line_and_no_raw_control_character():
     try:
         raise ValueError("student abc\n\x1b[2J")
