@@ -144,7 +144,6 @@ write_out_logs = _queue.flush  # when the app stops serving
 
 def configure_logging(level: str, fmt: str) -> None:
     """Configure the `mnemo` loggers (again on a later call). uvicorn's access log is off: the app writes its own."""
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False  # fields neither format prints
     stderr = logging.StreamHandler()
     stderr.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     _queue.write_to(stderr)

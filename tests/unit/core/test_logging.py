@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 from app.core import logging as service_logging
@@ -81,6 +83,14 @@ def test_a_forked_child_writes_its_own_records_and_none_of_its_parents():
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
     lines = sorted(line.split(": ", 1)[1] for line in done.stderr.splitlines() if " mnemo.test: " in line)
     assert lines == ["child", "parent, after the fork", "parent, before the fork"]
+
+
+def test_other_loggers_formats_keep_their_fields_once_the_service_configured_logging():
+    """gunicorn's and uvicorn's lines under `gunicorn -k uvicorn_worker.UvicornWorker app.main:app` print
+    %(process)d: the service had turned off collecting it, and each of their lines was a logging error."""
+    configure_logging("info", "text")
+    shown = logging.Formatter("[%(process)d] %(threadName)s %(message)s").format(_record("booting"))
+    assert shown == f"[{os.getpid()}] {threading.current_thread().name} booting"
 
 
 def test_the_json_format_has_the_documented_fields_one_line_and_no_raw_control_character():
