@@ -103,7 +103,7 @@ GPU_PYTHON ?= python3
 gpu-bench:  ## on a GPU machine, in an environment of requirements/gpu.txt (GPU_PYTHON): CUDA vs CPU, bare and served -> BENCHMARKS.md
 	$(GPU_PYTHON) -m benchmarks.gpu
 
-behaviours: $(VENV)/dev.stamp system-deps  ## make behaviours BASE=/tmp/base [ARGS='--seconds 5']: issue 27's behaviours against a baseline checkout, one run, 3 rounds of the timing scenarios (~8 min) -> BENCHMARKS.md
+behaviours: $(VENV)/dev.stamp system-deps  ## make behaviours BASE=/tmp/base [ARGS='--seconds 5']: issue 27's behaviours against a baseline checkout, one run, 3 rounds of the timing scenarios (~10 min) -> BENCHMARKS.md
 	@test -n "$(BASE)" || { echo "name the baseline checkout: git worktree add /tmp/base fd656d7 && make behaviours BASE=/tmp/base"; exit 2; }
 	@scripts/system-deps.sh wrk=wrk
 	$(BIN)/python -m benchmarks.behaviours --base $(BASE) $(ARGS)
