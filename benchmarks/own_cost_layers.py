@@ -8,7 +8,7 @@ Each scenario of concurrency 1 (benchmarks/load.py) is answered, in turn and man
 - `app`: the whole ASGI app (the request edge, the route, reading the body, the response).
 Each row is a median, and its difference from the row above says what that layer costs. No socket, HTTP parser or
 client shares the CPU, so the figures move less from run to run than wrk's. Access lines are off (their formatting
-and writing is the log writer thread's).
+and writing is the log listener's thread's).
 
     python -m benchmarks.own_cost_layers [--requests 600] [--only knowledge]
 """
